@@ -1,0 +1,95 @@
+// The per-device MemoryManager: owns the dynamic pools and the persistent pool of one device,
+// routes each reservation (persistent windows, the `persistent` setting, spill from a full
+// capped pool), indexes live slices by device pointer, applies free fences, trims idle pages
+// and recovers from out-of-memory. Thread-safe: every public method takes the manager's one
+// mutex; the interposer adds no lock of its own on the hot path.
+//
+// Depends on pools/ only; the Device it is given is the only way it reaches hardware.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <string_view>
+
+#include "pools/config.h"
+#include "pools/device.h"
+#include "pools/report.h"
+#include "pools/types.h"
+
+namespace poolcuda {
+
+// Explicit allocation mode, as in the seed: Persistent opens a window, Auto closes one.
+enum class AllocationMode : std::uint8_t { automatic, persistent };
+
+// Receives the manager's log lines (spill warnings, out-of-memory breakdowns, per-allocation
+// traces under log:full). Called with the manager's lock held: it must not call back into the
+// manager.
+using LogSink = std::function<void(LogLevel level, std::string_view message)>;
+
+struct ManagerOptions {
+  int device_index = 0;
+  PoolLayout layout;
+  PersistentMode persistent = PersistentMode::enabled;
+  FreeFence free_fence = FreeFence::events;
+  // Frees per epoch before the epoch is closed even without a miss (Note [Free fences]).
+  std::uint32_t fence_batch = 256;
+  LogLevel log = LogLevel::basic;
+  LogSink log_sink;  // empty: write to stderr prefixed "poolcuda: "
+};
+
+struct Reservation {
+  DevicePtr ptr = 0;
+  Error error;  // set when ptr == 0
+};
+
+class MemoryManager {
+ public:
+  // `device` must outlive the manager. The layout is resolved against the device's total
+  // memory and alignment; a layout that parse_config accepted never fails here.
+  MemoryManager(Device& device, const ManagerOptions& options);
+  ~MemoryManager();  // releases nothing: see forget() and Note [Exit]
+  MemoryManager(const MemoryManager&) = delete;
+  MemoryManager& operator=(const MemoryManager&) = delete;
+
+  // Reserves `size` bytes (size > 0). On device out-of-memory: explicit cleanup of every idle
+  // page, wait for pending free fences, retry once; only then ErrorKind::out_of_memory.
+  Reservation allocate(std::uint64_t size);
+
+  // Frees by device pointer. Anything but `freed` changes nothing.
+  FreeOutcome free(DevicePtr ptr);
+
+  // The requested size of the live slice starting at `ptr`, or 0 when there is none.
+  std::uint64_t live_size(DevicePtr ptr) const;
+
+  // Persistent windows nest: persistent opens one, automatic closes one. Ignored under the
+  // `disabled` and `enforced` settings.
+  void set_mode(AllocationMode mode);
+
+  // Replaces the dynamic pools (after an explicit cleanup) when none of their slices is live;
+  // otherwise ErrorKind::pools_in_use and nothing changes. Resets high-water marks.
+  Error install_layout(const PoolLayout& layout);
+
+  // Returns idle pages to the device: all of them when `explicit_cleanup`, else only those idle
+  // for longer than their pool's dealloc period.
+  void cleanup(bool explicit_cleanup);
+
+  MemoryUsage memory_usage() const;
+
+  // Bytes the pools hold that no one uses and no fence protects: what cudaMemGetInfo may add to
+  // "free" under memgetinfo:pooled.
+  std::uint64_t idle_bytes() const;
+
+  ManagerReport report() const;
+
+  // cudaDeviceReset: the device's memory is gone; drop every page and slice without calling
+  // Device::release or any fence method. The manager stays usable (empty) afterwards.
+  void forget();
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace poolcuda
