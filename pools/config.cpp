@@ -1,12 +1,337 @@
-// POOLCUDA_CONF parser (being written).
+// The POOLCUDA_CONF parser, its inverse (describe_config) and the one option table both use.
+// Every key is declared once, in kOptions below, with its grammar, its summary and the functions
+// that read and write it; the CLI's help and the README's reference are generated from or checked
+// against the same rows. Pure string work: no I/O, no CUDA, no exception for bad input — every
+// mistake becomes a ConfigError naming the key, quoting the text and saying what was expected.
+// The pool-list grammar (`pools:[kind(field=value,...);...]`) lives in config_pools.cpp.
 #include "pools/config.h"
+
+#include <array>
+#include <charconv>
+
+#include "pools/config_parse.h"
 
 namespace poolcuda {
 
+namespace {
+
+// A keyword value of an enum or boolean key. The first entry for a value is how it is written.
+template <typename T>
+struct Word {
+  std::string_view name;
+  T value;
+};
+
+constexpr Word<PersistentMode> kPersistentWords[] = {{"enabled", PersistentMode::enabled},
+                                                     {"size-match", PersistentMode::size_match},
+                                                     {"disabled", PersistentMode::disabled},
+                                                     {"enforced", PersistentMode::enforced}};
+constexpr Word<FreeFence> kFenceWords[] = {
+    {"events", FreeFence::events}, {"sync", FreeFence::sync}, {"none", FreeFence::none}};
+constexpr Word<ReportSignal> kSignalWords[] = {
+    {"USR1", ReportSignal::usr1}, {"USR2", ReportSignal::usr2}, {"none", ReportSignal::none}};
+constexpr Word<ReportFormat> kFormatWords[] = {{"text", ReportFormat::text},
+                                               {"json", ReportFormat::json}};
+constexpr Word<LogLevel> kLogWords[] = {
+    {"off", LogLevel::off}, {"basic", LogLevel::basic}, {"full", LogLevel::full}};
+constexpr Word<MemGetInfoMode> kMemGetInfoWords[] = {{"pooled", MemGetInfoMode::pooled},
+                                                     {"raw", MemGetInfoMode::raw}};
+constexpr Word<bool> kBitWords[] = {{"0", false}, {"1", true}};
+constexpr Word<bool> kOnOffWords[] = {{"on", true}, {"off", false}};
+
+template <auto& words>
+std::string word_grammar(std::string_view separator) {
+  std::string out;
+  for (const auto& word : words) {
+    if (!out.empty()) out += separator;
+    out += word.name;
+  }
+  return out;
+}
+
+template <auto& words, auto member>
+std::optional<ConfigError> parse_word(std::string_view key, std::string_view value, Config& c) {
+  for (const auto& word : words) {
+    if (word.name == value) {
+      c.*member = word.value;
+      return std::nullopt;
+    }
+  }
+  return ConfigError{std::string(key), std::string(value), "one of " + word_grammar<words>(", ")};
+}
+
+template <auto& words, auto member>
+std::string describe_word(const Config& c) {
+  for (const auto& word : words) {
+    if (word.value == c.*member) return std::string(word.name);
+  }
+  return "?";  // unreachable for a value of the enum
+}
+
+template <auto& words>
+std::string grammar_words() {
+  return word_grammar<words>("|");
+}
+
+std::optional<ConfigError> parse_managed_slab(std::string_view key, std::string_view value,
+                                              Config& c) {
+  auto size = parse_size_field(key, value, "managed_slab");
+  if (size.error) return size.error;
+  c.managed_slab = size.value;
+  return std::nullopt;
+}
+
+std::string describe_managed_slab(const Config& c) { return format_size(c.managed_slab); }
+std::string grammar_size() { return "SIZE"; }
+
+constexpr std::string_view kPathExpected =
+    "stderr or a file path without ',' (%p = pid, %n = report number; no other '%' sequence)";
+
+std::optional<ConfigError> parse_report_path(std::string_view key, std::string_view value,
+                                             Config& c) {
+  bool ok = !value.empty();
+  for (std::size_t i = 0; ok && i < value.size(); ++i) {
+    if (value[i] != '%') continue;
+    ok = i + 1 < value.size() && (value[i + 1] == 'p' || value[i + 1] == 'n');
+    ++i;
+  }
+  if (!ok) return ConfigError{std::string(key), std::string(value), std::string(kPathExpected)};
+  c.report_path = std::string(value);
+  return std::nullopt;
+}
+
+std::string describe_report_path(const Config& c) { return c.report_path; }
+std::string grammar_report_path() { return "stderr|PATH"; }
+
+std::optional<ConfigError> parse_pools_option(std::string_view key, std::string_view value,
+                                              Config& c) {
+  return parse_pool_layout(key, value, c.pools);
+}
+std::string describe_pools(const Config& c) { return describe_pool_layout(c.pools); }
+std::string grammar_pools() {
+  return "subslices|exclusive|[sliced(page=SIZE,slice=SIZE,cap=SIZE,period=N);"
+         "exclusive(max=SIZE,period=N);direct(reclaim=SIZE)]";
+}
+
+struct Option {
+  std::string_view key;
+  std::string_view summary;
+  std::optional<ConfigError> (*parse)(std::string_view key, std::string_view value, Config&);
+  std::string (*describe)(const Config&);
+  std::string (*grammar)();
+};
+
+#define POOLCUDA_WORD_OPTION(key, words, member, summary)                             \
+  Option {                                                                            \
+    key, summary, &parse_word<words, member>, &describe_word<words, member>,          \
+        &grammar_words<words>                                                         \
+  }
+
+// Note [Option table]: the order here is the order of describe_config, of the CLI's help and
+// of the README's reference. Defaults are not written here: they are whatever a default
+// Config holds, rendered by the row's own describe function.
+const std::array<Option, 12> kOptions = {{
+    {"pools", "the dynamic pools: a preset or a list of pools tried in order", &parse_pools_option,
+     &describe_pools, &grammar_pools},
+    POOLCUDA_WORD_OPTION("persistent", kPersistentWords, &Config::persistent,
+                         "when allocations go to the exact-fit persistent pool"),
+    POOLCUDA_WORD_OPTION("free_fence", kFenceWords, &Config::free_fence,
+                         "how a freed slice waits for the streams that may still use it"),
+    POOLCUDA_WORD_OPTION("report_signal", kSignalWords, &Config::report_signal,
+                         "the signal that makes the process write a report"),
+    POOLCUDA_WORD_OPTION("report_format", kFormatWords, &Config::report_format,
+                         "the report's format"),
+    {"report_path", "where reports go: stderr or a file (%p = pid, %n = report number)",
+     &parse_report_path, &describe_report_path, &grammar_report_path},
+    POOLCUDA_WORD_OPTION("report_at_exit", kBitWords, &Config::report_at_exit,
+                         "1: write one report when the process exits"),
+    POOLCUDA_WORD_OPTION("log", kLogWords, &Config::log,
+                         "log level on stderr (basic: warnings and out-of-memory details)"),
+    POOLCUDA_WORD_OPTION("managed", kOnOffWords, &Config::managed,
+                         "serve cudaMallocManaged from bump slabs"),
+    {"managed_slab", "size of one managed-memory slab", &parse_managed_slab,
+     &describe_managed_slab, &grammar_size},
+    POOLCUDA_WORD_OPTION("memgetinfo", kMemGetInfoWords, &Config::memgetinfo,
+                         "pooled: cudaMemGetInfo counts idle pooled bytes as free"),
+    POOLCUDA_WORD_OPTION("confirm", kBitWords, &Config::confirm,
+                         "1: print the effective configuration at load"),
+}};
+
+#undef POOLCUDA_WORD_OPTION
+
+std::string valid_keys() {
+  std::string out = "one of the keys ";
+  for (std::size_t i = 0; i < kOptions.size(); ++i) {
+    if (i > 0) out += ", ";
+    out += kOptions[i].key;
+  }
+  return out;
+}
+
+const Option* find_option(std::string_view key) {
+  for (const auto& option : kOptions) {
+    if (option.key == key) return &option;
+  }
+  return nullptr;
+}
+
+}  // namespace
+
+std::string_view trim(std::string_view text) {
+  constexpr std::string_view kSpace = " \t\r\n\f\v";
+  const auto first = text.find_first_not_of(kSpace);
+  if (first == std::string_view::npos) return {};
+  const auto last = text.find_last_not_of(kSpace);
+  return text.substr(first, last - first + 1);
+}
+
+SizeResult parse_size_field(std::string_view key, std::string_view text, std::string_view field) {
+  SizeResult result;
+  auto fail = [&](std::string expected) {
+    result.error = ConfigError{std::string(key), std::string(text), std::move(expected)};
+    return result;
+  };
+  constexpr std::string_view kSizeExpected =
+      "a size: an integer with an optional K, M, G or T and an optional iB or B (e.g. 64M, "
+      "64MiB, 512)";
+  std::uint64_t number = 0;
+  const char* begin = text.data();
+  const char* end = text.data() + text.size();
+  auto [next, ec] = std::from_chars(begin, end, number);
+  if (ec == std::errc::result_out_of_range) return fail("a size that fits in 64 bits");
+  if (ec != std::errc() || text.empty() || text.front() == '+' || text.front() == '-') {
+    return fail(std::string(kSizeExpected));
+  }
+  // Whitespace may separate the number from its unit ("2 MiB").
+  const std::string_view suffix_text(next, static_cast<std::size_t>(end - next));
+  std::string_view suffix = trim(suffix_text);
+  int shift = 0;
+  if (!suffix.empty()) {
+    constexpr std::string_view kUnits = "KMGT";
+    const auto unit = kUnits.find(static_cast<char>(suffix.front() & ~0x20));
+    if (unit != std::string_view::npos) {
+      shift = 10 * static_cast<int>(unit + 1);
+      suffix.remove_prefix(1);
+      if (suffix == "iB" || suffix == "ib" || suffix == "IB") suffix = {};
+    }
+    if (suffix == "B" || suffix == "b") suffix = {};
+    if (!suffix.empty()) return fail(std::string(kSizeExpected));
+  }
+  if (shift > 0 && number > (UINT64_MAX >> shift)) return fail("a size that fits in 64 bits");
+  result.value = number << shift;
+  if (result.value == 0) {
+    return fail("a non-zero size for " + std::string(field));
+  }
+  return result;
+}
+
+std::string ConfigError::message() const {
+  std::string out = "POOLCUDA_CONF: ";
+  if (!key.empty()) out += "key '" + key + "': ";
+  out += "got '" + text + "', expected " + expected;
+  return out;
+}
+
+std::string format_size(std::uint64_t bytes) {
+  constexpr std::array<std::string_view, 4> kUnits = {"TiB", "GiB", "MiB", "KiB"};
+  for (std::size_t i = 0; i < kUnits.size(); ++i) {
+    const int shift = 10 * static_cast<int>(kUnits.size() - i);
+    const std::uint64_t unit = std::uint64_t{1} << shift;
+    if (bytes != 0 && bytes % unit == 0) {
+      return std::to_string(bytes >> shift) + std::string(kUnits[i]);
+    }
+  }
+  return std::to_string(bytes) + "B";
+}
+
 ParseResult parse_config(std::string_view text) {
   ParseResult result;
-  if (text.empty()) result.config = Config{};
+  Config config;
+  std::array<bool, kOptions.size()> seen{};
+  std::size_t pos = 0;
+  while (pos <= text.size()) {
+    // The key runs to the first ':'; a ',' before it means the entry has no ':' at all.
+    const auto stop = text.find_first_of(":,", pos);
+    if (stop == std::string_view::npos || text[stop] == ',') {
+      const auto entry = trim(text.substr(pos, stop == std::string_view::npos ? stop : stop - pos));
+      if (!entry.empty()) {
+        const std::string key = find_option(entry) ? std::string(entry) : std::string();
+        result.error = ConfigError{key, std::string(entry), "key:value (a ':' after the key)"};
+        return result;
+      }
+      if (stop == std::string_view::npos) break;  // trailing or empty entries are ignored
+      pos = stop + 1;
+      continue;
+    }
+    const auto key = trim(text.substr(pos, stop - pos));
+    const Option* option = find_option(key);
+    if (option == nullptr) {
+      result.error = ConfigError{std::string(key), std::string(key), valid_keys()};
+      return result;
+    }
+    // The value runs to the next ',' outside brackets and parentheses, so that a pool list's
+    // own commas stay inside it; brackets are only counted for the pool list, so a report
+    // path may contain them.
+    std::size_t end = stop + 1;
+    int depth = 0;
+    for (; end < text.size(); ++end) {
+      const char ch = text[end];
+      if (ch == ',' && depth <= 0) break;
+      if (option->parse != &parse_pools_option) continue;
+      if (ch == '[' || ch == '(') ++depth;
+      if (ch == ']' || ch == ')') --depth;
+    }
+    const auto value = trim(text.substr(stop + 1, end - stop - 1));
+    const auto index = static_cast<std::size_t>(option - kOptions.data());
+    if (seen[index]) {
+      result.error = ConfigError{std::string(key), std::string(trim(text.substr(pos, end - pos))),
+                                 "each key at most once"};
+      return result;
+    }
+    seen[index] = true;
+    if (auto error = option->parse(key, value, config)) {
+      result.error = std::move(*error);
+      return result;
+    }
+    pos = end + 1;
+  }
+  result.config = std::move(config);
   return result;
+}
+
+std::string describe_config(const Config& config) {
+  std::string out;
+  for (const auto& option : kOptions) {
+    if (!out.empty()) out += ',';
+    out += std::string(option.key) + ":" + option.describe(config);
+  }
+  return out;
+}
+
+std::vector<ConfigKeyInfo> config_keys() {
+  const Config defaults;
+  std::vector<ConfigKeyInfo> keys;
+  keys.reserve(kOptions.size());
+  for (const auto& option : kOptions) {
+    keys.push_back({option.key, option.grammar(), option.describe(defaults), option.summary});
+  }
+  return keys;
+}
+
+std::string expand_report_path(std::string_view pattern, long pid, std::uint64_t sequence) {
+  std::string out;
+  for (std::size_t i = 0; i < pattern.size(); ++i) {
+    if (pattern[i] == '%' && i + 1 < pattern.size() && pattern[i + 1] == 'p') {
+      out += std::to_string(pid);
+      ++i;
+    } else if (pattern[i] == '%' && i + 1 < pattern.size() && pattern[i + 1] == 'n') {
+      out += std::to_string(sequence);
+      ++i;
+    } else {
+      out += pattern[i];
+    }
+  }
+  return out;
 }
 
 }  // namespace poolcuda

@@ -100,4 +100,18 @@ std::string describe_config(const Config& config);
 // Formats a byte count the way the parser reads sizes back ("64MiB", "1536B").
 std::string format_size(std::uint64_t bytes);
 
+// One row of the option table, for help texts (`poolcuda --help`) and documentation. The rows
+// come from the same table the parser and describe_config use, in the same order.
+struct ConfigKeyInfo {
+  std::string_view key;
+  std::string grammar;        // the values it takes, e.g. "events|sync|none"
+  std::string default_value;  // as describe_config writes it for a default Config
+  std::string_view summary;   // one line on what it controls
+};
+std::vector<ConfigKeyInfo> config_keys();
+
+// Expands a report_path pattern: %p becomes `pid`, %n becomes `sequence` (1 for a process's
+// first report). parse_config accepts no other '%' sequence, so nothing else is rewritten.
+std::string expand_report_path(std::string_view pattern, long pid, std::uint64_t sequence);
+
 }  // namespace poolcuda

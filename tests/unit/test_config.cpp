@@ -1,8 +1,393 @@
-// Tests of the POOLCUDA_CONF parser (being written).
+// Tests of the POOLCUDA_CONF parser: every key and value, the size grammar, the pool-list
+// grammar, every error (key, quoted text, expectation), describe_config round trips, the option
+// table used by the CLI's help and report_path expansion.
 #include <doctest/doctest.h>
+
+#include <string>
 
 #include "pools/config.h"
 
-TEST_CASE("empty configuration gives the defaults") {
-  CHECK(poolcuda::parse_config("").config.has_value());
+using namespace poolcuda;
+
+namespace {
+
+Config parse_ok(std::string_view text) {
+  auto result = parse_config(text);
+  INFO("input: " << std::string(text) << "  error: " << result.error.message());
+  REQUIRE(result);
+  return *result.config;
+}
+
+ConfigError parse_error(std::string_view text) {
+  auto result = parse_config(text);
+  INFO("input: " << std::string(text));
+  REQUIRE_FALSE(result);
+  return result.error;
+}
+
+PoolSpec only_pool(std::string_view text) {
+  const Config config = parse_ok(text);
+  REQUIRE(config.pools.preset == PoolPreset::custom);
+  REQUIRE(config.pools.custom.size() == 1);
+  return config.pools.custom[0];
+}
+
+bool contains(const std::string& haystack, std::string_view needle) {
+  return haystack.find(needle) != std::string::npos;
+}
+
+// Checks an error's three parts and that the message shows all of them.
+void check_error(std::string_view input, std::string_view key, std::string_view text,
+                 std::string_view expected_part) {
+  CAPTURE(input);
+  const ConfigError error = parse_error(input);
+  CHECK(error.key == key);
+  CHECK(error.text == text);
+  CHECK_MESSAGE(contains(error.expected, expected_part), error.expected);
+  const std::string message = error.message();
+  CHECK(contains(message, "'" + std::string(text) + "'"));
+  if (!key.empty()) CHECK(contains(message, "key '" + std::string(key) + "'"));
+  CHECK(contains(message, error.expected));
+}
+
+}  // namespace
+
+TEST_CASE("empty and blank configurations give the defaults") {
+  CHECK(parse_ok("") == Config{});
+  CHECK(parse_ok("   \t ") == Config{});
+  CHECK(parse_ok(",") == Config{});
+  const Config defaults;
+  CHECK(defaults.pools.preset == PoolPreset::subslices);
+  CHECK(defaults.persistent == PersistentMode::enabled);
+  CHECK(defaults.free_fence == FreeFence::events);
+  CHECK(defaults.report_signal == ReportSignal::usr1);
+  CHECK(defaults.report_format == ReportFormat::text);
+  CHECK(defaults.report_path == "stderr");
+  CHECK_FALSE(defaults.report_at_exit);
+  CHECK(defaults.log == LogLevel::basic);
+  CHECK(defaults.managed);
+  CHECK(defaults.managed_slab == 64 * MiB);
+  CHECK(defaults.memgetinfo == MemGetInfoMode::pooled);
+  CHECK_FALSE(defaults.confirm);
+  CHECK(describe_config(defaults) ==
+        "pools:subslices,persistent:enabled,free_fence:events,report_signal:USR1,"
+        "report_format:text,report_path:stderr,report_at_exit:0,log:basic,managed:on,"
+        "managed_slab:64MiB,memgetinfo:pooled,confirm:0");
+}
+
+TEST_CASE("every keyword value of every key") {
+  CHECK(parse_ok("persistent:enabled").persistent == PersistentMode::enabled);
+  CHECK(parse_ok("persistent:size-match").persistent == PersistentMode::size_match);
+  CHECK(parse_ok("persistent:disabled").persistent == PersistentMode::disabled);
+  CHECK(parse_ok("persistent:enforced").persistent == PersistentMode::enforced);
+  CHECK(parse_ok("free_fence:events").free_fence == FreeFence::events);
+  CHECK(parse_ok("free_fence:sync").free_fence == FreeFence::sync);
+  CHECK(parse_ok("free_fence:none").free_fence == FreeFence::none);
+  CHECK(parse_ok("report_signal:USR1").report_signal == ReportSignal::usr1);
+  CHECK(parse_ok("report_signal:USR2").report_signal == ReportSignal::usr2);
+  CHECK(parse_ok("report_signal:none").report_signal == ReportSignal::none);
+  CHECK(parse_ok("report_format:text").report_format == ReportFormat::text);
+  CHECK(parse_ok("report_format:json").report_format == ReportFormat::json);
+  CHECK(parse_ok("report_path:stderr").report_path == "stderr");
+  CHECK(parse_ok("report_path:/tmp/r-%p-%n.json").report_path == "/tmp/r-%p-%n.json");
+  CHECK(parse_ok("report_path:C:/x(1)[2].txt").report_path == "C:/x(1)[2].txt");
+  CHECK(parse_ok("report_at_exit:1").report_at_exit);
+  CHECK_FALSE(parse_ok("report_at_exit:0").report_at_exit);
+  CHECK(parse_ok("log:off").log == LogLevel::off);
+  CHECK(parse_ok("log:basic").log == LogLevel::basic);
+  CHECK(parse_ok("log:full").log == LogLevel::full);
+  CHECK(parse_ok("managed:on").managed);
+  CHECK_FALSE(parse_ok("managed:off").managed);
+  CHECK(parse_ok("managed_slab:16M").managed_slab == 16 * MiB);
+  CHECK(parse_ok("memgetinfo:pooled").memgetinfo == MemGetInfoMode::pooled);
+  CHECK(parse_ok("memgetinfo:raw").memgetinfo == MemGetInfoMode::raw);
+  CHECK(parse_ok("confirm:1").confirm);
+  CHECK_FALSE(parse_ok("confirm:0").confirm);
+  CHECK(parse_ok("pools:subslices").pools == PoolLayout{PoolPreset::subslices, {}});
+  CHECK(parse_ok("pools:exclusive").pools == PoolLayout{PoolPreset::exclusive, {}});
+}
+
+TEST_CASE("several keys at once, with whitespace around every token") {
+  const Config config = parse_ok(
+      "  log : full ,free_fence:sync,\tpools : [ sliced ( page = 1M , cap = 4M ) ; "
+      "direct( reclaim = 1G ) ] , managed_slab: 2 MiB ");
+  CHECK(config.log == LogLevel::full);
+  CHECK(config.free_fence == FreeFence::sync);
+  CHECK(config.managed_slab == 2 * MiB);
+  REQUIRE(config.pools.custom.size() == 2);
+  CHECK(config.pools.custom[0].page_size == MiB);
+  CHECK(config.pools.custom[0].cap == 4 * MiB);
+  CHECK(config.pools.custom[1].kind == PoolKind::direct);
+  CHECK(config.pools.custom[1].reclaim_at == GiB);
+  // Unmentioned keys keep their defaults.
+  CHECK(config.persistent == PersistentMode::enabled);
+  CHECK(config.report_path == "stderr");
+}
+
+TEST_CASE("size suffixes are binary multiples with optional iB or B") {
+  auto slab = [](std::string_view size) {
+    return parse_ok("managed_slab:" + std::string(size)).managed_slab;
+  };
+  CHECK(slab("512") == 512);
+  CHECK(slab("512B") == 512);
+  CHECK(slab("64K") == 64 * KiB);
+  CHECK(slab("64KiB") == 64 * KiB);
+  CHECK(slab("64KB") == 64 * KiB);
+  CHECK(slab("64k") == 64 * KiB);
+  CHECK(slab("64M") == 64 * MiB);
+  CHECK(slab("64MiB") == 64 * MiB);
+  CHECK(slab("64MB") == 64 * MiB);
+  CHECK(slab("3G") == 3 * GiB);
+  CHECK(slab("3GiB") == 3 * GiB);
+  CHECK(slab("2T") == 2 * 1024 * GiB);
+  CHECK(slab("2TiB") == 2 * 1024 * GiB);
+  CHECK(slab("16777215T") == (std::uint64_t{16777215} << 40));
+}
+
+TEST_CASE("format_size writes the largest exact binary unit") {
+  CHECK(format_size(0) == "0B");
+  CHECK(format_size(512) == "512B");
+  CHECK(format_size(1536) == "1536B");
+  CHECK(format_size(KiB) == "1KiB");
+  CHECK(format_size(1536 * KiB) == "1536KiB");
+  CHECK(format_size(64 * MiB) == "64MiB");
+  CHECK(format_size(3 * GiB) == "3GiB");
+  CHECK(format_size(5 * 1024 * GiB) == "5TiB");
+}
+
+TEST_CASE("a pool list with every kind and every field") {
+  const Config config = parse_ok(
+      "pools:[sliced(page=64M,slice=16M,cap=1G,period=5000);exclusive(max=1G,period=10000);"
+      "direct(reclaim=4G)]");
+  REQUIRE(config.pools.preset == PoolPreset::custom);
+  REQUIRE(config.pools.custom.size() == 3);
+  const PoolSpec& sliced = config.pools.custom[0];
+  CHECK(sliced.kind == PoolKind::sliced);
+  CHECK(sliced.page_size == 64 * MiB);
+  CHECK(sliced.max_slice_size == 16 * MiB);
+  CHECK(sliced.cap == GiB);
+  CHECK(sliced.dealloc_period == 5000);
+  const PoolSpec& exclusive = config.pools.custom[1];
+  CHECK(exclusive.kind == PoolKind::exclusive);
+  CHECK(exclusive.max_alloc_size == GiB);
+  CHECK(exclusive.dealloc_period == 10000);
+  CHECK(exclusive.page_size == 0);
+  const PoolSpec& direct = config.pools.custom[2];
+  CHECK(direct.kind == PoolKind::direct);
+  CHECK(direct.reclaim_at == 4 * GiB);
+  CHECK_FALSE(direct.dealloc_period.has_value());
+}
+
+TEST_CASE("optional pool fields take their defaults") {
+  const PoolSpec sliced = only_pool("pools:[sliced(page=2M)]");
+  CHECK(sliced.page_size == 2 * MiB);
+  CHECK(sliced.max_slice_size == 2 * MiB);  // the slice defaults to the page
+  CHECK_FALSE(sliced.cap.has_value());
+  CHECK_FALSE(sliced.dealloc_period.has_value());
+  const PoolSpec exclusive = only_pool("pools:[exclusive(max=8K)]");
+  CHECK(exclusive.max_alloc_size == 8 * KiB);
+  CHECK_FALSE(exclusive.dealloc_period.has_value());
+  // Empty entries and a trailing comma inside a pool are tolerated.
+  CHECK(parse_ok("pools:[;sliced(page=1M,);;]").pools.custom.size() == 1);
+  // The limits themselves are accepted.
+  CHECK(only_pool("pools:[sliced(page=1K,cap=64M)]").cap == 64 * MiB);
+  CHECK(only_pool("pools:[sliced(page=1M,slice=1M,cap=1M)]").cap == MiB);
+  std::string many = "pools:[";
+  for (std::size_t i = 0; i < kMaxPools; ++i) many += "exclusive(max=1K);";
+  CHECK(parse_ok(many + "]").pools.custom.size() == kMaxPools);
+}
+
+TEST_CASE("describe_config round-trips") {
+  const char* inputs[] = {
+      "",
+      "pools:exclusive,persistent:size-match,free_fence:none,report_signal:none",
+      "report_format:json,report_path:/var/tmp/poolcuda-%p-%n.json,report_at_exit:1,log:off",
+      "managed:off,managed_slab:1536,memgetinfo:raw,confirm:1,persistent:enforced",
+      "pools:[sliced(page=64M,slice=16M,cap=1G,period=5000);exclusive(max=1G,period=10000);"
+      "direct(reclaim=4G)],report_signal:USR2,persistent:disabled,free_fence:sync",
+      "pools:[sliced(page=1000);sliced(page=3M,cap=7M);exclusive(max=123457)]",
+  };
+  for (const char* input : inputs) {
+    CAPTURE(input);
+    const Config config = parse_ok(input);
+    const std::string described = describe_config(config);
+    CAPTURE(described);
+    CHECK(parse_ok(described) == config);
+    CHECK(describe_config(parse_ok(described)) == described);
+  }
+  Config built;
+  PoolSpec direct;
+  direct.kind = PoolKind::direct;
+  direct.reclaim_at = 5 * GiB;
+  built.pools = PoolLayout{PoolPreset::custom, {direct}};
+  built.managed_slab = 3 * KiB + 1;
+  CHECK(parse_ok(describe_config(built)) == built);
+}
+
+TEST_CASE("the option table lists every key once with its default") {
+  const auto keys = config_keys();
+  REQUIRE(keys.size() == 12);
+  std::string rebuilt;
+  for (const auto& key : keys) {
+    CHECK_FALSE(key.summary.empty());
+    CHECK_FALSE(key.grammar.empty());
+    if (!rebuilt.empty()) rebuilt += ',';
+    rebuilt += std::string(key.key) + ":" + key.default_value;
+  }
+  CHECK(rebuilt == describe_config(Config{}));
+  CHECK(keys[2].key == "free_fence");
+  CHECK(keys[2].grammar == "events|sync|none");
+}
+
+TEST_CASE("expand_report_path replaces %p and %n") {
+  CHECK(expand_report_path("/tmp/r-%p-%n.json", 4242, 3) == "/tmp/r-4242-3.json");
+  CHECK(expand_report_path("plain.txt", 1, 1) == "plain.txt");
+  CHECK(expand_report_path("%p%p", 7, 1) == "77");
+}
+
+TEST_CASE("error message format") {
+  const ConfigError error{"free_fence", "fast", "one of events, sync, none"};
+  CHECK(error.message() ==
+        "POOLCUDA_CONF: key 'free_fence': got 'fast', expected one of events, sync, none");
+  const ConfigError keyless{"", "junk", "key:value"};
+  CHECK(keyless.message() == "POOLCUDA_CONF: got 'junk', expected key:value");
+}
+
+TEST_CASE("error: unknown key lists the valid keys") {
+  check_error("log:off,fence:sync", "fence", "fence", "one of the keys pools, persistent");
+  const ConfigError error = parse_error("colour:blue");
+  for (const auto& key : config_keys()) CHECK(contains(error.expected, key.key));
+  check_error(":off", "", "", "one of the keys");
+}
+
+TEST_CASE("error: a bad keyword value") {
+  check_error("free_fence:fast", "free_fence", "fast", "one of events, sync, none");
+  check_error("persistent:always", "persistent", "always",
+              "one of enabled, size-match, disabled, enforced");
+  check_error("report_signal:HUP", "report_signal", "HUP", "one of USR1, USR2, none");
+  check_error("report_format:xml", "report_format", "xml", "one of text, json");
+  check_error("report_at_exit:yes", "report_at_exit", "yes", "one of 0, 1");
+  check_error("log:verbose", "log", "verbose", "one of off, basic, full");
+  check_error("managed:1", "managed", "1", "one of on, off");
+  check_error("memgetinfo:both", "memgetinfo", "both", "one of pooled, raw");
+  check_error("confirm:", "confirm", "", "one of 0, 1");
+  check_error("pools:sliced", "pools", "sliced", "subslices, exclusive, or a list");
+  check_error("pools:sliced(page=1M)", "pools", "sliced(page=1M)", "in brackets");
+}
+
+TEST_CASE("error: a bad report path") {
+  check_error("report_path:", "report_path", "", "stderr or a file path");
+  check_error("report_path:/tmp/r-%d", "report_path", "/tmp/r-%d", "%p = pid");
+  check_error("report_path:/tmp/r-%", "report_path", "/tmp/r-%", "no other '%' sequence");
+}
+
+TEST_CASE("error: duplicate key") {
+  check_error("log:off,confirm:1,log:full", "log", "log:full", "each key at most once");
+  check_error("pools:exclusive,pools:[direct(reclaim=1G)]", "pools",
+              "pools:[direct(reclaim=1G)]", "at most once");
+}
+
+TEST_CASE("error: missing ':'") {
+  check_error("log:off,confirm", "confirm", "confirm", "key:value");
+  check_error("nonsense", "", "nonsense", "key:value");
+  check_error("log=off", "", "log=off", "a ':' after the key");
+}
+
+TEST_CASE("error: bad number or suffix") {
+  check_error("managed_slab:64X", "managed_slab", "64X", "an integer with an optional K, M, G");
+  check_error("managed_slab:M", "managed_slab", "M", "a size");
+  check_error("managed_slab:1.5G", "managed_slab", "1.5G", "a size");
+  check_error("managed_slab:-1", "managed_slab", "-1", "a size");
+  check_error("managed_slab:64MiBs", "managed_slab", "64MiBs", "a size");
+  check_error("managed_slab:64 M B", "managed_slab", "64 M B", "a size");
+  check_error("pools:[sliced(page=64Q)]", "pools", "page=64Q", "a size");
+  check_error("pools:[exclusive(max=1G,period=5K)]", "pools", "period=5K",
+              "positive whole number");
+  check_error("pools:[exclusive(max=1G,period=0)]", "pools", "period=0", "positive whole number");
+}
+
+TEST_CASE("error: size overflow") {
+  check_error("managed_slab:99999999999T", "managed_slab", "99999999999T",
+              "a size that fits in 64 bits");
+  check_error("managed_slab:16777216T", "managed_slab", "16777216T", "fits in 64 bits");
+  check_error("managed_slab:99999999999999999999", "managed_slab", "99999999999999999999",
+              "fits in 64 bits");
+  check_error("pools:[direct(reclaim=99999999999T)]", "pools", "reclaim=99999999999T",
+              "fits in 64 bits");
+}
+
+TEST_CASE("error: zero size names the field") {
+  check_error("managed_slab:0", "managed_slab", "0", "a non-zero size for managed_slab");
+  check_error("pools:[sliced(page=0)]", "pools", "page=0", "a non-zero size for page");
+  check_error("pools:[sliced(page=1M,slice=0K)]", "pools", "slice=0K", "non-zero size for slice");
+  check_error("pools:[sliced(page=1M,cap=0)]", "pools", "cap=0", "non-zero size for cap");
+  check_error("pools:[exclusive(max=0B)]", "pools", "max=0B", "non-zero size for max");
+  check_error("pools:[direct(reclaim=0M)]", "pools", "reclaim=0M", "non-zero size for reclaim");
+}
+
+TEST_CASE("error: empty pool list") {
+  check_error("pools:[]", "pools", "[]", "at least one pool");
+  check_error("pools:[ ; ]", "pools", "[ ; ]", "at least one pool");
+  check_error("pools:", "pools", "", "subslices, exclusive, or a list");
+}
+
+TEST_CASE("error: unknown pool kind, unknown field, missing required field") {
+  check_error("pools:[sliced(page=1M);bump(size=1M)]", "pools", "bump",
+              "a pool kind: sliced, exclusive or direct (pool 2)");
+  check_error("pools:[(page=1M)]", "pools", "(page=1M)", "a pool kind");
+  check_error("pools:[sliced(page=1M,max=2M)]", "pools", "max=2M",
+              "a field of sliced pools: page, slice, cap, period");
+  check_error("pools:[direct(reclaim=1G,period=10)]", "pools", "period=10",
+              "a field of direct pools: reclaim");
+  check_error("pools:[exclusive(max)]", "pools", "max", "field=value");
+  check_error("pools:[sliced(page=1M,page=2M)]", "pools", "page=2M", "each field of a pool");
+  check_error("pools:[sliced(slice=1M)]", "pools", "sliced(slice=1M)",
+              "field 'page' (required for sliced pools)");
+  check_error("pools:[sliced]", "pools", "sliced", "field 'page'");
+  check_error("pools:[exclusive(period=5)]", "pools", "exclusive(period=5)", "field 'max'");
+  check_error("pools:[direct()]", "pools", "direct()", "field 'reclaim'");
+  check_error("pools:[sliced(page=1M)x]", "pools", "sliced(page=1M)x", "nothing after the ')'");
+}
+
+TEST_CASE("error: slice larger than page, cap smaller than page") {
+  check_error("pools:[sliced(page=1M,slice=2M)]", "pools", "sliced(page=1M,slice=2M)",
+              "slice (2MiB) no larger than page (1MiB)");
+  check_error("pools:[sliced(page=2K,cap=1K)]", "pools", "sliced(page=2K,cap=1K)",
+              "cap (1KiB) at least one page (2KiB)");
+}
+
+TEST_CASE("error: too many pages for one pool") {
+  check_error("pools:[sliced(page=1K,cap=64G)]", "pools", "sliced(page=1K,cap=64G)",
+              "at most 65536 pages per pool (cap/page gives 67108864)");
+  // A cap one byte above the limit needs one more page.
+  check_error("pools:[sliced(page=1K,cap=67108865)]", "pools", "sliced(page=1K,cap=67108865)",
+              "cap/page gives 65537");
+}
+
+TEST_CASE("error: too many pools") {
+  std::string many = "pools:[";
+  for (std::size_t i = 0; i <= kMaxPools; ++i) {
+    many += "exclusive(max=" + std::to_string(i + 1) + "K);";
+  }
+  check_error(many + "]", "pools", "exclusive(max=33K)", "at most 32 pools (this is pool 33)");
+}
+
+TEST_CASE("error: unbalanced brackets") {
+  check_error("pools:[sliced(page=1M)", "pools", "[sliced(page=1M)", "'[' is never closed");
+  check_error("pools:[sliced(page=1M]", "pools", "[sliced(page=1M]",
+              "']' at offset 15 does not match the '(' still open");
+  check_error("pools:[sliced(page=1M))]", "pools", "[sliced(page=1M))]", "does not match");
+  check_error("pools:]", "pools", "]", "in brackets");
+  check_error("pools:[x]]", "pools", "[x]]", "the list closes at offset 2 but text follows");
+  check_error("pools:[sliced(page=1M)]]", "pools", "[sliced(page=1M)]]", "text follows");
+  check_error("pools:[sliced(page=1M)];x", "pools", "[sliced(page=1M)];x", "text follows");
+  // An unclosed list swallows the rest of the string rather than misreading it.
+  check_error("pools:[sliced(page=1M,log:off", "pools", "[sliced(page=1M,log:off",
+              "never closed");
+}
+
+TEST_CASE("the first error wins and nothing partial escapes") {
+  const auto result = parse_config("log:off,free_fence:fast,colour:blue");
+  CHECK_FALSE(result.config.has_value());
+  CHECK(result.error.key == "free_fence");
 }

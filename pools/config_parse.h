@@ -1,0 +1,33 @@
+// Internal to the configuration parser (config.cpp and config_pools.cpp): the shared token
+// helpers and the pool-list grammar. Not part of the public API; include pools/config.h instead.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include "pools/config.h"
+
+namespace poolcuda {
+
+// `text` without leading and trailing whitespace.
+std::string_view trim(std::string_view text);
+
+struct SizeResult {
+  std::uint64_t value = 0;
+  std::optional<ConfigError> error;  // set when `text` is not a non-zero size
+};
+
+// Reads a size ("64M", "64MiB", "64MB", "512", "512B"; binary multiples). Zero is an error that
+// names `field`; so is a value that does not fit in 64 bits. Errors carry `key` and `text`.
+SizeResult parse_size_field(std::string_view key, std::string_view text, std::string_view field);
+
+// The value of the `pools` key: a preset name or a bracketed list of pools.
+std::optional<ConfigError> parse_pool_layout(std::string_view key, std::string_view value,
+                                             PoolLayout& layout);
+
+// The inverse of parse_pool_layout.
+std::string describe_pool_layout(const PoolLayout& layout);
+
+}  // namespace poolcuda

@@ -1,0 +1,282 @@
+// The grammar of the `pools` key of POOLCUDA_CONF: a preset (`subslices`, `exclusive`) or a
+// bracketed list of pools tried in order, `[sliced(page=64M,slice=16M,cap=1G,period=5000);
+// exclusive(max=1G,period=10000);direct(reclaim=4G)]`, and its inverse. Validates each pool
+// against the limits in pools/config.h so that a layout the parser accepts can always be built.
+// Pure string work; depends only on pools/config.h and the parser's internal helpers.
+#include <array>
+#include <charconv>
+#include <vector>
+
+#include "pools/config_parse.h"
+
+namespace poolcuda {
+
+namespace {
+
+enum Field : std::uint8_t { kPage, kSlice, kCap, kMax, kReclaim, kPeriod, kFieldCount };
+
+constexpr std::array<std::string_view, kFieldCount> kFieldNames = {"page",    "slice", "cap",
+                                                                   "max",     "reclaim",
+                                                                   "period"};
+
+struct KindSpec {
+  std::string_view name;
+  PoolKind kind;
+  Field required;
+  std::array<bool, kFieldCount> allowed;
+};
+
+constexpr std::array<KindSpec, 3> kKinds = {{
+    {"sliced", PoolKind::sliced, kPage, {true, true, true, false, false, true}},
+    {"exclusive", PoolKind::exclusive, kMax, {false, false, false, true, false, true}},
+    {"direct", PoolKind::direct, kReclaim, {false, false, false, false, true, false}},
+}};
+
+constexpr std::string_view kLayoutExpected =
+    "subslices, exclusive, or a list of pools in brackets such as "
+    "[sliced(page=64M,slice=16M,cap=1G);exclusive(max=1G);direct(reclaim=4G)]";
+
+std::string kind_fields(const KindSpec& spec) {
+  std::string out;
+  for (std::size_t f = 0; f < kFieldCount; ++f) {
+    if (!spec.allowed[f]) continue;
+    if (!out.empty()) out += ", ";
+    out += kFieldNames[f];
+  }
+  return out;
+}
+
+ConfigError pool_error(std::string_view key, std::string_view text, std::string expected) {
+  return ConfigError{std::string(key), std::string(text), std::move(expected)};
+}
+
+// Reads a reservation count: a positive integer without suffix.
+std::optional<std::uint64_t> parse_count(std::string_view text) {
+  std::uint64_t value = 0;
+  auto [next, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
+  if (ec != std::errc() || next != text.data() + text.size() || text.empty() || value == 0) {
+    return std::nullopt;
+  }
+  return value;
+}
+
+// Parses one `kind(field=value,...)` entry of the list; `number` is its 1-based position.
+std::optional<ConfigError> parse_pool(std::string_view key, std::string_view entry,
+                                      std::size_t number, PoolSpec& out) {
+  const auto open = entry.find('(');
+  const auto kind_text = trim(entry.substr(0, open));
+  const KindSpec* spec = nullptr;
+  for (const auto& candidate : kKinds) {
+    if (candidate.name == kind_text) spec = &candidate;
+  }
+  if (spec == nullptr) {
+    return pool_error(key, kind_text.empty() ? entry : kind_text,
+                      "a pool kind: sliced, exclusive or direct (pool " + std::to_string(number) +
+                          ")");
+  }
+  std::array<std::optional<std::uint64_t>, kFieldCount> values;
+  if (open != std::string_view::npos) {
+    if (entry.back() != ')') {
+      return pool_error(key, entry, "nothing after the ')' closing the fields of a pool");
+    }
+    const std::string_view fields = entry.substr(open + 1, entry.size() - open - 2);
+    std::size_t start = 0;
+    while (start <= fields.size()) {
+      auto comma = fields.find(',', start);
+      if (comma == std::string_view::npos) comma = fields.size();
+      const auto field = trim(fields.substr(start, comma - start));
+      start = comma + 1;
+      if (field.empty()) continue;
+      const auto equals = field.find('=');
+      if (equals == std::string_view::npos) {
+        return pool_error(key, field, "field=value, e.g. page=64M");
+      }
+      const auto name = trim(field.substr(0, equals));
+      const auto value = trim(field.substr(equals + 1));
+      std::size_t f = 0;
+      while (f < kFieldCount && !(spec->allowed[f] && kFieldNames[f] == name)) ++f;
+      if (f == kFieldCount) {
+        return pool_error(key, field,
+                          "a field of " + std::string(spec->name) + " pools: " +
+                              kind_fields(*spec));
+      }
+      if (values[f]) {
+        return pool_error(key, field, "each field of a pool at most once");
+      }
+      if (f == kPeriod) {
+        values[f] = parse_count(value);
+        if (!values[f]) {
+          return pool_error(key, field,
+                            "period: a positive whole number of reservations (no suffix)");
+        }
+      } else {
+        auto size = parse_size_field(key, value, kFieldNames[f]);
+        if (size.error) {
+          size.error->text = std::string(field);
+          return size.error;
+        }
+        values[f] = size.value;
+      }
+    }
+  }
+  if (!values[spec->required]) {
+    return pool_error(key, entry,
+                      "field '" + std::string(kFieldNames[spec->required]) + "' (required for " +
+                          std::string(spec->name) + " pools)");
+  }
+
+  out = PoolSpec{};
+  out.kind = spec->kind;
+  out.dealloc_period = values[kPeriod];
+  switch (spec->kind) {
+    case PoolKind::sliced: {
+      const std::uint64_t page = *values[kPage];
+      const std::uint64_t slice = values[kSlice].value_or(page);
+      if (slice > page) {
+        return pool_error(key, entry,
+                          "slice (" + format_size(slice) + ") no larger than page (" +
+                              format_size(page) + ")");
+      }
+      if (values[kCap] && *values[kCap] < page) {
+        return pool_error(key, entry,
+                          "cap (" + format_size(*values[kCap]) + ") at least one page (" +
+                              format_size(page) + ")");
+      }
+      if (values[kCap]) {
+        const std::uint64_t pages = *values[kCap] / page + (*values[kCap] % page != 0 ? 1 : 0);
+        if (pages > kMaxPagesPerPool) {
+          return pool_error(key, entry,
+                            "at most " + std::to_string(kMaxPagesPerPool) +
+                                " pages per pool (cap/page gives " + std::to_string(pages) + ")");
+        }
+      }
+      out.page_size = page;
+      out.max_slice_size = slice;
+      out.cap = values[kCap];
+      break;
+    }
+    case PoolKind::exclusive:
+      out.max_alloc_size = *values[kMax];
+      break;
+    case PoolKind::direct:
+      out.reclaim_at = *values[kReclaim];
+      break;
+  }
+  return std::nullopt;
+}
+
+// Checks that brackets and parentheses nest; returns the offending explanation or nothing.
+std::optional<std::string> check_nesting(std::string_view value) {
+  std::vector<char> open;
+  for (std::size_t i = 0; i < value.size(); ++i) {
+    const char ch = value[i];
+    if (ch == '[' || ch == '(') {
+      open.push_back(ch);
+    } else if (ch == ']' || ch == ')') {
+      const char want = ch == ']' ? '[' : '(';
+      // The value starts with '[' and returns as soon as that closes early, so `open` is never
+      // empty here.
+      if (open.back() != want) {
+        return "balanced brackets: '" + std::string(1, ch) + "' at offset " + std::to_string(i) +
+               " does not match the '" + std::string(1, open.back()) + "' still open";
+      }
+      open.pop_back();
+      if (open.empty() && i + 1 != value.size()) {
+        return "balanced brackets: the list closes at offset " + std::to_string(i) +
+               " but text follows it";
+      }
+    }
+  }
+  if (!open.empty()) {
+    return "balanced brackets: '" + std::string(1, open.back()) + "' is never closed";
+  }
+  return std::nullopt;
+}
+
+void describe_pool(const PoolSpec& pool, std::string& out) {
+  auto field = [&](std::string_view name, const std::string& value) {
+    if (out.back() != '(') out += ',';
+    out += std::string(name) + "=" + value;
+  };
+  switch (pool.kind) {
+    case PoolKind::sliced:
+      out += "sliced(";
+      field("page", format_size(pool.page_size));
+      if (pool.max_slice_size != 0) field("slice", format_size(pool.max_slice_size));
+      if (pool.cap) field("cap", format_size(*pool.cap));
+      break;
+    case PoolKind::exclusive:
+      out += "exclusive(";
+      field("max", format_size(pool.max_alloc_size));
+      break;
+    case PoolKind::direct:
+      out += "direct(";
+      field("reclaim", format_size(pool.reclaim_at));
+      break;
+  }
+  if (pool.dealloc_period && pool.kind != PoolKind::direct) {
+    field("period", std::to_string(*pool.dealloc_period));
+  }
+  out += ')';
+}
+
+}  // namespace
+
+std::optional<ConfigError> parse_pool_layout(std::string_view key, std::string_view value,
+                                             PoolLayout& layout) {
+  if (value == "subslices" || value == "exclusive") {
+    layout = PoolLayout{value == "subslices" ? PoolPreset::subslices : PoolPreset::exclusive, {}};
+    return std::nullopt;
+  }
+  if (value.empty() || value.front() != '[') {
+    return pool_error(key, value, std::string(kLayoutExpected));
+  }
+  if (auto problem = check_nesting(value)) return pool_error(key, value, *problem);
+
+  // Split the inside of the brackets on ';' outside parentheses.
+  std::vector<PoolSpec> pools;
+  const std::string_view inner = value.substr(1, value.size() - 2);
+  std::size_t start = 0;
+  int depth = 0;
+  for (std::size_t i = 0; i <= inner.size(); ++i) {
+    const char ch = i < inner.size() ? inner[i] : ';';
+    if (ch == '(' || ch == '[') ++depth;
+    if (ch == ')' || ch == ']') --depth;
+    if (ch != ';' || depth != 0) continue;
+    const auto entry = trim(inner.substr(start, i - start));
+    start = i + 1;
+    if (entry.empty()) continue;
+    if (pools.size() == kMaxPools) {
+      return pool_error(key, entry,
+                        "at most " + std::to_string(kMaxPools) + " pools (this is pool " +
+                            std::to_string(kMaxPools + 1) + ")");
+    }
+    PoolSpec pool;
+    if (auto error = parse_pool(key, entry, pools.size() + 1, pool)) return error;
+    pools.push_back(pool);
+  }
+  if (pools.empty()) {
+    return pool_error(key, value, "at least one pool in the list, e.g. [sliced(page=64M)]");
+  }
+  layout = PoolLayout{PoolPreset::custom, std::move(pools)};
+  return std::nullopt;
+}
+
+std::string describe_pool_layout(const PoolLayout& layout) {
+  switch (layout.preset) {
+    case PoolPreset::subslices:
+      return "subslices";
+    case PoolPreset::exclusive:
+      return "exclusive";
+    case PoolPreset::custom:
+      break;
+  }
+  std::string out = "[";
+  for (std::size_t i = 0; i < layout.custom.size(); ++i) {
+    if (i > 0) out += ';';
+    describe_pool(layout.custom[i], out);
+  }
+  return out + "]";
+}
+
+}  // namespace poolcuda
