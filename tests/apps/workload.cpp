@@ -378,8 +378,10 @@ int main(int argc, char** argv) {
   std::printf("verified_buffers: %llu\n", static_cast<unsigned long long>(verified));
   std::printf("checksum: %016llx\n", static_cast<unsigned long long>(checksum));
   if (failures > 0 || sticky != cudaSuccess) {
-    std::printf("result: FAILED (%llu buffers with wrong data, last error %s)\n",
-                static_cast<unsigned long long>(failures), cudaGetErrorName(sticky));
+    std::printf("result: FAILED (%llu buffers with wrong data%s%s)\n",
+                static_cast<unsigned long long>(failures),
+                sticky != cudaSuccess ? ", sticky error " : "",
+                sticky != cudaSuccess ? cudaGetErrorName(sticky) : "");
     return 1;
   }
   std::printf("result: OK\n");
