@@ -1,0 +1,63 @@
+// CudaDevice: the Device interface (pools/device.h) implemented over the real CUDA runtime for
+// one device index. It makes every call on the right device (switching the calling thread's
+// current device for the call's duration when needed), in relaxed capture mode, and without
+// disturbing the program's last-error state, and it implements free fences as CUDA events
+// (Note [Fence streams] in cuda_device.cpp).
+//
+// Depends on pools/device.h, the real-function table and the stream table; never on a
+// MemoryManager (the Device contract forbids calling back into it).
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <mutex>
+#include <vector>
+
+#include "pools/device.h"
+
+namespace poolcuda {
+
+class StreamTable;
+
+class CudaDevice final : public Device {
+ public:
+  static constexpr std::uint64_t kAlignment = 512;
+
+  // Queries the device's memory size (on the calling thread, making `device` current if
+  // needed). `streams` must outlive the device.
+  CudaDevice(int device, StreamTable& streams);
+  ~CudaDevice() override;
+
+  AllocStatus allocate(std::uint64_t size, DevicePtr* out) override;
+  void release(DevicePtr ptr, std::uint64_t size) override;
+  DeviceMemoryInfo memory_info() override;
+  std::uint64_t alignment() const override { return kAlignment; }
+  FenceHandle fence_record() override;
+  bool fence_passed(FenceHandle fence) override;
+  void fence_wait(FenceHandle fence) override;
+  void fence_destroy(FenceHandle fence) override;
+  void synchronize() override;
+
+  // cudaDeviceReset destroyed every event of the device: drop the cached ones unreleased.
+  void forget_events();
+
+  int index() const { return device_; }
+  std::uint64_t total_bytes() const { return total_bytes_; }
+
+ private:
+  struct Fence;
+
+  cudaEvent_t take_event();
+  void recycle(Fence* fence);
+  bool capture_open();
+
+  int device_;
+  StreamTable& streams_;
+  std::uint64_t total_bytes_ = 0;
+  std::mutex mutex_;                 // guards the caches below
+  std::vector<cudaEvent_t> events_;  // created, not in use
+  std::vector<Fence*> fences_;       // recycled fence records
+};
+
+}  // namespace poolcuda

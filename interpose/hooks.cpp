@@ -1,0 +1,185 @@
+// The hooked calls' logic (see hooks.h).
+//
+// Note [Last error]
+// The runtime keeps a per-thread "last error" that cudaGetLastError returns and clears. The
+// pools' own device calls leave it as they found it (Note [Own calls] in cuda_device.cpp), so
+// an allocation that succeeded after trimming shows the program no error. When the pools give
+// up on an out-of-memory, the request goes to the real cudaMalloc one last time: it fails as
+// the real library would and leaves exactly the last error the real library leaves (or, if
+// memory came free meanwhile, it succeeds and the memory is simply not pooled). Refusals that
+// come from the configuration (no pool accepts the size, a capped pool is full) have no real
+// call to mirror; they raise cudaErrorMemoryAllocation in the slot with a real cudaMalloc of
+// a size no device has.
+//
+// Depends on the registry, the CUDA device, the real-function table, the log and the
+// configuration.
+#include "interpose/hooks.h"
+
+#include <string>
+
+#include "interpose/lifecycle.h"
+#include "interpose/log.h"
+#include "interpose/real_cuda.h"
+#include "interpose/registry.h"
+
+namespace poolcuda::hooks {
+
+namespace {
+
+// Larger than any device; a real cudaMalloc of it fails with cudaErrorMemoryAllocation.
+constexpr std::size_t kImpossibleSize = std::size_t{1} << 52;
+
+// The device current on the calling thread, or -1.
+int current_device() {
+  int device = -1;
+  if (real::cudaGetDevice()(&device) != cudaSuccess) return -1;
+  return device;
+}
+
+cudaError_t forward_malloc(int device, void** ptr, std::size_t size) {
+  Registry::instance().count_forwarded_malloc(device);
+  return real::cudaMalloc()(ptr, size);
+}
+
+void raise_out_of_memory() {
+  void* ptr = nullptr;
+  if (real::cudaMalloc()(&ptr, kImpossibleSize) == cudaSuccess) real::cudaFree()(ptr);
+}
+
+void log_out_of_memory(int device, MemoryManager& manager, std::size_t size,
+                       const Error& error) {
+  if (!log_enabled(LogLevel::basic)) return;
+  ManagerReport report = manager.report();
+  std::string line = "cudaMalloc(" + format_size(size) + ") on device " +
+                     std::to_string(device) + ": " + describe(error) +
+                     " (requested " + format_size(size) + ", in use " +
+                     format_size(report.totals.bytes_in_use) + ", reserved " +
+                     format_size(report.totals.bytes_reserved) + ", idle " +
+                     format_size(report.idle_bytes) + ", pending fence " +
+                     format_size(report.pending_fence_bytes) + ")";
+  log_line(LogLevel::basic, line);
+}
+
+}  // namespace
+
+cudaError_t malloc(void** ptr, std::size_t size) {
+  int device = current_device();
+  // NULL, size 0 and an unusable device behave exactly as the real call does.
+  if (ptr == nullptr || size == 0 || device < 0) return forward_malloc(device, ptr, size);
+  Registry& registry = Registry::instance();
+  MemoryManager* manager = registry.manager_or_create(device);
+  if (manager == nullptr) return forward_malloc(device, ptr, size);
+  // Larger than the device: the real call fails cleanly and sets its own error.
+  if (size > registry.device(device)->total_bytes()) return forward_malloc(device, ptr, size);
+
+  Reservation reservation = manager->allocate(size);
+  if (reservation.ptr != 0) {
+    *ptr = reinterpret_cast<void*>(reservation.ptr);
+    return cudaSuccess;
+  }
+  log_out_of_memory(device, *manager, size, reservation.error);
+  switch (reservation.error.kind) {
+    case ErrorKind::out_of_memory:
+    case ErrorKind::device_error:
+      // Note [Last error]: the real call's own failure is the answer.
+      return forward_malloc(device, ptr, size);
+    default:
+      raise_out_of_memory();
+      return cudaErrorMemoryAllocation;
+  }
+}
+
+cudaError_t free(void* ptr) {
+  int device = current_device();
+  Registry& registry = Registry::instance();
+  if (ptr == nullptr) {
+    registry.count_forwarded_free(device);
+    return real::cudaFree()(ptr);
+  }
+  const auto address = reinterpret_cast<DevicePtr>(ptr);
+  FreeOutcome outcome = FreeOutcome::not_mine;
+  int owner = device;
+  if (MemoryManager* manager = registry.manager(device)) outcome = manager->free(address);
+  // A pointer allocated on another device may be freed with any device current.
+  for (int other = 0; outcome == FreeOutcome::not_mine && other < Registry::kMaxDevices;
+       ++other) {
+    if (other == device) continue;
+    MemoryManager* manager = registry.manager(other);
+    if (manager == nullptr) continue;
+    outcome = manager->free(address);
+    owner = other;
+  }
+  switch (outcome) {
+    case FreeOutcome::freed:
+      return cudaSuccess;
+    case FreeOutcome::not_mine:
+      registry.count_forwarded_free(device);
+      return real::cudaFree()(ptr);
+    case FreeOutcome::double_free:
+      log_format(LogLevel::basic, "cudaFree(%p) on device %d: double free; nothing changed", ptr,
+                 owner);
+      return cudaErrorInvalidValue;
+    case FreeOutcome::interior_pointer:
+      log_format(LogLevel::basic,
+                 "cudaFree(%p) on device %d: not the start of an allocation; nothing changed",
+                 ptr, owner);
+      return cudaErrorInvalidValue;
+  }
+  return cudaErrorInvalidValue;
+}
+
+cudaError_t mem_get_info(std::size_t* free_bytes, std::size_t* total_bytes) {
+  cudaError_t result = real::cudaMemGetInfo()(free_bytes, total_bytes);
+  if (result != cudaSuccess || free_bytes == nullptr) return result;
+  if (config().memgetinfo != MemGetInfoMode::pooled) return result;
+  std::uint64_t idle = Registry::instance().idle_bytes(current_device());
+  std::uint64_t limit = total_bytes != nullptr && *total_bytes > *free_bytes
+                            ? *total_bytes - *free_bytes
+                            : idle;
+  *free_bytes += static_cast<std::size_t>(idle < limit ? idle : limit);
+  return result;
+}
+
+cudaError_t device_reset() {
+  int device = current_device();
+  Registry& registry = Registry::instance();
+  // The reset frees every allocation and destroys every stream and event of the device: the
+  // pools forget theirs instead of releasing them.
+  if (MemoryManager* manager = registry.manager(device)) {
+    manager->forget();
+    registry.device(device)->forget_events();
+  }
+  registry.streams().forget_device(device);
+  return real::cudaDeviceReset()();
+}
+
+namespace {
+
+cudaError_t track(cudaError_t result, cudaStream_t* stream, unsigned int flags) {
+  if (result == cudaSuccess && stream != nullptr) {
+    Registry::instance().streams().add(*stream, current_device(), flags);
+  }
+  return result;
+}
+
+}  // namespace
+
+cudaError_t stream_create(cudaStream_t* stream) {
+  return track(real::cudaStreamCreate()(stream), stream, cudaStreamDefault);
+}
+
+cudaError_t stream_create_with_flags(cudaStream_t* stream, unsigned int flags) {
+  return track(real::cudaStreamCreateWithFlags()(stream, flags), stream, flags);
+}
+
+cudaError_t stream_create_with_priority(cudaStream_t* stream, unsigned int flags, int priority) {
+  return track(real::cudaStreamCreateWithPriority()(stream, flags, priority), stream, flags);
+}
+
+cudaError_t stream_destroy(cudaStream_t stream) {
+  // Out of the table first: no fence may be recorded on it once the real destroy has run.
+  Registry::instance().streams().remove(stream);
+  return real::cudaStreamDestroy()(stream);
+}
+
+}  // namespace poolcuda::hooks

@@ -1,0 +1,27 @@
+// The library's life in a process: the configuration parsed when the library loads (a malformed
+// POOLCUDA_CONF stops the process with status 2 before main), confirm:1, the fork handler that
+// switches a child to pass-through, and the report written at exit. Nothing is ever freed at
+// exit (Note [Exit] in lifecycle.cpp).
+//
+// Depends on pools/config.h and interpose/ only; it names no CUDA symbol.
+#pragma once
+
+#include <atomic>
+
+#include "pools/config.h"
+
+namespace poolcuda {
+
+namespace detail {
+extern std::atomic<bool> g_passthrough;
+}
+
+// True in a forked child (and nowhere else): every hook calls the real function and never
+// touches the pools, whose state the child inherited mid-flight.
+inline bool passthrough() { return detail::g_passthrough.load(std::memory_order_relaxed); }
+
+// The configuration parsed at load; the defaults if a hook runs before the library's
+// constructor (another library's constructor may call CUDA first).
+const Config& config();
+
+}  // namespace poolcuda

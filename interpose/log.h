@@ -1,0 +1,31 @@
+// The library's own log lines: one write(2) per line to stderr, prefixed "poolcuda: ", filtered
+// by the configured log level. Usable before the configuration is known (the level starts at
+// basic), from any thread, and after exit handlers have run (nothing here is ever destroyed).
+// Not async-signal-safe: never called from a signal handler.
+//
+// Depends on pools/config.h (LogLevel) only; no CUDA header.
+#pragma once
+
+#include <string_view>
+
+#include "pools/config.h"
+
+namespace poolcuda {
+
+void set_log_level(LogLevel level);
+LogLevel log_level();
+
+// True when a message of `level` would be written.
+bool log_enabled(LogLevel level);
+
+// Writes "poolcuda: <message>\n" to stderr when `level` is enabled.
+void log_line(LogLevel level, std::string_view message);
+
+// printf-style convenience; formats only when the level is enabled.
+void log_format(LogLevel level, const char* format, ...) __attribute__((format(printf, 2, 3)));
+
+// Writes the whole text to stderr with write(2), retrying short writes. Used for messages that
+// must appear whatever the log level (configuration errors, confirm:1).
+void write_stderr(std::string_view text);
+
+}  // namespace poolcuda

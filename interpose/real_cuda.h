@@ -1,0 +1,68 @@
+// The table of real CUDA runtime functions: the only place that calls dlsym. Each entry is
+// resolved on first use with dlsym(RTLD_NEXT, name) (falling back to a libcudart that was loaded
+// privately, see real_cuda.cpp), once per process, lock-free and thread-safe: racing threads
+// store the same pointer. A function that cannot be found (yet) answers
+// cudaErrorSharedObjectSymbolNotFound instead of crashing.
+//
+// Usage: real::cudaMalloc()(&ptr, size). Depends on the CUDA runtime header only.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+// Every real function the library calls. Add a name here and real::<name>() exists.
+#define POOLCUDA_REAL_FUNCTIONS(X)          \
+  X(cudaMalloc)                             \
+  X(cudaFree)                               \
+  X(cudaMemGetInfo)                         \
+  X(cudaDeviceReset)                        \
+  X(cudaDeviceSynchronize)                  \
+  X(cudaStreamCreate)                       \
+  X(cudaStreamCreateWithFlags)              \
+  X(cudaStreamCreateWithPriority)           \
+  X(cudaStreamDestroy)                      \
+  X(cudaStreamIsCapturing)                  \
+  X(cudaThreadExchangeStreamCaptureMode)    \
+  X(cudaGetDevice)                          \
+  X(cudaSetDevice)                          \
+  X(cudaGetLastError)                       \
+  X(cudaPeekAtLastError)                    \
+  X(cudaEventCreateWithFlags)               \
+  X(cudaEventRecord)                        \
+  X(cudaEventQuery)                         \
+  X(cudaEventSynchronize)                   \
+  X(cudaEventDestroy)
+
+namespace poolcuda::real {
+
+enum class Slot : int {
+#define POOLCUDA_SLOT(name) name,
+  POOLCUDA_REAL_FUNCTIONS(POOLCUDA_SLOT)
+#undef POOLCUDA_SLOT
+      count
+};
+
+// The resolved address for `slot`, or nullptr when the symbol exists nowhere.
+void* resolve(Slot slot);
+
+template <typename Fn>
+struct Missing;
+
+template <typename... Args>
+struct Missing<cudaError_t (*)(Args...)> {
+  static cudaError_t call(Args...) { return cudaErrorSharedObjectSymbolNotFound; }
+};
+
+#define POOLCUDA_ACCESSOR(name)                                          \
+  inline decltype(&::name) name() {                                      \
+    using Fn = decltype(&::name);                                        \
+    void* address = resolve(Slot::name);                                 \
+    return address != nullptr ? reinterpret_cast<Fn>(address)            \
+                              : &Missing<Fn>::call;                      \
+  }
+POOLCUDA_REAL_FUNCTIONS(POOLCUDA_ACCESSOR)
+#undef POOLCUDA_ACCESSOR
+
+// Resolves every entry now (called once CUDA is first used, so later calls never reach dlsym).
+void resolve_all();
+
+}  // namespace poolcuda::real

@@ -1,0 +1,90 @@
+// The process-wide registry of per-device managers (see registry.h).
+//
+// Managers are published through an array of atomic pointers so that the hot path is one
+// acquire load and then the manager's own lock; the creation mutex is taken only while a device
+// has no manager yet. Nothing here is ever freed (Note [Exit] in lifecycle.cpp).
+//
+// Depends on pools/, the CUDA device, the log and the configuration.
+#include "interpose/registry.h"
+
+#include "interpose/lifecycle.h"
+#include "interpose/log.h"
+
+namespace poolcuda {
+
+namespace {
+
+bool in_range(int device) { return device >= 0 && device < Registry::kMaxDevices; }
+
+}  // namespace
+
+Registry& Registry::instance() {
+  // Allocated once and never deleted: late frees after exit handlers still find it.
+  static Registry* registry = new Registry;
+  return *registry;
+}
+
+MemoryManager* Registry::manager(int device) const {
+  if (!in_range(device)) return nullptr;
+  return managers_[device].load(std::memory_order_acquire);
+}
+
+CudaDevice* Registry::device(int device) const {
+  if (!in_range(device)) return nullptr;
+  return devices_[device].load(std::memory_order_acquire);
+}
+
+MemoryManager* Registry::manager_or_create(int device) {
+  if (!in_range(device)) return nullptr;
+  if (MemoryManager* existing = managers_[device].load(std::memory_order_acquire)) return existing;
+
+  std::lock_guard<std::mutex> hold(create_mutex_);
+  if (MemoryManager* existing = managers_[device].load(std::memory_order_relaxed)) return existing;
+
+  auto* cuda_device = new CudaDevice(device, streams_);
+  if (cuda_device->total_bytes() == 0) {
+    delete cuda_device;
+    log_format(LogLevel::basic, "device %d: cannot read its memory size; not pooling it", device);
+    return nullptr;
+  }
+  const Config& conf = config();
+  ManagerOptions options;
+  options.device_index = device;
+  options.layout = conf.pools;
+  options.persistent = conf.persistent;
+  options.free_fence = conf.free_fence;
+  options.log = conf.log;
+  options.log_sink = [](LogLevel level, std::string_view message) { log_line(level, message); };
+  auto* manager = new MemoryManager(*cuda_device, options);
+  devices_[device].store(cuda_device, std::memory_order_release);
+  managers_[device].store(manager, std::memory_order_release);
+  log_format(LogLevel::full, "device %d: pools created (%llu bytes of device memory)", device,
+             static_cast<unsigned long long>(cuda_device->total_bytes()));
+  return manager;
+}
+
+void Registry::count_forwarded_malloc(int device) {
+  if (in_range(device)) forwarded_mallocs_[device].fetch_add(1, std::memory_order_relaxed);
+}
+
+void Registry::count_forwarded_free(int device) {
+  if (in_range(device)) forwarded_frees_[device].fetch_add(1, std::memory_order_relaxed);
+}
+
+std::vector<ManagerReport> Registry::reports() const {
+  std::vector<ManagerReport> out;
+  for (int device = 0; device < kMaxDevices; ++device) {
+    MemoryManager* manager = managers_[device].load(std::memory_order_acquire);
+    if (manager == nullptr) continue;
+    out.push_back(manager->report());
+    out.back().device = device;
+  }
+  return out;
+}
+
+std::uint64_t Registry::idle_bytes(int device) const {
+  MemoryManager* manager = this->manager(device);
+  return manager != nullptr ? manager->idle_bytes() : 0;
+}
+
+}  // namespace poolcuda

@@ -1,0 +1,60 @@
+// The process-wide registry: one MemoryManager and one CudaDevice per device index, created
+// lazily on a device's first allocation and never destroyed (Note [Exit] in lifecycle.cpp), the
+// table of streams the program created, and the counts of real calls the hooks forwarded.
+// Lookups are one atomic load per call; creation takes a mutex once per device.
+//
+// Depends on pools/ and the CUDA device; knows nothing of the exported entry points.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <mutex>
+#include <vector>
+
+#include "interpose/cuda_device.h"
+#include "interpose/stream_table.h"
+#include "pools/memory_manager.h"
+#include "pools/report.h"
+
+namespace poolcuda {
+
+class Registry {
+ public:
+  static constexpr int kMaxDevices = 64;
+
+  // The one registry of the process (allocated once, never destroyed).
+  static Registry& instance();
+
+  // The device's manager, or nullptr when it has none yet (or `device` is out of range).
+  MemoryManager* manager(int device) const;
+  CudaDevice* device(int device) const;
+
+  // The device's manager, created now if needed with the configured layout and options.
+  // nullptr when the device cannot be used (its memory size cannot be read).
+  MemoryManager* manager_or_create(int device);
+
+  StreamTable& streams() { return streams_; }
+
+  // Real cudaMalloc / cudaFree calls made on the program's behalf without a pool (size 0,
+  // NULL, foreign pointers, requests larger than the device), per current device.
+  void count_forwarded_malloc(int device);
+  void count_forwarded_free(int device);
+
+  // A snapshot of every existing manager, in device order (takes each manager's lock in turn).
+  std::vector<ManagerReport> reports() const;
+
+  // Idle pooled bytes of one device (0 without a manager).
+  std::uint64_t idle_bytes(int device) const;
+
+ private:
+  Registry() = default;
+
+  std::atomic<MemoryManager*> managers_[kMaxDevices] = {};
+  std::atomic<CudaDevice*> devices_[kMaxDevices] = {};
+  std::atomic<std::uint64_t> forwarded_mallocs_[kMaxDevices] = {};
+  std::atomic<std::uint64_t> forwarded_frees_[kMaxDevices] = {};
+  std::mutex create_mutex_;
+  StreamTable streams_;
+};
+
+}  // namespace poolcuda

@@ -1,0 +1,44 @@
+// The streams the program created, as the stream hooks see them: which device each belongs to
+// and whether it is non-blocking. Free fences need one event per live non-blocking stream and
+// must know every stream to check for open captures (Note [Fence streams] in cuda_device.cpp).
+// A stream leaves the table before the real cudaStreamDestroy runs, and a fence holds the
+// table's lock while it records, so no event is ever recorded on a destroyed stream.
+//
+// Depends on the CUDA runtime header only.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <mutex>
+#include <vector>
+
+namespace poolcuda {
+
+struct TrackedStream {
+  cudaStream_t stream = nullptr;
+  int device = 0;
+  bool non_blocking = false;
+};
+
+class StreamTable {
+ public:
+  void add(cudaStream_t stream, int device, unsigned int flags);
+  // False when the stream was not tracked (created before the library loaded, or twice
+  // destroyed): the real destroy still runs.
+  bool remove(cudaStream_t stream);
+  // cudaDeviceReset destroyed every stream of the device.
+  void forget_device(int device);
+
+  // Holds the table while a fence is checked and recorded.
+  std::unique_lock<std::mutex> lock() { return std::unique_lock<std::mutex>(mutex_); }
+  // Only with lock() held.
+  const std::vector<TrackedStream>& streams() const { return streams_; }
+
+  std::size_t size();
+
+ private:
+  std::mutex mutex_;
+  std::vector<TrackedStream> streams_;
+};
+
+}  // namespace poolcuda
