@@ -60,9 +60,9 @@ std::optional<std::uint64_t> parse_count(std::string_view text) {
   return value;
 }
 
-// Parses one `kind(field=value,...)` entry of the list; `number` is its 1-based position.
+// Parses one `kind(field=value,...)` entry of the list.
 std::optional<ConfigError> parse_pool(std::string_view key, std::string_view entry,
-                                      std::size_t number, PoolSpec& out) {
+                                      PoolSpec& out) {
   const auto open = entry.find('(');
   const auto kind_text = trim(entry.substr(0, open));
   const KindSpec* spec = nullptr;
@@ -71,8 +71,7 @@ std::optional<ConfigError> parse_pool(std::string_view key, std::string_view ent
   }
   if (spec == nullptr) {
     return pool_error(key, kind_text.empty() ? entry : kind_text,
-                      "a pool kind: sliced, exclusive or direct (pool " + std::to_string(number) +
-                          ")");
+                      "a pool kind: sliced, exclusive or direct");
   }
   std::array<std::optional<std::uint64_t>, kFieldCount> values;
   if (open != std::string_view::npos) {
@@ -252,7 +251,11 @@ std::optional<ConfigError> parse_pool_layout(std::string_view key, std::string_v
                             std::to_string(kMaxPools + 1) + ")");
     }
     PoolSpec pool;
-    if (auto error = parse_pool(key, entry, pools.size() + 1, pool)) return error;
+    if (auto error = parse_pool(key, entry, pool)) {
+      // Name the pool: the same field text may appear in several of them.
+      error->expected += " (pool " + std::to_string(pools.size() + 1) + ")";
+      return error;
+    }
     pools.push_back(pool);
   }
   if (pools.empty()) {

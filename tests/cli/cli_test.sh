@@ -12,7 +12,10 @@ libdir=${4:-lib}
 work=$(mktemp -d)
 background_pid=
 cleanup() {
-  if [ -n "$background_pid" ]; then kill "$background_pid" 2>/dev/null; wait "$background_pid" 2>/dev/null; fi
+  if [ -n "$background_pid" ]; then
+    kill "$background_pid" 2>/dev/null
+    wait "$background_pid" 2>/dev/null
+  fi
   rm -rf "$work"
 }
 trap cleanup EXIT
@@ -220,7 +223,8 @@ report-sends)
   background_pid=$!
   wait_for "$work/marker2" loaded
   run_cli 0 report "$background_pid"
-  has out "sent SIGUSR1 to process $background_pid; its text report goes to that process's standard error"
+  has out "sent SIGUSR1 to process $background_pid; its text report goes to that process's"
+  has out "report goes to that process's standard error"
   wait_for "$work/marker2" SIGUSR1
   ;;
 *)

@@ -320,6 +320,8 @@ TEST_CASE("error: zero size names the field") {
   check_error("managed_slab:0", "managed_slab", "0", "a non-zero size for managed_slab");
   check_error("pools:[sliced(page=0)]", "pools", "page=0", "a non-zero size for page");
   check_error("pools:[sliced(page=1M,slice=0K)]", "pools", "slice=0K", "non-zero size for slice");
+  check_error("pools:[direct(reclaim=1G);sliced(page=0)]", "pools", "page=0",
+              "a non-zero size for page (pool 2)");
   check_error("pools:[sliced(page=1M,cap=0)]", "pools", "cap=0", "non-zero size for cap");
   check_error("pools:[exclusive(max=0B)]", "pools", "max=0B", "non-zero size for max");
   check_error("pools:[direct(reclaim=0M)]", "pools", "reclaim=0M", "non-zero size for reclaim");
