@@ -12,6 +12,7 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "pools/config.h"
 #include "pools/device.h"
@@ -37,6 +38,20 @@ struct ManagerOptions {
   std::uint32_t fence_batch = 256;
   LogLevel log = LogLevel::basic;
   LogSink log_sink;  // empty: write to stderr prefixed "poolcuda: "
+};
+
+// A pin on one slice (MemoryManager::retain). Opaque; valid until released or until forget().
+struct RetainedSlice {
+  DevicePtr ptr = 0;
+  std::uint64_t generation = 0;
+  void* node = nullptr;
+  explicit operator bool() const { return ptr != 0; }
+};
+
+// One device allocation a manager holds (test inspection).
+struct PageView {
+  DevicePtr base = 0;
+  std::uint64_t size = 0;
 };
 
 struct Reservation {
@@ -86,6 +101,31 @@ class MemoryManager {
   // cudaDeviceReset: the device's memory is gone; drop every page and slice without calling
   // Device::release or any fence method. The manager stays usable (empty) afterwards.
   void forget();
+
+  // --- Additions beyond the first interface ----------------------------------------------------
+
+  // Pins the live slice that starts at `ptr` (used by graph capture): while pinned, a free of
+  // that pointer succeeds but the slice is "held" (still counted in use) and is never handed
+  // out again; releasing its last pin sends it through the free fence. Pins nest. Returns an
+  // empty handle when `ptr` is not the start of a live slice.
+  RetainedSlice retain(DevicePtr ptr);
+
+  // Drops one pin taken by retain(). Returns false (and changes nothing) for an empty handle or
+  // one taken before forget().
+  bool release_retained(const RetainedSlice& pin);
+
+  // Closes the open free-fence epoch and waits (Device::fence_wait) for every closed one, so
+  // every pending slice is free again. Blocks: never for the hot path. Returns false when the
+  // open epoch could not be closed (the device refused a fence: a capture is open).
+  bool drain_fences();
+
+  // Test inspection, O(pages): every page of every pool, in address order.
+  std::vector<PageView> pages() const;
+
+  // Test inspection, O(pages + slices): checks the internal invariants (slices tile their pages,
+  // no two free neighbours in a sliced page, free sets and the pointer index match the slices,
+  // counters match the slices). Returns an empty string when all hold, else the first breach.
+  std::string check_consistency() const;
 
  private:
   struct Impl;

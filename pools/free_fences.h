@@ -1,0 +1,100 @@
+// FenceQueue: the epochs of Note [Free fences] (memory_manager.cpp). Freed slices join the open
+// epoch through their intrusive `next_pending` link (no allocation per free); closing an epoch
+// records one Device fence; closed epochs are reaped oldest first once their fence has passed.
+// Not thread-safe: the MemoryManager's lock covers it. Depends on pool.h and device.h.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+
+#include "pools/device.h"
+#include "pools/pool.h"
+
+namespace poolcuda {
+
+class FenceQueue {
+ public:
+  void add(Slice* slice) {
+    slice->next_pending = nullptr;
+    if (open_.tail != nullptr) open_.tail->next_pending = slice;
+    else open_.head = slice;
+    open_.tail = slice;
+    ++open_.count;
+  }
+
+  std::uint32_t open_count() const { return open_.count; }
+  bool any() const { return open_.count != 0 || !closed_.empty(); }
+
+  // Closes the open epoch with a fence. False when it is empty or the device refused a fence
+  // (kNoFence: the epoch stays open and is retried at the next close).
+  bool close(Device& device) {
+    if (open_.count == 0) return false;
+    const FenceHandle fence = device.fence_record();
+    if (fence == kNoFence) return false;
+    open_.fence = fence;
+    closed_.push_back(open_);
+    open_ = Epoch{};
+    return true;
+  }
+
+  // Gives back the slices of every closed epoch whose fence has passed, oldest first, and stops
+  // at the first that has not (a later fence never passes before an earlier one: each is
+  // recorded after all work issued before it). Never blocks. Returns slices given back.
+  template <typename GiveBack>
+  std::uint64_t reap(Device& device, GiveBack&& give_back) {
+    std::uint64_t returned = 0;
+    while (!closed_.empty() && device.fence_passed(closed_.front().fence))
+      returned += retire_front(device, give_back);
+    return returned;
+  }
+
+  // Waits for every closed epoch's fence, then gives its slices back (out-of-memory path).
+  template <typename GiveBack>
+  std::uint64_t wait_all(Device& device, GiveBack&& give_back) {
+    std::uint64_t returned = 0;
+    while (!closed_.empty()) {
+      device.fence_wait(closed_.front().fence);
+      returned += retire_front(device, give_back);
+    }
+    return returned;
+  }
+
+  // Drops every epoch without a device call (the device's memory is gone).
+  void forget() {
+    open_ = Epoch{};
+    closed_.clear();
+  }
+
+  template <typename Fn>
+  void for_each_pending(Fn&& fn) const {
+    for (Slice* s = open_.head; s != nullptr; s = s->next_pending) fn(s);
+    for (const Epoch& e : closed_)
+      for (Slice* s = e.head; s != nullptr; s = s->next_pending) fn(s);
+  }
+
+ private:
+  struct Epoch {
+    FenceHandle fence = kNoFence;
+    Slice* head = nullptr;
+    Slice* tail = nullptr;
+    std::uint32_t count = 0;
+  };
+
+  template <typename GiveBack>
+  std::uint64_t retire_front(Device& device, GiveBack& give_back) {
+    Epoch epoch = closed_.front();
+    closed_.pop_front();
+    device.fence_destroy(epoch.fence);
+    for (Slice* s = epoch.head; s != nullptr;) {
+      Slice* next = s->next_pending;  // give_back may recycle s
+      give_back(s);
+      s = next;
+    }
+    return epoch.count;
+  }
+
+  Epoch open_;
+  std::deque<Epoch> closed_;
+};
+
+}  // namespace poolcuda

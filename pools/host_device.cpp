@@ -1,0 +1,185 @@
+// HostDevice implementation. Allocations over-allocate by the alignment and round the address
+// up, so any alignment works; the real base is kept to free it.
+#include "pools/host_device.h"
+
+#include <cstdlib>
+
+namespace poolcuda {
+
+HostDevice::HostDevice(std::uint64_t capacity, std::uint64_t alignment)
+    : capacity_(capacity), total_(capacity), alignment_(alignment == 0 ? 1 : alignment) {}
+
+HostDevice::~HostDevice() {
+  for (auto& [ptr, block] : blocks_) std::free(block.base);
+}
+
+void HostDevice::enter(const char* method) const {
+  if (!forbid_) return;
+  ++forbidden_;
+  if (forbidden_hook_) forbidden_hook_(method);
+}
+
+AllocStatus HostDevice::allocate(std::uint64_t size, DevicePtr* out) {
+  std::lock_guard lock(mutex_);
+  ++calls_.allocate;
+  enter("allocate");
+  if (fail_countdown_ != 0 && --fail_countdown_ == 0) return fail_status_;
+  if (size == 0 || size % alignment_ != 0) return AllocStatus::failed;
+  if (size > capacity_ || used_ > capacity_ - size) return AllocStatus::out_of_memory;
+  void* base = std::malloc(size + alignment_);
+  if (base == nullptr) return AllocStatus::out_of_memory;
+  const DevicePtr ptr = align_up(reinterpret_cast<std::uintptr_t>(base), alignment_);
+  blocks_.emplace(ptr, Block{base, size});
+  used_ += size;
+  *out = ptr;
+  return AllocStatus::ok;
+}
+
+void HostDevice::release(DevicePtr ptr, std::uint64_t size) {
+  std::lock_guard lock(mutex_);
+  ++calls_.release;
+  enter("release");
+  auto it = blocks_.find(ptr);
+  if (it == blocks_.end() || it->second.size != size) {
+    ++bad_releases_;
+    return;
+  }
+  used_ -= size;
+  std::free(it->second.base);
+  blocks_.erase(it);
+}
+
+DeviceMemoryInfo HostDevice::memory_info() {
+  std::lock_guard lock(mutex_);
+  ++calls_.memory_info;
+  enter("memory_info");
+  return {capacity_ > used_ ? std::min(capacity_ - used_, total_) : 0, total_};
+}
+
+std::uint64_t HostDevice::alignment() const {
+  std::lock_guard lock(mutex_);
+  ++calls_.alignment;
+  enter("alignment");
+  return alignment_;
+}
+
+FenceHandle HostDevice::fence_record() {
+  std::lock_guard lock(mutex_);
+  ++calls_.fence_record;
+  enter("fence_record");
+  if (refuse_fences_) return kNoFence;
+  const FenceHandle fence = next_fence_++;
+  live_fences_.insert(fence);
+  if (fence_mode_ == FenceMode::immediate) completed_upto_ = fence;
+  return fence;
+}
+
+bool HostDevice::fence_passed(FenceHandle fence) {
+  std::lock_guard lock(mutex_);
+  ++calls_.fence_passed;
+  enter("fence_passed");
+  return fence <= completed_upto_;
+}
+
+void HostDevice::fence_wait(FenceHandle fence) {
+  std::lock_guard lock(mutex_);
+  ++calls_.fence_wait;
+  enter("fence_wait");
+  // The device runs to the fence: it and every earlier fence pass.
+  if (fence > completed_upto_) completed_upto_ = fence;
+}
+
+void HostDevice::fence_destroy(FenceHandle fence) {
+  std::lock_guard lock(mutex_);
+  ++calls_.fence_destroy;
+  enter("fence_destroy");
+  live_fences_.erase(fence);
+}
+
+void HostDevice::synchronize() {
+  std::lock_guard lock(mutex_);
+  ++calls_.synchronize;
+  enter("synchronize");
+  completed_upto_ = next_fence_ - 1;
+}
+
+void HostDevice::set_capacity(std::uint64_t capacity) {
+  std::lock_guard lock(mutex_);
+  capacity_ = capacity;
+  total_ = capacity;
+}
+
+void HostDevice::set_total_memory(std::uint64_t total) {
+  std::lock_guard lock(mutex_);
+  total_ = total;
+}
+
+void HostDevice::fail_nth_allocation(std::uint64_t n, AllocStatus status) {
+  std::lock_guard lock(mutex_);
+  fail_countdown_ = n;
+  fail_status_ = status;
+}
+
+void HostDevice::forbid_calls(bool forbid) {
+  std::lock_guard lock(mutex_);
+  forbid_ = forbid;
+}
+
+void HostDevice::on_forbidden_call(std::function<void(const char*)> hook) {
+  std::lock_guard lock(mutex_);
+  forbidden_hook_ = std::move(hook);
+}
+
+std::uint64_t HostDevice::forbidden_calls() const {
+  std::lock_guard lock(mutex_);
+  return forbidden_;
+}
+
+void HostDevice::set_fence_mode(FenceMode mode) {
+  std::lock_guard lock(mutex_);
+  fence_mode_ = mode;
+}
+
+void HostDevice::complete_fences() {
+  std::lock_guard lock(mutex_);
+  completed_upto_ = next_fence_ - 1;
+}
+
+void HostDevice::refuse_fences(bool refuse) {
+  std::lock_guard lock(mutex_);
+  refuse_fences_ = refuse;
+}
+
+HostDevice::Calls HostDevice::calls() const {
+  std::lock_guard lock(mutex_);
+  return calls_;
+}
+
+std::uint64_t HostDevice::outstanding_allocations() const {
+  std::lock_guard lock(mutex_);
+  return blocks_.size();
+}
+
+std::uint64_t HostDevice::outstanding_bytes() const {
+  std::lock_guard lock(mutex_);
+  return used_;
+}
+
+std::uint64_t HostDevice::outstanding_fences() const {
+  std::lock_guard lock(mutex_);
+  return live_fences_.size();
+}
+
+std::uint64_t HostDevice::bad_releases() const {
+  std::lock_guard lock(mutex_);
+  return bad_releases_;
+}
+
+bool HostDevice::owns(DevicePtr ptr) const {
+  std::lock_guard lock(mutex_);
+  for (const auto& [start, block] : blocks_)
+    if (ptr >= start && ptr < start + block.size) return true;
+  return false;
+}
+
+}  // namespace poolcuda

@@ -1,0 +1,87 @@
+// Preset ladders and normalisation of custom pool lists (layout.h documents the rules).
+#include "pools/layout.h"
+
+#include <algorithm>
+
+namespace poolcuda {
+
+namespace {
+
+constexpr std::uint64_t kLadderBase = 2 * MiB;
+constexpr std::uint64_t kLadderStep = 4;
+constexpr std::uint64_t kSliceFraction = 4;   // a pool accepts slices up to page / 4
+constexpr std::uint64_t kPagesPerDevice = 32;  // a rung exists only if 32 pages fit
+constexpr std::uint64_t kTailPeriod = 10000;
+constexpr std::uint64_t kBucketBase = 32 * KiB;
+constexpr std::uint64_t kBucketStep = 16;
+
+std::vector<PoolSpec> subslices(std::uint64_t total, std::uint64_t alignment) {
+  std::vector<PoolSpec> pools;
+  std::uint64_t page = kLadderBase;
+  do {
+    PoolSpec spec;
+    spec.kind = PoolKind::sliced;
+    spec.page_size = align_up(page, alignment);
+    spec.max_slice_size = std::min(spec.page_size, align_up(page / kSliceFraction, alignment));
+    pools.push_back(spec);
+    page *= kLadderStep;
+  } while (page * kPagesPerDevice <= total && pools.size() + 1 < kMaxPools);
+  PoolSpec tail;
+  tail.kind = PoolKind::exclusive;
+  tail.max_alloc_size = align_up(std::max<std::uint64_t>(total, 1), alignment);
+  tail.dealloc_period = kTailPeriod;
+  pools.push_back(tail);
+  return pools;
+}
+
+std::vector<PoolSpec> exclusive(std::uint64_t total, std::uint64_t alignment) {
+  std::vector<PoolSpec> pools;
+  auto add = [&](std::uint64_t max) {
+    PoolSpec spec;
+    spec.kind = PoolKind::exclusive;
+    spec.max_alloc_size = align_up(max, alignment);
+    const std::uint64_t i = pools.size() + 1;
+    spec.dealloc_period = 5000 * i * i;
+    pools.push_back(spec);
+  };
+  for (std::uint64_t max = kBucketBase; max < total && pools.size() + 1 < kMaxPools;
+       max *= kBucketStep)
+    add(max);
+  add(std::max<std::uint64_t>(total, 1));
+  return pools;
+}
+
+PoolSpec normalise(PoolSpec spec, std::uint64_t alignment) {
+  switch (spec.kind) {
+    case PoolKind::sliced:
+      spec.page_size = align_up(std::max<std::uint64_t>(spec.page_size, 1), alignment);
+      spec.max_slice_size =
+          spec.max_slice_size == 0 ? spec.page_size : std::min(spec.max_slice_size, spec.page_size);
+      break;
+    case PoolKind::exclusive:
+      spec.max_alloc_size = align_up(std::max<std::uint64_t>(spec.max_alloc_size, 1), alignment);
+      break;
+    case PoolKind::direct:
+      break;
+  }
+  return spec;
+}
+
+}  // namespace
+
+std::vector<PoolSpec> resolve_layout(const PoolLayout& layout, std::uint64_t total_memory,
+                                     std::uint64_t alignment) {
+  switch (layout.preset) {
+    case PoolPreset::subslices:
+      return subslices(total_memory, alignment);
+    case PoolPreset::exclusive:
+      return exclusive(total_memory, alignment);
+    case PoolPreset::custom:
+      break;
+  }
+  std::vector<PoolSpec> pools;
+  for (const PoolSpec& spec : layout.custom) pools.push_back(normalise(spec, alignment));
+  return pools;
+}
+
+}  // namespace poolcuda

@@ -1,0 +1,54 @@
+// The MemoryManager's private state, shared by memory_manager.cpp (routing, free path, fences,
+// out-of-memory) and manager_inspect.cpp (reports and consistency checks). Not a public header:
+// only those two files include it.
+#pragma once
+
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "pools/free_fences.h"
+#include "pools/memory_manager.h"
+#include "pools/page_pools.h"
+#include "pools/pool.h"
+#include "pools/slice_index.h"
+
+namespace poolcuda {
+
+struct MemoryManager::Impl {
+  Impl(Device& d, const ManagerOptions& o);
+
+  // --- memory_manager.cpp --------------------------------------------------------------------
+  void build_pools(const PoolLayout& layout);
+  void drop_everything();  // forget(): no device call
+  Slice* route(std::uint64_t size, Error* error, AllocStatus* status);
+  bool reclaim_on_miss();
+  void retire(Slice* slice);  // live/held -> pending or free, by the fence mode
+  void close_epoch();
+  bool drain();
+  void recover_from_oom();
+  std::uint64_t cleanup_all(bool explicit_cleanup);
+  void implicit_cleanup();
+  FreeOutcome classify(DevicePtr ptr) const;
+  void log(LogLevel level, const std::string& message) const;
+  MemoryUsage usage() const;
+  std::uint64_t pending() const;
+  std::uint64_t idle() const;
+
+  Device& device;
+  ManagerOptions options;
+  std::uint64_t total_memory = 0;
+  mutable std::mutex mutex;
+  PoolContext ctx;
+  std::unique_ptr<PersistentPool> persistent;
+  std::vector<std::unique_ptr<Pool>> pools;
+  std::vector<bool> capacity_warned;
+  SliceIndex index;
+  FenceQueue fences;
+  std::uint64_t windows = 0;  // open persistent windows
+  std::uint64_t generation = 1;  // bumped by forget(): invalidates RetainedSlice handles
+  std::uint64_t oom_recoveries = 0;
+  std::uint64_t oom_failures = 0;
+};
+
+}  // namespace poolcuda

@@ -1,0 +1,118 @@
+// The read side of a MemoryManager: report() snapshots (taken under the lock, rendered
+// elsewhere by report.cpp), and the test inspections pages() and check_consistency(), which
+// walk every page and slice and cross-check them with the free sets, the pointer index, the
+// pending epochs and the counters.
+#include <map>
+#include <string>
+
+#include "pools/manager_impl.h"
+
+namespace poolcuda {
+
+ManagerReport MemoryManager::report() const {
+  std::lock_guard lock(impl_->mutex);
+  const Impl& m = *impl_;
+  ManagerReport r;
+  r.device = m.options.device_index;
+  for (const auto& pool : m.pools) r.dynamic.push_back(pool->report());
+  r.persistent = m.persistent->report();
+  r.totals = m.usage();
+  r.pending_fence_bytes = m.pending();
+  r.idle_bytes = m.idle();
+  r.oom_recoveries = m.oom_recoveries;
+  r.oom_failures = m.oom_failures;
+  return r;
+}
+
+std::vector<PageView> MemoryManager::pages() const {
+  std::lock_guard lock(impl_->mutex);
+  std::vector<PageView> out;
+  out.reserve(impl_->ctx.page_set.size());
+  for (const Page& page : impl_->ctx.page_set) out.push_back(PageView{page.base, page.size});
+  return out;
+}
+
+std::string MemoryManager::check_consistency() const {
+  std::lock_guard lock(impl_->mutex);
+  const Impl& m = *impl_;
+  struct Sums {
+    MemoryUsage usage;
+    std::uint64_t pending = 0;
+    std::uint64_t free_slices = 0;
+    std::uint64_t pages = 0;
+  };
+  std::map<const Pool*, Sums> sums;
+  std::uint64_t live = 0;
+  DevicePtr previous_end = 0;
+  for (const Page& page : m.ctx.page_set) {
+    const std::string where = "page at " + std::to_string(page.base);
+    if (page.base < previous_end) return where + " overlaps the previous page";
+    previous_end = page.base + page.size;
+    Sums& s = sums[page.pool];
+    s.pages += 1;
+    s.usage.bytes_reserved += page.size;
+    DevicePtr cursor = page.base;
+    std::uint64_t busy = 0;
+    bool previous_free = false;
+    for (const Slice& slice : page.slices) {
+      if (slice.ptr != cursor) return where + ": slices do not tile the page";
+      if (slice.page != &page) return where + ": slice points at another page";
+      if (slice.size == 0 || slice.size % m.ctx.alignment != 0)
+        return where + ": slice size not a positive multiple of the alignment";
+      cursor += slice.size;
+      const bool is_free = slice.state == SliceState::free;
+      if (is_free && previous_free && page.pool->slices_coalesce())
+        return where + ": two adjacent free slices";
+      previous_free = is_free;
+      switch (slice.state) {
+        case SliceState::free:
+          s.free_slices += 1;
+          break;
+        case SliceState::live:
+          if (m.index.find(slice.ptr) != &slice) return where + ": live slice not indexed";
+          ++live;
+          [[fallthrough]];
+        case SliceState::held:
+          ++busy;
+          s.usage.number_allocs += 1;
+          s.usage.bytes_in_use += slice.requested;
+          s.usage.bytes_padding += slice.size - slice.requested;
+          if (slice.requested > slice.size) return where + ": slice smaller than its request";
+          break;
+        case SliceState::pending:
+          ++busy;
+          s.pending += slice.size;
+          break;
+      }
+    }
+    if (cursor != page.base + page.size) return where + ": slices do not cover the page";
+    if (busy != page.busy) return where + ": busy count is wrong";
+  }
+  if (live != m.index.size()) return "the pointer index holds entries that are not live slices";
+  std::uint64_t pending_chain = 0;
+  std::string chain_error;
+  m.fences.for_each_pending([&](const Slice* s) {
+    if (s->state != SliceState::pending) chain_error = "a fence epoch holds a non-pending slice";
+    pending_chain += s->size;
+  });
+  if (!chain_error.empty()) return chain_error;
+  std::vector<const Pool*> all;
+  all.push_back(m.persistent.get());
+  for (const auto& pool : m.pools) all.push_back(pool.get());
+  std::uint64_t pending_total = 0;
+  for (const Pool* pool : all) {
+    const Sums& s = sums[pool];
+    const std::string which = "pool " + pool->describe().kind + " " + pool->describe().shape;
+    if (!(s.usage == pool->usage())) return which + ": usage counters differ from its slices";
+    if (s.pending != pool->pending_bytes()) return which + ": pending bytes differ";
+    if (s.free_slices != pool->free_slices()) return which + ": free set differs from its slices";
+    if (s.pages != pool->pages()) return which + ": page count differs";
+    pending_total += s.pending;
+  }
+  if (m.options.free_fence == FreeFence::events && pending_total != pending_chain)
+    return "pending slices missing from the fence epochs";
+  if (sums.size() > all.size()) return "a page belongs to no pool of this manager";
+  return {};
+}
+
+}  // namespace poolcuda

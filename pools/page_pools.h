@@ -1,0 +1,89 @@
+// The pools whose every slice is a whole page (one device allocation per slice):
+//  - ExclusivePool: bucketed pages sized from a running average; reuse takes the smallest free
+//    page that fits.
+//  - PersistentPool: exact fit by effective size (align_up(size, alignment)); reuse only by the
+//    same effective size; idle slices are released on explicit cleanup only.
+//  - DirectPool: exact fit like the persistent pool; above `reclaim_at` reserved bytes, idle
+//    allocations are released (oldest first) until the new one fits.
+// Depends on pool.h only.
+#pragma once
+
+#include <unordered_map>
+
+#include "pools/pool.h"
+
+namespace poolcuda {
+
+class PagePool : public Pool {
+ public:
+  using Pool::Pool;
+  ~PagePool() override;
+  std::size_t free_slices() const override { return free_.size(); }
+
+ protected:
+  // Takes a page's slice out of the free set and hands it out.
+  Slice* hand_out(Slice* slice, std::uint64_t size);
+  // Allocates a page of `page_size` and hands its slice out for `size`.
+  AllocStatus grow_page(std::uint64_t page_size, std::uint64_t size, Slice** out);
+  // The free slice of exactly `eff` bytes, or nullptr.
+  Slice* exact(std::uint64_t eff);
+
+  void on_free(Slice* slice) override { free_.insert(*slice); }
+  void on_release(Page* page) override;
+  std::uint64_t largest_free() const override;
+
+  FreeSet free_;
+};
+
+class ExclusivePool final : public PagePool {
+ public:
+  ExclusivePool(PoolContext& ctx, std::uint64_t max_alloc_size,
+                std::optional<std::uint64_t> dealloc_period);
+  bool accepts(std::uint64_t size) const override { return size <= max_alloc_size_; }
+  Slice* try_reserve(std::uint64_t size) override;
+  AllocStatus grow(std::uint64_t size, Slice** out) override;
+  PoolReport describe() const override;
+
+  // The page size a new page for `size` would get now.
+  std::uint64_t page_size_for(std::uint64_t size) const;
+
+ private:
+  std::uint64_t max_alloc_size_;
+  std::uint64_t average_ = 0;  // running average of request sizes (exponential, weight 1/8)
+};
+
+class PersistentPool final : public PagePool {
+ public:
+  explicit PersistentPool(PoolContext& ctx) : PagePool(ctx, std::nullopt) {}
+  bool accepts(std::uint64_t) const override { return true; }
+  Slice* try_reserve(std::uint64_t size) override { return hand_out(exact(eff(size)), size); }
+  AllocStatus grow(std::uint64_t size, Slice** out) override;
+  PoolReport describe() const override;
+
+  // Whether the pool holds a slice (live or not) of the effective size of `size`.
+  bool has_size(std::uint64_t size) const;
+
+ protected:
+  void on_release(Page* page) override;
+
+ private:
+  std::uint64_t eff(std::uint64_t size) const { return align_up(size, alignment()); }
+  std::unordered_map<std::uint64_t, std::uint64_t> sizes_;  // effective size -> slices held
+};
+
+class DirectPool final : public PagePool {
+ public:
+  DirectPool(PoolContext& ctx, std::uint64_t reclaim_at) : PagePool(ctx, std::nullopt),
+      reclaim_at_(reclaim_at) {}
+  bool accepts(std::uint64_t) const override { return true; }
+  Slice* try_reserve(std::uint64_t size) override {
+    return hand_out(exact(align_up(size, alignment())), size);
+  }
+  AllocStatus grow(std::uint64_t size, Slice** out) override;
+  PoolReport describe() const override;
+
+ private:
+  std::uint64_t reclaim_at_;
+};
+
+}  // namespace poolcuda

@@ -1,0 +1,144 @@
+// The Pool base class: page allocation and release through the Device, the usage counters and
+// high-water marks, the slice state transitions of the free path, and idle-page release ordered
+// by the reservation clock (an LRU list, so the implicit check is O(1) per reservation).
+#include "pools/pool.h"
+
+#include <algorithm>
+
+namespace poolcuda {
+
+Pool::Pool(PoolContext& ctx, std::optional<std::uint64_t> dealloc_period)
+    : ctx_(ctx), dealloc_period_(dealloc_period) {}
+
+Pool::~Pool() = default;
+
+Error Pool::growth_limit(std::uint64_t) const { return {}; }
+
+AllocStatus Pool::new_page(std::uint64_t size, Page** out) {
+  DevicePtr base = 0;
+  const AllocStatus status = ctx_.device.allocate(size, &base);
+  if (status != AllocStatus::ok) return status;
+  Page* page = ctx_.pages.create();
+  page->pool = this;
+  page->base = base;
+  page->size = size;
+  Slice* slice = ctx_.slices.create();
+  slice->page = page;
+  slice->ptr = base;
+  slice->size = size;
+  page->slices.push_back(*slice);
+  ctx_.page_set.insert(*page);
+  page->idle_since = ctx_.clock;
+  idle_.push_back(*page);  // idle until its first slice goes live (mark_live)
+  ++device_allocs_;
+  ++pages_;
+  usage_.bytes_reserved += size;
+  pages_peak_ = std::max(pages_peak_, pages_);
+  bytes_peak_ = std::max(bytes_peak_, usage_.bytes_reserved);
+  *out = page;
+  return AllocStatus::ok;
+}
+
+void Pool::release_page(Page* page) {
+  on_release(page);
+  idle_.erase(idle_.iterator_to(*page));
+  ctx_.page_set.erase(ctx_.page_set.iterator_to(*page));
+  while (!page->slices.empty()) {
+    Slice& slice = page->slices.front();
+    page->slices.pop_front();
+    ctx_.slices.destroy(&slice);
+  }
+  ctx_.device.release(page->base, page->size);
+  ++device_releases_;
+  --pages_;
+  usage_.bytes_reserved -= page->size;
+  ctx_.pages.destroy(page);
+}
+
+Slice* Pool::split(Slice* slice, std::uint64_t size) {
+  if (slice->size == size) return nullptr;
+  Slice* rest = ctx_.slices.create();
+  rest->page = slice->page;
+  rest->ptr = slice->ptr + size;
+  rest->size = slice->size - size;
+  slice->size = size;
+  Page* page = slice->page;
+  page->slices.insert(std::next(page->slices.iterator_to(*slice)), *rest);
+  return rest;
+}
+
+void Pool::mark_live(Slice* slice, std::uint64_t requested) {
+  Page* page = slice->page;
+  if (page->busy++ == 0) idle_.erase(idle_.iterator_to(*page));
+  slice->state = SliceState::live;
+  slice->requested = requested;
+  usage_.number_allocs += 1;
+  usage_.bytes_in_use += requested;
+  usage_.bytes_padding += slice->size - requested;
+  ++reservations_;
+}
+
+void Pool::to_held(Slice* slice) { slice->state = SliceState::held; }
+
+void Pool::to_pending(Slice* slice) {
+  usage_.number_allocs -= 1;
+  usage_.bytes_in_use -= slice->requested;
+  usage_.bytes_padding -= slice->size - slice->requested;
+  pending_bytes_ += slice->size;
+  slice->state = SliceState::pending;
+}
+
+void Pool::give_back(Slice* slice) {
+  pending_bytes_ -= slice->size;
+  slice->state = SliceState::free;
+  slice->requested = 0;
+  Page* page = slice->page;
+  on_free(slice);  // may merge `slice` away: do not touch it after this
+  if (--page->busy == 0) {
+    page->idle_since = ctx_.clock;
+    idle_.push_back(*page);
+    if (dealloc_period_) {
+      const std::uint64_t due = ctx_.clock + *dealloc_period_;
+      if (due >= ctx_.clock) ctx_.next_deadline = std::min(ctx_.next_deadline, due);
+    }
+  }
+}
+
+std::uint64_t Pool::cleanup(bool explicit_cleanup) {
+  std::uint64_t released = 0;
+  if (explicit_cleanup) {
+    while (!idle_.empty()) {
+      released += idle_.front().size;
+      release_page(&idle_.front());
+    }
+    return released;
+  }
+  if (!dealloc_period_) return 0;
+  while (!idle_.empty() && ctx_.clock - idle_.front().idle_since >= *dealloc_period_) {
+    released += idle_.front().size;
+    release_page(&idle_.front());
+  }
+  return released;
+}
+
+std::uint64_t Pool::deadline() const {
+  if (!dealloc_period_ || idle_.empty()) return kNever;
+  const std::uint64_t due = idle_.front().idle_since + *dealloc_period_;
+  return due < idle_.front().idle_since ? kNever : due;
+}
+
+PoolReport Pool::report() const {
+  PoolReport r = describe();
+  r.pages = pages_;
+  r.slices = usage_.number_allocs;
+  r.usage = usage_;
+  r.pages_peak = pages_peak_;
+  r.bytes_peak = bytes_peak_;
+  r.largest_free = largest_free();
+  r.reservations = reservations_;
+  r.device_allocs = device_allocs_;
+  r.device_releases = device_releases_;
+  return r;
+}
+
+}  // namespace poolcuda

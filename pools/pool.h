@@ -1,0 +1,177 @@
+// The structures every pool shares: Slice and Page nodes with Boost.Intrusive hooks, the
+// size-ordered free set, the address-ordered page set, the per-manager PoolContext (device,
+// node slabs, reservation clock), and the Pool base class that owns page bookkeeping, usage
+// counters and idle-page release. The concrete pools (sliced_pool.h, page_pools.h) only decide
+// where a request goes inside their pages. Nothing here locks: the MemoryManager's mutex covers
+// every call. Depends on device.h, report.h and slab.h; never on the manager.
+#pragma once
+
+#include <boost/intrusive/list.hpp>
+#include <boost/intrusive/set.hpp>
+#include <cstdint>
+#include <limits>
+#include <optional>
+#include <string>
+
+#include "pools/device.h"
+#include "pools/report.h"
+#include "pools/slab.h"
+#include "pools/types.h"
+
+namespace poolcuda {
+
+namespace bi = boost::intrusive;
+using FastLink = bi::link_mode<bi::normal_link>;
+
+// free: in its pool's free set. live: handed out, indexed by pointer. pending: freed, waiting
+// for its free fence. held: freed by the program while pinned (MemoryManager::retain).
+enum class SliceState : std::uint8_t { free, live, pending, held };
+
+class Pool;
+struct Page;
+
+struct Slice {
+  bi::list_member_hook<FastLink> page_hook;  // neighbours in address order within the page
+  bi::set_member_hook<FastLink> free_hook;   // the pool's size-ordered free set
+  Slice* next_pending = nullptr;             // the free-fence epoch chain
+  Page* page = nullptr;
+  DevicePtr ptr = 0;
+  std::uint64_t size = 0;       // bytes the slice occupies: a multiple of the alignment
+  std::uint64_t requested = 0;  // live or held: the size the program asked for
+  std::uint32_t pins = 0;
+  SliceState state = SliceState::free;
+};
+
+using PageSlices =
+    bi::list<Slice, bi::member_hook<Slice, bi::list_member_hook<FastLink>, &Slice::page_hook>,
+             bi::constant_time_size<false>>;
+
+// Free slices ordered by (size, address): best fit is one lower_bound.
+struct SliceOrder {
+  bool operator()(const Slice& a, const Slice& b) const {
+    return a.size < b.size || (a.size == b.size && a.ptr < b.ptr);
+  }
+};
+struct SizeKeyOrder {  // compares a slice with a bare size, as (size, 0)
+  bool operator()(const Slice& a, std::uint64_t size) const { return a.size < size; }
+  bool operator()(std::uint64_t size, const Slice& a) const { return size < a.size; }
+};
+using FreeSet =
+    bi::set<Slice, bi::member_hook<Slice, bi::set_member_hook<FastLink>, &Slice::free_hook>,
+            bi::compare<SliceOrder>, bi::constant_time_size<true>>;
+
+// One device allocation. Its slices tile it exactly, in address order.
+struct Page {
+  bi::set_member_hook<FastLink> addr_hook;   // the manager's page set
+  bi::list_member_hook<FastLink> idle_hook;  // the pool's idle list (busy == 0)
+  PageSlices slices;
+  Pool* pool = nullptr;
+  DevicePtr base = 0;
+  std::uint64_t size = 0;
+  std::uint64_t busy = 0;        // slices that are not free
+  std::uint64_t idle_since = 0;  // reservation clock when busy dropped to 0
+};
+
+struct PageOrder {
+  bool operator()(const Page& a, const Page& b) const { return a.base < b.base; }
+  bool operator()(const Page& a, DevicePtr p) const { return a.base < p; }
+  bool operator()(DevicePtr p, const Page& a) const { return p < a.base; }
+};
+using PageSet =
+    bi::set<Page, bi::member_hook<Page, bi::set_member_hook<FastLink>, &Page::addr_hook>,
+            bi::compare<PageOrder>, bi::constant_time_size<true>>;
+using IdleList =
+    bi::list<Page, bi::member_hook<Page, bi::list_member_hook<FastLink>, &Page::idle_hook>,
+             bi::constant_time_size<true>>;
+
+inline constexpr std::uint64_t kNever = std::numeric_limits<std::uint64_t>::max();
+
+// State shared by all pools of one manager.
+struct PoolContext {
+  explicit PoolContext(Device& d) : device(d), alignment(d.alignment()) {}
+  Device& device;
+  std::uint64_t alignment;
+  NodeSlab<Slice> slices;
+  NodeSlab<Page> pages;
+  PageSet page_set;                   // every page of every pool, by address
+  std::uint64_t clock = 0;            // reservations so far (the dealloc-period clock)
+  std::uint64_t next_deadline = kNever;  // earliest clock at which an idle page expires
+};
+
+class Pool {
+ public:
+  Pool(PoolContext& ctx, std::optional<std::uint64_t> dealloc_period);
+  virtual ~Pool();  // drops pages without any device call (forget, layout swap after cleanup)
+  Pool(const Pool&) = delete;
+  Pool& operator=(const Pool&) = delete;
+
+  virtual bool accepts(std::uint64_t size) const = 0;
+  // Serves `size` from free memory without any device call; nullptr when it cannot.
+  virtual Slice* try_reserve(std::uint64_t size) = 0;
+  // Why growing for `size` is not allowed (a cap), or none. No device call.
+  virtual Error growth_limit(std::uint64_t size) const;
+  // Allocates a page from the device and serves `size` from it.
+  virtual AllocStatus grow(std::uint64_t size, Slice** out) = 0;
+  virtual PoolReport describe() const = 0;  // kind, shape and limits; counters filled by report()
+  virtual std::size_t free_slices() const = 0;  // size of the free set (consistency checks)
+  bool slices_coalesce() const { return coalesces_; }
+
+  // Counter transitions driven by the manager's free path.
+  void to_pending(Slice* slice);  // live or held -> pending
+  void to_held(Slice* slice);     // live -> held
+  void give_back(Slice* slice);   // pending -> free (coalescing, idle tracking)
+
+  // Releases idle pages: all of them when `explicit_cleanup`, else those idle for at least the
+  // dealloc period. Returns bytes released.
+  std::uint64_t cleanup(bool explicit_cleanup);
+  // Clock value at which this pool's oldest idle page expires, or kNever.
+  std::uint64_t deadline() const;
+
+  MemoryUsage usage() const { return usage_; }
+  std::uint64_t pending_bytes() const { return pending_bytes_; }
+  std::uint64_t idle_bytes() const {
+    return usage_.bytes_reserved - usage_.bytes_in_use - usage_.bytes_padding - pending_bytes_;
+  }
+  std::uint64_t pages() const { return pages_; }
+  PoolReport report() const;
+  std::uint64_t alignment() const { return ctx_.alignment; }
+
+  // For consistency checks in tests: calls `fn(page)` for every page this pool holds.
+  template <typename Fn>
+  void for_each_page(Fn&& fn) const {
+    for (auto it = ctx_.page_set.begin(); it != ctx_.page_set.end(); ++it)
+      if (it->pool == this) fn(*it);
+  }
+
+ protected:
+  // Allocates and registers a page holding one free slice that covers it. The slice is not in
+  // any free set yet.
+  AllocStatus new_page(std::uint64_t size, Page** out);
+  // Hands `slice` (already out of every free set) to the program.
+  void mark_live(Slice* slice, std::uint64_t requested);
+  // Splits `slice` so that it keeps `size` bytes; returns the remainder (a new free slice, not
+  // in any free set) or nullptr when nothing remains.
+  Slice* split(Slice* slice, std::uint64_t size);
+
+  // The concrete pool's free structure.
+  virtual void on_free(Slice* slice) = 0;           // a slice became free: insert/coalesce
+  virtual void on_release(Page* page) = 0;          // an idle page is about to be released
+  virtual std::uint64_t largest_free() const = 0;
+
+  void release_page(Page* page);
+
+  PoolContext& ctx_;
+  bool coalesces_ = false;  // sliced pools: no two free neighbours
+  std::optional<std::uint64_t> dealloc_period_;
+  IdleList idle_;
+  MemoryUsage usage_;
+  std::uint64_t pending_bytes_ = 0;
+  std::uint64_t pages_ = 0;
+  std::uint64_t pages_peak_ = 0;
+  std::uint64_t bytes_peak_ = 0;
+  std::uint64_t reservations_ = 0;
+  std::uint64_t device_allocs_ = 0;
+  std::uint64_t device_releases_ = 0;
+};
+
+}  // namespace poolcuda

@@ -1,0 +1,103 @@
+// SliceIndex: DevicePtr -> live Slice*, an open-addressing hash table (linear probing,
+// backward-shift deletion, no tombstones, load factor <= 1/2). No node allocation: the table is
+// one array that doubles when half full, so insert/find/erase are O(1) on average and a
+// reservation allocates only when the table grows. Key 0 marks an empty cell (the device never
+// hands out address 0). Not thread-safe. Depends on pool.h for Slice only.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+
+#include "pools/pool.h"
+
+namespace poolcuda {
+
+class SliceIndex {
+ public:
+  SliceIndex() { rehash(kInitial); }
+
+  Slice* find(DevicePtr ptr) const {
+    for (std::size_t i = slot(ptr);; i = (i + 1) & mask_) {
+      if (cells_[i].key == ptr) return cells_[i].slice;
+      if (cells_[i].key == 0) return nullptr;
+    }
+  }
+
+  void insert(DevicePtr ptr, Slice* slice) {
+    if ((size_ + 1) * 2 > capacity_) rehash(capacity_ * 2);
+    place(ptr, slice);
+    ++size_;
+  }
+
+  // Removes `ptr` and returns its slice, or nullptr when it is absent.
+  Slice* erase(DevicePtr ptr) {
+    std::size_t i = slot(ptr);
+    for (;; i = (i + 1) & mask_) {
+      if (cells_[i].key == ptr) break;
+      if (cells_[i].key == 0) return nullptr;
+    }
+    Slice* found = cells_[i].slice;
+    // Backward shift: pull later members of the probe run into the hole.
+    std::size_t hole = i;
+    for (std::size_t j = (i + 1) & mask_; cells_[j].key != 0; j = (j + 1) & mask_) {
+      const std::size_t home = slot(cells_[j].key);
+      // Move j into the hole when its home is not in (hole, j] cyclically.
+      const bool between = hole <= j ? (hole < home && home <= j) : (hole < home || home <= j);
+      if (!between) {
+        cells_[hole] = cells_[j];
+        hole = j;
+      }
+    }
+    cells_[hole] = Cell{};
+    --size_;
+    return found;
+  }
+
+  std::size_t size() const { return size_; }
+
+  void clear() { rehash(kInitial); size_ = 0; }
+
+  template <typename Fn>
+  void for_each(Fn&& fn) const {
+    for (std::size_t i = 0; i < capacity_; ++i)
+      if (cells_[i].key != 0) fn(cells_[i].key, cells_[i].slice);
+  }
+
+ private:
+  struct Cell {
+    DevicePtr key = 0;
+    Slice* slice = nullptr;
+  };
+  static constexpr std::size_t kInitial = 1024;
+
+  std::size_t slot(DevicePtr ptr) const {
+    // Fibonacci hashing: addresses are multiples of the alignment, so the high bits of the
+    // product spread them; shift_ keeps exactly log2(capacity) bits.
+    return static_cast<std::size_t>((ptr * 0x9E3779B97F4A7C15ull) >> shift_);
+  }
+
+  void place(DevicePtr ptr, Slice* slice) {
+    std::size_t i = slot(ptr);
+    while (cells_[i].key != 0) i = (i + 1) & mask_;
+    cells_[i] = Cell{ptr, slice};
+  }
+
+  void rehash(std::size_t capacity) {
+    std::unique_ptr<Cell[]> old = std::move(cells_);
+    const std::size_t old_capacity = capacity_;
+    cells_ = std::make_unique<Cell[]>(capacity);
+    capacity_ = capacity;
+    mask_ = capacity - 1;
+    shift_ = 64 - static_cast<unsigned>(__builtin_ctzll(capacity));
+    for (std::size_t i = 0; i < old_capacity; ++i)
+      if (old[i].key != 0) place(old[i].key, old[i].slice);
+  }
+
+  std::unique_ptr<Cell[]> cells_;
+  std::size_t capacity_ = 0;
+  std::size_t mask_ = 0;
+  unsigned shift_ = 64;
+  std::size_t size_ = 0;
+};
+
+}  // namespace poolcuda

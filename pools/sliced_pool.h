@@ -1,0 +1,42 @@
+// SlicedPool: pages of one size carved into slices. Best fit from a size-ordered free set,
+// split on reserve, coalesce with free neighbours on free; an optional cap bounds the bytes the
+// pool may reserve. Depends on pool.h only.
+#pragma once
+
+#include "pools/pool.h"
+
+namespace poolcuda {
+
+class SlicedPool final : public Pool {
+ public:
+  // `page_size` and the cap as configured; the page shrinks to the cap (aligned down) when the
+  // cap is smaller, and a cap below the alignment never allocates.
+  SlicedPool(PoolContext& ctx, std::uint64_t page_size, std::uint64_t max_slice_size,
+             std::optional<std::uint64_t> cap, std::optional<std::uint64_t> dealloc_period);
+  ~SlicedPool() override;
+
+  bool accepts(std::uint64_t size) const override { return size <= max_slice_size_; }
+  Slice* try_reserve(std::uint64_t size) override;
+  Error growth_limit(std::uint64_t size) const override;
+  AllocStatus grow(std::uint64_t size, Slice** out) override;
+  PoolReport describe() const override;
+
+  std::uint64_t page_size() const { return page_size_; }
+  std::size_t free_slices() const override { return free_.size(); }
+
+ protected:
+  void on_free(Slice* slice) override;
+  void on_release(Page* page) override;
+  std::uint64_t largest_free() const override;
+
+ private:
+  Slice* carve(Slice* slice, std::uint64_t size);
+
+  std::uint64_t configured_page_;
+  std::uint64_t page_size_;  // effective: shrunk to the cap
+  std::uint64_t max_slice_size_;
+  std::optional<std::uint64_t> cap_;
+  FreeSet free_;
+};
+
+}  // namespace poolcuda

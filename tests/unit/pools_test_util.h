@@ -1,0 +1,94 @@
+// Helpers shared by the pools unit tests: pool specs in one line, and a manager over a
+// HostDevice whose log lines are captured for assertions.
+#pragma once
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "pools/host_device.h"
+#include "pools/memory_manager.h"
+
+namespace poolcuda::test {
+
+inline PoolSpec sliced(std::uint64_t page, std::uint64_t slice = 0,
+                       std::optional<std::uint64_t> cap = std::nullopt,
+                       std::optional<std::uint64_t> period = std::nullopt) {
+  PoolSpec spec;
+  spec.kind = PoolKind::sliced;
+  spec.page_size = page;
+  spec.max_slice_size = slice;
+  spec.cap = cap;
+  spec.dealloc_period = period;
+  return spec;
+}
+
+inline PoolSpec exclusive(std::uint64_t max, std::optional<std::uint64_t> period = std::nullopt) {
+  PoolSpec spec;
+  spec.kind = PoolKind::exclusive;
+  spec.max_alloc_size = max;
+  spec.dealloc_period = period;
+  return spec;
+}
+
+inline PoolSpec direct(std::uint64_t reclaim_at) {
+  PoolSpec spec;
+  spec.kind = PoolKind::direct;
+  spec.reclaim_at = reclaim_at;
+  return spec;
+}
+
+inline PoolLayout custom(std::vector<PoolSpec> specs) {
+  PoolLayout layout;
+  layout.preset = PoolPreset::custom;
+  layout.custom = std::move(specs);
+  return layout;
+}
+
+inline PoolLayout preset(PoolPreset which) {
+  PoolLayout layout;
+  layout.preset = which;
+  return layout;
+}
+
+struct LogLine {
+  LogLevel level;
+  std::string text;
+};
+
+// A HostDevice and a manager on it; `logs` collects every line the manager writes.
+struct Rig {
+  explicit Rig(const PoolLayout& layout, std::uint64_t alignment = 32,
+               std::uint64_t capacity = 128 * MiB, FreeFence fence = FreeFence::events,
+               PersistentMode persistent = PersistentMode::enabled)
+      : device(capacity, alignment), manager(device, make_options(layout, fence, persistent)) {}
+
+  ManagerOptions make_options(const PoolLayout& layout, FreeFence fence,
+                              PersistentMode persistent) {
+    ManagerOptions o;
+    o.layout = layout;
+    o.free_fence = fence;
+    o.persistent = persistent;
+    o.log_sink = [this](LogLevel level, std::string_view text) {
+      logs.push_back(LogLine{level, std::string(text)});
+    };
+    return o;
+  }
+
+  DevicePtr reserve(std::uint64_t size) {
+    const Reservation r = manager.allocate(size);
+    return r.ptr;
+  }
+
+  std::size_t count_logs(std::string_view needle) const {
+    std::size_t n = 0;
+    for (const LogLine& line : logs) n += line.text.find(needle) != std::string::npos;
+    return n;
+  }
+
+  std::vector<LogLine> logs;
+  HostDevice device;
+  MemoryManager manager;
+};
+
+}  // namespace poolcuda::test

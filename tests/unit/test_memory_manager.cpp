@@ -1,0 +1,419 @@
+// MemoryManager behaviour checked against the reference behaviour (usage accounting, reuse,
+// page reuse, alignment padding, routing, caps and spill, persistent windows, install_layout,
+// fragmentation, single arena, allocate/deallocate/reallocate and the exclusive variants).
+// Each test is named after the behaviour it ports.
+#include <doctest/doctest.h>
+
+#include <cstring>
+
+#include "pools_test_util.h"
+
+using namespace poolcuda;
+using namespace poolcuda::test;
+
+TEST_SUITE("unit") {
+
+TEST_CASE("test_memory_usage") {
+  Rig rig(custom({exclusive(512)}));
+  DevicePtr a = rig.reserve(100);
+  REQUIRE(a != 0);
+  const MemoryUsage usage = rig.manager.memory_usage();
+  CHECK(usage.bytes_in_use == 100);
+  CHECK(usage.bytes_reserved >= 100);
+  CHECK(usage.bytes_reserved <= 512);
+  CHECK(rig.manager.free(a) == FreeOutcome::freed);
+  REQUIRE(rig.reserve(100) != 0);
+  CHECK(rig.manager.memory_usage() == usage);
+}
+
+TEST_CASE("held_binding_survives_explicit_cleanup_renumber") {
+  Rig rig(custom({exclusive(1024)}));
+  DevicePtr a = rig.reserve(1024), b = rig.reserve(1024), c = rig.reserve(1024);
+  std::memset(reinterpret_cast<void*>(b), 0x5a, 1024);
+  CHECK(rig.manager.free(a) == FreeOutcome::freed);
+  CHECK(rig.manager.free(c) == FreeOutcome::freed);
+  rig.manager.cleanup(true);
+  CHECK(rig.manager.live_size(b) == 1024);
+  CHECK(rig.manager.memory_usage().bytes_reserved == 1024);
+  CHECK(reinterpret_cast<unsigned char*>(b)[1023] == 0x5a);
+  CHECK(rig.manager.free(b) == FreeOutcome::freed);
+}
+
+TEST_CASE("capped_sliced_pool_errors_instead_of_growing") {
+  Rig rig(custom({sliced(1024, 0, 2048)}));
+  REQUIRE(rig.reserve(1024) != 0);
+  REQUIRE(rig.reserve(1024) != 0);
+  const Reservation r = rig.manager.allocate(1024);
+  CHECK(r.ptr == 0);
+  CHECK(r.error == Error{ErrorKind::pool_capacity_exceeded, 2048});
+  CHECK(rig.manager.memory_usage().bytes_reserved == 2048);
+}
+
+TEST_CASE("persistent_window_serves_what_a_capped_layout_refuses") {
+  Rig rig(custom({sliced(1024, 0, 1024)}));
+  CHECK(rig.manager.allocate(4096).error.kind == ErrorKind::buffer_too_big);
+  rig.manager.set_mode(AllocationMode::persistent);
+  CHECK(rig.reserve(4096) != 0);
+  CHECK(rig.reserve(4096) != 0);
+  CHECK(rig.reserve(16) != 0);
+  rig.manager.set_mode(AllocationMode::automatic);
+  const ManagerReport report = rig.manager.report();
+  CHECK(report.persistent.usage.bytes_in_use == 2 * 4096 + 16);
+  CHECK(report.dynamic[0].pages_peak == 0);
+}
+
+TEST_CASE("capped_sliced_pool_reuses_freed_memory") {
+  Rig rig(custom({sliced(1024, 0, 2048)}));
+  DevicePtr a = rig.reserve(1024);
+  REQUIRE(rig.reserve(1024) != 0);
+  CHECK(rig.manager.free(a) == FreeOutcome::freed);
+  CHECK(rig.reserve(1024) != 0);
+  CHECK(rig.manager.memory_usage().bytes_reserved == 2048);
+}
+
+TEST_CASE("capped_lazy_pool_cleanup_still_frees") {
+  Rig rig(custom({sliced(1024, 0, 2048)}));
+  DevicePtr a = rig.reserve(1024), b = rig.reserve(1024);
+  rig.manager.free(a);
+  rig.manager.free(b);
+  rig.manager.cleanup(true);
+  CHECK(rig.manager.memory_usage().bytes_reserved == 0);
+  CHECK(rig.reserve(1024) != 0);
+  CHECK(rig.reserve(1024) != 0);
+  CHECK(rig.manager.allocate(1024).error.kind == ErrorKind::pool_capacity_exceeded);
+}
+
+TEST_CASE("max_pool_size_smaller_than_page_shrinks_page") {
+  Rig rig(custom({sliced(2048, 0, 512)}));
+  CHECK(rig.reserve(256) != 0);
+  CHECK(rig.manager.memory_usage().bytes_reserved <= 512);
+  const Reservation big = rig.manager.allocate(1024);
+  CHECK(big.ptr == 0);
+  CHECK(big.error.kind == ErrorKind::pool_capacity_exceeded);
+  CHECK(rig.manager.memory_usage().bytes_reserved <= 512);
+}
+
+TEST_CASE("max_pool_size_below_alignment_never_overshoots") {
+  Rig rig(custom({sliced(1024, 0, 16)}));
+  const Reservation r = rig.manager.allocate(8);
+  CHECK(r.error == Error{ErrorKind::pool_capacity_exceeded, 16});
+  CHECK(rig.manager.memory_usage().bytes_reserved == 0);
+  CHECK(rig.device.calls().allocate == 0);
+}
+
+TEST_CASE("persistent_windows_nest") {
+  Rig rig(custom({sliced(4096)}));
+  rig.manager.set_mode(AllocationMode::persistent);
+  rig.manager.set_mode(AllocationMode::persistent);
+  rig.manager.set_mode(AllocationMode::automatic);
+  const DevicePtr weight = rig.reserve(1024);
+  REQUIRE(weight != 0);
+  ManagerReport report = rig.manager.report();
+  CHECK(report.persistent.usage.bytes_in_use == 1024);
+  CHECK(report.dynamic[0].pages_peak == 0);
+  rig.manager.set_mode(AllocationMode::automatic);
+  REQUIRE(rig.reserve(1024) != 0);
+  CHECK(rig.manager.report().dynamic[0].pages_peak == 1);
+  // More closes than opens saturate at zero: the next open is a real window again.
+  rig.manager.set_mode(AllocationMode::automatic);
+  rig.manager.set_mode(AllocationMode::persistent);
+  REQUIRE(rig.reserve(2048) != 0);
+  CHECK(rig.manager.report().persistent.usage.bytes_in_use == 1024 + 2048);
+}
+
+TEST_CASE("persistent_setting_disabled_and_enforced_ignore_windows") {
+  Rig off(custom({sliced(4096)}), 32, 128 * MiB, FreeFence::events, PersistentMode::disabled);
+  off.manager.set_mode(AllocationMode::persistent);
+  REQUIRE(off.reserve(1024) != 0);
+  CHECK(off.manager.report().persistent.usage.bytes_in_use == 0);
+
+  Rig on(custom({sliced(4096)}), 32, 128 * MiB, FreeFence::events, PersistentMode::enforced);
+  on.manager.set_mode(AllocationMode::automatic);
+  REQUIRE(on.reserve(1024) != 0);
+  CHECK(on.manager.report().persistent.usage.bytes_in_use == 1024);
+  CHECK(on.manager.report().dynamic[0].pages_peak == 0);
+}
+
+TEST_CASE("persistent_setting_size_match_reuses_known_sizes_only") {
+  Rig rig(custom({sliced(4096)}), 32, 128 * MiB, FreeFence::none, PersistentMode::size_match);
+  // Outside a window an unknown size goes to the dynamic pools.
+  const DevicePtr dynamic = rig.reserve(1000);
+  CHECK(rig.manager.report().persistent.usage.bytes_in_use == 0);
+  rig.manager.set_mode(AllocationMode::persistent);
+  const DevicePtr weight = rig.reserve(1000);
+  rig.manager.set_mode(AllocationMode::automatic);
+  CHECK(rig.manager.report().persistent.usage.bytes_in_use == 1000);
+  // A size the persistent pool knows (same effective size) goes there, even when all its
+  // slices of that size are live (the pool grows).
+  const DevicePtr again = rig.reserve(1010);
+  CHECK(rig.manager.report().persistent.usage.bytes_in_use == 2010);
+  rig.manager.free(weight);
+  const DevicePtr reuse = rig.reserve(1000);
+  CHECK(reuse == weight);
+  CHECK(rig.manager.report().persistent.pages == 2);
+  rig.manager.free(dynamic);
+  rig.manager.free(again);
+  rig.manager.free(reuse);
+}
+
+TEST_CASE("capacity_overflow_falls_through_to_later_accepting_pool") {
+  Rig rig(custom({sliced(1024, 1024, 1024), sliced(1024)}));
+  REQUIRE(rig.reserve(1024) != 0);
+  REQUIRE(rig.reserve(1024) != 0);
+  CHECK(rig.manager.memory_usage().bytes_reserved == 2048);
+  const ManagerReport report = rig.manager.report();
+  CHECK(report.dynamic[0].pages_peak == 1);
+  CHECK(report.dynamic[1].pages_peak == 1);
+}
+
+TEST_CASE("capacity_spill_warns_once_per_pool_per_layout") {
+  const PoolLayout layout = custom({sliced(1024, 1024, 1024), sliced(1024)});
+  Rig rig(layout);
+  for (int i = 0; i < 5; ++i) REQUIRE(rig.reserve(1024) != 0);
+  CHECK(rig.count_logs("at capacity") == 1);
+  CHECK(rig.logs.front().level == LogLevel::basic);
+  CHECK(rig.logs.front().text.find("pool 0") != std::string::npos);
+  // Free everything and install the same layout again: a new plan may warn again.
+  rig.manager.forget();
+  CHECK_FALSE(rig.manager.install_layout(layout));
+  for (int i = 0; i < 3; ++i) REQUIRE(rig.reserve(1024) != 0);
+  CHECK(rig.count_logs("at capacity") == 2);
+}
+
+TEST_CASE("spill_log_is_silent_under_log_off") {
+  HostDevice device(128 * MiB, 32);
+  int lines = 0;
+  ManagerOptions o;
+  o.layout = custom({sliced(1024, 1024, 1024), sliced(1024)});
+  o.log = LogLevel::off;
+  o.log_sink = [&](LogLevel, std::string_view) { ++lines; };
+  MemoryManager manager(device, o);
+  for (int i = 0; i < 3; ++i) REQUIRE(manager.allocate(1024).ptr != 0);
+  CHECK(lines == 0);
+}
+
+TEST_CASE("alloc_two_chunks_on_one_page") {
+  Rig rig(custom({sliced(2048)}));
+  REQUIRE(rig.reserve(512) != 0);
+  REQUIRE(rig.reserve(512) != 0);
+  const MemoryUsage usage = rig.manager.memory_usage();
+  CHECK(usage.number_allocs == 2);
+  CHECK(usage.bytes_in_use == 1024);
+  CHECK(usage.bytes_reserved == 2048);
+}
+
+TEST_CASE("alloc_reuses_storage") {
+  Rig rig(custom({sliced(512)}));
+  const DevicePtr a = rig.reserve(512);
+  rig.manager.free(a);
+  CHECK(rig.reserve(512) == a);
+  const MemoryUsage usage = rig.manager.memory_usage();
+  CHECK(usage.number_allocs == 1);
+  CHECK(usage.bytes_in_use == 512);
+  CHECK(usage.bytes_reserved == 512);
+}
+
+TEST_CASE("alloc_allocs_new_storage") {
+  Rig rig(custom({sliced(1024)}));
+  REQUIRE(rig.reserve(768) != 0);
+  REQUIRE(rig.reserve(768) != 0);
+  const MemoryUsage usage = rig.manager.memory_usage();
+  CHECK(usage.number_allocs == 2);
+  CHECK(usage.bytes_in_use == 768 * 2);
+  CHECK(usage.bytes_reserved == 1024 * 2);
+}
+
+TEST_CASE("alloc_respects_alignment_size") {
+  Rig rig(custom({sliced(500)}), 50);
+  const DevicePtr a = rig.reserve(40), b = rig.reserve(40);
+  CHECK(rig.manager.memory_usage().bytes_padding == 10 * 2);
+  CHECK(a % 50 == 0);
+  CHECK(b % 50 == 0);
+  CHECK((a > b ? a - b : b - a) == 50);
+}
+
+TEST_CASE("allocs_on_correct_page") {
+  Rig rig(custom({sliced(100), sliced(200), sliced(300), sliced(400)}), 10);
+  for (std::uint64_t size : {50, 150, 250, 350}) REQUIRE(rig.reserve(size) != 0);
+  const MemoryUsage usage = rig.manager.memory_usage();
+  CHECK(usage.bytes_in_use == 50 + 150 + 250 + 350);
+  CHECK(usage.bytes_reserved >= 100 + 200 + 300 + 400);
+  const ManagerReport report = rig.manager.report();
+  for (std::size_t i = 0; i < 4; ++i) {
+    CHECK(report.dynamic[i].pages == 1);
+    CHECK(report.dynamic[i].slices == 1);
+  }
+}
+
+TEST_CASE("resolved_single_arena_reuses_across_sizes") {
+  Rig rig(custom({sliced(1 * MiB)}));
+  const DevicePtr small = rig.reserve(4 * KiB);
+  rig.manager.free(small);
+  REQUIRE(rig.reserve(512 * KiB) != 0);
+  const MemoryUsage usage = rig.manager.memory_usage();
+  CHECK(usage.bytes_reserved == 1 * MiB);
+  CHECK(usage.number_allocs == 1);
+}
+
+TEST_CASE("allocate_deallocate_reallocate") {
+  Rig rig(preset(PoolPreset::subslices));
+  std::vector<DevicePtr> handles;
+  for (std::uint64_t i = 0; i < 5; ++i) handles.push_back(rig.reserve(1000 * (i + 1)));
+  const MemoryUsage before = rig.manager.memory_usage();
+  for (DevicePtr p : handles) CHECK(rig.manager.free(p) == FreeOutcome::freed);
+  for (std::uint64_t i = 0; i < 5; ++i) REQUIRE(rig.reserve(1000 * (i + 1)) != 0);
+  const MemoryUsage after = rig.manager.memory_usage();
+  CHECK(before.number_allocs == after.number_allocs);
+  CHECK(before.bytes_in_use == after.bytes_in_use);
+  CHECK(before.bytes_reserved >= after.bytes_reserved);
+}
+
+TEST_CASE("test_fragmentation_resistance") {
+  Rig rig(preset(PoolPreset::subslices));
+  const std::uint64_t sizes[] = {50, 1000, 100, 5000, 200, 10000, 300};
+  std::vector<DevicePtr> handles;
+  for (std::uint64_t size : sizes) handles.push_back(rig.reserve(size));
+  const MemoryUsage before = rig.manager.memory_usage();
+  for (std::size_t i = 0; i < handles.size(); i += 2) rig.manager.free(handles[i]);
+  for (std::size_t i = 0; i < std::size(sizes) / 2; ++i) REQUIRE(rig.reserve(sizes[i]) != 0);
+  const MemoryUsage after = rig.manager.memory_usage();
+  CHECK(after.bytes_reserved <= before.bytes_reserved * 11 / 10);
+}
+
+TEST_CASE("install_layout_refuses_while_dynamic_slices_live") {
+  Rig rig(custom({sliced(4096)}));
+  const DevicePtr live = rig.reserve(1000);
+  rig.manager.set_mode(AllocationMode::persistent);
+  const DevicePtr weight = rig.reserve(3000);
+  rig.manager.set_mode(AllocationMode::automatic);
+  const std::size_t pools_before = rig.manager.report().dynamic.size();
+  const Error refused = rig.manager.install_layout(custom({sliced(8192), exclusive(1 * MiB)}));
+  CHECK(refused == Error{ErrorKind::pools_in_use, 1000});
+  CHECK(rig.manager.report().dynamic.size() == pools_before);
+  CHECK(rig.manager.live_size(live) == 1000);
+  // Persistent slices (weights) never block a rebuild.
+  rig.manager.free(live);
+  CHECK_FALSE(rig.manager.install_layout(custom({sliced(8192), exclusive(1 * MiB)})));
+  CHECK(rig.manager.report().dynamic.size() == 2);
+  CHECK(rig.manager.live_size(weight) == 3000);
+}
+
+TEST_CASE("install_layout_resets_high_water_marks") {
+  Rig rig(custom({sliced(4096)}));
+  std::vector<DevicePtr> held;
+  for (int i = 0; i < 3; ++i) held.push_back(rig.reserve(4096));
+  CHECK(rig.manager.report().dynamic[0].pages_peak == 3);
+  for (DevicePtr p : held) rig.manager.free(p);
+  CHECK_FALSE(rig.manager.install_layout(custom({sliced(4096)})));
+  const ManagerReport report = rig.manager.report();
+  CHECK(report.dynamic[0].pages_peak == 0);
+  CHECK(report.dynamic[0].bytes_peak == 0);
+  CHECK(report.totals.bytes_reserved == 0);
+  CHECK(rig.device.outstanding_allocations() == 0);
+}
+
+TEST_CASE("buffer_too_big_when_no_pool_accepts") {
+  Rig rig(custom({sliced(1024), exclusive(4096)}));
+  const Reservation r = rig.manager.allocate(5000);
+  CHECK(r.ptr == 0);
+  CHECK(r.error == Error{ErrorKind::buffer_too_big, 5000});
+  CHECK(rig.manager.allocate(0).error.kind == ErrorKind::buffer_too_big);
+  CHECK(rig.manager.memory_usage() == MemoryUsage{});
+  CHECK(rig.device.calls().allocate == 0);
+}
+
+TEST_CASE("direct_pool_reclaims_idle_allocations_above_threshold") {
+  Rig rig(custom({direct(4096)}), 32, 128 * MiB, FreeFence::none);
+  const DevicePtr a = rig.reserve(2048), b = rig.reserve(2048);
+  rig.manager.free(a);
+  rig.manager.free(b);
+  CHECK(rig.manager.memory_usage().bytes_reserved == 4096);
+  // Same size: exact reuse, no device call.
+  const auto allocs = rig.device.calls().allocate;
+  const DevicePtr c = rig.reserve(2048);
+  CHECK((c == a || c == b));
+  CHECK(rig.device.calls().allocate == allocs);
+  // A new size above the threshold releases idle allocations until it fits.
+  REQUIRE(rig.reserve(2048 + 32) != 0);
+  CHECK(rig.manager.memory_usage().bytes_reserved == 2048 + 2048 + 32);
+  CHECK(rig.device.calls().release == 1);
+}
+
+// Exclusive ("noslice") variants.
+
+TEST_CASE("noslice_alloc_two_chunk") {
+  Rig rig(custom({exclusive(1024)}));
+  REQUIRE(rig.reserve(512) != 0);
+  REQUIRE(rig.reserve(512) != 0);
+  const MemoryUsage usage = rig.manager.memory_usage();
+  CHECK(usage.number_allocs == 2);
+  CHECK(usage.bytes_in_use == 1024);
+  CHECK(usage.bytes_reserved >= 1024);
+}
+
+TEST_CASE("noslice_alloc_reuses_storage") {
+  Rig rig(custom({exclusive(1024)}));
+  const DevicePtr a = rig.reserve(512);
+  rig.manager.free(a);
+  CHECK(rig.reserve(512) == a);
+  const MemoryUsage usage = rig.manager.memory_usage();
+  CHECK(usage.number_allocs == 1);
+  CHECK(usage.bytes_in_use == 512);
+  CHECK(usage.bytes_reserved >= 512);
+}
+
+TEST_CASE("noslice_alloc_allocs_new_storage") {
+  Rig rig(custom({exclusive(1024)}));
+  REQUIRE(rig.reserve(768) != 0);
+  REQUIRE(rig.reserve(768) != 0);
+  const MemoryUsage usage = rig.manager.memory_usage();
+  CHECK(usage.number_allocs == 2);
+  CHECK(usage.bytes_in_use == 768 * 2);
+  CHECK(usage.bytes_reserved >= 768 * 2);
+}
+
+TEST_CASE("noslice_alloc_respects_alignment_size") {
+  Rig rig(custom({exclusive(50 * 20)}), 50);
+  REQUIRE(rig.reserve(40) != 0);
+  REQUIRE(rig.reserve(40) != 0);
+  CHECK(rig.manager.memory_usage().bytes_padding == 10 * 2);
+}
+
+TEST_CASE("noslice_allocs_on_correct_page") {
+  Rig rig(custom({sliced(100), sliced(200), sliced(300), sliced(400)}), 10);
+  for (std::uint64_t size : {50, 150, 250, 350}) REQUIRE(rig.reserve(size) != 0);
+  CHECK(rig.manager.memory_usage().bytes_in_use == 50 + 150 + 250 + 350);
+}
+
+TEST_CASE("noslice_allocate_deallocate_reallocate") {
+  Rig rig(preset(PoolPreset::exclusive));
+  std::vector<DevicePtr> handles;
+  for (std::uint64_t i = 0; i < 5; ++i) handles.push_back(rig.reserve(1000 * (i + 1)));
+  const MemoryUsage before = rig.manager.memory_usage();
+  for (DevicePtr p : handles) rig.manager.free(p);
+  for (std::uint64_t i = 0; i < 5; ++i) REQUIRE(rig.reserve(1000 * (i + 1)) != 0);
+  const MemoryUsage after = rig.manager.memory_usage();
+  CHECK(before.number_allocs == after.number_allocs);
+  CHECK(before.bytes_in_use == after.bytes_in_use);
+  CHECK(before.bytes_reserved == after.bytes_reserved);
+}
+
+TEST_CASE("exclusive_pages_follow_the_running_average_and_reuse_smallest_fit") {
+  Rig rig(custom({exclusive(64 * KiB)}), 32, 128 * MiB, FreeFence::none);
+  const DevicePtr big = rig.reserve(16 * KiB);
+  const DevicePtr mid = rig.reserve(4 * KiB);
+  // avg after 16K then 4K: 16K - 2K + 512 = 14.5K: the 4K request got a 14.5K page.
+  const auto pages = rig.manager.pages();
+  REQUIRE(pages.size() == 2);
+  std::uint64_t mid_page = 0;
+  for (const PageView& p : pages)
+    if (p.base == mid) mid_page = p.size;
+  CHECK(mid_page == 14 * KiB + 512);
+  rig.manager.free(big);
+  rig.manager.free(mid);
+  // 1K fits both free pages: the smallest is chosen.
+  CHECK(rig.reserve(1 * KiB) == mid);
+  CHECK(rig.manager.memory_usage().bytes_padding == 14 * KiB + 512 - 1 * KiB);
+}
+
+}  // TEST_SUITE
