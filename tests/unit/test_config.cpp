@@ -393,3 +393,50 @@ TEST_CASE("the first error wins and nothing partial escapes") {
   CHECK_FALSE(result.config.has_value());
   CHECK(result.error.key == "free_fence");
 }
+
+TEST_CASE("mutated inputs never crash, and whatever parses round-trips") {
+  // Deterministic mutations of valid configurations: characters of the grammar inserted,
+  // deleted and replaced at random positions.
+  const std::string seeds[] = {
+      "pools:[sliced(page=64M,slice=16M,cap=1G,period=5000);exclusive(max=1G,period=10000);"
+      "direct(reclaim=4G)],log:full",
+      "persistent:size-match,free_fence:sync,report_path:/tmp/r-%p-%n,managed_slab:2MiB",
+      "report_signal:USR2,report_format:json,report_at_exit:1,memgetinfo:raw,confirm:1",
+  };
+  const std::string alphabet = "[]();,:=% 0123456789KMGTiBpagesliceapmxdrt";
+  std::uint64_t state = 0x9e3779b97f4a7c15ULL;
+  auto next = [&state](std::uint64_t bound) {
+    state ^= state << 13;
+    state ^= state >> 7;
+    state ^= state << 17;
+    return state % bound;
+  };
+  int parsed = 0;
+  for (int round = 0; round < 20000; ++round) {
+    std::string text = seeds[next(std::size(seeds))];
+    const auto edits = 1 + next(4);
+    for (std::uint64_t e = 0; e < edits; ++e) {
+      const auto at = next(text.size() + 1);
+      const char ch = alphabet[next(alphabet.size())];
+      switch (next(3)) {
+        case 0: text.insert(at, 1, ch); break;
+        case 1: if (at < text.size()) text.erase(at, 1); break;
+        default: if (at < text.size()) text[at] = ch; break;
+      }
+    }
+    const ParseResult result = parse_config(text);
+    if (result) {
+      ++parsed;
+      const std::string described = describe_config(*result.config);
+      const ParseResult again = parse_config(described);
+      CAPTURE(text);
+      CAPTURE(described);
+      REQUIRE(again);
+      CHECK(*again.config == *result.config);
+    } else {
+      CHECK_FALSE(result.error.expected.empty());
+      CHECK(result.error.message().starts_with("POOLCUDA_CONF: "));
+    }
+  }
+  CHECK(parsed > 100);  // the mutations leave many inputs valid, so round trips are exercised
+}
