@@ -212,9 +212,11 @@ SizeResult parse_size_field(std::string_view key, std::string_view text, std::st
     if (unit != std::string_view::npos) {
       shift = 10 * static_cast<int>(unit + 1);
       suffix.remove_prefix(1);
-      if (suffix == "iB" || suffix == "ib" || suffix == "IB") suffix = {};
+      if (suffix.size() == 2 && (suffix[0] | 0x20) == 'i' && (suffix[1] | 0x20) == 'b') {
+        suffix = {};
+      }
     }
-    if (suffix == "B" || suffix == "b") suffix = {};
+    if (suffix.size() == 1 && (suffix[0] | 0x20) == 'b') suffix = {};
     if (!suffix.empty()) return fail(std::string(kSizeExpected));
   }
   if (shift > 0 && number > (UINT64_MAX >> shift)) return fail("a size that fits in 64 bits");

@@ -134,6 +134,11 @@ TEST_CASE("size suffixes are binary multiples with optional iB or B") {
   CHECK(slab("64KiB") == 64 * KiB);
   CHECK(slab("64KB") == 64 * KiB);
   CHECK(slab("64k") == 64 * KiB);
+  CHECK(slab("64kib") == 64 * KiB);
+  CHECK(slab("64MIB") == 64 * MiB);
+  CHECK(slab("64Mb") == 64 * MiB);
+  CHECK(slab("2 MiB") == 2 * MiB);
+  CHECK(slab("512b") == 512);
   CHECK(slab("64M") == 64 * MiB);
   CHECK(slab("64MiB") == 64 * MiB);
   CHECK(slab("64MB") == 64 * MiB);
@@ -299,6 +304,10 @@ TEST_CASE("error: bad number or suffix") {
   check_error("managed_slab:1.5G", "managed_slab", "1.5G", "a size");
   check_error("managed_slab:-1", "managed_slab", "-1", "a size");
   check_error("managed_slab:64MiBs", "managed_slab", "64MiBs", "a size");
+  check_error("managed_slab:64iB", "managed_slab", "64iB", "a size");
+  check_error("managed_slab:64Mi", "managed_slab", "64Mi", "a size");
+  check_error("managed_slab:64KK", "managed_slab", "64KK", "a size");
+  check_error("managed_slab:0x40", "managed_slab", "0x40", "a size");
   check_error("managed_slab:64 M B", "managed_slab", "64 M B", "a size");
   check_error("pools:[sliced(page=64Q)]", "pools", "page=64Q", "a size");
   check_error("pools:[exclusive(max=1G,period=5K)]", "pools", "period=5K",
