@@ -1,8 +1,9 @@
 // The POOLCUDA_CONF parser, its inverse (describe_config) and the one option table both use.
 // Every key is declared once, in kOptions below, with its grammar, its summary and the functions
-// that read and write it; the CLI's help and the README's reference are generated from or checked
-// against the same rows. Pure string work: no I/O, no CUDA, no exception for bad input — every
-// mistake becomes a ConfigError naming the key, quoting the text and saying what was expected.
+// that read and write it; config_keys() hands the same rows to the CLI's help, and the README's
+// reference lists them in the same order. Pure string work: no I/O, no CUDA, no exception for
+// bad input — every mistake becomes a ConfigError naming the key, quoting the text and saying
+// what was expected.
 // The pool-list grammar (`pools:[kind(field=value,...);...]`) lives in config_pools.cpp.
 #include "pools/config.h"
 
