@@ -55,7 +55,12 @@ class SliceIndex {
 
   std::size_t size() const { return size_; }
 
-  void clear() { rehash(kInitial); size_ = 0; }
+  void clear() {
+    cells_.reset();
+    capacity_ = 0;
+    size_ = 0;
+    rehash(kInitial);
+  }
 
   template <typename Fn>
   void for_each(Fn&& fn) const {

@@ -1,0 +1,316 @@
+// The free path and the device edge of MemoryManager: pointer classification, free fences in
+// all three modes, out-of-memory recovery, forget(), pins, dealloc periods, and the proof that a
+// hit never reaches the device.
+#include <doctest/doctest.h>
+
+#include "pools_test_util.h"
+
+using namespace poolcuda;
+using namespace poolcuda::test;
+
+namespace {
+
+MemoryUsage usage_of(const Rig& rig) { return rig.manager.memory_usage(); }
+
+}  // namespace
+
+TEST_SUITE("unit") {
+
+TEST_CASE("free_classifies_foreign_double_and_interior_pointers_without_change") {
+  Rig rig(custom({sliced(4096), exclusive(1 * MiB)}));
+  const DevicePtr a = rig.reserve(1000);
+  const DevicePtr b = rig.reserve(200 * KiB);
+  REQUIRE(rig.manager.free(a) == FreeOutcome::freed);
+  const MemoryUsage before = usage_of(rig);
+  const std::string state = rig.manager.check_consistency();
+  REQUIRE(state.empty());
+
+  int local = 0;
+  CHECK(rig.manager.free(reinterpret_cast<DevicePtr>(&local)) == FreeOutcome::not_mine);
+  CHECK(rig.manager.free(0) == FreeOutcome::not_mine);
+  CHECK(rig.manager.free(a) == FreeOutcome::double_free);       // pending (fence not closed)
+  CHECK(rig.manager.free(a + 64) == FreeOutcome::double_free);  // inside pending memory
+  CHECK(rig.manager.free(b + 32) == FreeOutcome::interior_pointer);
+  CHECK(rig.manager.free(b + 200 * KiB - 1) == FreeOutcome::interior_pointer);
+  CHECK(usage_of(rig) == before);
+  CHECK(rig.manager.live_size(b) == 200 * KiB);
+
+  rig.manager.drain_fences();
+  CHECK(rig.manager.free(a) == FreeOutcome::double_free);        // now free memory
+  CHECK(rig.manager.free(a + 4000) == FreeOutcome::double_free);  // free tail of the page
+  CHECK(rig.manager.free(b) == FreeOutcome::freed);
+  CHECK(rig.manager.free(b) == FreeOutcome::double_free);
+  CHECK(rig.manager.check_consistency().empty());
+  rig.manager.drain_fences();
+  rig.manager.cleanup(true);
+  CHECK(rig.manager.free(a) == FreeOutcome::not_mine);  // its page went back to the device
+  CHECK(rig.device.outstanding_allocations() == 0);
+}
+
+TEST_CASE("events_fence_keeps_a_pending_slice_until_its_fence_passes") {
+  Rig rig(custom({sliced(1024)}));
+  rig.device.set_fence_mode(HostDevice::FenceMode::manual);
+  const DevicePtr a = rig.reserve(1024);
+  REQUIRE(rig.manager.free(a) == FreeOutcome::freed);
+  CHECK(rig.manager.report().pending_fence_bytes == 1024);
+  CHECK(rig.manager.idle_bytes() == 0);
+  // The miss closes the epoch, the fence has not passed: the pool grows instead of reusing.
+  const DevicePtr b = rig.reserve(1024);
+  CHECK(b != a);
+  CHECK(rig.device.calls().fence_record == 1);
+  CHECK(rig.manager.memory_usage().bytes_reserved == 2048);
+  // Once the device passes the fence, the next miss reaps it and reuses the slice.
+  rig.device.complete_fences();
+  const DevicePtr c = rig.reserve(1024);
+  CHECK(c == a);
+  CHECK(rig.manager.memory_usage().bytes_reserved == 2048);
+  CHECK(rig.manager.report().pending_fence_bytes == 0);
+  CHECK(rig.device.outstanding_fences() == 0);
+  CHECK(rig.manager.check_consistency().empty());
+}
+
+TEST_CASE("events_fence_batch_closes_an_epoch_without_a_miss") {
+  HostDevice device(128 * MiB, 512);
+  ManagerOptions o;
+  o.layout = custom({sliced(64 * KiB)});
+  o.fence_batch = 4;
+  MemoryManager manager(device, o);
+  std::vector<DevicePtr> held;
+  for (int i = 0; i < 8; ++i) held.push_back(manager.allocate(512).ptr);
+  for (int i = 0; i < 3; ++i) manager.free(held[i]);
+  CHECK(device.calls().fence_record == 0);
+  manager.free(held[3]);
+  CHECK(device.calls().fence_record == 1);
+  // Immediate fences: the closed epoch was reaped on closing.
+  CHECK(manager.report().pending_fence_bytes == 0);
+  for (int i = 4; i < 8; ++i) manager.free(held[i]);
+  CHECK(device.calls().fence_record == 2);
+  CHECK(manager.memory_usage().number_allocs == 0);
+  manager.cleanup(true);
+  CHECK(device.outstanding_allocations() == 0);
+}
+
+TEST_CASE("events_fence_refused_keeps_the_epoch_open") {
+  Rig rig(custom({sliced(1024)}));
+  rig.device.refuse_fences(true);
+  const DevicePtr a = rig.reserve(1024);
+  rig.manager.free(a);
+  const DevicePtr b = rig.reserve(1024);  // miss: fence refused, the slice stays pending
+  CHECK(b != a);
+  CHECK(rig.manager.report().pending_fence_bytes == 1024);
+  CHECK_FALSE(rig.manager.drain_fences());
+  CHECK(rig.manager.report().pending_fence_bytes == 1024);
+  // The capture ends: the next miss closes the same epoch and reuses the slice.
+  rig.device.refuse_fences(false);
+  CHECK(rig.reserve(1024) == a);
+  CHECK(rig.manager.report().pending_fence_bytes == 0);
+  CHECK(rig.manager.check_consistency().empty());
+}
+
+TEST_CASE("sync_fence_synchronizes_then_frees") {
+  Rig rig(custom({sliced(1024)}), 32, 128 * MiB, FreeFence::sync);
+  const DevicePtr a = rig.reserve(1024);
+  rig.manager.free(a);
+  CHECK(rig.device.calls().synchronize == 1);
+  CHECK(rig.device.calls().fence_record == 0);
+  CHECK(rig.manager.report().pending_fence_bytes == 0);
+  CHECK(rig.reserve(1024) == a);
+}
+
+TEST_CASE("none_fence_frees_at_once_with_no_device_call") {
+  Rig rig(custom({sliced(1024)}), 32, 128 * MiB, FreeFence::none);
+  const DevicePtr a = rig.reserve(1024);
+  rig.device.forbid_calls(true);
+  rig.manager.free(a);
+  CHECK(rig.reserve(1024) == a);
+  CHECK(rig.device.forbidden_calls() == 0);
+}
+
+TEST_CASE("hit_path_makes_no_device_call") {
+  Rig rig(preset(PoolPreset::subslices));
+  std::vector<DevicePtr> warm;
+  for (int i = 0; i < 4; ++i) warm.push_back(rig.reserve(4096));
+  rig.manager.free(warm.back());
+  warm.pop_back();
+  std::vector<std::string> offenders;
+  rig.device.on_forbidden_call([&](const char* method) { offenders.emplace_back(method); });
+  rig.device.forbid_calls(true);
+  // Reservations served from free memory of an existing page, and frees below the fence batch.
+  for (int round = 0; round < 50; ++round) {
+    const DevicePtr p = rig.reserve(1000 + static_cast<std::uint64_t>(round));
+    REQUIRE(p != 0);
+    CHECK(rig.manager.free(p) == FreeOutcome::freed);
+    if (round % 10 == 9) rig.device.forbid_calls(false), rig.manager.drain_fences(),
+                         rig.device.forbid_calls(true);
+  }
+  CHECK(rig.device.forbidden_calls() == 0);
+  CHECK(offenders.empty());
+  // The check itself works: a miss does reach the device.
+  rig.reserve(100 * MiB);
+  CHECK(rig.device.forbidden_calls() > 0);
+  CHECK_FALSE(offenders.empty());
+}
+
+TEST_CASE("oom_recovery_trims_idle_pages_then_retries") {
+  Rig rig(custom({sliced(1 * MiB), exclusive(8 * MiB)}), 512, 4 * MiB);
+  // Fill the device with sliced pages, then free them: they are idle but held.
+  std::vector<DevicePtr> held;
+  for (int i = 0; i < 4; ++i) held.push_back(rig.reserve(1 * MiB));
+  for (DevicePtr p : held) rig.manager.free(p);  // pending behind a fence
+  CHECK(rig.manager.memory_usage().bytes_reserved == 4 * MiB);
+  const Reservation big = rig.manager.allocate(3 * MiB);
+  REQUIRE(big.ptr != 0);
+  CHECK(rig.manager.report().oom_recoveries == 1);
+  CHECK(rig.manager.report().pending_fence_bytes == 0);
+  CHECK(rig.manager.memory_usage().bytes_reserved == 3 * MiB);
+  CHECK(rig.count_logs("out of device memory") == 0);
+  CHECK(rig.manager.check_consistency().empty());
+}
+
+TEST_CASE("oom_path_waits_on_pending_fences") {
+  Rig rig(custom({sliced(1 * MiB)}), 512, 2 * MiB);
+  rig.device.set_fence_mode(HostDevice::FenceMode::manual);
+  const DevicePtr a = rig.reserve(1 * MiB), b = rig.reserve(1 * MiB);
+  rig.manager.free(a);
+  rig.manager.free(b);
+  // The miss closes the epoch but the fence has not passed; the device is full; the OOM path
+  // waits on the fence, trims both pages and retries.
+  const DevicePtr c = rig.reserve(512 * KiB);
+  REQUIRE(c != 0);
+  CHECK(rig.device.calls().fence_wait >= 1);
+  CHECK(rig.manager.report().oom_recoveries == 1);
+  CHECK(rig.manager.report().pending_fence_bytes == 0);
+}
+
+TEST_CASE("oom_real_exhaustion_fails_cleanly_and_leaks_nothing") {
+  Rig rig(custom({sliced(1 * MiB), exclusive(64 * MiB)}), 512, 4 * MiB);
+  const DevicePtr a = rig.reserve(1000);
+  const MemoryUsage before = usage_of(rig);
+  const Reservation r = rig.manager.allocate(8 * MiB);
+  CHECK(r.ptr == 0);
+  CHECK(r.error == Error{ErrorKind::out_of_memory, 8 * MiB});
+  CHECK(rig.manager.report().oom_failures == 1);
+  REQUIRE(rig.count_logs("out of device memory") == 1);
+  const LogLine& line = rig.logs.back();
+  CHECK(line.level == LogLevel::basic);
+  for (const char* part : {"requested 8388608 B", "in use 1000 B", "reserved 1048576 B", "idle",
+                           "pending fence 0 B"})
+    CHECK(line.text.find(part) != std::string::npos);
+  CHECK(usage_of(rig) == before);
+  CHECK(rig.device.outstanding_allocations() == 1);
+  rig.manager.free(a);
+  rig.manager.cleanup(true);
+  CHECK(rig.device.outstanding_allocations() == 0);
+  CHECK(rig.device.bad_releases() == 0);
+}
+
+TEST_CASE("device_failure_is_not_retried") {
+  Rig rig(custom({sliced(1 * MiB)}), 512);
+  rig.device.fail_nth_allocation(1, AllocStatus::failed);
+  const Reservation r = rig.manager.allocate(1000);
+  CHECK(r.error == Error{ErrorKind::device_error, 1000});
+  CHECK(rig.device.calls().allocate == 1);
+  CHECK(rig.manager.report().oom_recoveries == 0);
+  // Fault injection hits only the Nth call.
+  CHECK(rig.reserve(1000) != 0);
+}
+
+TEST_CASE("injected_oom_is_recovered_by_the_retry") {
+  Rig rig(custom({sliced(1 * MiB)}), 512);
+  rig.device.fail_nth_allocation(1, AllocStatus::out_of_memory);
+  CHECK(rig.reserve(1000) != 0);
+  CHECK(rig.device.calls().allocate == 2);
+  CHECK(rig.manager.report().oom_recoveries == 1);
+}
+
+TEST_CASE("forget_drops_everything_without_device_calls") {
+  Rig rig(preset(PoolPreset::subslices));
+  const DevicePtr a = rig.reserve(1000);
+  rig.manager.set_mode(AllocationMode::persistent);
+  const DevicePtr w = rig.reserve(5000);
+  rig.manager.set_mode(AllocationMode::automatic);
+  const DevicePtr b = rig.reserve(3000);
+  rig.manager.free(b);  // pending
+  const RetainedSlice pin = rig.manager.retain(a);
+  REQUIRE(pin);
+  rig.device.forbid_calls(true);
+  rig.manager.forget();
+  CHECK(rig.device.forbidden_calls() == 0);
+  rig.device.forbid_calls(false);
+  CHECK(rig.manager.memory_usage() == MemoryUsage{});
+  CHECK(rig.manager.report().pending_fence_bytes == 0);
+  CHECK(rig.manager.free(a) == FreeOutcome::not_mine);
+  CHECK(rig.manager.free(w) == FreeOutcome::not_mine);
+  CHECK_FALSE(rig.manager.release_retained(pin));
+  // Still usable afterwards.
+  const DevicePtr c = rig.reserve(1000);
+  CHECK(c != 0);
+  CHECK(rig.manager.free(c) == FreeOutcome::freed);
+  CHECK(rig.manager.check_consistency().empty());
+}
+
+TEST_CASE("retained_slice_is_never_handed_out_until_released") {
+  Rig rig(custom({sliced(4096)}), 512, 128 * MiB, FreeFence::none);
+  rig.manager.set_mode(AllocationMode::persistent);
+  const DevicePtr a = rig.reserve(1024);
+  rig.manager.set_mode(AllocationMode::automatic);
+  const RetainedSlice pin = rig.manager.retain(a);
+  const RetainedSlice pin2 = rig.manager.retain(a);
+  REQUIRE(pin);
+  CHECK_FALSE(rig.manager.retain(a + 512));
+  CHECK(rig.manager.free(a) == FreeOutcome::freed);
+  CHECK(rig.manager.free(a) == FreeOutcome::double_free);
+  // Held: still counted in use, and a new persistent reservation cannot reuse it.
+  CHECK(rig.manager.report().persistent.usage.bytes_in_use == 1024);
+  rig.manager.set_mode(AllocationMode::persistent);
+  const DevicePtr b = rig.reserve(1024);
+  CHECK(b != a);
+  CHECK(rig.manager.release_retained(pin));
+  CHECK(rig.manager.report().persistent.usage.bytes_in_use == 2048);  // a (one pin left), b
+  CHECK(rig.manager.release_retained(pin2));
+  CHECK_FALSE(rig.manager.release_retained(pin2));
+  CHECK(rig.manager.report().persistent.usage.bytes_in_use == 1024);  // only b
+  CHECK(rig.reserve(1024) == a);
+  rig.manager.set_mode(AllocationMode::automatic);
+  // A pin on a slice that stays live just drops.
+  const RetainedSlice live_pin = rig.manager.retain(b);
+  CHECK(rig.manager.release_retained(live_pin));
+  CHECK(rig.manager.live_size(b) == 1024);
+  CHECK(rig.manager.check_consistency().empty());
+}
+
+TEST_CASE("dealloc_period_releases_idle_pages") {
+  Rig rig(custom({sliced(4096, 4096, std::nullopt, 10), exclusive(1 * MiB, 20)}), 512,
+          128 * MiB, FreeFence::none);
+  const DevicePtr s = rig.reserve(4096);
+  const DevicePtr e = rig.reserve(64 * KiB);
+  const DevicePtr keep = rig.reserve(100 * KiB);
+  rig.manager.free(s);
+  rig.manager.free(e);
+  CHECK(rig.manager.pages().size() == 3);
+  // Reservations that touch neither idle page (served from `keep`'s reuse).
+  rig.manager.free(keep);
+  for (int i = 0; i < 9; ++i) rig.manager.free(rig.reserve(100 * KiB));
+  CHECK(rig.manager.pages().size() == 3);
+  for (int i = 0; i < 3; ++i) rig.manager.free(rig.reserve(100 * KiB));
+  CHECK(rig.manager.pages().size() == 2);  // the sliced page went after 10 reservations
+  for (int i = 0; i < 10; ++i) rig.manager.free(rig.reserve(100 * KiB));
+  // The exclusive pages idle for 20 reservations went too; `keep`'s page is reused each time.
+  CHECK(rig.manager.pages().size() == 1);
+  CHECK(rig.device.calls().release == 2);
+  // Explicit cleanup releases the rest.
+  rig.manager.cleanup(true);
+  CHECK(rig.device.outstanding_allocations() == 0);
+}
+
+TEST_CASE("no_period_means_no_implicit_release") {
+  Rig rig(custom({sliced(4096)}), 512, 128 * MiB, FreeFence::none);
+  rig.manager.free(rig.reserve(4096));
+  for (int i = 0; i < 1000; ++i) rig.manager.free(rig.reserve(100));
+  rig.manager.cleanup(false);
+  CHECK(rig.device.calls().release == 0);
+  rig.manager.cleanup(true);
+  CHECK(rig.device.calls().release == 1);
+}
+
+}  // TEST_SUITE

@@ -1,0 +1,261 @@
+// render_report: the JSON form parses back (with a small strict JSON reader written here) and
+// carries the manager's numbers; strings are escaped; the text form has one aligned row per pool.
+#include <doctest/doctest.h>
+
+#include <cctype>
+#include <map>
+#include <memory>
+#include <sstream>
+#include <variant>
+
+#include "pools_test_util.h"
+
+using namespace poolcuda;
+using namespace poolcuda::test;
+
+namespace {
+
+// A strict JSON value: enough to walk a report and compare numbers.
+struct Json {
+  std::variant<std::nullptr_t, bool, double, std::string, std::vector<Json>,
+               std::map<std::string, Json>>
+      v;
+  const Json& operator[](const std::string& key) const {
+    return std::get<std::map<std::string, Json>>(v).at(key);
+  }
+  const Json& operator[](std::size_t i) const { return std::get<std::vector<Json>>(v).at(i); }
+  double num() const { return std::get<double>(v); }
+  const std::string& str() const { return std::get<std::string>(v); }
+  std::size_t size() const { return std::get<std::vector<Json>>(v).size(); }
+};
+
+class JsonReader {
+ public:
+  explicit JsonReader(std::string_view text) : s_(text) {}
+
+  // Parses the whole text; throws std::runtime_error with the offset on any deviation.
+  Json document() {
+    Json value = parse_value();
+    skip_ws();
+    if (i_ != s_.size()) fail("trailing characters");
+    return value;
+  }
+
+ private:
+  [[noreturn]] void fail(const std::string& why) {
+    throw std::runtime_error(why + " at offset " + std::to_string(i_));
+  }
+  void skip_ws() {
+    while (i_ < s_.size() && (s_[i_] == ' ' || s_[i_] == '\n' || s_[i_] == '\t' || s_[i_] == '\r'))
+      ++i_;
+  }
+  char peek() {
+    skip_ws();
+    if (i_ >= s_.size()) fail("unexpected end");
+    return s_[i_];
+  }
+  void expect(char c) {
+    if (peek() != c) fail(std::string("expected '") + c + "'");
+    ++i_;
+  }
+  Json parse_value() {
+    const char c = peek();
+    if (c == '{') return parse_object();
+    if (c == '[') return parse_array();
+    if (c == '"') return Json{parse_string()};
+    if (c == '-' || std::isdigit(static_cast<unsigned char>(c))) return parse_number();
+    for (auto [word, value] : {std::pair<std::string_view, Json>{"true", Json{true}},
+                               {"false", Json{false}}, {"null", Json{nullptr}}}) {
+      if (s_.substr(i_, word.size()) == word) {
+        i_ += word.size();
+        return value;
+      }
+    }
+    fail("unexpected character");
+  }
+  Json parse_object() {
+    expect('{');
+    std::map<std::string, Json> members;
+    if (peek() == '}') {
+      ++i_;
+      return Json{members};
+    }
+    for (;;) {
+      if (peek() != '"') fail("expected a key");
+      std::string key = parse_string();
+      if (members.count(key)) fail("duplicate key " + key);
+      expect(':');
+      members.emplace(std::move(key), parse_value());
+      if (peek() == ',') {
+        ++i_;
+        continue;
+      }
+      expect('}');
+      return Json{members};
+    }
+  }
+  Json parse_array() {
+    expect('[');
+    std::vector<Json> items;
+    if (peek() == ']') {
+      ++i_;
+      return Json{items};
+    }
+    for (;;) {
+      items.push_back(parse_value());
+      if (peek() == ',') {
+        ++i_;
+        continue;
+      }
+      expect(']');
+      return Json{items};
+    }
+  }
+  std::string parse_string() {
+    expect('"');
+    std::string out;
+    while (i_ < s_.size() && s_[i_] != '"') {
+      const char c = s_[i_++];
+      if (static_cast<unsigned char>(c) < 0x20) fail("raw control character in a string");
+      if (c != '\\') {
+        out += c;
+        continue;
+      }
+      if (i_ >= s_.size()) fail("dangling escape");
+      const char e = s_[i_++];
+      switch (e) {
+        case '"': case '\\': case '/': out += e; break;
+        case 'n': out += '\n'; break;
+        case 't': out += '\t'; break;
+        case 'r': out += '\r'; break;
+        case 'b': out += '\b'; break;
+        case 'f': out += '\f'; break;
+        case 'u': {
+          if (i_ + 4 > s_.size()) fail("short \\u escape");
+          for (int k = 0; k < 4; ++k)
+            if (!std::isxdigit(static_cast<unsigned char>(s_[i_ + k]))) fail("bad \\u escape");
+          out += static_cast<char>(std::stoi(std::string(s_.substr(i_, 4)), nullptr, 16));
+          i_ += 4;
+          break;
+        }
+        default: fail("bad escape");
+      }
+    }
+    if (i_ >= s_.size()) fail("unterminated string");
+    ++i_;
+    return out;
+  }
+  Json parse_number() {
+    const std::size_t start = i_;
+    if (s_[i_] == '-') ++i_;
+    if (i_ >= s_.size() || !std::isdigit(static_cast<unsigned char>(s_[i_]))) fail("bad number");
+    if (s_[i_] == '0' && i_ + 1 < s_.size() && std::isdigit(static_cast<unsigned char>(s_[i_ + 1])))
+      fail("leading zero");
+    while (i_ < s_.size() && std::isdigit(static_cast<unsigned char>(s_[i_]))) ++i_;
+    if (i_ < s_.size() && s_[i_] == '.') {
+      ++i_;
+      if (i_ >= s_.size() || !std::isdigit(static_cast<unsigned char>(s_[i_]))) fail("bad fraction");
+      while (i_ < s_.size() && std::isdigit(static_cast<unsigned char>(s_[i_]))) ++i_;
+    }
+    return Json{std::stod(std::string(s_.substr(start, i_ - start)))};
+  }
+
+  std::string_view s_;
+  std::size_t i_ = 0;
+};
+
+bool parses(std::string_view text) {
+  try {
+    JsonReader(text).document();
+    return true;
+  } catch (const std::exception&) {
+    return false;
+  }
+}
+
+}  // namespace
+
+TEST_SUITE("unit") {
+
+TEST_CASE("json_reader_rejects_invalid_json") {
+  // The validator must be able to fail, or the report test proves nothing.
+  CHECK(parses(R"({"a":[1,2,{"b":"c\n"}],"d":null})"));
+  CHECK_FALSE(parses(R"({"a":1,})"));
+  CHECK_FALSE(parses(R"({"a":1 "b":2})"));
+  CHECK_FALSE(parses("{\"a\":\"raw\ttab\"}"));
+  CHECK_FALSE(parses(R"({"a":01})"));
+  CHECK_FALSE(parses(R"({"a":1}})"));
+  CHECK_FALSE(parses(R"({"a":"\x"})"));
+  CHECK_FALSE(parses(R"({"a":1,"a":2})"));
+}
+
+TEST_CASE("json_report_parses_back_with_the_managers_numbers") {
+  Rig rig(custom({sliced(4096, 2048, 8192), exclusive(1 * MiB), direct(1 * MiB)}), 512);
+  const DevicePtr a = rig.reserve(1000);
+  const DevicePtr b = rig.reserve(100 * KiB);
+  rig.manager.set_mode(AllocationMode::persistent);
+  REQUIRE(rig.reserve(3000) != 0);
+  rig.manager.set_mode(AllocationMode::automatic);
+  rig.manager.free(b);  // pending behind a fence
+  (void)a;
+  ManagerReport second = rig.manager.report();
+  second.device = 1;
+  const std::vector<ManagerReport> managers = {rig.manager.report(), second};
+  const ReportHeader header{4242, 3, "signal \"USR1\"\n\\"};
+  const std::string text = render_report(header, managers, ReportFormat::json);
+  Json doc;
+  REQUIRE_NOTHROW(doc = JsonReader(text).document());
+  CHECK(doc["pid"].num() == 4242);
+  CHECK(doc["sequence"].num() == 3);
+  CHECK(doc["reason"].str() == header.reason);
+  REQUIRE(doc["devices"].size() == 2);
+  const Json& d0 = doc["devices"][0];
+  const ManagerReport& r = managers[0];
+  CHECK(d0["device"].num() == 0);
+  CHECK(doc["devices"][1]["device"].num() == 1);
+  CHECK(d0["totals"]["bytes_in_use"].num() == static_cast<double>(r.totals.bytes_in_use));
+  CHECK(d0["totals"]["bytes_reserved"].num() == static_cast<double>(r.totals.bytes_reserved));
+  CHECK(d0["pending_fence_bytes"].num() == 100 * KiB);
+  CHECK(d0["idle_bytes"].num() == static_cast<double>(r.idle_bytes));
+  REQUIRE(d0["pools"].size() == 3);
+  CHECK(d0["pools"][0]["kind"].str() == "sliced");
+  CHECK(d0["pools"][0]["cap"].num() == 8192);
+  CHECK(d0["pools"][0]["page_size"].num() == 4096);
+  CHECK(d0["pools"][0]["usage"]["bytes_in_use"].num() == 1000);
+  CHECK(d0["pools"][0]["pages_peak"].num() == 1);
+  CHECK(d0["pools"][0]["largest_free"].num() == 4096 - 1024);
+  CHECK(d0["pools"][1]["kind"].str() == "exclusive");
+  CHECK(d0["pools"][1]["device_allocs"].num() == 1);
+  CHECK(d0["pools"][2]["kind"].str() == "direct");
+  CHECK(d0["persistent"]["kind"].str() == "persistent");
+  CHECK(d0["persistent"]["usage"]["bytes_in_use"].num() == 3000);
+  CHECK(d0["persistent"]["reservations"].num() == 1);
+}
+
+TEST_CASE("json_report_of_no_manager_is_valid") {
+  const std::string text = render_report(ReportHeader{1, 1, "exit"}, {}, ReportFormat::json);
+  CHECK(parses(text));
+}
+
+TEST_CASE("text_report_has_one_aligned_row_per_pool") {
+  Rig rig(preset(PoolPreset::subslices), 512, 1 * GiB);
+  REQUIRE(rig.reserve(3 * KiB) != 0);
+  REQUIRE(rig.reserve(20 * MiB) != 0);
+  const ManagerReport r = rig.manager.report();
+  const std::string text = render_report(ReportHeader{77, 1, "request"}, {r}, ReportFormat::text);
+  std::istringstream lines(text);
+  std::vector<std::string> rows;
+  for (std::string line; std::getline(lines, line);) rows.push_back(line);
+  REQUIRE(rows.size() == 3 + r.dynamic.size() + 1);
+  CHECK(rows[0] == "poolcuda report #1 (pid 77, request)");
+  CHECK(rows[1].find("device 0: reserved 22.0 MiB, in use 20.0 MiB in 2 slices") == 0);
+  CHECK(rows[2].find("kind") != std::string::npos);
+  CHECK(rows[2].find("largest free") != std::string::npos);
+  // Every pool row has the same width as the header row: the columns line up.
+  for (std::size_t i = 3; i < rows.size(); ++i) CHECK(rows[i].size() == rows[2].size());
+  CHECK(rows[3].find("sliced") != std::string::npos);
+  CHECK(rows[3].find("2.00 MiB") != std::string::npos);
+  CHECK(rows.back().find("persistent") != std::string::npos);
+}
+
+}  // TEST_SUITE
