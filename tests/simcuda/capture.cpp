@@ -1,0 +1,241 @@
+// Stream capture in the stand-in: begin/end, the three capture modes and CUDA's legality rules
+// for "potentially unsafe" calls (see Note [Capture legality]), invalidation, capture info, and
+// stream-ordered allocation (memory nodes inside a capture). Graph objects live in graph.cpp.
+#include "core.h"
+
+#include <atomic>
+
+namespace poolcuda::sim {
+namespace {
+
+// Note [Capture legality]
+// The thread's mode (cudaThreadExchangeStreamCaptureMode, default global) decides which ongoing
+// captures forbid a potentially unsafe call (an allocation) on this thread:
+//   global:       a capture begun by this thread in a non-relaxed mode, or a capture begun by
+//                 any other thread in global mode;
+//   thread-local: a capture begun by this thread in a non-relaxed mode;
+//   relaxed:      none.
+// A forbidden call fails with cudaErrorStreamCaptureUnsupported and invalidates the captures
+// that forbade it; an invalidated capture refuses further work with
+// cudaErrorStreamCaptureInvalidated and its EndCapture returns that code and no graph.
+
+struct Captures {
+  std::vector<std::shared_ptr<Capture>> active;
+};
+
+Captures& captures() {
+  static auto* c = new Captures;  // never destroyed (see state_mutex)
+  return *c;
+}
+
+std::atomic<uint64_t> g_next_capture_id{1};
+
+void detach_members(Capture& c) {
+  for (auto& weak : c.members)
+    if (auto s = weak.lock())
+      if (s->capture.get() == &c) s->capture.reset();
+}
+
+}  // namespace
+
+cudaStreamCaptureMode& thread_capture_mode() {
+  thread_local cudaStreamCaptureMode mode = cudaStreamCaptureModeGlobal;
+  return mode;
+}
+
+cudaError_t check_unsafe_call_locked() {
+  cudaStreamCaptureMode mode = thread_capture_mode();
+  if (mode == cudaStreamCaptureModeRelaxed) return cudaSuccess;
+  auto self = std::this_thread::get_id();
+  bool refused = false;
+  for (auto& c : captures().active) {
+    bool mine = c->thread == self && c->mode != cudaStreamCaptureModeRelaxed;
+    bool theirs = mode == cudaStreamCaptureModeGlobal && c->thread != self &&
+                  c->mode == cudaStreamCaptureModeGlobal;
+    if (mine || theirs) {
+      c->invalidated = true;
+      refused = true;
+    }
+  }
+  return refused ? cudaErrorStreamCaptureUnsupported : cudaSuccess;
+}
+
+cudaError_t check_unsafe_call() {
+  std::lock_guard lock(state_mutex());
+  return check_unsafe_call_locked();
+}
+
+bool invalidate_device_captures_locked(int device) {
+  bool any = false;
+  for (auto& c : captures().active)
+    if (c->device == device) {
+      c->invalidated = true;
+      any = true;
+    }
+  return any;
+}
+
+bool invalidate_blocking_captures_locked(int device) {
+  bool any = false;
+  for (auto& c : captures().active)
+    if (c->device == device && c->origin_blocking) {
+      c->invalidated = true;
+      any = true;
+    }
+  return any;
+}
+
+bool any_capture_locked(int device) {
+  for (auto& c : captures().active)
+    if (c->device == device) return true;
+  return false;
+}
+
+cudaError_t begin_capture(const StreamRef& s, cudaStreamCaptureMode mode) {
+  if (!s) return cudaErrorInvalidResourceHandle;
+  if (mode != cudaStreamCaptureModeGlobal && mode != cudaStreamCaptureModeThreadLocal &&
+      mode != cudaStreamCaptureModeRelaxed)
+    return cudaErrorInvalidValue;
+  auto graph = std::make_shared<Graph>();
+  cudaGraph_t handle = register_graph(graph);
+  std::unique_lock lock(state_mutex());
+  cudaError_t err = cudaSuccess;
+  if (s->kind == StreamKind::legacy)
+    err = cudaErrorStreamCaptureUnsupported;
+  else if (s->capture)
+    err = cudaErrorIllegalState;
+  if (err != cudaSuccess) {
+    lock.unlock();
+    graph_destroy(handle);
+    return err;
+  }
+  auto c = std::make_shared<Capture>();
+  c->id = g_next_capture_id.fetch_add(1);
+  c->mode = mode;
+  c->thread = std::this_thread::get_id();
+  c->device = s->device;
+  c->origin = s.get();
+  c->origin_blocking = s->blocking();
+  c->members.push_back(s);
+  c->graph_handle = handle;
+  c->graph = graph;
+  s->capture = c;
+  captures().active.push_back(c);
+  return cudaSuccess;
+}
+
+void capture_join_locked(const StreamRef& s, const std::shared_ptr<Capture>& cap) {
+  s->capture = cap;
+  cap->members.push_back(s);
+}
+
+cudaError_t end_capture(const StreamRef& s, cudaGraph_t* out) {
+  if (!s) return cudaErrorInvalidResourceHandle;
+  if (!out) return cudaErrorInvalidValue;
+  cudaGraph_t doomed = nullptr;
+  cudaError_t err = cudaSuccess;
+  {
+    std::lock_guard lock(state_mutex());
+    if (!s->capture) return cudaErrorIllegalState;
+    std::shared_ptr<Capture> c = s->capture;
+    if (c->origin != s.get()) return cudaErrorStreamCaptureUnmatched;
+    if (c->mode != cudaStreamCaptureModeRelaxed && c->thread != std::this_thread::get_id())
+      return cudaErrorStreamCaptureWrongThread;
+    detach_members(*c);
+    auto& active = captures().active;
+    std::erase(active, c);
+    if (c->invalidated) {
+      doomed = c->graph_handle;
+      *out = nullptr;
+      err = cudaErrorStreamCaptureInvalidated;
+    } else {
+      *out = c->graph_handle;
+    }
+  }
+  if (doomed) graph_destroy(doomed);
+  return err;
+}
+
+cudaError_t capture_append_locked(Stream& s, Work work) {
+  Capture& c = *s.capture;
+  if (c.invalidated) return cudaErrorStreamCaptureInvalidated;
+  // Graph memory belongs to the graph's lifetime (GraphMem), not to each launch: memory nodes
+  // replay as no-ops.
+  if (work.type == cudaGraphNodeTypeMemAlloc || work.type == cudaGraphNodeTypeMemFree)
+    work.fn = nullptr;
+  auto node = std::make_unique<Node>();
+  node->work = std::move(work);
+  cudaGraphNode_t handle = reinterpret_cast<cudaGraphNode_t>(node.get());
+  c.graph->nodes.push_back(std::move(node));
+  c.deps.assign(1, handle);
+  c.edges.assign(1, cudaGraphEdgeData{});
+  return cudaSuccess;
+}
+
+cudaError_t capture_info(const StreamRef& s, cudaStreamCaptureStatus* status,
+                         unsigned long long* id, cudaGraph_t* graph,
+                         const cudaGraphNode_t** deps, const cudaGraphEdgeData** edges,
+                         size_t* num_deps) {
+  if (!s) return cudaErrorInvalidResourceHandle;
+  if (!status) return cudaErrorInvalidValue;
+  std::lock_guard lock(state_mutex());
+  if (s->kind == StreamKind::legacy) {
+    for (auto& c : captures().active)
+      if (c->device == s->device && c->origin_blocking) return cudaErrorStreamCaptureImplicit;
+  }
+  Capture* c = s->capture.get();
+  if (!c) {
+    *status = cudaStreamCaptureStatusNone;
+    return cudaSuccess;
+  }
+  *status = c->invalidated ? cudaStreamCaptureStatusInvalidated : cudaStreamCaptureStatusActive;
+  if (id) *id = c->id;
+  if (graph) *graph = c->graph_handle;
+  if (deps) *deps = c->deps.empty() ? nullptr : c->deps.data();
+  if (edges) *edges = c->edges.empty() ? nullptr : c->edges.data();
+  if (num_deps) *num_deps = c->deps.size();
+  return cudaSuccess;
+}
+
+cudaError_t malloc_async(const StreamRef& s, size_t size, void** out) {
+  if (!out) return cudaErrorInvalidValue;
+  if (!s) return cudaErrorInvalidResourceHandle;
+  std::lock_guard lock(state_mutex());
+  if (!s->capture) {
+    if (s->kind == StreamKind::legacy && invalidate_blocking_captures_locked(s->device))
+      return cudaErrorStreamCaptureImplicit;
+    return mem_alloc(s->device, size, AllocKind::async, out);
+  }
+  if (s->capture->invalidated) return cudaErrorStreamCaptureInvalidated;
+  uint64_t id = 0;
+  cudaError_t err = mem_alloc(s->device, size, AllocKind::graph, out, &id);
+  if (err != cudaSuccess) return err;
+  s->capture->graph->mems.push_back(make_graph_mem(*out, id));
+  Work w;
+  w.type = cudaGraphNodeTypeMemAlloc;
+  w.desc = "graph memory alloc";
+  w.mem = *out;
+  w.mem_size = size;
+  return capture_append_locked(*s, std::move(w));
+}
+
+cudaError_t free_async(const StreamRef& s, void* ptr) {
+  if (!s) return cudaErrorInvalidResourceHandle;
+  if (!ptr) return cudaErrorInvalidValue;
+  AllocInfo info;
+  if (!mem_find(ptr, &info) || info.base != reinterpret_cast<uintptr_t>(ptr))
+    return cudaErrorInvalidValue;
+  // Outside a capture the memory returns when the stream reaches the free; the free counts as
+  // a write of the whole block, so a use on an unordered stream is reported as a race. Inside a
+  // capture it becomes a memory free node (see capture_append_locked).
+  Work w;
+  w.type = cudaGraphNodeTypeMemFree;
+  w.desc = "cudaFreeAsync";
+  w.mem = ptr;
+  w.ranges.push_back(Range{info.base, info.base + info.size, true});
+  uint64_t id = info.id;
+  w.fn = [ptr, id] { mem_free(ptr, id); };
+  return submit(s, std::move(w));
+}
+
+}  // namespace poolcuda::sim

@@ -1,0 +1,299 @@
+// The CUDA stand-in's core: configuration, counters, device memory arenas, streams with their
+// worker threads, events, the race detector, capture state, graphs and user objects. Both
+// stand-in libraries (libcudart.so.13 and libcuda.so.1) are thin shims over this one shared
+// library, so the runtime and the driver see the same devices, memory and streams.
+//
+// Locking (see Note [Lock order]): state_mutex() guards registries, capture state and event
+// record state; each Stream has its own queue mutex; memory, user objects and the race detector
+// have leaf mutexes of their own. Nothing waits for a stream while holding state_mutex().
+// This layer must not depend on the exported shims (rt_*.cpp, drv_api.cpp).
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace poolcuda::sim {
+
+// Note [Lock order]
+// state_mutex -> Stream::m -> {mem, user objects, race, event time} (leaves). A worker thread runs
+// an operation with no lock held; an operation may take state_mutex (e.g. to release a graph),
+// so enqueueing code must never wait on a stream while holding state_mutex.
+
+struct Config {
+  int devices = 1;
+  size_t memory = size_t{16} << 30;
+  unsigned op_delay_us = 0;
+  bool strict = false;
+};
+const Config& config();
+// Parses "123", "4K", "16G"...; false on malformed text.
+bool parse_size(const char* text, size_t* out);
+
+enum class Counter {
+  races,
+  cudaMalloc,
+  cudaFree,
+  cudaMallocManaged,
+  cuMemAlloc,
+  cuMemFree,
+  cudaEventRecord,
+  cudaStreamSynchronize,
+  cudaDeviceSynchronize,
+  count_
+};
+void bump(Counter c);
+uint64_t counter_value(const char* name);
+void reset_counters();
+
+std::mutex& state_mutex();
+
+// ---- Memory (memory.cpp) -------------------------------------------------------------------
+enum class AllocKind { device, managed, async, graph };
+struct AllocInfo {
+  uintptr_t base = 0;
+  size_t size = 0;
+  int device = -1;
+  AllocKind kind = AllocKind::device;
+  uint64_t id = 0;
+};
+// Reserves `size` bytes of device `device`'s capacity; returns cudaErrorMemoryAllocation when the
+// capacity (or the device's address range) is exhausted. size 0 yields a null pointer.
+cudaError_t mem_alloc(int device, size_t size, AllocKind kind, void** out, uint64_t* id = nullptr);
+// Frees an allocation by its base address; interior or unknown pointers -> cudaErrorInvalidValue.
+// When `id` is non-zero, frees only if the allocation still carries that id.
+cudaError_t mem_free(const void* ptr, uint64_t id = 0, AllocInfo* freed = nullptr);
+// Finds the live allocation containing ptr (interior pointers included).
+bool mem_find(const void* ptr, AllocInfo* out);
+// True if ptr lies in some device's reserved address range (live or not).
+bool mem_in_device_range(const void* ptr, int* device = nullptr);
+// Checks that [ptr, ptr+n) is usable: device-range pointers must lie inside one live allocation.
+cudaError_t mem_check(const void* ptr, size_t n);
+void mem_free_all(int device);
+void mem_info(int device, size_t* free_bytes, size_t* total_bytes);
+uint64_t mem_live_allocations();
+uint64_t mem_live_bytes();
+// Pinned host memory (cudaMallocHost / cudaHostAlloc).
+cudaError_t host_alloc(size_t size, unsigned flags, void** out);
+cudaError_t host_free(void* ptr);
+bool host_find(const void* ptr, unsigned* flags = nullptr);
+
+// ---- Errors and threads (state.cpp) --------------------------------------------------------
+int& current_device();            // per host thread
+cudaError_t sticky_error();       // process-wide, cudaSuccess when none
+void set_sticky_error(cudaError_t e);
+cudaError_t record_error(cudaError_t e);  // updates the thread's last error, returns e
+cudaError_t& last_error();
+const char* error_name(int code);
+const char* error_string(int code);
+bool valid_device(int device);
+
+// ---- Race detector (race.cpp) --------------------------------------------------------------
+struct Range {
+  uintptr_t begin = 0;
+  uintptr_t end = 0;
+  bool write = false;
+};
+void race_begin(uint64_t op_id, uint64_t stream_id, const std::string* desc,
+                const std::vector<Range>* ranges);
+void race_end(uint64_t op_id);
+void race_report_at_exit();
+
+// ---- Streams and events (stream.cpp) -------------------------------------------------------
+struct Stream;
+struct Event;
+struct Capture;
+using StreamRef = std::shared_ptr<Stream>;
+
+// One unit of stream work, also the payload of a captured graph node.
+struct Work {
+  cudaGraphNodeType type = cudaGraphNodeTypeEmpty;
+  std::string desc;
+  std::vector<Range> ranges;
+  std::function<void()> fn;           // runs on the stream's worker
+  std::shared_ptr<Event> event;       // event record / wait nodes
+  void* mem = nullptr;                // memory alloc / free nodes
+  size_t mem_size = 0;
+  std::shared_ptr<void> keep;         // keeps e.g. a graph exec alive while queued
+};
+
+enum class StreamKind { legacy, per_thread, user };
+
+struct Stream {
+  uint64_t id = 0;
+  int device = 0;
+  StreamKind kind = StreamKind::user;
+  unsigned flags = 0;
+  int priority = 0;
+  // Guarded by state_mutex():
+  std::shared_ptr<Capture> capture;
+
+  bool blocking() const { return kind != StreamKind::user || !(flags & cudaStreamNonBlocking); }
+
+  // Queue side (m).
+  std::mutex m;
+  std::condition_variable cv;
+  struct Op {
+    Work work;
+    std::vector<std::pair<StreamRef, uint64_t>> waits;
+  };
+  std::deque<Op> queue;
+  uint64_t submitted = 0;
+  uint64_t completed = 0;
+  bool worker_started = false;
+  bool retired = false;
+};
+
+struct Event {
+  unsigned flags = 0;
+  int device = 0;
+  // Guarded by state_mutex():
+  StreamRef stream;
+  uint64_t seq = 0;
+  uint64_t gen = 0;
+  bool recorded = false;
+  bool captured = false;  // last recorded inside a capture
+  std::weak_ptr<Capture> capture_of;
+  // Written by the worker that executes the record (time_mutex).
+  std::mutex time_mutex;
+  uint64_t time_gen = 0;
+  std::chrono::steady_clock::time_point time;
+};
+using EventRef = std::shared_ptr<Event>;
+
+// Resolves a stream handle for the calling thread: 0 / cudaStreamLegacy / cudaStreamPerThread /
+// a created stream. `per_thread_default` is true for the _ptsz/_ptds entry points (0 means the
+// per-thread stream). Null on an invalid handle.
+StreamRef resolve_stream(cudaStream_t handle, bool per_thread_default);
+StreamRef legacy_stream(int device);
+StreamRef create_stream(int device, unsigned flags, int priority);
+cudaError_t destroy_stream(cudaStream_t handle);
+// Enqueues work with CUDA's ordering rules, or appends it to the stream's capture.
+cudaError_t submit(const StreamRef& s, Work work);
+// Blocks until everything submitted to s so far has executed.
+void drain(const StreamRef& s);
+bool idle(const StreamRef& s);
+void device_drain(int device);
+std::vector<StreamRef> device_streams(int device);  // requires state_mutex
+void device_reset_streams(int device);
+uint64_t stream_handle_id(const StreamRef& s);
+
+EventRef find_event(cudaEvent_t e);
+cudaEvent_t create_event(unsigned flags);
+cudaError_t destroy_event(cudaEvent_t e);
+cudaError_t event_record(const EventRef& ev, const StreamRef& s);
+cudaError_t event_wait(const StreamRef& s, const EventRef& ev);
+// Reached: cudaSuccess; not yet: cudaErrorNotReady.
+cudaError_t event_query(const EventRef& ev);
+cudaError_t event_sync(const EventRef& ev);
+void device_reset_events(int device);
+cudaError_t event_elapsed(const EventRef& start, const EventRef& end, float* ms);
+// Serializes the memory effects of stand-in operations (memset, memcpy) so that two unordered
+// operations that race (and are reported) never race in the host process itself.
+std::mutex& effects_mutex();
+// Requires state_mutex: enqueue (no capture checks) with the legacy-stream ordering rules.
+uint64_t enqueue_locked(const StreamRef& s, Work work);
+
+// ---- Capture (capture.cpp) -----------------------------------------------------------------
+struct Graph;
+struct Capture {
+  uint64_t id = 0;
+  cudaStreamCaptureMode mode = cudaStreamCaptureModeGlobal;
+  std::thread::id thread;
+  int device = 0;
+  Stream* origin = nullptr;       // the stream that began the capture
+  bool origin_blocking = true;
+  std::vector<std::weak_ptr<Stream>> members;  // origin and joined streams
+  cudaGraph_t graph_handle = nullptr;
+  std::shared_ptr<Graph> graph;
+  bool invalidated = false;
+  std::vector<cudaGraphNode_t> deps;
+  std::vector<cudaGraphEdgeData> edges;
+};
+cudaStreamCaptureMode& thread_capture_mode();
+// Must hold state_mutex. Refuses and invalidates as CUDA does for a "potentially unsafe" call.
+cudaError_t check_unsafe_call_locked();
+cudaError_t check_unsafe_call();
+// Invalidates every capture on `device` (device-wide synchronization during capture).
+// Returns true if there was any. Must hold state_mutex.
+bool invalidate_device_captures_locked(int device);
+bool any_capture_locked(int device);
+// Invalidates the captures of blocking streams on `device`: work on the legacy stream would
+// depend on them implicitly (cudaErrorStreamCaptureImplicit). Must hold state_mutex.
+bool invalidate_blocking_captures_locked(int device);
+cudaError_t begin_capture(const StreamRef& s, cudaStreamCaptureMode mode);
+cudaError_t end_capture(const StreamRef& s, cudaGraph_t* graph);
+// Stream-ordered allocation: memory nodes inside a capture, an allocation now (and a free when
+// the stream reaches it) outside one.
+cudaError_t malloc_async(const StreamRef& s, size_t size, void** out);
+cudaError_t free_async(const StreamRef& s, void* ptr);
+// Joins s to the capture `cap` (state_mutex held).
+void capture_join_locked(const StreamRef& s, const std::shared_ptr<Capture>& cap);
+// Appends work to a capture (state_mutex held).
+cudaError_t capture_append_locked(Stream& s, Work work);
+cudaError_t capture_info(const StreamRef& s, cudaStreamCaptureStatus* status,
+                         unsigned long long* id, cudaGraph_t* graph,
+                         const cudaGraphNode_t** deps, const cudaGraphEdgeData** edges,
+                         size_t* num_deps);
+
+// ---- Graphs and user objects (graph.cpp) ---------------------------------------------------
+struct UserObject;
+struct GraphMem;  // memory owned by graph memory nodes
+struct Node {
+  Work work;
+};
+struct Graph {
+  std::vector<std::unique_ptr<Node>> nodes;
+  std::map<UserObject*, unsigned> refs;
+  std::vector<std::shared_ptr<GraphMem>> mems;
+  ~Graph();
+};
+struct GraphExec {
+  std::vector<Work> nodes;
+  std::map<UserObject*, unsigned> refs;
+  std::vector<std::shared_ptr<GraphMem>> mems;
+  int device = 0;
+  ~GraphExec();
+};
+std::shared_ptr<GraphMem> make_graph_mem(void* ptr, uint64_t id);
+cudaGraph_t register_graph(std::shared_ptr<Graph> g);
+std::shared_ptr<Graph> find_graph(cudaGraph_t g);
+cudaError_t graph_destroy(cudaGraph_t g);
+cudaError_t graph_clone(cudaGraph_t* out, cudaGraph_t g);
+cudaError_t graph_instantiate(cudaGraphExec_t* out, cudaGraph_t g);
+cudaError_t graph_exec_destroy(cudaGraphExec_t e);
+cudaError_t graph_launch(cudaGraphExec_t e, const StreamRef& s);
+cudaError_t graph_get_nodes(cudaGraph_t g, cudaGraphNode_t* nodes, size_t* num);
+cudaError_t node_get_type(cudaGraphNode_t n, cudaGraphNodeType* type);
+
+cudaError_t user_object_create(cudaUserObject_t* out, void* ptr, cudaHostFn_t fn,
+                               unsigned initial, unsigned flags);
+cudaError_t user_object_retain(cudaUserObject_t o, unsigned count);
+cudaError_t user_object_release(cudaUserObject_t o, unsigned count);
+cudaError_t graph_retain_user_object(cudaGraph_t g, cudaUserObject_t o, unsigned count,
+                                     unsigned flags);
+cudaError_t graph_release_user_object(cudaGraph_t g, cudaUserObject_t o, unsigned count);
+// Adds references held by a graph or exec (no validity checks; used by clone/instantiate).
+void retain_refs(const std::map<UserObject*, unsigned>& refs);
+void release_refs(const std::map<UserObject*, unsigned>& refs);
+
+// ---- Driver contexts (state.cpp) -----------------------------------------------------------
+struct Context {
+  int device = 0;
+};
+Context* primary_context(int device);
+Context*& thread_context();  // per host thread; null until the runtime or cuCtxSetCurrent sets it
+// Called by every runtime entry point: binds the primary context of the current device.
+void runtime_touch();
+
+}  // namespace poolcuda::sim

@@ -1,0 +1,267 @@
+// Device memory of the stand-in: one arena per device, a large PROT_NONE address range reserved
+// with mmap at first use, whose pages are made accessible only while an allocation covers them
+// (so a "device pointer" is real host memory while live, faults after free, and never looks like
+// an ordinary heap pointer). Each device has a capacity (SIMCUDA_DEVICE_MEMORY) that every
+// allocation kind (cudaMalloc, cuMemAlloc, managed, async, graph memory) draws from.
+// Also pinned host memory. Leaf module: takes only its own mutex, depends on core.h's config.
+#include "core.h"
+
+#include <sys/mman.h>
+
+#include <cstdio>
+#include <cstdlib>
+
+namespace poolcuda::sim {
+namespace {
+
+constexpr size_t kPage = 4096;
+constexpr size_t kCharge = 256;  // capacity is charged in 256-byte units (cudaMalloc alignment)
+
+size_t round_up(size_t n, size_t a) { return (n + a - 1) / a * a; }
+
+struct Live {
+  size_t size;
+  size_t span;
+  AllocKind kind;
+  uint64_t id;
+};
+
+struct Arena {
+  bool reserved = false;
+  bool failed = false;
+  uintptr_t base = 0;
+  size_t span = 0;
+  size_t used = 0;                           // charged bytes
+  std::map<uintptr_t, size_t> free_ranges;  // start -> length, page multiples, coalesced
+  std::map<uintptr_t, Live> live;           // base -> allocation
+};
+
+struct Memory {
+  std::mutex m;
+  std::vector<Arena> arenas;
+  uint64_t next_id = 1;
+  uint64_t live_count = 0;
+  uint64_t live_bytes = 0;
+  std::map<uintptr_t, std::pair<size_t, unsigned>> host;  // pinned host blocks
+};
+
+Memory& memory() {
+  static auto* m = [] {
+    auto* mem = new Memory;  // never destroyed: workers may free memory during exit
+    mem->arenas.resize(static_cast<size_t>(config().devices));
+    return mem;
+  }();
+  return *m;
+}
+
+// Reserves the device's address range: 4x its capacity plus 4 GiB, so page rounding and
+// fragmentation never exhaust addresses before capacity. Costs nothing until pages are used.
+bool reserve(Arena& a) {
+  if (a.reserved) return true;
+  if (a.failed) return false;
+  size_t span = round_up(config().memory, kPage) * 4 + (size_t{4} << 30);
+  void* p = mmap(nullptr, span, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (p == MAP_FAILED) {
+    a.failed = true;
+    std::fprintf(stderr, "simcuda: cannot reserve %zu bytes of address space\n", span);
+    return false;
+  }
+  a.reserved = true;
+  a.base = reinterpret_cast<uintptr_t>(p);
+  a.span = span;
+  a.free_ranges.emplace(a.base, span);
+  return true;
+}
+
+Arena* arena_of(Memory& mem, uintptr_t p, int* device) {
+  for (size_t i = 0; i < mem.arenas.size(); ++i) {
+    Arena& a = mem.arenas[i];
+    if (a.reserved && p >= a.base && p < a.base + a.span) {
+      if (device) *device = static_cast<int>(i);
+      return &a;
+    }
+  }
+  return nullptr;
+}
+
+const std::pair<const uintptr_t, Live>* find_live(const Arena& a, uintptr_t p) {
+  auto it = a.live.upper_bound(p);
+  if (it == a.live.begin()) return nullptr;
+  --it;
+  if (p >= it->first && p < it->first + std::max<size_t>(it->second.size, 1)) return &*it;
+  return nullptr;
+}
+
+void release_span(Arena& a, uintptr_t start, size_t span) {
+  mprotect(reinterpret_cast<void*>(start), span, PROT_NONE);
+  madvise(reinterpret_cast<void*>(start), span, MADV_DONTNEED);
+  auto next = a.free_ranges.lower_bound(start);
+  if (next != a.free_ranges.end() && start + span == next->first) {
+    span += next->second;
+    next = a.free_ranges.erase(next);
+  }
+  if (next != a.free_ranges.begin()) {
+    auto prev = std::prev(next);
+    if (prev->first + prev->second == start) {
+      prev->second += span;
+      return;
+    }
+  }
+  a.free_ranges.emplace(start, span);
+}
+
+void forget(Memory& mem, Arena& a, std::map<uintptr_t, Live>::iterator it) {
+  a.used -= round_up(it->second.size, kCharge);
+  mem.live_count -= 1;
+  mem.live_bytes -= it->second.size;
+  release_span(a, it->first, it->second.span);
+  a.live.erase(it);
+}
+
+}  // namespace
+
+cudaError_t mem_alloc(int device, size_t size, AllocKind kind, void** out, uint64_t* id) {
+  if (!out) return cudaErrorInvalidValue;
+  if (!valid_device(device)) return cudaErrorInvalidDevice;
+  *out = nullptr;
+  if (size == 0) return cudaSuccess;
+  Memory& mem = memory();
+  std::lock_guard lock(mem.m);
+  Arena& a = mem.arenas[static_cast<size_t>(device)];
+  if (size > config().memory || round_up(size, kCharge) > config().memory - a.used)
+    return cudaErrorMemoryAllocation;
+  if (!reserve(a)) return cudaErrorMemoryAllocation;
+  size_t span = round_up(size, kPage);
+  for (auto it = a.free_ranges.begin(); it != a.free_ranges.end(); ++it) {
+    if (it->second < span) continue;
+    uintptr_t start = it->first;
+    size_t rest = it->second - span;
+    a.free_ranges.erase(it);
+    if (rest) a.free_ranges.emplace(start + span, rest);
+    if (mprotect(reinterpret_cast<void*>(start), span, PROT_READ | PROT_WRITE) != 0) {
+      release_span(a, start, span);
+      return cudaErrorMemoryAllocation;
+    }
+    uint64_t new_id = mem.next_id++;
+    a.live.emplace(start, Live{size, span, kind, new_id});
+    a.used += round_up(size, kCharge);
+    mem.live_count += 1;
+    mem.live_bytes += size;
+    if (id) *id = new_id;
+    *out = reinterpret_cast<void*>(start);
+    return cudaSuccess;
+  }
+  return cudaErrorMemoryAllocation;
+}
+
+cudaError_t mem_free(const void* ptr, uint64_t id, AllocInfo* freed) {
+  Memory& mem = memory();
+  std::lock_guard lock(mem.m);
+  uintptr_t p = reinterpret_cast<uintptr_t>(ptr);
+  int device = -1;
+  Arena* a = arena_of(mem, p, &device);
+  if (!a) return cudaErrorInvalidValue;
+  auto it = a->live.find(p);
+  if (it == a->live.end()) return cudaErrorInvalidValue;
+  if (id && it->second.id != id) return cudaErrorInvalidValue;
+  if (freed) *freed = AllocInfo{it->first, it->second.size, device, it->second.kind, it->second.id};
+  forget(mem, *a, it);
+  return cudaSuccess;
+}
+
+bool mem_find(const void* ptr, AllocInfo* out) {
+  Memory& mem = memory();
+  std::lock_guard lock(mem.m);
+  int device = -1;
+  Arena* a = arena_of(mem, reinterpret_cast<uintptr_t>(ptr), &device);
+  if (!a) return false;
+  const auto* live = find_live(*a, reinterpret_cast<uintptr_t>(ptr));
+  if (!live) return false;
+  if (out) *out = AllocInfo{live->first, live->second.size, device, live->second.kind, live->second.id};
+  return true;
+}
+
+bool mem_in_device_range(const void* ptr, int* device) {
+  Memory& mem = memory();
+  std::lock_guard lock(mem.m);
+  return arena_of(mem, reinterpret_cast<uintptr_t>(ptr), device) != nullptr;
+}
+
+cudaError_t mem_check(const void* ptr, size_t n) {
+  Memory& mem = memory();
+  std::lock_guard lock(mem.m);
+  uintptr_t p = reinterpret_cast<uintptr_t>(ptr);
+  Arena* a = arena_of(mem, p, nullptr);
+  if (!a) return cudaSuccess;  // host memory: the caller vouches for it
+  const auto* live = find_live(*a, p);
+  if (!live || p + n > live->first + live->second.size) return cudaErrorInvalidValue;
+  return cudaSuccess;
+}
+
+void mem_free_all(int device) {
+  Memory& mem = memory();
+  std::lock_guard lock(mem.m);
+  if (!valid_device(device)) return;
+  Arena& a = mem.arenas[static_cast<size_t>(device)];
+  while (!a.live.empty()) forget(mem, a, a.live.begin());
+}
+
+void mem_info(int device, size_t* free_bytes, size_t* total_bytes) {
+  Memory& mem = memory();
+  std::lock_guard lock(mem.m);
+  size_t used = valid_device(device) ? mem.arenas[static_cast<size_t>(device)].used : 0;
+  if (free_bytes) *free_bytes = config().memory - used;
+  if (total_bytes) *total_bytes = config().memory;
+}
+
+uint64_t mem_live_allocations() {
+  Memory& mem = memory();
+  std::lock_guard lock(mem.m);
+  return mem.live_count;
+}
+
+uint64_t mem_live_bytes() {
+  Memory& mem = memory();
+  std::lock_guard lock(mem.m);
+  return mem.live_bytes;
+}
+
+cudaError_t host_alloc(size_t size, unsigned flags, void** out) {
+  if (!out) return cudaErrorInvalidValue;
+  *out = nullptr;
+  if (size == 0) return cudaSuccess;
+  void* p = std::aligned_alloc(kPage, round_up(size, kPage));
+  if (!p) return cudaErrorMemoryAllocation;
+  Memory& mem = memory();
+  std::lock_guard lock(mem.m);
+  mem.host.emplace(reinterpret_cast<uintptr_t>(p), std::make_pair(size, flags));
+  *out = p;
+  return cudaSuccess;
+}
+
+cudaError_t host_free(void* ptr) {
+  if (!ptr) return cudaSuccess;
+  Memory& mem = memory();
+  {
+    std::lock_guard lock(mem.m);
+    auto it = mem.host.find(reinterpret_cast<uintptr_t>(ptr));
+    if (it == mem.host.end()) return cudaErrorInvalidValue;
+    mem.host.erase(it);
+  }
+  std::free(ptr);
+  return cudaSuccess;
+}
+
+bool host_find(const void* ptr, unsigned* flags) {
+  Memory& mem = memory();
+  std::lock_guard lock(mem.m);
+  uintptr_t p = reinterpret_cast<uintptr_t>(ptr);
+  auto it = mem.host.upper_bound(p);
+  if (it == mem.host.begin()) return false;
+  --it;
+  if (p >= it->first + std::max<size_t>(it->second.first, 1)) return false;
+  if (flags) *flags = it->second.second;
+  return true;
+}
+
+}  // namespace poolcuda::sim

@@ -1,0 +1,304 @@
+// Runtime stand-in entry points for streams, events, host functions and stream capture, with
+// their per-thread-default-stream (_ptsz) variants, and simcuda_launch_access of simcuda.h.
+#include "rt_common.h"
+#include "simcuda.h"
+
+using namespace poolcuda::sim;
+
+namespace {
+
+cudaStream_t handle_of(const StreamRef& s) { return reinterpret_cast<cudaStream_t>(s.get()); }
+
+// Synchronizing or querying a capturing stream is illegal and invalidates the capture; doing so
+// on the legacy stream while a blocking stream captures would depend on it implicitly.
+cudaError_t capture_guard(const StreamRef& s) {
+  std::lock_guard lock(state_mutex());
+  if (s->capture) {
+    s->capture->invalidated = true;
+    return cudaErrorStreamCaptureUnsupported;
+  }
+  if (s->kind == StreamKind::legacy && invalidate_blocking_captures_locked(s->device))
+    return cudaErrorStreamCaptureImplicit;
+  return cudaSuccess;
+}
+
+cudaError_t stream_sync(const StreamRef& s) {
+  bump(Counter::cudaStreamSynchronize);
+  if (!s) return cudaErrorInvalidResourceHandle;
+  if (cudaError_t err = capture_guard(s); err != cudaSuccess) return err;
+  drain(s);
+  return cudaSuccess;
+}
+
+cudaError_t stream_query(const StreamRef& s) {
+  if (!s) return cudaErrorInvalidResourceHandle;
+  if (cudaError_t err = capture_guard(s); err != cudaSuccess) return err;
+  return idle(s) ? cudaSuccess : cudaErrorNotReady;
+}
+
+cudaError_t create(cudaStream_t* out, unsigned flags, int priority) {
+  if (!out) return cudaErrorInvalidValue;
+  if (flags & ~unsigned{cudaStreamNonBlocking}) return cudaErrorInvalidValue;
+  priority = std::clamp(priority, -5, 0);
+  *out = handle_of(create_stream(current_device(), flags, priority));
+  return cudaSuccess;
+}
+
+cudaError_t host_func(const StreamRef& s, cudaHostFn_t fn, void* user_data) {
+  if (!fn) return cudaErrorInvalidValue;
+  Work w;
+  w.type = cudaGraphNodeTypeHost;
+  w.desc = "host function";
+  w.fn = [fn, user_data] { fn(user_data); };
+  return submit(s, std::move(w));
+}
+
+cudaError_t record(cudaEvent_t event, const StreamRef& s) {
+  bump(Counter::cudaEventRecord);
+  EventRef ev = find_event(event);
+  if (!ev) return cudaErrorInvalidResourceHandle;
+  if (!s) return cudaErrorInvalidResourceHandle;
+  return event_record(ev, s);
+}
+
+cudaError_t wait_event(const StreamRef& s, cudaEvent_t event, unsigned flags) {
+  if (flags & ~unsigned{cudaEventWaitExternal}) return cudaErrorInvalidValue;
+  EventRef ev = find_event(event);
+  if (!ev || !s) return cudaErrorInvalidResourceHandle;
+  return event_wait(s, ev);
+}
+
+cudaError_t is_capturing(const StreamRef& s, cudaStreamCaptureStatus* status) {
+  if (!status) return cudaErrorInvalidValue;
+  return capture_info(s, status, nullptr, nullptr, nullptr, nullptr, nullptr);
+}
+
+}  // namespace
+
+cudaError_t cudaStreamCreate(cudaStream_t* pStream) {
+  SIM_ENTER();
+  SIM_RETURN(create(pStream, 0, 0));
+}
+
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t* pStream, unsigned int flags) {
+  SIM_ENTER();
+  SIM_RETURN(create(pStream, flags, 0));
+}
+
+cudaError_t cudaStreamCreateWithPriority(cudaStream_t* pStream, unsigned int flags, int priority) {
+  SIM_ENTER();
+  SIM_RETURN(create(pStream, flags, priority));
+}
+
+cudaError_t cudaStreamDestroy(cudaStream_t stream) {
+  SIM_ENTER();
+  SIM_RETURN(destroy_stream(stream));
+}
+
+cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
+  SIM_ENTER();
+  SIM_RETURN(stream_sync(resolve_stream(stream, false)));
+}
+
+cudaError_t cudaStreamSynchronize_ptsz(cudaStream_t stream) {
+  SIM_ENTER();
+  SIM_RETURN(stream_sync(resolve_stream(stream, true)));
+}
+
+cudaError_t cudaStreamQuery(cudaStream_t stream) {
+  SIM_ENTER();
+  SIM_RETURN(stream_query(resolve_stream(stream, false)));
+}
+
+cudaError_t cudaStreamQuery_ptsz(cudaStream_t stream) {
+  SIM_ENTER();
+  SIM_RETURN(stream_query(resolve_stream(stream, true)));
+}
+
+cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned int flags) {
+  SIM_ENTER();
+  SIM_RETURN(wait_event(resolve_stream(stream, false), event, flags));
+}
+
+cudaError_t cudaStreamWaitEvent_ptsz(cudaStream_t stream, cudaEvent_t event, unsigned int flags) {
+  SIM_ENTER();
+  SIM_RETURN(wait_event(resolve_stream(stream, true), event, flags));
+}
+
+#define SIM_STREAM_GETTER(name, type, field)                                  \
+  cudaError_t name(cudaStream_t hStream, type* out) {                        \
+    SIM_ENTER();                                                             \
+    if (!out) SIM_RETURN(cudaErrorInvalidValue);                             \
+    StreamRef s = resolve_stream(hStream, false);                            \
+    if (!s) SIM_RETURN(cudaErrorInvalidResourceHandle);                      \
+    *out = static_cast<type>(s->field);                                      \
+    return cudaSuccess;                                                      \
+  }                                                                          \
+  cudaError_t name##_ptsz(cudaStream_t hStream, type* out) {                 \
+    SIM_ENTER();                                                             \
+    if (!out) SIM_RETURN(cudaErrorInvalidValue);                             \
+    StreamRef s = resolve_stream(hStream, true);                             \
+    if (!s) SIM_RETURN(cudaErrorInvalidResourceHandle);                      \
+    *out = static_cast<type>(s->field);                                      \
+    return cudaSuccess;                                                      \
+  }
+
+SIM_STREAM_GETTER(cudaStreamGetFlags, unsigned int, flags)
+SIM_STREAM_GETTER(cudaStreamGetPriority, int, priority)
+SIM_STREAM_GETTER(cudaStreamGetDevice, int, device)
+SIM_STREAM_GETTER(cudaStreamGetId, unsigned long long, id)
+
+cudaError_t cudaLaunchHostFunc(cudaStream_t stream, cudaHostFn_t fn, void* userData) {
+  SIM_ENTER();
+  SIM_RETURN(host_func(resolve_stream(stream, false), fn, userData));
+}
+
+cudaError_t cudaLaunchHostFunc_ptsz(cudaStream_t stream, cudaHostFn_t fn, void* userData) {
+  SIM_ENTER();
+  SIM_RETURN(host_func(resolve_stream(stream, true), fn, userData));
+}
+
+cudaError_t cudaEventCreate(cudaEvent_t* event) {
+  SIM_ENTER();
+  if (!event) SIM_RETURN(cudaErrorInvalidValue);
+  *event = create_event(cudaEventDefault);
+  return cudaSuccess;
+}
+
+cudaError_t cudaEventCreateWithFlags(cudaEvent_t* event, unsigned int flags) {
+  SIM_ENTER();
+  const unsigned known = cudaEventBlockingSync | cudaEventDisableTiming | cudaEventInterprocess;
+  if (!event || (flags & ~known)) SIM_RETURN(cudaErrorInvalidValue);
+  if ((flags & cudaEventInterprocess) && !(flags & cudaEventDisableTiming))
+    SIM_RETURN(cudaErrorInvalidValue);
+  *event = create_event(flags);
+  return cudaSuccess;
+}
+
+cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
+  SIM_ENTER();
+  SIM_RETURN(record(event, resolve_stream(stream, false)));
+}
+
+cudaError_t cudaEventRecord_ptsz(cudaEvent_t event, cudaStream_t stream) {
+  SIM_ENTER();
+  SIM_RETURN(record(event, resolve_stream(stream, true)));
+}
+
+cudaError_t cudaEventRecordWithFlags(cudaEvent_t event, cudaStream_t stream, unsigned int flags) {
+  SIM_ENTER();
+  if (flags & ~unsigned{cudaEventRecordExternal}) SIM_RETURN(cudaErrorInvalidValue);
+  SIM_RETURN(record(event, resolve_stream(stream, false)));
+}
+
+cudaError_t cudaEventRecordWithFlags_ptsz(cudaEvent_t event, cudaStream_t stream,
+                                          unsigned int flags) {
+  SIM_ENTER();
+  if (flags & ~unsigned{cudaEventRecordExternal}) SIM_RETURN(cudaErrorInvalidValue);
+  SIM_RETURN(record(event, resolve_stream(stream, true)));
+}
+
+cudaError_t cudaEventQuery(cudaEvent_t event) {
+  SIM_ENTER();
+  SIM_RETURN(event_query(find_event(event)));
+}
+
+cudaError_t cudaEventSynchronize(cudaEvent_t event) {
+  SIM_ENTER();
+  SIM_RETURN(event_sync(find_event(event)));
+}
+
+cudaError_t cudaEventDestroy(cudaEvent_t event) {
+  SIM_ENTER();
+  SIM_RETURN(destroy_event(event));
+}
+
+cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end) {
+  SIM_ENTER();
+  SIM_RETURN(event_elapsed(find_event(start), find_event(end), ms));
+}
+
+cudaError_t cudaStreamBeginCapture(cudaStream_t stream, cudaStreamCaptureMode mode) {
+  SIM_ENTER();
+  SIM_RETURN(begin_capture(resolve_stream(stream, false), mode));
+}
+
+cudaError_t cudaStreamBeginCapture_ptsz(cudaStream_t stream, cudaStreamCaptureMode mode) {
+  SIM_ENTER();
+  SIM_RETURN(begin_capture(resolve_stream(stream, true), mode));
+}
+
+cudaError_t cudaStreamEndCapture(cudaStream_t stream, cudaGraph_t* pGraph) {
+  SIM_ENTER();
+  SIM_RETURN(end_capture(resolve_stream(stream, false), pGraph));
+}
+
+cudaError_t cudaStreamEndCapture_ptsz(cudaStream_t stream, cudaGraph_t* pGraph) {
+  SIM_ENTER();
+  SIM_RETURN(end_capture(resolve_stream(stream, true), pGraph));
+}
+
+cudaError_t cudaStreamIsCapturing(cudaStream_t stream, cudaStreamCaptureStatus* pCaptureStatus) {
+  SIM_ENTER();
+  SIM_RETURN(is_capturing(resolve_stream(stream, false), pCaptureStatus));
+}
+
+cudaError_t cudaStreamIsCapturing_ptsz(cudaStream_t stream,
+                                       cudaStreamCaptureStatus* pCaptureStatus) {
+  SIM_ENTER();
+  SIM_RETURN(is_capturing(resolve_stream(stream, true), pCaptureStatus));
+}
+
+cudaError_t cudaStreamGetCaptureInfo(cudaStream_t stream,
+                                     cudaStreamCaptureStatus* captureStatus_out,
+                                     unsigned long long* id_out, cudaGraph_t* graph_out,
+                                     const cudaGraphNode_t** dependencies_out,
+                                     const cudaGraphEdgeData** edgeData_out,
+                                     size_t* numDependencies_out) {
+  SIM_ENTER();
+  SIM_RETURN(capture_info(resolve_stream(stream, false), captureStatus_out, id_out, graph_out,
+                          dependencies_out, edgeData_out, numDependencies_out));
+}
+
+cudaError_t cudaStreamGetCaptureInfo_ptsz(cudaStream_t stream,
+                                          cudaStreamCaptureStatus* captureStatus_out,
+                                          unsigned long long* id_out, cudaGraph_t* graph_out,
+                                          const cudaGraphNode_t** dependencies_out,
+                                          const cudaGraphEdgeData** edgeData_out,
+                                          size_t* numDependencies_out) {
+  SIM_ENTER();
+  SIM_RETURN(capture_info(resolve_stream(stream, true), captureStatus_out, id_out, graph_out,
+                          dependencies_out, edgeData_out, numDependencies_out));
+}
+
+cudaError_t cudaThreadExchangeStreamCaptureMode(cudaStreamCaptureMode* mode) {
+  SIM_ENTER();
+  if (!mode) SIM_RETURN(cudaErrorInvalidValue);
+  if (*mode != cudaStreamCaptureModeGlobal && *mode != cudaStreamCaptureModeThreadLocal &&
+      *mode != cudaStreamCaptureModeRelaxed)
+    SIM_RETURN(cudaErrorInvalidValue);
+  std::swap(*mode, thread_capture_mode());
+  return cudaSuccess;
+}
+
+extern "C" __attribute__((visibility("default"))) int simcuda_launch_access(
+    void* stream, const void* ptr, size_t bytes, int is_write, void (*fn)(void*),
+    void* user_data) {
+  SIM_ENTER();
+  StreamRef s = resolve_stream(static_cast<cudaStream_t>(stream), false);
+  if (!s) SIM_RETURN(cudaErrorInvalidResourceHandle);
+  if (bytes && (!mem_in_device_range(ptr) || mem_check(ptr, bytes) != cudaSuccess))
+    SIM_RETURN(cudaErrorInvalidValue);
+  Work w;
+  w.type = cudaGraphNodeTypeHost;
+  char buf[96];
+  std::snprintf(buf, sizeof buf, "kernel %s %p (%zu bytes)", is_write ? "writing" : "reading",
+                ptr, bytes);
+  w.desc = buf;
+  if (bytes) {
+    auto b = reinterpret_cast<uintptr_t>(ptr);
+    w.ranges.push_back(Range{b, b + bytes, is_write != 0});
+  }
+  if (fn) w.fn = [fn, user_data] { fn(user_data); };
+  SIM_RETURN(submit(s, std::move(w)));
+}

@@ -1,0 +1,47 @@
+/* The stand-in-only C API of the CUDA stand-in (libcudart.so.13 built under tests/simcuda).
+ *
+ * Programs that must also run against the real CUDA runtime never link these functions: they
+ * look them up with dlsym(RTLD_DEFAULT, "simcuda_counter") and skip stand-in-only checks when
+ * the symbol is absent (that is, on a real GPU). The SIMCUDA_LOOKUP macro does exactly that.
+ * This header needs no CUDA header: streams and callbacks are passed as plain pointers. */
+#ifndef POOLCUDA_SIMCUDA_H
+#define POOLCUDA_SIMCUDA_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Number of calls made to the stand-in (successful or not) for "cudaMalloc", "cudaFree",
+ * "cudaMallocManaged", "cuMemAlloc", "cuMemFree", "cudaEventRecord", "cudaStreamSynchronize",
+ * "cudaDeviceSynchronize"; races detected so far for "races"; the current number and requested
+ * bytes of live device-memory allocations (every kind, every device) for "live_allocations" and
+ * "live_bytes". Unknown names give UINT64_MAX. */
+uint64_t simcuda_counter(const char* name);
+
+/* Sets every call counter and the race counter back to zero (live_* are current values). */
+void simcuda_reset_counters(void);
+
+/* Enqueues on `stream` (a cudaStream_t; NULL is the legacy default stream) an operation that
+ * declares it reads (is_write == 0) or writes [ptr, ptr + bytes) of device memory, like a kernel
+ * would, and runs `fn(user_data)` on the stream when it executes (fn may be NULL). The range
+ * takes part in race detection; inside a capture it becomes a host node with that range.
+ * Returns a cudaError_t. */
+int simcuda_launch_access(void* stream, const void* ptr, size_t bytes, int is_write,
+                          void (*fn)(void*), void* user_data);
+
+/* Makes `error` (a cudaError_t, e.g. cudaErrorIllegalAddress) the process's sticky error, as a
+ * faulting kernel would: every later runtime call returns it and cudaGetLastError cannot clear
+ * it. 0 clears it (the real runtime needs a new process for that). */
+void simcuda_set_sticky_error(int error);
+
+#ifdef __cplusplus
+}
+#endif
+
+/* Resolves a stand-in function by name, or NULL on the real runtime. Needs <dlfcn.h>. */
+#define SIMCUDA_LOOKUP(fn) ((__typeof__(&fn))dlsym(RTLD_DEFAULT, #fn))
+
+#endif /* POOLCUDA_SIMCUDA_H */

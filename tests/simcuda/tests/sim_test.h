@@ -1,0 +1,110 @@
+// Helpers of the 'sim' test programs. The programs are plain CUDA runtime programs: run with
+// LD_LIBRARY_PATH at the stand-in they test it, without it they run on a real GPU. Checks that
+// only hold on the stand-in (counters, injected errors, the race detector) go through
+// stand_in(), which is null on the real runtime, and are skipped there.
+#pragma once
+
+#include <cuda_runtime_api.h>
+#include <dlfcn.h>
+#include <doctest/doctest.h>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "../simcuda.h"
+
+#define CUDA_OK(expr) REQUIRE_EQ((expr), cudaSuccess)
+
+namespace simtest {
+
+// The stand-in's own API, resolved at run time; every member is null on a real GPU.
+struct StandIn {
+  decltype(&simcuda_counter) counter = nullptr;
+  decltype(&simcuda_reset_counters) reset_counters = nullptr;
+  decltype(&simcuda_launch_access) launch_access = nullptr;
+  decltype(&simcuda_set_sticky_error) set_sticky_error = nullptr;
+};
+
+inline const StandIn* stand_in() {
+  static const StandIn api = [] {
+    StandIn s;
+    s.counter = SIMCUDA_LOOKUP(simcuda_counter);
+    s.reset_counters = SIMCUDA_LOOKUP(simcuda_reset_counters);
+    s.launch_access = SIMCUDA_LOOKUP(simcuda_launch_access);
+    s.set_sticky_error = SIMCUDA_LOOKUP(simcuda_set_sticky_error);
+    return s;
+  }();
+  return api.counter ? &api : nullptr;
+}
+
+inline uint64_t counter(const char* name) { return stand_in() ? stand_in()->counter(name) : 0; }
+
+// A gate a stream can be parked on: a host function waits until the test opens it. Lets a test
+// hold a stream's queue deterministically.
+class Gate {
+ public:
+  static void CUDART_CB wait_fn(void* self) { static_cast<Gate*>(self)->wait(); }
+  void open() {
+    std::lock_guard lock(m_);
+    open_ = true;
+    cv_.notify_all();
+  }
+  void wait() {
+    std::unique_lock lock(m_);
+    entered_ = true;
+    cv_.notify_all();
+    cv_.wait(lock, [&] { return open_; });
+  }
+  // Waits until a stream has reached the gate (its earlier work is done).
+  void wait_entered() {
+    std::unique_lock lock(m_);
+    cv_.wait(lock, [&] { return entered_; });
+  }
+
+ private:
+  std::mutex m_;
+  std::condition_variable cv_;
+  bool open_ = false;
+  bool entered_ = false;
+};
+
+// Counts host-function executions, in order.
+struct Recorder {
+  std::mutex m;
+  std::vector<int> order;
+  void add(int v) {
+    std::lock_guard lock(m);
+    order.push_back(v);
+  }
+  std::vector<int> get() {
+    std::lock_guard lock(m);
+    return order;
+  }
+};
+
+struct Tag {
+  Recorder* rec;
+  int value;
+  static void CUDART_CB fn(void* self) {
+    auto* t = static_cast<Tag*>(self);
+    t->rec->add(t->value);
+  }
+};
+
+// Polls `pred` for up to `seconds`; for effects that happen on CUDA's own threads.
+template <class Pred>
+bool eventually(Pred pred, double seconds = 5.0) {
+  auto until = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+  while (std::chrono::steady_clock::now() < until) {
+    if (pred()) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  return pred();
+}
+
+}  // namespace simtest
