@@ -1,0 +1,229 @@
+// Memory: cudaMalloc alignment and capacity, cudaFree rules (NULL, double free, interior
+// pointer, synchronizes first), pitched, managed, pinned host and stream-ordered allocation,
+// cudaMemGetInfo, copies, memsets and pointer attributes. Runs with a 1 GiB device.
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#include "sim_test.h"
+
+using simtest::counter;
+using simtest::stand_in;
+
+TEST_CASE("cudaMalloc: 256-byte aligned, distinct, not heap pointers, counted") {
+  if (stand_in()) stand_in()->reset_counters();
+  std::vector<void*> ptrs;
+  for (size_t size : {1, 255, 256, 257, 4096, 1 << 20}) {
+    void* p = nullptr;
+    CUDA_OK(cudaMalloc(&p, size));
+    REQUIRE(p != nullptr);
+    CHECK_EQ(reinterpret_cast<uintptr_t>(p) % 256, 0u);
+    cudaPointerAttributes attr;
+    CUDA_OK(cudaPointerGetAttributes(&attr, p));
+    CHECK_EQ(attr.type, cudaMemoryTypeDevice);
+    CHECK_EQ(attr.devicePointer, p);
+    ptrs.push_back(p);
+  }
+  for (size_t i = 0; i < ptrs.size(); ++i)
+    for (size_t j = i + 1; j < ptrs.size(); ++j) CHECK(ptrs[i] != ptrs[j]);
+  if (stand_in()) {
+    CHECK_EQ(counter("cudaMalloc"), 6u);
+    CHECK_EQ(counter("live_allocations"), 6u);
+    CHECK_EQ(counter("live_bytes"), 1u + 255 + 256 + 257 + 4096 + (1 << 20));
+    CHECK_EQ(counter("no such counter"), UINT64_MAX);
+  }
+  for (void* p : ptrs) CUDA_OK(cudaFree(p));
+  if (stand_in()) {
+    CHECK_EQ(counter("cudaFree"), 6u);
+    CHECK_EQ(counter("live_allocations"), 0u);
+  }
+  void* zero = reinterpret_cast<void*>(1);
+  CUDA_OK(cudaMalloc(&zero, 0));
+  CHECK_EQ(zero, nullptr);
+  CHECK_EQ(cudaMalloc(nullptr, 16), cudaErrorInvalidValue);
+  cudaGetLastError();
+}
+
+TEST_CASE("capacity: allocations beyond it fail with cudaErrorMemoryAllocation") {
+  size_t free_bytes = 0, total = 0;
+  CUDA_OK(cudaMemGetInfo(&free_bytes, &total));
+  void* big = nullptr;
+  CHECK_EQ(cudaMalloc(&big, total + (1 << 20)), cudaErrorMemoryAllocation);
+  CHECK_EQ(cudaGetLastError(), cudaErrorMemoryAllocation);
+  if (!stand_in()) return;  // exact accounting is the stand-in's
+  CHECK_EQ(free_bytes, total);
+  void* half = nullptr;
+  CUDA_OK(cudaMalloc(&half, total / 2));
+  size_t free_now = 0;
+  CUDA_OK(cudaMemGetInfo(&free_now, &total));
+  CHECK_EQ(free_now, total - total / 2);
+  void* managed = nullptr;  // managed memory draws on the same capacity
+  CHECK_EQ(cudaMallocManaged(&managed, total / 2 + (1 << 20)), cudaErrorMemoryAllocation);
+  cudaGetLastError();
+  void* rest = nullptr;
+  CUDA_OK(cudaMalloc(&rest, free_now));
+  CUDA_OK(cudaMemGetInfo(&free_now, &total));
+  CHECK_EQ(free_now, 0u);
+  void* one = nullptr;
+  CHECK_EQ(cudaMalloc(&one, 1), cudaErrorMemoryAllocation);
+  cudaGetLastError();
+  CUDA_OK(cudaFree(rest));
+  CUDA_OK(cudaFree(half));
+  CUDA_OK(cudaMemGetInfo(&free_now, &total));
+  CHECK_EQ(free_now, total);
+}
+
+TEST_CASE("cudaFree: NULL is a no-op, double free and interior pointers are refused") {
+  CUDA_OK(cudaFree(nullptr));
+  void* p = nullptr;
+  CUDA_OK(cudaMalloc(&p, 1024));
+  CHECK_EQ(cudaFree(static_cast<char*>(p) + 256), cudaErrorInvalidValue);
+  cudaGetLastError();
+  CUDA_OK(cudaFree(p));
+  CHECK_EQ(cudaFree(p), cudaErrorInvalidValue);
+  CHECK_EQ(cudaGetLastError(), cudaErrorInvalidValue);
+  int on_stack = 0;
+  CHECK_EQ(cudaFree(&on_stack), cudaErrorInvalidValue);
+  cudaGetLastError();
+}
+
+TEST_CASE("cudaFree synchronizes the device before freeing") {
+  void* p = nullptr;
+  CUDA_OK(cudaMalloc(&p, 4096));
+  cudaStream_t s;
+  CUDA_OK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  std::atomic<bool> done{false};
+  auto slow = [](void* flag) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    static_cast<std::atomic<bool>*>(flag)->store(true);
+  };
+  CUDA_OK(cudaLaunchHostFunc(s, slow, &done));
+  CUDA_OK(cudaFree(p));
+  CHECK(done.load());  // the non-blocking stream's work finished before cudaFree returned
+  CUDA_OK(cudaStreamDestroy(s));
+}
+
+TEST_CASE("memset and memcpy round trip through device memory") {
+  const size_t n = 1 << 16;
+  void* d = nullptr;
+  CUDA_OK(cudaMalloc(&d, n));
+  CUDA_OK(cudaMemset(d, 0x5a, n));
+  std::vector<unsigned char> host(n, 0);
+  CUDA_OK(cudaMemcpy(host.data(), d, n, cudaMemcpyDeviceToHost));
+  CHECK_EQ(host[0], 0x5a);
+  CHECK_EQ(host[n - 1], 0x5a);
+  for (size_t i = 0; i < n; ++i) host[i] = static_cast<unsigned char>(i * 7);
+  CUDA_OK(cudaMemcpy(d, host.data(), n, cudaMemcpyHostToDevice));
+  void* d2 = nullptr;
+  CUDA_OK(cudaMalloc(&d2, n));
+  CUDA_OK(cudaMemcpy(d2, d, n, cudaMemcpyDeviceToDevice));
+  cudaStream_t s;
+  CUDA_OK(cudaStreamCreate(&s));
+  CUDA_OK(cudaMemsetAsync(d, 0, n / 2, s));
+  std::vector<unsigned char> back(n, 1);
+  CUDA_OK(cudaMemcpyAsync(back.data(), d2, n, cudaMemcpyDefault, s));
+  CUDA_OK(cudaStreamSynchronize(s));
+  CHECK_EQ(std::memcmp(back.data(), host.data(), n), 0);
+  CUDA_OK(cudaMemcpy(back.data(), d, n, cudaMemcpyDeviceToHost));
+  CHECK_EQ(back[0], 0);
+  CHECK_EQ(back[n / 2 - 1], 0);
+  CHECK_EQ(back[n / 2], host[n / 2]);
+  // Out of bounds or freed device memory is refused.
+  CHECK_EQ(cudaMemset(d, 0, n + 1), cudaErrorInvalidValue);
+  CHECK_EQ(cudaMemcpy(back.data(), d, n + 256, cudaMemcpyDeviceToHost), cudaErrorInvalidValue);
+  CHECK_EQ(cudaMemcpy(d, back.data(), n, static_cast<cudaMemcpyKind>(17)),
+           cudaErrorInvalidMemcpyDirection);
+  cudaGetLastError();
+  CUDA_OK(cudaStreamDestroy(s));
+  CUDA_OK(cudaFree(d));
+  CUDA_OK(cudaFree(d2));
+}
+
+TEST_CASE("cudaMallocPitch") {
+  void* p = nullptr;
+  size_t pitch = 0;
+  CUDA_OK(cudaMallocPitch(&p, &pitch, 1000, 10));
+  int align = 0;
+  CUDA_OK(cudaDeviceGetAttribute(&align, cudaDevAttrTexturePitchAlignment, 0));
+  CHECK(pitch >= 1000);
+  CHECK_EQ(pitch % static_cast<size_t>(align), 0u);
+  CUDA_OK(cudaMemset(p, 1, pitch * 10));
+  CUDA_OK(cudaFree(p));
+}
+
+TEST_CASE("cudaMallocManaged: flags, host access, attributes") {
+  if (stand_in()) stand_in()->reset_counters();
+  int* m = nullptr;
+  CUDA_OK(cudaMallocManaged(reinterpret_cast<void**>(&m), 4096, cudaMemAttachGlobal));
+  CUDA_OK(cudaDeviceSynchronize());
+  m[0] = 42;  // host-accessible
+  m[1023] = 7;
+  cudaPointerAttributes attr;
+  CUDA_OK(cudaPointerGetAttributes(&attr, m + 10));
+  CHECK_EQ(attr.type, cudaMemoryTypeManaged);
+  CHECK(attr.hostPointer != nullptr);
+  CHECK_EQ(cudaMallocManaged(reinterpret_cast<void**>(&m), 64, 0x80), cudaErrorInvalidValue);
+  CHECK_EQ(cudaMallocManaged(reinterpret_cast<void**>(&m), 0, cudaMemAttachGlobal),
+           cudaErrorInvalidValue);
+  cudaGetLastError();
+  CHECK_EQ(m[0], 42);  // refused calls changed nothing
+  void* host_attached = nullptr;
+  CUDA_OK(cudaMallocManaged(&host_attached, 100, cudaMemAttachHost));
+  if (stand_in()) CHECK_EQ(counter("cudaMallocManaged"), 4u);
+  CUDA_OK(cudaFree(host_attached));
+  CUDA_OK(cudaFree(m));
+}
+
+TEST_CASE("pinned host memory") {
+  void* h = nullptr;
+  CUDA_OK(cudaMallocHost(&h, 10000));
+  std::memset(h, 3, 10000);
+  cudaPointerAttributes attr;
+  CUDA_OK(cudaPointerGetAttributes(&attr, h));
+  CHECK_EQ(attr.type, cudaMemoryTypeHost);
+  CUDA_OK(cudaFreeHost(h));
+  void* h2 = nullptr;
+  CUDA_OK(cudaHostAlloc(&h2, 4096, cudaHostAllocDefault));
+  CUDA_OK(cudaFreeHost(h2));
+  int local = 0;
+  CUDA_OK(cudaPointerGetAttributes(&attr, &local));
+  CHECK_EQ(attr.type, cudaMemoryTypeUnregistered);
+}
+
+TEST_CASE("stream-ordered allocation") {
+  cudaStream_t s;
+  CUDA_OK(cudaStreamCreate(&s));
+  size_t free_before = 0, total = 0;
+  CUDA_OK(cudaMemGetInfo(&free_before, &total));
+  void* p = nullptr;
+  CUDA_OK(cudaMallocAsync(&p, 1 << 20, s));
+  REQUIRE(p != nullptr);
+  CUDA_OK(cudaMemsetAsync(p, 0, 1 << 20, s));
+  CUDA_OK(cudaFreeAsync(p, s));
+  CUDA_OK(cudaStreamSynchronize(s));
+  if (stand_in()) {
+    size_t free_after = 0;
+    CUDA_OK(cudaMemGetInfo(&free_after, &total));
+    CHECK_EQ(free_after, free_before);  // returned once the stream reached the free
+  }
+  CHECK_EQ(cudaFreeAsync(reinterpret_cast<void*>(0x10), s), cudaErrorInvalidValue);
+  cudaGetLastError();
+  CUDA_OK(cudaStreamDestroy(s));
+}
+
+TEST_CASE("allocation from many threads") {
+  std::vector<std::thread> threads;
+  std::atomic<int> failures{0};
+  for (int t = 0; t < 4; ++t)
+    threads.emplace_back([&] {
+      for (int i = 0; i < 200; ++i) {
+        void* p = nullptr;
+        if (cudaMalloc(&p, 512 + i) != cudaSuccess || cudaMemset(p, i, 512) != cudaSuccess ||
+            cudaFree(p) != cudaSuccess)
+          failures.fetch_add(1);
+      }
+    });
+  for (auto& t : threads) t.join();
+  CHECK_EQ(failures.load(), 0);
+  if (stand_in()) CHECK_EQ(counter("live_allocations"), 0u);
+}
