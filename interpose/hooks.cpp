@@ -15,8 +15,6 @@
 // configuration.
 #include "interpose/hooks.h"
 
-#include <string>
-
 #include "interpose/lifecycle.h"
 #include "interpose/log.h"
 #include "interpose/real_cuda.h"
@@ -46,18 +44,10 @@ void raise_out_of_memory() {
   if (real::cudaMalloc()(&ptr, kImpossibleSize) == cudaSuccess) real::cudaFree()(ptr);
 }
 
-void log_out_of_memory(int device, MemoryManager& manager, std::size_t size,
-                       const Error& error) {
-  if (!log_enabled(LogLevel::basic)) return;
-  ManagerReport report = manager.report();
-  std::string line = "cudaMalloc(" + format_size(size) + ") on device " +
-                     std::to_string(device) + ": " + describe(error) +
-                     " (requested " + format_size(size) + ", in use " +
-                     format_size(report.totals.bytes_in_use) + ", reserved " +
-                     format_size(report.totals.bytes_reserved) + ", idle " +
-                     format_size(report.idle_bytes) + ", pending fence " +
-                     format_size(report.pending_fence_bytes) + ")";
-  log_line(LogLevel::basic, line);
+// Refusals the pools decide themselves (the manager logs device out-of-memory breakdowns).
+void log_refusal(int device, std::size_t size, const Error& error) {
+  log_format(LogLevel::basic, "cudaMalloc(%zu B) on device %d refused: %s", size, device,
+             describe(error).c_str());
 }
 
 }  // namespace
@@ -77,13 +67,13 @@ cudaError_t malloc(void** ptr, std::size_t size) {
     *ptr = reinterpret_cast<void*>(reservation.ptr);
     return cudaSuccess;
   }
-  log_out_of_memory(device, *manager, size, reservation.error);
   switch (reservation.error.kind) {
     case ErrorKind::out_of_memory:
     case ErrorKind::device_error:
       // Note [Last error]: the real call's own failure is the answer.
       return forward_malloc(device, ptr, size);
     default:
+      log_refusal(device, size, reservation.error);
       raise_out_of_memory();
       return cudaErrorMemoryAllocation;
   }
@@ -132,11 +122,17 @@ cudaError_t mem_get_info(std::size_t* free_bytes, std::size_t* total_bytes) {
   cudaError_t result = real::cudaMemGetInfo()(free_bytes, total_bytes);
   if (result != cudaSuccess || free_bytes == nullptr) return result;
   if (config().memgetinfo != MemGetInfoMode::pooled) return result;
-  std::uint64_t idle = Registry::instance().idle_bytes(current_device());
-  std::uint64_t limit = total_bytes != nullptr && *total_bytes > *free_bytes
-                            ? *total_bytes - *free_bytes
-                            : idle;
-  *free_bytes += static_cast<std::size_t>(idle < limit ? idle : limit);
+  MemoryManager* manager = Registry::instance().manager(current_device());
+  if (manager == nullptr) return result;
+  // Idle bytes and bytes still waiting for their free fence are both what the next cudaMalloc
+  // can get (the out-of-memory path waits for pending fences): reserved minus what is in use.
+  MemoryUsage usage = manager->memory_usage();
+  std::uint64_t used = usage.bytes_in_use + usage.bytes_padding;
+  std::uint64_t available = usage.bytes_reserved > used ? usage.bytes_reserved - used : 0;
+  std::uint64_t room = total_bytes != nullptr && *total_bytes > *free_bytes
+                           ? *total_bytes - *free_bytes
+                           : available;
+  *free_bytes += static_cast<std::size_t>(available < room ? available : room);
   return result;
 }
 

@@ -82,9 +82,4 @@ std::vector<ManagerReport> Registry::reports() const {
   return out;
 }
 
-std::uint64_t Registry::idle_bytes(int device) const {
-  MemoryManager* manager = this->manager(device);
-  return manager != nullptr ? manager->idle_bytes() : 0;
-}
-
 }  // namespace poolcuda

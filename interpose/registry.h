@@ -43,9 +43,6 @@ class Registry {
   // A snapshot of every existing manager, in device order (takes each manager's lock in turn).
   std::vector<ManagerReport> reports() const;
 
-  // Idle pooled bytes of one device (0 without a manager).
-  std::uint64_t idle_bytes(int device) const;
-
  private:
   Registry() = default;
 

@@ -1,0 +1,179 @@
+// Shared helpers of the preload suite: fatal checks with file:line, access to the CUDA
+// stand-in's counters when the program runs on it (skipped on a real GPU), the real runtime's
+// own functions (to compare with what the program sees through libpoolcuda.so), a check that
+// the library really is preloaded, and running this same program again as a child with a
+// different environment.
+//
+// Plain C++ against the CUDA runtime header: every program of the suite also runs on a GPU.
+#pragma once
+
+#include <cuda_runtime_api.h>
+#include <dlfcn.h>
+#include <fcntl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+namespace preload_test {
+
+[[noreturn]] inline void fail(const char* file, int line, const std::string& what) {
+  std::fflush(stdout);
+  std::fprintf(stderr, "%s:%d: check failed: %s\n", file, line, what.c_str());
+  std::fflush(stderr);
+  std::_Exit(1);
+}
+
+// meson's "skipped" exit status.
+[[noreturn]] inline void skip(const char* why) {
+  std::printf("skipped: %s\n", why);
+  std::fflush(stdout);
+  std::_Exit(77);
+}
+
+inline std::string error_text(cudaError_t error) {
+  return std::string(cudaGetErrorName(error)) + " (" + std::to_string(static_cast<int>(error)) +
+         ")";
+}
+
+#define CHECK(cond)                                                 \
+  do {                                                              \
+    if (!(cond)) ::preload_test::fail(__FILE__, __LINE__, #cond);   \
+  } while (0)
+
+#define CHECK_MSG(cond, message)                                                       \
+  do {                                                                                 \
+    if (!(cond)) ::preload_test::fail(__FILE__, __LINE__, std::string(#cond) + ": " + \
+                                                              (message));              \
+  } while (0)
+
+// Expects `expr` to return `expected` (a cudaError_t).
+#define CHECK_RESULT(expr, expected)                                                       \
+  do {                                                                                     \
+    cudaError_t check_result_ = (expr);                                                    \
+    if (check_result_ != (expected))                                                       \
+      ::preload_test::fail(__FILE__, __LINE__,                                             \
+                           std::string(#expr) + " returned " +                            \
+                               ::preload_test::error_text(check_result_) + ", expected " + \
+                               ::preload_test::error_text(expected));                     \
+  } while (0)
+
+#define CHECK_CUDA(expr) CHECK_RESULT(expr, cudaSuccess)
+
+// ---- The CUDA stand-in ------------------------------------------------------------------------
+
+using CounterFn = std::uint64_t (*)(const char*);
+
+inline CounterFn counter_function() {
+  return reinterpret_cast<CounterFn>(::dlsym(RTLD_DEFAULT, "simcuda_counter"));
+}
+
+// True when the program runs on the CUDA stand-in (its counters are available).
+inline bool on_stand_in() { return counter_function() != nullptr; }
+
+// A stand-in counter ("cudaMalloc", "cudaFree", "races", "live_allocations", "live_bytes").
+inline std::uint64_t counter(const char* name) {
+  CounterFn fn = counter_function();
+  if (fn == nullptr) fail(__FILE__, __LINE__, std::string("no stand-in counter ") + name);
+  return fn(name);
+}
+
+// ---- The library and the real runtime ---------------------------------------------------------
+
+// Fails unless cudaMalloc resolves into libpoolcuda.so: a test that silently ran without the
+// library would prove nothing.
+inline void require_preloaded() {
+  void* address = ::dlsym(RTLD_DEFAULT, "cudaMalloc");
+  Dl_info info{};
+  if (address == nullptr || ::dladdr(address, &info) == 0 || info.dli_fname == nullptr ||
+      std::strstr(info.dli_fname, "poolcuda") == nullptr) {
+    fail(__FILE__, __LINE__,
+         std::string("cudaMalloc does not come from libpoolcuda.so (from ") +
+             (info.dli_fname != nullptr ? info.dli_fname : "nowhere") + "); set LD_PRELOAD");
+  }
+}
+
+// The runtime's own definition of `name`, bypassing libpoolcuda.so.
+inline void* real_symbol(const char* name) {
+  static constexpr const char* kSonames[] = {"libcudart.so.13", "libcudart.so.12"};
+  for (const char* soname : kSonames) {
+    if (void* handle = ::dlopen(soname, RTLD_LAZY | RTLD_NOLOAD)) {
+      if (void* address = ::dlsym(handle, name)) return address;
+    }
+  }
+  fail(__FILE__, __LINE__, std::string("no real ") + name);
+}
+
+template <typename Fn>
+Fn real(const char* name) {
+  return reinterpret_cast<Fn>(real_symbol(name));
+}
+
+// ---- Children ---------------------------------------------------------------------------------
+
+struct ChildResult {
+  int status = -1;  // exit status, or 128 + signal
+  std::string output;  // stdout and stderr together
+};
+
+// Runs this program again with `argument` as argv[1] and the environment changed by `env`
+// ("NAME=value" sets, "NAME" alone unsets), capturing its output.
+inline ChildResult run_self(const char* argument, const std::vector<std::string>& env) {
+  int fds[2];
+  if (::pipe(fds) != 0) fail(__FILE__, __LINE__, "pipe");
+  pid_t pid = ::fork();
+  if (pid < 0) fail(__FILE__, __LINE__, "fork");
+  if (pid == 0) {
+    ::dup2(fds[1], 1);
+    ::dup2(fds[1], 2);
+    ::close(fds[0]);
+    ::close(fds[1]);
+    for (const std::string& entry : env) {
+      auto eq = entry.find('=');
+      if (eq == std::string::npos) {
+        ::unsetenv(entry.c_str());
+      } else {
+        ::setenv(entry.substr(0, eq).c_str(), entry.substr(eq + 1).c_str(), 1);
+      }
+    }
+    char self[4096];
+    ssize_t n = ::readlink("/proc/self/exe", self, sizeof self - 1);
+    if (n <= 0) ::_exit(125);
+    self[n] = '\0';
+    char* argv[] = {self, const_cast<char*>(argument), nullptr};
+    ::execv(self, argv);
+    ::_exit(126);
+  }
+  ::close(fds[1]);
+  ChildResult result;
+  char buffer[4096];
+  for (;;) {
+    ssize_t n = ::read(fds[0], buffer, sizeof buffer);
+    if (n <= 0) break;
+    result.output.append(buffer, static_cast<std::size_t>(n));
+  }
+  ::close(fds[0]);
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  result.status = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  return result;
+}
+
+// ---- Device data ------------------------------------------------------------------------------
+
+// True when every one of the `size` bytes at device address `ptr` reads as `byte`.
+inline bool device_bytes_equal(const void* ptr, std::size_t size, unsigned char byte) {
+  std::vector<unsigned char> host(size);
+  if (cudaMemcpy(host.data(), ptr, size, cudaMemcpyDeviceToHost) != cudaSuccess) return false;
+  for (unsigned char value : host) {
+    if (value != byte) return false;
+  }
+  return true;
+}
+
+}  // namespace preload_test

@@ -1,0 +1,28 @@
+#!/bin/sh
+# Preload suite: libpoolcuda.so exports CUDA entry points only (every defined dynamic symbol
+# starts with "cu"), including each hooked runtime call, and it does not link libcudart.
+# Usage: check_exports.sh NM LIBRARY
+set -u
+nm_tool=$1
+library=$2
+symbols=$("$nm_tool" -D --defined-only "$library" | awk '{print $3}' | sed 's/@.*//')
+status=0
+for symbol in $symbols; do
+  case $symbol in
+    cu*) ;;
+    *) echo "exported but not a CUDA entry point: $symbol"; status=1 ;;
+  esac
+done
+for hooked in cudaMalloc cudaFree cudaMemGetInfo cudaDeviceReset cudaStreamCreate \
+              cudaStreamCreateWithFlags cudaStreamCreateWithPriority cudaStreamDestroy; do
+  if ! echo "$symbols" | grep -qx "$hooked"; then
+    echo "hooked entry point not exported: $hooked"
+    status=1
+  fi
+done
+if "$nm_tool" -D "$library" >/dev/null && readelf -d "$library" 2>/dev/null | grep -q 'libcudart'; then
+  echo "links libcudart"
+  status=1
+fi
+[ $status -eq 0 ] && echo "ok: $(echo "$symbols" | wc -w) exported symbols, all CUDA entry points"
+exit $status

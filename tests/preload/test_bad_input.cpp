@@ -1,0 +1,74 @@
+// Preload test 3: bad input gets CUDA's own error codes and changes nothing. A double free and
+// an interior pointer answer cudaErrorInvalidValue and leave the pools intact; cudaMalloc(NULL)
+// answers cudaErrorInvalidValue; size 0 behaves as the real call; a request larger than the
+// device answers cudaErrorMemoryAllocation, sets the last error as the real call does, and
+// leaks nothing.
+#include "check.h"
+
+int main() {
+  preload_test::require_preloaded();
+  CHECK_CUDA(cudaFree(nullptr));
+
+  // Two neighbours, so that a corrupted pool would show in the survivor's data.
+  void* keep = nullptr;
+  void* victim = nullptr;
+  CHECK_CUDA(cudaMalloc(&keep, 4096));
+  CHECK_CUDA(cudaMalloc(&victim, 4096));
+  CHECK_CUDA(cudaMemset(keep, 0x42, 4096));
+
+  // Interior pointer of a live allocation: refused, the allocation stays live and usable.
+  CHECK_RESULT(cudaFree(static_cast<char*>(victim) + 512), cudaErrorInvalidValue);
+  CHECK_CUDA(cudaMemset(victim, 0x24, 4096));
+  CHECK(preload_test::device_bytes_equal(victim, 4096, 0x24));
+
+  // Double free: the second is refused.
+  CHECK_CUDA(cudaFree(victim));
+  CHECK_RESULT(cudaFree(victim), cudaErrorInvalidValue);
+  CHECK(preload_test::device_bytes_equal(keep, 4096, 0x42));
+
+  // The pool is intact: allocations still work, never overlap the survivor, data holds.
+  for (int i = 0; i < 16; ++i) {
+    void* ptr = nullptr;
+    CHECK_CUDA(cudaMalloc(&ptr, 4096));
+    CHECK(ptr != keep);
+    CHECK_CUDA(cudaMemset(ptr, i, 4096));
+    CHECK(preload_test::device_bytes_equal(ptr, 4096, static_cast<unsigned char>(i)));
+    CHECK_CUDA(cudaFree(ptr));
+  }
+  CHECK(preload_test::device_bytes_equal(keep, 4096, 0x42));
+
+  // cudaMalloc(NULL, n).
+  CHECK_RESULT(cudaMalloc(nullptr, 4096), cudaErrorInvalidValue);
+  (void)cudaGetLastError();
+
+  // Size 0: the same answer as the real runtime's, and its pointer frees the same way.
+  using MallocFn = cudaError_t (*)(void**, std::size_t);
+  using FreeFn = cudaError_t (*)(void*);
+  auto real_malloc = preload_test::real<MallocFn>("cudaMalloc");
+  auto real_free = preload_test::real<FreeFn>("cudaFree");
+  void* real_zero = reinterpret_cast<void*>(1);
+  cudaError_t real_result = real_malloc(&real_zero, 0);
+  void* zero = reinterpret_cast<void*>(1);
+  CHECK_RESULT(cudaMalloc(&zero, 0), real_result);
+  CHECK(zero == real_zero);
+  if (real_result == cudaSuccess) {
+    CHECK_RESULT(cudaFree(zero), real_free(real_zero));
+  }
+  (void)cudaGetLastError();
+
+  // Larger than the device: cudaErrorMemoryAllocation, last error set once, nothing leaked.
+  std::size_t free_bytes = 0;
+  std::size_t total_bytes = 0;
+  CHECK_CUDA(cudaMemGetInfo(&free_bytes, &total_bytes));
+  const bool counted = preload_test::on_stand_in();
+  std::uint64_t live_before = counted ? preload_test::counter("live_allocations") : 0;
+  void* huge = nullptr;
+  CHECK_RESULT(cudaMalloc(&huge, total_bytes + (std::size_t{1} << 30)), cudaErrorMemoryAllocation);
+  CHECK_RESULT(cudaGetLastError(), cudaErrorMemoryAllocation);
+  CHECK_RESULT(cudaGetLastError(), cudaSuccess);
+  if (counted) CHECK(preload_test::counter("live_allocations") == live_before);
+
+  CHECK_CUDA(cudaFree(keep));
+  std::printf("ok\n");
+  return 0;
+}

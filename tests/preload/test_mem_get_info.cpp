@@ -1,0 +1,64 @@
+// Preload test 7: cudaMemGetInfo counts idle pooled bytes as free (memgetinfo:pooled, the
+// default), while the real runtime counts them as used. Run with the argument "raw" under
+// memgetinfo:raw, the program sees the real numbers.
+#include <string>
+#include <vector>
+
+#include "check.h"
+
+namespace {
+
+using MemGetInfoFn = cudaError_t (*)(std::size_t*, std::size_t*);
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  preload_test::require_preloaded();
+  const bool raw = argc > 1 && std::string(argv[1]) == "raw";
+  auto real_info = preload_test::real<MemGetInfoFn>("cudaMemGetInfo");
+  CHECK_CUDA(cudaFree(nullptr));
+
+  std::size_t free_before = 0;
+  std::size_t total = 0;
+  CHECK_CUDA(cudaMemGetInfo(&free_before, &total));
+
+  // Allocate and free a sixteenth of the device in pieces; the pools keep the pages.
+  const std::size_t amount = total / 16;
+  std::vector<void*> buffers;
+  for (std::size_t done = 0; done < amount; done += amount / 8) {
+    void* ptr = nullptr;
+    CHECK_CUDA(cudaMalloc(&ptr, amount / 8));
+    buffers.push_back(ptr);
+  }
+  std::size_t free_while_used = 0;
+  CHECK_CUDA(cudaMemGetInfo(&free_while_used, &total));
+  CHECK(free_while_used + amount / 2 <= free_before);  // in use is never free
+  for (void* ptr : buffers) CHECK_CUDA(cudaFree(ptr));
+  // Let the free fences pass: the device is idle, and one more miss makes the pools look.
+  CHECK_CUDA(cudaDeviceSynchronize());
+  void* probe = nullptr;
+  CHECK_CUDA(cudaMalloc(&probe, amount));
+  CHECK_CUDA(cudaFree(probe));
+  CHECK_CUDA(cudaDeviceSynchronize());
+
+  std::size_t real_free = 0;
+  std::size_t real_total = 0;
+  CHECK_CUDA(real_info(&real_free, &real_total));
+  std::size_t seen_free = 0;
+  std::size_t seen_total = 0;
+  CHECK_CUDA(cudaMemGetInfo(&seen_free, &seen_total));
+  std::printf("before %zu, real free %zu, seen free %zu, total %zu\n", free_before, real_free,
+              seen_free, seen_total);
+  CHECK(seen_total == real_total);
+  CHECK(seen_free <= seen_total);
+  // The pools hold at least the sixteenth they were given back.
+  CHECK(real_free + amount / 2 <= free_before);
+  if (raw) {
+    CHECK(seen_free == real_free);
+  } else {
+    CHECK_MSG(seen_free >= real_free + amount / 2, "idle pooled bytes were not counted as free");
+    CHECK(seen_free <= free_before);
+  }
+  std::printf("ok\n");
+  return 0;
+}

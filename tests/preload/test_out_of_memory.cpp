@@ -1,0 +1,66 @@
+// Preload test 6: out of memory. Memory the pools cached after frees (idle pages) is trimmed
+// when a request needs it, and the request succeeds without the program seeing any error. When
+// the device is really full, cudaMalloc answers cudaErrorMemoryAllocation and cudaGetLastError
+// reports it once, as with the real library; after frees, allocation works again.
+// Sizes are fractions of the device, so the same program runs on the stand-in (run with a small
+// SIMCUDA_DEVICE_MEMORY) and on a GPU.
+#include <vector>
+
+#include "check.h"
+
+int main() {
+  preload_test::require_preloaded();
+  CHECK_CUDA(cudaFree(nullptr));
+  std::size_t free_bytes = 0;
+  std::size_t total = 0;
+  CHECK_CUDA(cudaMemGetInfo(&free_bytes, &total));
+  const bool counted = preload_test::on_stand_in();
+
+  // Fill three quarters of the device with sixteenths, then free them: the pools keep them.
+  const std::size_t piece = total / 16;
+  std::vector<void*> pieces;
+  for (int i = 0; i < 12; ++i) {
+    void* ptr = nullptr;
+    CHECK_CUDA(cudaMalloc(&ptr, piece));
+    CHECK_CUDA(cudaMemset(ptr, i, piece));
+    pieces.push_back(ptr);
+  }
+  for (void* ptr : pieces) CHECK_CUDA(cudaFree(ptr));
+  pieces.clear();
+  CHECK_CUDA(cudaDeviceSynchronize());
+  if (counted) {
+    // The setup is meaningful only if the pools really hold that memory now.
+    CHECK_MSG(preload_test::counter("live_bytes") >= total / 2,
+              "pools released the pieces: " + std::to_string(preload_test::counter("live_bytes")));
+  }
+
+  // Half the device in one piece: only possible once the cached pieces are trimmed.
+  void* half = nullptr;
+  CHECK_CUDA(cudaMalloc(&half, total / 2));
+  CHECK_RESULT(cudaGetLastError(), cudaSuccess);  // the recovered failure left no trace
+  CHECK_CUDA(cudaMemset(half, 0x5c, total / 2));
+
+  // Really full: allocate eighths until the device refuses.
+  std::vector<void*> filler;
+  cudaError_t refused = cudaSuccess;
+  for (int i = 0; i < 64; ++i) {
+    void* ptr = nullptr;
+    refused = cudaMalloc(&ptr, total / 8);
+    if (refused != cudaSuccess) break;
+    filler.push_back(ptr);
+  }
+  CHECK_RESULT(refused, cudaErrorMemoryAllocation);
+  CHECK_RESULT(cudaGetLastError(), cudaErrorMemoryAllocation);
+  CHECK_RESULT(cudaGetLastError(), cudaSuccess);
+  CHECK(!filler.empty());
+  CHECK(preload_test::device_bytes_equal(half, 4096, 0x5c));
+
+  // After frees the same requests succeed again.
+  for (void* ptr : filler) CHECK_CUDA(cudaFree(ptr));
+  CHECK_CUDA(cudaFree(half));
+  CHECK_CUDA(cudaMalloc(&half, total / 2));
+  CHECK_CUDA(cudaFree(half));
+  CHECK_CUDA(cudaGetLastError());
+  std::printf("ok: %zu eighths fitted beside the half\n", filler.size());
+  return 0;
+}
