@@ -14,7 +14,8 @@
 // be queued, on the legacy default stream and on a second, non-blocking stream: an allocator
 // that hands freed memory out before the device is done with it corrupts what is checked
 // (see Note [Free fences] in DESIGN.md). The checksum covers only the data read back, so it is
-// the same with and without the pool for the same --seed and --steps.
+// the same with and without the pool for the same --seed and --steps. On the stand-in, its race
+// detector is consulted too: any unordered overlapping access there fails the run.
 #include <cuda_runtime_api.h>
 #include <dlfcn.h>
 
@@ -139,7 +140,7 @@ Options parse_options(int argc, char** argv) {
 }
 
 // The stand-in's counter of calls that reached it; absent on a real GPU.
-using CounterFn = unsigned long long (*)(const char*);
+using CounterFn = std::uint64_t (*)(const char*);  // as declared in tests/simcuda/simcuda.h
 
 CounterFn find_counter() {
   return reinterpret_cast<CounterFn>(dlsym(RTLD_DEFAULT, "simcuda_counter"));
@@ -341,8 +342,9 @@ int main(int argc, char** argv) {
   CHECK(cudaFree(nullptr));  // create the context outside the timed loop
 
   CounterFn counter = find_counter();
-  unsigned long long driver_mallocs0 = counter ? counter("cudaMalloc") : 0;
-  unsigned long long driver_frees0 = counter ? counter("cudaFree") : 0;
+  std::uint64_t driver_mallocs0 = counter ? counter("cudaMalloc") : 0;
+  std::uint64_t driver_frees0 = counter ? counter("cudaFree") : 0;
+  std::uint64_t races = 0;
 
   long steps = 0;
   double elapsed = 0.0;
@@ -372,14 +374,19 @@ int main(int argc, char** argv) {
   std::printf("cuda_free_calls: %llu\n", static_cast<unsigned long long>(frees));
   if (counter) {
     // Counted by the stand-in below any interposer: the calls that really reached "CUDA".
-    std::printf("real_cuda_malloc_calls: %llu\n", counter("cudaMalloc") - driver_mallocs0);
-    std::printf("real_cuda_free_calls: %llu\n", counter("cudaFree") - driver_frees0);
+    std::printf("real_cuda_malloc_calls: %llu\n",
+                static_cast<unsigned long long>(counter("cudaMalloc") - driver_mallocs0));
+    std::printf("real_cuda_free_calls: %llu\n",
+                static_cast<unsigned long long>(counter("cudaFree") - driver_frees0));
+    // The stand-in's race detector: unordered device accesses to overlapping bytes.
+    races = counter("races");
+    std::printf("stand_in_races: %llu\n", static_cast<unsigned long long>(races));
   }
   std::printf("verified_buffers: %llu\n", static_cast<unsigned long long>(verified));
   std::printf("checksum: %016llx\n", static_cast<unsigned long long>(checksum));
-  if (failures > 0 || sticky != cudaSuccess) {
-    std::printf("result: FAILED (%llu buffers with wrong data%s%s)\n",
-                static_cast<unsigned long long>(failures),
+  if (failures > 0 || races > 0 || sticky != cudaSuccess) {
+    std::printf("result: FAILED (%llu buffers with wrong data, %llu races%s%s)\n",
+                static_cast<unsigned long long>(failures), static_cast<unsigned long long>(races),
                 sticky != cudaSuccess ? ", sticky error " : "",
                 sticky != cudaSuccess ? cudaGetErrorName(sticky) : "");
     return 1;
