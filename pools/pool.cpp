@@ -55,18 +55,6 @@ void Pool::release_page(Page* page) {
   ctx_.pages.destroy(page);
 }
 
-Slice* Pool::split(Slice* slice, std::uint64_t size) {
-  if (slice->size == size) return nullptr;
-  Slice* rest = ctx_.slices.create();
-  rest->page = slice->page;
-  rest->ptr = slice->ptr + size;
-  rest->size = slice->size - size;
-  slice->size = size;
-  Page* page = slice->page;
-  page->slices.insert(std::next(page->slices.iterator_to(*slice)), *rest);
-  return rest;
-}
-
 void Pool::mark_live(Slice* slice, std::uint64_t requested) {
   Page* page = slice->page;
   if (page->busy++ == 0) idle_.erase(idle_.iterator_to(*page));

@@ -149,9 +149,6 @@ class Pool {
   AllocStatus new_page(std::uint64_t size, Page** out);
   // Hands `slice` (already out of every free set) to the program.
   void mark_live(Slice* slice, std::uint64_t requested);
-  // Splits `slice` so that it keeps `size` bytes; returns the remainder (a new free slice, not
-  // in any free set) or nullptr when nothing remains.
-  Slice* split(Slice* slice, std::uint64_t size);
 
   // The concrete pool's free structure.
   virtual void on_free(Slice* slice) = 0;           // a slice became free: insert/coalesce

@@ -21,12 +21,45 @@ SlicedPool::SlicedPool(PoolContext& ctx, std::uint64_t page_size, std::uint64_t 
 
 SlicedPool::~SlicedPool() { free_.clear(); }
 
+// Changes a free slice's key in the free set, in place when its neighbours in the set still
+// order around the new key (the common case: one large free remainder per page), else by
+// erase + insert. Saves two tree operations on most reserves and frees.
+void SlicedPool::rekey(Slice* slice, DevicePtr ptr, std::uint64_t size) {
+  auto it = free_.iterator_to(*slice);
+  const auto before = [&](const Slice& other) {  // other < (size, ptr)
+    return other.size < size || (other.size == size && other.ptr < ptr);
+  };
+  const bool prev_ok = it == free_.begin() || before(*std::prev(it));
+  const auto next = std::next(it);
+  const bool next_ok = next == free_.end() || !before(*next);
+  if (prev_ok && next_ok) {
+    slice->ptr = ptr;
+    slice->size = size;
+    return;
+  }
+  free_.erase(it);
+  slice->ptr = ptr;
+  slice->size = size;
+  free_.insert(*slice);
+}
+
 Slice* SlicedPool::carve(Slice* slice, std::uint64_t size) {
   const std::uint64_t eff = align_up(size, alignment());
-  free_.erase(free_.iterator_to(*slice));
-  if (Slice* rest = split(slice, eff)) free_.insert(*rest);
-  mark_live(slice, size);
-  return slice;
+  if (slice->size == eff) {
+    free_.erase(free_.iterator_to(*slice));
+    mark_live(slice, size);
+    return slice;
+  }
+  // Serve from the top of the free slice: the free part keeps its address and node.
+  Slice* out = ctx_.slices.create();
+  out->page = slice->page;
+  out->ptr = slice->ptr + slice->size - eff;
+  out->size = eff;
+  PageSlices& list = slice->page->slices;
+  list.insert(std::next(list.iterator_to(*slice)), *out);
+  rekey(slice, slice->ptr, slice->size - eff);
+  mark_live(out, size);
+  return out;
 }
 
 Slice* SlicedPool::try_reserve(std::uint64_t size) {
@@ -57,26 +90,30 @@ AllocStatus SlicedPool::grow(std::uint64_t size, Slice** out) {
 void SlicedPool::on_free(Slice* slice) {
   PageSlices& list = slice->page->slices;
   auto it = list.iterator_to(*slice);
-  if (it != list.begin()) {
-    Slice& prev = *std::prev(it);
-    if (prev.state == SliceState::free) {
-      free_.erase(free_.iterator_to(prev));
-      prev.size += slice->size;
-      list.erase(it);
-      ctx_.slices.destroy(slice);
-      slice = &prev;
-      it = list.iterator_to(prev);
+  Slice* prev = it != list.begin() && std::prev(it)->state == SliceState::free ? &*std::prev(it)
+                                                                               : nullptr;
+  auto after = std::next(it);
+  Slice* next = after != list.end() && after->state == SliceState::free ? &*after : nullptr;
+  if (prev != nullptr) {
+    // prev absorbs the slice (and next): it only grows, so only its successor can move.
+    std::uint64_t size = prev->size + slice->size;
+    if (next != nullptr) {
+      size += next->size;
+      free_.erase(free_.iterator_to(*next));
+      list.erase(list.iterator_to(*next));
+      ctx_.slices.destroy(next);
     }
+    list.erase(it);
+    ctx_.slices.destroy(slice);
+    rekey(prev, prev->ptr, size);
+  } else if (next != nullptr) {
+    // next absorbs the slice: it starts earlier and grows.
+    list.erase(it);
+    rekey(next, slice->ptr, next->size + slice->size);
+    ctx_.slices.destroy(slice);
+  } else {
+    free_.insert(*slice);
   }
-  auto next = std::next(it);
-  if (next != list.end() && next->state == SliceState::free) {
-    Slice& after = *next;
-    free_.erase(free_.iterator_to(after));
-    slice->size += after.size;
-    list.erase(next);
-    ctx_.slices.destroy(&after);
-  }
-  free_.insert(*slice);
 }
 
 void SlicedPool::on_release(Page* page) {

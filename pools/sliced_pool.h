@@ -31,6 +31,7 @@ class SlicedPool final : public Pool {
 
  private:
   Slice* carve(Slice* slice, std::uint64_t size);
+  void rekey(Slice* slice, DevicePtr ptr, std::uint64_t size);
 
   std::uint64_t configured_page_;
   std::uint64_t page_size_;  // effective: shrunk to the cap
