@@ -83,6 +83,16 @@ inline std::uint64_t counter(const char* name) {
   return fn(name);
 }
 
+// The stand-in's simcuda_launch_access (tests/simcuda/simcuda.h): enqueues on a stream an
+// operation that declares it reads or writes a device range, like a kernel, and runs fn while it
+// executes. nullptr on a real GPU.
+using LaunchAccessFn = int (*)(void* stream, const void* ptr, std::size_t bytes, int is_write,
+                               void (*fn)(void*), void* user_data);
+
+inline LaunchAccessFn launch_access_function() {
+  return reinterpret_cast<LaunchAccessFn>(::dlsym(RTLD_DEFAULT, "simcuda_launch_access"));
+}
+
 // ---- The library and the real runtime ---------------------------------------------------------
 
 // Fails unless cudaMalloc resolves into libpoolcuda.so: a test that silently ran without the

@@ -46,7 +46,14 @@ bool run_case(const char* name, unsigned int blocked_flags, bool expect_race) {
   CHECK_CUDA(cudaMalloc(&first, kSize));
   CHECK_CUDA(cudaMemset(first, 0, kSize));
   Gate gate;
-  CHECK_CUDA(cudaLaunchHostFunc(blocked, &wait_at_gate, &gate));
+  // The blocked stream's work: on the stand-in a kernel-like access that writes the buffer and
+  // stays active (visible to the race detector) until the gate opens; on a GPU a host function
+  // that holds the stream. Either way a write of the whole buffer follows it.
+  if (auto launch_access = preload_test::launch_access_function()) {
+    CHECK(launch_access(blocked, first, kSize, 1, &wait_at_gate, &gate) == cudaSuccess);
+  } else {
+    CHECK_CUDA(cudaLaunchHostFunc(blocked, &wait_at_gate, &gate));
+  }
   CHECK_CUDA(cudaMemsetAsync(first, 0xaa, kSize, blocked));  // queued behind the gate
   CHECK_CUDA(cudaFree(first));  // the program is done with it; the stream is not
 
