@@ -78,6 +78,8 @@ std::vector<ManagerReport> Registry::reports() const {
     if (manager == nullptr) continue;
     out.push_back(manager->report());
     out.back().device = device;
+    out.back().forwarded_mallocs = forwarded_mallocs_[device].load(std::memory_order_relaxed);
+    out.back().forwarded_frees = forwarded_frees_[device].load(std::memory_order_relaxed);
   }
   return out;
 }

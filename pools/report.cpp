@@ -116,6 +116,8 @@ std::string render_json(const ReportHeader& header, const std::vector<ManagerRep
     json_field(out, "idle_bytes", m.idle_bytes);
     json_field(out, "oom_recoveries", m.oom_recoveries);
     json_field(out, "oom_failures", m.oom_failures);
+    json_field(out, "forwarded_mallocs", m.forwarded_mallocs);
+    json_field(out, "forwarded_frees", m.forwarded_frees);
     out += "\"pools\":[";
     for (std::size_t i = 0; i < m.dynamic.size(); ++i) {
       if (i != 0) out += ',';
@@ -171,7 +173,8 @@ std::string render_text(const ReportHeader& header, const std::vector<ManagerRep
            " slices (+" + human(t.bytes_padding) + " padding), idle " + human(m.idle_bytes) +
            ", pending fence " + human(m.pending_fence_bytes) + ", out-of-memory recovered " +
            std::to_string(m.oom_recoveries) + " / failed " + std::to_string(m.oom_failures) +
-           "\n";
+           ", passed through " + std::to_string(m.forwarded_mallocs) + " cudaMalloc / " +
+           std::to_string(m.forwarded_frees) + " cudaFree\n";
     std::vector<std::string> titles;
     for (const Column& c : kColumns) titles.emplace_back(c.title);
     text_row(out, titles);

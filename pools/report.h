@@ -38,6 +38,11 @@ struct ManagerReport {
   std::uint64_t idle_bytes = 0;           // reserved, not in use, not pending
   std::uint64_t oom_recoveries = 0;       // allocations that succeeded after trimming
   std::uint64_t oom_failures = 0;         // allocations that failed after trimming
+  // Real cudaMalloc / cudaFree calls the interposer passed through without a pool (size 0, NULL,
+  // foreign pointers, requests larger than the device), counted per current device. Filled by
+  // the interposer; 0 elsewhere.
+  std::uint64_t forwarded_mallocs = 0;
+  std::uint64_t forwarded_frees = 0;
 };
 
 struct ReportHeader {
