@@ -191,8 +191,10 @@ uint64_t stream_handle_id(const StreamRef& s);
 EventRef find_event(cudaEvent_t e);
 cudaEvent_t create_event(unsigned flags);
 cudaError_t destroy_event(cudaEvent_t e);
-cudaError_t event_record(const EventRef& ev, const StreamRef& s);
-cudaError_t event_wait(const StreamRef& s, const EventRef& ev);
+// `external`: cudaEventRecordExternal / cudaEventWaitExternal. Inside a capture only external
+// records and waits become graph nodes; a plain record marks the event as captured (for joins).
+cudaError_t event_record(const EventRef& ev, const StreamRef& s, bool external = false);
+cudaError_t event_wait(const StreamRef& s, const EventRef& ev, bool external = false);
 // Reached: cudaSuccess; not yet: cudaErrorNotReady.
 cudaError_t event_query(const EventRef& ev);
 cudaError_t event_sync(const EventRef& ev);

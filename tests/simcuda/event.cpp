@@ -60,20 +60,21 @@ void device_reset_events(int device) {
   }
 }
 
-cudaError_t event_record(const EventRef& ev, const StreamRef& s) {
+cudaError_t event_record(const EventRef& ev, const StreamRef& s, bool external) {
   if (!ev || !s) return cudaErrorInvalidResourceHandle;
   std::lock_guard lock(state_mutex());
   if (s->capture) {
-    Work w;
-    w.type = cudaGraphNodeTypeEventRecord;
-    w.desc = "event record";
-    w.event = ev;
-    cudaError_t err = capture_append_locked(*s, std::move(w));
-    if (err == cudaSuccess) {
-      ev->captured = true;
-      ev->capture_of = s->capture;
+    if (s->capture->invalidated) return cudaErrorStreamCaptureInvalidated;
+    if (external) {
+      Work w;
+      w.type = cudaGraphNodeTypeEventRecord;
+      w.desc = "event record";
+      w.event = ev;
+      return capture_append_locked(*s, std::move(w));
     }
-    return err;
+    ev->captured = true;
+    ev->capture_of = s->capture;
+    return cudaSuccess;
   }
   if (s->kind == StreamKind::legacy && invalidate_blocking_captures_locked(s->device))
     return cudaErrorStreamCaptureImplicit;
@@ -97,10 +98,11 @@ cudaError_t event_record(const EventRef& ev, const StreamRef& s) {
   return cudaSuccess;
 }
 
-cudaError_t event_wait(const StreamRef& s, const EventRef& ev) {
+cudaError_t event_wait(const StreamRef& s, const EventRef& ev, bool external) {
   if (!ev || !s) return cudaErrorInvalidResourceHandle;
   std::lock_guard lock(state_mutex());
-  if (ev->captured) {
+  if (s->capture && s->capture->invalidated) return cudaErrorStreamCaptureInvalidated;
+  if (ev->captured && !external) {
     auto cap = ev->capture_of.lock();
     if (!cap) return cudaErrorStreamCaptureIsolation;
     if (s->capture == cap) return cudaSuccess;  // same capture: already ordered (linear graph)
@@ -110,6 +112,8 @@ cudaError_t event_wait(const StreamRef& s, const EventRef& ev) {
     return cudaSuccess;
   }
   if (s->capture) {
+    // Only an external wait on an event from outside the capture is legal: it becomes a node.
+    if (!external) return cudaErrorStreamCaptureIsolation;
     Work w;
     w.type = cudaGraphNodeTypeWaitEvent;
     w.desc = "event wait";

@@ -53,19 +53,20 @@ cudaError_t host_func(const StreamRef& s, cudaHostFn_t fn, void* user_data) {
   return submit(s, std::move(w));
 }
 
-cudaError_t record(cudaEvent_t event, const StreamRef& s) {
+cudaError_t record(cudaEvent_t event, const StreamRef& s, unsigned flags = 0) {
   bump(Counter::cudaEventRecord);
+  if (flags & ~unsigned{cudaEventRecordExternal}) return cudaErrorInvalidValue;
   EventRef ev = find_event(event);
   if (!ev) return cudaErrorInvalidResourceHandle;
   if (!s) return cudaErrorInvalidResourceHandle;
-  return event_record(ev, s);
+  return event_record(ev, s, flags & cudaEventRecordExternal);
 }
 
 cudaError_t wait_event(const StreamRef& s, cudaEvent_t event, unsigned flags) {
   if (flags & ~unsigned{cudaEventWaitExternal}) return cudaErrorInvalidValue;
   EventRef ev = find_event(event);
   if (!ev || !s) return cudaErrorInvalidResourceHandle;
-  return event_wait(s, ev);
+  return event_wait(s, ev, flags & cudaEventWaitExternal);
 }
 
 cudaError_t is_capturing(const StreamRef& s, cudaStreamCaptureStatus* status) {
@@ -187,15 +188,13 @@ cudaError_t cudaEventRecord_ptsz(cudaEvent_t event, cudaStream_t stream) {
 
 cudaError_t cudaEventRecordWithFlags(cudaEvent_t event, cudaStream_t stream, unsigned int flags) {
   SIM_ENTER();
-  if (flags & ~unsigned{cudaEventRecordExternal}) SIM_RETURN(cudaErrorInvalidValue);
-  SIM_RETURN(record(event, resolve_stream(stream, false)));
+  SIM_RETURN(record(event, resolve_stream(stream, false), flags));
 }
 
 cudaError_t cudaEventRecordWithFlags_ptsz(cudaEvent_t event, cudaStream_t stream,
                                           unsigned int flags) {
   SIM_ENTER();
-  if (flags & ~unsigned{cudaEventRecordExternal}) SIM_RETURN(cudaErrorInvalidValue);
-  SIM_RETURN(record(event, resolve_stream(stream, true)));
+  SIM_RETURN(record(event, resolve_stream(stream, true), flags));
 }
 
 cudaError_t cudaEventQuery(cudaEvent_t event) {

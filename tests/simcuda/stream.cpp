@@ -196,8 +196,9 @@ uint64_t enqueue_locked(const StreamRef& s, Work work) {
 
 cudaError_t submit(const StreamRef& s, Work work) {
   if (!s) return cudaErrorInvalidResourceHandle;
-  if (work.type == cudaGraphNodeTypeEventRecord) return event_record(work.event, s);
-  if (work.type == cudaGraphNodeTypeWaitEvent) return event_wait(s, work.event);
+  // Event nodes of a launched graph record / wait at launch time.
+  if (work.type == cudaGraphNodeTypeEventRecord && work.event) return event_record(work.event, s);
+  if (work.type == cudaGraphNodeTypeWaitEvent && work.event) return event_wait(s, work.event);
   std::lock_guard lock(state_mutex());
   if (s->capture) return capture_append_locked(*s, std::move(work));
   if (s->kind == StreamKind::legacy && invalidate_blocking_captures_locked(s->device))
