@@ -1,0 +1,72 @@
+// Preload test 12: free fences never touch an open capture. While a stream captures, the program
+// frees more pooled buffers than one fence epoch holds (which would normally record fence
+// events): no event is recorded anywhere (recording on the legacy stream while a blocking stream
+// captures would invalidate that capture, and recording on the capturing stream would put the
+// event into the graph), the capture ends valid and its graph runs. After the capture the
+// postponed fence is recorded by the next free and the freed memory is reused.
+#include <vector>
+
+#include "check.h"
+
+namespace {
+
+void run_case(const char* name, unsigned int flags) {
+  cudaStream_t stream = nullptr;
+  CHECK_CUDA(cudaStreamCreateWithFlags(&stream, flags));
+  void* target = nullptr;
+  void* after = nullptr;
+  CHECK_CUDA(cudaMalloc(&target, 4096));
+  CHECK_CUDA(cudaMalloc(&after, 1024));
+  std::vector<void*> buffers(600);
+  for (void*& ptr : buffers) CHECK_CUDA(cudaMalloc(&ptr, 1024));
+  CHECK_CUDA(cudaDeviceSynchronize());
+
+  const bool counted = preload_test::on_stand_in();
+  std::uint64_t records = counted ? preload_test::counter("cudaEventRecord") : 0;
+  CHECK_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeRelaxed));
+  CHECK_CUDA(cudaMemsetAsync(target, 0x6b, 4096, stream));
+  for (void* ptr : buffers) CHECK_CUDA(cudaFree(ptr));
+  cudaGraph_t graph = nullptr;
+  CHECK_CUDA(cudaStreamEndCapture(stream, &graph));
+  if (counted) {
+    CHECK_MSG(preload_test::counter("cudaEventRecord") == records,
+              std::string(name) + ": an event was recorded during the capture");
+  }
+  cudaGraphExec_t exec = nullptr;
+  CHECK_CUDA(cudaGraphInstantiate(&exec, graph, 0));
+  CHECK_CUDA(cudaGraphLaunch(exec, stream));
+  CHECK_CUDA(cudaStreamSynchronize(stream));
+  CHECK(preload_test::device_bytes_equal(target, 4096, 0x6b));
+  CHECK_CUDA(cudaGraphExecDestroy(exec));
+  CHECK_CUDA(cudaGraphDestroy(graph));
+
+  // Capture over: the next free closes the overfull epoch with a fence, and the memory comes
+  // back without new driver allocations.
+  CHECK_CUDA(cudaFree(after));
+  if (counted) {
+    CHECK_MSG(preload_test::counter("cudaEventRecord") > records,
+              std::string(name) + ": no fence after the capture");
+  }
+  std::uint64_t mallocs = counted ? preload_test::counter("cudaMalloc") : 0;
+  for (void*& ptr : buffers) CHECK_CUDA(cudaMalloc(&ptr, 1024));
+  if (counted) {
+    CHECK_MSG(preload_test::counter("cudaMalloc") - mallocs <= 1,
+              std::string(name) + ": freed memory was not reused");
+  }
+  for (void* ptr : buffers) CHECK_CUDA(cudaFree(ptr));
+  CHECK_CUDA(cudaFree(target));
+  CHECK_CUDA(cudaStreamDestroy(stream));
+  CHECK_CUDA(cudaGetLastError());
+  std::printf("%s: ok\n", name);
+}
+
+}  // namespace
+
+int main() {
+  preload_test::require_preloaded();
+  CHECK_CUDA(cudaFree(nullptr));
+  run_case("non-blocking stream", cudaStreamNonBlocking);
+  run_case("blocking stream", cudaStreamDefault);
+  std::printf("ok\n");
+  return 0;
+}
