@@ -3,6 +3,7 @@
 // Depends on report.h only.
 #include "pools/report.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <string_view>
 
@@ -133,33 +134,39 @@ std::string render_json(const ReportHeader& header, const std::vector<ManagerRep
 
 struct Column {
   std::string_view title;
-  std::size_t width;
-  bool right;
+  bool right;  // numbers align right
 };
 
 constexpr Column kColumns[] = {
-    {"#", 2, true},        {"kind", 10, false},      {"shape", 36, false},
-    {"pages", 6, true},    {"peak", 6, true},        {"slices", 8, true},
-    {"reserved", 10, true}, {"in use", 10, true},    {"padding", 10, true},
-    {"bytes peak", 10, true}, {"largest free", 12, true}, {"reserv.", 10, true},
-    {"allocs", 8, true},   {"releases", 8, true},
+    {"#", true},          {"kind", false},        {"shape", false},     {"pages", true},
+    {"peak", true},       {"slices", true},       {"reserved", true},   {"in use", true},
+    {"padding", true},    {"bytes peak", true},   {"largest free", true}, {"reserv.", true},
+    {"allocs", true},     {"releases", true},
 };
 
-void text_row(std::string& out, const std::vector<std::string>& cells) {
-  out += ' ';
-  for (std::size_t i = 0; i < cells.size(); ++i) {
-    out += ' ';
-    out += pad(cells[i], kColumns[i].width, kColumns[i].right);
-  }
-  out += '\n';
+using Row = std::vector<std::string>;
+
+Row pool_row(const std::string& number, const PoolReport& p) {
+  return {number, p.kind, p.shape, std::to_string(p.pages), std::to_string(p.pages_peak),
+          std::to_string(p.slices), human(p.usage.bytes_reserved), human(p.usage.bytes_in_use),
+          human(p.usage.bytes_padding), human(p.bytes_peak), human(p.largest_free),
+          std::to_string(p.reservations), std::to_string(p.device_allocs),
+          std::to_string(p.device_releases)};
 }
 
-void text_pool(std::string& out, const std::string& number, const PoolReport& p) {
-  text_row(out, {number, p.kind, p.shape, std::to_string(p.pages), std::to_string(p.pages_peak),
-                 std::to_string(p.slices), human(p.usage.bytes_reserved),
-                 human(p.usage.bytes_in_use), human(p.usage.bytes_padding), human(p.bytes_peak),
-                 human(p.largest_free), std::to_string(p.reservations),
-                 std::to_string(p.device_allocs), std::to_string(p.device_releases)});
+// Each column is as wide as its widest cell, so every row of a table has the same width.
+void table(std::string& out, const std::vector<Row>& rows) {
+  std::vector<std::size_t> width(std::size(kColumns), 0);
+  for (const Row& row : rows)
+    for (std::size_t i = 0; i < row.size(); ++i) width[i] = std::max(width[i], row[i].size());
+  for (const Row& row : rows) {
+    out += ' ';
+    for (std::size_t i = 0; i < row.size(); ++i) {
+      out += ' ';
+      out += pad(row[i], width[i], kColumns[i].right);
+    }
+    out += '\n';
+  }
 }
 
 std::string render_text(const ReportHeader& header, const std::vector<ManagerReport>& managers) {
@@ -175,11 +182,14 @@ std::string render_text(const ReportHeader& header, const std::vector<ManagerRep
            std::to_string(m.oom_recoveries) + " / failed " + std::to_string(m.oom_failures) +
            ", passed through " + std::to_string(m.forwarded_mallocs) + " cudaMalloc / " +
            std::to_string(m.forwarded_frees) + " cudaFree\n";
-    std::vector<std::string> titles;
+    std::vector<Row> rows;
+    Row titles;
     for (const Column& c : kColumns) titles.emplace_back(c.title);
-    text_row(out, titles);
-    for (std::size_t i = 0; i < m.dynamic.size(); ++i) text_pool(out, std::to_string(i), m.dynamic[i]);
-    text_pool(out, "P", m.persistent);
+    rows.push_back(std::move(titles));
+    for (std::size_t i = 0; i < m.dynamic.size(); ++i)
+      rows.push_back(pool_row(std::to_string(i), m.dynamic[i]));
+    rows.push_back(pool_row("P", m.persistent));
+    table(out, rows);
   }
   return out;
 }
