@@ -35,7 +35,7 @@ check() {  # real standin label
 
 check "$toolkit/libcudart.so.13" "$standin/libcudart.so.13" libcudart
 check "$toolkit/stubs/libcuda.so" "$standin/libcuda.so.1" libcuda
-if ! objdump -T "$standin/libcudart.so.13" | grep -q ' simcuda_counter$'; then
+if ! exports "$standin/libcudart.so.13" | grep -x 'simcuda_counter libcudart.so.13' >/dev/null; then
   echo "FAIL: libcudart: simcuda_counter is not exported"
   fail=1
 fi

@@ -6,6 +6,8 @@
 
 #include <cuda_runtime_api.h>
 #include <dlfcn.h>
+#include <sys/wait.h>
+#include <unistd.h>
 #include <doctest/doctest.h>
 
 #include <atomic>
@@ -13,6 +15,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <mutex>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -105,6 +108,39 @@ bool eventually(Pred pred, double seconds = 5.0) {
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
   return pred();
+}
+
+// Runs this program again as a child with `argument` and the extra environment entries `env`
+// ("NAME=value"); returns the child's stderr and sets its wait status.
+inline std::string run_child(const char* argument, std::initializer_list<const char*> env,
+                             int* status) {
+  int fds[2];
+  REQUIRE_EQ(pipe(fds), 0);
+  pid_t pid = fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
+    dup2(fds[1], 2);
+    close(fds[0]);
+    close(fds[1]);
+    for (const char* name : {"SIMCUDA_DEVICES", "SIMCUDA_DEVICE_MEMORY", "SIMCUDA_OP_DELAY_US",
+                             "SIMCUDA_STRICT"})
+      unsetenv(name);
+    for (const char* e : env) putenv(const_cast<char*>(e));
+    char self[4096];
+    ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+    if (n <= 0) _exit(127);
+    self[n] = '\0';
+    execl(self, self, argument, static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  close(fds[1]);
+  std::string out;
+  char chunk[512];
+  ssize_t n;
+  while ((n = read(fds[0], chunk, sizeof chunk)) > 0) out.append(chunk, static_cast<size_t>(n));
+  close(fds[0]);
+  waitpid(pid, status, 0);
+  return out;
 }
 
 }  // namespace simtest

@@ -136,3 +136,38 @@ TEST_CASE("device synchronize waits for every stream; reset frees the device's m
     CHECK(free_after + (32 << 20) >= free_before);  // the real context's own use may vary
   }
 }
+
+TEST_CASE("each device has its own memory and capacity") {
+  int count = 0;
+  CUDA_OK(cudaGetDeviceCount(&count));
+  if (count < 2) return;
+  void* p0 = nullptr;
+  void* p1 = nullptr;
+  CUDA_OK(cudaSetDevice(0));
+  CUDA_OK(cudaMalloc(&p0, 1 << 20));
+  size_t free0 = 0, total = 0, free1 = 0;
+  CUDA_OK(cudaMemGetInfo(&free0, &total));
+  CUDA_OK(cudaSetDevice(1));
+  size_t free1_before = 0;
+  CUDA_OK(cudaMemGetInfo(&free1_before, &total));
+  CUDA_OK(cudaMalloc(&p1, 1 << 20));
+  CUDA_OK(cudaMemGetInfo(&free1, &total));
+  CHECK(free1_before - free1 >= (1u << 20));
+  cudaPointerAttributes attr;
+  CUDA_OK(cudaPointerGetAttributes(&attr, p0));
+  CHECK_EQ(attr.device, 0);
+  CUDA_OK(cudaPointerGetAttributes(&attr, p1));
+  CHECK_EQ(attr.device, 1);
+  cudaStream_t s1;
+  CUDA_OK(cudaStreamCreate(&s1));
+  int stream_device = -1;
+  CUDA_OK(cudaStreamGetDevice(s1, &stream_device));
+  CHECK_EQ(stream_device, 1);
+  CUDA_OK(cudaStreamDestroy(s1));
+  CUDA_OK(cudaFree(p1));
+  CUDA_OK(cudaSetDevice(0));
+  size_t free0_after = 0;
+  CUDA_OK(cudaMemGetInfo(&free0_after, &total));
+  if (simtest::stand_in()) CHECK_EQ(free0_after, free0);  // device 1's traffic left device 0 alone
+  CUDA_OK(cudaFree(p0));
+}

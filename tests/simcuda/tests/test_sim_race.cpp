@@ -4,9 +4,6 @@
 // deterministic. The report at exit and strict mode are checked in child processes of this
 // program. Stand-in only: every case skips on a real GPU.
 #define DOCTEST_CONFIG_IMPLEMENT
-#include <sys/wait.h>
-#include <unistd.h>
-
 #include <cstring>
 #include <string>
 
@@ -65,34 +62,6 @@ int child_race() {
   cudaStreamDestroy(b);
   cudaFree(buf);
   return 0;
-}
-
-// Runs this program as a child in `mode` with `env`; returns its stderr and wait status.
-std::string run_child(const char* mode, const char* env, int* status) {
-  int fds[2];
-  REQUIRE_EQ(pipe(fds), 0);
-  pid_t pid = fork();
-  REQUIRE(pid >= 0);
-  if (pid == 0) {
-    dup2(fds[1], 2);
-    close(fds[0]);
-    close(fds[1]);
-    if (env) putenv(const_cast<char*>(env));
-    char self[4096];
-    ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
-    if (n <= 0) _exit(127);
-    self[n] = '\0';
-    execl(self, self, mode, static_cast<char*>(nullptr));
-    _exit(127);
-  }
-  close(fds[1]);
-  std::string out;
-  char chunk[512];
-  ssize_t n;
-  while ((n = read(fds[0], chunk, sizeof chunk)) > 0) out.append(chunk, static_cast<size_t>(n));
-  close(fds[0]);
-  waitpid(pid, status, 0);
-  return out;
 }
 
 }  // namespace
@@ -194,13 +163,13 @@ TEST_CASE("cudaFreeAsync on another stream while the buffer is in use: race") {
 TEST_CASE("races are reported at exit with both operations; strict mode aborts") {
   if (!stand_in()) return;
   int status = 0;
-  std::string err = run_child("--child-race", nullptr, &status);
+  std::string err = simtest::run_child("--child-race", {}, &status);
   CHECK(WIFEXITED(status));
   CHECK_EQ(WEXITSTATUS(status), 0);
   CHECK(err.find("1 race(s) detected") != std::string::npos);
   CHECK(err.find("cudaMemsetAsync") != std::string::npos);
   CHECK(err.find("kernel writing") != std::string::npos);
-  err = run_child("--child-race", "SIMCUDA_STRICT=1", &status);
+  err = simtest::run_child("--child-race", {"SIMCUDA_STRICT=1"}, &status);
   CHECK(WIFSIGNALED(status));
   CHECK(err.find("SIMCUDA_STRICT") != std::string::npos);
 }

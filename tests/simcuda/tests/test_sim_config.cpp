@@ -1,0 +1,91 @@
+// The stand-in's environment variables: device count, capacity with suffixes, operation delay,
+// and malformed values stopping the program with a message that names the variable. Each case
+// runs this program again as a child with its own environment. Stand-in only.
+#define DOCTEST_CONFIG_IMPLEMENT
+#include <cstdio>
+#include <cstring>
+#include <string>
+
+#include "sim_test.h"
+
+using simtest::run_child;
+using simtest::stand_in;
+
+namespace {
+
+// Child: prints "count=<n> rc=<code> total=<bytes> memset_ms=<ms>" on stderr.
+int child_report() {
+  int count = -1;
+  cudaError_t rc = cudaGetDeviceCount(&count);
+  size_t free_bytes = 0, total = 0;
+  double ms = -1;
+  if (rc == cudaSuccess) {
+    cudaMemGetInfo(&free_bytes, &total);
+    void* p = nullptr;
+    cudaMalloc(&p, 256);
+    auto t0 = std::chrono::steady_clock::now();
+    cudaMemset(p, 0, 256);
+    ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    cudaFree(p);
+  }
+  std::fprintf(stderr, "count=%d rc=%d total=%zu memset_ms=%.1f\n", count, static_cast<int>(rc),
+               total, ms);
+  return 0;
+}
+
+std::string field(const std::string& out, const char* name) {
+  size_t at = out.find(std::string(name) + "=");
+  if (at == std::string::npos) return "";
+  at += std::strlen(name) + 1;
+  return out.substr(at, out.find_first_of(" \n", at) - at);
+}
+
+}  // namespace
+
+TEST_CASE("device count and capacity come from the environment") {
+  if (!stand_in()) return;
+  int status = 0;
+  std::string out = run_child("--child", {"SIMCUDA_DEVICES=3", "SIMCUDA_DEVICE_MEMORY=3M"}, &status);
+  CHECK(WIFEXITED(status));
+  CHECK_EQ(field(out, "count"), "3");
+  CHECK_EQ(field(out, "total"), std::to_string(3 << 20));
+  out = run_child("--child", {"SIMCUDA_DEVICE_MEMORY=2GiB"}, &status);
+  CHECK_EQ(field(out, "total"), std::to_string(size_t{2} << 30));
+  out = run_child("--child", {"SIMCUDA_DEVICE_MEMORY=12345"}, &status);
+  CHECK_EQ(field(out, "total"), "12345");
+  out = run_child("--child", {}, &status);
+  CHECK_EQ(field(out, "count"), "1");
+  CHECK_EQ(field(out, "total"), std::to_string(size_t{16} << 30));
+  out = run_child("--child", {"SIMCUDA_DEVICES=0"}, &status);
+  CHECK_EQ(field(out, "rc"), std::to_string(cudaErrorNoDevice));
+}
+
+TEST_CASE("SIMCUDA_OP_DELAY_US slows every stream operation") {
+  if (!stand_in()) return;
+  int status = 0;
+  std::string out = run_child("--child", {"SIMCUDA_OP_DELAY_US=30000"}, &status);
+  CHECK(std::stod(field(out, "memset_ms")) >= 29.0);
+}
+
+TEST_CASE("malformed values stop the program with a message naming the variable") {
+  if (!stand_in()) return;
+  const char* bad[] = {"SIMCUDA_DEVICE_MEMORY=lots", "SIMCUDA_DEVICE_MEMORY=16X",
+                       "SIMCUDA_DEVICE_MEMORY=0",    "SIMCUDA_DEVICE_MEMORY=-1G",
+                       "SIMCUDA_DEVICES=two",        "SIMCUDA_DEVICES=-1",
+                       "SIMCUDA_DEVICES=65",         "SIMCUDA_OP_DELAY_US=1ms"};
+  for (const char* env : bad) {
+    CAPTURE(env);
+    int status = 0;
+    std::string out = run_child("--child", {env}, &status);
+    CHECK(WIFSIGNALED(status));
+    std::string name(env, std::strchr(env, '=') - env);
+    CHECK(out.find(name) != std::string::npos);
+    CHECK(out.find("count=") == std::string::npos);  // nothing ran
+  }
+}
+
+int main(int argc, char** argv) {
+  if (argc == 2 && std::strcmp(argv[1], "--child") == 0) return child_report();
+  doctest::Context context(argc, argv);
+  return context.run();
+}
