@@ -304,6 +304,22 @@ TEST_CASE("dealloc_period_releases_idle_pages") {
   CHECK(rig.device.outstanding_allocations() == 0);
 }
 
+TEST_CASE("persistent_idle_slices_go_on_explicit_cleanup_only") {
+  Rig rig(custom({sliced(4096)}), 512, 128 * MiB, FreeFence::none);
+  rig.manager.set_mode(AllocationMode::persistent);
+  const DevicePtr a = rig.reserve(1000), b = rig.reserve(3000);
+  rig.manager.set_mode(AllocationMode::automatic);
+  rig.manager.free(a);
+  for (int i = 0; i < 100; ++i) rig.manager.free(rig.reserve(100));
+  rig.manager.cleanup(false);
+  CHECK(rig.manager.report().persistent.pages == 2);
+  rig.manager.cleanup(true);
+  const ManagerReport r = rig.manager.report();
+  CHECK(r.persistent.pages == 1);
+  CHECK(r.persistent.device_releases == 1);
+  CHECK(rig.manager.live_size(b) == 3000);
+}
+
 TEST_CASE("no_period_means_no_implicit_release") {
   Rig rig(custom({sliced(4096)}), 512, 128 * MiB, FreeFence::none);
   rig.manager.free(rig.reserve(4096));

@@ -258,4 +258,17 @@ TEST_CASE("text_report_has_one_aligned_row_per_pool") {
   CHECK(rows.back().find("persistent") != std::string::npos);
 }
 
+TEST_CASE("text_report_columns_stay_aligned_with_long_shapes") {
+  Rig rig(custom({sliced(2048, 0, 512, 5000), exclusive(1 * GiB, 123456789)}), 32);
+  REQUIRE(rig.reserve(100) != 0);
+  const std::string text =
+      render_report(ReportHeader{1, 2, "exit"}, {rig.manager.report()}, ReportFormat::text);
+  std::istringstream lines(text);
+  std::vector<std::string> rows;
+  for (std::string line; std::getline(lines, line);) rows.push_back(line);
+  REQUIRE(rows.size() == 6);
+  CHECK(rows[3].find("(page shrunk to the cap)") != std::string::npos);
+  for (std::size_t i = 3; i < rows.size(); ++i) CHECK(rows[i].size() == rows[2].size());
+}
+
 }  // TEST_SUITE
