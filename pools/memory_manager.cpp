@@ -41,6 +41,10 @@
 
 namespace poolcuda {
 
+namespace {
+constexpr std::uint64_t kLargestRequest = std::uint64_t{1} << 62;  // 4 EiB
+}  // namespace
+
 MemoryManager::Impl::Impl(Device& d, const ManagerOptions& o)
     : device(d), options(o), ctx(d) {
   total_memory = device.memory_info().total_bytes;
@@ -255,7 +259,9 @@ MemoryManager::~MemoryManager() = default;
 Reservation MemoryManager::allocate(std::uint64_t size) {
   std::lock_guard lock(impl_->mutex);
   Impl& m = *impl_;
-  if (size == 0) return Reservation{0, Error{ErrorKind::buffer_too_big, 0}};
+  // Zero, and sizes so large that aligning them would wrap around, are refused outright.
+  if (size == 0 || size > kLargestRequest)
+    return Reservation{0, Error{ErrorKind::buffer_too_big, size}};
   ++m.ctx.clock;
   if (m.ctx.clock >= m.ctx.next_deadline) m.implicit_cleanup();
 

@@ -68,7 +68,8 @@ class MemoryManager {
   MemoryManager(const MemoryManager&) = delete;
   MemoryManager& operator=(const MemoryManager&) = delete;
 
-  // Reserves `size` bytes (size > 0). On device out-of-memory: explicit cleanup of every idle
+  // Reserves `size` bytes. A size of 0 or above 2^62 is ErrorKind::buffer_too_big and changes
+  // nothing. On device out-of-memory: explicit cleanup of every idle
   // page, wait for pending free fences, retry once; only then ErrorKind::out_of_memory.
   Reservation allocate(std::uint64_t size);
 

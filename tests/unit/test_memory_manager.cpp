@@ -318,6 +318,15 @@ TEST_CASE("buffer_too_big_when_no_pool_accepts") {
   CHECK(r.ptr == 0);
   CHECK(r.error == Error{ErrorKind::buffer_too_big, 5000});
   CHECK(rig.manager.allocate(0).error.kind == ErrorKind::buffer_too_big);
+  // Sizes whose alignment would wrap around are refused before any pool sees them.
+  Rig any(custom({direct(1 * GiB)}));
+  any.manager.set_mode(AllocationMode::persistent);
+  CHECK(any.manager.allocate(~std::uint64_t{0}).error ==
+        Error{ErrorKind::buffer_too_big, ~std::uint64_t{0}});
+  CHECK(any.manager.allocate((std::uint64_t{1} << 62) + 1).error.kind ==
+        ErrorKind::buffer_too_big);
+  CHECK(any.manager.memory_usage() == MemoryUsage{});
+  CHECK(any.device.calls().allocate == 0);
   CHECK(rig.manager.memory_usage() == MemoryUsage{});
   CHECK(rig.device.calls().allocate == 0);
 }
