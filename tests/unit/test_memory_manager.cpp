@@ -13,6 +13,41 @@ using namespace poolcuda::test;
 
 TEST_SUITE("unit") {
 
+// The reference's handle-mutability tests: a live allocation is never shared with another one,
+// and only once freed does its memory serve a new allocation.
+void check_live_slices_are_exclusive(const PoolLayout& layout) {
+  Rig rig(layout, 32, 128 * MiB, FreeFence::none);
+  const DevicePtr a = rig.reserve(10);
+  const DevicePtr b = rig.reserve(10);
+  REQUIRE(a != 0);
+  REQUIRE(b != 0);
+  CHECK(a != b);
+  CHECK((a + 10 <= b || b + 10 <= a));
+  CHECK(rig.manager.live_size(a) == 10);
+  CHECK(rig.manager.free(a) == FreeOutcome::freed);
+  CHECK(rig.manager.live_size(a) == 0);
+  CHECK(rig.reserve(10) == a);
+}
+
+TEST_CASE("test_handle_mutability") { check_live_slices_are_exclusive(preset(PoolPreset::subslices)); }
+
+TEST_CASE("noslice_test_handle_mutability") {
+  check_live_slices_are_exclusive(preset(PoolPreset::exclusive));
+}
+
+TEST_CASE("find_unknown_pointer_returns_not_found") {
+  // The reference's never-initialized and stale-descriptor lookups: a pointer that is not the
+  // start of a live slice resolves to nothing, even with a live page around it.
+  Rig rig(custom({sliced(2048)}));
+  const DevicePtr live = rig.reserve(512);
+  CHECK(rig.manager.live_size(0) == 0);
+  CHECK(rig.manager.live_size(live + 32) == 0);
+  const DevicePtr stale = rig.reserve(512);
+  rig.manager.free(stale);
+  CHECK(rig.manager.live_size(stale) == 0);
+  CHECK(rig.manager.live_size(live) == 512);
+}
+
 TEST_CASE("test_memory_usage") {
   Rig rig(custom({exclusive(512)}));
   DevicePtr a = rig.reserve(100);
