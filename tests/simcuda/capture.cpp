@@ -234,7 +234,10 @@ cudaError_t free_async(const StreamRef& s, void* ptr) {
   w.mem = ptr;
   w.ranges.push_back(Range{info.base, info.base + info.size, true});
   uint64_t id = info.id;
-  w.fn = [ptr, id] { mem_free(ptr, id); };
+  w.fn = [ptr, id] {
+    std::lock_guard lock(effects_mutex());
+    mem_free(ptr, id);
+  };
   return submit(s, std::move(w));
 }
 

@@ -200,8 +200,10 @@ cudaError_t event_query(const EventRef& ev);
 cudaError_t event_sync(const EventRef& ev);
 void device_reset_events(int device);
 cudaError_t event_elapsed(const EventRef& start, const EventRef& end, float* ms);
-// Serializes the memory effects of stand-in operations (memset, memcpy) so that two unordered
-// operations that race (and are reported) never race in the host process itself.
+// Serializes the memory effects of stand-in operations (memset, memcpy, frees) so that two
+// unordered operations that race (and are reported) never race in the host process itself, and
+// an operation checks its memory is still allocated and uses it atomically. Taken before the
+// memory module's own mutex.
 std::mutex& effects_mutex();
 // Requires state_mutex: enqueue (no capture checks) with the legacy-stream ordering rules.
 uint64_t enqueue_locked(const StreamRef& s, Work work);

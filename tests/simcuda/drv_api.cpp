@@ -203,6 +203,7 @@ CUresult cuMemFree_v2(CUdeviceptr d) {
       return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
   }
   device_drain(info.device);
+  std::lock_guard lock(effects_mutex());
   return as_cu(mem_free(ptr(d), info.id));
 }
 

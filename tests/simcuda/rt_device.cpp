@@ -145,7 +145,7 @@ cudaError_t cudaDeviceSynchronize(void) {
       return record_error(cudaErrorStreamCaptureUnsupported);
   }
   device_drain(device);
-  return cudaSuccess;
+  SIM_RETURN(sticky_error());  // a fault in the work just waited for is reported here
 }
 
 cudaError_t cudaDeviceReset(void) {

@@ -18,6 +18,16 @@ void add_range(std::vector<Range>& ranges, const void* p, size_t n, bool write) 
   }
 }
 
+// Runs on the worker, under effects_mutex: the memory may have been freed since the operation
+// was enqueued (a free on an unordered stream). On a GPU that is an illegal address, a sticky
+// error; the stand-in reports it the same way instead of faulting.
+bool still_valid(const void* p, size_t n) {
+  if (mem_check(p, n) == cudaSuccess) return true;
+  std::fprintf(stderr, "simcuda: stream operation touches freed device memory at %p\n", p);
+  set_sticky_error(cudaErrorIllegalAddress);
+  return false;
+}
+
 std::string describe(const char* what, const void* p, size_t n) {
   char buf[96];
   std::snprintf(buf, sizeof buf, "%s(%p, %zu bytes)", what, p, n);
@@ -50,10 +60,14 @@ cudaError_t copy(void* dst, const void* src, size_t n, cudaMemcpyKind kind, cons
   add_range(w.ranges, dst, n, true);
   w.fn = [dst, src, n] {
     std::lock_guard lock(effects_mutex());
+    if (!still_valid(dst, n) || !still_valid(src, n)) return;
     std::memmove(dst, src, n);
   };
   if (cudaError_t err = submit(s, std::move(w)); err != cudaSuccess) return err;
-  if (wait) drain(s);
+  if (wait) {
+    drain(s);
+    return sticky_error();
+  }
   return cudaSuccess;
 }
 
@@ -69,10 +83,14 @@ cudaError_t set(void* dst, int value, size_t n, const StreamRef& s, bool wait, c
   add_range(w.ranges, dst, n, true);
   w.fn = [dst, value, n] {
     std::lock_guard lock(effects_mutex());
+    if (!still_valid(dst, n)) return;
     std::memset(dst, value, n);
   };
   if (cudaError_t err = submit(s, std::move(w)); err != cudaSuccess) return err;
-  if (wait) drain(s);
+  if (wait) {
+    drain(s);
+    return sticky_error();
+  }
   return cudaSuccess;
 }
 
@@ -122,6 +140,7 @@ cudaError_t cudaFree(void* devPtr) {
       SIM_RETURN(cudaErrorStreamCaptureUnsupported);
   }
   device_drain(info.device);
+  std::lock_guard lock(effects_mutex());
   SIM_RETURN(mem_free(devPtr, info.id));
 }
 

@@ -27,7 +27,7 @@ cudaError_t stream_sync(const StreamRef& s) {
   if (!s) return cudaErrorInvalidResourceHandle;
   if (cudaError_t err = capture_guard(s); err != cudaSuccess) return err;
   drain(s);
-  return cudaSuccess;
+  return sticky_error();  // a fault in the work just waited for is reported here
 }
 
 cudaError_t stream_query(const StreamRef& s) {
@@ -204,7 +204,8 @@ cudaError_t cudaEventQuery(cudaEvent_t event) {
 
 cudaError_t cudaEventSynchronize(cudaEvent_t event) {
   SIM_ENTER();
-  SIM_RETURN(event_sync(find_event(event)));
+  cudaError_t err = event_sync(find_event(event));
+  SIM_RETURN(err == cudaSuccess ? sticky_error() : err);
 }
 
 cudaError_t cudaEventDestroy(cudaEvent_t event) {

@@ -227,3 +227,26 @@ TEST_CASE("allocation from many threads") {
   CHECK_EQ(failures.load(), 0);
   if (stand_in()) CHECK_EQ(counter("live_allocations"), 0u);
 }
+
+TEST_CASE("an operation reaching freed memory raises a sticky illegal address (stand-in)") {
+  if (!stand_in()) return;
+  cudaStream_t a, b;
+  CUDA_OK(cudaStreamCreateWithFlags(&a, cudaStreamNonBlocking));
+  CUDA_OK(cudaStreamCreateWithFlags(&b, cudaStreamNonBlocking));
+  void* p = nullptr;
+  CUDA_OK(cudaMallocAsync(&p, 4096, a));
+  CUDA_OK(cudaStreamSynchronize(a));
+  simtest::Gate gate;
+  CUDA_OK(cudaLaunchHostFunc(a, simtest::Gate::wait_fn, &gate));
+  CUDA_OK(cudaMemsetAsync(p, 1, 4096, a));  // queued behind the gate
+  gate.wait_entered();
+  CUDA_OK(cudaFreeAsync(p, b));  // unordered with stream a: frees first
+  CUDA_OK(cudaStreamSynchronize(b));
+  gate.open();
+  CHECK_EQ(cudaStreamSynchronize(a), cudaErrorIllegalAddress);
+  CHECK_EQ(cudaMalloc(&p, 16), cudaErrorIllegalAddress);
+  stand_in()->set_sticky_error(cudaSuccess);
+  CHECK_EQ(cudaGetLastError(), cudaErrorIllegalAddress);
+  CUDA_OK(cudaStreamDestroy(a));
+  CUDA_OK(cudaStreamDestroy(b));
+}
