@@ -136,13 +136,6 @@ class Pool {
   PoolReport report() const;
   std::uint64_t alignment() const { return ctx_.alignment; }
 
-  // For consistency checks in tests: calls `fn(page)` for every page this pool holds.
-  template <typename Fn>
-  void for_each_page(Fn&& fn) const {
-    for (auto it = ctx_.page_set.begin(); it != ctx_.page_set.end(); ++it)
-      if (it->pool == this) fn(*it);
-  }
-
  protected:
   // Allocates and registers a page holding one free slice that covers it. The slice is not in
   // any free set yet.
