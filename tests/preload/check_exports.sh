@@ -20,7 +20,7 @@ for hooked in cudaMalloc cudaFree cudaMemGetInfo cudaDeviceReset cudaStreamCreat
     status=1
   fi
 done
-if "$nm_tool" -D "$library" >/dev/null && readelf -d "$library" 2>/dev/null | grep -q 'libcudart'; then
+if readelf -d "$library" 2>/dev/null | grep -q 'libcudart'; then
   echo "links libcudart"
   status=1
 fi

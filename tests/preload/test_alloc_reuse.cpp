@@ -30,7 +30,9 @@ int main() {
   // A host -> device -> device -> host round trip through two pooled buffers.
   const std::size_t n = 1 << 20;
   std::vector<std::uint32_t> source(n / 4);
-  for (std::size_t i = 0; i < source.size(); ++i) source[i] = static_cast<std::uint32_t>(i * 2654435761u);
+  for (std::size_t i = 0; i < source.size(); ++i) {
+    source[i] = static_cast<std::uint32_t>(i * 2654435761u);
+  }
   void* a = nullptr;
   void* b = nullptr;
   CHECK_CUDA(cudaMalloc(&a, n));

@@ -1,8 +1,11 @@
 // Preload test 3: bad input gets CUDA's own error codes and changes nothing. A double free and
 // an interior pointer answer cudaErrorInvalidValue and leave the pools intact; cudaMalloc(NULL)
-// answers cudaErrorInvalidValue; size 0 behaves as the real call; a request larger than the
+// answers cudaErrorInvalidValue (and the library's own CUDA calls leave that last error alone);
+// size 0 behaves as the real call; a request larger than the
 // device answers cudaErrorMemoryAllocation, sets the last error as the real call does, and
 // leaks nothing.
+#include <vector>
+
 #include "check.h"
 
 int main() {
@@ -37,9 +40,18 @@ int main() {
   }
   CHECK(preload_test::device_bytes_equal(keep, 4096, 0x42));
 
-  // cudaMalloc(NULL, n).
+  // cudaMalloc(NULL, n). Its error stays the program's last error while the pools work on the
+  // program's behalf (new pages, fence events, reuse): their own calls never touch it.
   CHECK_RESULT(cudaMalloc(nullptr, 4096), cudaErrorInvalidValue);
-  (void)cudaGetLastError();
+  std::vector<void*> pages;
+  for (int i = 0; i < 600; ++i) {
+    void* ptr = nullptr;
+    CHECK_CUDA(cudaMalloc(&ptr, 64 * 1024));
+    pages.push_back(ptr);
+  }
+  for (void* ptr : pages) CHECK_CUDA(cudaFree(ptr));
+  CHECK_RESULT(cudaGetLastError(), cudaErrorInvalidValue);
+  CHECK_RESULT(cudaGetLastError(), cudaSuccess);
 
   // Size 0: the same answer as the real runtime's, and its pointer frees the same way.
   using MallocFn = cudaError_t (*)(void**, std::size_t);
