@@ -148,7 +148,7 @@ CounterFn find_counter() {
 
 // One window read back from a buffer: the slot in pinned staging memory it lands in, and what
 // it must contain.
-constexpr std::size_t kPattern = 256;  // bytes copied in at `offset`
+constexpr std::size_t kPattern = 256;  // pattern bytes copied into the buffer
 constexpr std::size_t kMargin = 64;    // memset bytes read back on either side of the pattern
 constexpr std::size_t kSlot = kPattern + 2 * kMargin;
 
