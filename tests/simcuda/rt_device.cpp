@@ -1,6 +1,8 @@
 // Runtime stand-in entry points for devices, errors and versions, plus the stand-in-only C API
 // of simcuda.h. Each entry point is a guard (bind the primary context, honour the sticky error)
 // and a call into the core; error codes go through record_error for cudaGetLastError.
+#include <dlfcn.h>
+
 #include <cstdio>
 #include <cstring>
 
@@ -194,6 +196,44 @@ const char* cudaGetErrorName(cudaError_t error) {
 const char* cudaGetErrorString(cudaError_t error) {
   const char* text = error_string(error);
   return text ? text : "unrecognized error code";
+}
+
+namespace {
+
+// Like the real runtime, driver entry points come from the driver library's own resolver, so a
+// hook on libcuda.so.1 sees these lookups too.
+cudaError_t driver_entry(const char* symbol, void** fn, unsigned version,
+                         unsigned long long flags, cudaDriverEntryPointQueryResult* status) {
+  using Resolver = int (*)(const char*, void**, int, unsigned long long, int*);
+  static Resolver resolve = [] {
+    void* lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);  // kept for the process's life
+    return lib ? reinterpret_cast<Resolver>(dlsym(lib, "cuGetProcAddress_v2")) : nullptr;
+  }();
+  if (!symbol || !fn) return cudaErrorInvalidValue;
+  *fn = nullptr;
+  if (flags & ~0x3ull) return cudaErrorInvalidValue;
+  if (!resolve) return cudaErrorNotSupported;
+  int found = 0;
+  int rc = resolve(symbol, fn, static_cast<int>(version), flags, &found);
+  if (status) *status = static_cast<cudaDriverEntryPointQueryResult>(found);
+  if (rc == 0) return cudaSuccess;
+  // Not found: reported through the status when the caller asked for it.
+  return status ? cudaSuccess : cudaErrorSymbolNotFound;
+}
+
+}  // namespace
+
+cudaError_t cudaGetDriverEntryPoint(const char* symbol, void** funcPtr, unsigned long long flags,
+                                    cudaDriverEntryPointQueryResult* driverStatus) {
+  SIM_ENTER();
+  SIM_RETURN(driver_entry(symbol, funcPtr, CUDART_VERSION, flags, driverStatus));
+}
+
+cudaError_t cudaGetDriverEntryPointByVersion(const char* symbol, void** funcPtr,
+                                             unsigned int cudaVersion, unsigned long long flags,
+                                             cudaDriverEntryPointQueryResult* driverStatus) {
+  SIM_ENTER();
+  SIM_RETURN(driver_entry(symbol, funcPtr, cudaVersion, flags, driverStatus));
 }
 
 extern "C" {

@@ -53,6 +53,23 @@ cudaError_t host_func(const StreamRef& s, cudaHostFn_t fn, void* user_data) {
   return submit(s, std::move(w));
 }
 
+struct Callback {
+  cudaStream_t stream;
+  cudaStreamCallback_t fn;
+  void* user_data;
+};
+
+cudaError_t add_callback(cudaStream_t handle, const StreamRef& s, cudaStreamCallback_t fn,
+                         void* user_data, unsigned flags) {
+  if (!fn || flags != 0) return cudaErrorInvalidValue;
+  Work w;
+  w.type = cudaGraphNodeTypeHost;
+  w.desc = "stream callback";
+  Callback cb{handle, fn, user_data};
+  w.fn = [cb] { cb.fn(cb.stream, sticky_error(), cb.user_data); };
+  return submit(s, std::move(w));
+}
+
 cudaError_t record(cudaEvent_t event, const StreamRef& s, unsigned flags = 0) {
   bump(Counter::cudaEventRecord);
   if (flags & ~unsigned{cudaEventRecordExternal}) return cudaErrorInvalidValue;
@@ -157,6 +174,18 @@ cudaError_t cudaLaunchHostFunc(cudaStream_t stream, cudaHostFn_t fn, void* userD
 cudaError_t cudaLaunchHostFunc_ptsz(cudaStream_t stream, cudaHostFn_t fn, void* userData) {
   SIM_ENTER();
   SIM_RETURN(host_func(resolve_stream(stream, true), fn, userData));
+}
+
+cudaError_t cudaStreamAddCallback(cudaStream_t stream, cudaStreamCallback_t callback,
+                                  void* userData, unsigned int flags) {
+  SIM_ENTER();
+  SIM_RETURN(add_callback(stream, resolve_stream(stream, false), callback, userData, flags));
+}
+
+cudaError_t cudaStreamAddCallback_ptsz(cudaStream_t stream, cudaStreamCallback_t callback,
+                                       void* userData, unsigned int flags) {
+  SIM_ENTER();
+  SIM_RETURN(add_callback(stream, resolve_stream(stream, true), callback, userData, flags));
 }
 
 cudaError_t cudaEventCreate(cudaEvent_t* event) {

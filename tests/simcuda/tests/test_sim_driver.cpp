@@ -192,3 +192,23 @@ TEST_CASE("stream-ordered allocation through the driver") {
   CUDA_OK(cudaStreamDestroy(s));
   if (stand_in()) CHECK_EQ(counter("live_allocations"), 0u);
 }
+
+TEST_CASE("cudaGetDriverEntryPoint resolves through the driver") {
+  void* fn = nullptr;
+  cudaDriverEntryPointQueryResult status = cudaDriverEntryPointSymbolNotFound;
+  CUDA_OK(cudaGetDriverEntryPointByVersion("cuMemAlloc", &fn, 12000, cudaEnableDefault, &status));
+  CHECK_EQ(status, cudaDriverEntryPointSuccess);
+  CHECK(fn != nullptr);
+  if (!stand_in()) return;
+  CHECK_EQ(fn, dlsym(driver().lib, "cuMemAlloc_v2"));
+  CUDA_OK(cudaGetDriverEntryPointByVersion("cuMemAllocAsync", &fn, 11000, cudaEnableDefault,
+                                           &status));
+  CHECK_EQ(status, cudaDriverEntryPointVersionNotSufficent);
+  CHECK_EQ(fn, nullptr);
+  CUDA_OK(cudaGetDriverEntryPointByVersion("cuNoSuchThing", &fn, 13000, cudaEnableDefault,
+                                           &status));
+  CHECK_EQ(status, cudaDriverEntryPointSymbolNotFound);
+  CHECK_EQ(cudaGetDriverEntryPointByVersion("cuMemAlloc", &fn, 13000, 0x10, &status),
+           cudaErrorInvalidValue);
+  cudaGetLastError();
+}

@@ -199,3 +199,31 @@ TEST_CASE("a stream destroyed with queued work still runs it") {
   CUDA_OK(cudaDeviceSynchronize());
   CHECK_EQ(rec.get(), std::vector<int>{9});
 }
+
+TEST_CASE("cudaStreamAddCallback runs in order with the stream and status") {
+  cudaStream_t s;
+  CUDA_OK(cudaStreamCreate(&s));
+  struct Seen {
+    cudaStream_t stream = nullptr;
+    cudaError_t status = cudaErrorUnknown;
+    Recorder* rec = nullptr;
+  } seen;
+  Recorder rec;
+  seen.rec = &rec;
+  Tag first{&rec, 1};
+  CUDA_OK(cudaLaunchHostFunc(s, Tag::fn, &first));
+  auto cb = [](cudaStream_t stream, cudaError_t status, void* p) {
+    auto* seen = static_cast<Seen*>(p);
+    seen->stream = stream;
+    seen->status = status;
+    seen->rec->add(2);
+  };
+  CUDA_OK(cudaStreamAddCallback(s, cb, &seen, 0));
+  CUDA_OK(cudaStreamSynchronize(s));
+  CHECK_EQ(rec.get(), (std::vector<int>{1, 2}));
+  CHECK_EQ(seen.stream, s);
+  CHECK_EQ(seen.status, cudaSuccess);
+  CHECK_EQ(cudaStreamAddCallback(s, cb, &seen, 1), cudaErrorInvalidValue);
+  cudaGetLastError();
+  CUDA_OK(cudaStreamDestroy(s));
+}
