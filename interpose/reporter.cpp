@@ -143,6 +143,7 @@ void start_reporter(const Config& conf) {
     log_format(LogLevel::basic, "cannot start the reporter thread; %s reports disabled", name);
     return;
   }
+  ::pthread_setname_np(thread, "poolcuda-report");
 
   struct sigaction action = {};
   action.sa_handler = &on_report_signal;

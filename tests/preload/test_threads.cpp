@@ -49,7 +49,9 @@ bool tagged(const Buffer& buffer, unsigned char tag) {
 }
 
 void tag_buffer(const Buffer& buffer, unsigned char tag) {
-  CHECK_CUDA(cudaMemset(buffer.ptr, tag, buffer.size < kProbe ? buffer.size : kProbe));
+  // Asynchronous on the legacy stream: later copies are ordered after it, and a free while it
+  // is still queued is exactly what free fences are for.
+  CHECK_CUDA(cudaMemsetAsync(buffer.ptr, tag, buffer.size < kProbe ? buffer.size : kProbe, 0));
 }
 
 std::atomic<std::uint64_t> g_operations{0};
