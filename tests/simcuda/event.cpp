@@ -144,6 +144,9 @@ cudaError_t event_query(const EventRef& ev) {
   {
     std::lock_guard lock(state_mutex());
     if (ev->captured) return cudaErrorCapturedEvent;
+    // Querying or waiting for an event during a capture is treated as potentially unsafe (see
+    // Note [Capture legality]): code that must work under capture brackets it with relaxed mode.
+    if (cudaError_t err = check_unsafe_call_locked(); err != cudaSuccess) return err;
     if (!ev->recorded) return cudaSuccess;
     s = ev->stream;
     seq = ev->seq;
@@ -158,6 +161,9 @@ cudaError_t event_sync(const EventRef& ev) {
   {
     std::lock_guard lock(state_mutex());
     if (ev->captured) return cudaErrorCapturedEvent;
+    // Querying or waiting for an event during a capture is treated as potentially unsafe (see
+    // Note [Capture legality]): code that must work under capture brackets it with relaxed mode.
+    if (cudaError_t err = check_unsafe_call_locked(); err != cudaSuccess) return err;
     if (!ev->recorded) return cudaSuccess;
     s = ev->stream;
     seq = ev->seq;

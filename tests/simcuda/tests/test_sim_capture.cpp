@@ -315,3 +315,29 @@ TEST_CASE("the _ptsz entry points capture the per-thread default stream") {
   CHECK_EQ(ran.load(), 0);
   CUDA_OK(cudaGraphDestroy(g));
 }
+
+TEST_CASE("event queries during a global capture need the relaxed bracket (stand-in rule)") {
+  cudaEvent_t ev;
+  CUDA_OK(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
+  CUDA_OK(cudaEventRecord(ev, cudaStreamPerThread));
+  CUDA_OK(cudaEventSynchronize(ev));
+  {
+    Capturing cap(cudaStreamCaptureModeGlobal);
+    cudaError_t relaxed = cudaErrorUnknown;
+    std::thread([&] {
+      cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+      cudaThreadExchangeStreamCaptureMode(&mode);
+      relaxed = cudaEventQuery(ev);
+      cudaThreadExchangeStreamCaptureMode(&mode);
+    }).join();
+    CHECK_EQ(relaxed, cudaSuccess);
+    CHECK_EQ(cap.status(), cudaStreamCaptureStatusActive);
+    if (stand_in()) {
+      cudaError_t global = cudaErrorUnknown;
+      std::thread([&] { global = cudaEventQuery(ev); }).join();
+      CHECK_EQ(global, cudaErrorStreamCaptureUnsupported);
+      CHECK_EQ(cap.status(), cudaStreamCaptureStatusInvalidated);
+    }
+  }
+  CUDA_OK(cudaEventDestroy(ev));
+}
