@@ -127,6 +127,16 @@ cudaError_t begin_capture(const StreamRef& s, cudaStreamCaptureMode mode) {
   return cudaSuccess;
 }
 
+cudaGraph_t abandon_capture_locked(Stream& s) {
+  std::shared_ptr<Capture> c = std::move(s.capture);
+  if (!c) return nullptr;
+  c->invalidated = true;
+  if (c->origin != &s) return nullptr;  // a joined stream leaving: the capture goes on
+  detach_members(*c);
+  std::erase(captures().active, c);
+  return c->graph_handle;
+}
+
 void capture_join_locked(const StreamRef& s, const std::shared_ptr<Capture>& cap) {
   s->capture = cap;
   cap->members.push_back(s);

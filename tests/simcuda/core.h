@@ -235,6 +235,10 @@ bool any_capture_locked(int device);
 // Invalidates the captures of blocking streams on `device`: work on the legacy stream would
 // depend on them implicitly (cudaErrorStreamCaptureImplicit). Must hold state_mutex.
 bool invalidate_blocking_captures_locked(int device);
+// The stream is going away (destroyed, its thread exited, device reset): if it takes part in a
+// capture, the capture is invalidated and, if the stream began it, ended. Returns the graph of an
+// ended capture, to be destroyed by the caller once state_mutex is released.
+cudaGraph_t abandon_capture_locked(Stream& s);
 cudaError_t begin_capture(const StreamRef& s, cudaStreamCaptureMode mode);
 cudaError_t end_capture(const StreamRef& s, cudaGraph_t* graph);
 // Stream-ordered allocation: memory nodes inside a capture, an allocation now (and a free when

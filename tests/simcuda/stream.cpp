@@ -83,10 +83,12 @@ struct PerThread {
   ~PerThread() {
     for (auto& s : by_device) {
       if (!s) continue;
+      cudaGraph_t doomed;
       {
         std::lock_guard lock(state_mutex());
-        s->capture.reset();
+        doomed = abandon_capture_locked(*s);
       }
+      if (doomed) graph_destroy(doomed);
       retire(s);
     }
   }
@@ -151,17 +153,16 @@ uint64_t stream_handle_id(const StreamRef& s) { return s ? s->id : 0; }
 
 cudaError_t destroy_stream(cudaStream_t handle) {
   StreamRef s;
+  cudaGraph_t doomed;
   {
     std::lock_guard lock(state_mutex());
     auto it = streams().user.find(handle);
     if (it == streams().user.end()) return cudaErrorInvalidResourceHandle;
     s = it->second;
     streams().user.erase(it);
-    if (s->capture) {
-      s->capture->invalidated = true;
-      s->capture.reset();
-    }
+    doomed = abandon_capture_locked(*s);
   }
+  if (doomed) graph_destroy(doomed);
   // Like CUDA, work already queued still runs; the worker exits once it has drained.
   retire(s);
   return cudaSuccess;
@@ -247,6 +248,7 @@ void device_drain(int device) {
 
 void device_reset_streams(int device) {
   std::vector<StreamRef> doomed;
+  std::vector<cudaGraph_t> graphs;
   {
     std::lock_guard lock(state_mutex());
     Streams& st = streams();
@@ -261,8 +263,10 @@ void device_reset_streams(int device) {
     StreamRef& legacy = st.legacy[static_cast<size_t>(device)];
     if (legacy) doomed.push_back(legacy);
     legacy.reset();
-    for (const StreamRef& s : device_streams(device)) s->capture.reset();
+    for (const StreamRef& s : device_streams(device))
+      if (cudaGraph_t g = abandon_capture_locked(*s)) graphs.push_back(g);
   }
+  for (cudaGraph_t g : graphs) graph_destroy(g);
   for (const StreamRef& s : doomed) retire(s);
 }
 

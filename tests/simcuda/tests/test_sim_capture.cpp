@@ -341,3 +341,17 @@ TEST_CASE("event queries during a global capture need the relaxed bracket (stand
   }
   CUDA_OK(cudaEventDestroy(ev));
 }
+
+TEST_CASE("a capture whose stream goes away ends and stops forbidding calls (stand-in)") {
+  if (!stand_in()) return;  // destroying a capturing stream is not defined by CUDA
+  cudaStream_t s;
+  CUDA_OK(cudaStreamCreate(&s));
+  CUDA_OK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
+  CUDA_OK(cudaStreamDestroy(s));
+  std::thread([] {
+    CUDA_OK(cudaStreamBeginCapture(cudaStreamPerThread, cudaStreamCaptureModeGlobal));
+  }).join();  // the thread exits mid-capture: its per-thread stream goes away
+  void* p = nullptr;
+  CUDA_OK(cudaMalloc(&p, 256));
+  CUDA_OK(cudaFree(p));
+}
