@@ -209,8 +209,10 @@ TEST_CASE("cudaGraphReleaseUserObject and bad counts") {
   CUDA_OK(cudaGraphCreate(&g, 0));
   CUDA_OK(cudaGraphRetainUserObject(g, obj, 2, 0));  // the graph takes two new references
   CUDA_OK(cudaUserObjectRelease(obj, 1));            // ours goes
-  CHECK_EQ(cudaGraphReleaseUserObject(g, obj, 3), cudaErrorInvalidValue);
-  cudaGetLastError();
+  if (stand_in()) {  // releasing more than the graph holds is undefined on the real runtime
+    CHECK_EQ(cudaGraphReleaseUserObject(g, obj, 3), cudaErrorInvalidValue);
+    cudaGetLastError();
+  }
   CUDA_OK(cudaGraphReleaseUserObject(g, obj, 1));
   settle();
   CHECK_EQ(d.count.load(), 0);

@@ -128,9 +128,10 @@ TEST_CASE("memset and memcpy round trip through device memory") {
   CHECK_EQ(back[0], 0);
   CHECK_EQ(back[n / 2 - 1], 0);
   CHECK_EQ(back[n / 2], host[n / 2]);
-  // Out of bounds or freed device memory is refused.
-  CHECK_EQ(cudaMemset(d, 0, n + 1), cudaErrorInvalidValue);
-  CHECK_EQ(cudaMemcpy(back.data(), d, n + 256, cudaMemcpyDeviceToHost), cudaErrorInvalidValue);
+  if (stand_in()) {  // bounds are the stand-in's check; a GPU may fault later instead
+    CHECK_EQ(cudaMemset(d, 0, n + 1), cudaErrorInvalidValue);
+    CHECK_EQ(cudaMemcpy(back.data(), d, n + 256, cudaMemcpyDeviceToHost), cudaErrorInvalidValue);
+  }
   CHECK_EQ(cudaMemcpy(d, back.data(), n, static_cast<cudaMemcpyKind>(17)),
            cudaErrorInvalidMemcpyDirection);
   cudaGetLastError();
@@ -206,8 +207,10 @@ TEST_CASE("stream-ordered allocation") {
     CUDA_OK(cudaMemGetInfo(&free_after, &total));
     CHECK_EQ(free_after, free_before);  // returned once the stream reached the free
   }
-  CHECK_EQ(cudaFreeAsync(reinterpret_cast<void*>(0x10), s), cudaErrorInvalidValue);
-  cudaGetLastError();
+  if (stand_in()) {
+    CHECK_EQ(cudaFreeAsync(reinterpret_cast<void*>(0x10), s), cudaErrorInvalidValue);
+    cudaGetLastError();
+  }
   CUDA_OK(cudaStreamDestroy(s));
 }
 
