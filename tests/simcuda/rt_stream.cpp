@@ -1,5 +1,7 @@
 // Runtime stand-in entry points for streams, events, host functions and stream capture, with
 // their per-thread-default-stream (_ptsz) variants, and simcuda_launch_access of simcuda.h.
+#include <cstring>
+
 #include "rt_common.h"
 #include "simcuda.h"
 
@@ -303,8 +305,10 @@ cudaError_t cudaStreamGetCaptureInfo_ptsz(cudaStream_t stream,
 cudaError_t cudaThreadExchangeStreamCaptureMode(cudaStreamCaptureMode* mode) {
   SIM_ENTER();
   if (!mode) SIM_RETURN(cudaErrorInvalidValue);
-  if (*mode != cudaStreamCaptureModeGlobal && *mode != cudaStreamCaptureModeThreadLocal &&
-      *mode != cudaStreamCaptureModeRelaxed)
+  int requested = 0;  // read as an int: the caller may have stored any value in the enum
+  std::memcpy(&requested, mode, sizeof requested);
+  if (requested != cudaStreamCaptureModeGlobal && requested != cudaStreamCaptureModeThreadLocal &&
+      requested != cudaStreamCaptureModeRelaxed)
     SIM_RETURN(cudaErrorInvalidValue);
   std::swap(*mode, thread_capture_mode());
   return cudaSuccess;

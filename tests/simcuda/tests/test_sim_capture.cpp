@@ -161,7 +161,7 @@ TEST_CASE("relaxed capture, relaxed thread mode, thread-local capture") {
     CHECK_EQ(cap.status(), cudaStreamCaptureStatusInvalidated);
   }
   CUDA_OK(cudaFree(p));  // freed after the capture: cudaFree would have invalidated it
-  cudaStreamCaptureMode bad = static_cast<cudaStreamCaptureMode>(7);
+  cudaStreamCaptureMode bad = static_cast<cudaStreamCaptureMode>(3);
   CHECK_EQ(cudaThreadExchangeStreamCaptureMode(&bad), cudaErrorInvalidValue);
   cudaGetLastError();
 }

@@ -132,7 +132,7 @@ TEST_CASE("memset and memcpy round trip through device memory") {
     CHECK_EQ(cudaMemset(d, 0, n + 1), cudaErrorInvalidValue);
     CHECK_EQ(cudaMemcpy(back.data(), d, n + 256, cudaMemcpyDeviceToHost), cudaErrorInvalidValue);
   }
-  CHECK_EQ(cudaMemcpy(d, back.data(), n, static_cast<cudaMemcpyKind>(17)),
+  CHECK_EQ(cudaMemcpy(d, back.data(), n, static_cast<cudaMemcpyKind>(7)),
            cudaErrorInvalidMemcpyDirection);
   cudaGetLastError();
   CUDA_OK(cudaStreamDestroy(s));
