@@ -18,6 +18,7 @@
 namespace {
 
 struct Gate {
+  std::atomic<bool> entered{false};  // the blocked stream reached the gate
   std::atomic<bool> open{false};
 };
 
@@ -25,6 +26,7 @@ struct Gate {
 // real GPU forever).
 void CUDART_CB wait_at_gate(void* data) {
   auto* gate = static_cast<Gate*>(data);
+  gate->entered.store(true);
   auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
   while (!gate->open.load() && std::chrono::steady_clock::now() < deadline) {
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
@@ -55,6 +57,13 @@ bool run_case(const char* name, unsigned int blocked_flags, bool expect_race) {
     CHECK_CUDA(cudaLaunchHostFunc(blocked, &wait_at_gate, &gate));
   }
   CHECK_CUDA(cudaMemsetAsync(first, 0xaa, kSize, blocked));  // queued behind the gate
+  // The blocked stream's access is executing (not merely queued) before anything else happens,
+  // so an unfenced reuse overlaps it in time and the race detector cannot miss it.
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (!gate.entered.load() && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  CHECK(gate.entered.load());
   CHECK_CUDA(cudaFree(first));  // the program is done with it; the stream is not
 
   void* second = nullptr;
