@@ -1,12 +1,20 @@
 // Preload test 11: POOLCUDA_CONF is read when the library loads. A malformed value stops the
 // program with status 2 before main, with one message naming the key, quoting the text and
-// saying what was expected; confirm:1 prints the effective configuration and the program runs.
+// saying what was expected; confirm:1 prints the effective configuration and the program runs;
+// the log level is honoured.
 #include <string>
 
 #include "check.h"
 
 int main(int argc, char** argv) {
   const std::string role = argc > 1 ? argv[1] : "";
+  if (role == "double-free") {
+    void* ptr = nullptr;
+    CHECK_CUDA(cudaMalloc(&ptr, 4096));
+    CHECK_CUDA(cudaFree(ptr));
+    CHECK_RESULT(cudaFree(ptr), cudaErrorInvalidValue);
+    return 0;
+  }
   if (!role.empty()) {
     std::printf("main reached\n");
     std::fflush(stdout);
@@ -42,6 +50,19 @@ int main(int argc, char** argv) {
   CHECK(confirmed.output.find("main reached") != std::string::npos);
   CHECK(confirmed.output.find("free_fence:sync") != std::string::npos);
   CHECK(confirmed.output.find("report_signal:") != std::string::npos);  // every key spelled out
+
+  // The log level is honoured: a double free is logged under log:basic (the default) and not
+  // under log:off.
+  preload_test::ChildResult logged = preload_test::run_self("double-free", {"POOLCUDA_CONF"});
+  CHECK(logged.status == 0);
+  CHECK_MSG(logged.output.find("poolcuda: ") != std::string::npos &&
+                logged.output.find("double free") != std::string::npos,
+            "no log line: " + logged.output);
+  preload_test::ChildResult quiet =
+      preload_test::run_self("double-free", {"POOLCUDA_CONF=log:off"});
+  CHECK(quiet.status == 0);
+  CHECK_MSG(quiet.output.find("poolcuda") == std::string::npos,
+            "logged under log:off: " + quiet.output);
   std::printf("ok\n");
   return 0;
 }
