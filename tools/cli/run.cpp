@@ -168,7 +168,10 @@ int run_command(std::span<char* const> args) {
     while (!rest.empty()) {
       const auto end = rest.find_first_of(": ");
       const std::string_view entry = rest.substr(0, end);
-      if (!entry.empty() && entry != library.path) preload += ":" + std::string(entry);
+      if (!entry.empty() && entry != library.path) {
+        preload += ':';
+        preload.append(entry);
+      }
       if (end == std::string_view::npos) break;
       rest.remove_prefix(end + 1);
     }
