@@ -85,6 +85,32 @@ std::optional<ConfigError> parse_managed_slab(std::string_view key, std::string_
 std::string describe_managed_slab(const Config& c) { return format_size(c.managed_slab); }
 std::string grammar_size() { return "SIZE"; }
 
+// A size where 0 is meaningful ("never run ahead"): a zero number with any valid unit is 0;
+// everything else goes through the size grammar, so errors read the same as for other sizes.
+std::optional<ConfigError> parse_fence_slack(std::string_view key, std::string_view value,
+                                             Config& c) {
+  const auto digits = value.find_first_not_of('0');
+  if (!value.empty() && digits != 0 &&
+      (digits == std::string_view::npos || value[digits] < '1' || value[digits] > '9')) {
+    // All the digits are zeros: check the unit by reading "1" with the same suffix.
+    const std::string one = "1" + std::string(value.substr(std::min(digits, value.size())));
+    if (auto size = parse_size_field(key, one, "fence_slack"); size.error) {
+      size.error->text = std::string(value);
+      return size.error;
+    }
+    c.fence_slack = 0;
+    return std::nullopt;
+  }
+  auto size = parse_size_field(key, value, "fence_slack");
+  if (size.error) return size.error;
+  c.fence_slack = size.value;
+  return std::nullopt;
+}
+
+std::string describe_fence_slack(const Config& c) {
+  return c.fence_slack == 0 ? "0" : format_size(c.fence_slack);
+}
+
 constexpr std::string_view kPathExpected =
     "stderr or a file path without ',' (%p = pid, %n = report number; no other '%' sequence)";
 
@@ -131,13 +157,17 @@ struct Option {
 // Note [Option table]: the order here is the order of describe_config, of the CLI's help and
 // of the README's reference. Defaults are not written here: they are whatever a default
 // Config holds, rendered by the row's own describe function.
-const std::array<Option, 12> kOptions = {{
+const std::array<Option, 13> kOptions = {{
     {"pools", "the dynamic pools: a preset or a list of pools tried in order", &parse_pools_option,
      &describe_pools, &grammar_pools},
     POOLCUDA_WORD_OPTION("persistent", kPersistentWords, &Config::persistent,
                          "when allocations go to the exact-fit persistent pool"),
     POOLCUDA_WORD_OPTION("free_fence", kFenceWords, &Config::free_fence,
                          "how a freed slice waits for the streams that may still use it"),
+    {"fence_slack",
+     "freed bytes that may wait on fences before a reservation waits instead of growing a pool "
+     "(or 1/8 of the bytes in use, if larger)",
+     &parse_fence_slack, &describe_fence_slack, &grammar_size},
     POOLCUDA_WORD_OPTION("report_signal", kSignalWords, &Config::report_signal,
                          "the signal that makes the process write a report"),
     POOLCUDA_WORD_OPTION("report_format", kFormatWords, &Config::report_format,

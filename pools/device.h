@@ -58,7 +58,8 @@ class Device {
   // True once the device has executed past the fence. Never blocks. During capture: allowed.
   virtual bool fence_passed(FenceHandle fence) = 0;
 
-  // Blocks until the device has executed past the fence. Used on the out-of-memory path only.
+  // Blocks until the device has executed past the fence. Used on the out-of-memory path, by
+  // drain_fences(), and when fence-pending memory exceeds its bound (the oldest fence only).
   virtual void fence_wait(FenceHandle fence) = 0;
 
   // Destroys a fence returned by fence_record(), passed or not.

@@ -1,6 +1,7 @@
 // FenceQueue: the epochs of Note [Free fences] (memory_manager.cpp). Freed slices join the open
 // epoch through their intrusive `next_pending` link (no allocation per free); closing an epoch
-// records one Device fence; closed epochs are reaped oldest first once their fence has passed.
+// records one Device fence; closed epochs are reaped oldest first once their fence has passed,
+// or waited for oldest first when the pending bytes exceed their bound (Note [Free fences]).
 // Not thread-safe: the MemoryManager's lock covers it. Depends on pool.h and device.h.
 #pragma once
 
@@ -24,6 +25,7 @@ class FenceQueue {
 
   std::uint32_t open_count() const { return open_.count; }
   bool any() const { return open_.count != 0 || !closed_.empty(); }
+  bool any_closed() const { return !closed_.empty(); }
 
   // Closes the open epoch with a fence. False when it is empty or the device refused a fence
   // (kNoFence: the epoch stays open and is retried at the next close).
@@ -46,6 +48,16 @@ class FenceQueue {
     while (!closed_.empty() && device.fence_passed(closed_.front().fence))
       returned += retire_front(device, give_back);
     return returned;
+  }
+
+  // Waits for the oldest closed epoch's fence only, then gives its slices back; nothing when no
+  // epoch is closed. Blocks (the bound on pending bytes, Note [Free fences]). Returns slices
+  // given back.
+  template <typename GiveBack>
+  std::uint64_t wait_oldest(Device& device, GiveBack&& give_back) {
+    if (closed_.empty()) return 0;
+    device.fence_wait(closed_.front().fence);
+    return retire_front(device, give_back);
   }
 
   // Waits for every closed epoch's fence, then gives its slices back (out-of-memory path).

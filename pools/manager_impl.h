@@ -22,7 +22,9 @@ struct MemoryManager::Impl {
   void build_pools(const PoolLayout& layout);
   void drop_everything();  // forget(): no device call
   Slice* route(std::uint64_t size, Error* error, AllocStatus* status);
-  bool reclaim_on_miss();
+  bool reclaim_on_miss(bool* refused);  // *refused: the open epoch could not be closed
+  std::uint64_t fence_limit() const;     // the bound on fence-pending bytes
+  bool wait_over_limit();                // waits for the oldest closed epoch when over it
   void retire(Slice* slice);  // live/held -> pending or free, by the fence mode
   void close_epoch();
   bool drain();
@@ -49,6 +51,7 @@ struct MemoryManager::Impl {
   std::uint64_t generation = 1;  // bumped by forget(): invalidates RetainedSlice handles
   std::uint64_t oom_recoveries = 0;
   std::uint64_t oom_failures = 0;
+  std::uint64_t fence_waits = 0;  // waits for the bound on fence-pending bytes
 };
 
 }  // namespace poolcuda

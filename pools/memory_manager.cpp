@@ -18,10 +18,30 @@
 // returns kNoFence (a capture is open) the epoch simply stays open. Closed epochs are reaped,
 // oldest first, when an epoch closes and on every miss before growing: a passed fence returns
 // its slices to their pools, which coalesce them. Reaping only queries (fence_passed), never
-// blocks; when a miss reaped something, routing restarts once so the returned memory is used
-// before the device is asked for more. Only the out-of-memory path and drain_fences() block
-// (fence_wait). FreeFence::sync calls Device::synchronize() and frees at once; FreeFence::none
-// frees at once (single-stream programs, measurements).
+// blocks; when a miss reaped something, routing restarts so the returned memory is used before
+// the device is asked for more. FreeFence::sync calls Device::synchronize() and frees at once;
+// FreeFence::none frees at once (single-stream programs, measurements).
+//
+// The bound. Reaping alone cannot keep up with a host that runs far ahead of the device (the
+// usual case on a GPU: kernels are queued, not finished). A loop that allocates and frees one
+// size then misses every page-full of frees, finds the fence it just recorded not yet passed,
+// and grows: without a bound the pool grows for as long as the host stays ahead, every new page
+// idle a moment later. So fence-pending bytes are bounded by
+//     limit = max(options.fence_slack, bytes in use / 8)
+// (the slack lets short bursts run ahead freely; the share of the live set keeps the bound from
+// being tiny next to a large working set). When a miss has closed the open epoch and reaped,
+// and the pending bytes still exceed the limit, the manager waits (fence_wait) for the OLDEST
+// closed epoch, gives its slices back, reaps whatever else has passed meanwhile and routes
+// again; it repeats while the pending bytes exceed the limit and closed epochs remain, and only
+// then grows. Waiting on the oldest fence, not on the newest nor on the whole device, is what
+// keeps this cheap: that fence was recorded the longest time ago, so the device is most likely
+// past it or close to it, and it frees the most memory per wait (everything freed before it).
+// The real cudaFree synchronizes the whole device on every call; this waits, rarely, for a
+// point the device reached long ago. fence_slack 0 means "never grow while fenced memory is
+// pending". If the miss could not close the open epoch (kNoFence: a capture is open) nothing
+// is waited for: the memory freed during the capture has no fence to wait on, and blocking a
+// capturing thread would stall it for older work only, so the pool grows as before. Besides
+// this, only the out-of-memory path and drain_fences() block (they wait for every fence).
 //
 // Note [Exit]
 // ~~~~~~~~~~~
@@ -43,6 +63,8 @@ namespace poolcuda {
 
 namespace {
 constexpr std::uint64_t kLargestRequest = std::uint64_t{1} << 62;  // 4 EiB
+// A pending slice whose fence has passed returns to its pool (which coalesces it).
+constexpr auto kGiveBack = [](Slice* s) { s->page->pool->give_back(s); };
 }  // namespace
 
 MemoryManager::Impl::Impl(Device& d, const ManagerOptions& o)
@@ -116,10 +138,28 @@ std::uint64_t MemoryManager::Impl::idle() const {
 
 // --- Routing -------------------------------------------------------------------------------------
 
-bool MemoryManager::Impl::reclaim_on_miss() {
+bool MemoryManager::Impl::reclaim_on_miss(bool* refused) {
   if (!fences.any()) return false;
-  fences.close(device);
-  return fences.reap(device, [](Slice* s) { s->page->pool->give_back(s); }) != 0;
+  *refused = fences.open_count() != 0 && !fences.close(device);
+  return fences.reap(device, kGiveBack) != 0;
+}
+
+std::uint64_t MemoryManager::Impl::fence_limit() const {
+  return std::max(options.fence_slack, usage().bytes_in_use / 8);
+}
+
+bool MemoryManager::Impl::wait_over_limit() {
+  if (!fences.any_closed()) return false;
+  const std::uint64_t waiting = pending();
+  const std::uint64_t limit = fence_limit();
+  if (waiting <= limit) return false;
+  fences.wait_oldest(device, kGiveBack);
+  fences.reap(device, kGiveBack);  // later fences the device passed meanwhile
+  ++fence_waits;
+  if (options.log == LogLevel::full)
+    log(LogLevel::full, "waited for the oldest free fence: " + std::to_string(waiting) +
+                            " B pending, bound " + std::to_string(limit) + " B");
+  return true;
 }
 
 Slice* MemoryManager::Impl::route(std::uint64_t size, Error* error, AllocStatus* status) {
@@ -127,11 +167,16 @@ Slice* MemoryManager::Impl::route(std::uint64_t size, Error* error, AllocStatus*
       windows > 0 || options.persistent == PersistentMode::enforced;
   const bool size_match = options.persistent == PersistentMode::size_match;
   bool reclaimed = false;
-  // A miss reaps passed free fences once; if that returned anything, routing starts over.
+  bool refused = false;
+  // Before any growth (Note [Free fences]): the first miss closes the open epoch and reaps
+  // passed fences; while fence-pending bytes exceed their bound, each miss waits for the oldest
+  // closed epoch. Either way, when memory came back, routing starts over.
   auto miss = [&] {
-    if (reclaimed) return false;
-    reclaimed = true;
-    return reclaim_on_miss();
+    if (!reclaimed) {
+      reclaimed = true;
+      if (reclaim_on_miss(&refused)) return true;
+    }
+    return !refused && wait_over_limit();
   };
   *status = AllocStatus::ok;
 
@@ -202,7 +247,7 @@ std::uint64_t MemoryManager::Impl::cleanup_all(bool explicit_cleanup) {
 
 bool MemoryManager::Impl::drain() {
   const bool closed = fences.open_count() == 0 || fences.close(device);
-  fences.wait_all(device, [](Slice* s) { s->page->pool->give_back(s); });
+  fences.wait_all(device, kGiveBack);
   return closed;
 }
 
@@ -232,7 +277,7 @@ void MemoryManager::Impl::retire(Slice* slice) {
 }
 
 void MemoryManager::Impl::close_epoch() {
-  if (fences.close(device)) fences.reap(device, [](Slice* s) { s->page->pool->give_back(s); });
+  if (fences.close(device)) fences.reap(device, kGiveBack);
 }
 
 FreeOutcome MemoryManager::Impl::classify(DevicePtr ptr) const {
@@ -344,7 +389,7 @@ void MemoryManager::cleanup(bool explicit_cleanup) {
   std::lock_guard lock(impl_->mutex);
   if (explicit_cleanup) {
     impl_->close_epoch();
-    impl_->fences.reap(impl_->device, [](Slice* s) { s->page->pool->give_back(s); });
+    impl_->fences.reap(impl_->device, kGiveBack);
   }
   impl_->cleanup_all(explicit_cleanup);
 }
@@ -385,6 +430,11 @@ bool MemoryManager::release_retained(const RetainedSlice& pin) {
 bool MemoryManager::drain_fences() {
   std::lock_guard lock(impl_->mutex);
   return impl_->drain();
+}
+
+std::uint64_t MemoryManager::fence_waits() const {
+  std::lock_guard lock(impl_->mutex);
+  return impl_->fence_waits;
 }
 
 }  // namespace poolcuda

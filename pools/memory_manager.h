@@ -36,6 +36,10 @@ struct ManagerOptions {
   FreeFence free_fence = FreeFence::events;
   // Frees per epoch before the epoch is closed even without a miss (Note [Free fences]).
   std::uint32_t fence_batch = 256;
+  // Bytes that may wait on free fences before a miss waits for the oldest fence instead of
+  // growing a pool: the bound is max(fence_slack, bytes in use / 8). 0: never grow while any
+  // closed epoch is pending (Note [Free fences]).
+  std::uint64_t fence_slack = 64 * MiB;
   LogLevel log = LogLevel::basic;
   LogSink log_sink;  // empty: write to stderr prefixed "poolcuda: "
 };
@@ -119,6 +123,10 @@ class MemoryManager {
   // every pending slice is free again. Blocks: never for the hot path. Returns false when the
   // open epoch could not be closed (the device refused a fence: a capture is open).
   bool drain_fences();
+
+  // How many times a miss waited for the oldest free fence because fence-pending bytes exceeded
+  // their bound (Note [Free fences]); drain_fences() and the out-of-memory path do not count.
+  std::uint64_t fence_waits() const;
 
   // Test inspection, O(pages): every page of every pool, in address order.
   std::vector<PageView> pages() const;

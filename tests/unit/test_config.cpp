@@ -60,6 +60,7 @@ TEST_CASE("empty and blank configurations give the defaults") {
   CHECK(defaults.pools.preset == PoolPreset::subslices);
   CHECK(defaults.persistent == PersistentMode::enabled);
   CHECK(defaults.free_fence == FreeFence::events);
+  CHECK(defaults.fence_slack == 64 * MiB);
   CHECK(defaults.report_signal == ReportSignal::usr1);
   CHECK(defaults.report_format == ReportFormat::text);
   CHECK(defaults.report_path == "stderr");
@@ -70,7 +71,8 @@ TEST_CASE("empty and blank configurations give the defaults") {
   CHECK(defaults.memgetinfo == MemGetInfoMode::pooled);
   CHECK_FALSE(defaults.confirm);
   CHECK(describe_config(defaults) ==
-        "pools:subslices,persistent:enabled,free_fence:events,report_signal:USR1,"
+        "pools:subslices,persistent:enabled,free_fence:events,fence_slack:64MiB,"
+        "report_signal:USR1,"
         "report_format:text,report_path:stderr,report_at_exit:0,log:basic,managed:on,"
         "managed_slab:64MiB,memgetinfo:pooled,confirm:0");
 }
@@ -149,6 +151,37 @@ TEST_CASE("size suffixes are binary multiples with optional iB or B") {
   CHECK(slab("16777215T") == (std::uint64_t{16777215} << 40));
 }
 
+TEST_CASE("fence_slack takes a size, and 0 with or without a unit") {
+  auto slack = [](std::string_view size) {
+    return parse_ok("fence_slack:" + std::string(size)).fence_slack;
+  };
+  CHECK(slack("64M") == 64 * MiB);
+  CHECK(slack("1G") == GiB);
+  CHECK(slack("1536") == 1536);
+  CHECK(slack("010K") == 10 * KiB);
+  CHECK(slack("0") == 0);
+  CHECK(slack("000") == 0);
+  CHECK(slack("0MiB") == 0);
+  CHECK(slack("0 B") == 0);
+  CHECK(parse_ok("free_fence:events, fence_slack: 0 ,log:off").fence_slack == 0);
+  Config zero;
+  zero.fence_slack = 0;
+  CHECK(describe_config(zero).find(",fence_slack:0,") != std::string::npos);
+  CHECK(parse_ok(describe_config(zero)) == zero);
+}
+
+TEST_CASE("error: a bad fence_slack changes nothing") {
+  check_error("fence_slack:", "fence_slack", "", "a size");
+  check_error("fence_slack:lots", "fence_slack", "lots", "an integer with an optional K, M, G");
+  check_error("fence_slack:-1", "fence_slack", "-1", "a size");
+  check_error("fence_slack:0x40", "fence_slack", "0x40", "a size");
+  check_error("fence_slack:0Q", "fence_slack", "0Q", "a size");
+  check_error("fence_slack:64MiBs", "fence_slack", "64MiBs", "a size");
+  check_error("fence_slack:99999999999T", "fence_slack", "99999999999T", "fits in 64 bits");
+  check_error("fence_slack:1M,fence_slack:2M", "fence_slack", "fence_slack:2M",
+              "each key at most once");
+}
+
 TEST_CASE("format_size writes the largest exact binary unit") {
   CHECK(format_size(0) == "0B");
   CHECK(format_size(512) == "512B");
@@ -211,6 +244,10 @@ TEST_CASE("describe_config round-trips") {
       "pools:[sliced(page=64M,slice=16M,cap=1G,period=5000);exclusive(max=1G,period=10000);"
       "direct(reclaim=4G)],report_signal:USR2,persistent:disabled,free_fence:sync",
       "pools:[sliced(page=1000);sliced(page=3M,cap=7M);exclusive(max=123457)]",
+      "fence_slack:0,free_fence:events",
+      "fence_slack:0KiB",
+      "fence_slack:1536,log:full",
+      "fence_slack:3G",
   };
   for (const char* input : inputs) {
     CAPTURE(input);
@@ -231,7 +268,7 @@ TEST_CASE("describe_config round-trips") {
 
 TEST_CASE("the option table lists every key once with its default") {
   const auto keys = config_keys();
-  REQUIRE(keys.size() == 12);
+  REQUIRE(keys.size() == 13);
   std::string rebuilt;
   for (const auto& key : keys) {
     CHECK_FALSE(key.summary.empty());
@@ -242,6 +279,9 @@ TEST_CASE("the option table lists every key once with its default") {
   CHECK(rebuilt == describe_config(Config{}));
   CHECK(keys[2].key == "free_fence");
   CHECK(keys[2].grammar == "events|sync|none");
+  CHECK(keys[3].key == "fence_slack");
+  CHECK(keys[3].grammar == "SIZE");
+  CHECK(keys[3].default_value == "64MiB");
 }
 
 TEST_CASE("expand_report_path replaces %p and %n") {

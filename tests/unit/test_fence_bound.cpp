@@ -1,0 +1,230 @@
+// The bound on fence-pending memory (Note [Free fences]): a host that runs ahead of the device
+// and allocates and frees the same size again and again must not make the pools grow without
+// bound. Fences here pass only when the test completes them or the manager waits on them
+// (HostDevice manual mode), which is a device that never catches up by itself: the worst case.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+
+#include "pools_test_util.h"
+
+using namespace poolcuda;
+using namespace poolcuda::test;
+
+namespace {
+
+constexpr std::uint64_t kPage = 64 * KiB;
+constexpr std::uint64_t kSize = 4 * KiB;  // 16 slices per page
+
+// A manager over a HostDevice whose fences pass only on fence_wait() or complete_fences().
+struct BoundRig {
+  explicit BoundRig(std::uint64_t slack, PoolLayout layout = custom({sliced(kPage)}))
+      : device(256 * MiB, 512), manager(device, options(slack, std::move(layout))) {
+    device.set_fence_mode(HostDevice::FenceMode::manual);
+  }
+
+  static ManagerOptions options(std::uint64_t slack, PoolLayout layout) {
+    ManagerOptions o;
+    o.layout = std::move(layout);
+    o.fence_slack = slack;
+    o.log = LogLevel::off;
+    return o;
+  }
+
+  struct Peaks {
+    std::uint64_t reserved = 0;
+    std::uint64_t pending = 0;
+  };
+
+  // Allocates and frees `size` `rounds` times; checks the invariants now and then.
+  Peaks churn(int rounds, std::uint64_t size = kSize) {
+    Peaks peaks;
+    for (int i = 0; i < rounds; ++i) {
+      const Reservation r = manager.allocate(size);
+      REQUIRE(r.ptr != 0);
+      peaks.reserved = std::max(peaks.reserved, manager.memory_usage().bytes_reserved);
+      REQUIRE(manager.free(r.ptr) == FreeOutcome::freed);
+      peaks.pending = std::max(peaks.pending, manager.report().pending_fence_bytes);
+      if (i % 500 == 0) REQUIRE(manager.check_consistency().empty());
+    }
+    return peaks;
+  }
+
+  // Everything back to the device: nothing leaked, no release of a wrong size.
+  void check_clean_exit(const std::vector<DevicePtr>& live = {}) {
+    for (DevicePtr p : live) CHECK(manager.free(p) == FreeOutcome::freed);
+    CHECK(manager.drain_fences());
+    CHECK(manager.check_consistency().empty());
+    CHECK(manager.memory_usage().bytes_in_use == 0);
+    CHECK(manager.report().pending_fence_bytes == 0);
+    manager.cleanup(true);
+    CHECK(device.outstanding_allocations() == 0);
+    CHECK(device.outstanding_fences() == 0);
+    CHECK(device.bad_releases() == 0);
+  }
+
+  HostDevice device;
+  MemoryManager manager;
+};
+
+}  // namespace
+
+TEST_SUITE("unit") {
+
+TEST_CASE("fence_bound_keeps_a_host_ahead_loop_bounded") {
+  constexpr std::uint64_t kSlack = 256 * KiB;
+  BoundRig rig(kSlack);
+  const BoundRig::Peaks peaks = rig.churn(10000);
+  // Growth happens only with pending <= slack and no free memory left: one more page at most.
+  CHECK(peaks.reserved <= kSlack + kPage + kSize);
+  CHECK(peaks.pending <= kSlack + kPage);
+  CHECK(rig.device.calls().fence_wait > 0);
+  CHECK(rig.manager.fence_waits() == rig.device.calls().fence_wait);
+  // Each wait gives back a whole epoch (here a page of frees, since every miss closes one):
+  // at most one wait per 16 pairs, on a device that never catches up by itself.
+  CHECK(rig.manager.fence_waits() <= 10000 / 16 + 1);
+  rig.check_clean_exit();
+}
+
+TEST_CASE("fence_bound_the_slack_sets_how_far_the_host_may_run_ahead") {
+  // The same loop with a larger slack reserves more before it waits: the slack is what bounds.
+  BoundRig small(128 * KiB), large(2 * MiB);
+  const auto a = small.churn(10000), b = large.churn(10000);
+  CHECK(a.reserved <= 128 * KiB + kPage + kSize);
+  CHECK(b.reserved <= 2 * MiB + kPage + kSize);
+  CHECK(b.reserved > 1 * MiB);
+  CHECK(large.manager.fence_waits() < small.manager.fence_waits());
+  small.check_clean_exit();
+  large.check_clean_exit();
+}
+
+TEST_CASE("fence_bound_is_strict_pending_equal_to_the_slack_grows") {
+  // 16 frees fill a page with pending slices; the 17th reservation misses with 64 KiB pending.
+  BoundRig at(16 * kSize), below(16 * kSize - 1);
+  at.churn(17);
+  below.churn(17);
+  CHECK(at.manager.pages().size() == 2);
+  CHECK(at.device.calls().fence_wait == 0);
+  CHECK(below.manager.pages().size() == 1);
+  CHECK(below.manager.fence_waits() == 1);
+  at.check_clean_exit();
+  below.check_clean_exit();
+}
+
+TEST_CASE("fence_slack_zero_holds_at_most_one_page_beyond_the_live_set") {
+  BoundRig rig(0);
+  std::vector<DevicePtr> live;
+  for (int i = 0; i < 20; ++i) live.push_back(rig.manager.allocate(kSize).ptr);
+  const std::uint64_t in_use = rig.manager.memory_usage().bytes_in_use;
+  REQUIRE(in_use == 20 * kSize);
+  const BoundRig::Peaks peaks = rig.churn(10000);
+  // The live set takes two pages (one partly); the churn never adds a third.
+  CHECK(peaks.reserved <= 2 * kPage + kPage);
+  CHECK(rig.manager.pages().size() <= 3);
+  CHECK(rig.manager.fence_waits() > 0);
+  rig.check_clean_exit(live);
+}
+
+TEST_CASE("fence_slack_zero_never_grows_while_a_closed_epoch_is_pending") {
+  BoundRig rig(0);
+  const DevicePtr a = rig.manager.allocate(kPage).ptr;  // one page, one slice
+  rig.manager.free(a);
+  // The miss closes the epoch; its fence has not passed; slack 0: wait, then reuse.
+  CHECK(rig.manager.allocate(kPage).ptr == a);
+  CHECK(rig.manager.pages().size() == 1);
+  CHECK(rig.device.calls().allocate == 1);
+  CHECK(rig.manager.fence_waits() == 1);
+  rig.check_clean_exit({a});
+}
+
+TEST_CASE("fence_bound_grows_with_the_live_set") {
+  // 8 MiB live in an exclusive pool: the bound is max(64 KiB, 8 MiB / 8) = 1 MiB.
+  constexpr std::uint64_t kSlack = 64 * KiB;
+  BoundRig rig(kSlack, custom({sliced(kPage), exclusive(16 * MiB)}));
+  std::vector<DevicePtr> live;
+  for (int i = 0; i < 8; ++i) live.push_back(rig.manager.allocate(1 * MiB).ptr);
+  const BoundRig::Peaks peaks = rig.churn(10000);
+  CHECK(peaks.pending > kSlack + kPage);  // ran ahead further than the slack alone allows
+  CHECK(peaks.pending <= 1 * MiB + kPage);
+  CHECK(peaks.reserved <= 8 * MiB + 1 * MiB + kPage + kSize);
+  CHECK(rig.manager.fence_waits() > 0);
+  rig.check_clean_exit(live);
+}
+
+TEST_CASE("fence_bound_refused_fence_grows_instead_of_blocking") {
+  // A capture is open: the open epoch cannot be closed, so there is nothing to wait on.
+  BoundRig rig(0);
+  rig.device.refuse_fences(true);
+  const BoundRig::Peaks peaks = rig.churn(200);
+  CHECK(rig.device.calls().fence_wait == 0);
+  CHECK(rig.manager.fence_waits() == 0);
+  CHECK(peaks.reserved >= 199 * kSize);  // every free stayed pending: the pool grew
+  CHECK(rig.manager.report().pending_fence_bytes == 200 * kSize);
+  // The capture ends: the next miss closes the epoch and the bound applies again.
+  rig.device.refuse_fences(false);
+  const std::uint64_t pages = rig.manager.pages().size();
+  rig.churn(1000);
+  CHECK(rig.manager.pages().size() == pages);
+  CHECK(rig.manager.fence_waits() > 0);
+  rig.check_clean_exit();
+}
+
+TEST_CASE("fence_bound_refused_fence_does_not_wait_for_older_epochs") {
+  BoundRig rig(0);
+  std::vector<DevicePtr> page;
+  for (int i = 0; i < 16; ++i) page.push_back(rig.manager.allocate(kSize).ptr);
+  REQUIRE(rig.manager.pages().size() == 1);
+  for (int i = 0; i < 8; ++i) rig.manager.free(page[i]);
+  rig.manager.cleanup(true);  // closes an epoch of 8 slices; its fence has not passed
+  for (int i = 8; i < 16; ++i) rig.manager.free(page[i]);  // the open epoch: 8 more
+  rig.device.refuse_fences(true);
+  const DevicePtr grown = rig.manager.allocate(kSize).ptr;
+  CHECK(grown != 0);
+  CHECK(rig.device.calls().fence_wait == 0);
+  CHECK(rig.manager.pages().size() == 2);
+  rig.device.refuse_fences(false);
+  rig.check_clean_exit({grown});
+}
+
+TEST_CASE("fence_bound_applies_in_a_persistent_window") {
+  constexpr std::uint64_t kSlack = 128 * KiB;
+  BoundRig rig(kSlack);
+  rig.manager.set_mode(AllocationMode::persistent);
+  const BoundRig::Peaks peaks = rig.churn(10000);
+  CHECK(peaks.reserved <= kSlack + 2 * kSize);
+  CHECK(rig.manager.report().persistent.usage.bytes_reserved == peaks.reserved);
+  CHECK(rig.manager.fence_waits() > 0);
+  rig.manager.set_mode(AllocationMode::automatic);
+  rig.check_clean_exit();
+}
+
+TEST_CASE("persistent_miss_reaps_passed_fences_before_growing") {
+  BoundRig rig(64 * MiB);
+  rig.manager.set_mode(AllocationMode::persistent);
+  const DevicePtr a = rig.manager.allocate(kSize).ptr;
+  rig.manager.free(a);
+  rig.manager.cleanup(true);  // closes the epoch: one fence, not passed
+  rig.device.complete_fences();
+  // The miss reaps the passed fence and reuses the slice: no growth, no wait.
+  CHECK(rig.manager.allocate(kSize).ptr == a);
+  CHECK(rig.device.calls().allocate == 1);
+  CHECK(rig.device.calls().fence_wait == 0);
+  rig.manager.set_mode(AllocationMode::automatic);
+  rig.check_clean_exit({a});
+}
+
+TEST_CASE("fence_bound_leaves_free_fence_none_and_sync_alone") {
+  for (FreeFence mode : {FreeFence::none, FreeFence::sync}) {
+    HostDevice device(64 * MiB, 512);
+    device.set_fence_mode(HostDevice::FenceMode::manual);
+    ManagerOptions o = BoundRig::options(0, custom({sliced(kPage)}));
+    o.free_fence = mode;
+    MemoryManager manager(device, o);
+    for (int i = 0; i < 1000; ++i) manager.free(manager.allocate(kSize).ptr);
+    CHECK(manager.pages().size() == 1);
+    CHECK(device.calls().fence_record == 0);
+    CHECK(manager.fence_waits() == 0);
+  }
+}
+
+}  // TEST_SUITE
