@@ -12,6 +12,17 @@
 // tracked stream, the legacy stream or this thread's default stream reports an open capture,
 // no fence is recorded at all: the manager keeps the epoch open and tries again later.
 //
+// Note [Destroyed streams]
+// cudaStreamDestroy returns at once and the stream's queued work runs to completion afterwards.
+// A buffer that work uses may be freed after the destroy; the fence of that free records on the
+// streams still in the table, which no longer include the destroyed one, and (for a
+// non-blocking stream) nothing else orders after its work. So just before the real destroy the
+// stream's tail is marked with an event of our own (a "tail"), and every fence recorded later
+// also waits for every tail that has not completed yet. A completed tail goes back to the event
+// cache; an older fence that still lists it may then see it recorded again at a later point,
+// which only makes that fence pass later, never earlier. Tails are owned by the device, never
+// by a fence: fence_destroy does not recycle them.
+//
 // Note [Own calls]
 // Calls made on the library's own behalf must not change what the program observes: each runs
 // on this object's device (switching the thread's current device and back when they differ),
@@ -70,7 +81,8 @@ bool is_capturing(cudaStream_t stream) {
 }  // namespace
 
 struct CudaDevice::Fence {
-  std::vector<cudaEvent_t> events;
+  std::vector<cudaEvent_t> events;  // owned: recycled by fence_destroy
+  std::vector<cudaEvent_t> tails;   // borrowed (Note [Destroyed streams])
 };
 
 CudaDevice::CudaDevice(int device, StreamTable& streams) : device_(device), streams_(streams) {
@@ -124,7 +136,33 @@ void CudaDevice::recycle(Fence* fence) {
   std::lock_guard<std::mutex> hold(mutex_);
   events_.insert(events_.end(), fence->events.begin(), fence->events.end());
   fence->events.clear();
+  fence->tails.clear();
   fences_.push_back(fence);
+}
+
+// Caller holds mutex_ and an OwnCallScope. Completed tails go back to the cache; the others are
+// appended to `pending` when it is not null.
+void CudaDevice::prune_tails(std::vector<cudaEvent_t>* pending) {
+  std::erase_if(tails_, [&](cudaEvent_t tail) {
+    if (real::cudaEventQuery()(tail) != cudaErrorNotReady) {
+      events_.push_back(tail);
+      return true;
+    }
+    if (pending != nullptr) pending->push_back(tail);
+    return false;
+  });
+}
+
+void CudaDevice::adopt_stream_tail(cudaStream_t stream) {
+  OwnCallScope scope(device_);
+  // A capturing stream would take the record into its graph; its capture ends with the destroy.
+  if (is_capturing(stream)) return;
+  cudaEvent_t tail = take_event();
+  if (tail == nullptr) return;
+  const bool recorded = real::cudaEventRecord()(tail, stream) == cudaSuccess;
+  std::lock_guard<std::mutex> hold(mutex_);
+  prune_tails(nullptr);  // keeps the list as short as the work still running
+  (recorded ? tails_ : events_).push_back(tail);
 }
 
 // Caller holds the stream table's lock and an OwnCallScope.
@@ -166,16 +204,22 @@ FenceHandle CudaDevice::fence_record() {
     recycle(fence);
     return kNoFence;
   }
+  {
+    std::lock_guard<std::mutex> hold(mutex_);
+    if (!tails_.empty()) prune_tails(&fence->tails);  // Note [Destroyed streams]
+  }
   return reinterpret_cast<FenceHandle>(fence);
 }
 
 bool CudaDevice::fence_passed(FenceHandle handle) {
   OwnCallScope scope(device_);
   auto* fence = reinterpret_cast<Fence*>(handle);
-  for (cudaEvent_t event : fence->events) {
-    // Any answer but "not ready" is final: an event of a failed context never completes, and
-    // holding its memory forever would help no one.
-    if (real::cudaEventQuery()(event) == cudaErrorNotReady) return false;
+  for (const auto* list : {&fence->events, &fence->tails}) {
+    for (cudaEvent_t event : *list) {
+      // Any answer but "not ready" is final: an event of a failed context never completes, and
+      // holding its memory forever would help no one.
+      if (real::cudaEventQuery()(event) == cudaErrorNotReady) return false;
+    }
   }
   return true;
 }
@@ -184,6 +228,7 @@ void CudaDevice::fence_wait(FenceHandle handle) {
   OwnCallScope scope(device_);
   auto* fence = reinterpret_cast<Fence*>(handle);
   for (cudaEvent_t event : fence->events) real::cudaEventSynchronize()(event);
+  for (cudaEvent_t event : fence->tails) real::cudaEventSynchronize()(event);
 }
 
 void CudaDevice::fence_destroy(FenceHandle handle) {
@@ -200,6 +245,7 @@ void CudaDevice::synchronize() {
 void CudaDevice::forget_events() {
   std::lock_guard<std::mutex> hold(mutex_);
   events_.clear();
+  tails_.clear();
 }
 
 }  // namespace poolcuda

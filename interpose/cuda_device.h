@@ -39,6 +39,11 @@ class CudaDevice final : public Device {
   void fence_destroy(FenceHandle fence) override;
   void synchronize() override;
 
+  // A tracked stream of this device is about to be destroyed: its queued work still runs after
+  // cudaStreamDestroy returns, so every fence recorded from now on also waits for it (Note
+  // [Destroyed streams] in cuda_device.cpp). Caller holds the stream table's lock.
+  void adopt_stream_tail(cudaStream_t stream);
+
   // cudaDeviceReset destroyed every event of the device: drop the cached ones unreleased.
   void forget_events();
 
@@ -50,6 +55,7 @@ class CudaDevice final : public Device {
 
   cudaEvent_t take_event();
   void recycle(Fence* fence);
+  void prune_tails(std::vector<cudaEvent_t>* pending);
   bool capture_open();
 
   int device_;
@@ -57,6 +63,7 @@ class CudaDevice final : public Device {
   std::uint64_t total_bytes_ = 0;
   std::mutex mutex_;                 // guards the caches below
   std::vector<cudaEvent_t> events_;  // created, not in use
+  std::vector<cudaEvent_t> tails_;   // recorded last on destroyed streams, maybe not complete
   std::vector<Fence*> fences_;       // recycled fence records
 };
 

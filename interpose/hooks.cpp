@@ -173,8 +173,19 @@ cudaError_t stream_create_with_priority(cudaStream_t* stream, unsigned int flags
 }
 
 cudaError_t stream_destroy(cudaStream_t stream) {
-  // Out of the table first: no fence may be recorded on it once the real destroy has run.
-  Registry::instance().streams().remove(stream);
+  Registry& registry = Registry::instance();
+  {
+    // Out of the table first: no fence may be recorded on it once the real destroy has run.
+    // Its queued work still runs after the destroy, so later fences wait for its tail (Note
+    // [Destroyed streams] in cuda_device.cpp); under the table's lock, so that no fence falls
+    // between the removal and the tail.
+    auto table = registry.streams().lock();
+    TrackedStream removed;
+    if (registry.streams().remove_locked(stream, &removed) &&
+        config().free_fence == FreeFence::events) {
+      if (CudaDevice* device = registry.device(removed.device)) device->adopt_stream_tail(stream);
+    }
+  }
   return real::cudaStreamDestroy()(stream);
 }
 

@@ -15,9 +15,15 @@ void StreamTable::add(cudaStream_t stream, int device, unsigned int flags) {
 
 bool StreamTable::remove(cudaStream_t stream) {
   std::lock_guard<std::mutex> hold(mutex_);
+  TrackedStream removed;
+  return remove_locked(stream, &removed);
+}
+
+bool StreamTable::remove_locked(cudaStream_t stream, TrackedStream* removed) {
   auto it = std::find_if(streams_.begin(), streams_.end(),
                          [&](const TrackedStream& s) { return s.stream == stream; });
   if (it == streams_.end()) return false;
+  *removed = *it;
   *it = streams_.back();
   streams_.pop_back();
   return true;

@@ -26,6 +26,8 @@ class StreamTable {
   // False when the stream was not tracked (created before the library loaded, or twice
   // destroyed): the real destroy still runs.
   bool remove(cudaStream_t stream);
+  // remove() with lock() already held; the entry removed is copied to *removed.
+  bool remove_locked(cudaStream_t stream, TrackedStream* removed);
   // cudaDeviceReset destroyed every stream of the device.
   void forget_device(int device);
 

@@ -6,12 +6,15 @@
 // steps reuse the memory at once and the blocked stream's late write corrupts the new buffer:
 // the race is detected, which proves the test can fail.
 //
-// Two cases: the blocked stream is non-blocking (it needs its own fence event) and blocking
-// (the legacy default stream's event covers it).
+// Three cases: the blocked stream is non-blocking (it needs its own fence event), blocking (the
+// legacy default stream's event covers it), and non-blocking but destroyed before the free
+// (cudaStreamDestroy returns at once and the queued work still runs: the fence must still wait
+// for it although the stream no longer exists).
 #include <atomic>
 #include <chrono>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "check.h"
 
@@ -34,9 +37,12 @@ void CUDART_CB wait_at_gate(void* data) {
 }
 
 constexpr std::size_t kSize = 1 << 20;
+// Enough 1 MiB buffers to fill the page the freed one came from.
+constexpr int kMaxAllocations = 64;
 
 // Returns true when the new buffer was corrupted by the blocked stream's late write.
-bool run_case(const char* name, unsigned int blocked_flags, bool expect_race) {
+bool run_case(const char* name, unsigned int blocked_flags, bool expect_race,
+              bool destroy_first = false) {
   cudaStream_t blocked = nullptr;
   cudaStream_t other = nullptr;
   CHECK_CUDA(cudaStreamCreateWithFlags(&blocked, blocked_flags));
@@ -64,29 +70,50 @@ bool run_case(const char* name, unsigned int blocked_flags, bool expect_race) {
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
   CHECK(gate.entered.load());
+  if (destroy_first) CHECK_CUDA(cudaStreamDestroy(blocked));  // its queued work still runs
   CHECK_CUDA(cudaFree(first));  // the program is done with it; the stream is not
 
+  // New buffers, written on another stream, until the freed one comes back (at once without
+  // fences). The destroyed-stream case takes enough that the pool has to miss and consult the
+  // fences (it runs first, on an empty pool).
+  std::vector<void*> taken;
   void* second = nullptr;
-  CHECK_CUDA(cudaMalloc(&second, kSize));
-  CHECK_CUDA(cudaMemsetAsync(second, 0xbb, kSize, other));
+  const int allocations = destroy_first ? kMaxAllocations : 1;
+  for (int i = 0; i < allocations && second != first; ++i) {
+    CHECK_CUDA(cudaMalloc(&second, kSize));
+    CHECK_CUDA(cudaMemsetAsync(second, 0xbb, kSize, other));
+    taken.push_back(second);
+    if (destroy_first) {
+      // Every stream but the blocked one is idle, so the fence recorded at a miss has passed
+      // (or is waiting for the blocked stream only) by the next miss.
+      CHECK_CUDA(cudaStreamSynchronize(other));
+      CHECK_CUDA(cudaStreamSynchronize(cudaStreamLegacy));
+    }
+  }
   CHECK_CUDA(cudaStreamSynchronize(other));
   gate.open.store(true);
-  CHECK_CUDA(cudaStreamSynchronize(blocked));
+  if (destroy_first) {
+    CHECK_CUDA(cudaDeviceSynchronize());
+  } else {
+    CHECK_CUDA(cudaStreamSynchronize(blocked));
+  }
 
-  bool corrupted = !preload_test::device_bytes_equal(second, kSize, 0xbb);
+  bool corrupted = false;
+  for (void* buffer : taken) corrupted |= !preload_test::device_bytes_equal(buffer, kSize, 0xbb);
   std::uint64_t races = counted ? preload_test::counter("races") - races_before : 0;
-  std::printf("%s: reused=%d corrupted=%d races=%llu\n", name, second == first ? 1 : 0,
-              corrupted ? 1 : 0, static_cast<unsigned long long>(races));
+  std::printf("%s: reused=%d after %zu allocations, corrupted=%d races=%llu\n", name,
+              second == first ? 1 : 0, taken.size(), corrupted ? 1 : 0,
+              static_cast<unsigned long long>(races));
   if (expect_race) {
     CHECK_MSG(second == first, std::string(name) + ": free_fence:none should reuse at once");
     CHECK_MSG(corrupted, std::string(name) + ": the late write should show");
     if (counted) CHECK_MSG(races > 0, std::string(name) + ": the race detector should fire");
   } else {
-    CHECK_MSG(!corrupted, std::string(name) + ": the new buffer was overwritten");
+    CHECK_MSG(!corrupted, std::string(name) + ": a new buffer was overwritten");
     if (counted) CHECK_MSG(races == 0, std::string(name) + ": races detected");
   }
-  CHECK_CUDA(cudaFree(second));
-  CHECK_CUDA(cudaStreamDestroy(blocked));
+  for (void* buffer : taken) CHECK_CUDA(cudaFree(buffer));
+  if (!destroy_first) CHECK_CUDA(cudaStreamDestroy(blocked));
   CHECK_CUDA(cudaStreamDestroy(other));
   return corrupted;
 }
@@ -97,6 +124,7 @@ int main(int argc, char** argv) {
   preload_test::require_preloaded();
   const bool expect_race = argc > 1 && std::string(argv[1]) == "expect-race";
   CHECK_CUDA(cudaFree(nullptr));
+  run_case("destroyed non-blocking stream", cudaStreamNonBlocking, expect_race, true);
   run_case("non-blocking stream", cudaStreamNonBlocking, expect_race);
   run_case("blocking stream", cudaStreamDefault, expect_race);
   CHECK_CUDA(cudaDeviceSynchronize());
