@@ -14,6 +14,8 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -46,6 +48,41 @@ inline const StandIn* stand_in() {
 }
 
 inline uint64_t counter(const char* name) { return stand_in() ? stand_in()->counter(name) : 0; }
+
+// Decorator of a test case whose every check holds only on the stand-in:
+// TEST_CASE("..." * STAND_IN_ONLY). On a real GPU doctest reports the case as skipped instead of
+// counting a pass that checked nothing.
+#define STAND_IN_ONLY doctest::skip(simtest::stand_in() == nullptr)
+
+// Ends a test case early, saying why, when the rest of it cannot run here (a second device, the
+// stand-in's exact accounting). What ran before still counts.
+#define SIM_SKIP_REST_UNLESS(cond, why)                 \
+  do {                                                  \
+    if (!(cond)) {                                      \
+      MESSAGE("rest of this case skipped: " why);       \
+      return;                                           \
+    }                                                   \
+  } while (0)
+
+// The number of devices, 0 when CUDA reports none. Usable in a decorator (evaluated when the
+// case registers, before main): TEST_CASE("..." * doctest::skip(simtest::device_count() < 2)).
+inline int device_count() {
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  return count;
+}
+
+// For a program whose every case needs the stand-in: on a real GPU it exits with meson's
+// "skipped" status instead of reporting passes.
+inline void exit_77_without_stand_in(const char* program) {
+  if (stand_in()) return;
+  std::printf("%s: skipped: needs the CUDA stand-in (no simcuda_counter: a real GPU)\n", program);
+  std::fflush(stdout);
+  std::exit(77);
+}
 
 // A gate a stream can be parked on: a host function waits until the test opens it. Lets a test
 // hold a stream's queue deterministically.

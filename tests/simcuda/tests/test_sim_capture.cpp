@@ -342,7 +342,8 @@ TEST_CASE("event queries during a global capture need the relaxed bracket (stand
   CUDA_OK(cudaEventDestroy(ev));
 }
 
-TEST_CASE("a capture whose stream goes away ends and stops forbidding calls (stand-in)") {
+TEST_CASE("a capture whose stream goes away ends and stops forbidding calls (stand-in)" *
+          STAND_IN_ONLY) {
   if (!stand_in()) return;  // destroying a capturing stream is not defined by CUDA
   cudaStream_t s;
   CUDA_OK(cudaStreamCreate(&s));

@@ -86,6 +86,7 @@ TEST_CASE("malformed values stop the program with a message naming the variable"
 
 int main(int argc, char** argv) {
   if (argc == 2 && std::strcmp(argv[1], "--child") == 0) return child_report();
+  simtest::exit_77_without_stand_in("test_sim_config");
   doctest::Context context(argc, argv);
   return context.run();
 }

@@ -22,7 +22,7 @@ TEST_CASE("device count and per-thread current device") {
   CHECK_EQ(cudaGetLastError(), cudaErrorInvalidDevice);
   CUDA_OK(cudaGetDevice(&device));
   CHECK_EQ(device, 0);  // a refused cudaSetDevice changes nothing
-  if (count < 2) return;
+  SIM_SKIP_REST_UNLESS(count >= 2, "the per-thread device needs a second device");
   CUDA_OK(cudaSetDevice(1));
   int other_thread_device = -1;
   std::thread([&] { cudaGetDevice(&other_thread_device); }).join();
@@ -86,7 +86,7 @@ TEST_CASE("last error: set by a failing call, read once, not overwritten by succ
   CHECK_EQ(cudaGetLastError(), cudaErrorInvalidValue);
 }
 
-TEST_CASE("sticky errors cannot be cleared (stand-in injection)") {
+TEST_CASE("sticky errors cannot be cleared (stand-in injection)" * STAND_IN_ONLY) {
   if (!stand_in()) return;  // a real sticky error would poison the rest of this process
   void* p = nullptr;
   CUDA_OK(cudaMalloc(&p, 256));
@@ -137,10 +137,11 @@ TEST_CASE("device synchronize waits for every stream; reset frees the device's m
   }
 }
 
-TEST_CASE("each device has its own memory and capacity") {
+TEST_CASE("each device has its own memory and capacity" *
+          doctest::skip(simtest::device_count() < 2)) {
   int count = 0;
   CUDA_OK(cudaGetDeviceCount(&count));
-  if (count < 2) return;
+  REQUIRE(count >= 2);
   void* p0 = nullptr;
   void* p1 = nullptr;
   CUDA_OK(cudaSetDevice(0));

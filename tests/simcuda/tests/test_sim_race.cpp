@@ -175,6 +175,7 @@ TEST_CASE("races are reported at exit with both operations; strict mode aborts")
 }
 
 int main(int argc, char** argv) {
+  simtest::exit_77_without_stand_in("test_sim_race");
   if (argc == 2 && std::strcmp(argv[1], "--child-race") == 0) return child_race();
   doctest::Context context(argc, argv);
   return context.run();
