@@ -93,7 +93,8 @@ std::optional<ConfigError> parse_fence_slack(std::string_view key, std::string_v
   if (!value.empty() && digits != 0 &&
       (digits == std::string_view::npos || value[digits] < '1' || value[digits] > '9')) {
     // All the digits are zeros: check the unit by reading "1" with the same suffix.
-    const std::string one = "1" + std::string(value.substr(std::min(digits, value.size())));
+    std::string one(1, '1');  // appended, not "1" + ...: GCC 12 -O3 warns on that (restrict)
+    one.append(value.substr(std::min(digits, value.size())));
     if (auto size = parse_size_field(key, one, "fence_slack"); size.error) {
       size.error->text = std::string(value);
       return size.error;

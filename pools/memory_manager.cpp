@@ -158,7 +158,8 @@ bool MemoryManager::Impl::wait_over_limit() {
   ++fence_waits;
   if (options.log == LogLevel::full)
     log(LogLevel::full, "waited for the oldest free fence: " + std::to_string(waiting) +
-                            " B pending, bound " + std::to_string(limit) + " B");
+                            " B pending, bound " + std::to_string(limit) + " B, " +
+                            std::to_string(pending()) + " B pending after");
   return true;
 }
 
