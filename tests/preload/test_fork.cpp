@@ -40,6 +40,9 @@ void churn(int id) {
 // the child may also free (the real cudaFree synchronizes the device, and the stand-in's stream
 // threads, like a real CUDA context, do not exist in a forked child).
 int child_body(bool quiet) {
+  // A runtime lock held by a parent thread at the fork would hang the child, and the parent's
+  // waitpid with it: a bounded child fails the test instead (killed by SIGALRM).
+  ::alarm(30);
   void* ptr = nullptr;
   if (!preload_test::on_stand_in()) {
     if (cudaMalloc(&ptr, 4096) == cudaSuccess && quiet) cudaFree(ptr);
