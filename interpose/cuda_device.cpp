@@ -23,6 +23,17 @@
 // which only makes that fence pass later, never earlier. Tails are owned by the device, never
 // by a fence: fence_destroy does not recycle them.
 //
+// Note [Releases during capture]
+// cudaFree synchronizes the device, which is illegal while any capture is open on it: the call
+// fails and invalidates the program's capture. The manager returns idle pages on its own
+// schedule (periodic cleanup on an allocation, out-of-memory recovery), possibly while another
+// thread captures. So release() checks for an open capture the way fences do (Note [Fence
+// streams]) and, if there is one, keeps the address in deferred_; the deferred addresses are
+// freed by the next release or allocate (the manager's growth path, before it asks the device
+// for more) that finds no capture open; never on the free path, where a synchronizing cudaFree
+// does not belong. The pools already count that memory as returned; the device gets it back
+// once the capture is over. cudaDeviceReset frees it with everything else (forget_events).
+//
 // Note [Own calls]
 // Calls made on the library's own behalf must not change what the program observes: each runs
 // on this object's device (switching the thread's current device and back when they differ),
@@ -94,6 +105,7 @@ CudaDevice::~CudaDevice() = default;
 
 AllocStatus CudaDevice::allocate(std::uint64_t size, DevicePtr* out) {
   OwnCallScope scope(device_);
+  release_deferred();  // Note [Releases during capture]: memory the device may need now
   void* ptr = nullptr;
   cudaError_t result = real::cudaMalloc()(&ptr, static_cast<std::size_t>(size));
   if (result == cudaSuccess) {
@@ -105,7 +117,32 @@ AllocStatus CudaDevice::allocate(std::uint64_t size, DevicePtr* out) {
 
 void CudaDevice::release(DevicePtr ptr, std::uint64_t) {
   OwnCallScope scope(device_);
+  {
+    auto table = streams_.lock();
+    if (capture_open()) {  // Note [Releases during capture]
+      std::lock_guard<std::mutex> hold(mutex_);
+      deferred_.push_back(ptr);
+      return;
+    }
+  }
+  release_deferred();
   real::cudaFree()(reinterpret_cast<void*>(ptr));
+}
+
+// Caller holds an OwnCallScope (and neither the table's lock nor mutex_).
+void CudaDevice::release_deferred() {
+  std::vector<DevicePtr> ready;
+  {
+    std::lock_guard<std::mutex> hold(mutex_);
+    if (deferred_.empty()) return;
+  }
+  {
+    auto table = streams_.lock();
+    if (capture_open()) return;
+    std::lock_guard<std::mutex> hold(mutex_);
+    ready.swap(deferred_);
+  }
+  for (DevicePtr ptr : ready) real::cudaFree()(reinterpret_cast<void*>(ptr));
 }
 
 DeviceMemoryInfo CudaDevice::memory_info() {
@@ -246,6 +283,7 @@ void CudaDevice::forget_events() {
   std::lock_guard<std::mutex> hold(mutex_);
   events_.clear();
   tails_.clear();
+  deferred_.clear();
 }
 
 }  // namespace poolcuda

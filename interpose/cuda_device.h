@@ -44,7 +44,8 @@ class CudaDevice final : public Device {
   // [Destroyed streams] in cuda_device.cpp). Caller holds the stream table's lock.
   void adopt_stream_tail(cudaStream_t stream);
 
-  // cudaDeviceReset destroyed every event of the device: drop the cached ones unreleased.
+  // cudaDeviceReset destroyed every event of the device and freed its memory: drop the cached
+  // events and the deferred releases unreleased.
   void forget_events();
 
   int index() const { return device_; }
@@ -56,6 +57,7 @@ class CudaDevice final : public Device {
   cudaEvent_t take_event();
   void recycle(Fence* fence);
   void prune_tails(std::vector<cudaEvent_t>* pending);
+  void release_deferred();
   bool capture_open();
 
   int device_;
@@ -65,6 +67,7 @@ class CudaDevice final : public Device {
   std::vector<cudaEvent_t> events_;  // created, not in use
   std::vector<cudaEvent_t> tails_;   // recorded last on destroyed streams, maybe not complete
   std::vector<Fence*> fences_;       // recycled fence records
+  std::vector<DevicePtr> deferred_;  // released while a capture was open, not yet freed
 };
 
 }  // namespace poolcuda
