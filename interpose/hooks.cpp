@@ -9,7 +9,7 @@
 // memory came free meanwhile, it succeeds and the memory is simply not pooled). Refusals that
 // come from the configuration (no pool accepts the size, a capped pool is full) have no real
 // call to mirror; they raise cudaErrorMemoryAllocation in the slot with a real cudaMalloc of
-// a size no device has.
+// a size no device has. A refused cudaFree raises cudaErrorInvalidValue the same way.
 //
 // Depends on the registry, the CUDA device, the real-function table, the log and the
 // configuration.
@@ -42,6 +42,15 @@ cudaError_t forward_malloc(int device, void** ptr, std::size_t size) {
 void raise_out_of_memory() {
   void* ptr = nullptr;
   if (real::cudaMalloc()(&ptr, kImpossibleSize) == cudaSuccess) real::cudaFree()(ptr);
+}
+
+// A refused free (double free, interior pointer) leaves cudaErrorInvalidValue in the last-error
+// slot, as the real cudaFree of a pointer that starts no allocation does: the real call on an
+// address that is certainly no device allocation (this host variable) fails the same way and
+// touches nothing.
+void raise_invalid_value() {
+  static char not_device_memory;
+  real::cudaFree()(&not_device_memory);
 }
 
 // Refusals the pools decide themselves (the manager logs device out-of-memory breakdowns).
@@ -108,11 +117,13 @@ cudaError_t free(void* ptr) {
     case FreeOutcome::double_free:
       log_format(LogLevel::basic, "cudaFree(%p) on device %d: double free; nothing changed", ptr,
                  owner);
+      raise_invalid_value();
       return cudaErrorInvalidValue;
     case FreeOutcome::interior_pointer:
       log_format(LogLevel::basic,
                  "cudaFree(%p) on device %d: not the start of an allocation; nothing changed",
                  ptr, owner);
+      raise_invalid_value();
       return cudaErrorInvalidValue;
   }
   return cudaErrorInvalidValue;

@@ -1,5 +1,6 @@
 // Preload test 3: bad input gets CUDA's own error codes and changes nothing. A double free and
-// an interior pointer answer cudaErrorInvalidValue and leave the pools intact; cudaMalloc(NULL)
+// an interior pointer answer cudaErrorInvalidValue, leave it as the last error as the real
+// cudaFree does, and leave the pools intact; cudaMalloc(NULL)
 // answers cudaErrorInvalidValue (and the library's own CUDA calls leave that last error alone);
 // size 0 behaves as the real call; a request larger than the
 // device answers cudaErrorMemoryAllocation, sets the last error as the real call does, and
@@ -19,14 +20,26 @@ int main() {
   CHECK_CUDA(cudaMalloc(&victim, 4096));
   CHECK_CUDA(cudaMemset(keep, 0x42, 4096));
 
+  // What the real cudaFree leaves in the last-error slot for a pointer that starts no
+  // allocation: a refused free through the library must leave the same.
+  using FreeFn = cudaError_t (*)(void*);
+  auto real_free = preload_test::real<FreeFn>("cudaFree");
+  char host_byte = 0;
+  CHECK_RESULT(real_free(&host_byte), cudaErrorInvalidValue);
+  const cudaError_t real_last = cudaGetLastError();
+
   // Interior pointer of a live allocation: refused, the allocation stays live and usable.
   CHECK_RESULT(cudaFree(static_cast<char*>(victim) + 512), cudaErrorInvalidValue);
+  CHECK_RESULT(cudaGetLastError(), real_last);
+  CHECK_RESULT(cudaGetLastError(), cudaSuccess);
   CHECK_CUDA(cudaMemset(victim, 0x24, 4096));
   CHECK(preload_test::device_bytes_equal(victim, 4096, 0x24));
 
   // Double free: the second is refused.
   CHECK_CUDA(cudaFree(victim));
   CHECK_RESULT(cudaFree(victim), cudaErrorInvalidValue);
+  CHECK_RESULT(cudaGetLastError(), real_last);
+  CHECK_RESULT(cudaGetLastError(), cudaSuccess);
   CHECK(preload_test::device_bytes_equal(keep, 4096, 0x42));
 
   // The pool is intact: allocations still work, never overlap the survivor, data holds.
@@ -55,9 +68,7 @@ int main() {
 
   // Size 0: the same answer as the real runtime's, and its pointer frees the same way.
   using MallocFn = cudaError_t (*)(void**, std::size_t);
-  using FreeFn = cudaError_t (*)(void*);
   auto real_malloc = preload_test::real<MallocFn>("cudaMalloc");
-  auto real_free = preload_test::real<FreeFn>("cudaFree");
   void* real_zero = reinterpret_cast<void*>(1);
   cudaError_t real_result = real_malloc(&real_zero, 0);
   void* zero = reinterpret_cast<void*>(1);
