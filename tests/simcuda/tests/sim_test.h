@@ -86,9 +86,25 @@ inline void exit_77_without_stand_in(const char* program) {
 
 // A gate a stream can be parked on: a host function waits until the test opens it. Lets a test
 // hold a stream's queue deterministically.
+//
+// Both waits are bounded, and the destructor opens the gate and waits for the host function to
+// leave: a check that fails while a stream is parked (an exception out of the case) must not
+// leave CUDA's host-function thread blocked for ever, which on a real GPU would hang every later
+// synchronization of the program until a test timeout kills it.
 class Gate {
  public:
+  static constexpr auto kLimit = std::chrono::seconds(30);
+
   static void CUDART_CB wait_fn(void* self) { static_cast<Gate*>(self)->wait(); }
+  Gate() = default;
+  Gate(const Gate&) = delete;
+  Gate& operator=(const Gate&) = delete;
+  ~Gate() {
+    std::unique_lock lock(m_);
+    open_ = true;
+    cv_.notify_all();
+    cv_.wait_for(lock, kLimit, [&] { return !inside_; });
+  }
   void open() {
     std::lock_guard lock(m_);
     open_ = true;
@@ -97,13 +113,21 @@ class Gate {
   void wait() {
     std::unique_lock lock(m_);
     entered_ = true;
+    inside_ = true;
     cv_.notify_all();
-    cv_.wait(lock, [&] { return open_; });
+    cv_.wait_for(lock, kLimit, [&] { return open_; });
+    inside_ = false;
+    cv_.notify_all();
   }
   // Waits until a stream has reached the gate (its earlier work is done).
   void wait_entered() {
     std::unique_lock lock(m_);
-    cv_.wait(lock, [&] { return entered_; });
+    bool reached = cv_.wait_for(lock, kLimit, [&] { return entered_; });
+    lock.unlock();
+    if (reached) return;
+    if (doctest::is_running_in_test) FAIL("the stream never reached the gate");
+    std::fprintf(stderr, "the stream never reached the gate\n");  // a child scenario
+    std::abort();
   }
 
  private:
@@ -111,6 +135,7 @@ class Gate {
   std::condition_variable cv_;
   bool open_ = false;
   bool entered_ = false;
+  bool inside_ = false;
 };
 
 // Counts host-function executions, in order.
