@@ -36,11 +36,29 @@ std::atomic<bool> g_passthrough{false};
 
 namespace {
 
-std::atomic<const Config*> g_config{nullptr};
-
-const Config& default_config() {
-  static const auto* defaults = new Config;
-  return *defaults;
+// Note [Load order]
+// The constructors of the program's own shared libraries run before those of a preloaded
+// library, and any of them may already allocate device memory (a global buffer in a library).
+// The first such call creates that device's manager for the rest of the process, so it must
+// see the configuration the user gave, not the defaults. So the configuration is parsed once,
+// on first use, by whichever comes first: a hook or the library's constructor. Parsing is pure
+// string work (no CUDA call), and a malformed value still stops the process before main.
+const Config& load_config() {
+  static const Config* const conf = [] {
+    const char* text = std::getenv("POOLCUDA_CONF");
+    ParseResult parsed = parse_config(text != nullptr ? text : "");
+    if (!parsed) {
+      write_stderr("poolcuda: " + parsed.error.message() + "\n");
+      ::_exit(2);
+    }
+    const auto* loaded = new Config(*parsed.config);  // never freed (Note [Exit])
+    set_log_level(loaded->log);
+    if (loaded->confirm) {
+      write_stderr("poolcuda: effective configuration: " + describe_config(*loaded) + "\n");
+    }
+    return loaded;
+  }();
+  return *conf;
 }
 
 void on_fork_child() { detail::g_passthrough.store(true, std::memory_order_relaxed); }
@@ -51,28 +69,14 @@ void report_at_exit() {
 
 // Runs when the library is loaded, before the program's main (DESIGN.md decision 9).
 __attribute__((constructor)) void load_library() {
-  const char* text = std::getenv("POOLCUDA_CONF");
-  ParseResult parsed = parse_config(text != nullptr ? text : "");
-  if (!parsed) {
-    write_stderr("poolcuda: " + parsed.error.message() + "\n");
-    ::_exit(2);
-  }
-  const auto* conf = new Config(*parsed.config);
-  g_config.store(conf, std::memory_order_release);
-  set_log_level(conf->log);
-  if (conf->confirm) {
-    write_stderr("poolcuda: effective configuration: " + describe_config(*conf) + "\n");
-  }
+  const Config& conf = load_config();
   ::pthread_atfork(nullptr, nullptr, &on_fork_child);
-  start_reporter(*conf);
-  if (conf->report_at_exit) std::atexit(&report_at_exit);
+  start_reporter(conf);
+  if (conf.report_at_exit) std::atexit(&report_at_exit);
 }
 
 }  // namespace
 
-const Config& config() {
-  const Config* conf = g_config.load(std::memory_order_acquire);
-  return conf != nullptr ? *conf : default_config();
-}
+const Config& config() { return load_config(); }
 
 }  // namespace poolcuda

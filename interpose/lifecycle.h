@@ -20,8 +20,9 @@ extern std::atomic<bool> g_passthrough;
 // touches the pools, whose state the child inherited mid-flight.
 inline bool passthrough() { return detail::g_passthrough.load(std::memory_order_relaxed); }
 
-// The configuration parsed at load; the defaults if a hook runs before the library's
-// constructor (another library's constructor may call CUDA first).
+// The configuration, parsed from POOLCUDA_CONF on first use: by the library's constructor, or
+// earlier by a hook when another library's constructor calls CUDA first (Note [Load order] in
+// lifecycle.cpp). A malformed value stops the process (status 2) at that first use.
 const Config& config();
 
 }  // namespace poolcuda
