@@ -1,6 +1,9 @@
 #!/bin/sh
 # Preload suite: libpoolcuda.so exports CUDA entry points only (every defined dynamic symbol
-# starts with "cu"), including each hooked runtime call, and it does not link libcudart.
+# starts with "cu"), including each hooked runtime call, and it does not link libcudart. It
+# also has no dynamic initialisers of namespace-scope objects: its hooks can run before the
+# library is initialised (Note [Load order] in interpose/lifecycle.cpp), and must never see
+# such an object unconstructed.
 # Usage: check_exports.sh NM LIBRARY
 set -u
 nm_tool=$1
@@ -20,6 +23,11 @@ for hooked in cudaMalloc cudaFree cudaMemGetInfo cudaDeviceReset cudaStreamCreat
     status=1
   fi
 done
+initialisers=$("$nm_tool" "$library" 2>/dev/null | awk '{print $NF}' | grep '^_GLOBAL__sub_I')
+if [ -n "$initialisers" ]; then
+  echo "dynamic initialisers (make those objects constexpr or function-local):" $initialisers
+  status=1
+fi
 if readelf -d "$library" 2>/dev/null | grep -q 'libcudart'; then
   echo "links libcudart"
   status=1
