@@ -35,13 +35,16 @@
 // again; it repeats while the pending bytes exceed the limit and closed epochs remain, and only
 // then grows. Waiting on the oldest fence, not on the newest nor on the whole device, is what
 // keeps this cheap: that fence was recorded the longest time ago, so the device is most likely
-// past it or close to it, and it frees the most memory per wait (everything freed before it).
-// The real cudaFree synchronizes the whole device on every call; this waits, rarely, for a
-// point the device reached long ago. fence_slack 0 means "never grow while fenced memory is
-// pending". If the miss could not close the open epoch (kNoFence: a capture is open) nothing
-// is waited for: the memory freed during the capture has no fence to wait on, and blocking a
-// capturing thread would stall it for older work only, so the pool grows as before. Besides
-// this, only the out-of-memory path and drain_fences() block (they wait for every fence).
+// past it or close to it, the wait is short, and later fences that passed meanwhile come back
+// in the same step. The real cudaFree synchronizes the whole device on every call; this waits,
+// rarely, for a point the device has (nearly) reached. The wait holds the manager's lock, so
+// other threads reserving on the same device wait too, as they would behind cudaFree.
+// fence_slack 0 leaves only the share of the live set: no pool grows while more than an
+// eighth of the bytes in use wait on fences (with nothing in use: while any do). If the miss could not close the open epoch
+// (kNoFence: a capture is open) nothing is waited for: the memory freed during the capture has
+// no fence to wait on, and blocking a capturing thread for older work would not free it, so the
+// pool grows as before. Besides this, only the out-of-memory path and drain_fences() block
+// (they wait for every fence).
 //
 // Note [Exit]
 // ~~~~~~~~~~~

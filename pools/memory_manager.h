@@ -37,8 +37,8 @@ struct ManagerOptions {
   // Frees per epoch before the epoch is closed even without a miss (Note [Free fences]).
   std::uint32_t fence_batch = 256;
   // Bytes that may wait on free fences before a miss waits for the oldest fence instead of
-  // growing a pool: the bound is max(fence_slack, bytes in use / 8). 0: never grow while any
-  // closed epoch is pending (Note [Free fences]).
+  // growing a pool: the bound is max(fence_slack, bytes in use / 8). 0 leaves only the share
+  // of the bytes in use (Note [Free fences]).
   std::uint64_t fence_slack = 64 * MiB;
   LogLevel log = LogLevel::basic;
   LogSink log_sink;  // empty: write to stderr prefixed "poolcuda: "
