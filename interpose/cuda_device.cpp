@@ -34,17 +34,32 @@
 // does not belong. The pools already count that memory as returned; the device gets it back
 // once the capture is over. cudaDeviceReset frees it with everything else (forget_events).
 //
+// Note [Stale streams]
+// A stream can vanish without passing through the cudaStreamDestroy hook: cuStreamDestroy on
+// the runtime's handle, a primary-context reset, a library with its own runtime. Its entry then
+// stays in the stream table, and every capture check or event record on it fails. Counting
+// such a failure as "capture open" would stop the device's fences for good (its pools would
+// only grow, and releases would stay deferred). So an invalid-handle answer for a tracked
+// stream means the stream is gone: the check or record that got it drops the entry (under the
+// table's lock) and carries on with the other streams. Its remaining work, if any, is not
+// covered; nothing could record on it anyway. Other failures still count as "capture open".
+//
 // Note [Own calls]
 // Calls made on the library's own behalf must not change what the program observes: each runs
 // on this object's device (switching the thread's current device and back when they differ),
 // in relaxed capture mode (a global-mode capture on another thread forbids "unsafe" calls on
 // ours), and an error it leaves in the runtime's last-error slot is cleared again when the slot
 // was clean before. (A slot already holding the program's error cannot be restored if one of
-// our calls replaced it; our calls fail only when the device itself is failing.)
+// our calls replaced it; our calls fail only when the device itself is failing.) When the
+// device cannot be made current, ok() is false: the calls would run on the wrong device, so
+// allocate answers `failed`, fence_record kNoFence, memory_info nothing and no tail is recorded.
+// The program's device is set back whenever a switch was attempted (a failed cudaSetDevice may
+// still have changed it, e.g. under a sticky error).
 //
 // Depends on pools/device.h, real_cuda.h and stream_table.h.
 #include "interpose/cuda_device.h"
 
+#include "interpose/log.h"
 #include "interpose/real_cuda.h"
 #include "interpose/stream_table.h"
 
@@ -58,9 +73,11 @@ class OwnCallScope {
   explicit OwnCallScope(int device) {
     prior_error_ = real::cudaPeekAtLastError()();
     int current = -1;
-    if (real::cudaGetDevice()(&current) == cudaSuccess && current != device &&
-        real::cudaSetDevice()(device) == cudaSuccess) {
+    if (real::cudaGetDevice()(&current) != cudaSuccess) {
+      ok_ = false;
+    } else if (current != device) {
       restore_device_ = current;
+      ok_ = real::cudaSetDevice()(device) == cudaSuccess;
     }
     mode_ = cudaStreamCaptureModeRelaxed;
     mode_switched_ = real::cudaThreadExchangeStreamCaptureMode()(&mode_) == cudaSuccess;
@@ -75,19 +92,36 @@ class OwnCallScope {
   OwnCallScope(const OwnCallScope&) = delete;
   OwnCallScope& operator=(const OwnCallScope&) = delete;
 
+  // False when the scope's device could not be made current.
+  bool ok() const { return ok_; }
+
  private:
+  bool ok_ = true;
   cudaError_t prior_error_ = cudaSuccess;
   int restore_device_ = -1;
   cudaStreamCaptureMode mode_ = cudaStreamCaptureModeRelaxed;
   bool mode_switched_ = false;
 };
 
-bool is_capturing(cudaStream_t stream) {
+// The answers that say a stream handle no longer exists (Note [Stale streams]).
+bool handle_gone(cudaError_t result) {
+  return result == cudaErrorInvalidResourceHandle || result == cudaErrorContextIsDestroyed;
+}
+
+enum class CaptureState { none, open, gone };
+
+CaptureState capture_state(cudaStream_t stream) {
   cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
   cudaError_t result = real::cudaStreamIsCapturing()(stream, &status);
-  // cudaErrorStreamCaptureImplicit on the legacy stream means a blocking stream captures.
-  return result != cudaSuccess || status != cudaStreamCaptureStatusNone;
+  if (result == cudaSuccess) {
+    return status == cudaStreamCaptureStatusNone ? CaptureState::none : CaptureState::open;
+  }
+  // cudaErrorStreamCaptureImplicit on the legacy stream means a blocking stream captures; any
+  // other failure is taken as an open capture too, except a handle that no longer exists.
+  return handle_gone(result) ? CaptureState::gone : CaptureState::open;
 }
+
+bool is_capturing(cudaStream_t stream) { return capture_state(stream) == CaptureState::open; }
 
 }  // namespace
 
@@ -105,6 +139,7 @@ CudaDevice::~CudaDevice() = default;
 
 AllocStatus CudaDevice::allocate(std::uint64_t size, DevicePtr* out) {
   OwnCallScope scope(device_);
+  if (!scope.ok()) return AllocStatus::failed;  // Note [Own calls]
   release_deferred();  // Note [Releases during capture]: memory the device may need now
   void* ptr = nullptr;
   cudaError_t result = real::cudaMalloc()(&ptr, static_cast<std::size_t>(size));
@@ -147,6 +182,7 @@ void CudaDevice::release_deferred() {
 
 DeviceMemoryInfo CudaDevice::memory_info() {
   OwnCallScope scope(device_);
+  if (!scope.ok()) return {};  // another device's numbers (Note [Own calls])
   std::size_t free_bytes = 0;
   std::size_t total_bytes = 0;
   if (real::cudaMemGetInfo()(&free_bytes, &total_bytes) != cudaSuccess) return {};
@@ -192,8 +228,11 @@ void CudaDevice::prune_tails(std::vector<cudaEvent_t>* pending) {
 
 void CudaDevice::adopt_stream_tail(cudaStream_t stream) {
   OwnCallScope scope(device_);
+  // An event of another device would poison the cache (Note [Own calls]).
+  if (!scope.ok()) return;
   // A capturing stream would take the record into its graph; its capture ends with the destroy.
-  if (is_capturing(stream)) return;
+  // A stale handle (Note [Stale streams]) has nothing left to mark.
+  if (capture_state(stream) != CaptureState::none) return;
   cudaEvent_t tail = take_event();
   if (tail == nullptr) return;
   const bool recorded = real::cudaEventRecord()(tail, stream) == cudaSuccess;
@@ -202,17 +241,40 @@ void CudaDevice::adopt_stream_tail(cudaStream_t stream) {
   (recorded ? tails_ : events_).push_back(tail);
 }
 
-// Caller holds the stream table's lock and an OwnCallScope.
+// Caller holds the stream table's lock and an OwnCallScope. Drops the stale streams it meets
+// (Note [Stale streams]).
 bool CudaDevice::capture_open() {
   if (is_capturing(cudaStreamLegacy) || is_capturing(cudaStreamPerThread)) return true;
+  std::vector<cudaStream_t> gone;
+  bool open = false;
   for (const TrackedStream& tracked : streams_.streams()) {
-    if (tracked.device == device_ && is_capturing(tracked.stream)) return true;
+    if (tracked.device != device_) continue;
+    const CaptureState state = capture_state(tracked.stream);
+    if (state == CaptureState::gone) gone.push_back(tracked.stream);
+    if (state == CaptureState::open) {
+      open = true;
+      break;
+    }
   }
-  return false;
+  drop_streams(gone);
+  return open;
+}
+
+// Caller holds the stream table's lock.
+void CudaDevice::drop_streams(const std::vector<cudaStream_t>& gone) {
+  for (cudaStream_t stream : gone) {
+    TrackedStream removed;
+    if (streams_.remove_locked(stream, &removed)) {
+      log_format(LogLevel::basic,
+                 "device %d: stream %p was destroyed without cudaStreamDestroy; no longer fenced",
+                 device_, static_cast<void*>(stream));
+    }
+  }
 }
 
 FenceHandle CudaDevice::fence_record() {
   OwnCallScope scope(device_);
+  if (!scope.ok()) return kNoFence;  // Note [Own calls]
   auto table = streams_.lock();
   if (capture_open()) return kNoFence;
 
@@ -228,15 +290,23 @@ FenceHandle CudaDevice::fence_record() {
 
   auto record = [&](cudaStream_t stream) {
     cudaEvent_t event = take_event();
-    if (event == nullptr) return false;
+    if (event == nullptr) return cudaErrorMemoryAllocation;
     fence->events.push_back(event);
-    return real::cudaEventRecord()(event, stream) == cudaSuccess;
+    return real::cudaEventRecord()(event, stream);
   };
-  bool recorded = record(cudaStreamLegacy);
+  bool recorded = record(cudaStreamLegacy) == cudaSuccess;
+  std::vector<cudaStream_t> gone;
   for (const TrackedStream& tracked : streams_.streams()) {
     if (!recorded) break;
-    if (tracked.device == device_ && tracked.non_blocking) recorded = record(tracked.stream);
+    if (tracked.device != device_ || !tracked.non_blocking) continue;
+    const cudaError_t result = record(tracked.stream);
+    if (handle_gone(result)) {
+      gone.push_back(tracked.stream);  // Note [Stale streams]: the unrecorded event is harmless
+    } else {
+      recorded = result == cudaSuccess;
+    }
   }
+  drop_streams(gone);
   if (!recorded) {
     recycle(fence);
     return kNoFence;

@@ -59,6 +59,7 @@ class CudaDevice final : public Device {
   void prune_tails(std::vector<cudaEvent_t>* pending);
   void release_deferred();
   bool capture_open();
+  void drop_streams(const std::vector<cudaStream_t>& gone);
 
   int device_;
   StreamTable& streams_;

@@ -9,8 +9,15 @@
 namespace poolcuda {
 
 void StreamTable::add(cudaStream_t stream, int device, unsigned int flags) {
+  const TrackedStream entry{stream, device, (flags & cudaStreamNonBlocking) != 0};
   std::lock_guard<std::mutex> hold(mutex_);
-  streams_.push_back({stream, device, (flags & cudaStreamNonBlocking) != 0});
+  auto it = std::find_if(streams_.begin(), streams_.end(),
+                         [&](const TrackedStream& s) { return s.stream == stream; });
+  if (it != streams_.end()) {
+    *it = entry;
+  } else {
+    streams_.push_back(entry);
+  }
 }
 
 bool StreamTable::remove(cudaStream_t stream) {

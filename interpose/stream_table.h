@@ -2,7 +2,9 @@
 // and whether it is non-blocking. Free fences need one event per live non-blocking stream and
 // must know every stream to check for open captures (Note [Fence streams] in cuda_device.cpp).
 // A stream leaves the table before the real cudaStreamDestroy runs, and a fence holds the
-// table's lock while it records, so no event is ever recorded on a destroyed stream.
+// table's lock while it records, so no event is recorded on a stream destroyed through the
+// hooks. A stream destroyed behind their back (cuStreamDestroy, a primary-context reset) stays
+// until a fence finds its handle invalid and drops it (Note [Stale streams] in cuda_device.cpp).
 //
 // Depends on the CUDA runtime header only.
 #pragma once
@@ -22,6 +24,8 @@ struct TrackedStream {
 
 class StreamTable {
  public:
+  // A handle already in the table (the runtime reused the value of a stream destroyed behind
+  // the hooks' back) is replaced, never listed twice.
   void add(cudaStream_t stream, int device, unsigned int flags);
   // False when the stream was not tracked (created before the library loaded, or twice
   // destroyed): the real destroy still runs.
