@@ -6,10 +6,13 @@
 // an allocation that succeeded after trimming shows the program no error. When the pools give
 // up on an out-of-memory, the request goes to the real cudaMalloc one last time: it fails as
 // the real library would and leaves exactly the last error the real library leaves (or, if
-// memory came free meanwhile, it succeeds and the memory is simply not pooled). Refusals that
-// come from the configuration (no pool accepts the size, a capped pool is full) have no real
-// call to mirror; they raise cudaErrorMemoryAllocation in the slot with a real cudaMalloc of
-// a size no device has. A refused cudaFree raises cudaErrorInvalidValue the same way.
+// memory came free meanwhile, it succeeds and the memory is simply not pooled). A size no
+// configured pool accepts (a custom layout that does not cover every size) is no reason to
+// refuse what the driver would give: it goes to the real cudaMalloc too, and its pointer to the
+// real cudaFree later, since no pool owns it. A capped pool that is full with nothing behind it
+// is a deliberate budget: that refusal has no real call to mirror, so it raises
+// cudaErrorMemoryAllocation in the slot with a real cudaMalloc of a size no device has. A
+// refused cudaFree raises cudaErrorInvalidValue the same way.
 //
 // Depends on the registry, the CUDA device, the real-function table, the log and the
 // configuration.
@@ -72,6 +75,8 @@ cudaError_t malloc(void** ptr, std::size_t size) {
   if (size > registry.device(device)->total_bytes()) return forward_malloc(device, ptr, size);
 
   Reservation reservation = manager->allocate(size);
+  // A sticky context error is not checked on a hit: that would cost a runtime call on every
+  // allocation, and the program's next launch or synchronisation reports the error anyway.
   if (reservation.ptr != 0) {
     *ptr = reinterpret_cast<void*>(reservation.ptr);
     return cudaSuccess;
@@ -80,6 +85,14 @@ cudaError_t malloc(void** ptr, std::size_t size) {
     case ErrorKind::out_of_memory:
     case ErrorKind::device_error:
       // Note [Last error]: the real call's own failure is the answer.
+      return forward_malloc(device, ptr, size);
+    case ErrorKind::buffer_too_big:
+      // Note [Last error]: not the pools' size, but the driver may well have it.
+      if (registry.first_time(Registry::Once::no_pool_accepts, device)) {
+        log_format(LogLevel::basic,
+                   "device %d: no pool accepts %zu bytes; passing such requests to cudaMalloc",
+                   device, size);
+      }
       return forward_malloc(device, ptr, size);
     default:
       log_refusal(device, size, reservation.error);

@@ -44,7 +44,12 @@ MemoryManager* Registry::manager_or_create(int device) {
   auto* cuda_device = new CudaDevice(device, streams_);
   if (cuda_device->total_bytes() == 0) {
     delete cuda_device;
-    log_format(LogLevel::basic, "device %d: cannot read its memory size; not pooling it", device);
+    if (first_time(Once::unreadable_size, device)) {
+      log_format(LogLevel::basic,
+                 "device %d: cannot read its memory size; passing its allocations to cudaMalloc "
+                 "until it can be read",
+                 device);
+    }
     return nullptr;
   }
   const Config& conf = config();
@@ -70,6 +75,11 @@ void Registry::count_forwarded_malloc(int device) {
 
 void Registry::count_forwarded_free(int device) {
   if (in_range(device)) forwarded_frees_[device].fetch_add(1, std::memory_order_relaxed);
+}
+
+bool Registry::first_time(Once what, int device) {
+  if (!in_range(device)) return false;
+  return !logged_[static_cast<int>(what)][device].exchange(true, std::memory_order_relaxed);
 }
 
 std::vector<ManagerReport> Registry::reports() const {

@@ -30,15 +30,22 @@ class Registry {
   CudaDevice* device(int device) const;
 
   // The device's manager, created now if needed with the configured layout and options.
-  // nullptr when the device cannot be used (its memory size cannot be read).
+  // nullptr when the device cannot be used (its memory size cannot be read): the caller passes
+  // the call through, the next call tries again, and the failure is logged once per device.
   MemoryManager* manager_or_create(int device);
 
   StreamTable& streams() { return streams_; }
 
   // Real cudaMalloc / cudaFree calls made on the program's behalf without a pool (size 0,
-  // NULL, foreign pointers, requests larger than the device), per current device.
+  // NULL, foreign pointers, requests larger than the device or that no pool accepts), per
+  // current device.
   void count_forwarded_malloc(int device);
   void count_forwarded_free(int device);
+
+  // Conditions logged once per device.
+  enum class Once { unreadable_size, no_pool_accepts, count };
+  // True for the first caller only, per condition and device (false when out of range).
+  bool first_time(Once what, int device);
 
   // A snapshot of every existing manager, in device order (takes each manager's lock in turn).
   std::vector<ManagerReport> reports() const;
@@ -50,6 +57,7 @@ class Registry {
   std::atomic<CudaDevice*> devices_[kMaxDevices] = {};
   std::atomic<std::uint64_t> forwarded_mallocs_[kMaxDevices] = {};
   std::atomic<std::uint64_t> forwarded_frees_[kMaxDevices] = {};
+  std::atomic<bool> logged_[static_cast<int>(Once::count)][kMaxDevices] = {};
   std::mutex create_mutex_;
   StreamTable streams_;
 };
