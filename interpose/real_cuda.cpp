@@ -5,12 +5,21 @@
 // a preloaded library finds nothing. The runtime is then already loaded, and
 // dlopen(RTLD_NOLOAD) finds it by soname without loading anything new.
 //
-// Depends on the CUDA runtime header and libdl only.
+// Note [Missing functions]
+// A lookup that finds nothing is remembered (a sentinel in the slot), so a missing function
+// costs one dlsym and a few dlopen attempts once, not on every call. Nothing is lost by not
+// looking again: a hook runs only when code linked to the runtime calls it, so the runtime is
+// already loaded by the first lookup; a function missing then belongs to an older runtime than
+// the headers. The first thread to record the miss logs one line naming the function.
+//
+// Depends on the CUDA runtime header, libdl and the log.
 #include "interpose/real_cuda.h"
 
 #include <dlfcn.h>
 
 #include <atomic>
+
+#include "interpose/log.h"
 
 namespace poolcuda::real {
 
@@ -24,8 +33,9 @@ constexpr const char* kNames[kSlots] = {
 #undef POOLCUDA_NAME
 };
 
-// nullptr: not found yet. A miss is not remembered: the runtime may be loaded later.
+// nullptr: not looked up yet; &g_missing: looked up and found nowhere (Note [Missing functions]).
 std::atomic<void*> g_slots[kSlots];
+char g_missing;
 
 void* lookup(const char* name) {
   if (void* address = ::dlsym(RTLD_NEXT, name)) return address;
@@ -47,14 +57,20 @@ void* resolve(Slot slot) {
   auto& entry = g_slots[static_cast<int>(slot)];
   void* address = entry.load(std::memory_order_acquire);
   if (address == nullptr) {
-    address = lookup(kNames[static_cast<int>(slot)]);
-    if (address != nullptr) entry.store(address, std::memory_order_release);
+    const char* name = kNames[static_cast<int>(slot)];
+    void* found = lookup(name);
+    void* expected = nullptr;
+    if (entry.compare_exchange_strong(expected, found != nullptr ? found : &g_missing,
+                                      std::memory_order_acq_rel) &&
+        found == nullptr) {
+      log_format(LogLevel::basic,
+                 "%s is not in the CUDA runtime; the library's calls to it fail with "
+                 "cudaErrorSharedObjectSymbolNotFound",
+                 name);
+    }
+    address = entry.load(std::memory_order_acquire);
   }
-  return address;
-}
-
-void resolve_all() {
-  for (int i = 0; i < kSlots; ++i) resolve(static_cast<Slot>(i));
+  return address == &g_missing ? nullptr : address;
 }
 
 }  // namespace poolcuda::real

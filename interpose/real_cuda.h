@@ -1,8 +1,8 @@
 // The table of real CUDA runtime functions: the only place that calls dlsym. Each entry is
 // resolved on first use with dlsym(RTLD_NEXT, name) (falling back to a libcudart that was loaded
 // privately, see real_cuda.cpp), once per process, lock-free and thread-safe: racing threads
-// store the same pointer. A function that cannot be found (yet) answers
-// cudaErrorSharedObjectSymbolNotFound instead of crashing.
+// store the same pointer. A function that cannot be found is remembered as missing (one log
+// line, no further lookups) and answers cudaErrorSharedObjectSymbolNotFound instead of crashing.
 //
 // Usage: real::cudaMalloc()(&ptr, size). Depends on the CUDA runtime header only.
 #pragma once
@@ -41,7 +41,8 @@ enum class Slot : int {
       count
 };
 
-// The resolved address for `slot`, or nullptr when the symbol exists nowhere.
+// The resolved address for `slot`, or nullptr when the symbol exists nowhere (decided by the
+// first lookup, see Note [Missing functions] in real_cuda.cpp).
 void* resolve(Slot slot);
 
 template <typename Fn>
@@ -61,8 +62,5 @@ struct Missing<cudaError_t (*)(Args...)> {
   }
 POOLCUDA_REAL_FUNCTIONS(POOLCUDA_ACCESSOR)
 #undef POOLCUDA_ACCESSOR
-
-// Resolves every entry now (called once CUDA is first used, so later calls never reach dlsym).
-void resolve_all();
 
 }  // namespace poolcuda::real
