@@ -157,8 +157,10 @@ struct Option {
 
 // Note [Option table]: the order here is the order of describe_config, of the CLI's help and
 // of the README's reference. Defaults are not written here: they are whatever a default
-// Config holds, rendered by the row's own describe function.
-const std::array<Option, 13> kOptions = {{
+// Config holds, rendered by the row's own describe function. constexpr (string views and
+// function pointers only): the table is constant-initialised, with no dynamic initialiser, so
+// parse_config works even when a hook runs before the library's static initialisers.
+constexpr std::array<Option, 13> kOptions = {{
     {"pools", "the dynamic pools: a preset or a list of pools tried in order", &parse_pools_option,
      &describe_pools, &grammar_pools},
     POOLCUDA_WORD_OPTION("persistent", kPersistentWords, &Config::persistent,
