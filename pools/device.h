@@ -7,7 +7,10 @@
 // sees two calls from the same manager at once, and it must never call back into the manager.
 #pragma once
 
+#include <algorithm>
+#include <chrono>
 #include <cstdint>
+#include <thread>
 
 #include "pools/types.h"
 
@@ -39,7 +42,9 @@ class Device {
   virtual AllocStatus allocate(std::uint64_t size, DevicePtr* out) = 0;
 
   // Returns memory obtained from allocate() with the same size. May synchronize the device.
-  // During capture: never called (the manager defers releases until no capture is open).
+  // During capture: may be called while a capture is open (cleanup and out-of-memory recovery
+  // know nothing of captures); the implementation must defer the driver call until no capture
+  // is open.
   virtual void release(DevicePtr ptr, std::uint64_t size) = 0;
 
   // Free and total memory of the device as the driver sees it (pooled idle bytes count as used).
@@ -58,16 +63,53 @@ class Device {
   // True once the device has executed past the fence. Never blocks. During capture: allowed.
   virtual bool fence_passed(FenceHandle fence) = 0;
 
-  // Blocks until the device has executed past the fence. Used on the out-of-memory path, by
-  // drain_fences(), and when fence-pending memory exceeds its bound (the oldest fence only).
+  // Blocks, without limit, until the device has executed past the fence. Used only where the
+  // real cudaFree would have waited too: the out-of-memory path and drain_fences().
   virtual void fence_wait(FenceHandle fence) = 0;
+
+  // Waits at most `max_microseconds` for the device to execute past the fence; true when it
+  // has. Never blocks longer than the bound (beyond scheduling noise), so a fence that cannot
+  // pass while the caller waits (a stream parked by a host function only the caller releases)
+  // costs the bound, never a deadlock. Used on the allocation path when fence-pending memory
+  // exceeds its bound (Note [Free fences]). The default polls fence_passed(): a yield first,
+  // then sleeps that grow to kMaxPollSleep; an implementation with a cheaper timed wait may
+  // override it.
+  virtual bool fence_wait_for(FenceHandle fence, std::uint32_t max_microseconds) {
+    using Clock = std::chrono::steady_clock;
+    if (fence_passed(fence)) return true;
+    const Clock::time_point deadline = Clock::now() + std::chrono::microseconds(max_microseconds);
+    std::chrono::microseconds sleep{0};
+    for (;;) {
+      const Clock::time_point now = Clock::now();
+      if (now >= deadline) return false;
+      if (sleep.count() == 0) {
+        std::this_thread::yield();
+        sleep = std::chrono::microseconds(1);
+      } else {
+        std::this_thread::sleep_for(
+            std::min<Clock::duration>(sleep, deadline - now));
+        sleep = std::min(sleep * 2, kMaxPollSleep);
+      }
+      if (fence_passed(fence)) return true;
+    }
+  }
 
   // Destroys a fence returned by fence_record(), passed or not.
   virtual void fence_destroy(FenceHandle fence) = 0;
 
   // Blocks until all work issued to the device has finished (free_fence:sync).
-  // During capture: never called.
+  // During capture: never called while capture_active() says one is open.
   virtual void synchronize() = 0;
+
+  // True while a stream capture is open that a device-wide synchronize would invalidate; the
+  // manager then retires free_fence:sync frees through a pending epoch instead. Cheap (called
+  // on every such free). The default: no capture is ever open. (Not named capture_open: a
+  // same-named private helper of an implementation, one that needs a lock of its own held,
+  // would silently override it.)
+  virtual bool capture_active() { return false; }
+
+ protected:
+  static constexpr std::chrono::microseconds kMaxPollSleep{50};
 };
 
 }  // namespace poolcuda

@@ -1,7 +1,8 @@
 // FenceQueue: the epochs of Note [Free fences] (memory_manager.cpp). Freed slices join the open
 // epoch through their intrusive `next_pending` link (no allocation per free); closing an epoch
 // records one Device fence; closed epochs are reaped oldest first once their fence has passed,
-// or waited for oldest first when the pending bytes exceed their bound (Note [Free fences]).
+// or waited for (a bounded wait) oldest first when the pending bytes exceed their bound
+// (Note [Free fences]).
 // Not thread-safe: the MemoryManager's lock covers it. Depends on pool.h and device.h.
 #pragma once
 
@@ -50,17 +51,19 @@ class FenceQueue {
     return returned;
   }
 
-  // Waits for the oldest closed epoch's fence only, then gives its slices back; nothing when no
-  // epoch is closed. Blocks (the bound on pending bytes, Note [Free fences]). Returns slices
-  // given back.
+  // Waits at most `max_microseconds` for the oldest closed epoch's fence only; when it passed,
+  // gives that epoch's slices back and returns true. False (nothing changes) when no epoch is
+  // closed or the bound expired first. The bound on pending bytes (Note [Free fences]).
   template <typename GiveBack>
-  std::uint64_t wait_oldest(Device& device, GiveBack&& give_back) {
-    if (closed_.empty()) return 0;
-    device.fence_wait(closed_.front().fence);
-    return retire_front(device, give_back);
+  bool wait_oldest_for(Device& device, std::uint32_t max_microseconds, GiveBack&& give_back) {
+    if (closed_.empty()) return false;
+    if (!device.fence_wait_for(closed_.front().fence, max_microseconds)) return false;
+    retire_front(device, give_back);
+    return true;
   }
 
-  // Waits for every closed epoch's fence, then gives its slices back (out-of-memory path).
+  // Waits, without limit, for every closed epoch's fence, then gives its slices back
+  // (out-of-memory path and drain_fences()).
   template <typename GiveBack>
   std::uint64_t wait_all(Device& device, GiveBack&& give_back) {
     std::uint64_t returned = 0;
@@ -71,8 +74,10 @@ class FenceQueue {
     return returned;
   }
 
-  // Drops every epoch without a device call (the device's memory is gone).
-  void forget() {
+  // Drops every epoch (the device's memory is gone): each closed epoch's fence is destroyed,
+  // so the device's fence records are not leaked; no other device call.
+  void forget(Device& device) {
+    for (const Epoch& epoch : closed_) device.fence_destroy(epoch.fence);
     open_ = Epoch{};
     closed_.clear();
   }

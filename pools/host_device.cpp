@@ -67,7 +67,7 @@ FenceHandle HostDevice::fence_record() {
   std::lock_guard lock(mutex_);
   ++calls_.fence_record;
   enter("fence_record");
-  if (refuse_fences_) return kNoFence;
+  if (capture_open_) return kNoFence;
   const FenceHandle fence = next_fence_++;
   live_fences_.insert(fence);
   if (fence_mode_ == FenceMode::immediate) completed_upto_ = fence;
@@ -82,11 +82,24 @@ bool HostDevice::fence_passed(FenceHandle fence) {
 }
 
 void HostDevice::fence_wait(FenceHandle fence) {
-  std::lock_guard lock(mutex_);
+  std::unique_lock lock(mutex_);
   ++calls_.fence_wait;
   enter("fence_wait");
+  if (fence_mode_ == FenceMode::parked) {
+    fences_completed_.wait(lock, [&] { return fence <= completed_upto_; });
+    return;
+  }
   // The device runs to the fence: it and every earlier fence pass.
   if (fence > completed_upto_) completed_upto_ = fence;
+}
+
+bool HostDevice::fence_wait_for(FenceHandle fence, std::uint32_t max_microseconds) {
+  std::unique_lock lock(mutex_);
+  ++calls_.fence_wait_for;
+  enter("fence_wait_for");
+  if (fence_mode_ == FenceMode::on_wait && fence > completed_upto_) completed_upto_ = fence;
+  return fences_completed_.wait_for(lock, std::chrono::microseconds(max_microseconds),
+                                    [&] { return fence <= completed_upto_; });
 }
 
 void HostDevice::fence_destroy(FenceHandle fence) {
@@ -100,7 +113,16 @@ void HostDevice::synchronize() {
   std::lock_guard lock(mutex_);
   ++calls_.synchronize;
   enter("synchronize");
+  if (capture_open_) ++synchronize_during_capture_;
   completed_upto_ = next_fence_ - 1;
+  fences_completed_.notify_all();
+}
+
+bool HostDevice::capture_active() {
+  std::lock_guard lock(mutex_);
+  ++calls_.capture_active;
+  enter("capture_active");
+  return capture_open_;
 }
 
 void HostDevice::set_capacity(std::uint64_t capacity) {
@@ -143,11 +165,17 @@ void HostDevice::set_fence_mode(FenceMode mode) {
 void HostDevice::complete_fences() {
   std::lock_guard lock(mutex_);
   completed_upto_ = next_fence_ - 1;
+  fences_completed_.notify_all();
 }
 
-void HostDevice::refuse_fences(bool refuse) {
+void HostDevice::set_capture_open(bool open) {
   std::lock_guard lock(mutex_);
-  refuse_fences_ = refuse;
+  capture_open_ = open;
+}
+
+std::uint64_t HostDevice::synchronize_during_capture() const {
+  std::lock_guard lock(mutex_);
+  return synchronize_during_capture_;
 }
 
 HostDevice::Calls HostDevice::calls() const {

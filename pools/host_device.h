@@ -2,12 +2,14 @@
 // real host pointers (tests may write and verify bytes). Adds what tests need to prove things
 // about the pools: a capacity limit, fault injection (fail the Nth allocation), a forbid mode
 // that records any Device call (to prove a path never reaches the device), call counters and
-// outstanding-allocation counts (leak checks), a configurable alignment, and fences that either
-// pass at once or only when the test completes them. Thread-safe (one internal mutex).
+// outstanding-allocation counts (leak checks), a configurable alignment, fences that pass at
+// once, when waited on, or only when the test completes them, and an open-capture flag.
+// Thread-safe (one internal mutex; complete_fences() may come from another thread).
 //
 // Unlike a real device, the alignment may be any value > 0 (the seed's tests use 10, 32, 50).
 #pragma once
 
+#include <condition_variable>
 #include <cstdint>
 #include <functional>
 #include <mutex>
@@ -22,15 +24,24 @@ class HostDevice final : public Device {
  public:
   enum class FenceMode : std::uint8_t {
     immediate,  // every fence has passed as soon as it is recorded (default)
-    manual,     // fences pass only at complete_fences() or fence_wait()
+    // A device behind the host that reaches any fence soon after it is waited on: fences pass
+    // at complete_fences(), fence_wait() or fence_wait_for().
+    on_wait,
+    // Fences pass only at complete_fences() or fence_wait(); fence_wait_for() returns false
+    // after its bound unless complete_fences() comes (from another thread) meanwhile.
+    manual,
+    // A stream parked by a host function: fences pass only at complete_fences(); fence_wait()
+    // blocks until then, fence_wait_for() as under manual.
+    parked,
   };
 
   struct Calls {
     std::uint64_t allocate = 0, release = 0, memory_info = 0, alignment = 0, fence_record = 0,
-                  fence_passed = 0, fence_wait = 0, fence_destroy = 0, synchronize = 0;
+                  fence_passed = 0, fence_wait = 0, fence_wait_for = 0, fence_destroy = 0,
+                  synchronize = 0, capture_active = 0;
     std::uint64_t total() const {
       return allocate + release + memory_info + alignment + fence_record + fence_passed +
-             fence_wait + fence_destroy + synchronize;
+             fence_wait + fence_wait_for + fence_destroy + synchronize + capture_active;
     }
   };
 
@@ -45,8 +56,10 @@ class HostDevice final : public Device {
   FenceHandle fence_record() override;
   bool fence_passed(FenceHandle fence) override;
   void fence_wait(FenceHandle fence) override;
+  bool fence_wait_for(FenceHandle fence, std::uint32_t max_microseconds) override;
   void fence_destroy(FenceHandle fence) override;
   void synchronize() override;
+  bool capture_active() override;
 
   // --- Test controls -------------------------------------------------------------------------
   void set_capacity(std::uint64_t capacity);
@@ -59,8 +72,12 @@ class HostDevice final : public Device {
   void on_forbidden_call(std::function<void(const char* method)> hook);
   std::uint64_t forbidden_calls() const;
   void set_fence_mode(FenceMode mode);
-  void complete_fences();  // manual mode: every fence recorded so far has passed
-  void refuse_fences(bool refuse);  // fence_record() returns kNoFence (an open capture)
+  void complete_fences();  // every fence recorded so far has passed; wakes fence waits
+  // A stream capture opens or ends: while open, fence_record() returns kNoFence,
+  // capture_active() is true, and synchronize() counts in synchronize_during_capture() (a
+  // real device-wide synchronize would invalidate the capture).
+  void set_capture_open(bool open);
+  std::uint64_t synchronize_during_capture() const;
 
   Calls calls() const;
   std::uint64_t outstanding_allocations() const;
@@ -89,7 +106,9 @@ class HostDevice final : public Device {
   mutable std::uint64_t forbidden_ = 0;
   std::function<void(const char*)> forbidden_hook_;
   FenceMode fence_mode_ = FenceMode::immediate;
-  bool refuse_fences_ = false;
+  bool capture_open_ = false;
+  std::uint64_t synchronize_during_capture_ = 0;
+  std::condition_variable fences_completed_;  // signalled by complete_fences()
   FenceHandle next_fence_ = 1;
   FenceHandle completed_upto_ = 0;
   std::set<FenceHandle> live_fences_;

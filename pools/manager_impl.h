@@ -15,16 +15,26 @@
 
 namespace poolcuda {
 
+// The most a reservation waits, in total, for fences when fence-pending bytes exceed their bound
+// (Note [Free fences]). Long enough for a device that merely lags the host to reach the oldest
+// fence, so memory stays bounded in the usual case; short enough that a fence which cannot pass
+// while the allocating thread waits (its stream parked by a host function only that thread
+// releases) never deadlocks it. At worst, when fences never pass, the bound throttles growth to
+// one page (or one allocation) per kFenceWaitBoundMicros.
+inline constexpr std::uint32_t kFenceWaitBoundMicros = 2000;
+
 struct MemoryManager::Impl {
   Impl(Device& d, const ManagerOptions& o);
 
   // --- memory_manager.cpp --------------------------------------------------------------------
   void build_pools(const PoolLayout& layout);
-  void drop_everything();  // forget(): no device call
+  void drop_everything();  // forget(): no device call but fence_destroy
   Slice* route(std::uint64_t size, Error* error, AllocStatus* status);
   bool reclaim_on_miss(bool* refused);  // *refused: the open epoch could not be closed
   std::uint64_t fence_limit() const;     // the bound on fence-pending bytes
-  bool wait_over_limit();                // waits for the oldest closed epoch when over it
+  // When over the bound, waits for the oldest closed epoch at most *budget_us (what is left of
+  // kFenceWaitBoundMicros for this reservation) and takes the time spent from it.
+  bool wait_over_limit(std::uint32_t* budget_us);
   void retire(Slice* slice);  // live/held -> pending or free, by the fence mode
   void close_epoch();
   bool drain();
@@ -52,6 +62,7 @@ struct MemoryManager::Impl {
   std::uint64_t oom_recoveries = 0;
   std::uint64_t oom_failures = 0;
   std::uint64_t fence_waits = 0;  // waits for the bound on fence-pending bytes
+  std::uint64_t fence_wait_timeouts = 0;  // of those, the ones whose bound expired first
 };
 
 }  // namespace poolcuda

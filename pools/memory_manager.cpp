@@ -30,21 +30,34 @@
 //     limit = max(options.fence_slack, bytes in use / 8)
 // (the slack lets short bursts run ahead freely; the share of the live set keeps the bound from
 // being tiny next to a large working set). When a miss has closed the open epoch and reaped,
-// and the pending bytes still exceed the limit, the manager waits (fence_wait) for the OLDEST
-// closed epoch, gives its slices back, reaps whatever else has passed meanwhile and routes
+// and the pending bytes still exceed the limit, the manager waits for the OLDEST closed epoch
+// (fence_wait_for), gives its slices back, reaps whatever else has passed meanwhile and routes
 // again; it repeats while the pending bytes exceed the limit and closed epochs remain, and only
 // then grows. Waiting on the oldest fence, not on the newest nor on the whole device, is what
 // keeps this cheap: that fence was recorded the longest time ago, so the device is most likely
 // past it or close to it, the wait is short, and later fences that passed meanwhile come back
 // in the same step. The real cudaFree synchronizes the whole device on every call; this waits,
-// rarely, for a point the device has (nearly) reached. The wait holds the manager's lock, so
-// other threads reserving on the same device wait too, as they would behind cudaFree.
+// rarely, for a point the device has (nearly) reached.
+// The wait is bounded: at most kFenceWaitBoundMicros (manager_impl.h) in total per
+// reservation; when the bound expires the reservation grows as if there were no bound. A real
+// cudaMalloc never waits on streams, and a program may park a stream on a host function that
+// only the allocating thread will release: an unbounded wait here (holding the manager's lock,
+// so other threads reserving on the device wait too) would deadlock it. Under normal device
+// lag the bound is ample, so memory stays bounded; when fences do not pass, growth is throttled
+// to one page per bound, never stopped.
 // fence_slack 0 leaves only the share of the live set: no pool grows while more than an
-// eighth of the bytes in use wait on fences (with nothing in use: while any do). If the miss could not close the open epoch
+// eighth of the bytes in use wait on fences (with nothing in use: while any do) and the oldest
+// fence passes within the bound. If the miss could not close the open epoch
 // (kNoFence: a capture is open) nothing is waited for: the memory freed during the capture has
 // no fence to wait on, and blocking a capturing thread for older work would not free it, so the
-// pool grows as before. Besides this, only the out-of-memory path and drain_fences() block
-// (they wait for every fence).
+// pool grows as before. Only the out-of-memory path and drain_fences() wait without limit
+// (fence_wait, for every fence): there the program would otherwise fail, and waiting is what
+// the real cudaFree would have done at the time of each free.
+//
+// Capture under FreeFence::sync. A device-wide synchronize while a stream capture is open
+// would invalidate the capture, so while Device::capture_active() says one is open a free
+// under sync retires its slice through the open epoch exactly as under events; the epoch is
+// closed and reaped by later misses, cleanups or drain_fences() like any other.
 //
 // Note [Exit]
 // ~~~~~~~~~~~
@@ -55,6 +68,7 @@
 #include "pools/memory_manager.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 
 #include "pools/config.h"
@@ -99,7 +113,7 @@ void MemoryManager::Impl::build_pools(const PoolLayout& layout) {
 }
 
 void MemoryManager::Impl::drop_everything() {
-  fences.forget();
+  fences.forget(device);
   index.clear();
   pools.clear();
   persistent.reset();
@@ -151,14 +165,29 @@ std::uint64_t MemoryManager::Impl::fence_limit() const {
   return std::max(options.fence_slack, usage().bytes_in_use / 8);
 }
 
-bool MemoryManager::Impl::wait_over_limit() {
-  if (!fences.any_closed()) return false;
+bool MemoryManager::Impl::wait_over_limit(std::uint32_t* budget_us) {
+  if (!fences.any_closed() || *budget_us == 0) return false;
   const std::uint64_t waiting = pending();
   const std::uint64_t limit = fence_limit();
   if (waiting <= limit) return false;
-  fences.wait_oldest(device, kGiveBack);
-  fences.reap(device, kGiveBack);  // later fences the device passed meanwhile
+  using Clock = std::chrono::steady_clock;
+  const Clock::time_point start = Clock::now();
+  const bool passed = fences.wait_oldest_for(device, *budget_us, kGiveBack);
+  const auto spent = std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - start);
+  *budget_us = passed && spent.count() < *budget_us
+                   ? *budget_us - static_cast<std::uint32_t>(spent.count())
+                   : 0;
   ++fence_waits;
+  if (!passed) {
+    ++fence_wait_timeouts;
+    if (options.log == LogLevel::full)
+      log(LogLevel::full, "the oldest free fence did not pass within " +
+                              std::to_string(kFenceWaitBoundMicros) + " us: growing with " +
+                              std::to_string(waiting) + " B pending, bound " +
+                              std::to_string(limit) + " B");
+    return false;
+  }
+  fences.reap(device, kGiveBack);  // later fences the device passed meanwhile
   if (options.log == LogLevel::full)
     log(LogLevel::full, "waited for the oldest free fence: " + std::to_string(waiting) +
                             " B pending, bound " + std::to_string(limit) + " B, " +
@@ -172,6 +201,7 @@ Slice* MemoryManager::Impl::route(std::uint64_t size, Error* error, AllocStatus*
   const bool size_match = options.persistent == PersistentMode::size_match;
   bool reclaimed = false;
   bool refused = false;
+  std::uint32_t wait_budget_us = kFenceWaitBoundMicros;  // for the whole reservation
   // Before any growth (Note [Free fences]): the first miss closes the open epoch and reaps
   // passed fences; while fence-pending bytes exceed their bound, each miss waits for the oldest
   // closed epoch. Either way, when memory came back, routing starts over.
@@ -180,7 +210,7 @@ Slice* MemoryManager::Impl::route(std::uint64_t size, Error* error, AllocStatus*
       reclaimed = true;
       if (reclaim_on_miss(&refused)) return true;
     }
-    return !refused && wait_over_limit();
+    return !refused && wait_over_limit(&wait_budget_us);
   };
   *status = AllocStatus::ok;
 
@@ -270,9 +300,14 @@ void MemoryManager::Impl::retire(Slice* slice) {
       pool->give_back(slice);
       return;
     case FreeFence::sync:
-      device.synchronize();
-      pool->give_back(slice);
-      return;
+      // A device-wide synchronize would invalidate an open capture: the slice waits in an
+      // epoch like an events free (Note [Free fences]).
+      if (!device.capture_active()) {
+        device.synchronize();
+        pool->give_back(slice);
+        return;
+      }
+      [[fallthrough]];
     case FreeFence::events:
       fences.add(slice);
       if (fences.open_count() >= std::max<std::uint32_t>(options.fence_batch, 1)) close_epoch();
@@ -325,6 +360,10 @@ Reservation MemoryManager::allocate(std::uint64_t size) {
       ++m.oom_recoveries;
     } else if (status == AllocStatus::out_of_memory) {
       ++m.oom_failures;
+    }
+    // Guarded like the log:full lines: no strings are built under log:off.
+    if (slice == nullptr && status == AllocStatus::out_of_memory &&
+        m.options.log != LogLevel::off) {
       const MemoryUsage u = m.usage();
       m.log(LogLevel::basic,
             "out of device memory: requested " + std::to_string(size) + " B, in use " +
@@ -439,6 +478,11 @@ bool MemoryManager::drain_fences() {
 std::uint64_t MemoryManager::fence_waits() const {
   std::lock_guard lock(impl_->mutex);
   return impl_->fence_waits;
+}
+
+std::uint64_t MemoryManager::fence_wait_timeouts() const {
+  std::lock_guard lock(impl_->mutex);
+  return impl_->fence_wait_timeouts;
 }
 
 }  // namespace poolcuda

@@ -104,7 +104,10 @@ class MemoryManager {
   ManagerReport report() const;
 
   // cudaDeviceReset: the device's memory is gone; drop every page and slice without calling
-  // Device::release or any fence method. The manager stays usable (empty) afterwards.
+  // Device::release. The fence of every closed free-fence epoch is passed to
+  // Device::fence_destroy (the device's records of it would leak otherwise; the driver object
+  // may already be gone with the reset, so fence_destroy must not need it); no other Device
+  // method is called. The manager stays usable (empty) afterwards.
   void forget();
 
   // --- Additions beyond the first interface ----------------------------------------------------
@@ -127,6 +130,10 @@ class MemoryManager {
   // How many times a miss waited for the oldest free fence because fence-pending bytes exceeded
   // their bound (Note [Free fences]); drain_fences() and the out-of-memory path do not count.
   std::uint64_t fence_waits() const;
+
+  // Of fence_waits(), how many ended because the wait's time bound expired before the fence
+  // passed (the reservation then grew a pool instead).
+  std::uint64_t fence_wait_timeouts() const;
 
   // Test inspection, O(pages): every page of every pool, in address order.
   std::vector<PageView> pages() const;

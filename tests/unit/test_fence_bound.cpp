@@ -1,10 +1,16 @@
 // The bound on fence-pending memory (Note [Free fences]): a host that runs ahead of the device
 // and allocates and frees the same size again and again must not make the pools grow without
 // bound. Fences here pass only when the test completes them or the manager waits on them
-// (HostDevice manual mode), which is a device that never catches up by itself: the worst case.
+// (HostDevice on_wait mode), which is a device that never catches up by itself but reaches a
+// fence within the wait's bound: the worst case the bound is meant for. A device whose fences
+// do not pass while the manager waits (manual, parked) must never block a reservation for
+// longer than the bound: the pool grows instead.
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <thread>
 
 #include "pools_test_util.h"
 
@@ -16,11 +22,12 @@ namespace {
 constexpr std::uint64_t kPage = 64 * KiB;
 constexpr std::uint64_t kSize = 4 * KiB;  // 16 slices per page
 
-// A manager over a HostDevice whose fences pass only on fence_wait() or complete_fences().
+// A manager over a HostDevice whose fences pass only when waited on or at complete_fences().
 struct BoundRig {
-  explicit BoundRig(std::uint64_t slack, PoolLayout layout = custom({sliced(kPage)}))
+  explicit BoundRig(std::uint64_t slack, PoolLayout layout = custom({sliced(kPage)}),
+                    HostDevice::FenceMode mode = HostDevice::FenceMode::on_wait)
       : device(256 * MiB, 512), manager(device, options(slack, std::move(layout))) {
-    device.set_fence_mode(HostDevice::FenceMode::manual);
+    device.set_fence_mode(mode);
   }
 
   static ManagerOptions options(std::uint64_t slack, PoolLayout layout) {
@@ -78,8 +85,10 @@ TEST_CASE("fence_bound_keeps_a_host_ahead_loop_bounded") {
   // Growth happens only with pending <= slack and no free memory left: one more page at most.
   CHECK(peaks.reserved <= kSlack + kPage + kSize);
   CHECK(peaks.pending <= kSlack + kPage);
-  CHECK(rig.device.calls().fence_wait > 0);
-  CHECK(rig.manager.fence_waits() == rig.device.calls().fence_wait);
+  CHECK(rig.device.calls().fence_wait_for > 0);
+  CHECK(rig.device.calls().fence_wait == 0);  // the allocation path never waits unbounded
+  CHECK(rig.manager.fence_waits() == rig.device.calls().fence_wait_for);
+  CHECK(rig.manager.fence_wait_timeouts() == 0);
   // Each wait gives back a whole epoch (here a page of frees, since every miss closes one):
   // at most one wait per 16 pairs, on a device that never catches up by itself.
   CHECK(rig.manager.fence_waits() <= 10000 / 16 + 1);
@@ -104,7 +113,7 @@ TEST_CASE("fence_bound_is_strict_pending_equal_to_the_slack_grows") {
   at.churn(17);
   below.churn(17);
   CHECK(at.manager.pages().size() == 2);
-  CHECK(at.device.calls().fence_wait == 0);
+  CHECK(at.device.calls().fence_wait_for == 0);
   CHECK(below.manager.pages().size() == 1);
   CHECK(below.manager.fence_waits() == 1);
   at.check_clean_exit();
@@ -154,14 +163,14 @@ TEST_CASE("fence_bound_grows_with_the_live_set") {
 TEST_CASE("fence_bound_refused_fence_grows_instead_of_blocking") {
   // A capture is open: the open epoch cannot be closed, so there is nothing to wait on.
   BoundRig rig(0);
-  rig.device.refuse_fences(true);
+  rig.device.set_capture_open(true);
   const BoundRig::Peaks peaks = rig.churn(200);
-  CHECK(rig.device.calls().fence_wait == 0);
+  CHECK(rig.device.calls().fence_wait_for == 0);
   CHECK(rig.manager.fence_waits() == 0);
   CHECK(peaks.reserved >= 199 * kSize);  // every free stayed pending: the pool grew
   CHECK(rig.manager.report().pending_fence_bytes == 200 * kSize);
   // The capture ends: the next miss closes the epoch and the bound applies again.
-  rig.device.refuse_fences(false);
+  rig.device.set_capture_open(false);
   const std::uint64_t pages = rig.manager.pages().size();
   rig.churn(1000);
   CHECK(rig.manager.pages().size() == pages);
@@ -177,12 +186,12 @@ TEST_CASE("fence_bound_refused_fence_does_not_wait_for_older_epochs") {
   for (int i = 0; i < 8; ++i) rig.manager.free(page[i]);
   rig.manager.cleanup(true);  // closes an epoch of 8 slices; its fence has not passed
   for (int i = 8; i < 16; ++i) rig.manager.free(page[i]);  // the open epoch: 8 more
-  rig.device.refuse_fences(true);
+  rig.device.set_capture_open(true);
   const DevicePtr grown = rig.manager.allocate(kSize).ptr;
   CHECK(grown != 0);
-  CHECK(rig.device.calls().fence_wait == 0);
+  CHECK(rig.device.calls().fence_wait_for == 0);
   CHECK(rig.manager.pages().size() == 2);
-  rig.device.refuse_fences(false);
+  rig.device.set_capture_open(false);
   rig.check_clean_exit({grown});
 }
 
@@ -208,7 +217,7 @@ TEST_CASE("persistent_miss_reaps_passed_fences_before_growing") {
   // The miss reaps the passed fence and reuses the slice: no growth, no wait.
   CHECK(rig.manager.allocate(kSize).ptr == a);
   CHECK(rig.device.calls().allocate == 1);
-  CHECK(rig.device.calls().fence_wait == 0);
+  CHECK(rig.device.calls().fence_wait_for == 0);
   rig.manager.set_mode(AllocationMode::automatic);
   rig.check_clean_exit({a});
 }
@@ -216,7 +225,7 @@ TEST_CASE("persistent_miss_reaps_passed_fences_before_growing") {
 TEST_CASE("fence_bound_leaves_free_fence_none_and_sync_alone") {
   for (FreeFence mode : {FreeFence::none, FreeFence::sync}) {
     HostDevice device(64 * MiB, 512);
-    device.set_fence_mode(HostDevice::FenceMode::manual);
+    device.set_fence_mode(HostDevice::FenceMode::on_wait);
     ManagerOptions o = BoundRig::options(0, custom({sliced(kPage)}));
     o.free_fence = mode;
     MemoryManager manager(device, o);
@@ -225,6 +234,76 @@ TEST_CASE("fence_bound_leaves_free_fence_none_and_sync_alone") {
     CHECK(device.calls().fence_record == 0);
     CHECK(manager.fence_waits() == 0);
   }
+}
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+// Releases a parked device after `after` unless the test finished first, so that a manager
+// which waits without limit shows up as a slow reservation, not as a hung test.
+struct Unparker {
+  Unparker(HostDevice& device, std::chrono::milliseconds after)
+      : thread([&device, after, this] {
+          const Clock::time_point deadline = Clock::now() + after;
+          while (!done.load() && Clock::now() < deadline)
+            std::this_thread::sleep_for(std::chrono::milliseconds(1));
+          device.complete_fences();
+        }) {}
+  ~Unparker() {
+    done.store(true);
+    thread.join();
+  }
+  std::atomic<bool> done{false};
+  std::thread thread;
+};
+
+TEST_CASE("fence_bound_a_fence_that_never_passes_grows_within_the_time_bound") {
+  // A stream parked by a host function that only this thread would release: the oldest fence
+  // cannot pass while the reservation waits. Slack 0 puts every miss over the bound.
+  BoundRig rig(0, custom({sliced(kPage)}), HostDevice::FenceMode::parked);
+  Unparker unparker(rig.device, std::chrono::seconds(5));
+  const DevicePtr a = rig.manager.allocate(kPage).ptr;
+  REQUIRE(rig.manager.free(a) == FreeOutcome::freed);
+  const Clock::time_point start = Clock::now();
+  const DevicePtr b = rig.manager.allocate(kPage).ptr;
+  const double took = seconds_since(start);
+  CHECK(took < 1.0);  // the bound is 2 ms; generous for a loaded machine, far below 5 s
+  CHECK(b != 0);
+  CHECK(b != a);  // the pool grew
+  CHECK(rig.manager.pages().size() == 2);
+  CHECK(rig.device.calls().fence_wait == 0);
+  CHECK(rig.device.calls().fence_wait_for == 1);
+  CHECK(rig.manager.fence_waits() == 1);
+  CHECK(rig.manager.fence_wait_timeouts() == 1);
+  CHECK(rig.manager.report().pending_fence_bytes == kPage);
+  CHECK(rig.manager.check_consistency().empty());
+  // The host function returns: the stream runs on, and later fences pass when waited on.
+  rig.device.complete_fences();
+  rig.device.set_fence_mode(HostDevice::FenceMode::on_wait);
+  rig.check_clean_exit({b});
+}
+
+TEST_CASE("fence_bound_stuck_fences_throttle_growth_but_never_block") {
+  // Fences never pass by themselves (manual mode: only a fence_wait or complete_fences passes
+  // them). Every over-bound miss waits the full bound once, then grows one page.
+  BoundRig rig(0, custom({sliced(kPage)}), HostDevice::FenceMode::manual);
+  constexpr int kRounds = 16 * 40;  // 40 pages of frees
+  const Clock::time_point start = Clock::now();
+  const BoundRig::Peaks peaks = rig.churn(kRounds);
+  const double took = seconds_since(start);
+  CHECK(rig.device.calls().fence_wait == 0);
+  CHECK(rig.manager.fence_waits() > 0);
+  CHECK(rig.manager.fence_wait_timeouts() == rig.manager.fence_waits());
+  // One wait per growth at most: the reservation that grows does not wait again.
+  CHECK(rig.manager.fence_waits() <= rig.manager.pages().size());
+  CHECK(peaks.reserved <= kRounds * kSize + kPage);
+  // Each wait costs the bound (2 ms), no more: far below what an unbounded wait would take.
+  CHECK(took < 0.002 * static_cast<double>(rig.manager.fence_waits()) + 2.0);
+  CHECK(took >= 0.0019 * static_cast<double>(rig.manager.fence_waits()));
+  rig.check_clean_exit();  // drain_fences() waits without limit, which passes manual fences
 }
 
 }  // TEST_SUITE

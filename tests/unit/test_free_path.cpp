@@ -93,7 +93,7 @@ TEST_CASE("events_fence_batch_closes_an_epoch_without_a_miss") {
 
 TEST_CASE("events_fence_refused_keeps_the_epoch_open") {
   Rig rig(custom({sliced(1024)}));
-  rig.device.refuse_fences(true);
+  rig.device.set_capture_open(true);
   const DevicePtr a = rig.reserve(1024);
   rig.manager.free(a);
   const DevicePtr b = rig.reserve(1024);  // miss: fence refused, the slice stays pending
@@ -102,9 +102,35 @@ TEST_CASE("events_fence_refused_keeps_the_epoch_open") {
   CHECK_FALSE(rig.manager.drain_fences());
   CHECK(rig.manager.report().pending_fence_bytes == 1024);
   // The capture ends: the next miss closes the same epoch and reuses the slice.
-  rig.device.refuse_fences(false);
+  rig.device.set_capture_open(false);
   CHECK(rig.reserve(1024) == a);
   CHECK(rig.manager.report().pending_fence_bytes == 0);
+  CHECK(rig.manager.check_consistency().empty());
+}
+
+TEST_CASE("sync_fence_during_capture_waits_in_an_epoch_instead_of_synchronizing") {
+  Rig rig(custom({sliced(1024)}), 32, 128 * MiB, FreeFence::sync);
+  const DevicePtr a = rig.reserve(1024);
+  rig.device.set_capture_open(true);
+  REQUIRE(rig.manager.free(a) == FreeOutcome::freed);
+  CHECK(rig.device.calls().synchronize == 0);
+  CHECK(rig.device.synchronize_during_capture() == 0);
+  CHECK(rig.manager.report().pending_fence_bytes == 1024);
+  CHECK(rig.manager.idle_bytes() == 0);
+  // Still capturing: the epoch cannot close, so the slice is not handed out again.
+  const DevicePtr b = rig.reserve(1024);
+  CHECK(b != a);
+  CHECK(rig.manager.check_consistency().empty());
+  // The capture ends: frees synchronize again, and the next miss closes and reaps the epoch.
+  rig.device.set_capture_open(false);
+  REQUIRE(rig.manager.free(b) == FreeOutcome::freed);
+  CHECK(rig.device.calls().synchronize == 1);
+  CHECK(rig.manager.memory_usage().bytes_reserved == 2048);
+  CHECK(rig.reserve(1024) != 0);  // b, freed at once
+  CHECK(rig.reserve(1024) == a);  // the miss closed the capture's epoch and reaped it
+  CHECK(rig.manager.report().pending_fence_bytes == 0);
+  CHECK(rig.device.synchronize_during_capture() == 0);
+  CHECK(rig.device.outstanding_fences() == 0);
   CHECK(rig.manager.check_consistency().empty());
 }
 
@@ -227,20 +253,29 @@ TEST_CASE("injected_oom_is_recovered_by_the_retry") {
   CHECK(rig.manager.report().oom_recoveries == 1);
 }
 
-TEST_CASE("forget_drops_everything_without_device_calls") {
+TEST_CASE("forget_drops_everything_destroying_only_the_closed_fences") {
   Rig rig(preset(PoolPreset::subslices));
+  rig.device.set_fence_mode(HostDevice::FenceMode::manual);
   const DevicePtr a = rig.reserve(1000);
   rig.manager.set_mode(AllocationMode::persistent);
   const DevicePtr w = rig.reserve(5000);
   rig.manager.set_mode(AllocationMode::automatic);
   const DevicePtr b = rig.reserve(3000);
-  rig.manager.free(b);  // pending
+  const DevicePtr d = rig.reserve(3000);
+  rig.manager.free(b);
+  rig.manager.cleanup(true);  // a closed epoch: its fence has not passed
+  rig.manager.free(d);        // the open epoch: no fence yet
+  REQUIRE(rig.device.outstanding_fences() == 1);
   const RetainedSlice pin = rig.manager.retain(a);
   REQUIRE(pin);
+  std::vector<std::string> seen;
+  rig.device.on_forbidden_call([&](const char* method) { seen.emplace_back(method); });
   rig.device.forbid_calls(true);
   rig.manager.forget();
-  CHECK(rig.device.forbidden_calls() == 0);
   rig.device.forbid_calls(false);
+  // The closed epoch's fence is destroyed (not leaked); nothing else reaches the device.
+  CHECK(seen == std::vector<std::string>{"fence_destroy"});
+  CHECK(rig.device.outstanding_fences() == 0);
   CHECK(rig.manager.memory_usage() == MemoryUsage{});
   CHECK(rig.manager.report().pending_fence_bytes == 0);
   CHECK(rig.manager.free(a) == FreeOutcome::not_mine);
