@@ -344,6 +344,15 @@ void CudaDevice::fence_destroy(FenceHandle handle) {
   recycle(reinterpret_cast<Fence*>(handle));
 }
 
+// free_fence:sync asks this before each synchronize: a device-wide synchronize would
+// invalidate an open capture, so the manager fences that free with an epoch instead.
+bool CudaDevice::capture_active() {
+  OwnCallScope scope(device_);
+  if (!scope.ok()) return false;
+  auto table = streams_.lock();
+  return capture_open();
+}
+
 void CudaDevice::synchronize() {
   OwnCallScope scope(device_);
   real::cudaDeviceSynchronize()();
