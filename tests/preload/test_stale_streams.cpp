@@ -15,6 +15,10 @@
 namespace {
 
 constexpr std::size_t kSize = 1 << 20;
+// Stalled fences make nearly every pair a driver allocation (hundreds per 1000 pairs). Working
+// fences need a handful, more when the stand-in's stream threads lag (sanitizer builds, a loaded
+// machine) and the fence bound lets the pools grow instead of waiting: 64 separates the two.
+constexpr std::uint64_t kMaxDriverAllocations = 64;
 
 // The driver's view of free memory, bypassing the library's pooled accounting.
 std::size_t real_free_bytes() {
@@ -62,7 +66,8 @@ int main() {
   const std::size_t shrunk = free_before > free_after ? free_before - free_after : 0;
   std::printf("after a stale stream: %llu driver allocations, free memory shrank by %zu B\n",
               static_cast<unsigned long long>(mallocs), shrunk);
-  CHECK_MSG(mallocs <= 16, "fences stalled: " + std::to_string(mallocs) + " mallocs");
+  CHECK_MSG(mallocs <= kMaxDriverAllocations,
+            "fences stalled: " + std::to_string(mallocs) + " mallocs");
   CHECK_MSG(shrunk <= 256 * kSize, "fences stalled: free memory shrank by " +
                                       std::to_string(shrunk) + " B");
 
@@ -76,7 +81,8 @@ int main() {
   const std::uint64_t mallocs_again = preload_test::counter("cudaMalloc");
   churn(1000, last);
   const std::uint64_t more = preload_test::counter("cudaMalloc") - mallocs_again;
-  CHECK_MSG(more <= 16, "fences stalled again: " + std::to_string(more) + " mallocs");
+  CHECK_MSG(more <= kMaxDriverAllocations,
+            "fences stalled again: " + std::to_string(more) + " mallocs");
   CHECK_CUDA(cudaStreamDestroy(last));
   CHECK_CUDA(cudaGetLastError());
   std::printf("ok\n");
