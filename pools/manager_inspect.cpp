@@ -21,6 +21,10 @@ ManagerReport MemoryManager::report() const {
   r.idle_bytes = m.idle();
   r.oom_recoveries = m.oom_recoveries;
   r.oom_failures = m.oom_failures;
+  r.bytes_in_use_peak = m.ctx.totals.in_use_peak;
+  r.bytes_reserved_peak = m.ctx.totals.reserved_peak;
+  r.fence_waits = m.fence_waits;
+  r.fence_wait_timeouts = m.fence_wait_timeouts;
   return r;
 }
 
@@ -112,6 +116,9 @@ std::string MemoryManager::check_consistency() const {
   if (m.options.free_fence == FreeFence::events && pending_total != pending_chain)
     return "pending slices missing from the fence epochs";
   if (sums.size() > all.size()) return "a page belongs to no pool of this manager";
+  const MemoryUsage total = m.usage();
+  if (m.ctx.totals.in_use != total.bytes_in_use || m.ctx.totals.reserved != total.bytes_reserved)
+    return "the manager-wide totals differ from the pools' counters";
   return {};
 }
 

@@ -121,6 +121,7 @@ void MemoryManager::Impl::drop_everything() {
   ctx.slices.reset();
   ctx.pages.reset();
   ctx.next_deadline = kNever;
+  ctx.totals = {};
   persistent = std::make_unique<PersistentPool>(ctx);
   build_pools(options.layout);
   ++generation;
@@ -425,6 +426,9 @@ Error MemoryManager::install_layout(const PoolLayout& layout) {
   for (const auto& pool : m.pools) busy += pool->usage().bytes_in_use + pool->pending_bytes();
   if (busy > 0) return Error{ErrorKind::pools_in_use, busy};
   m.build_pools(layout);
+  // A new layout is a new plan: its peaks start from what is held now.
+  m.ctx.totals.in_use_peak = m.ctx.totals.in_use;
+  m.ctx.totals.reserved_peak = m.ctx.totals.reserved;
   return {};
 }
 

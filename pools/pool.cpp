@@ -33,6 +33,8 @@ AllocStatus Pool::new_page(std::uint64_t size, Page** out) {
   ++device_allocs_;
   ++pages_;
   usage_.bytes_reserved += size;
+  ctx_.totals.reserved += size;
+  ctx_.totals.reserved_peak = std::max(ctx_.totals.reserved_peak, ctx_.totals.reserved);
   pages_peak_ = std::max(pages_peak_, pages_);
   bytes_peak_ = std::max(bytes_peak_, usage_.bytes_reserved);
   *out = page;
@@ -52,6 +54,7 @@ void Pool::release_page(Page* page) {
   ++device_releases_;
   --pages_;
   usage_.bytes_reserved -= page->size;
+  ctx_.totals.reserved -= page->size;
   ctx_.pages.destroy(page);
 }
 
@@ -62,6 +65,8 @@ void Pool::mark_live(Slice* slice, std::uint64_t requested) {
   slice->requested = requested;
   usage_.number_allocs += 1;
   usage_.bytes_in_use += requested;
+  ctx_.totals.in_use += requested;
+  ctx_.totals.in_use_peak = std::max(ctx_.totals.in_use_peak, ctx_.totals.in_use);
   usage_.bytes_padding += slice->size - requested;
   ++reservations_;
 }
@@ -71,6 +76,7 @@ void Pool::to_held(Slice* slice) { slice->state = SliceState::held; }
 void Pool::to_pending(Slice* slice) {
   usage_.number_allocs -= 1;
   usage_.bytes_in_use -= slice->requested;
+  ctx_.totals.in_use -= slice->requested;
   usage_.bytes_padding -= slice->size - slice->requested;
   pending_bytes_ += slice->size;
   slice->state = SliceState::pending;

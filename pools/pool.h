@@ -96,6 +96,14 @@ struct PoolContext {
   PageSet page_set;                   // every page of every pool, by address
   std::uint64_t clock = 0;            // reservations so far (the dealloc-period clock)
   std::uint64_t next_deadline = kNever;  // earliest clock at which an idle page expires
+  // Bytes in use and reserved across every pool, with their high-water marks: the manager-wide
+  // peaks an operator compares (peak reserved / peak in use is the pools' overhead).
+  struct Totals {
+    std::uint64_t in_use = 0;
+    std::uint64_t in_use_peak = 0;
+    std::uint64_t reserved = 0;
+    std::uint64_t reserved_peak = 0;
+  } totals;
 };
 
 class Pool {

@@ -117,6 +117,10 @@ std::string render_json(const ReportHeader& header, const std::vector<ManagerRep
     json_field(out, "idle_bytes", m.idle_bytes);
     json_field(out, "oom_recoveries", m.oom_recoveries);
     json_field(out, "oom_failures", m.oom_failures);
+    json_field(out, "bytes_in_use_peak", m.bytes_in_use_peak);
+    json_field(out, "bytes_reserved_peak", m.bytes_reserved_peak);
+    json_field(out, "fence_waits", m.fence_waits);
+    json_field(out, "fence_wait_timeouts", m.fence_wait_timeouts);
     json_field(out, "forwarded_mallocs", m.forwarded_mallocs);
     json_field(out, "forwarded_frees", m.forwarded_frees);
     out += "\"pools\":[";
@@ -182,6 +186,9 @@ std::string render_text(const ReportHeader& header, const std::vector<ManagerRep
            std::to_string(m.oom_recoveries) + " / failed " + std::to_string(m.oom_failures) +
            ", passed through " + std::to_string(m.forwarded_mallocs) + " cudaMalloc / " +
            std::to_string(m.forwarded_frees) + " cudaFree\n";
+    out += "  peak in use " + human(m.bytes_in_use_peak) + ", peak reserved " +
+           human(m.bytes_reserved_peak) + "; fence waits " + std::to_string(m.fence_waits) + " (" +
+           std::to_string(m.fence_wait_timeouts) + " hit the time bound)\n";
     std::vector<Row> rows;
     Row titles;
     for (const Column& c : kColumns) titles.emplace_back(c.title);

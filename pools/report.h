@@ -38,6 +38,10 @@ struct ManagerReport {
   std::uint64_t idle_bytes = 0;           // reserved, not in use, not pending
   std::uint64_t oom_recoveries = 0;       // allocations that succeeded after trimming
   std::uint64_t oom_failures = 0;         // allocations that failed after trimming
+  std::uint64_t bytes_in_use_peak = 0;    // most bytes in use at once (since the layout was built)
+  std::uint64_t bytes_reserved_peak = 0;  // most bytes reserved at once (same period)
+  std::uint64_t fence_waits = 0;          // allocations that waited for an old free fence
+  std::uint64_t fence_wait_timeouts = 0;  // of those, waits that hit their time bound
   // Real cudaMalloc / cudaFree calls the interposer passed through without a pool (size 0, NULL,
   // foreign pointers, requests larger than the device), counted per current device. Filled by
   // the interposer; 0 elsewhere.

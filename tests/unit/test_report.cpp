@@ -246,15 +246,16 @@ TEST_CASE("text_report_has_one_aligned_row_per_pool") {
   std::istringstream lines(text);
   std::vector<std::string> rows;
   for (std::string line; std::getline(lines, line);) rows.push_back(line);
-  REQUIRE(rows.size() == 3 + r.dynamic.size() + 1);
+  REQUIRE(rows.size() == 4 + r.dynamic.size() + 1);
   CHECK(rows[0] == "poolcuda report #1 (pid 77, request)");
   CHECK(rows[1].find("device 0: reserved 22.0 MiB, in use 20.0 MiB in 2 slices") == 0);
-  CHECK(rows[2].find("kind") != std::string::npos);
-  CHECK(rows[2].find("largest free") != std::string::npos);
+  CHECK(rows[2].find("peak in use 20.0 MiB, peak reserved 22.0 MiB; fence waits 0") == 2);
+  CHECK(rows[3].find("kind") != std::string::npos);
+  CHECK(rows[3].find("largest free") != std::string::npos);
   // Every pool row has the same width as the header row: the columns line up.
-  for (std::size_t i = 3; i < rows.size(); ++i) CHECK(rows[i].size() == rows[2].size());
-  CHECK(rows[3].find("sliced") != std::string::npos);
-  CHECK(rows[3].find("2.00 MiB") != std::string::npos);
+  for (std::size_t i = 4; i < rows.size(); ++i) CHECK(rows[i].size() == rows[3].size());
+  CHECK(rows[4].find("sliced") != std::string::npos);
+  CHECK(rows[4].find("2.00 MiB") != std::string::npos);
   CHECK(rows.back().find("persistent") != std::string::npos);
 }
 
@@ -266,9 +267,38 @@ TEST_CASE("text_report_columns_stay_aligned_with_long_shapes") {
   std::istringstream lines(text);
   std::vector<std::string> rows;
   for (std::string line; std::getline(lines, line);) rows.push_back(line);
-  REQUIRE(rows.size() == 6);
-  CHECK(rows[3].find("(page shrunk to the cap)") != std::string::npos);
-  for (std::size_t i = 3; i < rows.size(); ++i) CHECK(rows[i].size() == rows[2].size());
+  REQUIRE(rows.size() == 7);
+  CHECK(rows[4].find("(page shrunk to the cap)") != std::string::npos);
+  for (std::size_t i = 4; i < rows.size(); ++i) CHECK(rows[i].size() == rows[3].size());
+}
+
+TEST_CASE("manager_peaks_follow_the_high_water_marks_and_restart_with_a_layout") {
+  Rig rig(custom({sliced(4096)}), 512);
+  const DevicePtr a = rig.reserve(1000);
+  const DevicePtr b = rig.reserve(1000);
+  const DevicePtr c = rig.reserve(3000);  // a second page: 8 KiB reserved
+  REQUIRE((a != 0 && b != 0 && c != 0));
+  CHECK(rig.manager.free(b) == FreeOutcome::freed);
+  CHECK(rig.manager.free(c) == FreeOutcome::freed);
+  ManagerReport r = rig.manager.report();
+  CHECK(r.totals.bytes_in_use == 1000);
+  CHECK(r.bytes_in_use_peak == 5000);
+  CHECK(r.bytes_reserved_peak == 8192);
+  CHECK(rig.manager.check_consistency().empty());
+  Json json;
+  REQUIRE_NOTHROW(json = JsonReader(render_report(ReportHeader{1, 1, "request"}, {r},
+                                                  ReportFormat::json))
+                             .document());
+  CHECK(json["devices"][0]["bytes_in_use_peak"].num() == 5000);
+  CHECK(json["devices"][0]["bytes_reserved_peak"].num() == 8192);
+
+  CHECK(rig.manager.free(a) == FreeOutcome::freed);
+  REQUIRE(!rig.manager.install_layout(custom({sliced(4096)})));
+  r = rig.manager.report();
+  CHECK(r.bytes_in_use_peak == 0);
+  CHECK(r.bytes_reserved_peak == 0);
+  REQUIRE(rig.reserve(2000) != 0);
+  CHECK(rig.manager.report().bytes_in_use_peak == 2000);
 }
 
 }  // TEST_SUITE
