@@ -24,8 +24,7 @@ TEST_SUITE("unit") {
 
 TEST_CASE("resolve_subslices_ladder_for_16_and_80_GiB") {
   const auto small = resolve_layout(preset(PoolPreset::subslices), 16 * GiB, 512);
-  CHECK(sliced_pages(small) ==
-        std::vector<std::uint64_t>{2 * MiB, 8 * MiB, 32 * MiB, 128 * MiB, 512 * MiB});
+  CHECK(sliced_pages(small) == std::vector<std::uint64_t>{2 * MiB, 8 * MiB});
   for (const PoolSpec& p : small)
     if (p.kind == PoolKind::sliced) CHECK(p.max_slice_size == p.page_size / 4);
   REQUIRE(small.back().kind == PoolKind::exclusive);
@@ -33,11 +32,12 @@ TEST_CASE("resolve_subslices_ladder_for_16_and_80_GiB") {
   CHECK(small.back().dealloc_period == std::optional<std::uint64_t>(10000));
 
   const auto large = resolve_layout(preset(PoolPreset::subslices), 80 * GiB, 512);
-  CHECK(sliced_pages(large) ==
-        std::vector<std::uint64_t>{2 * MiB, 8 * MiB, 32 * MiB, 128 * MiB, 512 * MiB, 2 * GiB});
+  CHECK(sliced_pages(large) == std::vector<std::uint64_t>{2 * MiB, 8 * MiB});
   CHECK(large.back().max_alloc_size == 80 * GiB);
 
-  // A tiny device still gets the first rung and the tail.
+  // A small device gets the rungs of which 32 pages fit; a tiny one the first rung and the tail.
+  CHECK(sliced_pages(resolve_layout(preset(PoolPreset::subslices), 128 * MiB, 512)) ==
+        std::vector<std::uint64_t>{2 * MiB});
   const auto tiny = resolve_layout(preset(PoolPreset::subslices), 16 * MiB, 512);
   CHECK(sliced_pages(tiny) == std::vector<std::uint64_t>{2 * MiB});
   CHECK(tiny.size() == 2);
@@ -117,19 +117,18 @@ TEST_CASE("resolve_parsed_custom_list_builds_those_pools") {
 
 TEST_CASE("subslices_preset_routes_small_to_small_pages_and_large_to_the_tail") {
   Rig rig(preset(PoolPreset::subslices), 512, 1 * GiB);
-  // 1 GiB device: pages 2M, 8M, 32M (32 x 32M fits), then the exclusive tail.
+  // 1 GiB device: pages 2M (slices up to 512K) and 8M (up to 2M), then the exclusive tail.
   const ManagerReport empty = rig.manager.report();
-  REQUIRE(empty.dynamic.size() == 4);
+  REQUIRE(empty.dynamic.size() == 3);
   REQUIRE(rig.reserve(100 * KiB) != 0);
   REQUIRE(rig.reserve(1 * MiB) != 0);
-  REQUIRE(rig.reserve(8 * MiB) != 0);
+  REQUIRE(rig.reserve(2 * MiB + 1) != 0);
   REQUIRE(rig.reserve(9 * MiB) != 0);
   const ManagerReport r = rig.manager.report();
   CHECK(r.dynamic[0].slices == 1);
   CHECK(r.dynamic[1].slices == 1);
-  CHECK(r.dynamic[2].slices == 1);
-  CHECK(r.dynamic[3].slices == 1);
-  CHECK(r.dynamic[3].kind == "exclusive");
+  CHECK(r.dynamic[2].slices == 2);
+  CHECK(r.dynamic[2].kind == "exclusive");
 }
 
 }  // TEST_SUITE
