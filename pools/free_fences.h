@@ -22,9 +22,11 @@ class FenceQueue {
     else open_.head = slice;
     open_.tail = slice;
     ++open_.count;
+    open_.bytes += slice->size;
   }
 
   std::uint32_t open_count() const { return open_.count; }
+  std::uint64_t open_bytes() const { return open_.bytes; }
   bool any() const { return open_.count != 0 || !closed_.empty(); }
   bool any_closed() const { return !closed_.empty(); }
 
@@ -95,6 +97,7 @@ class FenceQueue {
     Slice* head = nullptr;
     Slice* tail = nullptr;
     std::uint32_t count = 0;
+    std::uint64_t bytes = 0;
   };
 
   template <typename GiveBack>

@@ -32,6 +32,12 @@ struct MemoryManager::Impl {
   Slice* route(std::uint64_t size, Error* error, AllocStatus* status);
   bool reclaim_on_miss(bool* refused);  // *refused: the open epoch could not be closed
   std::uint64_t fence_limit() const;     // the bound on fence-pending bytes
+  // Bytes after which the open epoch closes even below fence_batch frees: a quarter of
+  // fence_slack, so several epochs fit under the bound, but at least 1 MiB, so that a tiny
+  // slack does not record a fence per free.
+  std::uint64_t epoch_bytes() const {
+    return std::max<std::uint64_t>(options.fence_slack / 4, MiB);
+  }
   // When over the bound, waits for the oldest closed epoch at most *budget_us (what is left of
   // kFenceWaitBoundMicros for this reservation) and takes the time spent from it.
   bool wait_over_limit(std::uint32_t* budget_us);

@@ -12,9 +12,11 @@
 // detected double free; (2) marks it pending: its bytes are neither in use nor idle
 // (pending_fence_bytes in the report); and (3) appends it to the open epoch (FenceQueue, an
 // intrusive chain: no allocation per free). The open epoch is closed, by recording one
-// Device fence after all work issued so far, when it holds options.fence_batch frees or when a
-// reservation misses (cannot be served from free memory by the pool routing picked, i.e. just
-// before a pool would grow or the reservation would fail for capacity). If fence_record()
+// Device fence after all work issued so far, when it holds options.fence_batch frees, or a
+// quarter of fence_slack bytes (at least 1 MiB: early fences are usually passed by the time the
+// bound below needs their memory), or when a reservation misses (cannot be served from free
+// memory by the pool routing picked, i.e. just before a pool would grow or the reservation
+// would fail for capacity). If fence_record()
 // returns kNoFence (a capture is open) the epoch simply stays open. Closed epochs are reaped,
 // oldest first, when an epoch closes and on every miss before growing: a passed fence returns
 // its slices to their pools, which coalesce them. Reaping only queries (fence_passed), never
@@ -171,6 +173,8 @@ bool MemoryManager::Impl::wait_over_limit(std::uint32_t* budget_us) {
   const std::uint64_t waiting = pending();
   const std::uint64_t limit = fence_limit();
   if (waiting <= limit) return false;
+  // A capture is open: the program is recording a graph; never stall it on an old fence.
+  if (device.capture_active()) return false;
   using Clock = std::chrono::steady_clock;
   const Clock::time_point start = Clock::now();
   const bool passed = fences.wait_oldest_for(device, *budget_us, kGiveBack);
@@ -311,7 +315,11 @@ void MemoryManager::Impl::retire(Slice* slice) {
       [[fallthrough]];
     case FreeFence::events:
       fences.add(slice);
-      if (fences.open_count() >= std::max<std::uint32_t>(options.fence_batch, 1)) close_epoch();
+      // Also close by bytes: a fence recorded early is usually passed by the time the bound on
+      // pending bytes needs its memory, so a miss reaps instead of waiting.
+      if (fences.open_count() >= std::max<std::uint32_t>(options.fence_batch, 1) ||
+          fences.open_bytes() >= epoch_bytes())
+        close_epoch();
       return;
   }
 }

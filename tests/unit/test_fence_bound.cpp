@@ -307,3 +307,22 @@ TEST_CASE("fence_bound_stuck_fences_throttle_growth_but_never_block") {
 }
 
 }  // TEST_SUITE
+
+TEST_SUITE("unit") {
+
+// Epochs also close by bytes (a quarter of fence_slack, at least 1 MiB): by the time the bound
+// needs memory back, the oldest fences were recorded long ago and a miss reaps instead of waiting.
+TEST_CASE("fence_epochs_close_by_bytes_before_the_batch_count") {
+  constexpr std::uint64_t kSlack = 8 * MiB;
+  BoundRig rig(kSlack, custom({sliced(4 * MiB)}), HostDevice::FenceMode::immediate);
+  std::vector<DevicePtr> live;
+  for (int i = 0; i < 16; ++i) live.push_back(rig.manager.allocate(512 * KiB).ptr);
+  const std::uint64_t before = rig.device.calls().fence_record;
+  // 16 frees of 512 KiB: far below the 256-free batch, but 8 MiB, so four epochs of 2 MiB close.
+  for (DevicePtr p : live) REQUIRE(rig.manager.free(p) == FreeOutcome::freed);
+  CHECK(rig.device.calls().fence_record - before == 4);
+  CHECK(rig.manager.check_consistency().empty());
+  rig.check_clean_exit();
+}
+
+}  // TEST_SUITE
