@@ -13,6 +13,10 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
+#include <chrono>
+#include <thread>
+
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -184,6 +188,23 @@ inline bool device_bytes_equal(const void* ptr, std::size_t size, unsigned char 
     if (value != byte) return false;
   }
   return true;
+}
+
+// Parks a stream (cudaLaunchHostFunc(stream, wait_at_gate, &gate)) until the test opens the
+// gate: the stream's later work is then "in use" for as long as the test wants. At most ten
+// seconds, so that a mistake cannot hang a real GPU forever.
+struct Gate {
+  std::atomic<bool> entered{false};  // the blocked stream reached the gate
+  std::atomic<bool> open{false};
+};
+
+inline void CUDART_CB wait_at_gate(void* data) {
+  auto* gate = static_cast<Gate*>(data);
+  gate->entered.store(true);
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (!gate->open.load() && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
 }
 
 }  // namespace preload_test

@@ -20,21 +20,8 @@
 
 namespace {
 
-struct Gate {
-  std::atomic<bool> entered{false};  // the blocked stream reached the gate
-  std::atomic<bool> open{false};
-};
-
-// Holds its stream until the gate opens (at most ten seconds, so that a mistake cannot hang a
-// real GPU forever).
-void CUDART_CB wait_at_gate(void* data) {
-  auto* gate = static_cast<Gate*>(data);
-  gate->entered.store(true);
-  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-  while (!gate->open.load() && std::chrono::steady_clock::now() < deadline) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  }
-}
+using preload_test::Gate;
+using preload_test::wait_at_gate;
 
 constexpr std::size_t kSize = 1 << 20;
 // Enough 1 MiB buffers to fill the page the freed one came from.

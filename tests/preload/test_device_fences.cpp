@@ -17,19 +17,8 @@
 
 namespace {
 
-struct Gate {
-  std::atomic<bool> entered{false};
-  std::atomic<bool> open{false};
-};
-
-void CUDART_CB wait_at_gate(void* data) {
-  auto* gate = static_cast<Gate*>(data);
-  gate->entered.store(true);
-  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-  while (!gate->open.load() && std::chrono::steady_clock::now() < deadline) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  }
-}
+using preload_test::Gate;
+using preload_test::wait_at_gate;
 
 constexpr std::size_t kSize = 1 << 20;
 constexpr int kSmall = 300;  // more frees than one fence epoch holds (256)
