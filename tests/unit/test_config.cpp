@@ -489,3 +489,28 @@ TEST_CASE("mutated inputs never crash, and whatever parses round-trips") {
   }
   CHECK(parsed > 100);  // the mutations leave many inputs valid, so round trips are exercised
 }
+
+// The seed's table of invalid pool lists, each refused with the error that names the problem.
+TEST_CASE("resolve_invalid_pool_configs_fail") {
+  std::string too_many = "pools:[";
+  for (std::size_t i = 0; i <= kMaxPools; ++i) too_many += "exclusive(max=1K);";
+  too_many += "]";
+  const struct {
+    std::string input;
+    std::string expected;
+  } cases[] = {
+      {"pools:[]", "at least one pool"},
+      {"pools:[sliced(page=0)]", "a non-zero size for page"},
+      {"pools:[sliced(page=1K,slice=2K)]", "slice (2KiB) no larger than page (1KiB)"},
+      {"pools:[sliced(page=2K,cap=1K)]", "cap (1KiB) at least one page (2KiB)"},
+      {"pools:[sliced(page=1K,cap=64G)]", "at most 65536 pages per pool"},
+      {too_many, "at most 32 pools"},
+  };
+  for (const auto& c : cases) {
+    CAPTURE(c.input);
+    const ParseResult result = parse_config(c.input);
+    REQUIRE_FALSE(result);
+    CHECK(result.error.key == "pools");
+    CHECK_MESSAGE(contains(result.error.expected, c.expected), result.error.expected);
+  }
+}
