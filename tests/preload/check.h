@@ -190,6 +190,16 @@ inline bool device_bytes_equal(const void* ptr, std::size_t size, unsigned char 
   return true;
 }
 
+// Instantiates a captured graph, runs it once on `stream`, waits for it and destroys both.
+inline void launch_once(cudaGraph_t graph, cudaStream_t stream) {
+  cudaGraphExec_t exec = nullptr;
+  CHECK_CUDA(cudaGraphInstantiate(&exec, graph, 0));
+  CHECK_CUDA(cudaGraphLaunch(exec, stream));
+  CHECK_CUDA(cudaStreamSynchronize(stream));
+  CHECK_CUDA(cudaGraphExecDestroy(exec));
+  CHECK_CUDA(cudaGraphDestroy(graph));
+}
+
 // Parks a stream (cudaLaunchHostFunc(stream, wait_at_gate, &gate)) until the test opens the
 // gate: the stream's later work is then "in use" for as long as the test wants. At most ten
 // seconds, so that a mistake cannot hang a real GPU forever.

@@ -38,13 +38,8 @@ void run_case(const char* name, unsigned int flags) {
     CHECK_MSG(preload_test::counter("cudaEventRecord") == records,
               std::string(name) + ": an event was recorded during the capture");
   }
-  cudaGraphExec_t exec = nullptr;
-  CHECK_CUDA(cudaGraphInstantiate(&exec, graph, 0));
-  CHECK_CUDA(cudaGraphLaunch(exec, stream));
-  CHECK_CUDA(cudaStreamSynchronize(stream));
+  preload_test::launch_once(graph, stream);
   CHECK(preload_test::device_bytes_equal(target, 4096, 0x6b));
-  CHECK_CUDA(cudaGraphExecDestroy(exec));
-  CHECK_CUDA(cudaGraphDestroy(graph));
 
   // Capture over: the next free closes the overfull epoch with a fence, and the memory comes
   // back without new driver allocations.

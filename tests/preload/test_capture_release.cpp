@@ -52,13 +52,8 @@ int main() {
   }
   cudaGraph_t graph = nullptr;
   CHECK_CUDA(cudaStreamEndCapture(stream, &graph));
-  cudaGraphExec_t exec = nullptr;
-  CHECK_CUDA(cudaGraphInstantiate(&exec, graph, 0));
-  CHECK_CUDA(cudaGraphLaunch(exec, stream));
-  CHECK_CUDA(cudaStreamSynchronize(stream));
+  preload_test::launch_once(graph, stream);
   CHECK(preload_test::device_bytes_equal(target, 4096, 0x6b));
-  CHECK_CUDA(cudaGraphExecDestroy(exec));
-  CHECK_CUDA(cudaGraphDestroy(graph));
 
   // Capture over: the deferred release happens and the same request succeeds.
   if (half == nullptr) CHECK_CUDA(cudaMalloc(&half, total / 2));

@@ -137,37 +137,37 @@ cudaError_t event_wait(const StreamRef& s, const EventRef& ev, bool external) {
   return cudaSuccess;
 }
 
-cudaError_t event_query(const EventRef& ev) {
+namespace {
+
+// The stream point an event query or sync waits for. Answers an error, or success with `*s`
+// left empty when there is nothing to wait for (a never-recorded event is complete).
+cudaError_t recorded_point(const EventRef& ev, StreamRef* s, uint64_t* seq) {
   if (!ev) return cudaErrorInvalidResourceHandle;
-  StreamRef s;
-  uint64_t seq;
-  {
-    std::lock_guard lock(state_mutex());
-    if (ev->captured) return cudaErrorCapturedEvent;
-    // Querying or waiting for an event during a capture is treated as potentially unsafe (see
-    // Note [Capture legality]): code that must work under capture brackets it with relaxed mode.
-    if (cudaError_t err = check_unsafe_call_locked(); err != cudaSuccess) return err;
-    if (!ev->recorded) return cudaSuccess;
-    s = ev->stream;
-    seq = ev->seq;
+  std::lock_guard lock(state_mutex());
+  if (ev->captured) return cudaErrorCapturedEvent;
+  // Querying or waiting for an event during a capture is treated as potentially unsafe (see
+  // Note [Capture legality]): code that must work under capture brackets it with relaxed mode.
+  if (cudaError_t err = check_unsafe_call_locked(); err != cudaSuccess) return err;
+  if (ev->recorded) {
+    *s = ev->stream;
+    *seq = ev->seq;
   }
+  return cudaSuccess;
+}
+
+}  // namespace
+
+cudaError_t event_query(const EventRef& ev) {
+  StreamRef s;
+  uint64_t seq = 0;
+  if (cudaError_t err = recorded_point(ev, &s, &seq); err != cudaSuccess || !s) return err;
   return reached(*s, seq) ? cudaSuccess : cudaErrorNotReady;
 }
 
 cudaError_t event_sync(const EventRef& ev) {
-  if (!ev) return cudaErrorInvalidResourceHandle;
   StreamRef s;
-  uint64_t seq;
-  {
-    std::lock_guard lock(state_mutex());
-    if (ev->captured) return cudaErrorCapturedEvent;
-    // Querying or waiting for an event during a capture is treated as potentially unsafe (see
-    // Note [Capture legality]): code that must work under capture brackets it with relaxed mode.
-    if (cudaError_t err = check_unsafe_call_locked(); err != cudaSuccess) return err;
-    if (!ev->recorded) return cudaSuccess;
-    s = ev->stream;
-    seq = ev->seq;
-  }
+  uint64_t seq = 0;
+  if (cudaError_t err = recorded_point(ev, &s, &seq); err != cudaSuccess || !s) return err;
   std::unique_lock lk(s->m);
   s->cv.wait(lk, [&] { return s->completed >= seq; });
   return cudaSuccess;
