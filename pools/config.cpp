@@ -11,6 +11,7 @@
 #include <charconv>
 
 #include "pools/config_parse.h"
+#include "pools/managed_slabs.h"
 
 namespace poolcuda {
 
@@ -78,6 +79,12 @@ std::optional<ConfigError> parse_managed_slab(std::string_view key, std::string_
                                               Config& c) {
   auto size = parse_size_field(key, value, "managed_slab");
   if (size.error) return size.error;
+  // A slab holds at least one granule, and its host metadata (about 1/100 of it) stays modest.
+  if (size.value < kManagedGranule || size.value > kMaxManagedSlabSize) {
+    return ConfigError{std::string(key), std::string(value),
+                       "a size from " + format_size(kManagedGranule) + " to " +
+                           format_size(kMaxManagedSlabSize)};
+  }
   c.managed_slab = size.value;
   return std::nullopt;
 }

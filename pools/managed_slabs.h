@@ -23,14 +23,17 @@
 
 namespace poolcuda {
 
+// Every allocation starts on a granule: the pools' device alignment.
+inline constexpr std::uint64_t kManagedGranule = 512;
 // The most slabs a chain can hold; ManagedOptions::max_slabs is at most this.
 inline constexpr std::uint32_t kMaxManagedSlabs = 64;
-// The largest slab (managed_slab): the host metadata is about 1/100 of a slab.
+// The largest slab (managed_slab; the smallest is one granule): the host metadata is about 1/100
+// of a slab.
 inline constexpr std::uint64_t kMaxManagedSlabSize = 4 * GiB;
 
 struct ManagedOptions {
   std::uint64_t slab_size = 64 * MiB;  // bytes per slab, rounded up to the granule
-  std::uint64_t granule = 512;         // every allocation starts on one; a power of two
+  std::uint64_t granule = kManagedGranule;  // every allocation starts on one; a power of two
   std::uint32_t max_slabs = kMaxManagedSlabs;  // the chain cap, 1..kMaxManagedSlabs
   // False (free_fence:none): an empty slab rewinds at once, with no free fence.
   bool fences = true;

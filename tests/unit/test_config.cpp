@@ -146,9 +146,9 @@ TEST_CASE("size suffixes are binary multiples with optional iB or B") {
   CHECK(slab("64MB") == 64 * MiB);
   CHECK(slab("3G") == 3 * GiB);
   CHECK(slab("3GiB") == 3 * GiB);
-  CHECK(slab("2T") == 2 * 1024 * GiB);
-  CHECK(slab("2TiB") == 2 * 1024 * GiB);
-  CHECK(slab("16777215T") == (std::uint64_t{16777215} << 40));
+  CHECK(parse_ok("fence_slack:2T").fence_slack == 2 * 1024 * GiB);
+  CHECK(parse_ok("fence_slack:2TiB").fence_slack == 2 * 1024 * GiB);
+  CHECK(parse_ok("fence_slack:16777215T").fence_slack == (std::uint64_t{16777215} << 40));
 }
 
 TEST_CASE("fence_slack takes a size, and 0 with or without a unit") {
@@ -363,6 +363,14 @@ TEST_CASE("error: size overflow") {
               "fits in 64 bits");
   check_error("pools:[direct(reclaim=99999999999T)]", "pools", "reclaim=99999999999T",
               "fits in 64 bits");
+}
+
+TEST_CASE("error: managed_slab below one granule or above 4 GiB") {
+  check_error("managed_slab:511", "managed_slab", "511", "a size from 512B to 4GiB");
+  check_error("managed_slab:4097M", "managed_slab", "4097M", "a size from 512B to 4GiB");
+  check_error("managed_slab:1T", "managed_slab", "1T", "a size from 512B to 4GiB");
+  CHECK(parse_ok("managed_slab:512").managed_slab == 512);
+  CHECK(parse_ok("managed_slab:4G").managed_slab == 4 * GiB);
 }
 
 TEST_CASE("error: zero size names the field") {
