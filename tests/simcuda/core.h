@@ -35,6 +35,7 @@ struct Config {
   size_t memory = size_t{16} << 30;
   unsigned op_delay_us = 0;
   bool strict = false;
+  bool concurrent_managed = true;  // every device's cudaDevAttrConcurrentManagedAccess
 };
 const Config& config();
 // Parses "123", "4K", "16G"...; false on malformed text.

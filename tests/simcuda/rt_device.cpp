@@ -47,7 +47,7 @@ void fill_properties(cudaDeviceProp* p, int device) {
   p->sharedMemPerMultiprocessor = 228 << 10;
   p->regsPerMultiprocessor = 65536;
   p->managedMemory = 1;
-  p->concurrentManagedAccess = 1;
+  p->concurrentManagedAccess = config().concurrent_managed ? 1 : 0;
   p->pageableMemoryAccess = 0;
   p->directManagedMemAccessFromHost = 0;
   p->maxBlocksPerMultiProcessor = 32;

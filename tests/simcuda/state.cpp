@@ -42,6 +42,9 @@ Config load_config() {
     c.op_delay_us = static_cast<unsigned>(n);
   }
   if (const char* v = std::getenv("SIMCUDA_STRICT")) c.strict = std::strcmp(v, "0") != 0 && *v;
+  if (const char* v = std::getenv("SIMCUDA_CONCURRENT_MANAGED")) {
+    c.concurrent_managed = std::strcmp(v, "0") != 0;
+  }
   return c;
 }
 
