@@ -56,52 +56,17 @@
 // The program's device is set back whenever a switch was attempted (a failed cudaSetDevice may
 // still have changed it, e.g. under a sticky error).
 //
-// Depends on pools/device.h, real_cuda.h and stream_table.h.
+// Depends on pools/device.h, real_cuda.h, own_call.h (OwnCallScope) and stream_table.h.
 #include "interpose/cuda_device.h"
 
 #include "interpose/log.h"
+#include "interpose/own_call.h"
 #include "interpose/real_cuda.h"
 #include "interpose/stream_table.h"
 
 namespace poolcuda {
 
 namespace {
-
-// Note [Own calls].
-class OwnCallScope {
- public:
-  explicit OwnCallScope(int device) {
-    prior_error_ = real::cudaPeekAtLastError()();
-    int current = -1;
-    if (real::cudaGetDevice()(&current) != cudaSuccess) {
-      ok_ = false;
-    } else if (current != device) {
-      restore_device_ = current;
-      ok_ = real::cudaSetDevice()(device) == cudaSuccess;
-    }
-    mode_ = cudaStreamCaptureModeRelaxed;
-    mode_switched_ = real::cudaThreadExchangeStreamCaptureMode()(&mode_) == cudaSuccess;
-  }
-  ~OwnCallScope() {
-    if (mode_switched_) real::cudaThreadExchangeStreamCaptureMode()(&mode_);
-    if (restore_device_ >= 0) real::cudaSetDevice()(restore_device_);
-    if (prior_error_ == cudaSuccess && real::cudaPeekAtLastError()() != cudaSuccess) {
-      real::cudaGetLastError()();
-    }
-  }
-  OwnCallScope(const OwnCallScope&) = delete;
-  OwnCallScope& operator=(const OwnCallScope&) = delete;
-
-  // False when the scope's device could not be made current.
-  bool ok() const { return ok_; }
-
- private:
-  bool ok_ = true;
-  cudaError_t prior_error_ = cudaSuccess;
-  int restore_device_ = -1;
-  cudaStreamCaptureMode mode_ = cudaStreamCaptureModeRelaxed;
-  bool mode_switched_ = false;
-};
 
 // The answers that say a stream handle no longer exists (Note [Stale streams]).
 bool handle_gone(cudaError_t result) {

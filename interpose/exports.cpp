@@ -3,11 +3,12 @@
 // forked child (Note [Fork] in lifecycle.cpp) go straight to the real function; everything else
 // is one call into hooks.cpp.
 //
-// Depends on hooks.h, real_cuda.h and lifecycle.h only.
+// Depends on hooks.h, managed_hooks.h, real_cuda.h and lifecycle.h only.
 #include <cuda_runtime_api.h>
 
 #include "interpose/hooks.h"
 #include "interpose/lifecycle.h"
+#include "interpose/managed_hooks.h"
 #include "interpose/real_cuda.h"
 
 #define POOLCUDA_EXPORT extern "C" __attribute__((visibility("default")))
@@ -82,4 +83,56 @@ POOLCUDA_EXPORT cudaError_t cudaStreamDestroy(cudaStream_t stream) {
   if (pc::bypass()) return pc::real::cudaStreamDestroy()(stream);
   pc::InsideHook inside;
   return pc::hooks::stream_destroy(stream);
+}
+
+POOLCUDA_EXPORT cudaError_t cudaMallocManaged(void** ptr, size_t size, unsigned int flags) {
+  if (pc::bypass()) return pc::real::cudaMallocManaged()(ptr, size, flags);
+  pc::InsideHook inside;
+  return pc::hooks::malloc_managed(ptr, size, flags);
+}
+
+POOLCUDA_EXPORT cudaError_t cudaStreamAttachMemAsync(cudaStream_t stream, void* ptr,
+                                                     size_t length, unsigned int flags) {
+  if (pc::bypass()) return pc::real::cudaStreamAttachMemAsync()(stream, ptr, length, flags);
+  pc::InsideHook inside;
+  return pc::hooks::stream_attach_mem(stream, ptr, length, flags, false);
+}
+
+POOLCUDA_EXPORT cudaError_t cudaStreamAttachMemAsync_ptsz(cudaStream_t stream, void* ptr,
+                                                          size_t length, unsigned int flags) {
+  if (pc::bypass()) return pc::real::cudaStreamAttachMemAsync_ptsz()(stream, ptr, length, flags);
+  pc::InsideHook inside;
+  return pc::hooks::stream_attach_mem(stream, ptr, length, flags, true);
+}
+
+POOLCUDA_EXPORT cudaError_t cudaMemAdvise(const void* ptr, size_t count, cudaMemoryAdvise advice,
+                                          cudaMemLocation location) {
+  if (pc::bypass()) return pc::real::cudaMemAdvise()(ptr, count, advice, location);
+  pc::InsideHook inside;
+  return pc::hooks::mem_advise(ptr, count, advice, location);
+}
+
+POOLCUDA_EXPORT cudaError_t cudaMemPrefetchAsync(const void* ptr, size_t count,
+                                                 cudaMemLocation location, unsigned int flags,
+                                                 cudaStream_t stream) {
+  if (pc::bypass()) return pc::real::cudaMemPrefetchAsync()(ptr, count, location, flags, stream);
+  pc::InsideHook inside;
+  return pc::hooks::mem_prefetch(ptr, count, location, flags, stream, false);
+}
+
+POOLCUDA_EXPORT cudaError_t cudaMemPrefetchAsync_ptsz(const void* ptr, size_t count,
+                                                      cudaMemLocation location,
+                                                      unsigned int flags, cudaStream_t stream) {
+  if (pc::bypass()) {
+    return pc::real::cudaMemPrefetchAsync_ptsz()(ptr, count, location, flags, stream);
+  }
+  pc::InsideHook inside;
+  return pc::hooks::mem_prefetch(ptr, count, location, flags, stream, true);
+}
+
+POOLCUDA_EXPORT cudaError_t cudaPointerGetAttributes(cudaPointerAttributes* attributes,
+                                                     const void* ptr) {
+  if (pc::bypass()) return pc::real::cudaPointerGetAttributes()(attributes, ptr);
+  pc::InsideHook inside;
+  return pc::hooks::pointer_get_attributes(attributes, ptr);
 }

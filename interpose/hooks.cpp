@@ -20,6 +20,7 @@
 
 #include "interpose/lifecycle.h"
 #include "interpose/log.h"
+#include "interpose/managed_hooks.h"
 #include "interpose/real_cuda.h"
 #include "interpose/registry.h"
 
@@ -29,13 +30,6 @@ namespace {
 
 // Larger than any device; a real cudaMalloc of it fails with cudaErrorMemoryAllocation.
 constexpr std::size_t kImpossibleSize = std::size_t{1} << 52;
-
-// The device current on the calling thread, or -1.
-int current_device() {
-  int device = -1;
-  if (real::cudaGetDevice()(&device) != cudaSuccess) return -1;
-  return device;
-}
 
 cudaError_t forward_malloc(int device, void** ptr, std::size_t size) {
   Registry::instance().count_forwarded_malloc(device);
@@ -47,6 +41,20 @@ void raise_out_of_memory() {
   if (real::cudaMalloc()(&ptr, kImpossibleSize) == cudaSuccess) real::cudaFree()(ptr);
 }
 
+// Refusals the pools decide themselves (the manager logs device out-of-memory breakdowns).
+void log_refusal(int device, std::size_t size, const Error& error) {
+  log_format(LogLevel::basic, "cudaMalloc(%zu B) on device %d refused: %s", size, device,
+             describe(error).c_str());
+}
+
+}  // namespace
+
+int current_device() {
+  int device = -1;
+  if (real::cudaGetDevice()(&device) != cudaSuccess) return -1;
+  return device;
+}
+
 // A refused free (double free, interior pointer) leaves cudaErrorInvalidValue in the last-error
 // slot, as the real cudaFree of a pointer that starts no allocation does: the real call on an
 // address that is certainly no device allocation (this host variable) fails the same way and
@@ -55,14 +63,6 @@ void raise_invalid_value() {
   static char not_device_memory;
   real::cudaFree()(&not_device_memory);
 }
-
-// Refusals the pools decide themselves (the manager logs device out-of-memory breakdowns).
-void log_refusal(int device, std::size_t size, const Error& error) {
-  log_format(LogLevel::basic, "cudaMalloc(%zu B) on device %d refused: %s", size, device,
-             describe(error).c_str());
-}
-
-}  // namespace
 
 cudaError_t malloc(void** ptr, std::size_t size) {
   int device = current_device();
@@ -75,6 +75,10 @@ cudaError_t malloc(void** ptr, std::size_t size) {
   if (size > registry.device(device)->total_bytes()) return forward_malloc(device, ptr, size);
 
   Reservation reservation = manager->allocate(size);
+  // Empty managed slabs may hold what the device lacks.
+  if (reservation.error.kind == ErrorKind::out_of_memory && registry.trim_managed(device)) {
+    reservation = manager->allocate(size);
+  }
   // A sticky context error is not checked on a hit: that would cost a runtime call on every
   // allocation, and the program's next launch or synchronisation reports the error anyway.
   if (reservation.ptr != 0) {
@@ -109,9 +113,12 @@ cudaError_t free(void* ptr) {
     return real::cudaFree()(ptr);
   }
   const auto address = reinterpret_cast<DevicePtr>(ptr);
-  FreeOutcome outcome = FreeOutcome::not_mine;
   int owner = device;
-  if (MemoryManager* manager = registry.manager(device)) outcome = manager->free(address);
+  // Managed slabs first: a range test per slab, no lock.
+  FreeOutcome outcome = free_managed(address, device, &owner);
+  if (outcome == FreeOutcome::not_mine) {
+    if (MemoryManager* manager = registry.manager(device)) outcome = manager->free(address);
+  }
   // A pointer allocated on another device may be freed with any device current.
   for (int other = 0; outcome == FreeOutcome::not_mine && other < Registry::kMaxDevices;
        ++other) {
@@ -166,6 +173,7 @@ cudaError_t device_reset() {
   // The reset frees every allocation and destroys every stream and event of the device: the
   // pools forget theirs instead of releasing them.
   if (MemoryManager* manager = registry.manager(device)) {
+    registry.forget_managed(device);
     manager->forget();
     registry.device(device)->forget_events();
   }

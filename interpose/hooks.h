@@ -21,4 +21,9 @@ cudaError_t stream_create_with_flags(cudaStream_t* stream, unsigned int flags);
 cudaError_t stream_create_with_priority(cudaStream_t* stream, unsigned int flags, int priority);
 cudaError_t stream_destroy(cudaStream_t stream);
 
+// Shared with managed_hooks.cpp: the device current on the calling thread (-1 when none), and
+// a refusal's cudaErrorInvalidValue left in the runtime's last-error slot (Note [Last error]).
+int current_device();
+void raise_invalid_value();
+
 }  // namespace poolcuda::hooks

@@ -9,10 +9,27 @@
 
 #include <cuda_runtime_api.h>
 
+// The per-thread-default-stream variants the header declares only under
+// CUDA_API_PER_THREAD_DEFAULT_STREAM: the library forwards them, so it names them.
+extern "C" {
+cudaError_t cudaStreamAttachMemAsync_ptsz(cudaStream_t stream, void* devPtr, size_t length,
+                                          unsigned int flags);
+cudaError_t cudaMemPrefetchAsync_ptsz(const void* devPtr, size_t count,
+                                      struct cudaMemLocation location, unsigned int flags,
+                                      cudaStream_t stream);
+}
+
 // Every real function the library calls. Add a name here and real::<name>() exists.
 #define POOLCUDA_REAL_FUNCTIONS(X)          \
   X(cudaMalloc)                             \
   X(cudaFree)                               \
+  X(cudaMallocManaged)                      \
+  X(cudaStreamAttachMemAsync)               \
+  X(cudaStreamAttachMemAsync_ptsz)          \
+  X(cudaMemAdvise)                          \
+  X(cudaMemPrefetchAsync)                   \
+  X(cudaMemPrefetchAsync_ptsz)              \
+  X(cudaPointerGetAttributes)               \
   X(cudaMemGetInfo)                         \
   X(cudaDeviceReset)                        \
   X(cudaDeviceSynchronize)                  \
@@ -23,6 +40,8 @@
   X(cudaStreamIsCapturing)                  \
   X(cudaThreadExchangeStreamCaptureMode)    \
   X(cudaGetDevice)                          \
+  X(cudaGetDeviceCount)                     \
+  X(cudaDeviceGetAttribute)                 \
   X(cudaSetDevice)                          \
   X(cudaGetLastError)                       \
   X(cudaPeekAtLastError)                    \

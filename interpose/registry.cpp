@@ -69,6 +69,62 @@ MemoryManager* Registry::manager_or_create(int device) {
   return manager;
 }
 
+ManagedSlabs* Registry::managed(int device) const {
+  if (!in_range(device)) return nullptr;
+  return managed_[device].load(std::memory_order_acquire);
+}
+
+ManagedSlabs* Registry::managed_or_create(int device) {
+  if (!in_range(device)) return nullptr;
+  if (ManagedSlabs* existing = managed_[device].load(std::memory_order_acquire)) return existing;
+  const Config& conf = config();
+  if (!conf.managed || managed_supported_.load(std::memory_order_acquire) == 0) return nullptr;
+  if (manager_or_create(device) == nullptr) return nullptr;
+
+  std::lock_guard<std::mutex> hold(create_mutex_);
+  if (ManagedSlabs* existing = managed_[device].load(std::memory_order_relaxed)) return existing;
+  if (managed_supported_.load(std::memory_order_relaxed) < 0) {
+    managed_supported_.store(CudaManagedBacking::every_device_concurrent(device) ? 1 : 0,
+                             std::memory_order_release);
+  }
+  if (managed_supported_.load(std::memory_order_relaxed) == 0) {
+    if (first_time(Once::managed_unpooled, device)) {
+      log_format(LogLevel::basic,
+                 "not every device has concurrent managed access; cudaMallocManaged passes "
+                 "through");
+    }
+    return nullptr;
+  }
+  auto* backing = new CudaManagedBacking(*devices_[device].load(std::memory_order_relaxed));
+  ManagedOptions options;
+  options.slab_size = conf.managed_slab;
+  options.granule = CudaDevice::kAlignment;
+  options.fences = conf.free_fence != FreeFence::none;
+  auto* chain = new ManagedSlabs(*backing, options);
+  managed_backings_[device].store(backing, std::memory_order_release);
+  managed_[device].store(chain, std::memory_order_release);
+  if (device >= managed_bound_.load(std::memory_order_relaxed)) {
+    managed_bound_.store(device + 1, std::memory_order_release);
+  }
+  return chain;
+}
+
+void Registry::forget_managed(int device) {
+  if (ManagedSlabs* chain = managed(device)) {
+    chain->forget();
+    managed_backings_[device].load(std::memory_order_acquire)->forget();
+  }
+}
+
+bool Registry::trim_managed(int device) {
+  ManagedSlabs* chain = managed(device);
+  return chain != nullptr && chain->trim() != 0;
+}
+
+void Registry::count_forwarded_managed(int device) {
+  if (in_range(device)) forwarded_managed_[device].fetch_add(1, std::memory_order_relaxed);
+}
+
 void Registry::count_forwarded_malloc(int device) {
   if (in_range(device)) forwarded_mallocs_[device].fetch_add(1, std::memory_order_relaxed);
 }
@@ -91,6 +147,12 @@ std::vector<ManagerReport> Registry::reports() const {
     out.back().device = device;
     out.back().forwarded_mallocs = forwarded_mallocs_[device].load(std::memory_order_relaxed);
     out.back().forwarded_frees = forwarded_frees_[device].load(std::memory_order_relaxed);
+    const std::uint64_t passed = forwarded_managed_[device].load(std::memory_order_relaxed);
+    ManagedSlabs* chain = managed_[device].load(std::memory_order_acquire);
+    if (chain != nullptr || passed != 0) {
+      out.back().managed = chain != nullptr ? chain->report() : ManagedReport{};
+      out.back().managed->passed_through = passed;
+    }
   }
   return out;
 }

@@ -23,6 +23,9 @@ class HostManagedBacking final : public ManagedBacking {
   bool zero(DevicePtr ptr, std::uint64_t size) override;
   FenceHandle fence_record() override { return device_.fence_record(); }
   bool fence_passed(FenceHandle fence) override { return device_.fence_passed(fence); }
+  bool fence_wait_for(FenceHandle fence, std::uint32_t max_microseconds) override {
+    return device_.fence_wait_for(fence, max_microseconds);
+  }
   void fence_destroy(FenceHandle fence) override { device_.fence_destroy(fence); }
 
   // --- Test controls -------------------------------------------------------------------------

@@ -12,8 +12,10 @@
 // a fence then, remembering the state word it read: that fence comes after every free the word
 // counts, so once it has passed, and as long as the word is unchanged (no allocation since),
 // the slab may rewind. A stale fence (the word changed) is replaced. If the fence has not passed
-// yet, the slow path moves on (another slab, a new one) and checks again next time: the fence
-// is never waited for, so a stream parked by the program costs memory, never a deadlock. With
+// yet, the slow path moves on: to another slab, else it waits for the oldest such fence at most
+// kManagedFenceWaitMicros (the pools' bound: long enough for a device that merely lags, short
+// enough that a stream parked by the program costs a little time and a new slab, never a
+// deadlock), else to a new slab, and checks the others again next time. With
 // fences off (free_fence:none) an empty slab rewinds at once. A slab is given back to the
 // backing under the same condition (nothing live, fence passed), sealed first so that no
 // allocation can start in it, and released after the mutex is dropped.
@@ -53,7 +55,12 @@ ManagedAllocation ManagedSlabs::allocate_slow(std::uint64_t size, std::uint64_t 
         chosen = static_cast<int>(i);
       }
     }
-    // 3. A new slab.
+    // 3. The empty slab whose fence is the oldest, once it passes within a bounded wait.
+    if (chosen < 0) {
+      const int i = wait_oldest_fence();
+      if (i >= 0 && try_bump(slabs_[i], granules, &start) == Fit::ok) chosen = i;
+    }
+    // 4. A new slab.
     if (chosen < 0) {
       chosen = populate(size, &error);
       if (chosen >= 0 && try_bump(slabs_[chosen], granules, &start) != Fit::ok) chosen = -1;
@@ -80,6 +87,7 @@ bool ManagedSlabs::quiet(Slab& slab, std::uint64_t* state) {
   if (slab.fence != kNoFence) backing_.fence_destroy(slab.fence);
   slab.fence = backing_.fence_record();
   slab.fence_state = now;
+  slab.fence_tick = tick_;
   return slab.fence != kNoFence && backing_.fence_passed(slab.fence);
 }
 
@@ -100,6 +108,26 @@ bool ManagedSlabs::rewind(Slab& slab, std::uint64_t state) {
   ++slab.resets;
   slab.state.store(pack(0, 0), std::memory_order_release);
   return true;
+}
+
+// Waits a bounded time for the oldest fence among the empty slabs (each had quiet() record one
+// for its current word) and rewinds that slab when it passed. Its index, or -1.
+int ManagedSlabs::wait_oldest_fence() {
+  const std::uint32_t used = used_slots_.load(std::memory_order_relaxed);
+  int oldest = -1;
+  for (std::uint32_t i = 0; i < used; ++i) {
+    const Slab& slab = slabs_[i];
+    if (slab.base.load(std::memory_order_relaxed) == 0 || slab.fence == kNoFence ||
+        slab.fence_state != slab.state.load(std::memory_order_acquire)) {
+      continue;
+    }
+    if (oldest < 0 || slab.fence_tick < slabs_[oldest].fence_tick) oldest = static_cast<int>(i);
+  }
+  if (oldest < 0 || !backing_.fence_wait_for(slabs_[oldest].fence, kManagedFenceWaitMicros)) {
+    return -1;
+  }
+  std::uint64_t state = 0;
+  return quiet(slabs_[oldest], &state) && rewind(slabs_[oldest], state) ? oldest : -1;
 }
 
 // Seals the slab for good if the word still reads `state` and queues its memory for release.

@@ -30,6 +30,9 @@ inline constexpr std::uint32_t kMaxManagedSlabs = 64;
 // The largest slab (managed_slab; the smallest is one granule): the host metadata is about 1/100
 // of a slab.
 inline constexpr std::uint64_t kMaxManagedSlabSize = 4 * GiB;
+// The longest an allocation waits for an empty slab's free fence before the chain grows
+// instead (Note [Managed free fences] in managed_chain.cpp); the pools' bound too.
+inline constexpr std::uint32_t kManagedFenceWaitMicros = 2000;
 
 struct ManagedOptions {
   std::uint64_t slab_size = 64 * MiB;  // bytes per slab, rounded up to the granule
@@ -38,7 +41,7 @@ struct ManagedOptions {
   // False (free_fence:none): an empty slab rewinds at once, with no free fence.
   bool fences = true;
   // Slow paths an empty slab other than the current one may stay unused before it goes back.
-  std::uint32_t disuse_period = 8;
+  std::uint32_t disuse_period = 16;
 };
 
 enum class ManagedErrorKind : std::uint8_t {
@@ -166,6 +169,7 @@ class ManagedSlabs {
   // Slow path (managed_chain.cpp); the caller holds mutex_.
   bool quiet(Slab& slab, std::uint64_t* state);
   bool rewind(Slab& slab, std::uint64_t state);
+  int wait_oldest_fence();
   bool retire(Slab& slab, std::uint64_t state, std::vector<DevicePtr>* retired);
   int populate(std::uint64_t size, ManagedError* error);
   std::uint32_t collect_empty(bool disused_only, std::vector<DevicePtr>* retired);

@@ -56,6 +56,7 @@ struct alignas(64) ManagedSlabs::Slab {
   // Slow-path fields, under the chain's mutex.
   FenceHandle fence = kNoFence;  // recorded while the state read fence_state
   std::uint64_t fence_state = 0;
+  std::uint64_t fence_tick = 0;  // the chain's tick when the fence was recorded
   std::uint64_t last_used = 0;   // the chain's tick when it last served (or was current)
   std::uint64_t resets = 0;
 };

@@ -1,6 +1,6 @@
 // render_report: the one emitter for manager reports, as aligned text for a terminal or as one
 // JSON object. Works on snapshots only (report.h), so it never runs under a manager's lock.
-// Depends on report.h only.
+// Depends on report.h only (the managed section renders itself: managed_report.cpp).
 #include "pools/report.h"
 
 #include <algorithm>
@@ -130,6 +130,10 @@ std::string render_json(const ReportHeader& header, const std::vector<ManagerRep
     }
     out += "],\"persistent\":";
     json_pool(out, m.persistent);
+    if (m.managed) {
+      out += ",\"managed\":";
+      out += render_managed_json(*m.managed);
+    }
     out += '}';
   }
   out += "]}\n";
@@ -197,6 +201,7 @@ std::string render_text(const ReportHeader& header, const std::vector<ManagerRep
       rows.push_back(pool_row(std::to_string(i), m.dynamic[i]));
     rows.push_back(pool_row("P", m.persistent));
     table(out, rows);
+    if (m.managed) out += render_managed_text(*m.managed);
   }
   return out;
 }

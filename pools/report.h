@@ -4,10 +4,12 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "pools/config.h"
+#include "pools/managed_slabs.h"
 #include "pools/types.h"
 
 namespace poolcuda {
@@ -47,6 +49,9 @@ struct ManagerReport {
   // the interposer; 0 elsewhere.
   std::uint64_t forwarded_mallocs = 0;
   std::uint64_t forwarded_frees = 0;
+  // The device's managed-memory section (slabs and cudaMallocManaged passed through), when it
+  // has one. Filled by the interposer; rendered by render_managed_text / render_managed_json.
+  std::optional<ManagedReport> managed;
 };
 
 struct ReportHeader {

@@ -1,0 +1,53 @@
+// CudaManagedBacking: the managed-memory backing (pools/managed_backing.h) over the real CUDA
+// runtime for one device. Slabs are real cudaMallocManaged(cudaMemAttachGlobal) allocations made
+// on that device, released with the real cudaFree (deferred while a capture is open, as the
+// device's page releases are); fences are the device's own (CudaDevice::fence_record and
+// friends, which are thread-safe); zeroing is a host memset (Note [Managed zeroing] in
+// cuda_managed.cpp). Every CUDA call goes through OwnCallScope (Note [Own calls] in
+// cuda_device.cpp).
+//
+// Depends on pools/managed_backing.h, the CUDA device and the real-function table.
+#pragma once
+
+#include <cstdint>
+#include <mutex>
+#include <utility>
+#include <vector>
+
+#include "interpose/cuda_device.h"
+#include "pools/managed_backing.h"
+
+namespace poolcuda {
+
+class CudaManagedBacking final : public ManagedBacking {
+ public:
+  // `device` must outlive the backing.
+  explicit CudaManagedBacking(CudaDevice& device) : device_(device) {}
+
+  AllocStatus allocate_slab(std::uint64_t size, DevicePtr* out) override;
+  void release_slab(DevicePtr base, std::uint64_t size) override;
+  bool zero(DevicePtr ptr, std::uint64_t size) override;
+  FenceHandle fence_record() override { return device_.fence_record(); }
+  bool fence_passed(FenceHandle fence) override { return device_.fence_passed(fence); }
+  bool fence_wait_for(FenceHandle fence, std::uint32_t max_microseconds) override {
+    return device_.fence_wait_for(fence, max_microseconds);
+  }
+  void fence_destroy(FenceHandle fence) override { device_.fence_destroy(fence); }
+
+  // cudaDeviceReset freed every slab: drop the deferred releases unreleased.
+  void forget();
+
+  // True when every device of the process reports concurrent managed access, the condition
+  // for serving managed memory from slabs at all (Note [Managed attach] in managed_hooks.cpp).
+  // An own call on `device`.
+  static bool every_device_concurrent(int device);
+
+ private:
+  void release_deferred();
+
+  CudaDevice& device_;
+  std::mutex mutex_;  // guards deferred_
+  std::vector<std::pair<DevicePtr, std::uint64_t>> deferred_;  // released during a capture
+};
+
+}  // namespace poolcuda
