@@ -13,6 +13,7 @@
 
 #include "pools/host_managed_backing.h"
 #include "pools/managed_slabs.h"
+#include "pools/report.h"
 
 using namespace poolcuda;
 
@@ -337,6 +338,15 @@ TEST_CASE("managed: an empty slab waits for its free fence; the chain grows mean
   CHECK(c.device.outstanding_fences() <= 1);  // each fence is destroyed with its rewind
 }
 
+TEST_CASE("managed: a lagging fence is waited for, within a bound, before the chain grows") {
+  Chain c(1 * KiB, 4);
+  c.device.set_fence_mode(HostDevice::FenceMode::on_wait);  // passes once waited on
+  for (int i = 0; i < 10; ++i) c.slabs.free(c.allocate(1 * KiB));
+  CHECK(c.device.calls().allocate == 1);
+  CHECK(c.device.calls().fence_wait_for == 9);
+  CHECK(c.report().resets == 9);
+}
+
 TEST_CASE("managed: no free fence under fences off, none while a capture is open") {
   Chain off(1 * KiB, 4, 256 * MiB, /*fences=*/false);
   off.device.set_fence_mode(HostDevice::FenceMode::manual);
@@ -435,6 +445,24 @@ TEST_CASE("managed: report and its renderings") {
   CHECK(json.find("\"passed_through\":7,\"slabs\":[{\"base\":" + std::to_string(a)) !=
         std::string::npos);
   CHECK(json.back() == '}');
+}
+
+
+TEST_CASE("managed: the device report carries the managed section in both formats") {
+  ManagerReport device;
+  device.device = 3;
+  ManagedReport managed;
+  managed.slab_size = 64 * MiB;
+  managed.max_slabs = 64;
+  managed.passed_through = 2;
+  managed.slabs.push_back({0x1000, 64 * MiB, 4 * KiB, 8 * KiB, 1, 5000, 2});
+  device.managed = managed;
+  const std::string text = render_report({}, {device}, ReportFormat::text);
+  CHECK(text.find(render_managed_text(managed)) != std::string::npos);
+  const std::string json = render_report({}, {device}, ReportFormat::json);
+  CHECK(json.find(",\"managed\":" + render_managed_json(managed) + "}") != std::string::npos);
+  device.managed.reset();
+  CHECK(render_report({}, {device}, ReportFormat::json).find("managed") == std::string::npos);
 }
 
 }  // TEST_SUITE
