@@ -141,7 +141,8 @@ FreeOutcome free_managed(DevicePtr ptr, int current, int* owner) {
 
 cudaError_t stream_attach_mem(cudaStream_t stream, void* ptr, std::size_t length,
                               unsigned int flags, bool per_thread) {
-  auto attach = per_thread ? real::cudaStreamAttachMemAsync_ptsz() : real::cudaStreamAttachMemAsync();
+  auto attach =
+      per_thread ? real::cudaStreamAttachMemAsync_ptsz() : real::cudaStreamAttachMemAsync();
   const ManagedLookup found = find_managed(ptr);
   if (found.kind == ManagedLookup::Kind::not_mine) return attach(stream, ptr, length, flags);
   // Note [Managed attach].

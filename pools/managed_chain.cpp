@@ -28,7 +28,8 @@ namespace poolcuda {
 
 using namespace managed;
 
-ManagedAllocation ManagedSlabs::allocate_slow(std::uint64_t size, std::uint64_t granules) {
+ManagedAllocation ManagedSlabs::allocate_slow(std::uint64_t size, std::uint64_t granules,
+                                             std::uint32_t lane) {
   std::vector<DevicePtr> retired;
   ManagedError error;
   int chosen = -1;
@@ -37,43 +38,60 @@ ManagedAllocation ManagedSlabs::allocate_slow(std::uint64_t size, std::uint64_t 
     std::lock_guard<std::mutex> hold(mutex_);
     ++tick_;
     const std::uint32_t used = used_slots_.load(std::memory_order_relaxed);
-    const std::uint32_t current = current_.load(std::memory_order_relaxed);
-    if (current < used) slabs_[current].last_used = tick_;
-    // 1. The next slab, round the chain from the current one, that fits the request now.
-    for (std::uint32_t k = 0; chosen < 0 && k < used; ++k) {
-      const std::uint32_t i = (current + k) % used;
-      if (try_bump(slabs_[i], granules, &start) == Fit::ok) chosen = static_cast<int>(i);
+    const std::uint32_t current = current_[lane].load(std::memory_order_relaxed);
+    for (const auto& other : current_) {
+      const std::uint32_t i = other.load(std::memory_order_relaxed);
+      if (i < used) slabs_[i].last_used = tick_;
     }
-    // 2. A slab with nothing live whose free fence has passed, rewound: the current one first,
-    // so that the others can age into disuse.
-    for (std::uint32_t k = 0; chosen < 0 && k < used; ++k) {
-      const std::uint32_t i = (current + k) % used;
-      std::uint64_t state = 0;
-      if (slabs_[i].base.load(std::memory_order_relaxed) == 0) continue;
-      if (quiet(slabs_[i], &state) && rewind(slabs_[i], state) &&
-          try_bump(slabs_[i], granules, &start) == Fit::ok) {
-        chosen = static_cast<int>(i);
+    // Another lane's current slab is used only when nothing else is left (Note [Managed lanes]).
+    for (int share = 0; chosen < 0 && share < 2; ++share) {
+      auto skip = [&](std::uint32_t i) { return share == 0 && current_of_other_lane(i, lane); };
+      // 1. The next slab, round the chain from the lane's current one, that fits now.
+      for (std::uint32_t k = 0; chosen < 0 && k < used; ++k) {
+        const std::uint32_t i = (current + k) % used;
+        if (!skip(i) && try_bump(slabs_[i], granules, &start) == Fit::ok) {
+          chosen = static_cast<int>(i);
+        }
       }
-    }
-    // 3. The empty slab whose fence is the oldest, once it passes within a bounded wait.
-    if (chosen < 0) {
-      const int i = wait_oldest_fence();
-      if (i >= 0 && try_bump(slabs_[i], granules, &start) == Fit::ok) chosen = i;
-    }
-    // 4. A new slab.
-    if (chosen < 0) {
-      chosen = populate(size, &error);
-      if (chosen >= 0 && try_bump(slabs_[chosen], granules, &start) != Fit::ok) chosen = -1;
+      // 2. A slab with nothing live whose free fence has passed, rewound: the current one
+      // first, so that the others can age into disuse.
+      for (std::uint32_t k = 0; chosen < 0 && k < used; ++k) {
+        const std::uint32_t i = (current + k) % used;
+        std::uint64_t state = 0;
+        if (skip(i) || slabs_[i].base.load(std::memory_order_relaxed) == 0) continue;
+        if (quiet(slabs_[i], &state) && rewind(slabs_[i], state) &&
+            try_bump(slabs_[i], granules, &start) == Fit::ok) {
+          chosen = static_cast<int>(i);
+        }
+      }
+      if (share == 1) break;
+      // 3. The empty slab whose fence is the oldest, once it passes within a bounded wait.
+      if (chosen < 0) {
+        const int i = wait_oldest_fence(lane);
+        if (i >= 0 && try_bump(slabs_[i], granules, &start) == Fit::ok) chosen = i;
+      }
+      // 4. A new slab.
+      if (chosen < 0) {
+        chosen = populate(size, &error);
+        if (chosen >= 0 && try_bump(slabs_[chosen], granules, &start) != Fit::ok) chosen = -1;
+      }
     }
     if (chosen >= 0) {
       slabs_[chosen].last_used = tick_;
-      current_.store(static_cast<std::uint32_t>(chosen), std::memory_order_release);
+      current_[lane].store(static_cast<std::uint32_t>(chosen), std::memory_order_release);
     }
     collect_empty(/*disused_only=*/true, &retired);
   }
   release_all(retired);
   if (chosen < 0) return {0, error};
   return finish(slabs_[chosen], start, size);
+}
+
+bool ManagedSlabs::current_of_other_lane(std::uint32_t slot, std::uint32_t lane) const {
+  for (std::uint32_t other = 0; other < kManagedLanes; ++other) {
+    if (other != lane && current_[other].load(std::memory_order_relaxed) == slot) return true;
+  }
+  return false;
 }
 
 // Nothing live in the slab and the device is done with what was freed in it (Note [Managed free
@@ -112,12 +130,13 @@ bool ManagedSlabs::rewind(Slab& slab, std::uint64_t state) {
 
 // Waits a bounded time for the oldest fence among the empty slabs (each had quiet() record one
 // for its current word) and rewinds that slab when it passed. Its index, or -1.
-int ManagedSlabs::wait_oldest_fence() {
+int ManagedSlabs::wait_oldest_fence(std::uint32_t lane) {
   const std::uint32_t used = used_slots_.load(std::memory_order_relaxed);
   int oldest = -1;
   for (std::uint32_t i = 0; i < used; ++i) {
     const Slab& slab = slabs_[i];
-    if (slab.base.load(std::memory_order_relaxed) == 0 || slab.fence == kNoFence ||
+    if (current_of_other_lane(i, lane) || slab.base.load(std::memory_order_relaxed) == 0 ||
+        slab.fence == kNoFence ||
         slab.fence_state != slab.state.load(std::memory_order_acquire)) {
       continue;
     }
@@ -187,15 +206,16 @@ int ManagedSlabs::populate(std::uint64_t size, ManagedError* error) {
   return slot;
 }
 
-// Seals every slab but the current one that holds nothing live and whose fence has passed
-// (with disused_only, only those unused for longer than the disuse period).
+// Seals every slab but the lanes' current ones that holds nothing live and whose fence has
+// passed (with disused_only, only those unused for longer than the disuse period).
 std::uint32_t ManagedSlabs::collect_empty(bool disused_only, std::vector<DevicePtr>* retired) {
   const std::uint32_t used = used_slots_.load(std::memory_order_relaxed);
-  const std::uint32_t current = current_.load(std::memory_order_relaxed);
   std::uint32_t count = 0;
   for (std::uint32_t i = 0; i < used; ++i) {
     Slab& slab = slabs_[i];
-    if (i == current || slab.base.load(std::memory_order_relaxed) == 0) continue;
+    if (current_of_other_lane(i, kManagedLanes) || slab.base.load(std::memory_order_relaxed) == 0) {
+      continue;
+    }
     if (disused_only && tick_ - slab.last_used <= options_.disuse_period) continue;
     std::uint64_t state = 0;
     if (quiet(slab, &state) && retire(slab, state, retired)) ++count;
@@ -242,7 +262,7 @@ void ManagedSlabs::forget() {
     slab.resets = 0;
     slab.base.store(0, std::memory_order_release);
   }
-  current_.store(0, std::memory_order_release);
+  for (auto& lane : current_) lane.store(options_.max_slabs, std::memory_order_release);
 }
 
 ManagedReport ManagedSlabs::report() const {

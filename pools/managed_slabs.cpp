@@ -28,6 +28,15 @@
 // interior (or never issued) pointer otherwise; neither changes anything. Each allocation also
 // records its size (at its first granule), for lookups of "its allocation".
 //
+// Note [Managed lanes]
+// Threads that allocate on one slab all swap the same state word: its cache line moves between
+// cores on every allocation and free, and two threads get less done than one. So each chain
+// has kManagedLanes current slabs, and each thread allocates through one lane (its own number,
+// given round-robin when it first allocates). The slow path gives a lane a slab no other lane
+// is on (the next one that fits, an empty one rewound, a new one) and shares another lane's
+// current slab only when nothing else is left (the chain is full). A single-threaded program
+// uses one lane and one slab. Frees go to whichever slab holds the pointer, as before.
+//
 // Zero on hand-out. A fresh slab reads as zero. A slab's dirty mark is the highest bump it
 // reached before any rewind; bytes above it have never been handed out since the slab was
 // allocated. So an allocation [start, start + size) zeroes only the part below the dirty mark,
@@ -68,6 +77,11 @@ std::uint64_t power_of_two_floor(std::uint64_t value) {
   return value == 0 ? 1 : std::bit_floor(value);
 }
 
+// Note [Managed lanes]: each thread allocates through one lane, assigned round-robin at its
+// first allocation.
+std::atomic<std::uint32_t> g_next_lane{0};
+thread_local std::uint32_t t_lane = kManagedLanes;  // constant-initialised: no guard
+
 ManagedOptions clamp(ManagedOptions options) {
   options.granule = std::max<std::uint64_t>(power_of_two_floor(options.granule), 256);
   options.slab_size = std::clamp<std::uint64_t>(options.slab_size, options.granule,
@@ -84,9 +98,18 @@ ManagedSlabs::ManagedSlabs(ManagedBacking& backing, const ManagedOptions& option
       granule_(options_.granule),
       slab_bytes_(align_up(options_.slab_size, options_.granule)),
       slab_granules_(slab_bytes_ / options_.granule),
-      slabs_(new Slab[options_.max_slabs]) {}
+      slabs_(new Slab[options_.max_slabs + 1]) {  // the last record stays sealed
+  for (auto& lane : current_) lane.store(options_.max_slabs, std::memory_order_relaxed);
+}
 
 ManagedSlabs::~ManagedSlabs() = default;
+
+std::uint32_t ManagedSlabs::lane_of_thread() {
+  if (t_lane == kManagedLanes) {
+    t_lane = g_next_lane.fetch_add(1, std::memory_order_relaxed) % kManagedLanes;
+  }
+  return t_lane;
+}
 
 ManagedAllocation ManagedSlabs::allocate(std::uint64_t size, std::uint64_t alignment) {
   if (size == 0 || alignment == 0 || !std::has_single_bit(alignment) || alignment > granule_) {
@@ -94,10 +117,11 @@ ManagedAllocation ManagedSlabs::allocate(std::uint64_t size, std::uint64_t align
   }
   if (size > slab_bytes_) return {0, {ManagedErrorKind::too_large, size, slab_bytes_}};
   const std::uint64_t granules = (size + granule_ - 1) / granule_;
-  Slab& slab = slabs_[current_.load(std::memory_order_acquire)];
+  const std::uint32_t lane = lane_of_thread();
+  Slab& slab = slabs_[current_[lane].load(std::memory_order_acquire)];
   std::uint64_t start = 0;
   if (try_bump(slab, granules, &start) == Fit::ok) return finish(slab, start, size);
-  return allocate_slow(size, granules);
+  return allocate_slow(size, granules, lane);
 }
 
 ManagedSlabs::Fit ManagedSlabs::try_bump(Slab& slab, std::uint64_t granules,

@@ -30,6 +30,8 @@ inline constexpr std::uint32_t kMaxManagedSlabs = 64;
 // The largest slab (managed_slab; the smallest is one granule): the host metadata is about 1/100
 // of a slab.
 inline constexpr std::uint64_t kMaxManagedSlabSize = 4 * GiB;
+// Current slabs per chain: threads allocate through them round-robin (Note [Managed lanes]).
+inline constexpr std::uint32_t kManagedLanes = 4;
 // The longest an allocation waits for an empty slab's free fence before the chain grows
 // instead (Note [Managed free fences] in managed_chain.cpp); the pools' bound too.
 inline constexpr std::uint32_t kManagedFenceWaitMicros = 2000;
@@ -40,7 +42,7 @@ struct ManagedOptions {
   std::uint32_t max_slabs = kMaxManagedSlabs;  // the chain cap, 1..kMaxManagedSlabs
   // False (free_fence:none): an empty slab rewinds at once, with no free fence.
   bool fences = true;
-  // Slow paths an empty slab other than the current one may stay unused before it goes back.
+  // Slow paths an empty slab other than a current one may stay unused before it goes back.
   std::uint32_t disuse_period = 16;
 };
 
@@ -143,8 +145,8 @@ class ManagedSlabs {
   std::uint32_t rewind_empty();
 
   // Gives every slab with nothing live and a passed fence back to the backing, except the
-  // current one: for the device's out-of-memory recovery and explicit trims. Returns how many
-  // went back.
+  // lanes' current ones: for the device's out-of-memory recovery and explicit trims. Returns
+  // how many went back.
   std::uint32_t trim();
 
   // The memory is gone (cudaDeviceReset): drop every slab without releasing it, destroy the
@@ -162,14 +164,18 @@ class ManagedSlabs {
 
   Fit try_bump(Slab& slab, std::uint64_t granules, std::uint64_t* start) const;
   ManagedAllocation finish(Slab& slab, std::uint64_t start, std::uint64_t size);
-  ManagedAllocation allocate_slow(std::uint64_t size, std::uint64_t granules);
+  ManagedAllocation allocate_slow(std::uint64_t size, std::uint64_t granules,
+                                  std::uint32_t lane);
+  static std::uint32_t lane_of_thread();
+  // True when `slot` is the current slab of a lane other than `lane` (kManagedLanes: any lane).
+  bool current_of_other_lane(std::uint32_t slot, std::uint32_t lane) const;
   Slab* slab_of(DevicePtr ptr, std::uint64_t* offset) const;
   static void drop_live(Slab& slab);
 
   // Slow path (managed_chain.cpp); the caller holds mutex_.
   bool quiet(Slab& slab, std::uint64_t* state);
   bool rewind(Slab& slab, std::uint64_t state);
-  int wait_oldest_fence();
+  int wait_oldest_fence(std::uint32_t lane);
   bool retire(Slab& slab, std::uint64_t state, std::vector<DevicePtr>* retired);
   int populate(std::uint64_t size, ManagedError* error);
   std::uint32_t collect_empty(bool disused_only, std::vector<DevicePtr>* retired);
@@ -181,7 +187,9 @@ class ManagedSlabs {
   const std::uint64_t slab_bytes_;
   const std::uint64_t slab_granules_;
   std::unique_ptr<Slab[]> slabs_;
-  alignas(64) std::atomic<std::uint32_t> current_{0};  // the slab the fast path tries
+  // Each lane's current slab: the one its fast path tries. A lane with none points at the extra
+  // record past the last slot, which is never filled (always sealed).
+  alignas(64) std::atomic<std::uint32_t> current_[kManagedLanes] = {};
   std::atomic<std::uint32_t> used_slots_{0};  // slots ever populated: the lookup scan bound
 
   mutable std::mutex mutex_;  // the slow path; guards the fields below

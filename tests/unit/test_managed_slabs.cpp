@@ -144,7 +144,9 @@ TEST_CASE("managed: a slab rewinds only when nothing in it is live") {
 
 TEST_CASE("managed: the allocation path rewinds an empty slab instead of growing") {
   Chain c(1 * KiB, 4);
-  for (int round = 0; round < 50; ++round) CHECK(c.slabs.free(c.allocate(512)) == FreeOutcome::freed);
+  for (int round = 0; round < 50; ++round) {
+    CHECK(c.slabs.free(c.allocate(512)) == FreeOutcome::freed);
+  }
   CHECK(c.device.calls().allocate == 1);
   CHECK(c.report().resets == 24);  // two allocations per pass over the slab
 }
@@ -280,6 +282,26 @@ TEST_CASE("managed: threads churning across many small slabs never share a byte"
   CHECK(r.live_allocations == 0);
   CHECK(r.resets > 0);
   CHECK(r.slabs.size() <= 64);
+}
+
+TEST_CASE("managed: threads allocate on slabs of their own, share one when the chain is full") {
+  auto slab_of_each = [](Chain& c) {
+    DevicePtr got[2] = {0, 0};
+    for (int t = 0; t < 2; ++t) {  // new threads take consecutive lanes
+      std::thread([&, t] { got[t] = c.slabs.allocate(512, kGranule).ptr; }).join();
+    }
+    REQUIRE(got[0] != 0);
+    REQUIRE(got[1] != 0);
+    return std::pair{c.slabs.find(got[0]).slab, c.slabs.find(got[1]).slab};
+  };
+  Chain roomy(64 * KiB, 4);
+  auto [first, second] = slab_of_each(roomy);
+  CHECK(first != second);
+  CHECK(roomy.report().slabs.size() == 2);
+  Chain full(1 * KiB, 1);
+  auto [one, other] = slab_of_each(full);
+  CHECK(one == other);
+  CHECK(full.report().live_allocations == 2);
 }
 
 TEST_CASE("managed: double free and interior pointers are refused and change nothing") {

@@ -12,11 +12,14 @@
 // Pairs: one warm-up round (long enough, through a pool, to recycle its memory a few times and
 // reach the steady state), then `rounds` timed rounds of `pairs` pairs per thread; figures are
 // the median and fastest round, in ns per pair (the round's wall time over all pairs of all
-// threads), and the pairs per second of the median round. Zeroing: a buffer of `zero_mib` MiB
+// threads), the pairs per second of the median round, and the CPU time per pair (all threads'
+// CPU time over all their pairs: on a machine busy with other work, two threads that do not
+// get in each other's way show the same CPU time per pair as one). Zeroing: a buffer of `zero_mib` MiB
 // (larger than a default slab, so it is the runtime's own), last written by the host or by the
 // device, zeroed in 1 MiB pieces each way; ns per MiB, median of five passes.
 #include <cuda_runtime_api.h>
 #include <dlfcn.h>
+#include <time.h>
 
 #include <algorithm>
 #include <chrono>
@@ -56,8 +59,8 @@ struct Options {
 [[noreturn]] void usage(const char* message) {
   if (message) std::fprintf(stderr, "poolcuda_managed_bench: %s\n", message);
   std::fprintf(stderr,
-               "usage: poolcuda_managed_bench [--pairs N] [--warmup N] [--rounds N] [--size BYTES]\n"
-               "                              [--zero-mib N] [--label TEXT]\n"
+               "usage: poolcuda_managed_bench [--pairs N] [--warmup N] [--rounds N]\n"
+               "                              [--size BYTES] [--zero-mib N] [--label TEXT]\n"
                "  --pairs N     pairs per thread per timed round (default 20000, 1..10000000)\n"
                "  --warmup N    pairs per thread in the warm-up round (default: --pairs)\n"
                "  --rounds N    timed rounds (default 21, 1..10000)\n"
@@ -131,9 +134,18 @@ class Barrier {
   unsigned long generation_ = 0;
 };
 
+// CPU time of the calling thread: unlike wall time, it does not count time spent waiting for a
+// core on a busy machine, but it does count cache lines bouncing between threads.
+double thread_cpu_ns() {
+  timespec now{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &now);
+  return static_cast<double>(now.tv_sec) * 1e9 + static_cast<double>(now.tv_nsec);
+}
+
 struct PairResult {
   int threads = 0;
   double median_ns = 0, min_ns = 0, pairs_per_second = 0;
+  double cpu_ns = 0;  // median round's CPU time per pair, summed over the threads
   long long real_calls = -1;  // -1: no counter (not on the stand-in)
 };
 
@@ -146,6 +158,7 @@ PairResult measure_pairs(const Options& opt, int threads, CounterFn counter) {
   const unsigned long long before = counter ? counter("cudaMallocManaged") : 0;
   const std::size_t rounds = static_cast<std::size_t>(opt.rounds) + 1;  // round 0 warms up
   std::vector<std::vector<Clock::time_point>> starts(threads), ends(threads);
+  std::vector<std::vector<double>> cpu(threads);
   Barrier sync(threads);
   std::vector<std::thread> workers;
   for (int t = 0; t < threads; ++t) {
@@ -153,6 +166,7 @@ PairResult measure_pairs(const Options& opt, int threads, CounterFn counter) {
       CHECK(cudaSetDevice(device));
       for (std::size_t round = 0; round < rounds; ++round) {
         sync.arrive_and_wait();
+        const double cpu_start = thread_cpu_ns();
         starts[t].push_back(Clock::now());
         const long pairs = round == 0 && opt.warmup != 0 ? opt.warmup : opt.pairs;
         for (long i = 0; i < pairs; ++i) {
@@ -161,17 +175,21 @@ PairResult measure_pairs(const Options& opt, int threads, CounterFn counter) {
           CHECK(cudaFree(p));
         }
         ends[t].push_back(Clock::now());
+        cpu[t].push_back(thread_cpu_ns() - cpu_start);
       }
     });
   }
   for (auto& worker : workers) worker.join();
-  std::vector<double> per_pair;
+  std::vector<double> per_pair, cpu_per_pair;
   for (std::size_t round = 1; round < rounds; ++round) {
     Clock::time_point first = starts[0][round], last = ends[0][round];
+    double cpu_ns = cpu[0][round];
     for (int t = 1; t < threads; ++t) {
       first = std::min(first, starts[t][round]);
       last = std::max(last, ends[t][round]);
+      cpu_ns += cpu[t][round];
     }
+    cpu_per_pair.push_back(cpu_ns / static_cast<double>(opt.pairs * threads));
     const double ns = std::chrono::duration<double, std::nano>(last - first).count();
     per_pair.push_back(ns / static_cast<double>(opt.pairs * threads));
   }
@@ -180,6 +198,7 @@ PairResult measure_pairs(const Options& opt, int threads, CounterFn counter) {
   r.median_ns = median(per_pair);
   r.min_ns = *std::min_element(per_pair.begin(), per_pair.end());
   r.pairs_per_second = 1e9 / r.median_ns;
+  r.cpu_ns = median(cpu_per_pair);
   if (counter) r.real_calls = static_cast<long long>(counter("cudaMallocManaged") - before);
   return r;
 }
@@ -246,8 +265,9 @@ int main(int argc, char** argv) {
   for (std::size_t i = 0; i < std::size(results); ++i) {
     const PairResult& r = results[i];
     std::printf("    {\"threads\": %d, \"median_ns_per_pair\": %.1f, \"min_ns_per_pair\": %.1f, "
-                "\"pairs_per_second\": %.0f, \"real_cuda_malloc_managed_calls\": ",
-                r.threads, r.median_ns, r.min_ns, r.pairs_per_second);
+                "\"pairs_per_second\": %.0f, \"cpu_ns_per_pair\": %.1f, "
+                "\"real_cuda_malloc_managed_calls\": ",
+                r.threads, r.median_ns, r.min_ns, r.pairs_per_second, r.cpu_ns);
     if (r.real_calls < 0) std::printf("null}");
     else std::printf("%lld}", r.real_calls);
     std::printf("%s\n", i + 1 < std::size(results) ? "," : "");
