@@ -58,7 +58,7 @@ ManagedAllocation ManagedSlabs::allocate_slow(std::uint64_t size, std::uint64_t 
       for (std::uint32_t k = 0; chosen < 0 && k < used; ++k) {
         const std::uint32_t i = (current + k) % used;
         std::uint64_t state = 0;
-        if (skip(i) || slabs_[i].base.load(std::memory_order_relaxed) == 0) continue;
+        if (skip(i) || slabs_[i].base->load(std::memory_order_relaxed) == 0) continue;
         if (quiet(slabs_[i], &state) && rewind(slabs_[i], state) &&
             try_bump(slabs_[i], granules, &start) == Fit::ok) {
           chosen = static_cast<int>(i);
@@ -135,7 +135,7 @@ int ManagedSlabs::wait_oldest_fence(std::uint32_t lane) {
   int oldest = -1;
   for (std::uint32_t i = 0; i < used; ++i) {
     const Slab& slab = slabs_[i];
-    if (current_of_other_lane(i, lane) || slab.base.load(std::memory_order_relaxed) == 0 ||
+    if (current_of_other_lane(i, lane) || slab.base->load(std::memory_order_relaxed) == 0 ||
         slab.fence == kNoFence ||
         slab.fence_state != slab.state.load(std::memory_order_acquire)) {
       continue;
@@ -159,7 +159,7 @@ bool ManagedSlabs::retire(Slab& slab, std::uint64_t state, std::vector<DevicePtr
   retired_issued_ += slab.issued.exchange(0, std::memory_order_relaxed);
   retired_resets_ += slab.resets;
   slab.resets = 0;
-  retired->push_back(slab.base.exchange(0, std::memory_order_acq_rel));
+  retired->push_back(slab.base->exchange(0, std::memory_order_acq_rel));
   ++slabs_released_;
   return true;
 }
@@ -173,7 +173,7 @@ void ManagedSlabs::release_all(const std::vector<DevicePtr>& retired) {
 int ManagedSlabs::populate(std::uint64_t size, ManagedError* error) {
   int slot = -1;
   for (std::uint32_t i = 0; slot < 0 && i < options_.max_slabs; ++i) {
-    if (slabs_[i].base.load(std::memory_order_relaxed) == 0) slot = static_cast<int>(i);
+    if (slabs_[i].base->load(std::memory_order_relaxed) == 0) slot = static_cast<int>(i);
   }
   if (slot < 0) {
     *error = {ManagedErrorKind::too_large, size, options_.max_slabs * slab_bytes_};
@@ -197,7 +197,7 @@ int ManagedSlabs::populate(std::uint64_t size, ManagedError* error) {
   slab.dirty.store(0, std::memory_order_relaxed);  // a fresh slab reads as zero
   slab.fence = kNoFence;
   slab.resets = 0;
-  slab.base.store(base, std::memory_order_release);
+  slab.base->store(base, std::memory_order_release);
   slab.state.store(pack(0, 0), std::memory_order_release);
   if (static_cast<std::uint32_t>(slot) >= used_slots_.load(std::memory_order_relaxed)) {
     used_slots_.store(static_cast<std::uint32_t>(slot) + 1, std::memory_order_release);
@@ -213,7 +213,7 @@ std::uint32_t ManagedSlabs::collect_empty(bool disused_only, std::vector<DeviceP
   std::uint32_t count = 0;
   for (std::uint32_t i = 0; i < used; ++i) {
     Slab& slab = slabs_[i];
-    if (current_of_other_lane(i, kManagedLanes) || slab.base.load(std::memory_order_relaxed) == 0) {
+    if (current_of_other_lane(i, kManagedLanes) || slab.base->load(std::memory_order_relaxed) == 0) {
       continue;
     }
     if (disused_only && tick_ - slab.last_used <= options_.disuse_period) continue;
@@ -229,7 +229,7 @@ std::uint32_t ManagedSlabs::rewind_empty() {
   const std::uint32_t used = used_slots_.load(std::memory_order_relaxed);
   for (std::uint32_t i = 0; i < used; ++i) {
     std::uint64_t state = 0;
-    if (slabs_[i].base.load(std::memory_order_relaxed) == 0 || !quiet(slabs_[i], &state)) {
+    if (slabs_[i].base->load(std::memory_order_relaxed) == 0 || !quiet(slabs_[i], &state)) {
       continue;
     }
     if (bump_of(state) != 0 && rewind(slabs_[i], state)) ++count;
@@ -253,14 +253,14 @@ void ManagedSlabs::forget() {
   const std::uint32_t used = used_slots_.load(std::memory_order_relaxed);
   for (std::uint32_t i = 0; i < used; ++i) {
     Slab& slab = slabs_[i];
-    if (slab.base.load(std::memory_order_relaxed) == 0) continue;
+    if (slab.base->load(std::memory_order_relaxed) == 0) continue;
     slab.state.store(kSealed, std::memory_order_release);
     if (slab.fence != kNoFence) backing_.fence_destroy(slab.fence);
     slab.fence = kNoFence;
     retired_issued_ += slab.issued.exchange(0, std::memory_order_relaxed);
     retired_resets_ += slab.resets;
     slab.resets = 0;
-    slab.base.store(0, std::memory_order_release);
+    slab.base->store(0, std::memory_order_release);
   }
   for (auto& lane : current_) lane.store(options_.max_slabs, std::memory_order_release);
 }
@@ -278,7 +278,7 @@ ManagedReport ManagedSlabs::report() const {
   for (std::uint32_t i = 0; i < used; ++i) {
     const Slab& slab = slabs_[i];
     ManagedSlabReport row;
-    row.base = slab.base.load(std::memory_order_acquire);
+    row.base = slab.base->load(std::memory_order_acquire);
     if (row.base == 0) continue;
     const std::uint64_t state = slab.state.load(std::memory_order_acquire);
     row.capacity = slab_bytes_;

@@ -98,7 +98,12 @@ ManagedSlabs::ManagedSlabs(ManagedBacking& backing, const ManagedOptions& option
       granule_(options_.granule),
       slab_bytes_(align_up(options_.slab_size, options_.granule)),
       slab_granules_(slab_bytes_ / options_.granule),
-      slabs_(new Slab[options_.max_slabs + 1]) {  // the last record stays sealed
+      slabs_(new Slab[options_.max_slabs + 1]),  // the last record stays sealed
+      bases_(new std::atomic<DevicePtr>[options_.max_slabs + 1]) {
+  for (std::uint32_t i = 0; i <= options_.max_slabs; ++i) {
+    bases_[i].store(0, std::memory_order_relaxed);
+    slabs_[i].base = &bases_[i];
+  }
   for (auto& lane : current_) lane.store(options_.max_slabs, std::memory_order_relaxed);
 }
 
@@ -142,7 +147,7 @@ ManagedSlabs::Fit ManagedSlabs::try_bump(Slab& slab, std::uint64_t granules,
 
 // The swap succeeded: [start, start + size) is this caller's, and the slab is held live.
 ManagedAllocation ManagedSlabs::finish(Slab& slab, std::uint64_t start, std::uint64_t size) {
-  const DevicePtr ptr = slab.base.load(std::memory_order_relaxed) + start * granule_;
+  const DevicePtr ptr = slab.base->load(std::memory_order_relaxed) + start * granule_;
   slab.sizes[start].store(static_cast<std::uint32_t>(size - 1), std::memory_order_relaxed);
   const std::uint64_t dirty = slab.dirty.load(std::memory_order_relaxed);
   if (start < dirty) {
@@ -170,7 +175,7 @@ void ManagedSlabs::drop_live(Slab& slab) {
 ManagedSlabs::Slab* ManagedSlabs::slab_of(DevicePtr ptr, std::uint64_t* offset) const {
   const std::uint32_t used = used_slots_.load(std::memory_order_acquire);
   for (std::uint32_t i = 0; i < used; ++i) {
-    const DevicePtr base = slabs_[i].base.load(std::memory_order_acquire);
+    const DevicePtr base = bases_[i].load(std::memory_order_acquire);
     if (base != 0 && ptr - base < slab_bytes_) {
       *offset = ptr - base;
       return &slabs_[i];

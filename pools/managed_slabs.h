@@ -187,6 +187,7 @@ class ManagedSlabs {
   const std::uint64_t slab_bytes_;
   const std::uint64_t slab_granules_;
   std::unique_ptr<Slab[]> slabs_;
+  std::unique_ptr<std::atomic<DevicePtr>[]> bases_;  // each slab's base (Slab::base)
   // Each lane's current slab: the one its fast path tries. A lane with none points at the extra
   // record past the last slot, which is never filled (always sealed).
   alignas(64) std::atomic<std::uint32_t> current_[kManagedLanes] = {};

@@ -45,8 +45,10 @@ struct alignas(64) ManagedSlabs::Slab {
   // Written by every allocation and free of this slab: kept apart from other slabs' lines.
   std::atomic<std::uint64_t> state{managed::kSealed};
   std::atomic<std::uint64_t> issued{0};  // requested bytes handed out (this incarnation)
-  std::atomic<DevicePtr> base{0};        // 0: the slot holds no slab
   std::atomic<std::uint64_t> dirty{0};   // granules below which bytes may be non-zero
+  // The slab's base address (0: the slot holds no slab), in the chain's array of bases, which
+  // every free scans: read-mostly lines, apart from the state words other threads swap.
+  std::atomic<DevicePtr>* base = nullptr;
 
   // Allocated when the slot is first used, kept (and reused) for the chain's life: a lookup
   // that raced a release may still read them.
