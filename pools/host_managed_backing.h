@@ -26,6 +26,7 @@ class HostManagedBacking final : public ManagedBacking {
   bool fence_wait_for(FenceHandle fence, std::uint32_t max_microseconds) override {
     return device_.fence_wait_for(fence, max_microseconds);
   }
+  void fence_wait(FenceHandle fence) override { device_.fence_wait(fence); }
   void fence_destroy(FenceHandle fence) override { device_.fence_destroy(fence); }
 
   // --- Test controls -------------------------------------------------------------------------

@@ -36,10 +36,12 @@ class ManagedBacking {
   // Free fences, as in Device: a fence recorded after all work issued so far that may touch
   // the slabs; kNoFence when none can be recorded now (a capture is open). fence_passed never
   // blocks; fence_wait_for blocks at most about `max_microseconds` and says whether the fence
-  // passed. Every recorded fence is destroyed exactly once.
+  // passed; fence_wait blocks until it has (only where the real cudaFree would have waited).
+  // Every recorded fence is destroyed exactly once.
   virtual FenceHandle fence_record() = 0;
   virtual bool fence_passed(FenceHandle fence) = 0;
   virtual bool fence_wait_for(FenceHandle fence, std::uint32_t max_microseconds) = 0;
+  virtual void fence_wait(FenceHandle fence) = 0;
   virtual void fence_destroy(FenceHandle fence) = 0;
 };
 

@@ -207,18 +207,27 @@ int ManagedSlabs::populate(std::uint64_t size, ManagedError* error) {
 }
 
 // Seals every slab but the lanes' current ones that holds nothing live and whose fence has
-// passed (with disused_only, only those unused for longer than the disuse period).
+// passed (with disused_only, only those unused for longer than the disuse period; without it,
+// a lagging fence is waited for).
 std::uint32_t ManagedSlabs::collect_empty(bool disused_only, std::vector<DevicePtr>* retired) {
   const std::uint32_t used = used_slots_.load(std::memory_order_relaxed);
   std::uint32_t count = 0;
   for (std::uint32_t i = 0; i < used; ++i) {
     Slab& slab = slabs_[i];
-    if (current_of_other_lane(i, kManagedLanes) || slab.base->load(std::memory_order_relaxed) == 0) {
+    if (current_of_other_lane(i, kManagedLanes) ||
+        slab.base->load(std::memory_order_relaxed) == 0) {
       continue;
     }
     if (disused_only && tick_ - slab.last_used <= options_.disuse_period) continue;
     std::uint64_t state = 0;
-    if (quiet(slab, &state) && retire(slab, state, retired)) ++count;
+    bool ready = quiet(slab, &state);
+    // A trim (the device is out of memory, or it was asked for) waits for a fence that lags,
+    // as the real cudaFree would have waited for the device.
+    if (!ready && !disused_only && slab.fence != kNoFence && slab.fence_state == state) {
+      backing_.fence_wait(slab.fence);
+      ready = quiet(slab, &state);
+    }
+    if (ready && retire(slab, state, retired)) ++count;
   }
   return count;
 }

@@ -144,9 +144,10 @@ class ManagedSlabs {
   // how many slabs rewound.
   std::uint32_t rewind_empty();
 
-  // Gives every slab with nothing live and a passed fence back to the backing, except the
-  // lanes' current ones: for the device's out-of-memory recovery and explicit trims. Returns
-  // how many went back.
+  // Gives every slab with nothing live back to the backing, except the lanes' current ones,
+  // once its free fence has passed (waiting for it: Device::fence_wait's rule, where the real
+  // cudaFree would have waited): for the device's out-of-memory recovery and explicit trims.
+  // Returns how many went back.
   std::uint32_t trim();
 
   // The memory is gone (cudaDeviceReset): drop every slab without releasing it, destroy the

@@ -4,7 +4,8 @@
 // memory; thousands of allocations reach the real cudaMallocManaged a handful of times;
 // cudaMemAttachHost, oversize requests and managed:off reach the real call; a double free and
 // an interior pointer are refused and change nothing; cudaDeviceReset forgets the slabs; the
-// report has a managed section; a system without concurrent managed access is not pooled.
+// report has a managed section; a system without concurrent managed access is not pooled; a
+// cudaMalloc short of memory gets it back from empty slabs.
 #include <algorithm>
 #include <cstdint>
 #include <thread>
@@ -149,6 +150,19 @@ void device_reset_forgets() {
   (void)old;  // freed by the reset: its address may be handed out again
 }
 
+// Child: empty managed slabs hold most of a 64 MiB device; a cudaMalloc that needs their memory
+// gets it (the slabs but the current one go back to the driver).
+int child_out_of_memory() {
+  std::vector<void*> buffers;
+  for (int i = 0; i < 12; ++i) buffers.push_back(managed(4u << 20));  // three 16 MiB slabs
+  for (void* ptr : buffers) CHECK_CUDA(cudaFree(ptr));
+  void* device = nullptr;
+  CHECK_CUDA(cudaMalloc(&device, 40u << 20));
+  CHECK_CUDA(cudaFree(device));
+  std::printf("out of memory recovered\n");
+  return 0;
+}
+
 // Children: ten small allocations (one stays live), one passed through, then the end (where
 // the exit report is checked).
 int child(const char* mode) {
@@ -167,7 +181,9 @@ int child(const char* mode) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc > 1) return child(argv[1]);
+  if (argc > 1) {
+    return std::string(argv[1]) == "out-of-memory" ? child_out_of_memory() : child(argv[1]);
+  }
   preload_test::require_preloaded();
   CHECK_CUDA(cudaFree(nullptr));
   contents_and_zero();
@@ -201,6 +217,9 @@ int main(int argc, char** argv) {
     // Pooled: one slab and the cudaMemAttachHost request.
     preload_test::ChildResult pooled = preload_test::run_self("pooled", {});
     CHECK_MSG(pooled.output.find("real managed calls: 2") != std::string::npos, pooled.output);
+    preload_test::ChildResult oom = preload_test::run_self(
+        "out-of-memory", {"POOLCUDA_CONF=managed_slab:16M", "SIMCUDA_DEVICE_MEMORY=64M"});
+    CHECK_MSG(oom.status == 0 && oom.output.find("recovered") != std::string::npos, oom.output);
   }
 
   device_reset_forgets();

@@ -409,6 +409,15 @@ TEST_CASE("managed: empty slabs go back after disuse and on trim, the current on
   CHECK(t.slabs.trim() == 1);
   CHECK(t.device.outstanding_allocations() == 1);
   CHECK(t.device.bad_releases() == 0);
+
+  // A trim waits for a fence that lags.
+  Chain lag(1 * KiB, 8);
+  lag.device.set_fence_mode(HostDevice::FenceMode::manual);  // passes when waited on
+  burst.clear();
+  for (int i = 0; i < 4; ++i) burst.push_back(lag.allocate(512));
+  for (DevicePtr p : burst) lag.slabs.free(p);
+  CHECK(lag.slabs.trim() == 1);
+  CHECK(lag.device.outstanding_allocations() == 1);
 }
 
 TEST_CASE("managed: device failures become errors that change nothing") {
