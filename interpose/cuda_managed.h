@@ -19,21 +19,15 @@
 
 namespace poolcuda {
 
-class CudaManagedBacking final : public ManagedBacking {
+class CudaManagedBacking final : public DeviceFencedBacking {
  public:
   // `device` must outlive the backing.
-  explicit CudaManagedBacking(CudaDevice& device) : device_(device) {}
+  explicit CudaManagedBacking(CudaDevice& device)
+      : DeviceFencedBacking(device), device_(device) {}
 
   AllocStatus allocate_slab(std::uint64_t size, DevicePtr* out) override;
   void release_slab(DevicePtr base, std::uint64_t size) override;
   bool zero(DevicePtr ptr, std::uint64_t size) override;
-  FenceHandle fence_record() override { return device_.fence_record(); }
-  bool fence_passed(FenceHandle fence) override { return device_.fence_passed(fence); }
-  bool fence_wait_for(FenceHandle fence, std::uint32_t max_microseconds) override {
-    return device_.fence_wait_for(fence, max_microseconds);
-  }
-  void fence_wait(FenceHandle fence) override { device_.fence_wait(fence); }
-  void fence_destroy(FenceHandle fence) override { device_.fence_destroy(fence); }
 
   // cudaDeviceReset freed every slab: drop the deferred releases unreleased.
   void forget();

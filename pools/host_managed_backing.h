@@ -14,20 +14,14 @@
 
 namespace poolcuda {
 
-class HostManagedBacking final : public ManagedBacking {
+class HostManagedBacking final : public DeviceFencedBacking {
  public:
-  explicit HostManagedBacking(HostDevice& device) : device_(device) {}
+  explicit HostManagedBacking(HostDevice& device)
+      : DeviceFencedBacking(device), device_(device) {}
 
   AllocStatus allocate_slab(std::uint64_t size, DevicePtr* out) override;
   void release_slab(DevicePtr base, std::uint64_t size) override;
   bool zero(DevicePtr ptr, std::uint64_t size) override;
-  FenceHandle fence_record() override { return device_.fence_record(); }
-  bool fence_passed(FenceHandle fence) override { return device_.fence_passed(fence); }
-  bool fence_wait_for(FenceHandle fence, std::uint32_t max_microseconds) override {
-    return device_.fence_wait_for(fence, max_microseconds);
-  }
-  void fence_wait(FenceHandle fence) override { device_.fence_wait(fence); }
-  void fence_destroy(FenceHandle fence) override { device_.fence_destroy(fence); }
 
   // --- Test controls -------------------------------------------------------------------------
   void fail_zeroing(bool fail) { fail_zeroing_.store(fail); }

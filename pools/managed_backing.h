@@ -45,4 +45,23 @@ class ManagedBacking {
   virtual void fence_destroy(FenceHandle fence) = 0;
 };
 
+// A backing whose fences are a Device's. Only for a Device whose fence methods are thread-safe
+// (CudaDevice and HostDevice are; the Device contract alone does not promise it, since its
+// callers hold a manager's lock).
+class DeviceFencedBacking : public ManagedBacking {
+ public:
+  explicit DeviceFencedBacking(Device& device) : fences_(device) {}
+
+  FenceHandle fence_record() override { return fences_.fence_record(); }
+  bool fence_passed(FenceHandle fence) override { return fences_.fence_passed(fence); }
+  bool fence_wait_for(FenceHandle fence, std::uint32_t max_microseconds) override {
+    return fences_.fence_wait_for(fence, max_microseconds);
+  }
+  void fence_wait(FenceHandle fence) override { fences_.fence_wait(fence); }
+  void fence_destroy(FenceHandle fence) override { fences_.fence_destroy(fence); }
+
+ private:
+  Device& fences_;
+};
+
 }  // namespace poolcuda
