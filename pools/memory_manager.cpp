@@ -73,7 +73,7 @@
 #include <chrono>
 #include <cstdio>
 
-#include "pools/config.h"
+#include "pools/options.h"
 #include "pools/layout.h"
 #include "pools/manager_impl.h"
 #include "pools/sliced_pool.h"

@@ -14,7 +14,7 @@
 #include <string_view>
 #include <vector>
 
-#include "pools/config.h"
+#include "pools/options.h"
 #include "pools/device.h"
 #include "pools/report.h"
 #include "pools/types.h"

@@ -5,7 +5,7 @@
 
 #include <algorithm>
 
-#include "pools/config.h"
+#include "pools/options.h"
 
 namespace poolcuda {
 

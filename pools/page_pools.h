@@ -5,7 +5,7 @@
 //    same effective size; idle slices are released on explicit cleanup only.
 //  - DirectPool: exact fit like the persistent pool; above `reclaim_at` reserved bytes, idle
 //    allocations are released (oldest first) until the new one fits.
-// Depends on pool.h (and config.h's format_size for shapes) only.
+// Depends on pool.h (and options.h for format_size) only.
 #pragma once
 
 #include <unordered_map>

@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "pools/config.h"
+#include "pools/options.h"
 #include "pools/types.h"
 
 namespace poolcuda {

@@ -3,7 +3,7 @@
 // A page whose slices are all free is a single free slice and sits in the idle list.
 #include "pools/sliced_pool.h"
 
-#include "pools/config.h"
+#include "pools/options.h"
 
 namespace poolcuda {
 

@@ -1,6 +1,6 @@
 // SlicedPool: pages of one size carved into slices. Best fit from a size-ordered free set,
 // split on reserve, coalesce with free neighbours on free; an optional cap bounds the bytes the
-// pool may reserve. Depends on pool.h (and config.h's format_size for its shape) only.
+// pool may reserve. Depends on pool.h (and options.h for format_size) only.
 #pragma once
 
 #include "pools/pool.h"

@@ -5,7 +5,7 @@
 
 #include <string>
 
-#include "pools/config.h"
+#include "config/config.h"
 
 using namespace poolcuda;
 

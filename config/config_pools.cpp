@@ -7,7 +7,7 @@
 #include <charconv>
 #include <vector>
 
-#include "pools/config_parse.h"
+#include "config/config_parse.h"
 
 namespace poolcuda {
 

@@ -1,5 +1,5 @@
 // Internal to the configuration parser (config.cpp and config_pools.cpp): the shared token
-// helpers and the pool-list grammar. Not part of the public API; include pools/config.h instead.
+// helpers and the pool-list grammar. Not part of the public API; include config/config.h instead.
 #pragma once
 
 #include <cstdint>
@@ -7,7 +7,7 @@
 #include <string>
 #include <string_view>
 
-#include "pools/config.h"
+#include "config/config.h"
 
 namespace poolcuda {
 

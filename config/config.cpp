@@ -5,12 +5,12 @@
 // bad input — every mistake becomes a ConfigError naming the key, quoting the text and saying
 // what was expected.
 // The pool-list grammar (`pools:[kind(field=value,...);...]`) lives in config_pools.cpp.
-#include "pools/config.h"
+#include "config/config.h"
 
 #include <array>
 #include <charconv>
 
-#include "pools/config_parse.h"
+#include "config/config_parse.h"
 
 namespace poolcuda {
 
@@ -266,18 +266,6 @@ std::string ConfigError::message() const {
   if (!key.empty()) out += "key '" + key + "': ";
   out += "got '" + text + "', expected " + expected;
   return out;
-}
-
-std::string format_size(std::uint64_t bytes) {
-  constexpr std::array<std::string_view, 4> kUnits = {"TiB", "GiB", "MiB", "KiB"};
-  for (std::size_t i = 0; i < kUnits.size(); ++i) {
-    const int shift = 10 * static_cast<int>(kUnits.size() - i);
-    const std::uint64_t unit = std::uint64_t{1} << shift;
-    if (bytes != 0 && bytes % unit == 0) {
-      return std::to_string(bytes >> shift) + std::string(kUnits[i]);
-    }
-  }
-  return std::to_string(bytes) + "B";
 }
 
 ParseResult parse_config(std::string_view text) {
