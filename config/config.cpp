@@ -53,7 +53,7 @@ std::string word_grammar(std::string_view separator) {
 template <auto& words, auto member>
 std::optional<ConfigError> parse_word(std::string_view key, std::string_view value, Config& c) {
   for (const auto& word : words) {
-    if (word.name == value) {
+    if (same_word(word.name, value)) {
       c.*member = word.value;
       return std::nullopt;
     }
@@ -209,7 +209,33 @@ const Option* find_option(std::string_view key) {
   return nullptr;
 }
 
+// An entry with no ':' ("log=off", "free_fence events"): the error names the key the entry
+// starts with, whether or not it is a valid one, so the message points at the entry to fix.
+ConfigError missing_colon(std::string_view entry) {
+  std::size_t length = 0;
+  while (length < entry.size() &&
+         ((entry[length] >= 'a' && entry[length] <= 'z') || entry[length] == '_'))
+    ++length;
+  const std::string_view key = entry.substr(0, length);
+  if (key.empty()) return ConfigError{"", std::string(entry), "key:value (a ':' after the key)"};
+  if (find_option(key) == nullptr)
+    return ConfigError{std::string(key), std::string(entry),
+                       valid_keys() + ", then ':' and a value"};
+  return ConfigError{std::string(key), std::string(entry),
+                     "key:value (a ':' after the key, e.g. " + std::string(key) + ":" +
+                         find_option(key)->describe(Config{}) + ")"};
+}
+
 }  // namespace
+
+bool same_word(std::string_view a, std::string_view b) {
+  if (a.size() != b.size()) return false;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    const auto lower = [](char c) { return c >= 'A' && c <= 'Z' ? static_cast<char>(c + 32) : c; };
+    if (lower(a[i]) != lower(b[i])) return false;
+  }
+  return true;
+}
 
 std::string_view trim(std::string_view text) {
   constexpr std::string_view kSpace = " \t\r\n\f\v";
@@ -258,6 +284,10 @@ SizeResult parse_size_field(std::string_view key, std::string_view text, std::st
   if (result.value == 0) {
     return fail("a non-zero size for " + std::string(field));
   }
+  if (result.value > kLargestConfiguredSize) {
+    return fail("a size for " + std::string(field) + " of at most " +
+                format_size(kLargestConfiguredSize) + " (no device has more memory)");
+  }
   return result;
 }
 
@@ -279,8 +309,7 @@ ParseResult parse_config(std::string_view text) {
     if (stop == std::string_view::npos || text[stop] == ',') {
       const auto entry = trim(text.substr(pos, stop == std::string_view::npos ? stop : stop - pos));
       if (!entry.empty()) {
-        const std::string key = find_option(entry) ? std::string(entry) : std::string();
-        result.error = ConfigError{key, std::string(entry), "key:value (a ':' after the key)"};
+        result.error = missing_colon(entry);
         return result;
       }
       if (stop == std::string_view::npos) break;  // trailing or empty entries are ignored

@@ -14,13 +14,17 @@ namespace poolcuda {
 // `text` without leading and trailing whitespace.
 std::string_view trim(std::string_view text);
 
+// Keyword comparison: keyword values are case-insensitive, as size units are ("64m", "Events").
+bool same_word(std::string_view a, std::string_view b);
+
 struct SizeResult {
   std::uint64_t value = 0;
   std::optional<ConfigError> error;  // set when `text` is not a non-zero size
 };
 
 // Reads a size ("64M", "64MiB", "64MB", "512", "512B"; binary multiples). Zero is an error that
-// names `field`; so is a value that does not fit in 64 bits. Errors carry `key` and `text`.
+// names `field`; so is a value above kLargestConfiguredSize (which also keeps every size far
+// from wrapping when it is rounded up). Errors carry `key` and `text`.
 SizeResult parse_size_field(std::string_view key, std::string_view text, std::string_view field);
 
 // The value of the `pools` key: a preset name or a bracketed list of pools.

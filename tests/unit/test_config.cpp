@@ -146,9 +146,8 @@ TEST_CASE("size suffixes are binary multiples with optional iB or B") {
   CHECK(slab("64MB") == 64 * MiB);
   CHECK(slab("3G") == 3 * GiB);
   CHECK(slab("3GiB") == 3 * GiB);
-  CHECK(slab("2T") == 2 * 1024 * GiB);
-  CHECK(slab("2TiB") == 2 * 1024 * GiB);
-  CHECK(slab("16777215T") == (std::uint64_t{16777215} << 40));
+  CHECK(slab("1T") == 1024 * GiB);
+  CHECK(slab("1TiB") == 1024 * GiB);
 }
 
 TEST_CASE("fence_slack takes a size, and 0 with or without a unit") {
@@ -332,10 +331,43 @@ TEST_CASE("error: duplicate key") {
               "pools:[direct(reclaim=1G)]", "at most once");
 }
 
-TEST_CASE("error: missing ':'") {
+TEST_CASE("error: missing ':' names the key the entry starts with") {
   check_error("log:off,confirm", "confirm", "confirm", "key:value");
-  check_error("nonsense", "", "nonsense", "key:value");
-  check_error("log=off", "", "log=off", "a ':' after the key");
+  check_error("log=off", "log", "log=off", "a ':' after the key, e.g. log:basic");
+  check_error("free_fence events", "free_fence", "free_fence events", "e.g. free_fence:events");
+  // Not a key at all: the valid keys are listed.
+  check_error("nonsense", "nonsense", "nonsense", "one of the keys pools, persistent");
+  check_error("freefence=none", "freefence", "freefence=none", "then ':' and a value");
+  check_error("=x", "", "=x", "key:value");
+}
+
+TEST_CASE("keyword values are case-insensitive, as size units are") {
+  const Config config = parse_ok("free_fence:EVENTS,log:Full,persistent:Size-Match,"
+                                 "pools:[SLICED(PAGE=2m)]");
+  CHECK(config.free_fence == FreeFence::events);
+  CHECK(config.log == LogLevel::full);
+  CHECK(config.persistent == PersistentMode::size_match);
+  CHECK(config.pools.custom.at(0).page_size == 2 * MiB);
+  CHECK(parse_ok("pools:Exclusive").pools.preset == PoolPreset::exclusive);
+  // describe_config writes the canonical spelling.
+  CHECK(describe_config(config).find("free_fence:events") != std::string::npos);
+}
+
+TEST_CASE("error: sizes above 1 TiB, including those that would wrap when rounded") {
+  check_error("pools:[sliced(page=18446744073709551615)]", "pools",
+              "page=18446744073709551615", "at most 1TiB (no device has more memory)");
+  check_error("pools:[exclusive(max=2T)]", "pools", "max=2T", "at most 1TiB");
+  check_error("managed_slab:1025G", "managed_slab", "1025G", "at most 1TiB");
+  CHECK(only_pool("pools:[exclusive(max=1T)]").max_alloc_size == 1024 * GiB);
+}
+
+TEST_CASE("error: a cap below one page as the device rounds it") {
+  // 1000 B pages are 1024 B on the device (512 B alignment): a 1000 B cap fits no page.
+  check_error("pools:[sliced(page=1000B,cap=1000B)]", "pools", "sliced(page=1000B,cap=1000B)",
+              "cap (1000B) at least one page (1KiB, the page rounded up to the 512B alignment)");
+  check_error("pools:[sliced(page=300B,cap=300B)]", "pools", "sliced(page=300B,cap=300B)",
+              "at least one page (512B");
+  CHECK(only_pool("pools:[sliced(page=1000B,cap=1K)]").cap == std::optional<std::uint64_t>(KiB));
 }
 
 TEST_CASE("error: bad number or suffix") {
