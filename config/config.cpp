@@ -31,8 +31,8 @@ constexpr Word<FreeFence> kFenceWords[] = {
     {"events", FreeFence::events}, {"sync", FreeFence::sync}, {"none", FreeFence::none}};
 constexpr Word<ReportSignal> kSignalWords[] = {
     {"USR1", ReportSignal::usr1}, {"USR2", ReportSignal::usr2}, {"none", ReportSignal::none}};
-constexpr Word<ReportFormat> kFormatWords[] = {{"text", ReportFormat::text},
-                                               {"json", ReportFormat::json}};
+constexpr Word<ReportFormat> kFormatWords[] = {
+    {"text", ReportFormat::text}, {"wide", ReportFormat::wide}, {"json", ReportFormat::json}};
 constexpr Word<LogLevel> kLogWords[] = {
     {"off", LogLevel::off}, {"basic", LogLevel::basic}, {"full", LogLevel::full}};
 constexpr Word<MemGetInfoMode> kMemGetInfoWords[] = {{"pooled", MemGetInfoMode::pooled},
@@ -174,7 +174,7 @@ constexpr std::array<Option, 13> kOptions = {{
     POOLCUDA_WORD_OPTION("report_signal", kSignalWords, &Config::report_signal,
                          "the signal that makes the process write a report"),
     POOLCUDA_WORD_OPTION("report_format", kFormatWords, &Config::report_format,
-                         "the report's format"),
+                         "the report's format (wide: text with every column)"),
     {"report_path", "where reports go: stderr or a file (%p = pid, %n = report number)",
      &parse_report_path, &describe_report_path, &grammar_report_path},
     POOLCUDA_WORD_OPTION("report_at_exit", kBitWords, &Config::report_at_exit,

@@ -38,8 +38,14 @@ int current_device() {
 }
 
 cudaError_t forward_malloc(int device, void** ptr, std::size_t size) {
-  Registry::instance().count_forwarded_malloc(device);
+  if (PassthroughCounters* counters = Registry::instance().passthrough(device))
+    counters->mallocs.fetch_add(1, std::memory_order_relaxed);
   return real::cudaMalloc()(ptr, size);
+}
+
+void count_forwarded_free(Registry& registry, int device) {
+  if (PassthroughCounters* counters = registry.passthrough(device))
+    counters->frees.fetch_add(1, std::memory_order_relaxed);
 }
 
 void raise_out_of_memory() {
@@ -105,7 +111,7 @@ cudaError_t free(void* ptr) {
   int device = current_device();
   Registry& registry = Registry::instance();
   if (ptr == nullptr) {
-    registry.count_forwarded_free(device);
+    count_forwarded_free(registry, device);
     return real::cudaFree()(ptr);
   }
   const auto address = reinterpret_cast<DevicePtr>(ptr);
@@ -125,7 +131,7 @@ cudaError_t free(void* ptr) {
     case FreeOutcome::freed:
       return cudaSuccess;
     case FreeOutcome::not_mine:
-      registry.count_forwarded_free(device);
+      count_forwarded_free(registry, device);
       return real::cudaFree()(ptr);
     case FreeOutcome::double_free:
       log_format(LogLevel::basic, "cudaFree(%p) on device %d: double free; nothing changed", ptr,

@@ -69,12 +69,8 @@ MemoryManager* Registry::manager_or_create(int device) {
   return manager;
 }
 
-void Registry::count_forwarded_malloc(int device) {
-  if (in_range(device)) forwarded_mallocs_[device].fetch_add(1, std::memory_order_relaxed);
-}
-
-void Registry::count_forwarded_free(int device) {
-  if (in_range(device)) forwarded_frees_[device].fetch_add(1, std::memory_order_relaxed);
+PassthroughCounters* Registry::passthrough(int device) {
+  return in_range(device) ? &passthrough_[device] : nullptr;
 }
 
 bool Registry::first_time(Once what, int device) {
@@ -89,10 +85,22 @@ std::vector<ManagerReport> Registry::reports() const {
     if (manager == nullptr) continue;
     out.push_back(manager->report());
     out.back().device = device;
-    out.back().forwarded_mallocs = forwarded_mallocs_[device].load(std::memory_order_relaxed);
-    out.back().forwarded_frees = forwarded_frees_[device].load(std::memory_order_relaxed);
   }
   return out;
+}
+
+ReportDocument Registry::document(const ReportHeader& header) const {
+  const std::vector<ManagerReport> managers = reports();
+  ReportDocument doc = make_document(header, managers);
+  for (std::size_t i = 0; i < managers.size(); ++i) {
+    const PassthroughCounters& counters = passthrough_[managers[i].device];
+    ReportSection& section = doc.devices[i].child("passed_through", "passed through to CUDA");
+#define POOLCUDA_FIELD(member, key, label) \
+  section.add(key, label, ReportValue::of(Unit::count, counters.member.load(std::memory_order_relaxed)));
+    POOLCUDA_PASSTHROUGH_COUNTERS(POOLCUDA_FIELD)
+#undef POOLCUDA_FIELD
+  }
+  return doc;
 }
 
 }  // namespace poolcuda

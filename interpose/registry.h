@@ -18,6 +18,18 @@
 
 namespace poolcuda {
 
+// The interposer's own per-device counters (its part of each device's report):
+// X(member, json key, text label). Counted per current device.
+#define POOLCUDA_PASSTHROUGH_COUNTERS(X)                      \
+  X(mallocs, "cuda_malloc", "cudaMalloc")                     \
+  X(frees, "cuda_free", "cudaFree")
+
+struct PassthroughCounters {
+#define POOLCUDA_ATOMIC(member, key, label) std::atomic<std::uint64_t> member{0};
+  POOLCUDA_PASSTHROUGH_COUNTERS(POOLCUDA_ATOMIC)
+#undef POOLCUDA_ATOMIC
+};
+
 class Registry {
  public:
   static constexpr int kMaxDevices = 64;
@@ -38,9 +50,8 @@ class Registry {
 
   // Real cudaMalloc / cudaFree calls made on the program's behalf without a pool (size 0,
   // NULL, foreign pointers, requests larger than the device or that no pool accepts), per
-  // current device.
-  void count_forwarded_malloc(int device);
-  void count_forwarded_free(int device);
+  // current device (nullptr when out of range).
+  PassthroughCounters* passthrough(int device);
 
   // Conditions logged once per device.
   enum class Once { unreadable_size, no_pool_accepts, count };
@@ -50,13 +61,15 @@ class Registry {
   // A snapshot of every existing manager, in device order (takes each manager's lock in turn).
   std::vector<ManagerReport> reports() const;
 
+  // The whole report: every manager's section with the interposer's own parts added.
+  ReportDocument document(const ReportHeader& header) const;
+
  private:
   Registry() = default;
 
   std::atomic<MemoryManager*> managers_[kMaxDevices] = {};
   std::atomic<CudaDevice*> devices_[kMaxDevices] = {};
-  std::atomic<std::uint64_t> forwarded_mallocs_[kMaxDevices] = {};
-  std::atomic<std::uint64_t> forwarded_frees_[kMaxDevices] = {};
+  PassthroughCounters passthrough_[kMaxDevices];
   std::atomic<bool> logged_[static_cast<int>(Once::count)][kMaxDevices] = {};
   std::mutex create_mutex_;
   StreamTable streams_;

@@ -51,7 +51,8 @@ struct MemoryManager::Impl {
   void log(LogLevel level, const std::string& message) const;
   MemoryUsage usage() const;
   std::uint64_t pending() const;
-  std::uint64_t idle() const;
+  std::uint64_t idle() const;        // bytes of whole idle pages
+  std::uint64_t free_bytes() const;  // every free byte, idle pages and holes in used pages
 
   Device& device;
   ManagerOptions options;
@@ -69,6 +70,7 @@ struct MemoryManager::Impl {
   std::uint64_t oom_failures = 0;
   std::uint64_t fence_waits = 0;  // waits for the bound on fence-pending bytes
   std::uint64_t fence_wait_timeouts = 0;  // of those, the ones whose bound expired first
+  double fence_wait_seconds = 0;          // time spent in those waits
 };
 
 }  // namespace poolcuda

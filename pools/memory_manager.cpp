@@ -151,8 +151,14 @@ std::uint64_t MemoryManager::Impl::pending() const {
 }
 
 std::uint64_t MemoryManager::Impl::idle() const {
-  std::uint64_t bytes = persistent->idle_bytes();
-  for (const auto& pool : pools) bytes += pool->idle_bytes();
+  std::uint64_t bytes = persistent->idle_page_bytes();
+  for (const auto& pool : pools) bytes += pool->idle_page_bytes();
+  return bytes;
+}
+
+std::uint64_t MemoryManager::Impl::free_bytes() const {
+  std::uint64_t bytes = persistent->free_bytes();
+  for (const auto& pool : pools) bytes += pool->free_bytes();
   return bytes;
 }
 
@@ -183,6 +189,7 @@ bool MemoryManager::Impl::wait_over_limit(std::uint32_t* budget_us) {
                    ? *budget_us - static_cast<std::uint32_t>(spent.count())
                    : 0;
   ++fence_waits;
+  fence_wait_seconds += static_cast<double>(spent.count()) * 1e-6;
   if (!passed) {
     ++fence_wait_timeouts;
     if (options.log == LogLevel::full)

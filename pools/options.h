@@ -17,7 +17,7 @@ namespace poolcuda {
 enum class PersistentMode : std::uint8_t { enabled, size_match, disabled, enforced };
 enum class FreeFence : std::uint8_t { events, sync, none };
 enum class LogLevel : std::uint8_t { off, basic, full };
-enum class ReportFormat : std::uint8_t { text, json };
+enum class ReportFormat : std::uint8_t { text, wide, json };
 
 enum class PoolKind : std::uint8_t { sliced, exclusive, direct };
 

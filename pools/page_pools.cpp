@@ -66,7 +66,7 @@ PoolReport ExclusivePool::describe() const {
   r.kind = "exclusive";
   r.max_slice_size = max_alloc_size_;
   r.shape = "max=" + format_size(max_alloc_size_);
-  if (dealloc_period_) r.shape += " period=" + std::to_string(*dealloc_period_);
+  if (dealloc_period_) r.notes = "period=" + std::to_string(*dealloc_period_);
   return r;
 }
 

@@ -97,12 +97,14 @@ struct PoolContext {
   std::uint64_t clock = 0;            // reservations so far (the dealloc-period clock)
   std::uint64_t next_deadline = kNever;  // earliest clock at which an idle page expires
   // Bytes in use and reserved across every pool, with their high-water marks: the manager-wide
-  // peaks an operator compares (peak reserved / peak in use is the pools' overhead).
+  // peaks an operator compares (peak reserved / peak in use is the pools' overhead), and the
+  // live slices by size.
   struct Totals {
     std::uint64_t in_use = 0;
     std::uint64_t in_use_peak = 0;
     std::uint64_t reserved = 0;
     std::uint64_t reserved_peak = 0;
+    SizeHistogram live_sizes;
   } totals;
 };
 
@@ -120,7 +122,7 @@ class Pool {
   virtual Error growth_limit(std::uint64_t size) const;
   // Allocates a page from the device and serves `size` from it.
   virtual AllocStatus grow(std::uint64_t size, Slice** out) = 0;
-  virtual PoolReport describe() const = 0;  // kind, shape and limits; counters filled by report()
+  virtual PoolReport describe() const = 0;  // kind, shape, notes; counters filled by report()
   virtual std::size_t free_slices() const = 0;  // size of the free set (consistency checks)
   bool slices_coalesce() const { return coalesces_; }
 
@@ -137,9 +139,12 @@ class Pool {
 
   MemoryUsage usage() const { return usage_; }
   std::uint64_t pending_bytes() const { return pending_bytes_; }
-  std::uint64_t idle_bytes() const {
+  // Free bytes in every page, whole idle pages included.
+  std::uint64_t free_bytes() const {
     return usage_.bytes_reserved - usage_.bytes_in_use - usage_.bytes_padding - pending_bytes_;
   }
+  // Bytes of whole idle pages: what a release would give back to the device.
+  std::uint64_t idle_page_bytes() const { return idle_page_bytes_; }
   std::uint64_t pages() const { return pages_; }
   PoolReport report() const;
   std::uint64_t alignment() const { return ctx_.alignment; }
@@ -157,11 +162,15 @@ class Pool {
   virtual std::uint64_t largest_free() const = 0;
 
   void release_page(Page* page);
+  // A page enters or leaves the idle list (busy dropped to 0 / a slice went live).
+  void make_idle(Page* page);
+  void make_busy(Page* page);
 
   PoolContext& ctx_;
   bool coalesces_ = false;  // sliced pools: no two free neighbours
   std::optional<std::uint64_t> dealloc_period_;
   IdleList idle_;
+  std::uint64_t idle_page_bytes_ = 0;
   MemoryUsage usage_;
   std::uint64_t pending_bytes_ = 0;
   std::uint64_t pages_ = 0;

@@ -133,8 +133,10 @@ PoolReport SlicedPool::describe() const {
   r.cap = cap_ ? *cap_ : 0;
   r.shape = "page=" + format_size(page_size_) + " slice<=" + format_size(max_slice_size_);
   if (cap_) r.shape += " cap=" + format_size(*cap_);
-  if (page_size_ != configured_page_) r.shape += " (page shrunk to the cap)";
-  if (dealloc_period_) r.shape += " period=" + std::to_string(*dealloc_period_);
+  if (page_size_ != configured_page_) r.notes = "page shrunk to the cap";
+  if (dealloc_period_)
+    r.notes += (r.notes.empty() ? "" : ", ") + std::string("period=") +
+               std::to_string(*dealloc_period_);
   return r;
 }
 

@@ -90,6 +90,7 @@ TEST_CASE("every keyword value of every key") {
   CHECK(parse_ok("report_signal:none").report_signal == ReportSignal::none);
   CHECK(parse_ok("report_format:text").report_format == ReportFormat::text);
   CHECK(parse_ok("report_format:json").report_format == ReportFormat::json);
+  CHECK(parse_ok("report_format:wide").report_format == ReportFormat::wide);
   CHECK(parse_ok("report_path:stderr").report_path == "stderr");
   CHECK(parse_ok("report_path:/tmp/r-%p-%n.json").report_path == "/tmp/r-%p-%n.json");
   CHECK(parse_ok("report_path:C:/x(1)[2].txt").report_path == "C:/x(1)[2].txt");
@@ -309,7 +310,7 @@ TEST_CASE("error: a bad keyword value") {
   check_error("persistent:always", "persistent", "always",
               "one of enabled, size-match, disabled, enforced");
   check_error("report_signal:HUP", "report_signal", "HUP", "one of USR1, USR2, none");
-  check_error("report_format:xml", "report_format", "xml", "one of text, json");
+  check_error("report_format:xml", "report_format", "xml", "one of text, wide, json");
   check_error("report_at_exit:yes", "report_at_exit", "yes", "one of 0, 1");
   check_error("log:verbose", "log", "verbose", "one of off, basic, full");
   check_error("managed:1", "managed", "1", "one of on, off");

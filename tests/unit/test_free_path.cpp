@@ -300,15 +300,15 @@ TEST_CASE("retained_slice_is_never_handed_out_until_released") {
   CHECK(rig.manager.free(a) == FreeOutcome::freed);
   CHECK(rig.manager.free(a) == FreeOutcome::double_free);
   // Held: still counted in use, and a new persistent reservation cannot reuse it.
-  CHECK(rig.manager.report().persistent.usage.bytes_in_use == 1024);
+  CHECK(rig.manager.report().persistent.bytes_in_use == 1024);
   rig.manager.set_mode(AllocationMode::persistent);
   const DevicePtr b = rig.reserve(1024);
   CHECK(b != a);
   CHECK(rig.manager.release_retained(pin));
-  CHECK(rig.manager.report().persistent.usage.bytes_in_use == 2048);  // a (one pin left), b
+  CHECK(rig.manager.report().persistent.bytes_in_use == 2048);  // a (one pin left), b
   CHECK(rig.manager.release_retained(pin2));
   CHECK_FALSE(rig.manager.release_retained(pin2));
-  CHECK(rig.manager.report().persistent.usage.bytes_in_use == 1024);  // only b
+  CHECK(rig.manager.report().persistent.bytes_in_use == 1024);  // only b
   CHECK(rig.reserve(1024) == a);
   rig.manager.set_mode(AllocationMode::automatic);
   // A pin on a slice that stays live just drops.

@@ -93,7 +93,7 @@ TEST_CASE("persistent_window_serves_what_a_capped_layout_refuses") {
   CHECK(rig.reserve(16) != 0);
   rig.manager.set_mode(AllocationMode::automatic);
   const ManagerReport report = rig.manager.report();
-  CHECK(report.persistent.usage.bytes_in_use == 2 * 4096 + 16);
+  CHECK(report.persistent.bytes_in_use == 2 * 4096 + 16);
   CHECK(report.dynamic[0].pages_peak == 0);
 }
 
@@ -144,7 +144,7 @@ TEST_CASE("persistent_windows_nest") {
   const DevicePtr weight = rig.reserve(1024);
   REQUIRE(weight != 0);
   ManagerReport report = rig.manager.report();
-  CHECK(report.persistent.usage.bytes_in_use == 1024);
+  CHECK(report.persistent.bytes_in_use == 1024);
   CHECK(report.dynamic[0].pages_peak == 0);
   rig.manager.set_mode(AllocationMode::automatic);
   REQUIRE(rig.reserve(1024) != 0);
@@ -153,19 +153,19 @@ TEST_CASE("persistent_windows_nest") {
   rig.manager.set_mode(AllocationMode::automatic);
   rig.manager.set_mode(AllocationMode::persistent);
   REQUIRE(rig.reserve(2048) != 0);
-  CHECK(rig.manager.report().persistent.usage.bytes_in_use == 1024 + 2048);
+  CHECK(rig.manager.report().persistent.bytes_in_use == 1024 + 2048);
 }
 
 TEST_CASE("persistent_setting_disabled_and_enforced_ignore_windows") {
   Rig off(custom({sliced(4096)}), 32, 128 * MiB, FreeFence::events, PersistentMode::disabled);
   off.manager.set_mode(AllocationMode::persistent);
   REQUIRE(off.reserve(1024) != 0);
-  CHECK(off.manager.report().persistent.usage.bytes_in_use == 0);
+  CHECK(off.manager.report().persistent.bytes_in_use == 0);
 
   Rig on(custom({sliced(4096)}), 32, 128 * MiB, FreeFence::events, PersistentMode::enforced);
   on.manager.set_mode(AllocationMode::automatic);
   REQUIRE(on.reserve(1024) != 0);
-  CHECK(on.manager.report().persistent.usage.bytes_in_use == 1024);
+  CHECK(on.manager.report().persistent.bytes_in_use == 1024);
   CHECK(on.manager.report().dynamic[0].pages_peak == 0);
 }
 
@@ -173,15 +173,15 @@ TEST_CASE("persistent_setting_size_match_reuses_known_sizes_only") {
   Rig rig(custom({sliced(4096)}), 32, 128 * MiB, FreeFence::none, PersistentMode::size_match);
   // Outside a window an unknown size goes to the dynamic pools.
   const DevicePtr dynamic = rig.reserve(1000);
-  CHECK(rig.manager.report().persistent.usage.bytes_in_use == 0);
+  CHECK(rig.manager.report().persistent.bytes_in_use == 0);
   rig.manager.set_mode(AllocationMode::persistent);
   const DevicePtr weight = rig.reserve(1000);
   rig.manager.set_mode(AllocationMode::automatic);
-  CHECK(rig.manager.report().persistent.usage.bytes_in_use == 1000);
+  CHECK(rig.manager.report().persistent.bytes_in_use == 1000);
   // A size the persistent pool knows (same effective size) goes there, even when all its
   // slices of that size are live (the pool grows).
   const DevicePtr again = rig.reserve(1010);
-  CHECK(rig.manager.report().persistent.usage.bytes_in_use == 2010);
+  CHECK(rig.manager.report().persistent.bytes_in_use == 2010);
   rig.manager.free(weight);
   const DevicePtr reuse = rig.reserve(1000);
   CHECK(reuse == weight);
@@ -343,7 +343,7 @@ TEST_CASE("install_layout_resets_high_water_marks") {
   const ManagerReport report = rig.manager.report();
   CHECK(report.dynamic[0].pages_peak == 0);
   CHECK(report.dynamic[0].bytes_peak == 0);
-  CHECK(report.totals.bytes_reserved == 0);
+  CHECK(report.bytes_reserved == 0);
   CHECK(rig.device.outstanding_allocations() == 0);
 }
 
