@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "pools/device.h"
+#include "pools/lock_order.h"
 
 namespace poolcuda {
 
@@ -31,6 +32,7 @@ class CudaDevice final : public Device {
 
   AllocStatus allocate(std::uint64_t size, DevicePtr* out) override;
   void release(DevicePtr ptr, std::uint64_t size) override;
+  bool flush_releases(std::uint32_t max_microseconds) override;
   DeviceMemoryInfo memory_info() override;
   std::uint64_t alignment() const override { return kAlignment; }
   FenceHandle fence_record() override;
@@ -45,8 +47,9 @@ class CudaDevice final : public Device {
   // [Destroyed streams] in cuda_device.cpp). Caller holds the stream table's lock.
   void adopt_stream_tail(cudaStream_t stream);
 
-  // cudaDeviceReset destroyed every event of the device and freed its memory: drop the cached
-  // events and the deferred releases unreleased.
+  // cudaDeviceReset destroyed every event of the device: drop the cached events, and make sure
+  // no event created or recorded before the reset is ever used again (a fence that comes back
+  // from before the reset is dropped, not recycled).
   void forget_events();
 
   int index() const { return device_; }
@@ -58,18 +61,17 @@ class CudaDevice final : public Device {
   cudaEvent_t take_event();
   void recycle(Fence* fence);
   void prune_tails(std::vector<cudaEvent_t>* pending);
-  void release_deferred();
   bool capture_open();
   void drop_streams(const std::vector<cudaStream_t>& gone);
 
   int device_;
   StreamTable& streams_;
   std::uint64_t total_bytes_ = 0;
-  std::mutex mutex_;                 // guards the caches below
+  RankedMutex mutex_{LockRank::device};  // guards the caches below
   std::vector<cudaEvent_t> events_;  // created, not in use
   std::vector<cudaEvent_t> tails_;   // recorded last on destroyed streams, maybe not complete
   std::vector<Fence*> fences_;       // recycled fence records
-  std::vector<DevicePtr> deferred_;  // released while a capture was open, not yet freed
+  std::uint64_t generation_ = 0;     // bumped by forget_events()
 };
 
 }  // namespace poolcuda

@@ -22,6 +22,7 @@
 #include "interpose/log.h"
 #include "interpose/real_cuda.h"
 #include "interpose/registry.h"
+#include "interpose/release_worker.h"
 
 namespace poolcuda::hooks {
 
@@ -144,6 +145,13 @@ cudaError_t free(void* ptr) {
                  ptr, owner);
       raise_invalid_value();
       return cudaErrorInvalidValue;
+    case FreeOutcome::not_allocated:
+      log_format(LogLevel::basic,
+                 "cudaFree(%p) on device %d: lies in pooled free memory but was never handed "
+                 "out; nothing changed",
+                 ptr, owner);
+      raise_invalid_value();
+      return cudaErrorInvalidValue;
   }
   return cudaErrorInvalidValue;
 }
@@ -166,17 +174,36 @@ cudaError_t mem_get_info(std::size_t* free_bytes, std::size_t* total_bytes) {
   return result;
 }
 
+// Note [Device reset]
+// ~~~~~~~~~~~~~~~~~~~
+// cudaDeviceReset frees every allocation and destroys every stream and event of the device:
+// the pools forget theirs instead of releasing them (MemoryManager::forget). Other threads may
+// allocate and free on the device meanwhile (CUDA leaves that race undefined; plain programs
+// survive it), so the pools forget twice: before the real reset (nothing from before it stays),
+// and after it, because a page a racing allocation obtained between the first forget and the
+// reset was freed by the reset too and must not be handed out again (a later allocation of
+// the driver's can get the same address). A page obtained after the reset but before the second
+// forget is dropped with it: a leak of one page, only for a program that races a reset. Every
+// manager operation is atomic under its lock, so whatever the order the pools stay
+// consistent. The release worker never frees a page of the device from the first forget to
+// the end of the reset (its address may already belong to someone else), and the device's
+// event caches drop every event from before the reset.
 cudaError_t device_reset() {
   int device = current_device();
   Registry& registry = Registry::instance();
-  // The reset frees every allocation and destroys every stream and event of the device: the
-  // pools forget theirs instead of releasing them.
-  if (MemoryManager* manager = registry.manager(device)) {
-    manager->forget();
-    registry.device(device)->forget_events();
-  }
-  registry.streams().forget_device(device);
-  return real::cudaDeviceReset()();
+  auto forget = [&] {
+    if (MemoryManager* manager = registry.manager(device)) {
+      manager->forget();
+      registry.device(device)->forget_events();
+    }
+    registry.streams().forget_device(device);
+  };
+  ReleaseWorker::instance().begin_reset(device);
+  forget();
+  const cudaError_t result = real::cudaDeviceReset()();
+  forget();
+  ReleaseWorker::instance().end_reset(device);
+  return result;
 }
 
 namespace {

@@ -9,6 +9,7 @@
 
 #include "interpose/lifecycle.h"
 #include "interpose/log.h"
+#include "interpose/release_worker.h"
 
 namespace poolcuda {
 
@@ -38,7 +39,7 @@ MemoryManager* Registry::manager_or_create(int device) {
   if (!in_range(device)) return nullptr;
   if (MemoryManager* existing = managers_[device].load(std::memory_order_acquire)) return existing;
 
-  std::lock_guard<std::mutex> hold(create_mutex_);
+  std::lock_guard<RankedMutex> hold(create_mutex_);
   if (MemoryManager* existing = managers_[device].load(std::memory_order_relaxed)) return existing;
 
   auto* cuda_device = new CudaDevice(device, streams_);
@@ -62,6 +63,15 @@ MemoryManager* Registry::manager_or_create(int device) {
   options.log = conf.log;
   options.log_sink = [](LogLevel level, std::string_view message) { log_line(level, message); };
   auto* manager = new MemoryManager(*cuda_device, options);
+  // The release worker holds a page back while a capture is open on its device.
+  static const bool capture_check_set = [] {
+    ReleaseWorker::instance().set_capture_check([](int d) {
+      CudaDevice* device = Registry::instance().device(d);
+      return device != nullptr && device->capture_active();
+    });
+    return true;
+  }();
+  (void)capture_check_set;
   devices_[device].store(cuda_device, std::memory_order_release);
   managers_[device].store(manager, std::memory_order_release);
   log_format(LogLevel::full, "device %d: pools created (%llu bytes of device memory)", device,

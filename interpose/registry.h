@@ -13,6 +13,7 @@
 
 #include "interpose/cuda_device.h"
 #include "interpose/stream_table.h"
+#include "pools/lock_order.h"
 #include "pools/memory_manager.h"
 #include "pools/report.h"
 
@@ -71,7 +72,7 @@ class Registry {
   std::atomic<CudaDevice*> devices_[kMaxDevices] = {};
   PassthroughCounters passthrough_[kMaxDevices];
   std::atomic<bool> logged_[static_cast<int>(Once::count)][kMaxDevices] = {};
-  std::mutex create_mutex_;
+  RankedMutex create_mutex_{LockRank::registry};
   StreamTable streams_;
 };
 

@@ -24,9 +24,13 @@ namespace poolcuda {
 // Explicit allocation mode, as in the seed: Persistent opens a window, Auto closes one.
 enum class AllocationMode : std::uint8_t { automatic, persistent };
 
+// Where one reservation must come from: `automatic` routes by the settings and open windows;
+// `persistent` forces the exact-fit persistent pool (memory for a graph capture).
+enum class Placement : std::uint8_t { automatic, persistent };
+
 // Receives the manager's log lines (spill warnings, out-of-memory breakdowns, per-allocation
-// traces under log:full). Called with the manager's lock held: it must not call back into the
-// manager.
+// traces under log:full). Called after the manager's lock is released, from the thread whose
+// call produced the line.
 using LogSink = std::function<void(LogLevel level, std::string_view message)>;
 
 struct ManagerOptions {
@@ -40,6 +44,9 @@ struct ManagerOptions {
   // growing a pool: the bound is max(fence_slack, bytes in use / 8). 0 leaves only the share
   // of the bytes in use (Note [Free fences]).
   std::uint64_t fence_slack = 64 * MiB;
+  // A free records a fence at once when none was recorded for this long (Note [Free fences]);
+  // tests that count epochs set it out of reach.
+  std::uint64_t prompt_fence_nanos = 1000000;
   LogLevel log = LogLevel::basic;
   LogSink log_sink;  // empty: write to stderr prefixed "poolcuda: "
 };
@@ -73,9 +80,10 @@ class MemoryManager {
   MemoryManager& operator=(const MemoryManager&) = delete;
 
   // Reserves `size` bytes. A size of 0 or above 2^62 is ErrorKind::buffer_too_big and changes
-  // nothing. On device out-of-memory: explicit cleanup of every idle
-  // page, wait for pending free fences, retry once; only then ErrorKind::out_of_memory.
-  Reservation allocate(std::uint64_t size);
+  // nothing. On device out-of-memory: every idle page is returned, then pending free fences are
+  // waited for, oldest first, retrying after each; only then ErrorKind::out_of_memory. Never
+  // holds the lock while it waits (Note [Outside the lock]).
+  Reservation allocate(std::uint64_t size, Placement placement = Placement::automatic);
 
   // Frees by device pointer. Anything but `freed` changes nothing.
   FreeOutcome free(DevicePtr ptr);
@@ -86,6 +94,11 @@ class MemoryManager {
   // Persistent windows nest: persistent opens one, automatic closes one. Ignored under the
   // `disabled` and `enforced` settings.
   void set_mode(AllocationMode mode);
+
+  // A stream capture opens (true) or ends (false) on the device; they nest. While one is open,
+  // every reservation comes from the persistent pool whatever the settings, no idle page is
+  // released on the allocation path, and no reservation waits for a fence.
+  void set_capture_window(bool open);
 
   // Replaces the dynamic pools (after an explicit cleanup) when none of their slices is live;
   // otherwise ErrorKind::pools_in_use and nothing changes. Resets high-water marks.
@@ -126,6 +139,10 @@ class MemoryManager {
   // every pending slice is free again. Blocks: never for the hot path. Returns false when the
   // open epoch could not be closed (the device refused a fence: a capture is open).
   bool drain_fences();
+
+  // Pages released by trimming may still be on their way to the driver (Device::release may
+  // hand them to another thread): waits at most `max_microseconds` for them.
+  bool flush_releases(std::uint32_t max_microseconds);
 
   // How many times a miss waited for the oldest free fence because fence-pending bytes exceeded
   // their bound (Note [Free fences]); drain_fences() and the out-of-memory path do not count.

@@ -1,6 +1,6 @@
 // The pools whose every slice is a whole page (one device allocation per slice):
-//  - ExclusivePool: bucketed pages sized from a running average; reuse takes the smallest free
-//    page that fits.
+//  - ExclusivePool: one request per page, pages sized by size class; reuse takes the smallest
+//    free page that fits, up to a bound on the waste (Note [Exclusive pages]).
 //  - PersistentPool: exact fit by effective size (align_up(size, alignment)); reuse only by the
 //    same effective size; idle slices are released on explicit cleanup only.
 //  - DirectPool: exact fit like the persistent pool; above `reclaim_at` reserved bytes, idle
@@ -40,22 +40,25 @@ class ExclusivePool final : public PagePool {
   ExclusivePool(PoolContext& ctx, std::uint64_t max_alloc_size,
                 std::optional<std::uint64_t> dealloc_period);
   bool accepts(std::uint64_t size) const override { return size <= max_alloc_size_; }
+  const char* kind_name() const override { return "exclusive"; }
   Slice* try_reserve(std::uint64_t size) override;
   AllocStatus grow(std::uint64_t size, Slice** out) override;
   PoolReport describe() const override;
 
-  // The page size a new page for `size` would get now.
+  // The page a new request of `size` gets: its size class (Note [Exclusive pages]).
   std::uint64_t page_size_for(std::uint64_t size) const;
+  // The largest free page a request of `size` may take.
+  std::uint64_t largest_page_for(std::uint64_t size) const;
 
  private:
   std::uint64_t max_alloc_size_;
-  std::uint64_t average_ = 0;  // running average of request sizes (exponential, weight 1/8)
 };
 
 class PersistentPool final : public PagePool {
  public:
   explicit PersistentPool(PoolContext& ctx) : PagePool(ctx, std::nullopt) {}
   bool accepts(std::uint64_t) const override { return true; }
+  const char* kind_name() const override { return "persistent"; }
   Slice* try_reserve(std::uint64_t size) override { return hand_out(exact(eff(size)), size); }
   AllocStatus grow(std::uint64_t size, Slice** out) override;
   PoolReport describe() const override;
@@ -76,6 +79,7 @@ class DirectPool final : public PagePool {
   DirectPool(PoolContext& ctx, std::uint64_t reclaim_at) : PagePool(ctx, std::nullopt),
       reclaim_at_(reclaim_at) {}
   bool accepts(std::uint64_t) const override { return true; }
+  const char* kind_name() const override { return "direct"; }
   Slice* try_reserve(std::uint64_t size) override {
     return hand_out(exact(align_up(size, alignment())), size);
   }

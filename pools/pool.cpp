@@ -49,7 +49,7 @@ void Pool::release_page(Page* page) {
     page->slices.pop_front();
     ctx_.slices.destroy(&slice);
   }
-  ctx_.device.release(page->base, page->size);
+  ctx_.released->push_back(PageRelease{page->base, page->size});
   ++device_releases_;
   --pages_;
   usage_.bytes_reserved -= page->size;

@@ -6,6 +6,7 @@
 // every call. Depends on device.h, report.h and slab.h; never on the manager.
 #pragma once
 
+#include <boost/container/small_vector.hpp>
 #include <boost/intrusive/list.hpp>
 #include <boost/intrusive/set.hpp>
 #include <cstdint>
@@ -86,6 +87,14 @@ using IdleList =
 
 inline constexpr std::uint64_t kNever = std::numeric_limits<std::uint64_t>::max();
 
+// A page a pool gave up, to be returned to the device once the manager's lock is released
+// (Note [Outside the lock] in memory_manager.cpp).
+struct PageRelease {
+  DevicePtr base = 0;
+  std::uint64_t size = 0;
+};
+using ReleaseList = boost::container::small_vector<PageRelease, 4>;
+
 // State shared by all pools of one manager.
 struct PoolContext {
   explicit PoolContext(Device& d) : device(d), alignment(d.alignment()) {}
@@ -94,6 +103,7 @@ struct PoolContext {
   NodeSlab<Slice> slices;
   NodeSlab<Page> pages;
   PageSet page_set;                   // every page of every pool, by address
+  ReleaseList* released = nullptr;    // where release_page() puts pages; set under the lock
   std::uint64_t clock = 0;            // reservations so far (the dealloc-period clock)
   std::uint64_t next_deadline = kNever;  // earliest clock at which an idle page expires
   // Bytes in use and reserved across every pool, with their high-water marks: the manager-wide
@@ -116,6 +126,7 @@ class Pool {
   Pool& operator=(const Pool&) = delete;
 
   virtual bool accepts(std::uint64_t size) const = 0;
+  virtual const char* kind_name() const = 0;  // "sliced", "exclusive", ... (a literal)
   // Serves `size` from free memory without any device call; nullptr when it cannot.
   virtual Slice* try_reserve(std::uint64_t size) = 0;
   // Why growing for `size` is not allowed (a cap), or none. No device call.

@@ -127,7 +127,7 @@ std::uint64_t SlicedPool::largest_free() const {
 
 PoolReport SlicedPool::describe() const {
   PoolReport r;
-  r.kind = "sliced";
+  r.kind = kind_name();
   r.page_size = page_size_;
   r.max_slice_size = max_slice_size_;
   r.cap = cap_ ? *cap_ : 0;

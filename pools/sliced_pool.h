@@ -16,6 +16,7 @@ class SlicedPool final : public Pool {
   ~SlicedPool() override;
 
   bool accepts(std::uint64_t size) const override { return size <= max_slice_size_; }
+  const char* kind_name() const override { return "sliced"; }
   Slice* try_reserve(std::uint64_t size) override;
   Error growth_limit(std::uint64_t size) const override;
   AllocStatus grow(std::uint64_t size, Slice** out) override;

@@ -34,6 +34,7 @@ struct BoundRig {
     ManagerOptions o;
     o.layout = std::move(layout);
     o.fence_slack = slack;
+    o.prompt_fence_nanos = std::uint64_t{1} << 63;  // epochs close by count, bytes and misses only
     o.log = LogLevel::off;
     return o;
   }

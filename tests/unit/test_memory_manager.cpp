@@ -442,22 +442,48 @@ TEST_CASE("noslice_allocate_deallocate_reallocate") {
   CHECK(before.bytes_reserved == after.bytes_reserved);
 }
 
-TEST_CASE("exclusive_pages_follow_the_running_average_and_reuse_smallest_fit") {
-  Rig rig(custom({exclusive(64 * KiB)}), 32, 128 * MiB, FreeFence::none);
-  const DevicePtr big = rig.reserve(16 * KiB);
-  const DevicePtr mid = rig.reserve(4 * KiB);
-  // avg after 16K then 4K: 16K - 2K + 512 = 14.5K: the 4K request got a 14.5K page.
-  const auto pages = rig.manager.pages();
-  REQUIRE(pages.size() == 2);
-  std::uint64_t mid_page = 0;
-  for (const PageView& p : pages)
-    if (p.base == mid) mid_page = p.size;
-  CHECK(mid_page == 14 * KiB + 512);
-  rig.manager.free(big);
-  rig.manager.free(mid);
-  // 1K fits both free pages: the smallest is chosen.
-  CHECK(rig.reserve(1 * KiB) == mid);
-  CHECK(rig.manager.memory_usage().bytes_padding == 14 * KiB + 512 - 1 * KiB);
+TEST_CASE("exclusive_pages_are_size_classes_and_reuse_the_smallest_fit_within_a_bound") {
+  Rig rig(custom({exclusive(1 * GiB)}), 512, 1 * GiB, FreeFence::none);
+  // A new page is the request's size class: rounded up to an eighth of its power of two.
+  const DevicePtr a = rig.reserve(100 * MiB);  // class 104 MiB (steps of 8 MiB above 64 MiB)
+  const DevicePtr b = rig.reserve(5 * MiB);    // exactly 5 MiB (steps of 512 KiB)
+  std::uint64_t a_page = 0, b_page = 0;
+  for (const PageView& p : rig.manager.pages()) {
+    if (p.base == a) a_page = p.size;
+    if (p.base == b) b_page = p.size;
+  }
+  CHECK(a_page == 104 * MiB);
+  CHECK(b_page == 5 * MiB);
+  rig.manager.free(a);
+  rig.manager.free(b);
+  // A free page serves a request up to a quarter above its class: 4.5 MiB takes the 5 MiB page.
+  CHECK(rig.reserve(4 * MiB + 512 * KiB) == b);
+  // But a page far larger than the request is never handed out: 3 MiB gets a page of its own
+  // instead of the idle 104 MiB one.
+  const DevicePtr c = rig.reserve(3 * MiB);
+  CHECK(c != a);
+  CHECK(rig.manager.memory_usage().bytes_padding == 512 * KiB);
+  CHECK(rig.manager.check_consistency().empty());
+}
+
+TEST_CASE("an_idle_oversized_page_goes_back_when_the_device_fills") {
+  // An 8 MiB scratch page, freed, must not make the device refuse what plain CUDA would give:
+  // requests too small for it get pages of their own, and when the device is full the idle
+  // scratch page is returned to make room.
+  Rig rig(custom({exclusive(1 * GiB)}), 512, 12 * MiB, FreeFence::none);
+  const DevicePtr scratch = rig.reserve(8 * MiB);
+  REQUIRE(scratch != 0);
+  rig.manager.free(scratch);
+  std::vector<DevicePtr> small;
+  for (int i = 0; i < 12; ++i) {
+    const DevicePtr p = rig.reserve(1 * MiB);
+    REQUIRE(p != 0);
+    small.push_back(p);
+  }
+  CHECK(rig.manager.report().oom_recoveries == 1);
+  CHECK(rig.manager.memory_usage().bytes_padding == 0);
+  for (DevicePtr p : small) rig.manager.free(p);
+  CHECK(rig.manager.check_consistency().empty());
 }
 
 }  // TEST_SUITE
