@@ -1,10 +1,14 @@
 // The exported CUDA runtime entry points: the only symbols libpoolcuda.so exports (exports.map).
 // Each is a thin shim: calls made from inside the library (the re-entry guard) and calls in a
 // forked child (Note [Fork] in lifecycle.cpp) go straight to the real function; everything else
-// is one call into hooks.cpp.
+// is one call into hooks.cpp, through guarded(): no C++ exception ever crosses an entry point
+// (a failed host allocation inside the pools becomes cudaErrorMemoryAllocation, anything else
+// cudaErrorUnknown, which the real runtime also uses for failures it cannot classify).
 //
 // Depends on hooks.h, real_cuda.h and lifecycle.h only.
 #include <cuda_runtime_api.h>
+
+#include <new>
 
 #include "interpose/hooks.h"
 #include "interpose/lifecycle.h"
@@ -30,6 +34,18 @@ class InsideHook {
   InsideHook& operator=(const InsideHook&) = delete;
 };
 
+template <typename Body>
+cudaError_t guarded(Body&& body) noexcept {
+  try {
+    InsideHook inside;
+    return body();
+  } catch (const std::bad_alloc&) {
+    return cudaErrorMemoryAllocation;
+  } catch (...) {
+    return cudaErrorUnknown;
+  }
+}
+
 }  // namespace
 }  // namespace poolcuda
 
@@ -37,49 +53,51 @@ namespace pc = poolcuda;
 
 POOLCUDA_EXPORT cudaError_t cudaMalloc(void** ptr, size_t size) {
   if (pc::bypass()) return pc::real::cudaMalloc()(ptr, size);
-  pc::InsideHook inside;
-  return pc::hooks::malloc(ptr, size);
+  return pc::guarded([&] { return pc::hooks::malloc(ptr, size); });
 }
 
 POOLCUDA_EXPORT cudaError_t cudaFree(void* ptr) {
   if (pc::bypass()) return pc::real::cudaFree()(ptr);
-  pc::InsideHook inside;
-  return pc::hooks::free(ptr);
+  return pc::guarded([&] { return pc::hooks::free(ptr); });
+}
+
+POOLCUDA_EXPORT cudaError_t cudaFreeAsync(void* ptr, cudaStream_t stream) {
+  if (pc::bypass()) return pc::real::cudaFreeAsync()(ptr, stream);
+  return pc::guarded([&] { return pc::hooks::free_async(ptr, stream, false); });
+}
+
+POOLCUDA_EXPORT cudaError_t cudaFreeAsync_ptsz(void* ptr, cudaStream_t stream) {
+  if (pc::bypass()) return pc::real::cudaFreeAsync_ptsz()(ptr, stream);
+  return pc::guarded([&] { return pc::hooks::free_async(ptr, stream, true); });
 }
 
 POOLCUDA_EXPORT cudaError_t cudaMemGetInfo(size_t* free_bytes, size_t* total_bytes) {
   if (pc::bypass()) return pc::real::cudaMemGetInfo()(free_bytes, total_bytes);
-  pc::InsideHook inside;
-  return pc::hooks::mem_get_info(free_bytes, total_bytes);
+  return pc::guarded([&] { return pc::hooks::mem_get_info(free_bytes, total_bytes); });
 }
 
 POOLCUDA_EXPORT cudaError_t cudaDeviceReset() {
   if (pc::bypass()) return pc::real::cudaDeviceReset()();
-  pc::InsideHook inside;
-  return pc::hooks::device_reset();
+  return pc::guarded([&] { return pc::hooks::device_reset(); });
 }
 
 POOLCUDA_EXPORT cudaError_t cudaStreamCreate(cudaStream_t* stream) {
   if (pc::bypass()) return pc::real::cudaStreamCreate()(stream);
-  pc::InsideHook inside;
-  return pc::hooks::stream_create(stream);
+  return pc::guarded([&] { return pc::hooks::stream_create(stream); });
 }
 
 POOLCUDA_EXPORT cudaError_t cudaStreamCreateWithFlags(cudaStream_t* stream, unsigned int flags) {
   if (pc::bypass()) return pc::real::cudaStreamCreateWithFlags()(stream, flags);
-  pc::InsideHook inside;
-  return pc::hooks::stream_create_with_flags(stream, flags);
+  return pc::guarded([&] { return pc::hooks::stream_create_with_flags(stream, flags); });
 }
 
 POOLCUDA_EXPORT cudaError_t cudaStreamCreateWithPriority(cudaStream_t* stream, unsigned int flags,
                                                          int priority) {
   if (pc::bypass()) return pc::real::cudaStreamCreateWithPriority()(stream, flags, priority);
-  pc::InsideHook inside;
-  return pc::hooks::stream_create_with_priority(stream, flags, priority);
+  return pc::guarded([&] { return pc::hooks::stream_create_with_priority(stream, flags, priority); });
 }
 
 POOLCUDA_EXPORT cudaError_t cudaStreamDestroy(cudaStream_t stream) {
   if (pc::bypass()) return pc::real::cudaStreamDestroy()(stream);
-  pc::InsideHook inside;
-  return pc::hooks::stream_destroy(stream);
+  return pc::guarded([&] { return pc::hooks::stream_destroy(stream); });
 }

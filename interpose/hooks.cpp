@@ -108,6 +108,40 @@ cudaError_t malloc(void** ptr, std::size_t size) {
   }
 }
 
+namespace {
+
+// A pooled pointer goes back to its manager; anything else answers `not_mine`. `device` is the
+// current one, tried first; a pointer allocated on another device may be freed with any device
+// current. *owner is the device whose manager answered.
+FreeOutcome free_pooled(Registry& registry, int device, void* ptr, int* owner) {
+  const auto address = reinterpret_cast<DevicePtr>(ptr);
+  FreeOutcome outcome = FreeOutcome::not_mine;
+  *owner = device;
+  if (MemoryManager* manager = registry.manager(device)) outcome = manager->free(address);
+  for (int other = 0; outcome == FreeOutcome::not_mine && other < Registry::kMaxDevices;
+       ++other) {
+    if (other == device) continue;
+    MemoryManager* manager = registry.manager(other);
+    if (manager == nullptr) continue;
+    outcome = manager->free(address);
+    *owner = other;
+  }
+  return outcome;
+}
+
+// The answer to a pooled free that changed nothing (Note [Last error]).
+cudaError_t refuse_free(const char* call, void* ptr, int owner, FreeOutcome outcome) {
+  const char* why = outcome == FreeOutcome::double_free ? "double free"
+                    : outcome == FreeOutcome::interior_pointer
+                        ? "not the start of an allocation"
+                        : "lies in pooled free memory but was never handed out";
+  log_format(LogLevel::basic, "%s(%p) on device %d: %s; nothing changed", call, ptr, owner, why);
+  raise_invalid_value();
+  return cudaErrorInvalidValue;
+}
+
+}  // namespace
+
 cudaError_t free(void* ptr) {
   int device = current_device();
   Registry& registry = Registry::instance();
@@ -115,45 +149,41 @@ cudaError_t free(void* ptr) {
     count_forwarded_free(registry, device);
     return real::cudaFree()(ptr);
   }
-  const auto address = reinterpret_cast<DevicePtr>(ptr);
-  FreeOutcome outcome = FreeOutcome::not_mine;
   int owner = device;
-  if (MemoryManager* manager = registry.manager(device)) outcome = manager->free(address);
-  // A pointer allocated on another device may be freed with any device current.
-  for (int other = 0; outcome == FreeOutcome::not_mine && other < Registry::kMaxDevices;
-       ++other) {
-    if (other == device) continue;
-    MemoryManager* manager = registry.manager(other);
-    if (manager == nullptr) continue;
-    outcome = manager->free(address);
-    owner = other;
-  }
+  const FreeOutcome outcome = free_pooled(registry, device, ptr, &owner);
   switch (outcome) {
     case FreeOutcome::freed:
       return cudaSuccess;
     case FreeOutcome::not_mine:
       count_forwarded_free(registry, device);
       return real::cudaFree()(ptr);
-    case FreeOutcome::double_free:
-      log_format(LogLevel::basic, "cudaFree(%p) on device %d: double free; nothing changed", ptr,
-                 owner);
-      raise_invalid_value();
-      return cudaErrorInvalidValue;
-    case FreeOutcome::interior_pointer:
-      log_format(LogLevel::basic,
-                 "cudaFree(%p) on device %d: not the start of an allocation; nothing changed",
-                 ptr, owner);
-      raise_invalid_value();
-      return cudaErrorInvalidValue;
-    case FreeOutcome::not_allocated:
-      log_format(LogLevel::basic,
-                 "cudaFree(%p) on device %d: lies in pooled free memory but was never handed "
-                 "out; nothing changed",
-                 ptr, owner);
-      raise_invalid_value();
-      return cudaErrorInvalidValue;
+    default:
+      return refuse_free("cudaFree", ptr, owner, outcome);
   }
-  return cudaErrorInvalidValue;
+}
+
+// cudaFreeAsync of pooled memory: the program promises that no work ordered after the free on
+// `stream` uses it; work ordered before it is exactly what a free fence waits for (the fence of
+// the epoch the slice joins is recorded later, on the streams Note [Fence streams] names), so
+// the slice takes the same path as a cudaFree. Memory from cudaMallocAsync and anything else
+// the pools do not own goes to the real call.
+cudaError_t free_async(void* ptr, cudaStream_t stream, bool per_thread) {
+  auto real_call = [&] {
+    return per_thread ? real::cudaFreeAsync_ptsz()(ptr, stream)
+                      : real::cudaFreeAsync()(ptr, stream);
+  };
+  if (ptr == nullptr) return real_call();
+  Registry& registry = Registry::instance();
+  int owner = -1;
+  const FreeOutcome outcome = free_pooled(registry, current_device(), ptr, &owner);
+  switch (outcome) {
+    case FreeOutcome::freed:
+      return cudaSuccess;
+    case FreeOutcome::not_mine:
+      return real_call();
+    default:
+      return refuse_free("cudaFreeAsync", ptr, owner, outcome);
+  }
 }
 
 cudaError_t mem_get_info(std::size_t* free_bytes, std::size_t* total_bytes) {
@@ -162,11 +192,10 @@ cudaError_t mem_get_info(std::size_t* free_bytes, std::size_t* total_bytes) {
   if (config().memgetinfo != MemGetInfoMode::pooled) return result;
   MemoryManager* manager = Registry::instance().manager(current_device());
   if (manager == nullptr) return result;
-  // Idle bytes and bytes still waiting for their free fence are both what the next cudaMalloc
-  // can get (the out-of-memory path waits for pending fences): reserved minus what is in use.
-  MemoryUsage usage = manager->memory_usage();
-  std::uint64_t used = usage.bytes_in_use + usage.bytes_padding;
-  std::uint64_t available = usage.bytes_reserved > used ? usage.bytes_reserved - used : 0;
+  // Only whole idle pages: the out-of-memory path returns them to the driver, so a request of
+  // any size can really get them. Free space inside pages that live slices keep (holes) serves
+  // only requests that fit a hole, so counting it would let cudaMalloc(reported free) fail.
+  const std::uint64_t available = manager->idle_bytes();
   std::uint64_t room = total_bytes != nullptr && *total_bytes > *free_bytes
                            ? *total_bytes - *free_bytes
                            : available;
@@ -179,30 +208,35 @@ cudaError_t mem_get_info(std::size_t* free_bytes, std::size_t* total_bytes) {
 // cudaDeviceReset frees every allocation and destroys every stream and event of the device:
 // the pools forget theirs instead of releasing them (MemoryManager::forget). Other threads may
 // allocate and free on the device meanwhile (CUDA leaves that race undefined; plain programs
-// survive it), so the pools forget twice: before the real reset (nothing from before it stays),
-// and after it, because a page a racing allocation obtained between the first forget and the
-// reset was freed by the reset too and must not be handed out again (a later allocation of
-// the driver's can get the same address). A page obtained after the reset but before the second
-// forget is dropped with it: a leak of one page, only for a program that races a reset. Every
-// manager operation is atomic under its lock, so whatever the order the pools stay
-// consistent. The release worker never frees a page of the device from the first forget to
-// the end of the reset (its address may already belong to someone else), and the device's
-// event caches drop every event from before the reset.
+// survive it), so the manager is frozen from before the first forget to after the reset: it
+// takes no new page from the driver (such a page could be freed by the reset and its address
+// handed out again by the driver while the pools still hold it: two pages at one address), and
+// requests it cannot serve from memory it already has go to the real cudaMalloc, unpooled, as
+// they would without the library. Whatever it handed out from its own memory after the first
+// forget is forgotten again after the reset. Every manager operation is atomic under its lock,
+// so whatever the order the pools stay consistent. The release worker never frees a page of
+// the device from the first forget to the end of the reset (its address may already belong to
+// someone else), and the device's event caches drop every event from before the reset.
 cudaError_t device_reset() {
   int device = current_device();
   Registry& registry = Registry::instance();
+  // Created now if it does not exist yet, so that no racing first allocation can create an
+  // unfrozen one during the reset.
+  MemoryManager* manager = registry.manager_or_create(device);
   auto forget = [&] {
-    if (MemoryManager* manager = registry.manager(device)) {
+    if (manager != nullptr) {
       manager->forget();
       registry.device(device)->forget_events();
     }
     registry.streams().forget_device(device);
   };
+  if (manager != nullptr) manager->set_frozen(true);
   ReleaseWorker::instance().begin_reset(device);
   forget();
   const cudaError_t result = real::cudaDeviceReset()();
   forget();
   ReleaseWorker::instance().end_reset(device);
+  if (manager != nullptr) manager->set_frozen(false);
   return result;
 }
 

@@ -14,6 +14,7 @@ namespace poolcuda::hooks {
 
 cudaError_t malloc(void** ptr, std::size_t size);
 cudaError_t free(void* ptr);
+cudaError_t free_async(void* ptr, cudaStream_t stream, bool per_thread);
 cudaError_t mem_get_info(std::size_t* free_bytes, std::size_t* total_bytes);
 cudaError_t device_reset();
 cudaError_t stream_create(cudaStream_t* stream);

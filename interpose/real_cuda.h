@@ -9,10 +9,18 @@
 
 #include <cuda_runtime_api.h>
 
+// The per-thread-default-stream variants, which the CUDA header declares only when a program is
+// built for them.
+extern "C" {
+cudaError_t cudaFreeAsync_ptsz(void* devPtr, cudaStream_t hStream);
+}
+
 // Every real function the library calls. Add a name here and real::<name>() exists.
 #define POOLCUDA_REAL_FUNCTIONS(X)          \
   X(cudaMalloc)                             \
   X(cudaFree)                               \
+  X(cudaFreeAsync)                          \
+  X(cudaFreeAsync_ptsz)                     \
   X(cudaMemGetInfo)                         \
   X(cudaDeviceReset)                        \
   X(cudaDeviceSynchronize)                  \

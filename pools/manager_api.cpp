@@ -20,6 +20,7 @@ Reservation MemoryManager::allocate(std::uint64_t size, Placement placement) {
     return Reservation{0, Error{ErrorKind::buffer_too_big, size}};
   Impl& m = *impl_;
   Impl::Scope scope(m);
+  m.index.reserve_one();
   ++m.ctx.clock;
   // No idle page goes back during a capture: the release would have to wait for it anyway.
   if (m.ctx.clock >= m.ctx.next_deadline && m.capture_windows == 0) m.implicit_cleanup();
@@ -143,6 +144,15 @@ void MemoryManager::forget() {
   Impl& m = *impl_;
   Impl::Scope scope(m);
   m.drop_everything();
+}
+
+void MemoryManager::set_frozen(bool frozen) {
+  std::lock_guard lock(impl_->mutex);
+  if (frozen) {
+    ++impl_->frozen;
+  } else if (impl_->frozen > 0) {
+    --impl_->frozen;
+  }
 }
 
 RetainedSlice MemoryManager::retain(DevicePtr ptr) {

@@ -162,6 +162,7 @@ struct MemoryManager::Impl {
   std::uint64_t sync_returned = 0;
   std::uint64_t windows = 0;          // open persistent windows
   std::uint64_t capture_windows = 0;  // open stream captures on the device
+  std::uint32_t frozen = 0;           // set_frozen() nesting: no page is taken from the device
   std::uint64_t generation = 1;  // bumped by forget(): invalidates RetainedSlice handles
   std::uint64_t oom_recoveries = 0;
   std::uint64_t oom_failures = 0;

@@ -259,7 +259,7 @@ restart:
   if (persistent_mode || (size_match && persistent->has_size(size))) {
     if (reclaim()) goto restart;
     if (should_wait()) return Route::wait();
-    r.status = persistent->grow(size, &r.slice);
+    r.status = frozen != 0 ? AllocStatus::failed : persistent->grow(size, &r.slice);
     if (r.status != AllocStatus::ok)
       r.error = Error{r.status == AllocStatus::out_of_memory ? ErrorKind::out_of_memory
                                                               : ErrorKind::device_error,
@@ -297,7 +297,7 @@ restart:
     }
     if (reclaim()) goto restart;
     if (should_wait()) return Route::wait();
-    r.status = pool.grow(size, &r.slice);
+    r.status = frozen != 0 ? AllocStatus::failed : pool.grow(size, &r.slice);
     if (r.status == AllocStatus::ok) return r;
     // A spill already in hand says more (the plan was short) than the failure behind it.
     r.error = capacity ? capacity

@@ -123,6 +123,11 @@ class MemoryManager {
   // method is called. The manager stays usable (empty) afterwards.
   void forget();
 
+  // While frozen, no reservation takes a new page from the device (it fails with
+  // ErrorKind::device_error instead, and the interposer passes the request to the driver): a
+  // device reset in progress would free that page behind the pools' back. Freezes nest.
+  void set_frozen(bool frozen);
+
   // --- Additions beyond the first interface ----------------------------------------------------
 
   // Pins the live slice that starts at `ptr` (used by graph capture): while pinned, a free of

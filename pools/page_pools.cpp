@@ -46,8 +46,11 @@ ExclusivePool::ExclusivePool(PoolContext& ctx, std::uint64_t max_alloc_size,
 // Note [Exclusive pages]
 // ~~~~~~~~~~~~~~~~~~~~~~
 // A page holds one request, so its waste is page size minus request. New pages get the
-// request's size class: the request rounded up to an eighth of its power of two (so at most
-// 12.5% over, and sizes that differ by a few bytes share pages). Reuse takes the smallest free
+// request's size class: the request rounded up to an eighth of its power of two, but never to
+// more than 2 MiB (so at most 12.5% over for small requests and 2 MiB for large ones, the
+// driver's own granularity for large allocations: a request that nearly fills the device still
+// fits as it would without the pools; and should the rounded page not fit, the exact size is
+// tried). Sizes that differ by a few bytes share pages. Reuse takes the smallest free
 // page that fits, but never one larger than the request's class plus a quarter: an idle 8 GiB
 // scratch page must not serve a 100 MiB request (7.9 GiB of padding, and every further request
 // then needs a page of its own while the device is full), nor a 4 GiB one a 3 MiB request. A
@@ -56,8 +59,9 @@ ExclusivePool::ExclusivePool(PoolContext& ctx, std::uint64_t max_alloc_size,
 // never lost to a later request that needs the device.
 std::uint64_t ExclusivePool::page_size_for(std::uint64_t size) const {
   const std::uint64_t eff = align_up(size, alignment());
-  const std::uint64_t step =
-      std::max<std::uint64_t>(alignment(), (std::uint64_t{1} << (63 - __builtin_clzll(eff))) / 8);
+  const std::uint64_t step = std::max<std::uint64_t>(
+      alignment(),
+      std::min<std::uint64_t>((std::uint64_t{1} << (63 - __builtin_clzll(eff))) / 8, 2 * MiB));
   return std::min(align_up(eff, step), std::max(eff, align_up(max_alloc_size_, alignment())));
 }
 
@@ -73,7 +77,11 @@ Slice* ExclusivePool::try_reserve(std::uint64_t size) {
 }
 
 AllocStatus ExclusivePool::grow(std::uint64_t size, Slice** out) {
-  return grow_page(page_size_for(size), size, out);
+  const std::uint64_t page = page_size_for(size);
+  const AllocStatus status = grow_page(page, size, out);
+  const std::uint64_t exact = align_up(size, alignment());
+  if (status != AllocStatus::out_of_memory || page == exact) return status;
+  return grow_page(exact, size, out);
 }
 
 PoolReport ExclusivePool::describe() const {

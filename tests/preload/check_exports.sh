@@ -16,7 +16,8 @@ for symbol in $symbols; do
     *) echo "exported but not a CUDA entry point: $symbol"; status=1 ;;
   esac
 done
-for hooked in cudaMalloc cudaFree cudaMemGetInfo cudaDeviceReset cudaStreamCreate \
+for hooked in cudaMalloc cudaFree cudaFreeAsync cudaFreeAsync_ptsz cudaMemGetInfo cudaDeviceReset \
+              cudaStreamCreate \
               cudaStreamCreateWithFlags cudaStreamCreateWithPriority cudaStreamDestroy; do
   if ! echo "$symbols" | grep -qx "$hooked"; then
     echo "hooked entry point not exported: $hooked"

@@ -445,25 +445,32 @@ TEST_CASE("noslice_allocate_deallocate_reallocate") {
 TEST_CASE("exclusive_pages_are_size_classes_and_reuse_the_smallest_fit_within_a_bound") {
   Rig rig(custom({exclusive(1 * GiB)}), 512, 1 * GiB, FreeFence::none);
   // A new page is the request's size class: rounded up to an eighth of its power of two.
-  const DevicePtr a = rig.reserve(100 * MiB);  // class 104 MiB (steps of 8 MiB above 64 MiB)
-  const DevicePtr b = rig.reserve(5 * MiB);    // exactly 5 MiB (steps of 512 KiB)
+  const DevicePtr a = rig.reserve(99 * MiB + 1);  // class 100 MiB (steps of 2 MiB at most)
+  const DevicePtr b = rig.reserve(5 * MiB);        // exactly 5 MiB (steps of 512 KiB)
   std::uint64_t a_page = 0, b_page = 0;
   for (const PageView& p : rig.manager.pages()) {
     if (p.base == a) a_page = p.size;
     if (p.base == b) b_page = p.size;
   }
-  CHECK(a_page == 104 * MiB);
+  CHECK(a_page == 100 * MiB);
   CHECK(b_page == 5 * MiB);
   rig.manager.free(a);
   rig.manager.free(b);
   // A free page serves a request up to a quarter above its class: 4.5 MiB takes the 5 MiB page.
   CHECK(rig.reserve(4 * MiB + 512 * KiB) == b);
   // But a page far larger than the request is never handed out: 3 MiB gets a page of its own
-  // instead of the idle 104 MiB one.
+  // instead of the idle 100 MiB one.
   const DevicePtr c = rig.reserve(3 * MiB);
   CHECK(c != a);
   CHECK(rig.manager.memory_usage().bytes_padding == 512 * KiB);
   CHECK(rig.manager.check_consistency().empty());
+}
+
+TEST_CASE("a_rounded_page_that_does_not_fit_is_tried_at_the_exact_size") {
+  // 5 MiB + 1 rounds to a 5.5 MiB page; with 5.25 MiB of device only the exact size fits.
+  Rig rig(custom({exclusive(1 * GiB)}), 512, 5 * MiB + 256 * KiB, FreeFence::none);
+  REQUIRE(rig.reserve(5 * MiB + 1) != 0);
+  CHECK(rig.manager.memory_usage().bytes_reserved == 5 * MiB + 512);
 }
 
 TEST_CASE("an_idle_oversized_page_goes_back_when_the_device_fills") {
