@@ -53,7 +53,7 @@ Reservation MemoryManager::allocate(std::uint64_t size, Placement placement) {
   if (r.slice == nullptr) return Reservation{0, r.error};
   m.index.insert(r.slice->ptr, r.slice);
   m.trace(LogEvent::Kind::allocate, size, r.slice->ptr, r.slice->page->pool->kind_name());
-  return Reservation{r.slice->ptr, Error{}};
+  return Reservation{r.slice->ptr, Error{}, r.grew};
 }
 
 FreeOutcome MemoryManager::free(DevicePtr ptr) {
@@ -135,6 +135,8 @@ MemoryUsage MemoryManager::memory_usage() const {
   return impl_->usage();
 }
 
+std::uint64_t MemoryManager::alignment() const { return impl_->ctx.alignment; }
+
 std::uint64_t MemoryManager::idle_bytes() const {
   std::lock_guard lock(impl_->mutex);
   return impl_->idle();
@@ -172,6 +174,40 @@ bool MemoryManager::release_retained(const RetainedSlice& pin) {
   if (--slice->pins == 0 && slice->state == SliceState::held) m.retire(slice);
   m.finish_sync_frees(scope);
   return true;
+}
+
+std::uint64_t MemoryManager::prime(const CaptureProfile& profile) {
+  Impl& m = *impl_;
+  Impl::Scope scope(m);
+  std::uint64_t added = 0;
+  for (const auto& [size, count] : profile) {
+    if (size == 0 || size > kLargestRequest) continue;
+    for (std::uint64_t have = m.persistent->free_count(size); have < count; ++have) {
+      if (m.frozen != 0 || m.persistent->add_free(size) != AllocStatus::ok) return added;
+      added += align_up(size, m.ctx.alignment);
+    }
+  }
+  return added;
+}
+
+bool MemoryManager::reissue(const RetainedSlice& pin, std::uint64_t requested) {
+  Impl& m = *impl_;
+  Impl::Scope scope(m);
+  if (!pin || pin.generation != m.generation || requested == 0) return false;
+  Slice* slice = static_cast<Slice*>(pin.node);
+  if (slice->ptr != pin.ptr || slice->state != SliceState::held || requested > slice->size)
+    return false;
+  m.index.reserve_one();
+  slice->page->pool->reissue(slice, requested);
+  m.index.insert(slice->ptr, slice);
+  return true;
+}
+
+std::uint64_t MemoryManager::pinned_size(const RetainedSlice& pin) const {
+  std::lock_guard lock(impl_->mutex);
+  if (!pin || pin.generation != impl_->generation) return 0;
+  const Slice* slice = static_cast<const Slice*>(pin.node);
+  return slice->ptr == pin.ptr ? slice->size : 0;
 }
 
 bool MemoryManager::drain_fences() {

@@ -70,6 +70,7 @@ struct Route {
   Slice* slice = nullptr;
   Error error;
   AllocStatus status = AllocStatus::ok;
+  bool grew = false;
   bool wait_for_fence = false;  // over the fence bound: wait for the oldest fence, then route again
 
   static Route served(Slice* slice) {

@@ -260,6 +260,7 @@ restart:
     if (reclaim()) goto restart;
     if (should_wait()) return Route::wait();
     r.status = frozen != 0 ? AllocStatus::failed : persistent->grow(size, &r.slice);
+    r.grew = r.status == AllocStatus::ok;
     if (r.status != AllocStatus::ok)
       r.error = Error{r.status == AllocStatus::out_of_memory ? ErrorKind::out_of_memory
                                                               : ErrorKind::device_error,
@@ -298,7 +299,8 @@ restart:
     if (reclaim()) goto restart;
     if (should_wait()) return Route::wait();
     r.status = frozen != 0 ? AllocStatus::failed : pool.grow(size, &r.slice);
-    if (r.status == AllocStatus::ok) return r;
+    r.grew = r.status == AllocStatus::ok;
+    if (r.grew) return r;
     // A spill already in hand says more (the plan was short) than the failure behind it.
     r.error = capacity ? capacity
                        : Error{r.status == AllocStatus::out_of_memory ? ErrorKind::out_of_memory

@@ -67,8 +67,12 @@ struct PageView {
 
 struct Reservation {
   DevicePtr ptr = 0;
-  Error error;  // set when ptr == 0
+  Error error;        // set when ptr == 0
+  bool grew = false;  // a page was taken from the device for this reservation
 };
+
+// Exact sizes and how many slices of each a graph capture needed (its priming profile).
+using CaptureProfile = std::vector<std::pair<std::uint64_t, std::uint64_t>>;
 
 class MemoryManager {
  public:
@@ -110,6 +114,9 @@ class MemoryManager {
 
   MemoryUsage memory_usage() const;
 
+  // The alignment of every slice (the device's; constant).
+  std::uint64_t alignment() const;
+
   // Bytes the pools hold that no one uses and no fence protects: what cudaMemGetInfo may add to
   // "free" under memgetinfo:pooled.
   std::uint64_t idle_bytes() const;
@@ -139,6 +146,22 @@ class MemoryManager {
   // Drops one pin taken by retain(). Returns false (and changes nothing) for an empty handle or
   // one taken before forget().
   bool release_retained(const RetainedSlice& pin);
+
+  // Tops up the persistent pool so that it holds, free, at least `count` slices of the
+  // effective size of each `size` in the profile: new pages from the device, handed to no one.
+  // A graph capture begins with this, so that its window finds the memory it will ask for
+  // (Note [Priming] in capture/capture_policy.cpp). Returns the bytes added; stops at the first
+  // page the device refuses.
+  std::uint64_t prime(const CaptureProfile& profile);
+
+  // A slice the program freed while `pin` held it ("held") is handed out again, as a live
+  // allocation of `requested` bytes (at most its size) at the same address; the pin stays.
+  // False, and nothing changes, when the pin is stale, the slice is not held, or it is too
+  // small. Shared capture memory (capture_share) reuses held slices this way.
+  bool reissue(const RetainedSlice& pin, std::uint64_t requested);
+
+  // The size of the slice a pin holds (0 for an empty or stale pin).
+  std::uint64_t pinned_size(const RetainedSlice& pin) const;
 
   // Closes the open free-fence epoch and waits (Device::fence_wait) for every closed one, so
   // every pending slice is free again. Blocks: never for the hot path. Returns false when the

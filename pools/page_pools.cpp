@@ -109,6 +109,23 @@ void PersistentPool::on_release(Page* page) {
 
 bool PersistentPool::has_size(std::uint64_t size) const { return sizes_.count(eff(size)) != 0; }
 
+std::uint64_t PersistentPool::free_count(std::uint64_t size) const {
+  const std::uint64_t e = eff(size);
+  std::uint64_t count = 0;
+  for (auto it = free_.lower_bound(e, SizeKeyOrder{}); it != free_.end() && it->size == e; ++it)
+    ++count;
+  return count;
+}
+
+AllocStatus PersistentPool::add_free(std::uint64_t size) {
+  Page* page = nullptr;
+  const AllocStatus status = new_page(eff(size), &page);
+  if (status != AllocStatus::ok) return status;
+  ++sizes_[eff(size)];
+  free_.insert(page->slices.front());
+  return AllocStatus::ok;
+}
+
 PoolReport PersistentPool::describe() const {
   PoolReport r;
   r.kind = kind_name();

@@ -65,6 +65,10 @@ class PersistentPool final : public PagePool {
 
   // Whether the pool holds a slice (live or not) of the effective size of `size`.
   bool has_size(std::uint64_t size) const;
+  // Free slices of the effective size of `size`.
+  std::uint64_t free_count(std::uint64_t size) const;
+  // Adds one free slice of the effective size of `size` (a new page, handed to no one).
+  AllocStatus add_free(std::uint64_t size);
 
  protected:
   void on_release(Page* page) override;

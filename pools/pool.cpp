@@ -86,6 +86,26 @@ void Pool::make_busy(Page* page) {
 
 void Pool::to_held(Slice* slice) { slice->state = SliceState::held; }
 
+void Pool::reissue(Slice* slice, std::uint64_t requested) {
+  // A held slice still counts as in use under its old request; swap in the new one.
+  usage_.bytes_in_use -= slice->requested;
+  usage_.bytes_padding -= slice->size - slice->requested;
+  ctx_.totals.in_use -= slice->requested;
+  std::size_t bucket = SizeHistogram::bucket(slice->requested);
+  ctx_.totals.live_sizes.slices[bucket] -= 1;
+  ctx_.totals.live_sizes.bytes[bucket] -= slice->requested;
+  slice->requested = requested;
+  slice->state = SliceState::live;
+  usage_.bytes_in_use += requested;
+  usage_.bytes_padding += slice->size - requested;
+  ctx_.totals.in_use += requested;
+  ctx_.totals.in_use_peak = std::max(ctx_.totals.in_use_peak, ctx_.totals.in_use);
+  bucket = SizeHistogram::bucket(requested);
+  ctx_.totals.live_sizes.slices[bucket] += 1;
+  ctx_.totals.live_sizes.bytes[bucket] += requested;
+  ++reservations_;
+}
+
 void Pool::to_pending(Slice* slice) {
   usage_.number_allocs -= 1;
   usage_.bytes_in_use -= slice->requested;

@@ -140,6 +140,7 @@ class Pool {
   // Counter transitions driven by the manager's free path.
   void to_pending(Slice* slice);  // live or held -> pending
   void to_held(Slice* slice);     // live -> held
+  void reissue(Slice* slice, std::uint64_t requested);  // held -> live (same address)
   void give_back(Slice* slice);   // pending -> free (coalescing, idle tracking)
 
   // Releases idle pages: all of them when `explicit_cleanup`, else those idle for at least the
