@@ -119,6 +119,11 @@ void CapturePolicy::finish_priming(Capture& c) {
   release_pins(released);
 }
 
+bool CapturePolicy::is_open(CaptureId id) const {
+  std::lock_guard hold(mutex_);
+  return captures_.count(id) != 0;
+}
+
 void CapturePolicy::priming_end(CaptureId id) {
   std::lock_guard hold(mutex_);
   auto it = captures_.find(id);
@@ -284,6 +289,7 @@ Reservation CapturePolicy::allocate_shared(std::uint64_t size) {
   slice->pin = manager_.retain(r.ptr);
   slice->size = manager_.pinned_size(slice->pin);
   shared_.emplace(r.ptr, std::move(slice));
+  shared_count_.store(shared_.size(), std::memory_order_release);
   ++stats_.window_allocations;
   if (r.grew) ++stats_.from_driver;
   return r;
@@ -299,6 +305,7 @@ FreeOutcome CapturePolicy::free_shared(DevicePtr ptr, bool in_window) {
     slice->pin = pin;
     slice->size = manager_.pinned_size(pin);
     it = shared_.emplace(ptr, std::move(slice)).first;
+    shared_count_.store(shared_.size(), std::memory_order_release);
   } else if (!it->second->program_holds) {
     return manager_.free(ptr);  // already freed: the manager classifies it (double free)
   }
@@ -319,6 +326,7 @@ void CapturePolicy::release_shared_if_unused() {
   for (auto& [ptr, slice] : shared_) manager_.release_retained(slice->pin);
   shared_.clear();
   shared_free_.clear();
+  shared_count_.store(0, std::memory_order_release);
 }
 
 // --- Reset and stats -----------------------------------------------------------------------------
@@ -331,6 +339,7 @@ void CapturePolicy::forget() {
   graphs_.clear();  // their pin sets come back to release() as no-ops, or never
   shared_.clear();
   shared_free_.clear();
+  shared_count_.store(0, std::memory_order_release);
   shared_graphs_ = 0;
 }
 

@@ -75,6 +75,12 @@ class CapturePolicy {
 
   // True while a capture is open on the device: one atomic load, for the hot path.
   bool open() const { return open_.load(std::memory_order_acquire) != 0; }
+  // Whether frees must come through free(): a window is open, or shared capture memory exists.
+  bool routes_frees() const {
+    return open() || shared_count_.load(std::memory_order_acquire) != 0;
+  }
+  // Whether capture `id` is open here (begun through begin()).
+  bool is_open(CaptureId id) const;
 
   // Automatic priming (Note [Priming]): tops the persistent pool up to the largest profile seen.
   // Called before the capture begins, outside its window.
@@ -132,6 +138,7 @@ class CapturePolicy {
   const CaptureOptions options_;
   mutable RankedMutex mutex_{LockRank::capture};
   std::atomic<std::uint32_t> open_{0};
+  std::atomic<std::uint64_t> shared_count_{0};  // slices in shared capture memory
   std::atomic<PinSet*> pending_{nullptr};
   std::unordered_map<CaptureId, std::unique_ptr<Capture>> captures_;
   std::unordered_set<PinSet*> graphs_;      // pin sets CUDA still holds

@@ -160,7 +160,7 @@ struct Option {
 // Config holds, rendered by the row's own describe function. constexpr (string views and
 // function pointers only): the table is constant-initialised, with no dynamic initialiser, so
 // parse_config works even when a hook runs before the library's static initialisers.
-constexpr std::array<Option, 13> kOptions = {{
+constexpr std::array<Option, 14> kOptions = {{
     {"pools", "the dynamic pools: a preset or a list of pools tried in order", &parse_pools_option,
      &describe_pools, &grammar_pools},
     POOLCUDA_WORD_OPTION("persistent", kPersistentWords, &Config::persistent,
@@ -181,6 +181,9 @@ constexpr std::array<Option, 13> kOptions = {{
                          "1: write one report when the process exits"),
     POOLCUDA_WORD_OPTION("log", kLogWords, &Config::log,
                          "log level on stderr (basic: warnings and out-of-memory details)"),
+    POOLCUDA_WORD_OPTION("capture_share", kOnOffWords, &Config::capture_share,
+                         "on: graphs captured on a device share one pool of pinned memory "
+                         "(only for graphs that never run at the same time)"),
     POOLCUDA_WORD_OPTION("managed", kOnOffWords, &Config::managed,
                          "serve cudaMallocManaged from bump slabs"),
     {"managed_slab", "size of one managed-memory slab", &parse_managed_slab,

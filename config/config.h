@@ -31,6 +31,7 @@ struct Config {
   std::string report_path = "stderr";  // or a path; %p = pid, %n = sequence number
   bool report_at_exit = false;
   LogLevel log = LogLevel::basic;
+  bool capture_share = false;
   bool managed = true;
   std::uint64_t managed_slab = 64 * MiB;
   MemGetInfoMode memgetinfo = MemGetInfoMode::pooled;

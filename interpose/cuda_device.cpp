@@ -8,9 +8,13 @@
 // non-blocking stream the program created gets an event of its own. A stream destroyed with
 // work pending is fine: its event was recorded before the destroy and still completes.
 // Recording on the legacy stream while a blocking stream captures would invalidate that
-// capture (and recording on a capturing stream would become part of the graph), so when any
-// tracked stream, the legacy stream or this thread's default stream reports an open capture,
-// no fence is recorded at all: the manager keeps the epoch open and tries again later.
+// capture (and recording on a capturing stream would become part of the graph), so while any
+// capture is open on the device no fence is recorded at all: the manager keeps the epoch open
+// and tries again later. The capture hooks count the captures they see begin and end, and a
+// begin happens under the stream table's lock, which a fence holds from its check to its last
+// record: a capture that begins on another thread can never fall between the two. Captures
+// begun behind the hooks' back are found by asking the legacy stream, this thread's default
+// stream and every tracked stream.
 //
 // Note [Destroyed streams]
 // cudaStreamDestroy returns at once and the stream's queued work runs to completion afterwards.
@@ -175,6 +179,7 @@ void CudaDevice::adopt_stream_tail(cudaStream_t stream) {
 // Caller holds the stream table's lock and an OwnCallScope. Drops the stale streams it meets
 // (Note [Stale streams]).
 bool CudaDevice::capture_open() {
+  if (hooked_captures_.load(std::memory_order_acquire) > 0) return true;
   if (is_capturing(cudaStreamLegacy) || is_capturing(cudaStreamPerThread)) return true;
   std::vector<cudaStream_t> gone;
   bool open = false;

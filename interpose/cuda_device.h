@@ -10,6 +10,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <atomic>
 #include <cstdint>
 #include <mutex>
 #include <vector>
@@ -47,6 +48,14 @@ class CudaDevice final : public Device {
   // [Destroyed streams] in cuda_device.cpp). Caller holds the stream table's lock.
   void adopt_stream_tail(cudaStream_t stream);
 
+  // A stream capture began (ended) on this device through the hooks (interpose/capture_hooks.cpp).
+  // began() is called with the stream table's lock held, right after the real begin: a fence is
+  // recorded under the same lock, so the two exclude each other (Note [Fence streams]).
+  void capture_began() { hooked_captures_.fetch_add(1, std::memory_order_acq_rel); }
+  void capture_ended() { hooked_captures_.fetch_sub(1, std::memory_order_acq_rel); }
+  // cudaDeviceReset ended every capture of the device.
+  void captures_forgotten() { hooked_captures_.store(0, std::memory_order_release); }
+
   // cudaDeviceReset destroyed every event of the device: drop the cached events, and make sure
   // no event created or recorded before the reset is ever used again (a fence that comes back
   // from before the reset is dropped, not recycled).
@@ -72,6 +81,7 @@ class CudaDevice final : public Device {
   std::vector<cudaEvent_t> tails_;   // recorded last on destroyed streams, maybe not complete
   std::vector<Fence*> fences_;       // recycled fence records
   std::uint64_t generation_ = 0;     // bumped by forget_events()
+  std::atomic<int> hooked_captures_{0};  // captures begun through the hooks, still open
 };
 
 }  // namespace poolcuda

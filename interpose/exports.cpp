@@ -101,3 +101,49 @@ POOLCUDA_EXPORT cudaError_t cudaStreamDestroy(cudaStream_t stream) {
   if (pc::bypass()) return pc::real::cudaStreamDestroy()(stream);
   return pc::guarded([&] { return pc::hooks::stream_destroy(stream); });
 }
+
+POOLCUDA_EXPORT cudaError_t cudaStreamBeginCapture(cudaStream_t stream,
+                                                   cudaStreamCaptureMode mode) {
+  if (pc::bypass()) return pc::real::cudaStreamBeginCapture()(stream, mode);
+  return pc::guarded([&] { return pc::hooks::stream_begin_capture(stream, mode, false); });
+}
+
+POOLCUDA_EXPORT cudaError_t cudaStreamBeginCapture_ptsz(cudaStream_t stream,
+                                                        cudaStreamCaptureMode mode) {
+  if (pc::bypass()) return pc::real::cudaStreamBeginCapture_ptsz()(stream, mode);
+  return pc::guarded([&] { return pc::hooks::stream_begin_capture(stream, mode, true); });
+}
+
+POOLCUDA_EXPORT cudaError_t cudaStreamBeginCaptureToGraph(
+    cudaStream_t stream, cudaGraph_t graph, const cudaGraphNode_t* dependencies,
+    const cudaGraphEdgeData* edges, size_t count, cudaStreamCaptureMode mode) {
+  if (pc::bypass())
+    return pc::real::cudaStreamBeginCaptureToGraph()(stream, graph, dependencies, edges, count,
+                                                     mode);
+  return pc::guarded([&] {
+    return pc::hooks::stream_begin_capture_to_graph(stream, graph, dependencies, edges, count,
+                                                    mode, false);
+  });
+}
+
+POOLCUDA_EXPORT cudaError_t cudaStreamBeginCaptureToGraph_ptsz(
+    cudaStream_t stream, cudaGraph_t graph, const cudaGraphNode_t* dependencies,
+    const cudaGraphEdgeData* edges, size_t count, cudaStreamCaptureMode mode) {
+  if (pc::bypass())
+    return pc::real::cudaStreamBeginCaptureToGraph_ptsz()(stream, graph, dependencies, edges,
+                                                          count, mode);
+  return pc::guarded([&] {
+    return pc::hooks::stream_begin_capture_to_graph(stream, graph, dependencies, edges, count,
+                                                    mode, true);
+  });
+}
+
+POOLCUDA_EXPORT cudaError_t cudaStreamEndCapture(cudaStream_t stream, cudaGraph_t* graph) {
+  if (pc::bypass()) return pc::real::cudaStreamEndCapture()(stream, graph);
+  return pc::guarded([&] { return pc::hooks::stream_end_capture(stream, graph, false); });
+}
+
+POOLCUDA_EXPORT cudaError_t cudaStreamEndCapture_ptsz(cudaStream_t stream, cudaGraph_t* graph) {
+  if (pc::bypass()) return pc::real::cudaStreamEndCapture_ptsz()(stream, graph);
+  return pc::guarded([&] { return pc::hooks::stream_end_capture(stream, graph, true); });
+}

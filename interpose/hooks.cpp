@@ -81,7 +81,9 @@ cudaError_t malloc(void** ptr, std::size_t size) {
   // Larger than the device: the real call fails cleanly and sets its own error.
   if (size > registry.device(device)->total_bytes()) return forward_malloc(device, ptr, size);
 
-  Reservation reservation = manager->allocate(size);
+  CapturePolicy& capture = *registry.capture(device);
+  if (capture.releases_pending()) capture.drain_releases();  // Note [Graph lifetimes]
+  Reservation reservation = capture.open() ? capture.allocate(size) : manager->allocate(size);
   // A sticky context error is not checked on a hit: that would cost a runtime call on every
   // allocation, and the program's next launch or synchronisation reports the error anyway.
   if (reservation.ptr != 0) {
@@ -113,17 +115,22 @@ namespace {
 // A pooled pointer goes back to its manager; anything else answers `not_mine`. `device` is the
 // current one, tried first; a pointer allocated on another device may be freed with any device
 // current. *owner is the device whose manager answered.
+FreeOutcome free_on(Registry& registry, int device, DevicePtr address) {
+  MemoryManager* manager = registry.manager(device);
+  if (manager == nullptr) return FreeOutcome::not_mine;
+  CapturePolicy& capture = *registry.capture(device);
+  if (capture.releases_pending()) capture.drain_releases();  // Note [Graph lifetimes]
+  return capture.routes_frees() ? capture.free(address) : manager->free(address);
+}
+
 FreeOutcome free_pooled(Registry& registry, int device, void* ptr, int* owner) {
   const auto address = reinterpret_cast<DevicePtr>(ptr);
-  FreeOutcome outcome = FreeOutcome::not_mine;
+  FreeOutcome outcome = free_on(registry, device, address);
   *owner = device;
-  if (MemoryManager* manager = registry.manager(device)) outcome = manager->free(address);
   for (int other = 0; outcome == FreeOutcome::not_mine && other < Registry::kMaxDevices;
        ++other) {
     if (other == device) continue;
-    MemoryManager* manager = registry.manager(other);
-    if (manager == nullptr) continue;
-    outcome = manager->free(address);
+    outcome = free_on(registry, other, address);
     *owner = other;
   }
   return outcome;
@@ -226,7 +233,9 @@ cudaError_t device_reset() {
   auto forget = [&] {
     if (manager != nullptr) {
       manager->forget();
+      registry.capture(device)->forget();
       registry.device(device)->forget_events();
+      registry.device(device)->captures_forgotten();
     }
     registry.streams().forget_device(device);
   };
@@ -265,6 +274,9 @@ cudaError_t stream_create_with_priority(cudaStream_t* stream, unsigned int flags
 
 cudaError_t stream_destroy(cudaStream_t stream) {
   Registry& registry = Registry::instance();
+  // A capture still open on the stream ends with it, as failed.
+  int capture_device = -1;
+  const unsigned long long capture = stream_capture_id(stream, &capture_device);
   {
     // Out of the table first: no fence may be recorded on it once the real destroy has run.
     // Its queued work still runs after the destroy, so later fences wait for its tail (Note
@@ -277,7 +289,9 @@ cudaError_t stream_destroy(cudaStream_t stream) {
       if (CudaDevice* device = registry.device(removed.device)) device->adopt_stream_tail(stream);
     }
   }
-  return real::cudaStreamDestroy()(stream);
+  const cudaError_t result = real::cudaStreamDestroy()(stream);
+  if (capture != 0) stream_destroyed_while_capturing(stream, capture_device, capture);
+  return result;
 }
 
 }  // namespace poolcuda::hooks

@@ -22,4 +22,18 @@ cudaError_t stream_create_with_flags(cudaStream_t* stream, unsigned int flags);
 cudaError_t stream_create_with_priority(cudaStream_t* stream, unsigned int flags, int priority);
 cudaError_t stream_destroy(cudaStream_t stream);
 
+// capture_hooks.cpp
+cudaError_t stream_begin_capture(cudaStream_t stream, cudaStreamCaptureMode mode,
+                                 bool per_thread);
+cudaError_t stream_begin_capture_to_graph(cudaStream_t stream, cudaGraph_t graph,
+                                          const cudaGraphNode_t* dependencies,
+                                          const cudaGraphEdgeData* edges, std::size_t count,
+                                          cudaStreamCaptureMode mode, bool per_thread);
+cudaError_t stream_end_capture(cudaStream_t stream, cudaGraph_t* graph, bool per_thread);
+// The capture open on `stream` (0 when none) and the stream's device, asked before the stream
+// is destroyed; afterwards stream_destroyed_while_capturing closes that capture as failed.
+unsigned long long stream_capture_id(cudaStream_t stream, int* device);
+void stream_destroyed_while_capturing(cudaStream_t stream, int device,
+                                      unsigned long long capture_id);
+
 }  // namespace poolcuda::hooks

@@ -13,6 +13,20 @@
 // built for them.
 extern "C" {
 cudaError_t cudaFreeAsync_ptsz(void* devPtr, cudaStream_t hStream);
+cudaError_t cudaStreamBeginCapture_ptsz(cudaStream_t stream, cudaStreamCaptureMode mode);
+cudaError_t cudaStreamBeginCaptureToGraph_ptsz(cudaStream_t stream, cudaGraph_t graph,
+                                               const cudaGraphNode_t* dependencies,
+                                               const cudaGraphEdgeData* dependencyData,
+                                               size_t numDependencies,
+                                               cudaStreamCaptureMode mode);
+cudaError_t cudaStreamEndCapture_ptsz(cudaStream_t stream, cudaGraph_t* pGraph);
+cudaError_t cudaStreamGetCaptureInfo_ptsz(cudaStream_t stream,
+                                          cudaStreamCaptureStatus* captureStatus_out,
+                                          unsigned long long* id_out, cudaGraph_t* graph_out,
+                                          const cudaGraphNode_t** dependencies_out,
+                                          const cudaGraphEdgeData** edgeData_out,
+                                          size_t* numDependencies_out);
+cudaError_t cudaStreamGetDevice_ptsz(cudaStream_t hStream, int* device);
 }
 
 // Every real function the library calls. Add a name here and real::<name>() exists.
@@ -29,6 +43,19 @@ cudaError_t cudaFreeAsync_ptsz(void* devPtr, cudaStream_t hStream);
   X(cudaStreamCreateWithPriority)           \
   X(cudaStreamDestroy)                      \
   X(cudaStreamIsCapturing)                  \
+  X(cudaStreamBeginCapture)                 \
+  X(cudaStreamBeginCapture_ptsz)            \
+  X(cudaStreamBeginCaptureToGraph)          \
+  X(cudaStreamBeginCaptureToGraph_ptsz)     \
+  X(cudaStreamEndCapture)                   \
+  X(cudaStreamEndCapture_ptsz)              \
+  X(cudaStreamGetCaptureInfo)               \
+  X(cudaStreamGetCaptureInfo_ptsz)          \
+  X(cudaStreamGetDevice)                    \
+  X(cudaStreamGetDevice_ptsz)               \
+  X(cudaUserObjectCreate)                   \
+  X(cudaUserObjectRelease)                  \
+  X(cudaGraphRetainUserObject)              \
   X(cudaThreadExchangeStreamCaptureMode)    \
   X(cudaGetDevice)                          \
   X(cudaSetDevice)                          \

@@ -35,6 +35,11 @@ CudaDevice* Registry::device(int device) const {
   return devices_[device].load(std::memory_order_acquire);
 }
 
+CapturePolicy* Registry::capture(int device) const {
+  if (!in_range(device)) return nullptr;
+  return captures_[device].load(std::memory_order_acquire);
+}
+
 MemoryManager* Registry::manager_or_create(int device) {
   if (!in_range(device)) return nullptr;
   if (MemoryManager* existing = managers_[device].load(std::memory_order_acquire)) return existing;
@@ -72,7 +77,10 @@ MemoryManager* Registry::manager_or_create(int device) {
     return true;
   }();
   (void)capture_check_set;
+  auto* capture = new CapturePolicy(*manager, CaptureOptions{conf.capture_share});
   devices_[device].store(cuda_device, std::memory_order_release);
+  captures_[device].store(capture, std::memory_order_release);
+  // Published last: whoever finds the manager finds the device and the capture policy too.
   managers_[device].store(manager, std::memory_order_release);
   log_format(LogLevel::full, "device %d: pools created (%llu bytes of device memory)", device,
              static_cast<unsigned long long>(cuda_device->total_bytes()));
@@ -109,6 +117,13 @@ ReportDocument Registry::document(const ReportHeader& header) const {
   section.add(key, label, ReportValue::of(Unit::count, counters.member.load(std::memory_order_relaxed)));
     POOLCUDA_PASSTHROUGH_COUNTERS(POOLCUDA_FIELD)
 #undef POOLCUDA_FIELD
+    // The capture part, once the device has seen a capture.
+    if (CapturePolicy* policy = capture(managers[i].device)) {
+      policy->drain_releases();  // graphs already gone are not reported as holding memory
+      const CaptureStats stats = policy->stats();
+      if (stats.captures + stats.failed_captures + stats.open_captures != 0)
+        doc.devices[i].sections.push_back(describe(stats));
+    }
   }
   return doc;
 }

@@ -11,6 +11,7 @@
 #include <mutex>
 #include <vector>
 
+#include "capture/capture_policy.h"
 #include "interpose/cuda_device.h"
 #include "interpose/stream_table.h"
 #include "pools/lock_order.h"
@@ -41,6 +42,8 @@ class Registry {
   // The device's manager, or nullptr when it has none yet (or `device` is out of range).
   MemoryManager* manager(int device) const;
   CudaDevice* device(int device) const;
+  // The device's capture policy; exists exactly when its manager does.
+  CapturePolicy* capture(int device) const;
 
   // The device's manager, created now if needed with the configured layout and options.
   // nullptr when the device cannot be used (its memory size cannot be read): the caller passes
@@ -70,6 +73,7 @@ class Registry {
 
   std::atomic<MemoryManager*> managers_[kMaxDevices] = {};
   std::atomic<CudaDevice*> devices_[kMaxDevices] = {};
+  std::atomic<CapturePolicy*> captures_[kMaxDevices] = {};
   PassthroughCounters passthrough_[kMaxDevices];
   std::atomic<bool> logged_[static_cast<int>(Once::count)][kMaxDevices] = {};
   RankedMutex create_mutex_{LockRank::registry};

@@ -28,7 +28,11 @@ Reservation MemoryManager::allocate(std::uint64_t size, Placement placement) {
   std::uint32_t wait_budget_us = kFenceWaitBoundMicros;  // for the whole reservation
   Route r = m.route(size, placement, wait_budget_us);
   while (r.wait_for_fence) {
-    m.wait_for_oldest_fence(scope, &wait_budget_us);
+    if (r.patient) {
+      m.wait_for_oldest_fence(scope);
+    } else {
+      m.wait_for_oldest_fence(scope, &wait_budget_us);
+    }
     r = m.route(size, placement, wait_budget_us);
   }
   if (r.slice == nullptr && r.status == AllocStatus::out_of_memory) {
@@ -179,6 +183,12 @@ bool MemoryManager::release_retained(const RetainedSlice& pin) {
 std::uint64_t MemoryManager::prime(const CaptureProfile& profile) {
   Impl& m = *impl_;
   Impl::Scope scope(m);
+  // Slices a graph released just now wait for their fence: give the device the same bounded
+  // time a miss would, so they count as free instead of being doubled.
+  m.close_epoch();
+  std::uint32_t budget = kFenceWaitBoundMicros;
+  while (m.persistent->pending_bytes() > 0 && budget > 0 && m.fences.any_closed())
+    m.wait_for_oldest_fence(scope, &budget);
   std::uint64_t added = 0;
   for (const auto& [size, count] : profile) {
     if (size == 0 || size > kLargestRequest) continue;

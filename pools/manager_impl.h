@@ -72,15 +72,19 @@ struct Route {
   AllocStatus status = AllocStatus::ok;
   bool grew = false;
   bool wait_for_fence = false;  // over the fence bound: wait for the oldest fence, then route again
+  // A capped pool is full of memory that only waits for its fence: wait as the real cudaFree
+  // would have, without a time bound (Note [Free fences]).
+  bool patient = false;
 
   static Route served(Slice* slice) {
     Route r;
     r.slice = slice;
     return r;
   }
-  static Route wait() {
+  static Route wait(bool patient = false) {
     Route r;
     r.wait_for_fence = true;
+    r.patient = patient;
     return r;
   }
 };
@@ -124,6 +128,8 @@ struct MemoryManager::Impl {
   // Waits (unlocked) at most *budget_us for the oldest closed epoch and takes the time spent
   // from it.
   void wait_for_oldest_fence(Scope& scope, std::uint32_t* budget_us);
+  // Waits (unlocked, without a time bound) for the oldest closed epoch; false when none is.
+  bool wait_for_oldest_fence(Scope& scope);
   Route recover_from_oom(Scope& scope, std::uint64_t size, Placement placement);
   void retire(Slice* slice);  // live/held -> pending or free, by the fence mode
   void close_epoch();

@@ -58,9 +58,10 @@
 // each free.
 //
 // A capped pool at its cap may hold memory that only waits for its fence: before the cap
-// refuses (or spills to a later pool), the miss reclaims passed fences and, within the same
-// time bound, waits for the oldest one, so a program that frees as fast as it allocates under
-// a cap never sees memory it already gave back refused.
+// refuses (or spills to a later pool), the miss reclaims passed fences and then waits for the
+// oldest one, without a time bound as the real cudaFree of that memory would have, so a program
+// that frees as fast as it allocates under a cap never sees memory it already gave back
+// refused.
 //
 // Capture under FreeFence::sync. A device-wide synchronize while a stream capture is open
 // would invalidate the capture, so while Device::capture_active() says one is open a free
@@ -229,6 +230,17 @@ void MemoryManager::Impl::wait_for_oldest_fence(Scope& scope, std::uint32_t* bud
                             std::to_string(pending()) + " B pending after");
 }
 
+bool MemoryManager::Impl::wait_for_oldest_fence(Scope& scope) {
+  const FenceTicket ticket = fences.borrow_oldest();
+  if (!ticket) return false;
+  scope.unlock();  // Note [Outside the lock]
+  device.fence_wait(ticket.fence);
+  scope.relock();
+  fences.give_back_ticket(device, ticket);
+  fences.reap(device, kGiveBack);
+  return true;
+}
+
 Route MemoryManager::Impl::route(std::uint64_t size, Placement placement,
                                  std::uint32_t wait_budget_us) {
   const bool persistent_mode = placement == Placement::persistent || windows > 0 ||
@@ -277,8 +289,8 @@ restart:
       // Memory this pool holds may only be waiting for its fence (Note [Free fences]).
       if (pool.pending_bytes() > 0) {
         if (reclaim()) goto restart;
-        if (may_wait && !refused && fences.any_closed() && !device.capture_active())
-          return Route::wait();
+        if (!refused && fences.any_closed() && capture_windows == 0 && !device.capture_active())
+          return Route::wait(true);
       }
       if (!capacity_warned[i]) {
         capacity_warned[i] = true;
@@ -332,12 +344,7 @@ std::uint64_t MemoryManager::Impl::cleanup_all(bool explicit_cleanup) {
 
 bool MemoryManager::Impl::drain(Scope& scope) {
   const bool closed = fences.open_count() == 0 || fences.close(device);
-  while (FenceTicket ticket = fences.borrow_oldest()) {
-    scope.unlock();  // Note [Outside the lock]
-    device.fence_wait(ticket.fence);
-    scope.relock();
-    fences.give_back_ticket(device, ticket);
-    fences.reap(device, kGiveBack);
+  while (wait_for_oldest_fence(scope)) {
   }
   return closed;
 }
@@ -361,13 +368,7 @@ Route MemoryManager::Impl::recover_from_oom(Scope& scope, std::uint64_t size,
     if (r.slice != nullptr || r.status != AllocStatus::out_of_memory) return r;
     // Then the fences, oldest first, retrying after each (Note [Free fences]).
     if (fences.open_count() != 0 && !fences.close(device)) return r;  // a capture is open
-    const FenceTicket ticket = fences.borrow_oldest();
-    if (!ticket) return r;
-    scope.unlock();
-    device.fence_wait(ticket.fence);
-    scope.relock();
-    fences.give_back_ticket(device, ticket);
-    fences.reap(device, kGiveBack);
+    if (!wait_for_oldest_fence(scope)) return r;
     cleanup_all(true);
   }
 }

@@ -220,6 +220,7 @@ struct Capture {
   std::vector<std::weak_ptr<Stream>> members;  // origin and joined streams
   cudaGraph_t graph_handle = nullptr;
   std::shared_ptr<Graph> graph;
+  bool owns_graph = true;  // false when capturing into the program's graph (ToGraph)
   bool invalidated = false;
   std::vector<cudaGraphNode_t> deps;
   std::vector<cudaGraphEdgeData> edges;
@@ -239,7 +240,9 @@ bool invalidate_blocking_captures_locked(int device);
 // capture, the capture is invalidated and, if the stream began it, ended. Returns the graph of an
 // ended capture, to be destroyed by the caller once state_mutex is released.
 cudaGraph_t abandon_capture_locked(Stream& s);
-cudaError_t begin_capture(const StreamRef& s, cudaStreamCaptureMode mode);
+// `into`: cudaStreamBeginCaptureToGraph's graph (the nodes are appended to it, and it is not
+// destroyed if the capture fails); nullptr makes a new graph.
+cudaError_t begin_capture(const StreamRef& s, cudaStreamCaptureMode mode, cudaGraph_t into = nullptr);
 cudaError_t end_capture(const StreamRef& s, cudaGraph_t* graph);
 // Stream-ordered allocation: memory nodes inside a capture, an allocation now (and a free when
 // the stream reaches it) outside one.

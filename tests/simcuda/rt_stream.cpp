@@ -259,6 +259,31 @@ cudaError_t cudaStreamBeginCapture_ptsz(cudaStream_t stream, cudaStreamCaptureMo
   SIM_RETURN(begin_capture(resolve_stream(stream, true), mode));
 }
 
+cudaError_t cudaStreamBeginCaptureToGraph(cudaStream_t stream, cudaGraph_t graph,
+                                          const cudaGraphNode_t* dependencies,
+                                          const cudaGraphEdgeData* dependencyData,
+                                          size_t numDependencies, cudaStreamCaptureMode mode) {
+  SIM_ENTER();
+  (void)dependencies;  // the stand-in's graphs are linear: every node follows the last one
+  (void)dependencyData;
+  (void)numDependencies;
+  if (!graph) SIM_RETURN(cudaErrorInvalidValue);
+  SIM_RETURN(begin_capture(resolve_stream(stream, false), mode, graph));
+}
+
+cudaError_t cudaStreamBeginCaptureToGraph_ptsz(cudaStream_t stream, cudaGraph_t graph,
+                                               const cudaGraphNode_t* dependencies,
+                                               const cudaGraphEdgeData* dependencyData,
+                                               size_t numDependencies,
+                                               cudaStreamCaptureMode mode) {
+  SIM_ENTER();
+  (void)dependencies;
+  (void)dependencyData;
+  (void)numDependencies;
+  if (!graph) SIM_RETURN(cudaErrorInvalidValue);
+  SIM_RETURN(begin_capture(resolve_stream(stream, true), mode, graph));
+}
+
 cudaError_t cudaStreamEndCapture(cudaStream_t stream, cudaGraph_t* pGraph) {
   SIM_ENTER();
   SIM_RETURN(end_capture(resolve_stream(stream, false), pGraph));

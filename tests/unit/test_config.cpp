@@ -73,7 +73,8 @@ TEST_CASE("empty and blank configurations give the defaults") {
   CHECK(describe_config(defaults) ==
         "pools:subslices,persistent:enabled,free_fence:events,fence_slack:64MiB,"
         "report_signal:USR1,"
-        "report_format:text,report_path:stderr,report_at_exit:0,log:basic,managed:on,"
+        "report_format:text,report_path:stderr,report_at_exit:0,log:basic,capture_share:off,"
+        "managed:on,"
         "managed_slab:64MiB,memgetinfo:pooled,confirm:0");
 }
 
@@ -268,7 +269,12 @@ TEST_CASE("describe_config round-trips") {
 
 TEST_CASE("the option table lists every key once with its default") {
   const auto keys = config_keys();
-  REQUIRE(keys.size() == 13);
+  const std::vector<std::string_view> names = {
+      "pools",         "persistent",   "free_fence",     "fence_slack", "report_signal",
+      "report_format", "report_path",  "report_at_exit", "log",         "capture_share",
+      "managed",       "managed_slab", "memgetinfo",     "confirm"};
+  REQUIRE(keys.size() == names.size());
+  for (std::size_t i = 0; i < names.size(); ++i) CHECK(keys[i].key == names[i]);
   std::string rebuilt;
   for (const auto& key : keys) {
     CHECK_FALSE(key.summary.empty());
