@@ -28,7 +28,10 @@ constexpr Word<PersistentMode> kPersistentWords[] = {{"enabled", PersistentMode:
                                                      {"disabled", PersistentMode::disabled},
                                                      {"enforced", PersistentMode::enforced}};
 constexpr Word<FreeFence> kFenceWords[] = {
-    {"events", FreeFence::events}, {"sync", FreeFence::sync}, {"none", FreeFence::none}};
+    {"auto", FreeFence::automatic},
+    {"events", FreeFence::events},
+    {"sync", FreeFence::sync},
+    {"none", FreeFence::none}};
 constexpr Word<ReportSignal> kSignalWords[] = {
     {"USR1", ReportSignal::usr1}, {"USR2", ReportSignal::usr2}, {"none", ReportSignal::none}};
 constexpr Word<ReportFormat> kFormatWords[] = {

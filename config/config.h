@@ -22,7 +22,7 @@ enum class MemGetInfoMode : std::uint8_t { pooled, raw };
 struct Config {
   PoolLayout pools;
   PersistentMode persistent = PersistentMode::enabled;
-  FreeFence free_fence = FreeFence::events;
+  FreeFence free_fence = FreeFence::automatic;
   // Bytes freed memory may hold while it waits for free fences before a reservation that
   // would grow a pool waits for the oldest fence instead; 0: always wait first.
   std::uint64_t fence_slack = 64 * MiB;

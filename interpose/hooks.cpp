@@ -285,7 +285,8 @@ cudaError_t stream_destroy(cudaStream_t stream) {
     auto table = registry.streams().lock();
     TrackedStream removed;
     if (registry.streams().remove_locked(stream, &removed) &&
-        config().free_fence == FreeFence::events) {
+        (config().free_fence == FreeFence::events ||
+         config().free_fence == FreeFence::automatic)) {
       if (CudaDevice* device = registry.device(removed.device)) device->adopt_stream_tail(stream);
     }
   }

@@ -152,6 +152,16 @@ void MemoryManager::forget() {
   m.drop_everything();
 }
 
+void MemoryManager::set_stream_ordered(bool ordered) {
+  std::lock_guard lock(impl_->mutex);  // frees read the flag under this lock: a barrier
+  impl_->stream_ordered = ordered;
+}
+
+bool MemoryManager::stream_ordered() const {
+  std::lock_guard lock(impl_->mutex);
+  return impl_->stream_ordered;
+}
+
 void MemoryManager::set_frozen(bool frozen) {
   std::lock_guard lock(impl_->mutex);
   if (frozen) {
@@ -183,10 +193,10 @@ bool MemoryManager::release_retained(const RetainedSlice& pin) {
 std::uint64_t MemoryManager::prime(const CaptureProfile& profile) {
   Impl& m = *impl_;
   Impl::Scope scope(m);
-  // Slices a graph released just now wait for their fence: give the device the same bounded
-  // time a miss would, so they count as free instead of being doubled.
+  // Slices a graph released just now wait for their fence: give the device a bounded time to
+  // pass it, so they count as free instead of being doubled (priming is rare: a capture begin).
   m.close_epoch();
-  std::uint32_t budget = kFenceWaitBoundMicros;
+  std::uint32_t budget = kPrimeWaitMicros;
   while (m.persistent->pending_bytes() > 0 && budget > 0 && m.fences.any_closed())
     m.wait_for_oldest_fence(scope, &budget);
   std::uint64_t added = 0;

@@ -29,6 +29,9 @@ namespace poolcuda {
 // one page (or one allocation) per kFenceWaitBoundMicros.
 inline constexpr std::uint32_t kFenceWaitBoundMicros = 2000;
 
+// The most priming waits for the fences of persistent slices released just before a capture.
+inline constexpr std::uint32_t kPrimeWaitMicros = 20000;
+
 // The most out-of-memory recovery waits for released pages to reach the driver (their free
 // synchronizes the device, which a parked stream can hold up forever).
 inline constexpr std::uint32_t kReleaseFlushMicros = 200000;
@@ -170,6 +173,7 @@ struct MemoryManager::Impl {
   std::uint64_t windows = 0;          // open persistent windows
   std::uint64_t capture_windows = 0;  // open stream captures on the device
   std::uint32_t frozen = 0;           // set_frozen() nesting: no page is taken from the device
+  bool stream_ordered = false;        // free_fence:auto: frees return at once
   std::uint64_t generation = 1;  // bumped by forget(): invalidates RetainedSlice handles
   std::uint64_t oom_recoveries = 0;
   std::uint64_t oom_failures = 0;

@@ -22,7 +22,10 @@
 // its slices to their pools, which coalesce them. Reaping only queries (fence_passed), never
 // blocks; when a miss reaped something, routing restarts so the returned memory is used before
 // the device is asked for more. FreeFence::sync calls Device::synchronize() and frees at once;
-// FreeFence::none frees at once (single-stream programs, measurements).
+// FreeFence::none frees at once (single-stream programs, measurements). FreeFence::automatic
+// frees at once while the interposer says the device's work is one ordered queue
+// (set_stream_ordered; Note [Stream-ordered reuse] in interpose/stream_order.cpp), and as
+// under events otherwise.
 //
 // The bound. Reaping alone cannot keep up with a host that runs far ahead of the device (the
 // usual case on a GPU: kernels are queued, not finished). A loop that allocates and frees one
@@ -378,7 +381,10 @@ Route MemoryManager::Impl::recover_from_oom(Scope& scope, std::uint64_t size,
 void MemoryManager::Impl::retire(Slice* slice) {
   Pool* pool = slice->page->pool;
   pool->to_pending(slice);
-  switch (options.free_fence) {
+  FreeFence mode = options.free_fence;
+  // One ordered queue: any later user of the memory runs after every earlier one.
+  if (mode == FreeFence::automatic) mode = stream_ordered ? FreeFence::none : FreeFence::events;
+  switch (mode) {
     case FreeFence::none:
       pool->give_back(slice);
       return;
@@ -394,6 +400,7 @@ void MemoryManager::Impl::retire(Slice* slice) {
         return;
       }
       [[fallthrough]];
+    case FreeFence::automatic:
     case FreeFence::events: {
       fences.add(slice);
       const std::uint64_t now = coarse_nanos();

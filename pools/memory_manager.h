@@ -37,7 +37,7 @@ struct ManagerOptions {
   int device_index = 0;
   PoolLayout layout;
   PersistentMode persistent = PersistentMode::enabled;
-  FreeFence free_fence = FreeFence::events;
+  FreeFence free_fence = FreeFence::automatic;
   // Frees per epoch before the epoch is closed even without a miss (Note [Free fences]).
   std::uint32_t fence_batch = 256;
   // Bytes that may wait on free fences before a miss waits for the oldest fence instead of
@@ -129,6 +129,14 @@ class MemoryManager {
   // may already be gone with the reset, so fence_destroy must not need it); no other Device
   // method is called. The manager stays usable (empty) afterwards.
   void forget();
+
+  // Under free_fence:auto: whether every piece of work that can touch the device's memory runs
+  // in one ordered queue (the interposer decides: Note [Stream-ordered reuse] in
+  // interpose/stream_order.cpp). While it does, a free returns its slice at once, without a
+  // fence; otherwise frees are fenced as under events. Starts false. Setting it false is a
+  // barrier: it returns only once every free that saw it true has finished.
+  void set_stream_ordered(bool ordered);
+  bool stream_ordered() const;
 
   // While frozen, no reservation takes a new page from the device (it fails with
   // ErrorKind::device_error instead, and the interposer passes the request to the driver): a

@@ -15,7 +15,10 @@
 namespace poolcuda {
 
 enum class PersistentMode : std::uint8_t { enabled, size_match, disabled, enforced };
-enum class FreeFence : std::uint8_t { events, sync, none };
+// automatic: immediate reuse while the device's work is one ordered queue, fences otherwise
+// (Note [Stream-ordered reuse] in interpose/stream_order.cpp); events: always fences; sync: a
+// device-wide synchronize per free; none: immediate reuse, always.
+enum class FreeFence : std::uint8_t { automatic, events, sync, none };
 enum class LogLevel : std::uint8_t { off, basic, full };
 enum class ReportFormat : std::uint8_t { text, wide, json };
 

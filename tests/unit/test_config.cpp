@@ -59,7 +59,7 @@ TEST_CASE("empty and blank configurations give the defaults") {
   const Config defaults;
   CHECK(defaults.pools.preset == PoolPreset::subslices);
   CHECK(defaults.persistent == PersistentMode::enabled);
-  CHECK(defaults.free_fence == FreeFence::events);
+  CHECK(defaults.free_fence == FreeFence::automatic);
   CHECK(defaults.fence_slack == 64 * MiB);
   CHECK(defaults.report_signal == ReportSignal::usr1);
   CHECK(defaults.report_format == ReportFormat::text);
@@ -71,7 +71,7 @@ TEST_CASE("empty and blank configurations give the defaults") {
   CHECK(defaults.memgetinfo == MemGetInfoMode::pooled);
   CHECK_FALSE(defaults.confirm);
   CHECK(describe_config(defaults) ==
-        "pools:subslices,persistent:enabled,free_fence:events,fence_slack:64MiB,"
+        "pools:subslices,persistent:enabled,free_fence:auto,fence_slack:64MiB,"
         "report_signal:USR1,"
         "report_format:text,report_path:stderr,report_at_exit:0,log:basic,capture_share:off,"
         "managed:on,"
@@ -83,6 +83,7 @@ TEST_CASE("every keyword value of every key") {
   CHECK(parse_ok("persistent:size-match").persistent == PersistentMode::size_match);
   CHECK(parse_ok("persistent:disabled").persistent == PersistentMode::disabled);
   CHECK(parse_ok("persistent:enforced").persistent == PersistentMode::enforced);
+  CHECK(parse_ok("free_fence:auto").free_fence == FreeFence::automatic);
   CHECK(parse_ok("free_fence:events").free_fence == FreeFence::events);
   CHECK(parse_ok("free_fence:sync").free_fence == FreeFence::sync);
   CHECK(parse_ok("free_fence:none").free_fence == FreeFence::none);
@@ -284,7 +285,7 @@ TEST_CASE("the option table lists every key once with its default") {
   }
   CHECK(rebuilt == describe_config(Config{}));
   CHECK(keys[2].key == "free_fence");
-  CHECK(keys[2].grammar == "events|sync|none");
+  CHECK(keys[2].grammar == "auto|events|sync|none");
   CHECK(keys[3].key == "fence_slack");
   CHECK(keys[3].grammar == "SIZE");
   CHECK(keys[3].default_value == "64MiB");
@@ -312,7 +313,7 @@ TEST_CASE("error: unknown key lists the valid keys") {
 }
 
 TEST_CASE("error: a bad keyword value") {
-  check_error("free_fence:fast", "free_fence", "fast", "one of events, sync, none");
+  check_error("free_fence:fast", "free_fence", "fast", "one of auto, events, sync, none");
   check_error("persistent:always", "persistent", "always",
               "one of enabled, size-match, disabled, enforced");
   check_error("report_signal:HUP", "report_signal", "HUP", "one of USR1, USR2, none");
@@ -341,7 +342,7 @@ TEST_CASE("error: duplicate key") {
 TEST_CASE("error: missing ':' names the key the entry starts with") {
   check_error("log:off,confirm", "confirm", "confirm", "key:value");
   check_error("log=off", "log", "log=off", "a ':' after the key, e.g. log:basic");
-  check_error("free_fence events", "free_fence", "free_fence events", "e.g. free_fence:events");
+  check_error("free_fence events", "free_fence", "free_fence events", "e.g. free_fence:auto");
   // Not a key at all: the valid keys are listed.
   check_error("nonsense", "nonsense", "nonsense", "one of the keys pools, persistent");
   check_error("freefence=none", "freefence", "freefence=none", "then ':' and a value");
