@@ -20,6 +20,7 @@
 #include "interpose/real_cuda.h"
 #include "interpose/registry.h"
 #include "interpose/release_worker.h"
+#include "interpose/stream_order.h"
 
 namespace poolcuda::hooks {
 
@@ -61,6 +62,7 @@ cudaError_t begin(cudaStream_t stream, bool per_thread, RealBegin real_begin) {
   const int device = stream_device(stream, per_thread);
   if (device < 0 || registry.manager_or_create(device) == nullptr) return real_begin();
   CapturePolicy& policy = *registry.capture(device);
+  stream_order::capture_beginning(device);  // Note [Stream-ordered reuse]
   policy.drain_releases();
   policy.prime();
   cudaError_t result = cudaSuccess;

@@ -8,46 +8,10 @@
 // Depends on hooks.h, real_cuda.h and lifecycle.h only.
 #include <cuda_runtime_api.h>
 
-#include <new>
-
+#include "interpose/exports_common.h"
 #include "interpose/hooks.h"
 #include "interpose/lifecycle.h"
 #include "interpose/real_cuda.h"
-
-#define POOLCUDA_EXPORT extern "C" __attribute__((visibility("default")))
-
-namespace poolcuda {
-namespace {
-
-// Set while a hook runs on this thread: a CUDA call the real runtime makes through an exported
-// symbol (or one the pools make) must not re-enter the pools. initial-exec: no allocation and
-// no lock on first access, which matters inside a preloaded library.
-__attribute__((tls_model("initial-exec"))) thread_local bool t_inside_hook = false;
-
-bool bypass() { return t_inside_hook || passthrough(); }
-
-class InsideHook {
- public:
-  InsideHook() { t_inside_hook = true; }
-  ~InsideHook() { t_inside_hook = false; }
-  InsideHook(const InsideHook&) = delete;
-  InsideHook& operator=(const InsideHook&) = delete;
-};
-
-template <typename Body>
-cudaError_t guarded(Body&& body) noexcept {
-  try {
-    InsideHook inside;
-    return body();
-  } catch (const std::bad_alloc&) {
-    return cudaErrorMemoryAllocation;
-  } catch (...) {
-    return cudaErrorUnknown;
-  }
-}
-
-}  // namespace
-}  // namespace poolcuda
 
 namespace pc = poolcuda;
 

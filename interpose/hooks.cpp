@@ -23,6 +23,7 @@
 #include "interpose/real_cuda.h"
 #include "interpose/registry.h"
 #include "interpose/release_worker.h"
+#include "interpose/stream_order.h"
 
 namespace poolcuda::hooks {
 
@@ -253,7 +254,9 @@ namespace {
 
 cudaError_t track(cudaError_t result, cudaStream_t* stream, unsigned int flags) {
   if (result == cudaSuccess && stream != nullptr) {
-    Registry::instance().streams().add(*stream, current_device(), flags);
+    const int device = current_device();
+    Registry::instance().streams().add(*stream, device, flags);
+    stream_order::stream_created(device, *stream, (flags & cudaStreamNonBlocking) != 0);
   }
   return result;
 }

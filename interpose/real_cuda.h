@@ -27,6 +27,27 @@ cudaError_t cudaStreamGetCaptureInfo_ptsz(cudaStream_t stream,
                                           const cudaGraphEdgeData** edgeData_out,
                                           size_t* numDependencies_out);
 cudaError_t cudaStreamGetDevice_ptsz(cudaStream_t hStream, int* device);
+cudaError_t cudaLaunchKernel_ptsz(const void* func, dim3 gridDim, dim3 blockDim, void** args,
+                                  size_t sharedMem, cudaStream_t stream);
+cudaError_t cudaLaunchKernelExC_ptsz(const cudaLaunchConfig_t* config, const void* func,
+                                     void** args);
+cudaError_t cudaLaunchCooperativeKernel_ptsz(const void* func, dim3 gridDim, dim3 blockDim,
+                                             void** args, size_t sharedMem, cudaStream_t stream);
+cudaError_t __cudaLaunchKernel(cudaKernel_t kernel, dim3 gridDim, dim3 blockDim, void** args,
+                               size_t sharedMem, cudaStream_t stream);
+cudaError_t __cudaLaunchKernel_ptsz(cudaKernel_t kernel, dim3 gridDim, dim3 blockDim,
+                                    void** args, size_t sharedMem, cudaStream_t stream);
+cudaError_t cudaMemcpyAsync_ptsz(void* dst, const void* src, size_t count, cudaMemcpyKind kind,
+                                 cudaStream_t stream);
+cudaError_t cudaMemsetAsync_ptsz(void* devPtr, int value, size_t count, cudaStream_t stream);
+cudaError_t cudaMemcpy_ptds(void* dst, const void* src, size_t count, cudaMemcpyKind kind);
+cudaError_t cudaMemset_ptds(void* devPtr, int value, size_t count);
+cudaError_t cudaLaunchHostFunc_ptsz(cudaStream_t stream, cudaHostFn_t fn, void* userData);
+cudaError_t cudaGraphLaunch_ptsz(cudaGraphExec_t graphExec, cudaStream_t stream);
+cudaError_t cudaEventRecord_ptsz(cudaEvent_t event, cudaStream_t stream);
+cudaError_t cudaStreamWaitEvent_ptsz(cudaStream_t stream, cudaEvent_t event, unsigned int flags);
+cudaError_t cudaMemcpyPeerAsync_ptsz(void* dst, int dstDevice, const void* src, int srcDevice,
+                                     size_t count, cudaStream_t stream);
 }
 
 // Every real function the library calls. Add a name here and real::<name>() exists.
@@ -54,6 +75,31 @@ cudaError_t cudaStreamGetDevice_ptsz(cudaStream_t hStream, int* device);
   X(cudaStreamGetDevice)                    \
   X(cudaStreamGetDevice_ptsz)               \
   X(cudaUserObjectCreate)                   \
+  X(cudaStreamWaitEvent)                    \
+  X(cudaStreamWaitEvent_ptsz)               \
+  X(cudaLaunchKernel)                       \
+  X(cudaLaunchKernel_ptsz)                  \
+  X(cudaLaunchKernelExC)                    \
+  X(cudaLaunchKernelExC_ptsz)               \
+  X(cudaLaunchCooperativeKernel)            \
+  X(cudaLaunchCooperativeKernel_ptsz)       \
+  X(__cudaLaunchKernel)                     \
+  X(__cudaLaunchKernel_ptsz)                \
+  X(cudaMemcpyAsync)                        \
+  X(cudaMemcpyAsync_ptsz)                   \
+  X(cudaMemsetAsync)                        \
+  X(cudaMemsetAsync_ptsz)                   \
+  X(cudaMemcpy_ptds)                        \
+  X(cudaMemset_ptds)                        \
+  X(cudaLaunchHostFunc)                     \
+  X(cudaLaunchHostFunc_ptsz)                \
+  X(cudaGraphLaunch)                        \
+  X(cudaGraphLaunch_ptsz)                   \
+  X(cudaEventRecord_ptsz)                   \
+  X(cudaMemcpyPeer)                         \
+  X(cudaMemcpyPeerAsync)                    \
+  X(cudaMemcpyPeerAsync_ptsz)               \
+  X(cudaDeviceEnablePeerAccess)             \
   X(cudaUserObjectRelease)                  \
   X(cudaGraphRetainUserObject)              \
   X(cudaThreadExchangeStreamCaptureMode)    \

@@ -3,9 +3,10 @@
 // Note [Lock order]
 // ~~~~~~~~~~~~~~~~~
 // A thread may take a lock only while every lock it already holds has a lower rank:
-//     report -> registry -> capture -> manager -> managed -> stream table -> device
+//     report -> registry -> stream order -> capture -> manager -> managed -> stream table -> device
 // report:       the reporter's serialisation of whole reports (interpose/reporter.cpp)
 // registry:     creation of a device's manager (interpose/registry.cpp)
+// stream order: the free_fence:auto state of every device (interpose/stream_order.cpp)
 // capture:      a device's capture policy: open captures, touched sets, pins (capture/)
 // manager:      a MemoryManager's state (pools/); the hot path takes this one only
 // managed:      a managed-memory slab chain's slow path
@@ -27,11 +28,12 @@ namespace poolcuda {
 enum class LockRank : std::uint8_t {
   report = 0,
   registry = 1,
-  capture = 2,
-  manager = 3,
-  managed = 4,
-  stream_table = 5,
-  device = 6,
+  stream_order = 2,
+  capture = 3,
+  manager = 4,
+  managed = 5,
+  stream_table = 6,
+  device = 7,
 };
 
 class RankedMutex {
