@@ -7,6 +7,7 @@
 // The pool-list grammar (`pools:[kind(field=value,...);...]`) lives in config_pools.cpp.
 #include "config/config.h"
 
+#include <algorithm>
 #include <array>
 #include <charconv>
 
@@ -86,6 +87,72 @@ std::optional<ConfigError> parse_managed_slab(std::string_view key, std::string_
 }
 
 std::string describe_managed_slab(const Config& c) { return format_size(c.managed_slab); }
+
+constexpr int kLargestDeviceIndex = 63;
+constexpr std::string_view kLimitExpected =
+    "none, a size (every device), or per device in brackets such as [0=40G,1=20G]";
+
+std::optional<ConfigError> parse_limit(std::string_view key, std::string_view value, Config& c) {
+  MemoryLimit limit;
+  if (same_word(value, "none")) {
+    c.limit = limit;
+    return std::nullopt;
+  }
+  if (value.empty() || value.front() != '[') {
+    auto size = parse_size_field(key, value, "limit");
+    if (size.error) {
+      size.error->expected = std::string(kLimitExpected) + ": " + size.error->expected;
+      return size.error;
+    }
+    limit.all = size.value;
+    c.limit = limit;
+    return std::nullopt;
+  }
+  if (value.back() != ']' || value.size() < 3)
+    return ConfigError{std::string(key), std::string(value), std::string(kLimitExpected)};
+  std::string_view rest = value.substr(1, value.size() - 2);
+  while (!rest.empty()) {
+    const auto comma = rest.find(',');
+    const std::string_view entry = trim(rest.substr(0, comma));
+    rest = comma == std::string_view::npos ? std::string_view{} : rest.substr(comma + 1);
+    const auto equals = entry.find('=');
+    int device = -1;
+    const std::string_view index = trim(entry.substr(0, equals));
+    const auto [end, ec] = std::from_chars(index.data(), index.data() + index.size(), device);
+    if (equals == std::string_view::npos || ec != std::errc() ||
+        end != index.data() + index.size() || device < 0 || device > kLargestDeviceIndex)
+      return ConfigError{std::string(key), std::string(entry),
+                         "DEVICE=SIZE with a device index from 0 to " +
+                             std::to_string(kLargestDeviceIndex) + ", e.g. 0=40G"};
+    auto size = parse_size_field(key, trim(entry.substr(equals + 1)), "limit");
+    if (size.error) {
+      size.error->text = std::string(entry);
+      return size.error;
+    }
+    for (const auto& [known, bytes] : limit.devices)
+      if (known == device)
+        return ConfigError{std::string(key), std::string(entry), "each device at most once"};
+    limit.devices.emplace_back(device, size.value);
+  }
+  if (limit.devices.empty())
+    return ConfigError{std::string(key), std::string(value), std::string(kLimitExpected)};
+  std::sort(limit.devices.begin(), limit.devices.end());
+  c.limit = limit;
+  return std::nullopt;
+}
+
+std::string describe_limit(const Config& c) {
+  if (c.limit.all) return format_size(*c.limit.all);
+  if (c.limit.devices.empty()) return "none";
+  std::string out = "[";
+  for (const auto& [device, bytes] : c.limit.devices) {
+    if (out.size() > 1) out += ',';
+    out += std::to_string(device) + "=" + format_size(bytes);
+  }
+  return out + "]";
+}
+
+std::string grammar_limit() { return "none|SIZE|[DEVICE=SIZE,...]"; }
 std::string grammar_size() { return "SIZE"; }
 
 // A size where 0 is meaningful ("never run ahead"): a zero number with any valid unit is 0;
@@ -163,7 +230,7 @@ struct Option {
 // Config holds, rendered by the row's own describe function. constexpr (string views and
 // function pointers only): the table is constant-initialised, with no dynamic initialiser, so
 // parse_config works even when a hook runs before the library's static initialisers.
-constexpr std::array<Option, 14> kOptions = {{
+constexpr std::array<Option, 15> kOptions = {{
     {"pools", "the dynamic pools: a preset or a list of pools tried in order", &parse_pools_option,
      &describe_pools, &grammar_pools},
     POOLCUDA_WORD_OPTION("persistent", kPersistentWords, &Config::persistent,
@@ -187,6 +254,10 @@ constexpr std::array<Option, 14> kOptions = {{
     POOLCUDA_WORD_OPTION("capture_share", kOnOffWords, &Config::capture_share,
                          "on: graphs captured on a device share one pool of pinned memory "
                          "(only for graphs that never run at the same time)"),
+    {"limit",
+     "the most device memory the library holds on a device (cudaMemGetInfo shows it as the "
+     "total)",
+     &parse_limit, &describe_limit, &grammar_limit},
     POOLCUDA_WORD_OPTION("managed", kOnOffWords, &Config::managed,
                          "serve cudaMallocManaged from bump slabs"),
     {"managed_slab", "size of one managed-memory slab", &parse_managed_slab,
@@ -304,6 +375,12 @@ std::string ConfigError::message() const {
   return out;
 }
 
+std::optional<std::uint64_t> MemoryLimit::for_device(int device) const {
+  for (const auto& [known, bytes] : devices)
+    if (known == device) return bytes;
+  return all;
+}
+
 ParseResult parse_config(std::string_view text) {
   ParseResult result;
   Config config;
@@ -328,15 +405,15 @@ ParseResult parse_config(std::string_view text) {
       result.error = ConfigError{std::string(key), std::string(key), valid_keys()};
       return result;
     }
-    // The value runs to the next ',' outside brackets and parentheses, so that a pool list's
-    // own commas stay inside it; brackets are only counted for the pool list, so a report
-    // path may contain them.
+    // The value runs to the next ',' outside brackets and parentheses, so that the commas of a
+    // pool list or a per-device limit stay inside it; brackets are only counted for those two
+    // keys, so a report path may contain them.
     std::size_t end = stop + 1;
     int depth = 0;
     for (; end < text.size(); ++end) {
       const char ch = text[end];
       if (ch == ',' && depth <= 0) break;
-      if (option->parse != &parse_pools_option) continue;
+      if (option->parse != &parse_pools_option && option->parse != &parse_limit) continue;
       if (ch == '[' || ch == '(') ++depth;
       if (ch == ']' || ch == ')') --depth;
     }

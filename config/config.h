@@ -19,6 +19,17 @@ namespace poolcuda {
 enum class ReportSignal : std::uint8_t { usr1, usr2, none };
 enum class MemGetInfoMode : std::uint8_t { pooled, raw };
 
+// The `limit` key: a budget of device memory the library may hold on each device (pools, managed
+// slabs and the allocations it passes to the driver). `all` applies to every device not listed
+// in `devices`; a device with neither has no budget.
+struct MemoryLimit {
+  std::optional<std::uint64_t> all;
+  std::vector<std::pair<int, std::uint64_t>> devices;  // (device index, bytes), by index
+
+  std::optional<std::uint64_t> for_device(int device) const;
+  friend bool operator==(const MemoryLimit&, const MemoryLimit&) = default;
+};
+
 struct Config {
   PoolLayout pools;
   PersistentMode persistent = PersistentMode::enabled;
@@ -32,6 +43,7 @@ struct Config {
   bool report_at_exit = false;
   LogLevel log = LogLevel::basic;
   bool capture_share = false;
+  MemoryLimit limit;
   bool managed = true;
   std::uint64_t managed_slab = 64 * MiB;
   MemGetInfoMode memgetinfo = MemGetInfoMode::pooled;

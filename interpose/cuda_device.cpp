@@ -40,6 +40,7 @@
 // Depends on pools/device.h, real_cuda.h and stream_table.h.
 #include "interpose/cuda_device.h"
 
+#include "interpose/budget.h"
 #include "interpose/log.h"
 #include "interpose/own_call.h"
 #include "interpose/real_cuda.h"
@@ -88,18 +89,22 @@ CudaDevice::~CudaDevice() = default;
 AllocStatus CudaDevice::allocate(std::uint64_t size, DevicePtr* out) {
   OwnCallScope scope(device_);
   if (!scope.ok()) return AllocStatus::failed;  // Note [Own calls]
+  // Over the budget looks like a full device: the pools trim and retry (Note [Budget]).
+  if (!budget::charge(device_, size)) return AllocStatus::out_of_memory;
   void* ptr = nullptr;
   cudaError_t result = real::cudaMalloc()(&ptr, static_cast<std::size_t>(size));
   if (result == cudaSuccess) {
     *out = reinterpret_cast<DevicePtr>(ptr);
     return AllocStatus::ok;
   }
+  budget::uncharge(device_, size);
   return result == cudaErrorMemoryAllocation ? AllocStatus::out_of_memory : AllocStatus::failed;
 }
 
 // Pages go to the release worker: the driver's free synchronizes the device and must never run
 // on an allocating thread (Note [Release worker] in release_worker.cpp).
-void CudaDevice::release(DevicePtr ptr, std::uint64_t) {
+void CudaDevice::release(DevicePtr ptr, std::uint64_t size) {
+  budget::uncharge(device_, size);
   ReleaseWorker::instance().release(device_, reinterpret_cast<void*>(ptr));
 }
 

@@ -18,6 +18,7 @@
 // configuration.
 #include "interpose/hooks.h"
 
+#include "interpose/budget.h"
 #include "interpose/lifecycle.h"
 #include "interpose/log.h"
 #include "interpose/real_cuda.h"
@@ -39,10 +40,32 @@ int current_device() {
   return device;
 }
 
+void raise_out_of_memory();
+
+// A request the pools do not serve goes to the driver, within the device's budget (Note
+// [Budget] in budget.cpp).
 cudaError_t forward_malloc(int device, void** ptr, std::size_t size) {
   if (PassthroughCounters* counters = Registry::instance().passthrough(device))
     counters->mallocs.fetch_add(1, std::memory_order_relaxed);
-  return real::cudaMalloc()(ptr, size);
+  if (ptr == nullptr || size == 0) return real::cudaMalloc()(ptr, size);
+  if (!budget::charge(device, size)) {
+    raise_out_of_memory();
+    return cudaErrorMemoryAllocation;
+  }
+  const cudaError_t result = real::cudaMalloc()(ptr, size);
+  if (result == cudaSuccess) {
+    budget::passed_through(device, *ptr, size);
+  } else {
+    budget::uncharge(device, size);
+  }
+  return result;
+}
+
+// The driver frees a pointer the pools do not own.
+cudaError_t forward_free(void* ptr) {
+  const cudaError_t result = real::cudaFree()(ptr);
+  if (result == cudaSuccess && ptr != nullptr) budget::freed_through(ptr);
+  return result;
 }
 
 void count_forwarded_free(Registry& registry, int device) {
@@ -164,7 +187,7 @@ cudaError_t free(void* ptr) {
       return cudaSuccess;
     case FreeOutcome::not_mine:
       count_forwarded_free(registry, device);
-      return real::cudaFree()(ptr);
+      return forward_free(ptr);
     default:
       return refuse_free("cudaFree", ptr, owner, outcome);
   }
@@ -187,8 +210,11 @@ cudaError_t free_async(void* ptr, cudaStream_t stream, bool per_thread) {
   switch (outcome) {
     case FreeOutcome::freed:
       return cudaSuccess;
-    case FreeOutcome::not_mine:
-      return real_call();
+    case FreeOutcome::not_mine: {
+      const cudaError_t result = real_call();
+      if (result == cudaSuccess) budget::freed_through(ptr);
+      return result;
+    }
     default:
       return refuse_free("cudaFreeAsync", ptr, owner, outcome);
   }
@@ -197,17 +223,19 @@ cudaError_t free_async(void* ptr, cudaStream_t stream, bool per_thread) {
 cudaError_t mem_get_info(std::size_t* free_bytes, std::size_t* total_bytes) {
   cudaError_t result = real::cudaMemGetInfo()(free_bytes, total_bytes);
   if (result != cudaSuccess || free_bytes == nullptr) return result;
-  if (config().memgetinfo != MemGetInfoMode::pooled) return result;
-  MemoryManager* manager = Registry::instance().manager(current_device());
-  if (manager == nullptr) return result;
+  const int device = current_device();
+  MemoryManager* manager = Registry::instance().manager(device);
   // Only whole idle pages: the out-of-memory path returns them to the driver, so a request of
   // any size can really get them. Free space inside pages that live slices keep (holes) serves
   // only requests that fit a hole, so counting it would let cudaMalloc(reported free) fail.
-  const std::uint64_t available = manager->idle_bytes();
-  std::uint64_t room = total_bytes != nullptr && *total_bytes > *free_bytes
-                           ? *total_bytes - *free_bytes
-                           : available;
-  *free_bytes += static_cast<std::size_t>(available < room ? available : room);
+  const std::uint64_t idle = manager != nullptr ? manager->idle_bytes() : 0;
+  if (config().memgetinfo == MemGetInfoMode::pooled && idle != 0) {
+    const std::uint64_t room = total_bytes != nullptr && *total_bytes > *free_bytes
+                                   ? *total_bytes - *free_bytes
+                                   : idle;
+    *free_bytes += static_cast<std::size_t>(idle < room ? idle : room);
+  }
+  budget::adjust_memory_info(device, idle, free_bytes, total_bytes);
   return result;
 }
 
@@ -245,6 +273,7 @@ cudaError_t device_reset() {
   forget();
   const cudaError_t result = real::cudaDeviceReset()();
   forget();
+  budget::forget_device(device);
   ReleaseWorker::instance().end_reset(device);
   if (manager != nullptr) manager->set_frozen(false);
   return result;

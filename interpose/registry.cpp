@@ -8,6 +8,7 @@
 #include "interpose/registry.h"
 
 #include "interpose/lifecycle.h"
+#include "interpose/budget.h"
 #include "interpose/log.h"
 #include "interpose/release_worker.h"
 #include "interpose/stream_order.h"
@@ -119,6 +120,8 @@ ReportDocument Registry::document(const ReportHeader& header) const {
   section.add(key, label, ReportValue::of(Unit::count, counters.member.load(std::memory_order_relaxed)));
     POOLCUDA_PASSTHROUGH_COUNTERS(POOLCUDA_FIELD)
 #undef POOLCUDA_FIELD
+    if (std::optional<ReportSection> limit = budget::describe(managers[i].device))
+      doc.devices[i].sections.push_back(std::move(*limit));
     // The capture part, once the device has seen a capture.
     if (CapturePolicy* policy = capture(managers[i].device)) {
       policy->drain_releases();  // graphs already gone are not reported as holding memory

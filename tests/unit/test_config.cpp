@@ -74,7 +74,7 @@ TEST_CASE("empty and blank configurations give the defaults") {
         "pools:subslices,persistent:enabled,free_fence:auto,fence_slack:64MiB,"
         "report_signal:USR1,"
         "report_format:text,report_path:stderr,report_at_exit:0,log:basic,capture_share:off,"
-        "managed:on,"
+        "limit:none,managed:on,"
         "managed_slab:64MiB,memgetinfo:pooled,confirm:0");
 }
 
@@ -273,7 +273,7 @@ TEST_CASE("the option table lists every key once with its default") {
   const std::vector<std::string_view> names = {
       "pools",         "persistent",   "free_fence",     "fence_slack", "report_signal",
       "report_format", "report_path",  "report_at_exit", "log",         "capture_share",
-      "managed",       "managed_slab", "memgetinfo",     "confirm"};
+      "limit",         "managed",      "managed_slab",   "memgetinfo",  "confirm"};
   REQUIRE(keys.size() == names.size());
   for (std::size_t i = 0; i < names.size(); ++i) CHECK(keys[i].key == names[i]);
   std::string rebuilt;
@@ -347,6 +347,30 @@ TEST_CASE("error: missing ':' names the key the entry starts with") {
   check_error("nonsense", "nonsense", "nonsense", "one of the keys pools, persistent");
   check_error("freefence=none", "freefence", "freefence=none", "then ':' and a value");
   check_error("=x", "", "=x", "key:value");
+}
+
+TEST_CASE("limit: none, one size for every device, or per device") {
+  CHECK(parse_ok("").limit == MemoryLimit{});
+  CHECK(parse_ok("limit:none").limit == MemoryLimit{});
+  const MemoryLimit all = parse_ok("limit:12G").limit;
+  CHECK(all.all == std::optional<std::uint64_t>(12 * GiB));
+  CHECK(all.for_device(5) == std::optional<std::uint64_t>(12 * GiB));
+  const Config per = parse_ok("limit:[1=20G, 0=40G],log:off");
+  CHECK(per.log == LogLevel::off);  // the brackets keep their commas from the next key
+  CHECK(per.limit.for_device(0) == std::optional<std::uint64_t>(40 * GiB));
+  CHECK(per.limit.for_device(1) == std::optional<std::uint64_t>(20 * GiB));
+  CHECK(per.limit.for_device(2) == std::nullopt);
+  CHECK(describe_config(per).find("limit:[0=40GiB,1=20GiB]") != std::string::npos);
+  CHECK(parse_ok(describe_config(per)) == per);
+}
+
+TEST_CASE("error: a bad limit") {
+  check_error("limit:lots", "limit", "lots", "per device in brackets such as [0=40G,1=20G]");
+  check_error("limit:[0=40G,x=1G]", "limit", "x=1G", "DEVICE=SIZE with a device index");
+  check_error("limit:[64=1G]", "limit", "64=1G", "from 0 to 63");
+  check_error("limit:[0=1G,0=2G]", "limit", "0=2G", "each device at most once");
+  check_error("limit:[0=0]", "limit", "0=0", "a non-zero size for limit");
+  check_error("limit:[]", "limit", "[]", "per device in brackets");
 }
 
 TEST_CASE("keyword values are case-insensitive, as size units are") {
