@@ -94,13 +94,15 @@ bool any_capture_locked(int device) {
   return false;
 }
 
-cudaError_t begin_capture(const StreamRef& s, cudaStreamCaptureMode mode) {
+cudaError_t begin_capture(const StreamRef& s, cudaStreamCaptureMode mode, cudaGraph_t into) {
   if (!s) return cudaErrorInvalidResourceHandle;
   if (mode != cudaStreamCaptureModeGlobal && mode != cudaStreamCaptureModeThreadLocal &&
       mode != cudaStreamCaptureModeRelaxed)
     return cudaErrorInvalidValue;
-  auto graph = std::make_shared<Graph>();
-  cudaGraph_t handle = register_graph(graph);
+  std::shared_ptr<Graph> graph = into ? find_graph(into) : std::make_shared<Graph>();
+  if (!graph) return cudaErrorInvalidValue;
+  if (into && !graph->nodes.empty()) return cudaErrorNotSupported;  // appending is not modelled
+  cudaGraph_t handle = into ? into : register_graph(graph);
   std::unique_lock lock(state_mutex());
   cudaError_t err = cudaSuccess;
   if (s->kind == StreamKind::legacy)
@@ -109,7 +111,7 @@ cudaError_t begin_capture(const StreamRef& s, cudaStreamCaptureMode mode) {
     err = cudaErrorIllegalState;
   if (err != cudaSuccess) {
     lock.unlock();
-    graph_destroy(handle);
+    if (!into) graph_destroy(handle);
     return err;
   }
   auto c = std::make_shared<Capture>();
@@ -122,6 +124,7 @@ cudaError_t begin_capture(const StreamRef& s, cudaStreamCaptureMode mode) {
   c->members.push_back(s);
   c->graph_handle = handle;
   c->graph = graph;
+  c->owns_graph = into == nullptr;
   s->capture = c;
   captures().active.push_back(c);
   return cudaSuccess;
@@ -134,7 +137,7 @@ cudaGraph_t abandon_capture_locked(Stream& s) {
   if (c->origin != &s) return nullptr;  // a joined stream leaving: the capture goes on
   detach_members(*c);
   std::erase(captures().active, c);
-  return c->graph_handle;
+  return c->owns_graph ? c->graph_handle : nullptr;
 }
 
 void capture_join_locked(const StreamRef& s, const std::shared_ptr<Capture>& cap) {
@@ -158,7 +161,7 @@ cudaError_t end_capture(const StreamRef& s, cudaGraph_t* out) {
     auto& active = captures().active;
     std::erase(active, c);
     if (c->invalidated) {
-      doomed = c->graph_handle;
+      if (c->owns_graph) doomed = c->graph_handle;
       *out = nullptr;
       err = cudaErrorStreamCaptureInvalidated;
     } else {

@@ -1,8 +1,11 @@
 // Runtime stand-in entry points for streams, events, host functions and stream capture, with
-// their per-thread-default-stream (_ptsz) variants, and simcuda_launch_access of simcuda.h.
+// their per-thread-default-stream (_ptsz) variants, and simcuda_launch_access of simcuda.h. In
+// the static-runtime archive, stream create/destroy and capture begin/end call the driver
+// (Note [Static runtime] in rt_driver.cpp).
 #include <cstring>
 
 #include "rt_common.h"
+#include "rt_driver.h"
 #include "simcuda.h"
 
 using namespace poolcuda::sim;
@@ -97,21 +100,27 @@ cudaError_t is_capturing(const StreamRef& s, cudaStreamCaptureStatus* status) {
 
 cudaError_t cudaStreamCreate(cudaStream_t* pStream) {
   SIM_ENTER();
+  if (rt::kStaticRuntime) SIM_RETURN(via_driver::stream_create(pStream, 0));
   SIM_RETURN(create(pStream, 0, 0));
 }
 
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t* pStream, unsigned int flags) {
   SIM_ENTER();
+  if (rt::kStaticRuntime) SIM_RETURN(via_driver::stream_create(pStream, flags));
   SIM_RETURN(create(pStream, flags, 0));
 }
 
 cudaError_t cudaStreamCreateWithPriority(cudaStream_t* pStream, unsigned int flags, int priority) {
   SIM_ENTER();
+  if (rt::kStaticRuntime) {
+    SIM_RETURN(via_driver::stream_create_with_priority(pStream, flags, priority));
+  }
   SIM_RETURN(create(pStream, flags, priority));
 }
 
 cudaError_t cudaStreamDestroy(cudaStream_t stream) {
   SIM_ENTER();
+  if (rt::kStaticRuntime) SIM_RETURN(via_driver::stream_destroy(stream));
   SIM_RETURN(destroy_stream(stream));
 }
 
@@ -251,21 +260,25 @@ cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end) 
 
 cudaError_t cudaStreamBeginCapture(cudaStream_t stream, cudaStreamCaptureMode mode) {
   SIM_ENTER();
+  if (rt::kStaticRuntime) SIM_RETURN(via_driver::begin_capture(stream, mode, false));
   SIM_RETURN(begin_capture(resolve_stream(stream, false), mode));
 }
 
 cudaError_t cudaStreamBeginCapture_ptsz(cudaStream_t stream, cudaStreamCaptureMode mode) {
   SIM_ENTER();
+  if (rt::kStaticRuntime) SIM_RETURN(via_driver::begin_capture(stream, mode, true));
   SIM_RETURN(begin_capture(resolve_stream(stream, true), mode));
 }
 
 cudaError_t cudaStreamEndCapture(cudaStream_t stream, cudaGraph_t* pGraph) {
   SIM_ENTER();
+  if (rt::kStaticRuntime) SIM_RETURN(via_driver::end_capture(stream, pGraph, false));
   SIM_RETURN(end_capture(resolve_stream(stream, false), pGraph));
 }
 
 cudaError_t cudaStreamEndCapture_ptsz(cudaStream_t stream, cudaGraph_t* pGraph) {
   SIM_ENTER();
+  if (rt::kStaticRuntime) SIM_RETURN(via_driver::end_capture(stream, pGraph, true));
   SIM_RETURN(end_capture(resolve_stream(stream, true), pGraph));
 }
 
