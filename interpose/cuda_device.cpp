@@ -1,4 +1,4 @@
-// CudaDevice: pools/device.h over the real CUDA runtime (see cuda_device.h).
+// CudaDevice: pools/device.h over CUDA (see cuda_device.h).
 //
 // Note [Fence streams]
 // A free fence must be passed only once the device has executed everything issued, on every
@@ -54,39 +54,43 @@
 // device cannot be made current, ok() is false: the calls would run on the wrong device, so
 // allocate answers `failed`, fence_record kNoFence, memory_info nothing and no tail is recorded.
 // The program's device is set back whenever a switch was attempted (a failed cudaSetDevice may
-// still have changed it, e.g. under a sticky error).
+// still have changed it, e.g. under a sticky error). Without a runtime the same calls go to the
+// driver, where "the device" is the primary context (Note [Own calls without a runtime] in
+// own_calls.cpp).
 //
-// Depends on pools/device.h, real_cuda.h and stream_table.h.
+// Depends on pools/device.h, own_calls.h, hook_guard.h and stream_table.h.
 #include "interpose/cuda_device.h"
 
+#include "interpose/hook_guard.h"
 #include "interpose/log.h"
-#include "interpose/real_cuda.h"
+#include "interpose/own_calls.h"
 #include "interpose/stream_table.h"
 
 namespace poolcuda {
 
 namespace {
 
-// Note [Own calls].
+// Note [Own calls]. The hooks' re-entry guard covers the scope: the real runtime reaches the
+// driver through the driver hooks, and calls made for the pools must not enter them again.
 class OwnCallScope {
  public:
   explicit OwnCallScope(int device) {
-    prior_error_ = real::cudaPeekAtLastError()();
+    prior_error_ = own::cudaPeekAtLastError()();
     int current = -1;
-    if (real::cudaGetDevice()(&current) != cudaSuccess) {
+    if (own::cudaGetDevice()(&current) != cudaSuccess) {
       ok_ = false;
     } else if (current != device) {
       restore_device_ = current;
-      ok_ = real::cudaSetDevice()(device) == cudaSuccess;
+      ok_ = own::cudaSetDevice()(device) == cudaSuccess;
     }
     mode_ = cudaStreamCaptureModeRelaxed;
-    mode_switched_ = real::cudaThreadExchangeStreamCaptureMode()(&mode_) == cudaSuccess;
+    mode_switched_ = own::cudaThreadExchangeStreamCaptureMode()(&mode_) == cudaSuccess;
   }
   ~OwnCallScope() {
-    if (mode_switched_) real::cudaThreadExchangeStreamCaptureMode()(&mode_);
-    if (restore_device_ >= 0) real::cudaSetDevice()(restore_device_);
-    if (prior_error_ == cudaSuccess && real::cudaPeekAtLastError()() != cudaSuccess) {
-      real::cudaGetLastError()();
+    if (mode_switched_) own::cudaThreadExchangeStreamCaptureMode()(&mode_);
+    if (restore_device_ >= 0) own::cudaSetDevice()(restore_device_);
+    if (prior_error_ == cudaSuccess && own::cudaPeekAtLastError()() != cudaSuccess) {
+      own::cudaGetLastError()();
     }
   }
   OwnCallScope(const OwnCallScope&) = delete;
@@ -96,6 +100,7 @@ class OwnCallScope {
   bool ok() const { return ok_; }
 
  private:
+  InsideHook inside_;
   bool ok_ = true;
   cudaError_t prior_error_ = cudaSuccess;
   int restore_device_ = -1;
@@ -112,7 +117,7 @@ enum class CaptureState { none, open, gone };
 
 CaptureState capture_state(cudaStream_t stream) {
   cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
-  cudaError_t result = real::cudaStreamIsCapturing()(stream, &status);
+  cudaError_t result = own::cudaStreamIsCapturing()(stream, &status);
   if (result == cudaSuccess) {
     return status == cudaStreamCaptureStatusNone ? CaptureState::none : CaptureState::open;
   }
@@ -142,7 +147,7 @@ AllocStatus CudaDevice::allocate(std::uint64_t size, DevicePtr* out) {
   if (!scope.ok()) return AllocStatus::failed;  // Note [Own calls]
   release_deferred();  // Note [Releases during capture]: memory the device may need now
   void* ptr = nullptr;
-  cudaError_t result = real::cudaMalloc()(&ptr, static_cast<std::size_t>(size));
+  cudaError_t result = own::cudaMalloc()(&ptr, static_cast<std::size_t>(size));
   if (result == cudaSuccess) {
     *out = reinterpret_cast<DevicePtr>(ptr);
     return AllocStatus::ok;
@@ -161,7 +166,7 @@ void CudaDevice::release(DevicePtr ptr, std::uint64_t) {
     }
   }
   release_deferred();
-  real::cudaFree()(reinterpret_cast<void*>(ptr));
+  own::cudaFree()(reinterpret_cast<void*>(ptr));
 }
 
 // Caller holds an OwnCallScope (and neither the table's lock nor mutex_).
@@ -177,7 +182,7 @@ void CudaDevice::release_deferred() {
     std::lock_guard<std::mutex> hold(mutex_);
     ready.swap(deferred_);
   }
-  for (DevicePtr ptr : ready) real::cudaFree()(reinterpret_cast<void*>(ptr));
+  for (DevicePtr ptr : ready) own::cudaFree()(reinterpret_cast<void*>(ptr));
 }
 
 DeviceMemoryInfo CudaDevice::memory_info() {
@@ -185,7 +190,7 @@ DeviceMemoryInfo CudaDevice::memory_info() {
   if (!scope.ok()) return {};  // another device's numbers (Note [Own calls])
   std::size_t free_bytes = 0;
   std::size_t total_bytes = 0;
-  if (real::cudaMemGetInfo()(&free_bytes, &total_bytes) != cudaSuccess) return {};
+  if (own::cudaMemGetInfo()(&free_bytes, &total_bytes) != cudaSuccess) return {};
   return {free_bytes, total_bytes};
 }
 
@@ -199,7 +204,7 @@ cudaEvent_t CudaDevice::take_event() {
     }
   }
   cudaEvent_t event = nullptr;
-  if (real::cudaEventCreateWithFlags()(&event, cudaEventDisableTiming) != cudaSuccess) {
+  if (own::cudaEventCreateWithFlags()(&event, cudaEventDisableTiming) != cudaSuccess) {
     return nullptr;
   }
   return event;
@@ -217,7 +222,7 @@ void CudaDevice::recycle(Fence* fence) {
 // appended to `pending` when it is not null.
 void CudaDevice::prune_tails(std::vector<cudaEvent_t>* pending) {
   std::erase_if(tails_, [&](cudaEvent_t tail) {
-    if (real::cudaEventQuery()(tail) != cudaErrorNotReady) {
+    if (own::cudaEventQuery()(tail) != cudaErrorNotReady) {
       events_.push_back(tail);
       return true;
     }
@@ -235,7 +240,7 @@ void CudaDevice::adopt_stream_tail(cudaStream_t stream) {
   if (capture_state(stream) != CaptureState::none) return;
   cudaEvent_t tail = take_event();
   if (tail == nullptr) return;
-  const bool recorded = real::cudaEventRecord()(tail, stream) == cudaSuccess;
+  const bool recorded = own::cudaEventRecord()(tail, stream) == cudaSuccess;
   std::lock_guard<std::mutex> hold(mutex_);
   prune_tails(nullptr);  // keeps the list as short as the work still running
   (recorded ? tails_ : events_).push_back(tail);
@@ -292,7 +297,7 @@ FenceHandle CudaDevice::fence_record() {
     cudaEvent_t event = take_event();
     if (event == nullptr) return cudaErrorMemoryAllocation;
     fence->events.push_back(event);
-    return real::cudaEventRecord()(event, stream);
+    return own::cudaEventRecord()(event, stream);
   };
   bool recorded = record(cudaStreamLegacy) == cudaSuccess;
   std::vector<cudaStream_t> gone;
@@ -325,7 +330,7 @@ bool CudaDevice::fence_passed(FenceHandle handle) {
     for (cudaEvent_t event : *list) {
       // Any answer but "not ready" is final: an event of a failed context never completes, and
       // holding its memory forever would help no one.
-      if (real::cudaEventQuery()(event) == cudaErrorNotReady) return false;
+      if (own::cudaEventQuery()(event) == cudaErrorNotReady) return false;
     }
   }
   return true;
@@ -334,8 +339,8 @@ bool CudaDevice::fence_passed(FenceHandle handle) {
 void CudaDevice::fence_wait(FenceHandle handle) {
   OwnCallScope scope(device_);
   auto* fence = reinterpret_cast<Fence*>(handle);
-  for (cudaEvent_t event : fence->events) real::cudaEventSynchronize()(event);
-  for (cudaEvent_t event : fence->tails) real::cudaEventSynchronize()(event);
+  for (cudaEvent_t event : fence->events) own::cudaEventSynchronize()(event);
+  for (cudaEvent_t event : fence->tails) own::cudaEventSynchronize()(event);
 }
 
 void CudaDevice::fence_destroy(FenceHandle handle) {
@@ -355,7 +360,7 @@ bool CudaDevice::capture_active() {
 
 void CudaDevice::synchronize() {
   OwnCallScope scope(device_);
-  real::cudaDeviceSynchronize()();
+  own::cudaDeviceSynchronize()();
 }
 
 void CudaDevice::forget_events() {

@@ -1,37 +1,19 @@
-// The exported CUDA runtime entry points: the only symbols libpoolcuda.so exports (exports.map).
-// Each is a thin shim: calls made from inside the library (the re-entry guard) and calls in a
-// forked child (Note [Fork] in lifecycle.cpp) go straight to the real function; everything else
-// is one call into hooks.cpp.
+// The exported CUDA runtime entry points (the driver's are in driver_exports.cpp, dlsym in
+// dlsym_hook.cpp). Each is a thin shim: calls made from inside the library (the re-entry guard)
+// and calls in a forked child (Note [Fork] in lifecycle.cpp) go straight to the real function;
+// everything else is one call into hooks.cpp. The cudaGetDriverEntryPoint family maps what the
+// real call found to the library's driver hooks, like the hooked cuGetProcAddress.
 //
-// Depends on hooks.h, real_cuda.h and lifecycle.h only.
+// Depends on hooks.h, hook_guard.h and real_cuda.h only.
 #include <cuda_runtime_api.h>
 
+#include <cstring>
+
+#include "interpose/hook_guard.h"
 #include "interpose/hooks.h"
-#include "interpose/lifecycle.h"
 #include "interpose/real_cuda.h"
 
 #define POOLCUDA_EXPORT extern "C" __attribute__((visibility("default")))
-
-namespace poolcuda {
-namespace {
-
-// Set while a hook runs on this thread: a CUDA call the real runtime makes through an exported
-// symbol (or one the pools make) must not re-enter the pools. initial-exec: no allocation and
-// no lock on first access, which matters inside a preloaded library.
-__attribute__((tls_model("initial-exec"))) thread_local bool t_inside_hook = false;
-
-bool bypass() { return t_inside_hook || passthrough(); }
-
-class InsideHook {
- public:
-  InsideHook() { t_inside_hook = true; }
-  ~InsideHook() { t_inside_hook = false; }
-  InsideHook(const InsideHook&) = delete;
-  InsideHook& operator=(const InsideHook&) = delete;
-};
-
-}  // namespace
-}  // namespace poolcuda
 
 namespace pc = poolcuda;
 
@@ -83,3 +65,58 @@ POOLCUDA_EXPORT cudaError_t cudaStreamDestroy(cudaStream_t stream) {
   pc::InsideHook inside;
   return pc::hooks::stream_destroy(stream);
 }
+
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
+POOLCUDA_EXPORT cudaError_t cudaGetDriverEntryPoint(const char* symbol, void** funcPtr,
+                                                    unsigned long long flags,
+                                                    cudaDriverEntryPointQueryResult* driverStatus) {
+  return pc::hooks::map_driver_entry(
+      pc::real::cudaGetDriverEntryPoint()(symbol, funcPtr, flags, driverStatus), funcPtr);
+}
+#pragma GCC diagnostic pop
+
+POOLCUDA_EXPORT cudaError_t cudaGetDriverEntryPoint_ptsz(
+    const char* symbol, void** funcPtr, unsigned long long flags,
+    cudaDriverEntryPointQueryResult* driverStatus) {
+  return pc::hooks::map_driver_entry(
+      pc::real::cudaGetDriverEntryPoint_ptsz()(symbol, funcPtr, flags, driverStatus), funcPtr);
+}
+
+POOLCUDA_EXPORT cudaError_t cudaGetDriverEntryPointByVersion(
+    const char* symbol, void** funcPtr, unsigned int cudaVersion, unsigned long long flags,
+    cudaDriverEntryPointQueryResult* driverStatus) {
+  return pc::hooks::map_driver_entry(pc::real::cudaGetDriverEntryPointByVersion()(
+                                         symbol, funcPtr, cudaVersion, flags, driverStatus),
+                                     funcPtr);
+}
+
+POOLCUDA_EXPORT cudaError_t cudaGetDriverEntryPointByVersion_ptsz(
+    const char* symbol, void** funcPtr, unsigned int cudaVersion, unsigned long long flags,
+    cudaDriverEntryPointQueryResult* driverStatus) {
+  return pc::hooks::map_driver_entry(pc::real::cudaGetDriverEntryPointByVersion_ptsz()(
+                                         symbol, funcPtr, cudaVersion, flags, driverStatus),
+                                     funcPtr);
+}
+
+namespace poolcuda {
+
+void* runtime_hook(const char* name) {
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
+  static const struct {
+    const char* name;
+    void* hook;
+  } kHooks[] = {
+#define POOLCUDA_HOOK(fn) {#fn, reinterpret_cast<void*>(&::fn)},
+      POOLCUDA_RUNTIME_HOOKS(POOLCUDA_HOOK)
+#undef POOLCUDA_HOOK
+  };
+#pragma GCC diagnostic pop
+  for (const auto& entry : kHooks) {
+    if (std::strcmp(entry.name, name) == 0) return entry.hook;
+  }
+  return nullptr;
+}
+
+}  // namespace poolcuda

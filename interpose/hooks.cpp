@@ -14,14 +14,12 @@
 // cudaErrorMemoryAllocation in the slot with a real cudaMalloc of a size no device has. A
 // refused cudaFree raises cudaErrorInvalidValue the same way.
 //
-// Depends on the registry, the CUDA device, the real-function table, the log and the
-// configuration.
+// Depends on the shared pooling core and the real-function table.
 #include "interpose/hooks.h"
 
-#include "interpose/lifecycle.h"
-#include "interpose/log.h"
+#include "interpose/driver_hooks.h"
+#include "interpose/pooling.h"
 #include "interpose/real_cuda.h"
-#include "interpose/registry.h"
 
 namespace poolcuda::hooks {
 
@@ -38,7 +36,7 @@ int current_device() {
 }
 
 cudaError_t forward_malloc(int device, void** ptr, std::size_t size) {
-  Registry::instance().count_forwarded_malloc(device);
+  pooling::count_forwarded_malloc(device);
   return real::cudaMalloc()(ptr, size);
 }
 
@@ -56,120 +54,54 @@ void raise_invalid_value() {
   real::cudaFree()(&not_device_memory);
 }
 
-// Refusals the pools decide themselves (the manager logs device out-of-memory breakdowns).
-void log_refusal(int device, std::size_t size, const Error& error) {
-  log_format(LogLevel::basic, "cudaMalloc(%zu B) on device %d refused: %s", size, device,
-             describe(error).c_str());
-}
-
 }  // namespace
 
 cudaError_t malloc(void** ptr, std::size_t size) {
-  int device = current_device();
-  // NULL, size 0 and an unusable device behave exactly as the real call does.
-  if (ptr == nullptr || size == 0 || device < 0) return forward_malloc(device, ptr, size);
-  Registry& registry = Registry::instance();
-  MemoryManager* manager = registry.manager_or_create(device);
-  if (manager == nullptr) return forward_malloc(device, ptr, size);
-  // Larger than the device: the real call fails cleanly and sets its own error.
-  if (size > registry.device(device)->total_bytes()) return forward_malloc(device, ptr, size);
-
-  Reservation reservation = manager->allocate(size);
-  // A sticky context error is not checked on a hit: that would cost a runtime call on every
-  // allocation, and the program's next launch or synchronisation reports the error anyway.
-  if (reservation.ptr != 0) {
-    *ptr = reinterpret_cast<void*>(reservation.ptr);
-    return cudaSuccess;
+  const int device = current_device();
+  switch (pooling::allocate("cudaMalloc", device, size, ptr)) {
+    case pooling::Route::pooled:
+      return cudaSuccess;
+    case pooling::Route::forward:
+      return forward_malloc(device, ptr, size);  // NULL, size 0, no device: as the real call
+    case pooling::Route::refused:
+      break;
   }
-  switch (reservation.error.kind) {
-    case ErrorKind::out_of_memory:
-    case ErrorKind::device_error:
-      // Note [Last error]: the real call's own failure is the answer.
-      return forward_malloc(device, ptr, size);
-    case ErrorKind::buffer_too_big:
-      // Note [Last error]: not the pools' size, but the driver may well have it.
-      if (registry.first_time(Registry::Once::no_pool_accepts, device)) {
-        log_format(LogLevel::basic,
-                   "device %d: no pool accepts %zu bytes; passing such requests to cudaMalloc",
-                   device, size);
-      }
-      return forward_malloc(device, ptr, size);
-    default:
-      log_refusal(device, size, reservation.error);
-      raise_out_of_memory();
-      return cudaErrorMemoryAllocation;
-  }
+  raise_out_of_memory();
+  return cudaErrorMemoryAllocation;
 }
 
 cudaError_t free(void* ptr) {
-  int device = current_device();
-  Registry& registry = Registry::instance();
+  const int device = current_device();
   if (ptr == nullptr) {
-    registry.count_forwarded_free(device);
+    pooling::count_forwarded_free(device);
     return real::cudaFree()(ptr);
   }
-  const auto address = reinterpret_cast<DevicePtr>(ptr);
-  FreeOutcome outcome = FreeOutcome::not_mine;
-  int owner = device;
-  if (MemoryManager* manager = registry.manager(device)) outcome = manager->free(address);
-  // A pointer allocated on another device may be freed with any device current.
-  for (int other = 0; outcome == FreeOutcome::not_mine && other < Registry::kMaxDevices;
-       ++other) {
-    if (other == device) continue;
-    MemoryManager* manager = registry.manager(other);
-    if (manager == nullptr) continue;
-    outcome = manager->free(address);
-    owner = other;
-  }
-  switch (outcome) {
+  const pooling::Freed freed = pooling::release(device, ptr);
+  switch (freed.outcome) {
     case FreeOutcome::freed:
       return cudaSuccess;
     case FreeOutcome::not_mine:
-      registry.count_forwarded_free(device);
+      pooling::count_forwarded_free(device);
       return real::cudaFree()(ptr);
     case FreeOutcome::double_free:
-      log_format(LogLevel::basic, "cudaFree(%p) on device %d: double free; nothing changed", ptr,
-                 owner);
-      raise_invalid_value();
-      return cudaErrorInvalidValue;
     case FreeOutcome::interior_pointer:
-      log_format(LogLevel::basic,
-                 "cudaFree(%p) on device %d: not the start of an allocation; nothing changed",
-                 ptr, owner);
-      raise_invalid_value();
-      return cudaErrorInvalidValue;
+      break;
   }
+  pooling::log_refused_free("cudaFree", ptr, freed);
+  raise_invalid_value();
   return cudaErrorInvalidValue;
 }
 
 cudaError_t mem_get_info(std::size_t* free_bytes, std::size_t* total_bytes) {
   cudaError_t result = real::cudaMemGetInfo()(free_bytes, total_bytes);
-  if (result != cudaSuccess || free_bytes == nullptr) return result;
-  if (config().memgetinfo != MemGetInfoMode::pooled) return result;
-  MemoryManager* manager = Registry::instance().manager(current_device());
-  if (manager == nullptr) return result;
-  // Idle bytes and bytes still waiting for their free fence are both what the next cudaMalloc
-  // can get (the out-of-memory path waits for pending fences): reserved minus what is in use.
-  MemoryUsage usage = manager->memory_usage();
-  std::uint64_t used = usage.bytes_in_use + usage.bytes_padding;
-  std::uint64_t available = usage.bytes_reserved > used ? usage.bytes_reserved - used : 0;
-  std::uint64_t room = total_bytes != nullptr && *total_bytes > *free_bytes
-                           ? *total_bytes - *free_bytes
-                           : available;
-  *free_bytes += static_cast<std::size_t>(available < room ? available : room);
+  if (result == cudaSuccess && free_bytes != nullptr) {
+    pooling::add_pooled_free(current_device(), free_bytes, total_bytes);
+  }
   return result;
 }
 
 cudaError_t device_reset() {
-  int device = current_device();
-  Registry& registry = Registry::instance();
-  // The reset frees every allocation and destroys every stream and event of the device: the
-  // pools forget theirs instead of releasing them.
-  if (MemoryManager* manager = registry.manager(device)) {
-    manager->forget();
-    registry.device(device)->forget_events();
-  }
-  registry.streams().forget_device(device);
+  pooling::forget_device(current_device());
   return real::cudaDeviceReset()();
 }
 
@@ -177,7 +109,7 @@ namespace {
 
 cudaError_t track(cudaError_t result, cudaStream_t* stream, unsigned int flags) {
   if (result == cudaSuccess && stream != nullptr) {
-    Registry::instance().streams().add(*stream, current_device(), flags);
+    pooling::track_stream(*stream, current_device(), flags);
   }
   return result;
 }
@@ -197,20 +129,13 @@ cudaError_t stream_create_with_priority(cudaStream_t* stream, unsigned int flags
 }
 
 cudaError_t stream_destroy(cudaStream_t stream) {
-  Registry& registry = Registry::instance();
-  {
-    // Out of the table first: no fence may be recorded on it once the real destroy has run.
-    // Its queued work still runs after the destroy, so later fences wait for its tail (Note
-    // [Destroyed streams] in cuda_device.cpp); under the table's lock, so that no fence falls
-    // between the removal and the tail.
-    auto table = registry.streams().lock();
-    TrackedStream removed;
-    if (registry.streams().remove_locked(stream, &removed) &&
-        config().free_fence == FreeFence::events) {
-      if (CudaDevice* device = registry.device(removed.device)) device->adopt_stream_tail(stream);
-    }
-  }
+  pooling::untrack_stream(stream);
   return real::cudaStreamDestroy()(stream);
+}
+
+cudaError_t map_driver_entry(cudaError_t result, void** fn) {
+  driver_hooks::map_resolved(result == cudaSuccess, fn);
+  return result;
 }
 
 }  // namespace poolcuda::hooks
