@@ -52,6 +52,14 @@ void* library() {
   return handle;
 }
 
+bool in_this_library(void* fn) {
+  static const char marker = 0;
+  Dl_info ours{};
+  Dl_info theirs{};
+  return fn != nullptr && ::dladdr(&marker, &ours) != 0 && ::dladdr(fn, &theirs) != 0 &&
+         ours.dli_fbase == theirs.dli_fbase;
+}
+
 }  // namespace
 
 void* symbol(const char* name) {
@@ -67,12 +75,16 @@ void* resolve(const char* name, int version, bool per_thread) {
   void* fn = nullptr;
   const cuuint64_t flags = per_thread ? CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM
                                       : CU_GET_PROC_ADDRESS_LEGACY_STREAM;
+  CUresult result = CUDA_ERROR_NOT_FOUND;
   if (Resolver v2 = resolver()) {
     CUdriverProcAddressQueryResult status;
-    return v2(name, &fn, version, flags, &status) == CUDA_SUCCESS ? fn : nullptr;
+    result = v2(name, &fn, version, flags, &status);
+  } else if (ResolverV1 v1 = resolver_v1()) {
+    result = v1(name, &fn, version, flags);
   }
-  if (ResolverV1 v1 = resolver_v1()) return v1(name, &fn, version, flags) == CUDA_SUCCESS ? fn : nullptr;
-  return nullptr;
+  // A driver whose resolver hands out its exported symbols, bound to the first definition in
+  // the process, would hand out this library's hooks: never a real function.
+  return result == CUDA_SUCCESS && !in_this_library(fn) ? fn : nullptr;
 }
 
 void* function(Slot slot) {
