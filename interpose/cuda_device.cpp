@@ -56,14 +56,14 @@
 // The program's device is set back whenever a switch was attempted (a failed cudaSetDevice may
 // still have changed it, e.g. under a sticky error). Without a runtime the same calls go to the
 // driver, where "the device" is the primary context (Note [Own calls without a runtime] in
-// own_calls.cpp).
+// own_api.cpp).
 //
-// Depends on pools/device.h, own_calls.h, hook_guard.h and stream_table.h.
+// Depends on pools/device.h, own_api.h, hook_guard.h and stream_table.h.
 #include "interpose/cuda_device.h"
 
 #include "interpose/hook_guard.h"
 #include "interpose/log.h"
-#include "interpose/own_calls.h"
+#include "interpose/own_api.h"
 #include "interpose/stream_table.h"
 
 namespace poolcuda {

@@ -1,7 +1,8 @@
 // CudaDevice: the Device interface (pools/device.h) implemented over CUDA for one device index:
-// the real runtime, or the driver in a process without one (own_calls.h). It makes every call on the right device (switching the calling thread's
-// current device for the call's duration when needed), in relaxed capture mode, and without
-// disturbing the program's last-error state, and it implements free fences as CUDA events
+// the real runtime, or the driver in a process without one (own_api.h). It makes every call on
+// the right device (switching the calling thread's current device for the call's duration when
+// needed), in relaxed capture mode, and without disturbing the program's last-error state, and
+// it implements free fences as CUDA events
 // (Note [Fence streams] in cuda_device.cpp).
 //
 // Depends on pools/device.h, the own-call table and the stream table; never on a

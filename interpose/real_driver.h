@@ -1,7 +1,7 @@
 // The real CUDA driver: its resolver (the cuGetProcAddress_v2 of the loaded libcuda.so.1, found
 // with the C library's dlsym), its exported symbols, and the driver functions the library calls
 // itself (driver_context.cpp and the own-call path of processes without a CUDA runtime,
-// own_calls.cpp). Nothing here loads a driver: while none is loaded every lookup finds nothing
+// own_api.cpp). Nothing here loads a driver: while none is loaded every lookup finds nothing
 // and is tried again later. Each function is resolved once, at the version whose signature the
 // library calls, lock-free like real_cuda.h; a function the driver lacks answers
 // CUDA_ERROR_NOT_FOUND.

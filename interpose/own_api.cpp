@@ -1,4 +1,4 @@
-// The library's own CUDA calls (see own_calls.h).
+// The library's own CUDA calls (see own_api.h).
 //
 // Note [Own calls without a runtime]
 // A program built with nvcc's default static cudart, or one that uses only the driver API, has
@@ -13,7 +13,7 @@
 // Processes with a runtime keep using it, so their behaviour is exactly the runtime's.
 //
 // Depends on real_cuda.h, real_driver.h and driver_context.h.
-#include "interpose/own_calls.h"
+#include "interpose/own_api.h"
 
 #include <atomic>
 

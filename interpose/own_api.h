@@ -1,6 +1,6 @@
-// The CUDA calls the library makes on its own behalf (CudaDevice), with the runtime's
+// The table of CUDA calls the library makes on its own behalf (CudaDevice), with the runtime's
 // signatures: through the CUDA runtime when the process has one, else through the driver
-// (Note [Own calls without a runtime] in own_calls.cpp). The choice is made once, at the first
+// (Note [Own calls without a runtime] in own_api.cpp). The choice is made once, at the first
 // own call, and kept.
 //
 // Usage: own::cudaMalloc()(&ptr, size). Depends on real_cuda.h; the driver path on
@@ -32,7 +32,7 @@ namespace poolcuda::own {
 // True when the library's own calls go through the CUDA runtime.
 bool through_runtime();
 
-// The same calls made with the driver (own_calls.cpp).
+// The same calls made with the driver (own_api.cpp).
 namespace via_driver {
 #define POOLCUDA_OWN_DECLARATION(name) extern decltype(&::name) const name;
 POOLCUDA_OWN_FUNCTIONS(POOLCUDA_OWN_DECLARATION)
