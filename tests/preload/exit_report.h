@@ -36,6 +36,7 @@ inline std::uint64_t sum_of(const std::string& json, const std::string& key) {
 }
 
 // Runs this program with `argument` (and `env`), its exit report going to a temporary file.
+// The child's output and the report's totals are printed; a child that failed fails the test.
 inline ExitReport run_with_exit_report(const char* argument, std::vector<std::string> env = {}) {
   char path[] = "/tmp/poolcuda-exit-report-XXXXXX";
   const int fd = ::mkstemp(path);
@@ -56,6 +57,14 @@ inline ExitReport run_with_exit_report(const char* argument, std::vector<std::st
   report.reservations = sum_of(report.json, "reservations");
   report.device_allocs = sum_of(report.json, "device_allocs");
   report.forwarded_mallocs = sum_of(report.json, "forwarded_mallocs");
+  std::printf("%s", report.child.output.c_str());
+  if (report.child.status != 0) {
+    fail(__FILE__, __LINE__, "the child exited with " + std::to_string(report.child.status));
+  }
+  std::printf("exit report: %llu pooled reservations, %llu page allocations, %llu passed through\n",
+              static_cast<unsigned long long>(report.reservations),
+              static_cast<unsigned long long>(report.device_allocs),
+              static_cast<unsigned long long>(report.forwarded_mallocs));
   return report;
 }
 
