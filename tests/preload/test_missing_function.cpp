@@ -1,6 +1,6 @@
 // Preload test: a runtime function the library needs is missing (an older runtime than the
-// headers). The stand-in's libcudart.so.13 without cudaMemGetInfo (tests/simcuda/old) comes
-// first in the library path. The miss must be remembered, logged once, and answered with a CUDA
+// headers). The stand-in's libcudart.so.13 without cudaMemGetInfo (its folder is the argument)
+// comes first in the library path of the child that runs the checks. The miss must be remembered, logged once, and answered with a CUDA
 // error; allocations still work (the device, whose size cannot be read, is passed through).
 // "Remembered" is counted with the dynamic linker's own trace (LD_DEBUG=symbols): no lookup of
 // cudaMemGetInfo may happen after the first call. Stand-in only (suite standin): a real
@@ -50,10 +50,14 @@ int child() {
 
 int main(int argc, char** argv) {
   preload_test::require_preloaded();
-  if (argc > 1 && std::string(argv[1]) == "child") return child();
+  CHECK(argc > 1);
+  if (std::string(argv[1]) == "child") return child();
 
-  preload_test::ChildResult result =
-      preload_test::run_self("child", {"POOLCUDA_CONF", "LD_DEBUG=symbols"});
+  const char* path = std::getenv("LD_LIBRARY_PATH");
+  const std::string old_first =
+      std::string(argv[1]) + (path != nullptr ? std::string(":") + path : "");
+  preload_test::ChildResult result = preload_test::run_self(
+      "child", {"POOLCUDA_CONF", "LD_DEBUG=symbols", "LD_LIBRARY_PATH=" + old_first});
   CHECK_MSG(result.status == 0, "child exited with " + std::to_string(result.status) + ":\n" +
                                     result.output.substr(result.output.rfind(kFirstDone) ==
                                                                  std::string::npos

@@ -101,10 +101,14 @@ bool primary_active(int device) {
 }
 
 Context* create_context(int device) {
-  auto* ctx = new Context;  // never deleted: a destroyed handle must stay safe to look at
+  // Kept for the process's life: a destroyed handle must stay safe to look at.
+  static auto* created = new std::vector<std::unique_ptr<Context>>;
+  auto ctx = std::make_unique<Context>();
   ctx->device = device;
   ctx->id = g_next_context_id.fetch_add(1);
-  return ctx;
+  std::lock_guard lock(state_mutex());
+  created->push_back(std::move(ctx));
+  return created->back().get();
 }
 
 cudaError_t destroy_context(Context* ctx) {
