@@ -42,7 +42,9 @@ poolcuda_dlsym_bootstrap() {
 
 namespace poolcuda::dl {
 
-void* real_dlsym(void* handle, const char* name) {
+// On the path of every dlsym too (Note [Finding dlsym]).
+__attribute__((no_sanitize("address", "thread", "undefined"))) void* real_dlsym(
+    void* handle, const char* name) {
   using Dlsym = void* (*)(void*, const char*);
   return reinterpret_cast<Dlsym>(poolcuda_dlsym_bootstrap())(handle, name);
 }

@@ -45,5 +45,6 @@ if readelf -d "$library" 2>/dev/null | grep -Eq 'libcudart|libcuda\.so'; then
   echo "links libcudart or libcuda"
   status=1
 fi
-[ $status -eq 0 ] && echo "ok: $(echo "$symbols" | wc -w) exported symbols, all CUDA entry points or dlsym"
+[ $status -eq 0 ] &&
+  echo "ok: $(echo "$symbols" | wc -w) exported symbols, all CUDA entry points or dlsym"
 exit $status

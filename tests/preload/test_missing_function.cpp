@@ -1,7 +1,8 @@
 // Preload test: a runtime function the library needs is missing (an older runtime than the
 // headers). The stand-in's libcudart.so.13 without cudaMemGetInfo (its folder is the argument)
-// comes first in the library path of the child that runs the checks. The miss must be remembered, logged once, and answered with a CUDA
-// error; allocations still work (the device, whose size cannot be read, is passed through).
+// comes first in the library path of the child that runs the checks. The miss must be
+// remembered, logged once, and answered with a CUDA error; allocations still work (the device,
+// whose size cannot be read, is passed through).
 // "Remembered" is counted with the dynamic linker's own trace (LD_DEBUG=symbols): no lookup of
 // cudaMemGetInfo may happen after the first call. Stand-in only (suite standin): a real
 // runtime has the function.

@@ -1,8 +1,9 @@
 // Driver initialization and contexts of the stand-in: the initialized flag the runtime and cuInit
 // share, one primary context per device with its reference count (held by the runtime once it
 // used the device, and by cuDevicePrimaryCtxRetain), contexts made by cuCtxCreate, each
-// thread's current context and the contexts below it (cuCtxCreate pushes, cuCtxDestroy pops), and the device reset that a primary context's reset or last release
-// performs. Depends only on core.h.
+// thread's current context and the contexts below it (cuCtxCreate pushes, cuCtxDestroy pops),
+// and the device reset that a primary context's reset or last release performs. Depends only on
+// core.h.
 #include "core.h"
 
 #include <atomic>

@@ -161,7 +161,9 @@ CUresult synchronize(CUstream stream, bool per_thread) {
 
 }  // namespace
 
-CUresult cuStreamCreate(CUstream* phStream, unsigned int Flags) { return create(phStream, Flags, 0); }
+CUresult cuStreamCreate(CUstream* phStream, unsigned int Flags) {
+  return create(phStream, Flags, 0);
+}
 
 CUresult cuStreamCreateWithPriority(CUstream* phStream, unsigned int flags, int priority) {
   return create(phStream, flags, priority);

@@ -207,8 +207,8 @@ namespace {
 // The per-thread-default-stream flavours (code built with --default-stream per-thread): the
 // default lookup asks for the per-thread variants.
 unsigned long long per_thread_default(unsigned long long flags) {
-  return flags == cudaEnableDefault ? static_cast<unsigned long long>(cudaEnablePerThreadDefaultStream)
-                                    : flags;
+  constexpr auto kPerThread = static_cast<unsigned long long>(cudaEnablePerThreadDefaultStream);
+  return flags == cudaEnableDefault ? kPerThread : flags;
 }
 
 }  // namespace

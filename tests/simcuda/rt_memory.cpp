@@ -127,13 +127,15 @@ cudaError_t cudaMemcpy_ptds(void* dst, const void* src, size_t count, cudaMemcpy
 cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t count, cudaMemcpyKind kind,
                             cudaStream_t stream) {
   SIM_ENTER();
-  SIM_RETURN(mem_copy(dst, src, count, kind, resolve_stream(stream, false), false, "cudaMemcpyAsync"));
+  SIM_RETURN(mem_copy(dst, src, count, kind, resolve_stream(stream, false), false,
+                      "cudaMemcpyAsync"));
 }
 
 cudaError_t cudaMemcpyAsync_ptsz(void* dst, const void* src, size_t count, cudaMemcpyKind kind,
                                  cudaStream_t stream) {
   SIM_ENTER();
-  SIM_RETURN(mem_copy(dst, src, count, kind, resolve_stream(stream, true), false, "cudaMemcpyAsync"));
+  SIM_RETURN(mem_copy(dst, src, count, kind, resolve_stream(stream, true), false,
+                      "cudaMemcpyAsync"));
 }
 
 cudaError_t cudaMemset(void* devPtr, int value, size_t count) {
@@ -148,12 +150,14 @@ cudaError_t cudaMemset_ptds(void* devPtr, int value, size_t count) {
 
 cudaError_t cudaMemsetAsync(void* devPtr, int value, size_t count, cudaStream_t stream) {
   SIM_ENTER();
-  SIM_RETURN(mem_set(devPtr, value, count, resolve_stream(stream, false), false, "cudaMemsetAsync"));
+  SIM_RETURN(mem_set(devPtr, value, count, resolve_stream(stream, false), false,
+                     "cudaMemsetAsync"));
 }
 
 cudaError_t cudaMemsetAsync_ptsz(void* devPtr, int value, size_t count, cudaStream_t stream) {
   SIM_ENTER();
-  SIM_RETURN(mem_set(devPtr, value, count, resolve_stream(stream, true), false, "cudaMemsetAsync"));
+  SIM_RETURN(mem_set(devPtr, value, count, resolve_stream(stream, true), false,
+                     "cudaMemsetAsync"));
 }
 
 cudaError_t cudaPointerGetAttributes(cudaPointerAttributes* attributes, const void* ptr) {

@@ -72,7 +72,8 @@ cudaError_t mem_copy(void* dst, const void* src, size_t n, cudaMemcpyKind kind, 
   return cudaSuccess;
 }
 
-cudaError_t mem_set(void* dst, int value, size_t n, const StreamRef& s, bool wait, const char* what) {
+cudaError_t mem_set(void* dst, int value, size_t n, const StreamRef& s, bool wait,
+                    const char* what) {
   if (!s) return cudaErrorInvalidResourceHandle;
   if (n == 0) return cudaSuccess;
   if (!mem_in_device_range(dst) || mem_check(dst, n) != cudaSuccess) return cudaErrorInvalidValue;

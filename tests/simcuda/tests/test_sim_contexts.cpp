@@ -112,7 +112,8 @@ TEST_CASE("cuDevicePrimaryCtxReset frees the device's memory and keeps the conte
   auto retain = driver().get<decltype(&cuDevicePrimaryCtxRetain)>("cuDevicePrimaryCtxRetain");
   auto release =
       driver().get<decltype(&cuDevicePrimaryCtxRelease_v2)>("cuDevicePrimaryCtxRelease", 11000);
-  auto reset = driver().get<decltype(&cuDevicePrimaryCtxReset_v2)>("cuDevicePrimaryCtxReset", 11000);
+  auto reset =
+      driver().get<decltype(&cuDevicePrimaryCtxReset_v2)>("cuDevicePrimaryCtxReset", 11000);
   auto set_current = driver().get<decltype(&cuCtxSetCurrent)>("cuCtxSetCurrent");
   auto mem_alloc = driver().get<decltype(&cuMemAlloc_v2)>("cuMemAlloc", 3020);
   auto mem_free = driver().get<decltype(&cuMemFree_v2)>("cuMemFree", 3020);

@@ -16,7 +16,8 @@ TEST_CASE("the static runtime reaches the driver through cuGetProcAddress only")
   // No cuInit: the runtime's first call initialized the driver.
   void* lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
   REQUIRE(lib != nullptr);  // loaded by the runtime, as the real static runtime does
-  auto resolve = reinterpret_cast<decltype(&cuGetProcAddress_v2)>(dlsym(lib, "cuGetProcAddress_v2"));
+  auto resolve =
+      reinterpret_cast<decltype(&cuGetProcAddress_v2)>(dlsym(lib, "cuGetProcAddress_v2"));
   void* fn = nullptr;
   REQUIRE_EQ(resolve("cuCtxGetCurrent", &fn, 4000, 0, nullptr), CUDA_SUCCESS);
   CUcontext ctx = nullptr;
