@@ -88,6 +88,17 @@ bool invalidate_blocking_captures_locked(int device) {
   return any;
 }
 
+cudaError_t wait_capture_guard(const StreamRef& s) {
+  std::lock_guard lock(state_mutex());
+  if (s->capture) {
+    s->capture->invalidated = true;
+    return cudaErrorStreamCaptureUnsupported;
+  }
+  if (s->kind == StreamKind::legacy && invalidate_blocking_captures_locked(s->device))
+    return cudaErrorStreamCaptureImplicit;
+  return cudaSuccess;
+}
+
 bool any_capture_locked(int device) {
   for (auto& c : captures().active)
     if (c->device == device) return true;

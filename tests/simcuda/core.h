@@ -240,6 +240,9 @@ cudaError_t check_unsafe_call();
 // Returns true if there was any. Must hold state_mutex.
 bool invalidate_device_captures_locked(int device);
 bool any_capture_locked(int device);
+// Synchronizing or querying a capturing stream is illegal and invalidates the capture; doing so
+// on the legacy stream while a blocking stream captures would depend on it implicitly.
+cudaError_t wait_capture_guard(const StreamRef& s);
 // Invalidates the captures of blocking streams on `device`: work on the legacy stream would
 // depend on them implicitly (cudaErrorStreamCaptureImplicit). Must hold state_mutex.
 bool invalidate_blocking_captures_locked(int device);

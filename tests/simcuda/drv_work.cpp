@@ -146,15 +146,7 @@ CUresult synchronize(CUstream stream, bool per_thread) {
   if (CUresult r = guard(true)) return r;
   StreamRef s = resolve_stream(rt(stream), per_thread);
   if (!s) return CUDA_ERROR_INVALID_HANDLE;
-  {
-    std::lock_guard lock(state_mutex());
-    if (s->capture) {
-      s->capture->invalidated = true;
-      return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
-    }
-    if (s->kind == StreamKind::legacy && invalidate_blocking_captures_locked(s->device))
-      return CUDA_ERROR_STREAM_CAPTURE_IMPLICIT;
-  }
+  if (cudaError_t err = wait_capture_guard(s); err != cudaSuccess) return as_cu(err);
   drain(s);
   return as_cu(sticky_error());
 }

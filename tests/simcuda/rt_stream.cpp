@@ -14,30 +14,17 @@ namespace {
 
 cudaStream_t handle_of(const StreamRef& s) { return reinterpret_cast<cudaStream_t>(s.get()); }
 
-// Synchronizing or querying a capturing stream is illegal and invalidates the capture; doing so
-// on the legacy stream while a blocking stream captures would depend on it implicitly.
-cudaError_t capture_guard(const StreamRef& s) {
-  std::lock_guard lock(state_mutex());
-  if (s->capture) {
-    s->capture->invalidated = true;
-    return cudaErrorStreamCaptureUnsupported;
-  }
-  if (s->kind == StreamKind::legacy && invalidate_blocking_captures_locked(s->device))
-    return cudaErrorStreamCaptureImplicit;
-  return cudaSuccess;
-}
-
 cudaError_t stream_sync(const StreamRef& s) {
   bump(Counter::cudaStreamSynchronize);
   if (!s) return cudaErrorInvalidResourceHandle;
-  if (cudaError_t err = capture_guard(s); err != cudaSuccess) return err;
+  if (cudaError_t err = wait_capture_guard(s); err != cudaSuccess) return err;
   drain(s);
   return sticky_error();  // a fault in the work just waited for is reported here
 }
 
 cudaError_t stream_query(const StreamRef& s) {
   if (!s) return cudaErrorInvalidResourceHandle;
-  if (cudaError_t err = capture_guard(s); err != cudaSuccess) return err;
+  if (cudaError_t err = wait_capture_guard(s); err != cudaSuccess) return err;
   return idle(s) ? cudaSuccess : cudaErrorNotReady;
 }
 
