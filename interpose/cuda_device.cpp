@@ -1,4 +1,4 @@
-// CudaDevice: pools/device.h over the real CUDA runtime (see cuda_device.h).
+// CudaDevice: pools/device.h over CUDA (see cuda_device.h).
 //
 // Note [Fence streams]
 // A free fence must be passed only once the device has executed everything issued, on every
@@ -60,7 +60,7 @@ enum class CaptureState { none, open, gone };
 
 CaptureState capture_state(cudaStream_t stream) {
   cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
-  cudaError_t result = real::cudaStreamIsCapturing()(stream, &status);
+  cudaError_t result = own::cudaStreamIsCapturing()(stream, &status);
   if (result == cudaSuccess) {
     return status == cudaStreamCaptureStatusNone ? CaptureState::none : CaptureState::open;
   }
@@ -92,7 +92,7 @@ AllocStatus CudaDevice::allocate(std::uint64_t size, DevicePtr* out) {
   // Over the budget looks like a full device: the pools trim and retry (Note [Budget]).
   if (!budget::charge(device_, size)) return AllocStatus::out_of_memory;
   void* ptr = nullptr;
-  cudaError_t result = real::cudaMalloc()(&ptr, static_cast<std::size_t>(size));
+  cudaError_t result = own::cudaMalloc()(&ptr, static_cast<std::size_t>(size));
   if (result == cudaSuccess) {
     *out = reinterpret_cast<DevicePtr>(ptr);
     return AllocStatus::ok;
@@ -117,7 +117,7 @@ DeviceMemoryInfo CudaDevice::memory_info() {
   if (!scope.ok()) return {};  // another device's numbers (Note [Own calls])
   std::size_t free_bytes = 0;
   std::size_t total_bytes = 0;
-  if (real::cudaMemGetInfo()(&free_bytes, &total_bytes) != cudaSuccess) return {};
+  if (own::cudaMemGetInfo()(&free_bytes, &total_bytes) != cudaSuccess) return {};
   return {free_bytes, total_bytes};
 }
 
@@ -131,7 +131,7 @@ cudaEvent_t CudaDevice::take_event() {
     }
   }
   cudaEvent_t event = nullptr;
-  if (real::cudaEventCreateWithFlags()(&event, cudaEventDisableTiming) != cudaSuccess) {
+  if (own::cudaEventCreateWithFlags()(&event, cudaEventDisableTiming) != cudaSuccess) {
     return nullptr;
   }
   return event;
@@ -151,7 +151,7 @@ void CudaDevice::recycle(Fence* fence) {
 // appended to `pending` when it is not null.
 void CudaDevice::prune_tails(std::vector<cudaEvent_t>* pending) {
   std::erase_if(tails_, [&](cudaEvent_t tail) {
-    if (real::cudaEventQuery()(tail) != cudaErrorNotReady) {
+    if (own::cudaEventQuery()(tail) != cudaErrorNotReady) {
       events_.push_back(tail);
       return true;
     }
@@ -174,7 +174,7 @@ void CudaDevice::adopt_stream_tail(cudaStream_t stream) {
   }
   cudaEvent_t tail = take_event();
   if (tail == nullptr) return;
-  const bool recorded = real::cudaEventRecord()(tail, stream) == cudaSuccess;
+  const bool recorded = own::cudaEventRecord()(tail, stream) == cudaSuccess;
   std::lock_guard<RankedMutex> hold(mutex_);
   if (generation != generation_) return;  // reset meanwhile: the event is dead
   prune_tails(nullptr);  // keeps the list as short as the work still running
@@ -236,7 +236,7 @@ FenceHandle CudaDevice::fence_record() {
     cudaEvent_t event = take_event();
     if (event == nullptr) return cudaErrorMemoryAllocation;
     fence->events.push_back(event);
-    return real::cudaEventRecord()(event, stream);
+    return own::cudaEventRecord()(event, stream);
   };
   bool recorded = record(cudaStreamLegacy) == cudaSuccess;
   std::vector<cudaStream_t> gone;
@@ -269,7 +269,7 @@ bool CudaDevice::fence_passed(FenceHandle handle) {
     for (cudaEvent_t event : *list) {
       // Any answer but "not ready" is final: an event of a failed context never completes, and
       // holding its memory forever would help no one.
-      if (real::cudaEventQuery()(event) == cudaErrorNotReady) return false;
+      if (own::cudaEventQuery()(event) == cudaErrorNotReady) return false;
     }
   }
   return true;
@@ -278,8 +278,8 @@ bool CudaDevice::fence_passed(FenceHandle handle) {
 void CudaDevice::fence_wait(FenceHandle handle) {
   OwnCallScope scope(device_);
   auto* fence = reinterpret_cast<Fence*>(handle);
-  for (cudaEvent_t event : fence->events) real::cudaEventSynchronize()(event);
-  for (cudaEvent_t event : fence->tails) real::cudaEventSynchronize()(event);
+  for (cudaEvent_t event : fence->events) own::cudaEventSynchronize()(event);
+  for (cudaEvent_t event : fence->tails) own::cudaEventSynchronize()(event);
 }
 
 void CudaDevice::fence_destroy(FenceHandle handle) {
@@ -299,7 +299,7 @@ bool CudaDevice::capture_active() {
 
 void CudaDevice::synchronize() {
   OwnCallScope scope(device_);
-  real::cudaDeviceSynchronize()();
+  own::cudaDeviceSynchronize()();
 }
 
 void CudaDevice::forget_events() {

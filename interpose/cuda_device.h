@@ -1,10 +1,11 @@
-// CudaDevice: the Device interface (pools/device.h) implemented over the real CUDA runtime for
-// one device index. It makes every call on the right device (switching the calling thread's
-// current device for the call's duration when needed), in relaxed capture mode, and without
-// disturbing the program's last-error state, and it implements free fences as CUDA events
+// CudaDevice: the Device interface (pools/device.h) implemented over CUDA for one device index:
+// the real runtime, or the driver in a process without one (own_api.h). It makes every call on
+// the right device (switching the calling thread's current device for the call's duration when
+// needed), in relaxed capture mode, and without disturbing the program's last-error state, and
+// it implements free fences as CUDA events
 // (Note [Fence streams] in cuda_device.cpp).
 //
-// Depends on pools/device.h, the real-function table and the stream table; never on a
+// Depends on pools/device.h, the own-call table and the stream table; never on a
 // MemoryManager (the Device contract forbids calling back into it).
 #pragma once
 

@@ -1,16 +1,17 @@
-// The exported CUDA runtime entry points: the only symbols libpoolcuda.so exports (exports.map).
-// Each is a thin shim: calls made from inside the library (the re-entry guard) and calls in a
-// forked child (Note [Fork] in lifecycle.cpp) go straight to the real function; everything else
-// is one call into hooks.cpp, through guarded(): no C++ exception ever crosses an entry point
-// (a failed host allocation inside the pools becomes cudaErrorMemoryAllocation, anything else
-// cudaErrorUnknown, which the real runtime also uses for failures it cannot classify).
+// The exported CUDA runtime entry points (the driver's are in driver_exports.cpp, dlsym in
+// dlsym_hook.cpp, the ones that only watch streams and devices in stream_exports.cpp). Each is a
+// thin shim: calls made from inside the library (the re-entry guard) and calls in a forked child
+// (Note [Fork] in lifecycle.cpp) go straight to the real function; everything else is one call
+// into hooks.cpp, through guarded() (exports_common.h). The cudaGetDriverEntryPoint family maps
+// what the real call found to the library's driver hooks, like the hooked cuGetProcAddress.
 //
-// Depends on hooks.h, real_cuda.h and lifecycle.h only.
+// Depends on hooks.h, exports_common.h and real_cuda.h only.
 #include <cuda_runtime_api.h>
+
+#include <cstring>
 
 #include "interpose/exports_common.h"
 #include "interpose/hooks.h"
-#include "interpose/lifecycle.h"
 #include "interpose/real_cuda.h"
 
 namespace pc = poolcuda;
@@ -69,13 +70,19 @@ POOLCUDA_EXPORT cudaError_t cudaStreamDestroy(cudaStream_t stream) {
 POOLCUDA_EXPORT cudaError_t cudaStreamBeginCapture(cudaStream_t stream,
                                                    cudaStreamCaptureMode mode) {
   if (pc::bypass()) return pc::real::cudaStreamBeginCapture()(stream, mode);
-  return pc::guarded([&] { return pc::hooks::stream_begin_capture(stream, mode, false); });
+  return pc::guarded([&] {
+    return static_cast<cudaError_t>(pc::hooks::begin_capture(
+        stream, false, [&] { return pc::real::cudaStreamBeginCapture()(stream, mode); }));
+  });
 }
 
 POOLCUDA_EXPORT cudaError_t cudaStreamBeginCapture_ptsz(cudaStream_t stream,
                                                         cudaStreamCaptureMode mode) {
   if (pc::bypass()) return pc::real::cudaStreamBeginCapture_ptsz()(stream, mode);
-  return pc::guarded([&] { return pc::hooks::stream_begin_capture(stream, mode, true); });
+  return pc::guarded([&] {
+    return static_cast<cudaError_t>(pc::hooks::begin_capture(
+        stream, true, [&] { return pc::real::cudaStreamBeginCapture_ptsz()(stream, mode); }));
+  });
 }
 
 POOLCUDA_EXPORT cudaError_t cudaStreamBeginCaptureToGraph(
@@ -85,8 +92,10 @@ POOLCUDA_EXPORT cudaError_t cudaStreamBeginCaptureToGraph(
     return pc::real::cudaStreamBeginCaptureToGraph()(stream, graph, dependencies, edges, count,
                                                      mode);
   return pc::guarded([&] {
-    return pc::hooks::stream_begin_capture_to_graph(stream, graph, dependencies, edges, count,
-                                                    mode, false);
+    return static_cast<cudaError_t>(pc::hooks::begin_capture(stream, false, [&] {
+      return pc::real::cudaStreamBeginCaptureToGraph()(stream, graph, dependencies, edges, count,
+                                                       mode);
+    }));
   });
 }
 
@@ -97,17 +106,80 @@ POOLCUDA_EXPORT cudaError_t cudaStreamBeginCaptureToGraph_ptsz(
     return pc::real::cudaStreamBeginCaptureToGraph_ptsz()(stream, graph, dependencies, edges,
                                                           count, mode);
   return pc::guarded([&] {
-    return pc::hooks::stream_begin_capture_to_graph(stream, graph, dependencies, edges, count,
-                                                    mode, true);
+    return static_cast<cudaError_t>(pc::hooks::begin_capture(stream, true, [&] {
+      return pc::real::cudaStreamBeginCaptureToGraph_ptsz()(stream, graph, dependencies, edges,
+                                                            count, mode);
+    }));
   });
 }
 
 POOLCUDA_EXPORT cudaError_t cudaStreamEndCapture(cudaStream_t stream, cudaGraph_t* graph) {
   if (pc::bypass()) return pc::real::cudaStreamEndCapture()(stream, graph);
-  return pc::guarded([&] { return pc::hooks::stream_end_capture(stream, graph, false); });
+  return pc::guarded([&] {
+    return static_cast<cudaError_t>(pc::hooks::end_capture(
+        stream, false, graph, [&] { return pc::real::cudaStreamEndCapture()(stream, graph); }));
+  });
 }
 
 POOLCUDA_EXPORT cudaError_t cudaStreamEndCapture_ptsz(cudaStream_t stream, cudaGraph_t* graph) {
   if (pc::bypass()) return pc::real::cudaStreamEndCapture_ptsz()(stream, graph);
-  return pc::guarded([&] { return pc::hooks::stream_end_capture(stream, graph, true); });
+  return pc::guarded([&] {
+    return static_cast<cudaError_t>(pc::hooks::end_capture(
+        stream, true, graph, [&] { return pc::real::cudaStreamEndCapture_ptsz()(stream, graph); }));
+  });
 }
+
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
+POOLCUDA_EXPORT cudaError_t cudaGetDriverEntryPoint(const char* symbol, void** funcPtr,
+                                                    unsigned long long flags,
+                                                    cudaDriverEntryPointQueryResult* driverStatus) {
+  return pc::hooks::map_driver_entry(
+      pc::real::cudaGetDriverEntryPoint()(symbol, funcPtr, flags, driverStatus), funcPtr);
+}
+#pragma GCC diagnostic pop
+
+POOLCUDA_EXPORT cudaError_t cudaGetDriverEntryPoint_ptsz(
+    const char* symbol, void** funcPtr, unsigned long long flags,
+    cudaDriverEntryPointQueryResult* driverStatus) {
+  return pc::hooks::map_driver_entry(
+      pc::real::cudaGetDriverEntryPoint_ptsz()(symbol, funcPtr, flags, driverStatus), funcPtr);
+}
+
+POOLCUDA_EXPORT cudaError_t cudaGetDriverEntryPointByVersion(
+    const char* symbol, void** funcPtr, unsigned int cudaVersion, unsigned long long flags,
+    cudaDriverEntryPointQueryResult* driverStatus) {
+  return pc::hooks::map_driver_entry(pc::real::cudaGetDriverEntryPointByVersion()(
+                                         symbol, funcPtr, cudaVersion, flags, driverStatus),
+                                     funcPtr);
+}
+
+POOLCUDA_EXPORT cudaError_t cudaGetDriverEntryPointByVersion_ptsz(
+    const char* symbol, void** funcPtr, unsigned int cudaVersion, unsigned long long flags,
+    cudaDriverEntryPointQueryResult* driverStatus) {
+  return pc::hooks::map_driver_entry(pc::real::cudaGetDriverEntryPointByVersion_ptsz()(
+                                         symbol, funcPtr, cudaVersion, flags, driverStatus),
+                                     funcPtr);
+}
+
+namespace poolcuda {
+
+void* runtime_hook(const char* name) {
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
+  static const struct {
+    const char* name;
+    void* hook;
+  } kHooks[] = {
+#define POOLCUDA_HOOK(fn) {#fn, reinterpret_cast<void*>(&::fn)},
+      POOLCUDA_RUNTIME_HOOKS(POOLCUDA_HOOK)
+#undef POOLCUDA_HOOK
+  };
+#pragma GCC diagnostic pop
+  for (const auto& entry : kHooks) {
+    if (std::strcmp(entry.name, name) == 0) return entry.hook;
+  }
+  return nullptr;
+}
+
+}  // namespace poolcuda

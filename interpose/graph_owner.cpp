@@ -8,7 +8,7 @@
 
 #include "interpose/log.h"
 #include "interpose/own_call.h"
-#include "interpose/real_cuda.h"
+#include "interpose/own_api.h"
 
 namespace poolcuda {
 
@@ -24,7 +24,7 @@ void CUDART_CB graph_gone(void* payload) {
 bool attach_to_graph(cudaGraph_t graph, int device, PinSet* set) {
   OwnCallScope scope(device);
   cudaUserObject_t object = nullptr;
-  if (real::cudaUserObjectCreate()(&object, set, &graph_gone, 1,
+  if (own::cudaUserObjectCreate()(&object, set, &graph_gone, 1,
                                    cudaUserObjectNoDestructorSync) != cudaSuccess) {
     log_format(LogLevel::basic,
                "device %d: cannot tie %zu pinned slices to graph %p; they are released now and "
@@ -32,9 +32,9 @@ bool attach_to_graph(cudaGraph_t graph, int device, PinSet* set) {
                device, set->pins.size(), static_cast<void*>(graph));
     return false;
   }
-  if (real::cudaGraphRetainUserObject()(graph, object, 1, cudaGraphUserObjectMove) !=
+  if (own::cudaGraphRetainUserObject()(graph, object, 1, cudaGraphUserObjectMove) !=
       cudaSuccess) {
-    real::cudaUserObjectRelease()(object, 1);  // runs graph_gone: the pins are released
+    own::cudaUserObjectRelease()(object, 1);  // runs graph_gone: the pins are released
     log_format(LogLevel::basic, "device %d: graph %p refused its pinned memory; released now",
                device, static_cast<void*>(graph));
   }

@@ -1,10 +1,11 @@
-// The table of real CUDA runtime functions: the only place that calls dlsym. Each entry is
-// resolved on first use with dlsym(RTLD_NEXT, name) (falling back to a libcudart that was loaded
-// privately, see real_cuda.cpp), once per process, lock-free and thread-safe: racing threads
-// store the same pointer. A function that cannot be found is remembered as missing (one log
-// line, no further lookups) and answers cudaErrorSharedObjectSymbolNotFound instead of crashing.
+// The table of real CUDA runtime functions. Each entry is resolved on first use with the C
+// library's own dlsym (dl_real.h), RTLD_NEXT from this library (falling back to a libcudart that
+// was loaded privately, see real_cuda.cpp), once per process, lock-free and thread-safe: racing
+// threads store the same pointer. A function that cannot be found is remembered as missing (one
+// log line, no further lookups) and answers cudaErrorSharedObjectSymbolNotFound instead of
+// crashing.
 //
-// Usage: real::cudaMalloc()(&ptr, size). Depends on the CUDA runtime header only.
+// Usage: real::cudaMalloc()(&ptr, size). Depends on the CUDA runtime header and dl_real.h.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -111,7 +112,23 @@ cudaError_t cudaMemcpyPeerAsync_ptsz(void* dst, int dstDevice, const void* src, 
   X(cudaEventRecord)                        \
   X(cudaEventQuery)                         \
   X(cudaEventSynchronize)                   \
-  X(cudaEventDestroy)
+  X(cudaEventDestroy)                       \
+  X(cudaGetDriverEntryPoint)                \
+  X(cudaGetDriverEntryPointByVersion)       \
+  X(cudaGetDriverEntryPoint_ptsz)           \
+  X(cudaGetDriverEntryPointByVersion_ptsz)
+
+// The per-thread-default-stream flavours, which the runtime header declares only when code is
+// built for the per-thread default stream.
+extern "C" {
+cudaError_t cudaGetDriverEntryPoint_ptsz(const char* symbol, void** funcPtr,
+                                         unsigned long long flags,
+                                         cudaDriverEntryPointQueryResult* driverStatus);
+cudaError_t cudaGetDriverEntryPointByVersion_ptsz(const char* symbol, void** funcPtr,
+                                                  unsigned int cudaVersion,
+                                                  unsigned long long flags,
+                                                  cudaDriverEntryPointQueryResult* driverStatus);
+}
 
 namespace poolcuda::real {
 
@@ -126,6 +143,13 @@ enum class Slot : int {
 // first lookup, see Note [Missing functions] in real_cuda.cpp).
 void* resolve(Slot slot);
 
+// resolve() for the slot named `name`; nullptr when `name` has no slot.
+void* resolve_by_name(const char* name);
+
+// Whether a CUDA runtime is loaded now. Looks, records nothing: unlike a slot, the answer may
+// change when a library brings a runtime in later.
+bool runtime_loaded();
+
 template <typename Fn>
 struct Missing;
 
@@ -134,6 +158,9 @@ struct Missing<cudaError_t (*)(Args...)> {
   static cudaError_t call(Args...) { return cudaErrorSharedObjectSymbolNotFound; }
 };
 
+// cudaGetDriverEntryPoint is deprecated in favour of its ByVersion form; both are hooked.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
 #define POOLCUDA_ACCESSOR(name)                                          \
   inline decltype(&::name) name() {                                      \
     using Fn = decltype(&::name);                                        \
@@ -143,5 +170,6 @@ struct Missing<cudaError_t (*)(Args...)> {
   }
 POOLCUDA_REAL_FUNCTIONS(POOLCUDA_ACCESSOR)
 #undef POOLCUDA_ACCESSOR
+#pragma GCC diagnostic pop
 
 }  // namespace poolcuda::real

@@ -36,7 +36,7 @@
 
 #include "interpose/log.h"
 #include "interpose/own_call.h"
-#include "interpose/real_cuda.h"
+#include "interpose/own_api.h"
 #include "pools/lock_order.h"
 
 namespace poolcuda {
@@ -125,7 +125,7 @@ void* worker_main(void* arg) {
     if (!capture_open(page.device)) {
       OwnCallScope scope(page.device);
       if (scope.ok()) {
-        const cudaError_t result = real::cudaFree()(page.ptr);
+        const cudaError_t result = own::cudaFree()(page.ptr);
         freed = true;
         if (result != cudaSuccess)
           log_format(LogLevel::basic, "device %d: returning a page (%p) failed: CUDA error %d",
@@ -169,7 +169,7 @@ void ReleaseWorker::release(int device, void* ptr) {
       Page page = s.queue.back();
       s.queue.pop_back();
       OwnCallScope scope(page.device);
-      if (scope.ok()) real::cudaFree()(page.ptr);
+      if (scope.ok()) own::cudaFree()(page.ptr);
       return;
     }
     ::pthread_setname_np(thread, "poolcuda-free");

@@ -16,8 +16,8 @@
 // waits for the earlier. Two blocking streams besides L are not ordered with each other, and
 // a non-blocking stream is not ordered with L at all. Work of another device that reads this
 // device's memory (peer access, a peer copy) is in no such order either.
-// So a device is ordered while: every stream creation of the process is visible to the hooks
-// (runtime and driver entry points, set_streams_visible), at most one blocking stream and no
+// So a device is ordered while: every stream creation and every use of a per-thread default
+// stream is visible to the hooks, at most one blocking stream and no
 // non-blocking stream was ever created on it, per-thread default streams count as blocking
 // streams (one per thread seen using one), it is the only device the library has pools for or
 // that was made current, and no peer access or peer copy was asked for. A graph runs as one
@@ -38,7 +38,14 @@
 // points (cudaLaunchKernel, copies, memsets, host functions, graph launches, event records and
 // waits, in both flavours, and the cudaStreamPerThread handle given to them); two threads
 // that use their per-thread streams only through a library with its own runtime, handing it
-// cudaStreamPerThread, are not seen. Such a program should run with free_fence:events.
+// cudaStreamPerThread, are not seen. Stream creation is hooked at both layers, but the driver's
+// launches and copies are not: a program that calls the driver itself (cuMemAlloc, cuMemFree,
+// cuStreamCreate from its own code or from a statically linked runtime; the dynamic runtime's
+// calls come from inside the library's hooks and do not count) could use per-thread streams
+// there, so its devices leave ordered reuse at its first such call (driver_used_directly).
+// A program that launches on per-thread streams through the driver but never allocates, frees
+// or creates a stream through it is not seen; such a program should run with
+// free_fence:events.
 //
 // Depends on the registry and the real-function table.
 #include "interpose/stream_order.h"
@@ -47,7 +54,7 @@
 #include <vector>
 
 #include "interpose/own_call.h"
-#include "interpose/real_cuda.h"
+#include "interpose/own_api.h"
 #include "interpose/registry.h"
 #include "pools/lock_order.h"
 
@@ -66,7 +73,7 @@ struct DeviceState {
 
 struct State {
   RankedMutex mutex{LockRank::stream_order};
-  std::atomic<bool> visible{false};
+  std::atomic<bool> visible{true};  // false once the driver is used directly
   std::atomic<int> ordered_devices{0};
   int first_device = -1;
   bool connected = false;  // peer access, a peer copy, a second device
@@ -97,14 +104,14 @@ void leave(State& s, int device, const std::vector<cudaStream_t>& waiters) {
   OwnCallScope scope(device);
   if (!scope.ok()) return;
   cudaEvent_t fence = nullptr;
-  if (real::cudaEventCreateWithFlags()(&fence, cudaEventDisableTiming) != cudaSuccess) {
+  if (own::cudaEventCreateWithFlags()(&fence, cudaEventDisableTiming) != cudaSuccess) {
     // Without an event, wait for the device itself: the one safe way left.
-    real::cudaDeviceSynchronize()();
+    own::cudaDeviceSynchronize()();
     return;
   }
-  real::cudaEventRecord()(fence, cudaStreamLegacy);
-  for (cudaStream_t waiter : waiters) real::cudaStreamWaitEvent()(waiter, fence, 0);
-  real::cudaEventDestroy()(fence);  // the waits already hold what they need
+  own::cudaEventRecord()(fence, cudaStreamLegacy);
+  for (cudaStream_t waiter : waiters) own::cudaStreamWaitEvent()(waiter, fence, 0);
+  own::cudaEventDestroy()(fence);  // the waits already hold what they need
 }
 
 // Another device's work may now touch every device's memory: all leave, and every queue of
@@ -129,7 +136,13 @@ void connect_all(State& s) {
 
 }  // namespace
 
-void set_streams_visible(bool visible) { state().visible.store(visible); }
+void driver_used_directly() {
+  State& s = state();
+  if (!s.visible.load(std::memory_order_relaxed)) return;
+  std::lock_guard hold(s.mutex);
+  if (!s.visible.exchange(false)) return;
+  for (int device = 0; device < kMaxDevices; ++device) leave(s, device, {});
+}
 
 void device_added(int device, MemoryManager& manager) {
   if (!in_range(device)) return;
@@ -167,7 +180,7 @@ void per_thread_stream_used() {
   if (s.ordered_devices.load(std::memory_order_relaxed) == 0) return;
   static thread_local bool counted[kMaxDevices] = {};
   int device = -1;
-  if (real::cudaGetDevice()(&device) != cudaSuccess || !in_range(device) || counted[device])
+  if (own::cudaGetDevice()(&device) != cudaSuccess || !in_range(device) || counted[device])
     return;
   counted[device] = true;
   std::lock_guard hold(s.mutex);

@@ -15,9 +15,10 @@ class MemoryManager;
 
 namespace stream_order {
 
-// Every way the program can create a stream is hooked (runtime and driver entry points alike),
-// so the stream table sees them all; until that is known, no device is ever ordered.
-void set_streams_visible(bool visible);
+// The program called a hooked driver entry point itself (directly, through a resolver, or from
+// a statically linked runtime): it may also use per-thread default streams through the driver,
+// where no hook sees them, so every device leaves ordered reuse for good.
+void driver_used_directly();
 
 // A device got its manager: it starts ordered if nothing so far rules that out.
 void device_added(int device, MemoryManager& manager);

@@ -16,8 +16,8 @@ namespace {
 //   thread-local: a capture begun by this thread in a non-relaxed mode;
 //   relaxed:      none.
 // Potentially unsafe here: allocations (cudaMalloc, cudaMallocPitch, cudaMallocManaged,
-// cudaMallocHost, cudaHostAlloc, cuMemAlloc, cuMemAllocManaged) and waiting for or querying an
-// event (cudaEventQuery, cudaEventSynchronize).
+// cudaMallocHost, cudaHostAlloc, cuMemAlloc, cuMemAllocPitch, cuMemAllocManaged) and waiting for
+// or querying an event (cudaEventQuery, cudaEventSynchronize).
 // A forbidden call fails with cudaErrorStreamCaptureUnsupported and invalidates the captures
 // that forbade it; an invalidated capture refuses further work with
 // cudaErrorStreamCaptureInvalidated and its EndCapture returns that code and no graph.
@@ -86,6 +86,17 @@ bool invalidate_blocking_captures_locked(int device) {
       any = true;
     }
   return any;
+}
+
+cudaError_t wait_capture_guard(const StreamRef& s) {
+  std::lock_guard lock(state_mutex());
+  if (s->capture) {
+    s->capture->invalidated = true;
+    return cudaErrorStreamCaptureUnsupported;
+  }
+  if (s->kind == StreamKind::legacy && invalidate_blocking_captures_locked(s->device))
+    return cudaErrorStreamCaptureImplicit;
+  return cudaSuccess;
 }
 
 bool any_capture_locked(int device) {
