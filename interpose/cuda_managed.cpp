@@ -13,20 +13,25 @@
 // allocation. Its cost on a GPU is a page migration when the recycled pages are resident on
 // the device; gpu-check reports that cost so the choice can be revisited with numbers.
 //
-// Depends on cuda_managed.h, own_call.h and the real-function table.
+// Depends on cuda_managed.h, own_call.h, the budget, the release worker and the real-function
+// table.
 #include "interpose/cuda_managed.h"
 
 #include <cstring>
 
+#include "interpose/budget.h"
 #include "interpose/own_call.h"
 #include "interpose/real_cuda.h"
+#include "interpose/release_worker.h"
 
 namespace poolcuda {
 
 AllocStatus CudaManagedBacking::allocate_slab(std::uint64_t size, DevicePtr* out) {
-  release_deferred();  // memory the device may need now
-  OwnCallScope scope(device_.index());
+  const int device = device_.index();
+  OwnCallScope scope(device);
   if (!scope.ok()) return AllocStatus::failed;  // it would land on another device
+  // Over the budget looks like a full device (Note [Budget] in budget.cpp).
+  if (!budget::charge(device, size)) return AllocStatus::out_of_memory;
   void* ptr = nullptr;
   const cudaError_t result =
       real::cudaMallocManaged()(&ptr, static_cast<std::size_t>(size), cudaMemAttachGlobal);
@@ -34,37 +39,15 @@ AllocStatus CudaManagedBacking::allocate_slab(std::uint64_t size, DevicePtr* out
     *out = reinterpret_cast<DevicePtr>(ptr);
     return AllocStatus::ok;
   }
+  budget::uncharge(device, size);
   return result == cudaErrorMemoryAllocation ? AllocStatus::out_of_memory : AllocStatus::failed;
 }
 
+// The real cudaFree synchronizes the device: the release worker makes it (Note [Release worker]
+// in release_worker.cpp).
 void CudaManagedBacking::release_slab(DevicePtr base, std::uint64_t size) {
-  {
-    // cudaFree synchronizes the device: illegal while a capture is open (Note [Releases during
-    // capture] in cuda_device.cpp). capture_active() is an own call of its own.
-    std::lock_guard<std::mutex> hold(mutex_);
-    deferred_.emplace_back(base, size);
-  }
-  release_deferred();
-}
-
-void CudaManagedBacking::release_deferred() {
-  std::vector<std::pair<DevicePtr, std::uint64_t>> ready;
-  {
-    std::lock_guard<std::mutex> hold(mutex_);
-    if (deferred_.empty()) return;
-  }
-  if (device_.capture_active()) return;
-  {
-    std::lock_guard<std::mutex> hold(mutex_);
-    ready.swap(deferred_);
-  }
-  OwnCallScope scope(device_.index());
-  for (const auto& [base, size] : ready) real::cudaFree()(reinterpret_cast<void*>(base));
-}
-
-void CudaManagedBacking::forget() {
-  std::lock_guard<std::mutex> hold(mutex_);
-  deferred_.clear();
+  budget::uncharge(device_.index(), size);
+  ReleaseWorker::instance().release(device_.index(), reinterpret_cast<void*>(base));
 }
 
 bool CudaManagedBacking::zero(DevicePtr ptr, std::uint64_t size) {

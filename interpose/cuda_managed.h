@@ -1,18 +1,16 @@
 // CudaManagedBacking: the managed-memory backing (pools/managed_backing.h) over the real CUDA
 // runtime for one device. Slabs are real cudaMallocManaged(cudaMemAttachGlobal) allocations made
-// on that device, released with the real cudaFree (deferred while a capture is open, as the
-// device's page releases are); fences are the device's own (CudaDevice::fence_record and
-// friends, which are thread-safe); zeroing is a host memset (Note [Managed zeroing] in
-// cuda_managed.cpp). Every CUDA call goes through OwnCallScope (Note [Own calls] in
-// cuda_device.cpp).
+// on that device and charged to its budget (`limit`), released through the release worker as the
+// device's pages are (never on an allocating thread, held back while a capture is open, dropped
+// by a device reset); fences are the device's own (CudaDevice::fence_record and friends, which
+// are thread-safe); zeroing is a host memset (Note [Managed zeroing] in cuda_managed.cpp).
+// Every CUDA call goes through OwnCallScope (Note [Own calls] in own_call.h).
 //
-// Depends on pools/managed_backing.h, the CUDA device and the real-function table.
+// Depends on pools/managed_backing.h, the CUDA device, the budget, the release worker and the
+// real-function table.
 #pragma once
 
 #include <cstdint>
-#include <mutex>
-#include <utility>
-#include <vector>
 
 #include "interpose/cuda_device.h"
 #include "pools/managed_backing.h"
@@ -29,20 +27,13 @@ class CudaManagedBacking final : public DeviceFencedBacking {
   void release_slab(DevicePtr base, std::uint64_t size) override;
   bool zero(DevicePtr ptr, std::uint64_t size) override;
 
-  // cudaDeviceReset freed every slab: drop the deferred releases unreleased.
-  void forget();
-
   // True when every device of the process reports concurrent managed access, the condition
   // for serving managed memory from slabs at all (Note [Managed attach] in managed_hooks.cpp).
   // An own call on `device`.
   static bool every_device_concurrent(int device);
 
  private:
-  void release_deferred();
-
   CudaDevice& device_;
-  std::mutex mutex_;  // guards deferred_
-  std::vector<std::pair<DevicePtr, std::uint64_t>> deferred_;  // released during a capture
 };
 
 }  // namespace poolcuda

@@ -8,7 +8,7 @@
 
 #include <atomic>
 
-#include "pools/config.h"
+#include "config/config.h"
 
 namespace poolcuda {
 

@@ -46,6 +46,7 @@
 #include "interpose/hooks.h"
 #include "interpose/lifecycle.h"
 #include "interpose/log.h"
+#include "interpose/pooling.h"
 #include "interpose/real_cuda.h"
 #include "interpose/registry.h"
 
@@ -54,8 +55,12 @@ namespace poolcuda::hooks {
 namespace {
 
 cudaError_t forward_managed(int device, void** ptr, std::size_t size, unsigned int flags) {
-  Registry::instance().count_forwarded_managed(device);
-  return real::cudaMallocManaged()(ptr, size, flags);
+  const int result = pooling::forward(
+      device, size, ptr, [&] { return real::cudaMallocManaged()(ptr, size, flags); },
+      pooling::Passed::managed);
+  if (result != pooling::kOverBudget) return static_cast<cudaError_t>(result);
+  raise_out_of_memory();
+  return cudaErrorMemoryAllocation;
 }
 
 // What the chains make of `ptr`: the chain of the current device first, then the others.
@@ -116,27 +121,6 @@ cudaError_t malloc_managed(void** ptr, std::size_t size, unsigned int flags) {
                device, describe(allocation.error).c_str());
   }
   return forward_managed(device, ptr, size, flags);
-}
-
-FreeOutcome free_managed(DevicePtr ptr, int current, int* owner) {
-  Registry& registry = Registry::instance();
-  if (ManagedSlabs* chain = registry.managed(current)) {
-    const FreeOutcome outcome = chain->free(ptr);
-    if (outcome != FreeOutcome::not_mine) {
-      *owner = current;
-      return outcome;
-    }
-  }
-  for (int d = 0; d < registry.managed_bound(); ++d) {
-    ManagedSlabs* chain = d == current ? nullptr : registry.managed(d);
-    if (chain == nullptr) continue;
-    const FreeOutcome outcome = chain->free(ptr);
-    if (outcome != FreeOutcome::not_mine) {
-      *owner = d;
-      return outcome;
-    }
-  }
-  return FreeOutcome::not_mine;
 }
 
 cudaError_t stream_attach_mem(cudaStream_t stream, void* ptr, std::size_t length,

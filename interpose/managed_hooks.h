@@ -3,7 +3,7 @@
 // (cudaStreamAttachMemAsync, cudaMemAdvise, cudaMemPrefetchAsync, cudaPointerGetAttributes),
 // which must treat a slab allocation as the real runtime treats a managed allocation of its
 // own. The exported shims (exports.cpp) call one of these after their re-entry and pass-through
-// checks; cudaFree reaches free_managed through hooks::free.
+// checks; cudaFree of a slab allocation reaches its chain through pooling::release.
 //
 // Depends on the registry, the real-function table and the configuration.
 #pragma once
@@ -24,9 +24,5 @@ cudaError_t mem_advise(const void* ptr, std::size_t count, cudaMemoryAdvise advi
 cudaError_t mem_prefetch(const void* ptr, std::size_t count, cudaMemLocation location,
                          unsigned int flags, cudaStream_t stream, bool per_thread);
 cudaError_t pointer_get_attributes(cudaPointerAttributes* attributes, const void* ptr);
-
-// Frees `ptr` when a managed chain holds it (the current device's first); not_mine otherwise.
-// *owner is the device whose chain answered.
-FreeOutcome free_managed(DevicePtr ptr, int current, int* owner);
 
 }  // namespace poolcuda::hooks

@@ -8,7 +8,10 @@
 #include "interpose/registry.h"
 
 #include "interpose/lifecycle.h"
+#include "interpose/budget.h"
 #include "interpose/log.h"
+#include "interpose/release_worker.h"
+#include "interpose/stream_order.h"
 
 namespace poolcuda {
 
@@ -34,11 +37,16 @@ CudaDevice* Registry::device(int device) const {
   return devices_[device].load(std::memory_order_acquire);
 }
 
+CapturePolicy* Registry::capture(int device) const {
+  if (!in_range(device)) return nullptr;
+  return captures_[device].load(std::memory_order_acquire);
+}
+
 MemoryManager* Registry::manager_or_create(int device) {
   if (!in_range(device)) return nullptr;
   if (MemoryManager* existing = managers_[device].load(std::memory_order_acquire)) return existing;
 
-  std::lock_guard<std::mutex> hold(create_mutex_);
+  std::lock_guard<RankedMutex> hold(create_mutex_);
   if (MemoryManager* existing = managers_[device].load(std::memory_order_relaxed)) return existing;
 
   auto* cuda_device = new CudaDevice(device, streams_);
@@ -62,8 +70,21 @@ MemoryManager* Registry::manager_or_create(int device) {
   options.log = conf.log;
   options.log_sink = [](LogLevel level, std::string_view message) { log_line(level, message); };
   auto* manager = new MemoryManager(*cuda_device, options);
+  // The release worker holds a page back while a capture is open on its device.
+  static const bool capture_check_set = [] {
+    ReleaseWorker::instance().set_capture_check([](int d) {
+      CudaDevice* device = Registry::instance().device(d);
+      return device != nullptr && device->capture_active();
+    });
+    return true;
+  }();
+  (void)capture_check_set;
+  auto* capture = new CapturePolicy(*manager, CaptureOptions{conf.capture_share});
   devices_[device].store(cuda_device, std::memory_order_release);
+  captures_[device].store(capture, std::memory_order_release);
+  // Published last: whoever finds the manager finds the device and the capture policy too.
   managers_[device].store(manager, std::memory_order_release);
+  stream_order::device_added(device, *manager);
   log_format(LogLevel::full, "device %d: pools created (%llu bytes of device memory)", device,
              static_cast<unsigned long long>(cuda_device->total_bytes()));
   return manager;
@@ -81,7 +102,7 @@ ManagedSlabs* Registry::managed_or_create(int device) {
   if (!conf.managed || managed_supported_.load(std::memory_order_acquire) == 0) return nullptr;
   if (manager_or_create(device) == nullptr) return nullptr;
 
-  std::lock_guard<std::mutex> hold(create_mutex_);
+  std::lock_guard hold(create_mutex_);
   if (ManagedSlabs* existing = managed_[device].load(std::memory_order_relaxed)) return existing;
   if (managed_supported_.load(std::memory_order_relaxed) < 0) {
     managed_supported_.store(CudaManagedBacking::every_device_concurrent(device) ? 1 : 0,
@@ -110,10 +131,7 @@ ManagedSlabs* Registry::managed_or_create(int device) {
 }
 
 void Registry::forget_managed(int device) {
-  if (ManagedSlabs* chain = managed(device)) {
-    chain->forget();
-    managed_backings_[device].load(std::memory_order_acquire)->forget();
-  }
+  if (ManagedSlabs* chain = managed(device)) chain->forget();
 }
 
 bool Registry::trim_managed(int device) {
@@ -121,16 +139,8 @@ bool Registry::trim_managed(int device) {
   return chain != nullptr && chain->trim() != 0;
 }
 
-void Registry::count_forwarded_managed(int device) {
-  if (in_range(device)) forwarded_managed_[device].fetch_add(1, std::memory_order_relaxed);
-}
-
-void Registry::count_forwarded_malloc(int device) {
-  if (in_range(device)) forwarded_mallocs_[device].fetch_add(1, std::memory_order_relaxed);
-}
-
-void Registry::count_forwarded_free(int device) {
-  if (in_range(device)) forwarded_frees_[device].fetch_add(1, std::memory_order_relaxed);
+PassthroughCounters* Registry::passthrough(int device) {
+  return in_range(device) ? &passthrough_[device] : nullptr;
 }
 
 bool Registry::first_time(Once what, int device) {
@@ -145,16 +155,33 @@ std::vector<ManagerReport> Registry::reports() const {
     if (manager == nullptr) continue;
     out.push_back(manager->report());
     out.back().device = device;
-    out.back().forwarded_mallocs = forwarded_mallocs_[device].load(std::memory_order_relaxed);
-    out.back().forwarded_frees = forwarded_frees_[device].load(std::memory_order_relaxed);
-    const std::uint64_t passed = forwarded_managed_[device].load(std::memory_order_relaxed);
-    ManagedSlabs* chain = managed_[device].load(std::memory_order_acquire);
-    if (chain != nullptr || passed != 0) {
-      out.back().managed = chain != nullptr ? chain->report() : ManagedReport{};
-      out.back().managed->passed_through = passed;
-    }
   }
   return out;
+}
+
+ReportDocument Registry::document(const ReportHeader& header) const {
+  const std::vector<ManagerReport> managers = reports();
+  ReportDocument doc = make_document(header, managers);
+  for (std::size_t i = 0; i < managers.size(); ++i) {
+    const PassthroughCounters& counters = passthrough_[managers[i].device];
+    ReportSection& section = doc.devices[i].child("passed_through", "passed through to CUDA");
+#define POOLCUDA_FIELD(member, key, label) \
+  section.add(key, label, ReportValue::of(Unit::count, counters.member.load(std::memory_order_relaxed)));
+    POOLCUDA_PASSTHROUGH_COUNTERS(POOLCUDA_FIELD)
+#undef POOLCUDA_FIELD
+    if (ManagedSlabs* chain = managed(managers[i].device))
+      doc.devices[i].sections.push_back(describe(chain->report()));
+    if (std::optional<ReportSection> limit = budget::describe(managers[i].device))
+      doc.devices[i].sections.push_back(std::move(*limit));
+    // The capture part, once the device has seen a capture.
+    if (CapturePolicy* policy = capture(managers[i].device)) {
+      policy->drain_releases();  // graphs already gone are not reported as holding memory
+      const CaptureStats stats = policy->stats();
+      if (stats.captures + stats.failed_captures + stats.open_captures != 0)
+        doc.devices[i].sections.push_back(describe(stats));
+    }
+  }
+  return doc;
 }
 
 }  // namespace poolcuda

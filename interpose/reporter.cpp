@@ -90,8 +90,7 @@ void write_report(std::string_view reason) {
   header.sequence = g_sequence.fetch_add(1, std::memory_order_relaxed) + 1;
   header.reason = std::string(reason);
   // Snapshots are taken under each manager's lock, one at a time; rendering is outside them.
-  std::vector<ManagerReport> reports = Registry::instance().reports();
-  std::string text = render_report(header, reports, conf.report_format);
+  std::string text = render(Registry::instance().document(header), conf.report_format);
   if (!text.empty() && text.back() != '\n') text += '\n';
   if (conf.report_path == "stderr") {
     write_stderr(text);

@@ -1,12 +1,12 @@
 // Layout resolution: turns a PoolLayout (a preset or a custom list from POOLCUDA_CONF) into the
 // concrete list of dynamic pools for one device, given its total memory and alignment. Pure
-// function: no Device call, no I/O. Depends on config.h only.
+// function: no Device call, no I/O. Depends on options.h only.
 #pragma once
 
 #include <cstdint>
 #include <vector>
 
-#include "pools/config.h"
+#include "pools/options.h"
 
 namespace poolcuda {
 

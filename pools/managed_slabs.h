@@ -19,17 +19,16 @@
 #include <vector>
 
 #include "pools/managed_backing.h"
+#include "pools/options.h"
+#include "pools/report_tree.h"
 #include "pools/types.h"
 
 namespace poolcuda {
 
 // Every allocation starts on a granule: the pools' device alignment.
-inline constexpr std::uint64_t kManagedGranule = 512;
+inline constexpr std::uint64_t kManagedGranule = kDeviceAlignment;
 // The most slabs a chain can hold; ManagedOptions::max_slabs is at most this.
 inline constexpr std::uint32_t kMaxManagedSlabs = 64;
-// The largest slab (managed_slab; the smallest is one granule): the host metadata is about 1/100
-// of a slab.
-inline constexpr std::uint64_t kMaxManagedSlabSize = 4 * GiB;
 // Current slabs per chain: threads allocate through them round-robin (Note [Managed lanes]).
 inline constexpr std::uint32_t kManagedLanes = 4;
 // The longest an allocation waits for an empty slab's free fence before the chain grows
@@ -88,33 +87,44 @@ struct ManagedLookup {
 };
 
 // Snapshot of a chain, taken under its lock, rendered outside it. Sizes are bytes.
+// One slab: X(member, label, unit, detail).
+#define POOLCUDA_MANAGED_SLAB_NUMBERS(X)      \
+  X(base, "base", address, normal)            \
+  X(capacity, "capacity", bytes, normal)      \
+  X(bump, "handed out", bytes, normal)        \
+  X(dirty, "dirty", bytes, wide)              \
+  X(live, "live", count, normal)              \
+  X(issued, "issued", bytes, wide)            \
+  X(resets, "rewinds", count, normal)
+
+// bump: handed out since the last rewind (granule-rounded); dirty: below this, recycled bytes
+// are zeroed on hand-out; live: live allocations; issued: requested bytes handed out since the
+// slab was allocated; resets: rewinds of this slab.
 struct ManagedSlabReport {
-  DevicePtr base = 0;
-  std::uint64_t capacity = 0;
-  std::uint64_t bump = 0;      // handed out since the last rewind (granule-rounded)
-  std::uint64_t dirty = 0;     // below this, recycled bytes are zeroed on hand-out
-  std::uint64_t live = 0;      // live allocations
-  std::uint64_t issued = 0;    // requested bytes handed out since the slab was allocated
-  std::uint64_t resets = 0;    // rewinds of this slab
+#define POOLCUDA_MANAGED_MEMBER(member, label, unit, detail) std::uint64_t member = 0;
+  POOLCUDA_MANAGED_SLAB_NUMBERS(POOLCUDA_MANAGED_MEMBER)
 };
+
+// The chain: X(member, label, unit, detail). issued_total never decreases; resets counts the
+// rewinds of every slab; slabs_allocated and slabs_released count the backing's calls.
+#define POOLCUDA_MANAGED_NUMBERS(X)                       \
+  X(slab_size, "slab", bytes, normal)                     \
+  X(max_slabs, "at most", count, wide)                    \
+  X(live_allocations, "live", count, normal)              \
+  X(issued_total, "issued", bytes, normal)                \
+  X(resets, "rewinds", count, normal)                     \
+  X(slabs_allocated, "slabs allocated", count, wide)      \
+  X(slabs_released, "slabs released", count, wide)
 
 struct ManagedReport {
-  std::uint64_t slab_size = 0;
-  std::uint32_t max_slabs = 0;
+  POOLCUDA_MANAGED_NUMBERS(POOLCUDA_MANAGED_MEMBER)
+#undef POOLCUDA_MANAGED_MEMBER
   std::vector<ManagedSlabReport> slabs;  // the slabs held now, in slot order
-  std::uint64_t live_allocations = 0;
-  std::uint64_t issued_total = 0;      // requested bytes ever handed out; never decreases
-  std::uint64_t resets = 0;            // rewinds, all slabs, all time
-  std::uint64_t slabs_allocated = 0;   // ManagedBacking::allocate_slab calls that succeeded
-  std::uint64_t slabs_released = 0;    // ManagedBacking::release_slab calls
-  // cudaMallocManaged calls the interposer passed to the real function (too large, attach-host,
-  // size 0, a full chain...). Filled by the interposer; 0 elsewhere.
-  std::uint64_t passed_through = 0;
 };
 
-// The managed section of a device, as indented text lines and as one JSON object.
-std::string render_managed_text(const ManagedReport& report);
-std::string render_managed_json(const ManagedReport& report);
+// The managed section of a device's report (managed_report.cpp): the chain's numbers and a
+// table of its slabs.
+ReportSection describe(const ManagedReport& report);
 
 class ManagedSlabs {
  public:

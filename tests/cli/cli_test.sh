@@ -59,7 +59,7 @@ check-conf-good)
   run_cli 0 check-conf "log:full, pools:[sliced(page=1M,cap=4M);direct(reclaim=1G)]"
   has out "pools:[sliced(page=1MiB,slice=1MiB,cap=4MiB);direct(reclaim=1GiB)]"
   has out ",log:full,"
-  has out "free_fence:events"
+  has out "free_fence:auto"
   is_empty err
   # The output is itself a valid configuration describing the same thing.
   described=$(cat "$work/out")
@@ -73,7 +73,7 @@ check-conf-bad)
   run_cli 2 check-conf "free_fence:fast"
   has err "key 'free_fence'"
   has err "'fast'"
-  has err "one of events, sync, none"
+  has err "one of auto, events, sync, none"
   is_empty out
   run_cli 2 check-conf "pools:[sliced(page=1M,slice=2M)]"
   has err "slice (2MiB) no larger than page (1MiB)"
@@ -92,7 +92,7 @@ help)
     done
     for key in $keys; do has out "  $key:"; done
     has out "  managed_slab:64MiB"
-    has out "  free_fence:events"
+    has out "  free_fence:auto"
     has out "REPLACES any POOLCUDA_CONF"
   done
   run_cli 0 --version

@@ -112,12 +112,14 @@ inline void require_preloaded() {
   }
 }
 
-// The runtime's own definition of `name`, bypassing libpoolcuda.so.
+// The runtime's own definition of `name`, bypassing libpoolcuda.so: the library's dlsym would
+// hand out its hook, so this asks dlvsym for the runtime's symbol version (named after its
+// soname), which the library leaves alone.
 inline void* real_symbol(const char* name) {
   static constexpr const char* kSonames[] = {"libcudart.so.13", "libcudart.so.12"};
   for (const char* soname : kSonames) {
     if (void* handle = ::dlopen(soname, RTLD_LAZY | RTLD_NOLOAD)) {
-      if (void* address = ::dlsym(handle, name)) return address;
+      if (void* address = ::dlvsym(handle, name, soname)) return address;
     }
   }
   fail(__FILE__, __LINE__, std::string("no real ") + name);

@@ -204,7 +204,9 @@ int main(int argc, char** argv) {
   CHECK_MSG(json.find("\"managed\":{\"slab_size\":1048576,\"max_slabs\":64,\"live_allocations\":1,"
                       "\"issued_total\":10000,") != std::string::npos,
             json);
-  CHECK_MSG(json.find("\"passed_through\":1,\"slabs\":[{\"base\":") != std::string::npos, json);
+  CHECK_MSG(json.find("\"cuda_malloc_managed\":1}") != std::string::npos, json);
+  CHECK_MSG(json.find("\"slabs_released\":0,\"slabs\":[{\"base\":\"0x") != std::string::npos,
+            json);
 
   if (preload_test::on_stand_in()) {
     // managed:off, and a system without concurrent managed access: every request is real.

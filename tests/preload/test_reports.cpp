@@ -77,7 +77,7 @@ void check_reports(const std::string& dir) {
     std::string text = read_file(path);
     CHECK_MSG(preload_test::valid_json(text), path + " is not one complete JSON value:\n" + text);
     CHECK_MSG(text.find("\"device\"") != std::string::npos, path + " names no device");
-    CHECK_MSG(text.find("\"forwarded_mallocs\"") != std::string::npos,
+    CHECK_MSG(text.find("\"passed_through\":{\"cuda_malloc\"") != std::string::npos,
               path + ": no pass-through count");
   }
 }

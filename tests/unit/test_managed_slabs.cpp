@@ -5,6 +5,8 @@
 // giving slabs back, device failures, forget() and the report.
 #include <doctest/doctest.h>
 
+#include <cstdio>
+
 #include <algorithm>
 #include <cstring>
 #include <random>
@@ -455,45 +457,33 @@ TEST_CASE("managed: forget drops every slab without releasing it") {
   CHECK(c.device.calls().allocate == 3);
 }
 
-TEST_CASE("managed: report and its renderings") {
+TEST_CASE("managed: the report section in text and JSON") {
   Chain c(1 * KiB, 4);
   const DevicePtr a = c.allocate(100);
   c.allocate(600);
   c.slabs.free(a);
-  ManagedReport r = c.report();
-  r.passed_through = 7;
+  const ManagedReport r = c.report();
   CHECK(r.slab_size == 1 * KiB);
   CHECK(r.max_slabs == 4);
   CHECK(r.slabs_allocated == 2);
-  const std::string text = render_managed_text(r);
-  CHECK(text.find("managed: 2 slabs of 1KiB (at most 4), 1 live, issued 700B in total") !=
+  CHECK(r.live_allocations == 1);
+  CHECK(r.issued_total == 700);
+  ReportDocument doc;
+  doc.devices.push_back(ReportSection{"device", "device 0", {}, {}, {}});
+  doc.devices.back().sections.push_back(describe(r));
+  const std::string text = render(doc, ReportFormat::text);
+  CHECK(text.find("managed slabs: slab 1.00 KiB, live 1, issued 700 B, rewinds 0") !=
         std::string::npos);
-  CHECK(text.find("passed through 7 cudaMallocManaged") != std::string::npos);
-  CHECK(text.find("bump 512B, dirty 0, live 0, issued 100B, resets 0") != std::string::npos);
-  const std::string json = render_managed_json(r);
-  CHECK(json.find("\"slab_size\":1024,\"max_slabs\":4,\"live_allocations\":1,"
-                  "\"issued_total\":700,") == 1);
-  CHECK(json.find("\"passed_through\":7,\"slabs\":[{\"base\":" + std::to_string(a)) !=
-        std::string::npos);
-  CHECK(json.back() == '}');
-}
-
-
-TEST_CASE("managed: the device report carries the managed section in both formats") {
-  ManagerReport device;
-  device.device = 3;
-  ManagedReport managed;
-  managed.slab_size = 64 * MiB;
-  managed.max_slabs = 64;
-  managed.passed_through = 2;
-  managed.slabs.push_back({0x1000, 64 * MiB, 4 * KiB, 8 * KiB, 1, 5000, 2});
-  device.managed = managed;
-  const std::string text = render_report({}, {device}, ReportFormat::text);
-  CHECK(text.find(render_managed_text(managed)) != std::string::npos);
-  const std::string json = render_report({}, {device}, ReportFormat::json);
-  CHECK(json.find(",\"managed\":" + render_managed_json(managed) + "}") != std::string::npos);
-  device.managed.reset();
-  CHECK(render_report({}, {device}, ReportFormat::json).find("managed") == std::string::npos);
+  CHECK(text.find("base  capacity  handed out  live  rewinds") != std::string::npos);
+  CHECK(text.find("dirty") == std::string::npos);  // wide only
+  CHECK(render(doc, ReportFormat::wide).find("slabs allocated 2") != std::string::npos);
+  const std::string json = render(doc, ReportFormat::json);
+  CHECK(json.find("\"managed\":{\"slab_size\":1024,\"max_slabs\":4,\"live_allocations\":1,"
+                  "\"issued_total\":700,") != std::string::npos);
+  char base[80];
+  std::snprintf(base, sizeof base, "\"slabs\":[{\"base\":\"0x%llx\",\"capacity\":1024,",
+                static_cast<unsigned long long>(r.slabs.front().base));
+  CHECK(json.find(base) != std::string::npos);
 }
 
 }  // TEST_SUITE

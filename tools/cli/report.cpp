@@ -19,7 +19,7 @@
 #include <system_error>
 
 #include "cli.h"
-#include "pools/config.h"
+#include "config/config.h"
 
 namespace poolcuda::cli {
 

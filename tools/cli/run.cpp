@@ -17,7 +17,7 @@
 
 #include "cli.h"
 #include "cli_paths.h"
-#include "pools/config.h"
+#include "config/config.h"
 
 namespace poolcuda::cli {
 

@@ -7,7 +7,7 @@
 #include <charconv>
 #include <vector>
 
-#include "pools/config_parse.h"
+#include "config/config_parse.h"
 
 namespace poolcuda {
 
@@ -67,7 +67,7 @@ std::optional<ConfigError> parse_pool(std::string_view key, std::string_view ent
   const auto kind_text = trim(entry.substr(0, open));
   const KindSpec* spec = nullptr;
   for (const auto& candidate : kKinds) {
-    if (candidate.name == kind_text) spec = &candidate;
+    if (same_word(candidate.name, kind_text)) spec = &candidate;
   }
   if (spec == nullptr) {
     return pool_error(key, kind_text.empty() ? entry : kind_text,
@@ -93,7 +93,7 @@ std::optional<ConfigError> parse_pool(std::string_view key, std::string_view ent
       const auto name = trim(field.substr(0, equals));
       const auto value = trim(field.substr(equals + 1));
       std::size_t f = 0;
-      while (f < kFieldCount && !(spec->allowed[f] && kFieldNames[f] == name)) ++f;
+      while (f < kFieldCount && !(spec->allowed[f] && same_word(kFieldNames[f], name))) ++f;
       if (f == kFieldCount) {
         return pool_error(key, field,
                           "a field of " + std::string(spec->name) + " pools: " +
@@ -136,10 +136,17 @@ std::optional<ConfigError> parse_pool(std::string_view key, std::string_view ent
                           "slice (" + format_size(slice) + ") no larger than page (" +
                               format_size(page) + ")");
       }
-      if (values[kCap] && *values[kCap] < page) {
+      // A cap below one page (as the device rounds it, to the alignment) would shrink the
+      // pool's pages until some request it accepts could never be served.
+      const std::uint64_t aligned_page = align_up(page, kDeviceAlignment);
+      if (values[kCap] && *values[kCap] < aligned_page) {
         return pool_error(key, entry,
                           "cap (" + format_size(*values[kCap]) + ") at least one page (" +
-                              format_size(page) + ")");
+                              format_size(aligned_page) +
+                              (aligned_page != page ? ", the page rounded up to the " +
+                                                          format_size(kDeviceAlignment) +
+                                                          " alignment)"
+                                                    : ")"));
       }
       if (values[kCap]) {
         const std::uint64_t pages = *values[kCap] / page + (*values[kCap] % page != 0 ? 1 : 0);
@@ -223,8 +230,10 @@ void describe_pool(const PoolSpec& pool, std::string& out) {
 
 std::optional<ConfigError> parse_pool_layout(std::string_view key, std::string_view value,
                                              PoolLayout& layout) {
-  if (value == "subslices" || value == "exclusive") {
-    layout = PoolLayout{value == "subslices" ? PoolPreset::subslices : PoolPreset::exclusive, {}};
+  if (same_word(value, "subslices") || same_word(value, "exclusive")) {
+    layout = PoolLayout{same_word(value, "subslices") ? PoolPreset::subslices
+                                                     : PoolPreset::exclusive,
+                        {}};
     return std::nullopt;
   }
   if (value.empty() || value.front() != '[') {
