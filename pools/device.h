@@ -43,10 +43,11 @@ class Device {
   // During capture: allowed; the implementation makes the call legal (relaxed capture mode).
   virtual AllocStatus allocate(std::uint64_t size, DevicePtr* out) = 0;
 
-  // Returns memory obtained from allocate() with the same size. Called without the manager's
-  // lock, from any thread. The driver's free synchronizes the device, so an implementation may
-  // hand the release to a thread of its own and return at once (the CUDA device does: an
-  // allocation must never block on a stream the program parked); flush_releases() waits for it.
+  // Returns memory obtained from allocate() with the same size. Called under the manager's
+  // lock (Note [Outside the lock] in memory_manager.cpp), so it must not block: the driver's
+  // free synchronizes the device, so an implementation over CUDA hands the release to a thread
+  // of its own and returns at once (an allocation must never block on a stream the program
+  // parked); flush_releases() waits for it.
   // During capture: may be called while a capture is open (cleanup and out-of-memory recovery
   // know nothing of captures); the implementation must defer the driver call until no capture
   // is open.

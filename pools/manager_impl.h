@@ -144,7 +144,8 @@ struct MemoryManager::Impl {
   bool recently_freed(DevicePtr ptr) const;
   void log(LogLevel level, std::string message);
   void trace(LogEvent::Kind kind, std::uint64_t size, DevicePtr ptr, const char* pool);
-  void deliver(Outbox& box);  // manager_scope.cpp: releases and log lines, outside the lock
+  // manager_scope.cpp: the log lines of a scope, written outside the lock.
+  void write_logs(boost::container::small_vector<LogEvent, 2>& logs);
   MemoryUsage usage() const;
   std::uint64_t pending() const;
   std::uint64_t idle() const;        // bytes of whole idle pages

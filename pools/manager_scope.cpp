@@ -1,7 +1,7 @@
-// The manager's lock scope and the work done after it (Note [Outside the lock] in
-// memory_manager.cpp): pages handed back to the device and log lines written once the lock is
-// released, so that neither a synchronizing driver free nor a slow stderr ever stalls another
-// thread's allocation. Depends on manager_impl.h only.
+// The manager's lock scope and the work done at its end (Note [Outside the lock] in
+// memory_manager.cpp): pages handed back to the device just before the lock is released, log
+// lines written once it is, so that a slow stderr never stalls another thread's allocation.
+// Depends on manager_impl.h only.
 #include <cinttypes>
 #include <cstdio>
 
@@ -33,11 +33,15 @@ void MemoryManager::Impl::Scope::relock() {
 
 void MemoryManager::Impl::Scope::unlock() {
   detach();
+  // Still under the lock: a page given up must reach the device before any later forget()
+  // (a device reset), or it could be freed after the reset, when its address may already be a
+  // new page of these same pools. Device::release never blocks (Note [Outside the lock]).
+  for (const PageRelease& page : box_.releases) m_.device.release(page.base, page.size);
+  box_.releases.clear();
   locked_ = false;
   m_.mutex.unlock();
-  if (!box_.empty()) {
-    m_.deliver(box_);
-    box_.releases.clear();
+  if (!box_.logs.empty()) {
+    m_.write_logs(box_.logs);
     box_.logs.clear();
   }
 }
@@ -52,9 +56,8 @@ std::string hex(DevicePtr ptr) {
 
 }  // namespace
 
-void MemoryManager::Impl::deliver(Outbox& box) {
-  for (const PageRelease& page : box.releases) device.release(page.base, page.size);
-  for (LogEvent& event : box.logs) {
+void MemoryManager::Impl::write_logs(boost::container::small_vector<LogEvent, 2>& logs) {
+  for (LogEvent& event : logs) {
     std::string line;
     switch (event.kind) {
       case LogEvent::Kind::text:

@@ -76,17 +76,21 @@
 // Note [Outside the lock]
 // ~~~~~~~~~~~~~~~~~~~~~~~
 // The manager's lock is the one lock of the hot path, so nothing that can wait for the device
-// runs under it. Each public method holds it through a Scope (manager_scope.cpp) that collects,
-// instead of doing them, what can wait or take long: pages to hand back to the device (the
-// driver's free synchronizes the device) and log lines (stderr may be a full pipe). They are
-// done when the lock is released. A reservation that must wait for a fence borrows a ticket
+// runs under it. Each public method holds it through a Scope (manager_scope.cpp) that collects
+// pages to hand back to the device and log lines (stderr may be a full pipe). The pages go to
+// Device::release as the lock is released, still under it: a page given up before a device
+// reset must reach the device before the reset's forget(), never after it, when its address
+// may already be a new page of these pools (two pages at one address). So Device::release must
+// never block: the CUDA device only queues the page for its release worker, whose driver free
+// (which synchronizes the device) runs on a thread of its own. The log lines are written once
+// the lock is released. A reservation that must wait for a fence borrows a ticket
 // for it (free_fences.h: the fence stays valid while the ticket is out), releases the lock,
 // waits, takes the lock again and routes again from scratch, since another thread may have
 // changed everything meanwhile; a device reset (forget()) during the wait only makes the ticket
-// linger until it is given back. Device::release itself may hand the page to another thread
-// (the CUDA device does), so even the thread that trims never blocks on a parked stream; only
-// out-of-memory recovery then waits, bounded by kReleaseFlushMicros, for those releases to
-// reach the driver before it asks the driver again. The lock order is in pools/lock_order.h.
+// linger until it is given back. Since Device::release hands the page to another thread, even
+// the thread that trims never blocks on a parked stream; only out-of-memory recovery waits,
+// bounded by kReleaseFlushMicros, for those releases to reach the driver before it asks the
+// driver again. The lock order is in pools/lock_order.h.
 //
 // Note [Exit]
 // ~~~~~~~~~~~
