@@ -51,6 +51,9 @@ enum class Counter {
   cudaEventRecord,
   cudaStreamSynchronize,
   cudaDeviceSynchronize,
+  cudaMemPrefetchBatchAsync,
+  cudaMemDiscardBatchAsync,
+  cudaMemDiscardAndPrefetchBatchAsync,
   count_
 };
 void bump(Counter c);

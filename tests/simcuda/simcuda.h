@@ -10,15 +10,23 @@
 #include <stddef.h>
 #include <stdint.h>
 
+/* The byte a discard (cudaMemDiscardBatchAsync, cudaMemDiscardAndPrefetchBatchAsync) writes
+ * over every SIMCUDA_MANAGED_PAGE-byte page its ranges touch, when it runs on its stream: the
+ * "indeterminate value" CUDA promises, made visible, page rounding included. */
+#define SIMCUDA_DISCARD_POISON 0xDB
+#define SIMCUDA_MANAGED_PAGE 4096
+
 #ifdef __cplusplus
 extern "C" {
 #endif
 
 /* Number of calls made to the stand-in (successful or not) for "cudaMalloc", "cudaFree",
  * "cudaMallocManaged", "cuMemAlloc", "cuMemFree", "cudaEventRecord", "cudaStreamSynchronize",
- * "cudaDeviceSynchronize"; races detected so far for "races"; the current number and requested
- * bytes of live device-memory allocations (every kind, every device) for "live_allocations" and
- * "live_bytes". Unknown names give UINT64_MAX. */
+ * "cudaDeviceSynchronize", "cudaMemPrefetchBatchAsync", "cudaMemDiscardBatchAsync",
+ * "cudaMemDiscardAndPrefetchBatchAsync" (the last three with their _ptsz forms); races detected
+ * so far for "races"; the current number and requested bytes of live device-memory allocations
+ * (every kind, every device) for "live_allocations" and "live_bytes". Unknown names give
+ * UINT64_MAX. */
 uint64_t simcuda_counter(const char* name);
 
 /* Sets every call counter and the race counter back to zero (live_* are current values). */

@@ -51,7 +51,8 @@ Config load_config() {
 constexpr std::array<const char*, static_cast<size_t>(Counter::count_)> kCounterNames = {
     "races",         "cudaMalloc",      "cudaFree",
     "cudaMallocManaged", "cuMemAlloc",  "cuMemFree",
-    "cudaEventRecord", "cudaStreamSynchronize", "cudaDeviceSynchronize"};
+    "cudaEventRecord", "cudaStreamSynchronize", "cudaDeviceSynchronize",
+    "cudaMemPrefetchBatchAsync", "cudaMemDiscardBatchAsync", "cudaMemDiscardAndPrefetchBatchAsync"};
 
 std::array<std::atomic<uint64_t>, static_cast<size_t>(Counter::count_)> g_counters{};
 std::atomic<int> g_sticky{0};

@@ -1,6 +1,7 @@
 // Memory: cudaMalloc alignment and capacity, cudaFree rules (NULL, double free, interior
-// pointer, synchronizes first), pitched, managed, pinned host and stream-ordered allocation,
-// cudaMemGetInfo, copies, memsets and pointer attributes. Runs with a 1 GiB device.
+// pointer, synchronizes first), pitched, managed (the batch prefetch and discard included),
+// pinned host and stream-ordered allocation, cudaMemGetInfo, copies, memsets and pointer
+// attributes. Runs with a 1 GiB device.
 #include <cstdint>
 #include <cstring>
 #include <vector>
@@ -239,6 +240,78 @@ TEST_CASE("managed memory: attach, advise and prefetch check their arguments") {
              cudaErrorStreamCaptureUnsupported);
     cudaGraph_t graph = nullptr;
     CHECK_EQ(cudaStreamEndCapture(s, &graph), cudaErrorStreamCaptureInvalidated);
+  }
+  cudaGetLastError();
+  CUDA_OK(cudaStreamDestroy(s));
+  CUDA_OK(cudaFree(m));
+}
+
+TEST_CASE("managed memory: batch prefetch and discard") {
+  char* m = nullptr;
+  CUDA_OK(cudaMallocManaged(reinterpret_cast<void**>(&m), 3 * SIMCUDA_MANAGED_PAGE,
+                            cudaMemAttachGlobal));
+  std::memset(m, 7, 3 * SIMCUDA_MANAGED_PAGE);
+  cudaStream_t s;
+  CUDA_OK(cudaStreamCreate(&s));
+  cudaMemLocation where[2] = {location(cudaMemLocationTypeDevice, 0),
+                              location(cudaMemLocationTypeHost, 0)};
+  // Two ranges, one location each; then one location for both.
+  void* ptrs[2] = {m, m + 2 * SIMCUDA_MANAGED_PAGE};
+  size_t sizes[2] = {100, SIMCUDA_MANAGED_PAGE};
+  size_t firsts[2] = {0, 1};
+  CUDA_OK(cudaMemPrefetchBatchAsync(ptrs, sizes, 2, where, firsts, 2, 0, s));
+  CUDA_OK(cudaMemPrefetchBatchAsync(ptrs, sizes, 2, where, firsts, 1, 0, s));
+  // The batch calls take neither the legacy stream nor flags.
+  CHECK_EQ(cudaMemPrefetchBatchAsync(ptrs, sizes, 2, where, firsts, 1, 0, cudaStreamLegacy),
+           cudaErrorInvalidValue);
+  CHECK_EQ(cudaMemDiscardBatchAsync(ptrs, sizes, 2, 1, s), cudaErrorInvalidValue);
+  // Location indices start at 0, increase and stay below count.
+  size_t unordered[2] = {1, 0};
+  CHECK_EQ(cudaMemPrefetchBatchAsync(ptrs, sizes, 2, where, unordered, 2, 0, s),
+           cudaErrorInvalidValue);
+  cudaGetLastError();
+  CUDA_OK(cudaStreamSynchronize(s));
+  CHECK_EQ(m[0], 7);  // a prefetch changes no byte
+  if (stand_in()) {
+    // Note [Discard poison]: a discard reaches whole pages, its neighbours within them included.
+    void* middle[1] = {m + SIMCUDA_MANAGED_PAGE + 10};
+    size_t one[1] = {1};
+    CUDA_OK(cudaMemDiscardBatchAsync(middle, one, 1, 0, s));
+    CUDA_OK(cudaStreamSynchronize(s));
+    CHECK_EQ(m[SIMCUDA_MANAGED_PAGE - 1], 7);
+    CHECK_EQ(static_cast<unsigned char>(m[SIMCUDA_MANAGED_PAGE]), SIMCUDA_DISCARD_POISON);
+    CHECK_EQ(static_cast<unsigned char>(m[2 * SIMCUDA_MANAGED_PAGE - 1]),
+             SIMCUDA_DISCARD_POISON);
+    CHECK_EQ(m[2 * SIMCUDA_MANAGED_PAGE], 7);
+    // Discard and prefetch: the same poison; the prefetch restores nothing.
+    CUDA_OK(cudaMemDiscardAndPrefetchBatchAsync(ptrs, sizes, 2, where, firsts, 2, 0, s));
+    CUDA_OK(cudaStreamSynchronize(s));
+    CHECK_EQ(static_cast<unsigned char>(m[0]), SIMCUDA_DISCARD_POISON);
+    CHECK_EQ(static_cast<unsigned char>(m[3 * SIMCUDA_MANAGED_PAGE - 1]),
+             SIMCUDA_DISCARD_POISON);
+    // Refused batches change nothing: a range leaving its allocation, an empty range, device
+    // memory, no range at all, missing locations.
+    std::memset(m, 7, 3 * SIMCUDA_MANAGED_PAGE);
+    size_t too_long[1] = {3 * SIMCUDA_MANAGED_PAGE + 1};
+    size_t empty[1] = {0};
+    void* start[1] = {m};
+    CHECK_EQ(cudaMemDiscardBatchAsync(start, too_long, 1, 0, s), cudaErrorInvalidValue);
+    CHECK_EQ(cudaMemDiscardBatchAsync(start, empty, 1, 0, s), cudaErrorInvalidValue);
+    CHECK_EQ(cudaMemDiscardBatchAsync(start, one, 0, 0, s), cudaErrorInvalidValue);
+    CHECK_EQ(cudaMemDiscardAndPrefetchBatchAsync(start, one, 1, where, firsts, 0, 0, s),
+             cudaErrorInvalidValue);
+    void* d = nullptr;
+    CUDA_OK(cudaMalloc(&d, 4096));
+    void* mixed[2] = {m, d};
+    CUDA_OK(cudaMemDiscardBatchAsync(mixed, one, 1, 0, s));
+    CUDA_OK(cudaStreamSynchronize(s));
+    std::memset(m, 7, 3 * SIMCUDA_MANAGED_PAGE);
+    size_t both[2] = {1, 1};
+    CHECK_EQ(cudaMemDiscardBatchAsync(mixed, both, 2, 0, s), cudaErrorInvalidValue);
+    CUDA_OK(cudaStreamSynchronize(s));
+    CHECK_EQ(m[0], 7);
+    CUDA_OK(cudaFree(d));
+    CHECK_EQ(counter("cudaMemDiscardBatchAsync"), 7u);
   }
   cudaGetLastError();
   CUDA_OK(cudaStreamDestroy(s));
