@@ -62,6 +62,12 @@ void raise_out_of_memory();
   X(cudaMemAdvise)                          \
   X(cudaMemPrefetchAsync)                   \
   X(cudaMemPrefetchAsync_ptsz)              \
+  X(cudaMemPrefetchBatchAsync)              \
+  X(cudaMemPrefetchBatchAsync_ptsz)         \
+  X(cudaMemDiscardBatchAsync)               \
+  X(cudaMemDiscardBatchAsync_ptsz)          \
+  X(cudaMemDiscardAndPrefetchBatchAsync)    \
+  X(cudaMemDiscardAndPrefetchBatchAsync_ptsz) \
   X(cudaPointerGetAttributes)               \
   X(cudaStreamBeginCapture)                 \
   X(cudaStreamBeginCapture_ptsz)            \

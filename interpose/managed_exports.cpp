@@ -1,5 +1,6 @@
 // The exported managed-memory entry points: cudaMallocManaged and the calls that act on a
-// managed allocation (attach, advise, prefetch, pointer attributes). Thin shims like those of
+// managed allocation (attach, advise, prefetch, the batch prefetch, discard and
+// discard-and-prefetch, pointer attributes). Thin shims like those of
 // exports.cpp: calls from inside the library or in a forked child go straight to the real
 // function; everything else is one call into managed_hooks.cpp through guarded().
 //
@@ -52,6 +53,85 @@ POOLCUDA_EXPORT cudaError_t cudaMemPrefetchAsync_ptsz(const void* ptr, size_t co
   }
   return pc::guarded(
       [&] { return hooks::mem_prefetch(ptr, count, location, flags, stream, true); });
+}
+
+POOLCUDA_EXPORT cudaError_t cudaMemPrefetchBatchAsync(void** ptrs, size_t* sizes, size_t count,
+                                                      cudaMemLocation* locations,
+                                                      size_t* firsts, size_t location_count,
+                                                      unsigned long long flags,
+                                                      cudaStream_t stream) {
+  if (pc::bypass()) {
+    return pc::real::cudaMemPrefetchBatchAsync()(ptrs, sizes, count, locations, firsts,
+                                                 location_count, flags, stream);
+  }
+  return pc::guarded([&] {
+    return hooks::mem_prefetch_batch(ptrs, sizes, count, locations, firsts, location_count,
+                                     flags, stream, false);
+  });
+}
+
+POOLCUDA_EXPORT cudaError_t cudaMemPrefetchBatchAsync_ptsz(void** ptrs, size_t* sizes,
+                                                           size_t count,
+                                                           cudaMemLocation* locations,
+                                                           size_t* firsts,
+                                                           size_t location_count,
+                                                           unsigned long long flags,
+                                                           cudaStream_t stream) {
+  if (pc::bypass()) {
+    return pc::real::cudaMemPrefetchBatchAsync_ptsz()(ptrs, sizes, count, locations, firsts,
+                                                      location_count, flags, stream);
+  }
+  return pc::guarded([&] {
+    return hooks::mem_prefetch_batch(ptrs, sizes, count, locations, firsts, location_count,
+                                     flags, stream, true);
+  });
+}
+
+POOLCUDA_EXPORT cudaError_t cudaMemDiscardBatchAsync(void** ptrs, size_t* sizes, size_t count,
+                                                     unsigned long long flags,
+                                                     cudaStream_t stream) {
+  if (pc::bypass()) {
+    return pc::real::cudaMemDiscardBatchAsync()(ptrs, sizes, count, flags, stream);
+  }
+  return pc::guarded(
+      [&] { return hooks::mem_discard_batch(ptrs, sizes, count, flags, stream, false); });
+}
+
+POOLCUDA_EXPORT cudaError_t cudaMemDiscardBatchAsync_ptsz(void** ptrs, size_t* sizes,
+                                                          size_t count,
+                                                          unsigned long long flags,
+                                                          cudaStream_t stream) {
+  if (pc::bypass()) {
+    return pc::real::cudaMemDiscardBatchAsync_ptsz()(ptrs, sizes, count, flags, stream);
+  }
+  return pc::guarded(
+      [&] { return hooks::mem_discard_batch(ptrs, sizes, count, flags, stream, true); });
+}
+
+POOLCUDA_EXPORT cudaError_t cudaMemDiscardAndPrefetchBatchAsync(
+    void** ptrs, size_t* sizes, size_t count, cudaMemLocation* locations, size_t* firsts,
+    size_t location_count, unsigned long long flags, cudaStream_t stream) {
+  if (pc::bypass()) {
+    return pc::real::cudaMemDiscardAndPrefetchBatchAsync()(ptrs, sizes, count, locations, firsts,
+                                                           location_count, flags, stream);
+  }
+  return pc::guarded([&] {
+    return hooks::mem_discard_and_prefetch_batch(ptrs, sizes, count, locations, firsts,
+                                                 location_count, flags, stream, false);
+  });
+}
+
+POOLCUDA_EXPORT cudaError_t cudaMemDiscardAndPrefetchBatchAsync_ptsz(
+    void** ptrs, size_t* sizes, size_t count, cudaMemLocation* locations, size_t* firsts,
+    size_t location_count, unsigned long long flags, cudaStream_t stream) {
+  if (pc::bypass()) {
+    return pc::real::cudaMemDiscardAndPrefetchBatchAsync_ptsz()(
+        ptrs, sizes, count, locations, firsts, location_count, flags, stream);
+  }
+  return pc::guarded([&] {
+    return hooks::mem_discard_and_prefetch_batch(ptrs, sizes, count, locations, firsts,
+                                                 location_count, flags, stream, true);
+  });
 }
 
 POOLCUDA_EXPORT cudaError_t cudaPointerGetAttributes(cudaPointerAttributes* attributes,

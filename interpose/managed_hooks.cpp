@@ -40,8 +40,40 @@
 // of memory it does not know (asked of a library-owned host byte, with that byte's address in
 // the answer replaced by the pointer asked about), as it would say of a freed allocation.
 //
+// Note [Managed discard]
+// cudaMemDiscardBatchAsync makes the contents of its ranges indeterminate until they are written
+// or prefetched, and the driver discards whole pages: a discard of a slab allocation would also
+// discard the neighbours that share a page with it, bytes their owners never gave up. A discard
+// only permits the memory to lose its contents, so not discarding is always a correct
+// implementation of it, and a slab range never reaches the driver's discard. Each range of a
+// batch that starts in a slab is checked as cudaMemPrefetchAsync checks its range (it starts in a
+// live allocation and, when not empty, ends inside it); one that fails refuses the whole call
+// with cudaErrorInvalidValue and nothing is done. Then:
+// - cudaMemDiscardBatchAsync forwards the other ranges as a batch of their own. When none is
+//   left no call is made, and the answer is the runtime's for a valid batch on that stream:
+//   cudaErrorInvalidValue for flags other than 0 or the legacy stream (which the batch calls do
+//   not take), otherwise what cudaStreamGetDevice says of the stream (an unknown handle is
+//   refused). A capturing stream gets cudaSuccess and nothing is captured: there is nothing to do.
+//   The batch calls' other requirement, concurrent managed access on every device, holds
+//   wherever slabs exist (Note [Managed routing]).
+// - cudaMemDiscardAndPrefetchBatchAsync is a discard followed by a prefetch; the slab ranges get
+//   only the prefetch. One cudaMemPrefetchBatchAsync of the slab ranges with their own locations
+//   is followed, on the same stream, by one cudaMemDiscardAndPrefetchBatchAsync of the others (if
+//   any). The ranges are disjoint and the operations of a batch unordered anyway, so the two
+//   calls in stream order do what the one did. The prefetch goes first: if either call is
+//   refused, no byte has changed (a prefetch moves pages, never contents), as a refused single
+//   call leaves them. The location arrays are checked as CUDA documents them (first index 0,
+//   increasing, below count, at most one entry per range) before they are split.
+// - cudaMemPrefetchBatchAsync is forwarded unchanged once its slab ranges are checked: a
+//   prefetch is a placement hint and may cover neighbours that share a page.
+// A batch with no range in a slab, or with arrays the runtime must judge (NULL), is forwarded
+// unchanged; it costs one slab lookup per range. What skipping a discard gives up is only what a
+// discard could save: migrating bytes the program no longer needs, and memory pressure.
+//
 // Depends on the registry, the real-function table, hooks.h, the log and the configuration.
 #include "interpose/managed_hooks.h"
+
+#include <vector>
 
 #include "interpose/hooks.h"
 #include "interpose/lifecycle.h"
@@ -88,6 +120,69 @@ bool range_allowed(const ManagedLookup& found, const void* ptr, std::size_t coun
   if (found.kind != ManagedLookup::Kind::live) return false;
   const DevicePtr offset = reinterpret_cast<DevicePtr>(ptr) - found.start;
   return count <= found.size - offset;
+}
+
+// Note [Managed discard]: false (after a refusal) when a range that starts in a slab is not
+// inside a live allocation. With `in_slab`, marks the ranges that start in a slab; it stays
+// empty when none does.
+bool check_batch(void* const* ptrs, const std::size_t* sizes, std::size_t count,
+                 std::vector<unsigned char>* in_slab) {
+  if (ptrs == nullptr || sizes == nullptr) return true;
+  for (std::size_t i = 0; i < count; ++i) {
+    const ManagedLookup found = find_managed(ptrs[i]);
+    if (found.kind == ManagedLookup::Kind::not_mine) continue;
+    if (!range_allowed(found, ptrs[i], sizes[i])) {
+      refuse();
+      return false;
+    }
+    if (in_slab == nullptr) continue;
+    if (in_slab->empty()) in_slab->resize(count);
+    (*in_slab)[i] = 1;
+  }
+  return true;
+}
+
+// The location arrays of a batch of `count` ranges, as CUDA documents them: firsts[k] is the
+// first range locations[k] applies to.
+bool locations_valid(std::size_t count, const cudaMemLocation* locations,
+                     const std::size_t* firsts, std::size_t location_count) {
+  if (locations == nullptr || firsts == nullptr || location_count == 0 ||
+      location_count > count || firsts[0] != 0 || firsts[location_count - 1] >= count) {
+    return false;
+  }
+  for (std::size_t k = 1; k < location_count; ++k) {
+    if (firsts[k] <= firsts[k - 1]) return false;
+  }
+  return true;
+}
+
+// Part of a batch: ranges with their locations in CUDA's run-length form.
+struct SubBatch {
+  std::vector<void*> ptrs;
+  std::vector<std::size_t> sizes;
+  std::vector<cudaMemLocation> locations;
+  std::vector<std::size_t> firsts;
+  std::size_t last_run = static_cast<std::size_t>(-1);
+
+  void add(void* ptr, std::size_t size, const cudaMemLocation& location, std::size_t run) {
+    if (run != last_run) {
+      locations.push_back(location);
+      firsts.push_back(ptrs.size());
+      last_run = run;
+    }
+    ptrs.push_back(ptr);
+    sizes.push_back(size);
+  }
+};
+
+// Note [Managed discard]: the runtime's answer to a valid batch on `stream` with `flags`.
+cudaError_t batch_answer(unsigned long long flags, cudaStream_t stream, bool per_thread) {
+  if (flags != 0 || stream == cudaStreamLegacy || (stream == nullptr && !per_thread)) {
+    return refuse();
+  }
+  int device = 0;
+  auto get_device = per_thread ? real::cudaStreamGetDevice_ptsz() : real::cudaStreamGetDevice();
+  return get_device(stream, &device);
 }
 
 }  // namespace
@@ -171,6 +266,65 @@ cudaError_t pointer_get_attributes(cudaPointerAttributes* attributes, const void
     if (attributes->hostPointer == &unknown) attributes->hostPointer = const_cast<void*>(ptr);
   }
   return result;
+}
+
+cudaError_t mem_prefetch_batch(void** ptrs, std::size_t* sizes, std::size_t count,
+                               cudaMemLocation* locations, std::size_t* firsts,
+                               std::size_t location_count, unsigned long long flags,
+                               cudaStream_t stream, bool per_thread) {
+  if (!check_batch(ptrs, sizes, count, nullptr)) return cudaErrorInvalidValue;
+  auto prefetch =
+      per_thread ? real::cudaMemPrefetchBatchAsync_ptsz() : real::cudaMemPrefetchBatchAsync();
+  return prefetch(ptrs, sizes, count, locations, firsts, location_count, flags, stream);
+}
+
+cudaError_t mem_discard_batch(void** ptrs, std::size_t* sizes, std::size_t count,
+                              unsigned long long flags, cudaStream_t stream, bool per_thread) {
+  auto discard =
+      per_thread ? real::cudaMemDiscardBatchAsync_ptsz() : real::cudaMemDiscardBatchAsync();
+  std::vector<unsigned char> in_slab;
+  if (!check_batch(ptrs, sizes, count, &in_slab)) return cudaErrorInvalidValue;
+  if (in_slab.empty()) return discard(ptrs, sizes, count, flags, stream);
+  // Note [Managed discard]: only the ranges outside the slabs are discarded.
+  std::vector<void*> kept_ptrs;
+  std::vector<std::size_t> kept_sizes;
+  for (std::size_t i = 0; i < count; ++i) {
+    if (in_slab[i] != 0) continue;
+    kept_ptrs.push_back(ptrs[i]);
+    kept_sizes.push_back(sizes[i]);
+  }
+  if (kept_ptrs.empty()) return batch_answer(flags, stream, per_thread);
+  return discard(kept_ptrs.data(), kept_sizes.data(), kept_ptrs.size(), flags, stream);
+}
+
+cudaError_t mem_discard_and_prefetch_batch(void** ptrs, std::size_t* sizes, std::size_t count,
+                                           cudaMemLocation* locations, std::size_t* firsts,
+                                           std::size_t location_count, unsigned long long flags,
+                                           cudaStream_t stream, bool per_thread) {
+  auto both = per_thread ? real::cudaMemDiscardAndPrefetchBatchAsync_ptsz()
+                         : real::cudaMemDiscardAndPrefetchBatchAsync();
+  std::vector<unsigned char> in_slab;
+  if (!check_batch(ptrs, sizes, count, &in_slab)) return cudaErrorInvalidValue;
+  if (in_slab.empty()) {
+    return both(ptrs, sizes, count, locations, firsts, location_count, flags, stream);
+  }
+  // Note [Managed discard]: the slab ranges are only prefetched, first.
+  if (!locations_valid(count, locations, firsts, location_count)) return refuse();
+  SubBatch slab;
+  SubBatch rest;
+  std::size_t run = 0;
+  for (std::size_t i = 0; i < count; ++i) {
+    while (run + 1 < location_count && firsts[run + 1] <= i) ++run;
+    (in_slab[i] != 0 ? slab : rest).add(ptrs[i], sizes[i], locations[run], run);
+  }
+  auto prefetch =
+      per_thread ? real::cudaMemPrefetchBatchAsync_ptsz() : real::cudaMemPrefetchBatchAsync();
+  const cudaError_t result =
+      prefetch(slab.ptrs.data(), slab.sizes.data(), slab.ptrs.size(), slab.locations.data(),
+               slab.firsts.data(), slab.locations.size(), flags, stream);
+  if (result != cudaSuccess || rest.ptrs.empty()) return result;
+  return both(rest.ptrs.data(), rest.sizes.data(), rest.ptrs.size(), rest.locations.data(),
+              rest.firsts.data(), rest.locations.size(), flags, stream);
 }
 
 }  // namespace poolcuda::hooks

@@ -1,9 +1,10 @@
 // The hooked calls of managed memory: cudaMallocManaged served from the device's slabs, and
 // the calls that take a managed pointer and act on "its allocation" or a range of it
-// (cudaStreamAttachMemAsync, cudaMemAdvise, cudaMemPrefetchAsync, cudaPointerGetAttributes),
-// which must treat a slab allocation as the real runtime treats a managed allocation of its
-// own. The exported shims (exports.cpp) call one of these after their re-entry and pass-through
-// checks; cudaFree of a slab allocation reaches its chain through pooling::release.
+// (cudaStreamAttachMemAsync, cudaMemAdvise, cudaMemPrefetchAsync, cudaPointerGetAttributes, and
+// the batch prefetch, discard and discard-and-prefetch), which must treat a slab allocation as
+// the real runtime treats a managed allocation of its own. The exported shims
+// (managed_exports.cpp) call one of these after their re-entry and pass-through checks; cudaFree
+// of a slab allocation reaches its chain through pooling::release.
 //
 // Depends on the registry, the real-function table and the configuration.
 #pragma once
@@ -24,5 +25,17 @@ cudaError_t mem_advise(const void* ptr, std::size_t count, cudaMemoryAdvise advi
 cudaError_t mem_prefetch(const void* ptr, std::size_t count, cudaMemLocation location,
                          unsigned int flags, cudaStream_t stream, bool per_thread);
 cudaError_t pointer_get_attributes(cudaPointerAttributes* attributes, const void* ptr);
+
+// The batch calls (Note [Managed discard] in managed_hooks.cpp).
+cudaError_t mem_prefetch_batch(void** ptrs, std::size_t* sizes, std::size_t count,
+                               cudaMemLocation* locations, std::size_t* firsts,
+                               std::size_t location_count, unsigned long long flags,
+                               cudaStream_t stream, bool per_thread);
+cudaError_t mem_discard_batch(void** ptrs, std::size_t* sizes, std::size_t count,
+                              unsigned long long flags, cudaStream_t stream, bool per_thread);
+cudaError_t mem_discard_and_prefetch_batch(void** ptrs, std::size_t* sizes, std::size_t count,
+                                           cudaMemLocation* locations, std::size_t* firsts,
+                                           std::size_t location_count, unsigned long long flags,
+                                           cudaStream_t stream, bool per_thread);
 
 }  // namespace poolcuda::hooks

@@ -54,6 +54,18 @@ cudaError_t cudaStreamAttachMemAsync_ptsz(cudaStream_t stream, void* devPtr, siz
 cudaError_t cudaMemPrefetchAsync_ptsz(const void* devPtr, size_t count,
                                       struct cudaMemLocation location, unsigned int flags,
                                       cudaStream_t stream);
+cudaError_t cudaMemPrefetchBatchAsync_ptsz(void** dptrs, size_t* sizes, size_t count,
+                                           struct cudaMemLocation* prefetchLocs,
+                                           size_t* prefetchLocIdxs, size_t numPrefetchLocs,
+                                           unsigned long long flags, cudaStream_t stream);
+cudaError_t cudaMemDiscardBatchAsync_ptsz(void** dptrs, size_t* sizes, size_t count,
+                                          unsigned long long flags, cudaStream_t stream);
+cudaError_t cudaMemDiscardAndPrefetchBatchAsync_ptsz(void** dptrs, size_t* sizes, size_t count,
+                                                     struct cudaMemLocation* prefetchLocs,
+                                                     size_t* prefetchLocIdxs,
+                                                     size_t numPrefetchLocs,
+                                                     unsigned long long flags,
+                                                     cudaStream_t stream);
 }
 
 // Every real function the library calls. Add a name here and real::<name>() exists.
@@ -66,6 +78,12 @@ cudaError_t cudaMemPrefetchAsync_ptsz(const void* devPtr, size_t count,
   X(cudaMemAdvise)                          \
   X(cudaMemPrefetchAsync)                   \
   X(cudaMemPrefetchAsync_ptsz)              \
+  X(cudaMemPrefetchBatchAsync)              \
+  X(cudaMemPrefetchBatchAsync_ptsz)         \
+  X(cudaMemDiscardBatchAsync)               \
+  X(cudaMemDiscardBatchAsync_ptsz)          \
+  X(cudaMemDiscardAndPrefetchBatchAsync)    \
+  X(cudaMemDiscardAndPrefetchBatchAsync_ptsz) \
   X(cudaPointerGetAttributes)               \
   X(cudaFreeAsync)                          \
   X(cudaFreeAsync_ptsz)                     \
