@@ -2,6 +2,7 @@
 // configuration says. The parser checks only the grammar (config/ does no I/O); this looks at
 // the directory as the user running check-conf sees it, from its working directory. The library
 // itself never refuses to start over a report path: a report it cannot write is logged and lost.
+// Depends on config/ (expand_report_path) and POSIX only.
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -16,7 +17,8 @@ namespace poolcuda::cli {
 std::string report_path_problem(const std::string& pattern) {
   if (pattern == "stderr") return {};
   // The library writes a temporary file beside the report and renames it: the directory must
-  // exist and take new files. It creates no directory, so %p or %n in one never exists ahead.
+  // exist and take new files. It creates no directory, so a directory named with %p or %n does
+  // not exist before the run.
   const std::string path = expand_report_path(pattern, static_cast<long>(::getpid()), 1);
   const auto slash = path.rfind('/');
   const std::string directory =
