@@ -84,6 +84,37 @@ check-conf-bad)
   run_cli 2 frobnicate
   has err "unknown command 'frobnicate'"
   ;;
+check-conf-report-path)
+  # A valid configuration whose report_path the library could not write: the configuration is
+  # printed, one line says why, status 1 (2 is kept for invalid configurations).
+  run_cli 1 check-conf "report_path:$work/missing/r-%p.txt"
+  has out "report_path:$work/missing/r-%p.txt"
+  has err "report_path '$work/missing/r-%p.txt': directory '$work/missing': No such file"
+  has err "the library creates no directory"
+  has err "reports would be lost"
+  run_cli 1 check-conf "log:off,report_path:$work/run-%p/report.txt"
+  has err "keep them in the file name"
+  touch "$work/plain-file"
+  run_cli 1 check-conf "report_path:$work/plain-file/r.json"
+  has err "'$work/plain-file' is not a directory"
+  mkdir "$work/reports"
+  run_cli 1 check-conf "report_path:$work/reports"
+  has err "'$work/reports' is a directory, not a file"
+  # Relative paths are seen from the current directory.
+  (cd "$work" && run_cli 1 check-conf "report_path:missing/r.txt") || exit 1
+  has err "directory 'missing'"
+  (cd "$work" && run_cli 0 check-conf "report_path:r-%p-%n.txt") || exit 1
+  is_empty err
+  run_cli 0 check-conf "report_path:$work/reports/r-%p-%n.json"
+  is_empty err
+  run_cli 0 check-conf "report_path:stderr"
+  # A directory this user cannot write to (root writes everywhere, so only checked for others).
+  if [ "$(id -u)" -ne 0 ]; then
+    mkdir "$work/locked" && chmod 555 "$work/locked"
+    run_cli 1 check-conf "report_path:$work/locked/r.txt"
+    has err "directory '$work/locked' does not take new files"
+  fi
+  ;;
 help)
   for flag in --help -h help; do
     run_cli 0 "$flag"

@@ -28,6 +28,10 @@ struct LibraryLookup {
 };
 LibraryLookup find_library();
 
+// check-conf: why the library could not write reports to `report_path` (a missing or unwritable
+// directory, seen from the current directory), or an empty string when it could.
+std::string report_path_problem(const std::string& report_path);
+
 // Prints "poolcuda: <message>" on stderr.
 void print_error(const std::string& message);
 

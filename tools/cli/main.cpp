@@ -82,6 +82,13 @@ int check_conf_command(std::span<char* const> args) {
     return kExitUsage;
   }
   std::cout << describe_config(*result.config) << "\n";
+  // Valid, but the library would lose every report: status 1, not 2.
+  const std::string path_problem = report_path_problem(result.config->report_path);
+  if (!path_problem.empty()) {
+    print_error("report_path '" + result.config->report_path + "': " + path_problem +
+                "; reports would be lost");
+    return kExitFailure;
+  }
   return kExitOk;
 }
 
