@@ -20,13 +20,15 @@
 
 namespace preload_test {
 
-// The library's capture numbers (summed over nothing: the first device's section).
+// The library's capture numbers (the first device's section).
 struct Held {
   std::uint64_t open_captures = 0;
   std::uint64_t graphs = 0;
   std::uint64_t pinned_bytes = 0;
   std::uint64_t captures = 0;  // ended with a graph
   std::uint64_t failed_captures = 0;
+  std::uint64_t window_allocations = 0;  // allocations served inside capture windows
+  std::uint64_t from_driver = 0;         // of which grew a pool (reached the driver)
 };
 
 inline std::uint64_t json_number(const std::string& text, std::size_t from,
@@ -54,7 +56,9 @@ inline Held held_by_graphs() {
   if (capture == std::string::npos) return {};
   return Held{json_number(text, capture, "open_captures"), json_number(text, capture, "graphs"),
               json_number(text, capture, "pinned_bytes"), json_number(text, capture, "captures"),
-              json_number(text, capture, "failed_captures")};
+              json_number(text, capture, "failed_captures"),
+              json_number(text, capture, "window_allocations"),
+              json_number(text, capture, "from_driver")};
 }
 
 // Waits (a second at most) until no graph holds memory: their destructors run on CUDA's thread.

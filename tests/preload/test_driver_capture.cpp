@@ -10,6 +10,12 @@
 //              pinned until the graph and its exec are both destroyed, then released.
 //   destroyed  cuStreamDestroy_v2 of a stream mid-capture ends the capture as failed: nothing
 //              stays pinned or open, and the next capture works.
+//   recapture  the same capture, launched, destroyed and captured again 10 times: from the
+//              second on, no allocation in the window grows a pool (the library primed it
+//              before the window opened), through the driver as through the runtime.
+//   threads    two threads capture at once in thread-local mode, each on a blocking stream of
+//              its own, while a third frees pooled memory the whole time (the device is fenced):
+//              no capture is ever invalidated and every graph writes what it captured.
 //   flavours   the first cuStreamBeginCapture (no mode: global) on a blocking stream while the
 //              program frees memory from before the window in it (the device is fenced: another
 //              stream exists), and a capture of the per-thread default stream through the _ptsz
@@ -25,6 +31,7 @@
 // too (nothing stand-in only).
 #include <cuda.h>
 
+#include <atomic>
 #include <cstring>
 #include <string>
 #include <thread>
@@ -233,6 +240,82 @@ void launch_once(CUgraph graph, CUstream stream) {
   CHECK_CU(cuGraphDestroy(graph));
 }
 
+void recapture_case() {
+  CUstream stream = nullptr;
+  CHECK_CU(cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING));
+  const CUdeviceptr out = allocate();
+  std::uint64_t grown_after_first = 0;
+  for (int round = 0; round < 10; ++round) {
+    std::vector<CUdeviceptr> window;
+    CHECK_CU(cuStreamBeginCapture_v2(stream, CU_STREAM_CAPTURE_MODE_GLOBAL));
+    capture_temporaries(stream, out, static_cast<unsigned char>(round + 1), &window);
+    CUgraph graph = nullptr;
+    CHECK_CU(cuStreamEndCapture(stream, &graph));
+    launch_once(graph, stream);
+    CHECK(bytes_equal(out, static_cast<unsigned char>(round + 1)));
+    CHECK(graphs_released());
+    const Held held = held_by_graphs();
+    CHECK(held.window_allocations == 3u * (round + 1));
+    if (round == 0) grown_after_first = held.from_driver;
+    CHECK_MSG(held.from_driver == grown_after_first,
+              "round " + std::to_string(round) + ": a pool grew inside the window");
+  }
+  CHECK(grown_after_first > 0);
+  CHECK_CU(cuMemFree_v2(out));
+  CHECK_CU(cuStreamDestroy_v2(stream));
+}
+
+void threads_case(CUcontext primary) {
+  std::atomic<bool> stop{false};
+  std::atomic<int> invalidated{0};
+  CUstream fenced = nullptr;
+  CHECK_CU(cuStreamCreate(&fenced, CU_STREAM_NON_BLOCKING));
+  std::thread churn([&] {
+    CHECK_CU(cuCtxSetCurrent(primary));
+    while (!stop.load()) {
+      CUdeviceptr ptr = 0;
+      if (cuMemAlloc_v2(&ptr, 64 << 10) == CUDA_SUCCESS) CHECK_CU(cuMemFree_v2(ptr));
+      std::this_thread::sleep_for(std::chrono::microseconds(50));
+    }
+  });
+  auto capturer = [&](unsigned char value) {
+    CHECK_CU(cuCtxSetCurrent(primary));
+    CUstream stream = nullptr;
+    CHECK_CU(cuStreamCreate(&stream, 0));  // blocking: a fence on the legacy stream would end it
+    const CUdeviceptr out = allocate();
+    std::vector<unsigned char> host(kSize);
+    for (int round = 0; round < 40; ++round) {
+      std::vector<CUdeviceptr> window;
+      CHECK_CU(cuStreamBeginCapture_v2(stream, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL));
+      capture_temporaries(stream, out, value, &window);
+      CUgraph graph = nullptr;
+      const CUresult ended = cuStreamEndCapture(stream, &graph);
+      if (ended == CUDA_ERROR_STREAM_CAPTURE_INVALIDATED) {
+        ++invalidated;
+        continue;
+      }
+      CHECK_CU(ended);
+      CHECK_CU(cuMemsetD8Async(out, 0, kSize, stream));
+      launch_once(graph, stream);
+      CHECK_CU(cuMemcpyDtoHAsync_v2(host.data(), out, kSize, stream));
+      CHECK_CU(cuStreamSynchronize(stream));
+      for (unsigned char byte : host) CHECK(byte == value);
+    }
+    CHECK_CU(cuMemFree_v2(out));
+    CHECK_CU(cuStreamDestroy_v2(stream));
+  };
+  std::thread first(capturer, 0x21);
+  std::thread second(capturer, 0x42);
+  first.join();
+  second.join();
+  stop.store(true);
+  churn.join();
+  CHECK_CU(cuStreamDestroy_v2(fenced));
+  CHECK_MSG(invalidated.load() == 0,
+            std::to_string(invalidated.load()) + " captures invalidated by the library");
+  CHECK(held_by_graphs().captures == 80);
+}
+
 void flavours_case() {
   CUstream blocking = nullptr;
   CUstream other = nullptr;
@@ -387,6 +470,8 @@ int main(int argc, char** argv) {
   CHECK_CU(cuCtxSetCurrent(primary));
   if (which == "pins") pins_case();
   else if (which == "destroyed") destroyed_case();
+  else if (which == "recapture") recapture_case();
+  else if (which == "threads") threads_case(primary);
   else if (which == "flavours") flavours_case();
   else if (which == "joined") joined_case();
   else if (which == "mixed") mixed_case();
