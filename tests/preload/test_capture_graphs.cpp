@@ -25,7 +25,7 @@
 #include <thread>
 #include <vector>
 
-#include "capture_report.h"
+#include "capture_check.h"
 #include "check.h"
 
 namespace {
@@ -258,19 +258,15 @@ void batches_case(bool share) {
 }
 
 void threads_case() {
-  std::atomic<bool> stop{false};
   std::atomic<int> invalidated{0};
   // Pooled frees on a fenced device (a non-blocking stream exists): fences are recorded on the
   // legacy stream the whole time.
   cudaStream_t fenced = nullptr;
   CHECK_CUDA(cudaStreamCreateWithFlags(&fenced, cudaStreamNonBlocking));
-  std::thread churn([&] {
-    while (!stop.load()) {
-      void* ptr = nullptr;
-      if (cudaMalloc(&ptr, 64 * kKiB) == cudaSuccess) cudaFree(ptr);
-      std::this_thread::sleep_for(std::chrono::microseconds(50));
-    }
-  });
+  auto churn = [] {
+    void* ptr = nullptr;
+    if (cudaMalloc(&ptr, 64 * kKiB) == cudaSuccess) cudaFree(ptr);
+  };
   // Each capturer works on its own stream only: any legacy-stream work of the program (a
   // cudaMemset, a cudaMemcpy) would invalidate the other's capture, with or without the library.
   auto capturer = [&](unsigned char value) {
@@ -304,12 +300,7 @@ void threads_case() {
     CHECK_CUDA(cudaFree(out));
     CHECK_CUDA(cudaStreamDestroy(stream));
   };
-  std::thread first(capturer, 0x21);
-  std::thread second(capturer, 0x42);
-  first.join();
-  second.join();
-  stop.store(true);
-  churn.join();
+  preload_test::capture_on_two_threads(churn, capturer);
   CHECK_CUDA(cudaStreamDestroy(fenced));
   CHECK_MSG(invalidated.load() == 0,
             std::to_string(invalidated.load()) + " captures invalidated by the library");

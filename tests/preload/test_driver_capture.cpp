@@ -37,7 +37,7 @@
 #include <thread>
 #include <vector>
 
-#include "capture_report.h"
+#include "capture_check.h"
 #include "check.h"
 
 // The variants cuda.h renames or declares only for per-thread default stream builds.
@@ -266,18 +266,15 @@ void recapture_case() {
 }
 
 void threads_case(CUcontext primary) {
-  std::atomic<bool> stop{false};
   std::atomic<int> invalidated{0};
+  // A non-blocking stream makes the device fenced: the churn's frees record fences.
   CUstream fenced = nullptr;
   CHECK_CU(cuStreamCreate(&fenced, CU_STREAM_NON_BLOCKING));
-  std::thread churn([&] {
+  auto churn = [primary] {
     CHECK_CU(cuCtxSetCurrent(primary));
-    while (!stop.load()) {
-      CUdeviceptr ptr = 0;
-      if (cuMemAlloc_v2(&ptr, 64 << 10) == CUDA_SUCCESS) CHECK_CU(cuMemFree_v2(ptr));
-      std::this_thread::sleep_for(std::chrono::microseconds(50));
-    }
-  });
+    CUdeviceptr ptr = 0;
+    if (cuMemAlloc_v2(&ptr, 64 << 10) == CUDA_SUCCESS) CHECK_CU(cuMemFree_v2(ptr));
+  };
   auto capturer = [&](unsigned char value) {
     CHECK_CU(cuCtxSetCurrent(primary));
     CUstream stream = nullptr;
@@ -304,12 +301,7 @@ void threads_case(CUcontext primary) {
     CHECK_CU(cuMemFree_v2(out));
     CHECK_CU(cuStreamDestroy_v2(stream));
   };
-  std::thread first(capturer, 0x21);
-  std::thread second(capturer, 0x42);
-  first.join();
-  second.join();
-  stop.store(true);
-  churn.join();
+  preload_test::capture_on_two_threads(churn, capturer);
   CHECK_CU(cuStreamDestroy_v2(fenced));
   CHECK_MSG(invalidated.load() == 0,
             std::to_string(invalidated.load()) + " captures invalidated by the library");

@@ -21,7 +21,7 @@
 #include <string>
 #include <vector>
 
-#include "capture_report.h"
+#include "capture_check.h"
 #include "check.h"
 #include "exit_report.h"
 
@@ -111,7 +111,7 @@ void capture_with_frees() {
   CHECK_CUDA(cudaStreamDestroy(stream));
 }
 
-// Run as its own child (capture_report.h), with SIMCUDA_STRICT=1: a race aborts it.
+// Run as its own child (capture_check.h), with SIMCUDA_STRICT=1: a race aborts it.
 int capture_child() {
   cudaStream_t stream = nullptr;
   CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));

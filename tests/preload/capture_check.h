@@ -1,12 +1,14 @@
-// What graphs hold, read from the library's own report (its per-device "capture" section), for
-// the capture tests: the program runs itself as a child (run_capture_child) with reports in
-// JSON into a folder of its own, and the child raises the report signal whenever it wants the
-// numbers (held_by_graphs). Plain C++: no CUDA call, so runtime and driver programs share it.
+// Helpers of the capture tests. What graphs hold, read from the library's own report (its
+// per-device "capture" section): the program runs itself as a child (run_capture_child) with
+// reports in JSON into a folder of its own, and the child raises the report signal whenever it
+// wants the numbers (held_by_graphs). And two threads capturing beside one that churns
+// (capture_on_two_threads). Plain C++: no CUDA call, so runtime and driver programs share it.
 #pragma once
 
 #include <signal.h>
 #include <stdlib.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <cstdlib>
@@ -85,6 +87,25 @@ inline int run_capture_child(const std::string& which, std::vector<std::string> 
   std::printf("%s", child.output.c_str());
   std::system(("rm -rf '" + std::string(dir) + "'").c_str());
   return child.status;
+}
+
+// Runs `capture(value)` on two threads at once (values 0x21 and 0x42) while a third repeats
+// `churn()` until both are done.
+template <typename Churn, typename Capture>
+void capture_on_two_threads(Churn churn, Capture capture) {
+  std::atomic<bool> stop{false};
+  std::thread churner([&] {
+    while (!stop.load()) {
+      churn();
+      std::this_thread::sleep_for(std::chrono::microseconds(50));
+    }
+  });
+  std::thread first(capture, 0x21);
+  std::thread second(capture, 0x42);
+  first.join();
+  second.join();
+  stop.store(true);
+  churner.join();
 }
 
 }  // namespace preload_test
