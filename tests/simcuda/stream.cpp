@@ -222,6 +222,12 @@ bool idle(const StreamRef& s) {
   return s->completed == s->submitted;
 }
 
+cudaError_t stream_query(const StreamRef& s) {
+  if (!s) return cudaErrorInvalidResourceHandle;
+  if (cudaError_t err = wait_capture_guard(s); err != cudaSuccess) return err;
+  return idle(s) ? cudaSuccess : cudaErrorNotReady;
+}
+
 std::vector<StreamRef> device_streams(int device) {
   auto& list = streams().by_device[static_cast<size_t>(device)];
   // Forget retired streams that have finished their work.
