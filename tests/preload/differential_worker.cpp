@@ -9,8 +9,7 @@
 namespace differential {
 
 Worker::Worker(int id, Program& program, Recorder& recorder)
-    : id_(id),
-      program_(program),
+    : program_(program),
       recorder_(recorder),
       random_(program.run.seed * 0x9e3779b97f4a7c15ull + static_cast<std::uint64_t>(id) * 7919u),
       live_bytes_(program.capacity.size(), 0) {
@@ -46,9 +45,8 @@ bool Worker::pick_size(int device, bool bursting, std::size_t* size) {
   constexpr std::size_t kMiB = std::size_t{1} << 20;
   // Sizes around the alignment and the default layout's page and slice limits.
   static constexpr std::size_t kEdges[] = {
-      1,           255,         256,     257,     511,         512,         513,
-      4096,        65536,       524287,  524288,  524289,      2 * kMiB - 1, 2 * kMiB,
-      2 * kMiB + 1, 8 * kMiB - 1, 8 * kMiB, 8 * kMiB + 1, 32 * kMiB};
+      1, 255, 256, 257, 511, 512, 513, 4096, 65536, 512 * 1024 - 1, 512 * 1024, 512 * 1024 + 1,
+      2 * kMiB - 1, 2 * kMiB, 2 * kMiB + 1, 8 * kMiB - 1, 8 * kMiB, 8 * kMiB + 1, 32 * kMiB};
   static constexpr unsigned kBigPercent[] = {5, 10, 20, 30, 45, 60, 75, 90, 97};
   const std::uint64_t capacity = program_.capacity[static_cast<std::size_t>(device)];
   const std::uint64_t r = roll(1000);

@@ -145,7 +145,6 @@ class Worker {
   void last_error();
   void reset_device();
 
-  const int id_;
   Program& program_;
   Recorder& recorder_;
   std::mt19937_64 random_;
