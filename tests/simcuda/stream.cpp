@@ -39,8 +39,11 @@ void execute(Stream& s, Stream::Op& op) {
   race_begin(id, s.id, &op.work.desc, &op.work.ranges);
   if (config().op_delay_us)
     std::this_thread::sleep_for(std::chrono::microseconds(config().op_delay_us));
+  // A stream-ordered free is checked against what runs when it starts, but once its memory is
+  // back the next allocation may use it on any stream: it must not stay active meanwhile.
+  if (op.work.type == cudaGraphNodeTypeMemFree) race_end(id);
   if (op.work.fn) op.work.fn();
-  race_end(id);
+  if (op.work.type != cudaGraphNodeTypeMemFree) race_end(id);
 }
 
 void worker(StreamRef self) {
