@@ -23,7 +23,8 @@
 // signal, loses the mark within a second, and `poolcuda report` then refuses instead of
 // triggering the program's own handler; the mark comes back if the handler does.
 //
-// Depends on the report channel, the report writer, the log and the configuration.
+// Depends on the report channel, the report writer, the library's threads, the log and the
+// configuration.
 #include "interpose/reporter.h"
 
 #include <pthread.h>
@@ -43,6 +44,7 @@
 #include "interpose/log.h"
 #include "interpose/report_channel.h"
 #include "interpose/report_writer.h"
+#include "interpose/threads.h"
 
 namespace poolcuda {
 
@@ -160,18 +162,7 @@ void start_reporter(const Config& conf) {
   g_installed = true;
 
   // Note [Report signal]: the thread starts with every signal blocked.
-  sigset_t all;
-  sigset_t saved;
-  ::sigfillset(&all);
-  ::pthread_sigmask(SIG_SETMASK, &all, &saved);
-  pthread_attr_t attributes;
-  ::pthread_attr_init(&attributes);
-  ::pthread_attr_setdetachstate(&attributes, PTHREAD_CREATE_DETACHED);
-  pthread_t thread;
-  const int created = ::pthread_create(&thread, &attributes, &reporter_main, nullptr);
-  ::pthread_attr_destroy(&attributes);
-  ::pthread_sigmask(SIG_SETMASK, &saved, nullptr);
-  if (created != 0) {
+  if (!start_library_thread(&reporter_main, nullptr, nullptr)) {
     ::sigaction(g_signal, &g_previous, nullptr);
     g_installed = false;
     log_when_touched(LogLevel::basic, std::string("cannot start the reporter thread; ") +

@@ -11,11 +11,8 @@
 // is ending around it); what it shares with the caller is reference-counted, so neither ever
 // touches freed memory.
 //
-// Depends on the registry and pools/report.h.
+// Depends on the registry, the library's threads and pools/report.h.
 #include "interpose/snapshots.h"
-
-#include <pthread.h>
-#include <signal.h>
 
 #include <condition_variable>
 #include <memory>
@@ -23,6 +20,7 @@
 #include <optional>
 
 #include "interpose/registry.h"
+#include "interpose/threads.h"
 
 namespace poolcuda {
 
@@ -57,18 +55,7 @@ bool run_within(std::chrono::milliseconds bound, std::function<void()> work) {
   auto job = std::make_shared<Job>();
   job->work = std::move(work);
   auto* argument = new std::shared_ptr<Job>(job);
-  sigset_t all;
-  sigset_t saved;
-  ::sigfillset(&all);
-  ::pthread_sigmask(SIG_SETMASK, &all, &saved);
-  pthread_attr_t attributes;
-  ::pthread_attr_init(&attributes);
-  ::pthread_attr_setdetachstate(&attributes, PTHREAD_CREATE_DETACHED);
-  pthread_t thread;
-  const int created = ::pthread_create(&thread, &attributes, &run_job, argument);
-  ::pthread_attr_destroy(&attributes);
-  ::pthread_sigmask(SIG_SETMASK, &saved, nullptr);
-  if (created != 0) {
+  if (!start_library_thread(&run_job, argument, nullptr)) {
     delete argument;
     return false;
   }
