@@ -224,7 +224,8 @@ run-cannot-execute)
   has err "/etc/passwd is not an ELF file"
   libc=$(grep -m1 -o '/[^ ]*/libc\.so[^ ]*' /proc/$$/maps)
   POOLCUDA_LIBRARY=$libc run_cli 127 run -- touch "$work/ran"
-  has err "$libc is a shared object but not libpoolcuda.so (it does not export poolcuda_library_marker)"
+  has err "$libc is a shared object but not libpoolcuda.so"
+  has err "(it does not export poolcuda_library_marker)"
   POOLCUDA_LIBRARY=$work run_cli 127 run -- touch "$work/ran"
   has err "which is not a file"
   [ ! -e "$work/ran" ] || fail "the program ran without its library"
@@ -313,7 +314,8 @@ run-finds-library)
   ;;
 report-refuses)
   run_cli 2 report
-  has err "usage: poolcuda report [--json | --wide] [--to FILE | --keep-stderr] [--timeout SECONDS] PID"
+  has err "usage: poolcuda report [--json | --wide] [--to FILE | --keep-stderr]"
+  has err "[--timeout SECONDS] PID"
   run_cli 2 report 12x
   has err "'12x' is not a process ID"
   run_cli 2 report --bogus 1
@@ -376,8 +378,10 @@ real-report)
   is_empty err
   # JSON: a reader of the report's numbers (reserved counts the freed 64 MiB until a trim).
   json_number() {
-    python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["devices"][0]["memory"][sys.argv[2]])' \
-      "$work/out" "$1" || fail "report --json is not the JSON report"
+    env -u LD_PRELOAD python3 -c '
+import json, sys
+print(json.load(open(sys.argv[1]))["devices"][0]["memory"][sys.argv[2]])' "$work/out" "$1" ||
+      fail "report --json is not the JSON report"
   }
   run_cli 0 report --json "$pid"
   [ "$(json_number bytes_in_use)" -eq $((1 << 20)) ] || fail "1 MiB is not in use"
@@ -386,7 +390,8 @@ real-report)
   has out "poolcuda report #3"
   run_cli 0 report --to "$work/report.txt" "$pid"
   is_empty out
-  grep -qF "poolcuda report #4 (pid $pid, request)" "$work/report.txt" || fail "--to wrote no report"
+  grep -qF "poolcuda report #4 (pid $pid, request)" "$work/report.txt" ||
+    fail "--to wrote no report"
   lacks target.err "poolcuda report #"
   # --keep-stderr: the process writes it where its configuration says, and the CLI says where.
   run_cli 0 report --keep-stderr "$pid"
@@ -456,7 +461,8 @@ real-run)
   # Without LD_LIBRARY_PATH, the program finds CUDA (the stand-in, when there is no GPU).
   run_cli 0 run -- "$target" cuda 0
   has out ready
-  has err "poolcuda: run: library $(cd "$(dirname "$poolcuda")/../.." && pwd)/interpose/libpoolcuda.so"
+  build_dir=$(cd "$(dirname "$poolcuda")/../.." && pwd)
+  has err "poolcuda: run: library $build_dir/interpose/libpoolcuda.so"
   [ $gpu -eq 1 ] || has err "CUDA: no GPU found, using the CUDA stand-in in"
   # One summary line from the program itself, at exit.
   [ "$(count err "poolcuda: device 0: peak in use 65.0 MiB, peak reserved")" -eq 1 ] ||
