@@ -41,7 +41,9 @@ std::string loaded_cuda_library() {
   ::dl_iterate_phdr(
       [](dl_phdr_info* info, std::size_t, void* data) {
         std::string_view name = info->dlpi_name != nullptr ? info->dlpi_name : "";
-        name.remove_prefix(name.rfind('/') == std::string_view::npos ? 0 : name.rfind('/') + 1);
+        if (const auto slash = name.rfind('/'); slash != std::string_view::npos) {
+          name.remove_prefix(slash + 1);
+        }
         if (!name.starts_with("libcudart.so") && !name.starts_with("libcuda.so")) return 0;
         *static_cast<std::string*>(data) = std::string(name);
         return 1;
