@@ -24,9 +24,12 @@ cleanup() {
   rm -rf "$work"
 }
 trap cleanup EXIT
-# LD_PRELOAD may name a sanitizer runtime (sanitizer builds), which `poolcuda run` keeps first.
+# In sanitizer builds CLI_SANITIZER_PRELOAD names the sanitizer's runtime: the CLI gets it in
+# LD_PRELOAD (and `poolcuda run` keeps it first for the programs it runs); this script and its
+# helpers do not (a sanitizer runtime preloaded into bash crashes it).
+sanitizer_preload=${CLI_SANITIZER_PRELOAD:-}
 unset POOLCUDA_CONF POOLCUDA_LIBRARY POOLCUDA_CLI_TEST_MARKER POOLCUDA_RUN_SUMMARY
-unset CLI_TARGET_CONSTRUCTOR CLI_TARGET_MARKER LD_LIBRARY_PATH
+unset CLI_TARGET_CONSTRUCTOR CLI_TARGET_MARKER LD_LIBRARY_PATH LD_PRELOAD CLI_SANITIZER_PRELOAD
 gpu=0
 { [ -e /dev/nvidiactl ] || [ -e /proc/driver/nvidia/version ]; } && gpu=1
 
@@ -38,11 +41,19 @@ fail() {
   exit 1
 }
 
+# cli ARGS...: runs poolcuda (with the sanitizer runtime preloaded, if any). In the background
+# (`cli ... &`, a subshell) the exec keeps $! the process's own ID.
+cli() {
+  local preload=$sanitizer_preload
+  [ -n "${LD_PRELOAD:-}" ] && preload=${preload:+$preload:}$LD_PRELOAD
+  LD_PRELOAD=$preload exec "$poolcuda" "$@"
+}
+
 # run_cli EXPECTED_STATUS ARGS...: runs poolcuda, keeping stdout and stderr in $work/out, err.
 run_cli() {
   local expected=$1
   shift
-  "$poolcuda" "$@" >"$work/out" 2>"$work/err"
+  (cli "$@") >"$work/out" 2>"$work/err"
   local status=$?
   [ "$status" -eq "$expected" ] || fail "poolcuda $* exited $status, expected $expected"
 }
@@ -68,7 +79,7 @@ wait_for() {
 # reporter listens (its readiness mark is in /proc/PID/maps).
 start_target() {
   rm -f "$work/target.out" "$work/target.err"
-  "$poolcuda" run "$@" >"$work/target.out" 2>"$work/target.err" &
+  cli run "$@" >"$work/target.out" 2>"$work/target.err" &
   background_pid=$!
   wait_for "$work/target.out" ready
 }
@@ -344,7 +355,7 @@ report-refuses)
   stop_target
   # The library mapped with report_signal:none: refused.
   POOLCUDA_LIBRARY=$stand_in POOLCUDA_CLI_TEST_MARKER=$work/marker \
-    "$poolcuda" run --conf report_signal:none -- sleep 30 2>/dev/null &
+    cli run --conf report_signal:none -- sleep 30 2>/dev/null &
   background_pid=$!
   wait_for "$work/marker" loaded
   run_cli 1 report "$background_pid"
@@ -355,7 +366,7 @@ report-refuses)
   # stand-in installs handlers for both signals): refused, never signalled.
   for signal in USR1 USR2; do
     POOLCUDA_LIBRARY=$stand_in POOLCUDA_CLI_TEST_MARKER=$work/marker-$signal \
-      "$poolcuda" run --conf report_signal:$signal -- sleep 30 2>/dev/null &
+      cli run --conf report_signal:$signal -- sleep 30 2>/dev/null &
     background_pid=$!
     wait_for "$work/marker-$signal" loaded
     run_cli 1 report "$background_pid"
@@ -378,7 +389,7 @@ real-report)
   is_empty err
   # JSON: a reader of the report's numbers (reserved counts the freed 64 MiB until a trim).
   json_number() {
-    env -u LD_PRELOAD python3 -c '
+    python3 -c '
 import json, sys
 print(json.load(open(sys.argv[1]))["devices"][0]["memory"][sys.argv[2]])' "$work/out" "$1" ||
       fail "report --json is not the JSON report"
@@ -417,7 +428,7 @@ real-refusals)
   start_target -- "$target" handler 60
   sleep 1.2
   for _ in $(seq 20); do
-    "$poolcuda" report --timeout 1 "$background_pid" >"$work/out" 2>"$work/err"
+    (cli report --timeout 1 "$background_pid") >"$work/out" 2>"$work/err"
     grep -qF "has its own SIGUSR1 handler" "$work/err" && break
   done
   has err "process $background_pid has its own SIGUSR1 handler"
@@ -430,7 +441,7 @@ real-refusals)
   # The library mapped, its constructor not run yet (a constructor of the program's own
   # libraries sleeps first): refused, never killed; it answers once the library is ready.
   CLI_TARGET_CONSTRUCTOR=sleep:2000 CLI_TARGET_MARKER=$work/constructor \
-    "$poolcuda" run -- "$target" sleep 60 >"$work/target.out" 2>"$work/target.err" &
+    cli run -- "$target" sleep 60 >"$work/target.out" 2>"$work/target.err" &
   background_pid=$!
   wait_for "$work/constructor" constructor
   run_cli 1 report "$background_pid"
