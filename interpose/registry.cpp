@@ -148,19 +148,22 @@ bool Registry::first_time(Once what, int device) {
   return !logged_[static_cast<int>(what)][device].exchange(true, std::memory_order_relaxed);
 }
 
-std::vector<ManagerReport> Registry::reports() const {
-  std::vector<ManagerReport> out;
+std::vector<int> Registry::devices() const {
+  std::vector<int> out;
   for (int device = 0; device < kMaxDevices; ++device) {
-    MemoryManager* manager = managers_[device].load(std::memory_order_acquire);
-    if (manager == nullptr) continue;
-    out.push_back(manager->report());
-    out.back().device = device;
+    if (managers_[device].load(std::memory_order_acquire) != nullptr) out.push_back(device);
   }
   return out;
 }
 
-ReportDocument Registry::document(const ReportHeader& header) const {
-  const std::vector<ManagerReport> managers = reports();
+ManagerReport Registry::report(int device) const {
+  ManagerReport out = managers_[device].load(std::memory_order_acquire)->report();
+  out.device = device;
+  return out;
+}
+
+ReportDocument Registry::document(const ReportHeader& header,
+                                  const std::vector<ManagerReport>& managers) const {
   ReportDocument doc = make_document(header, managers);
   for (std::size_t i = 0; i < managers.size(); ++i) {
     const PassthroughCounters& counters = passthrough_[managers[i].device];
