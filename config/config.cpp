@@ -1,9 +1,9 @@
 // The POOLCUDA_CONF parser, its inverse (describe_config) and the one option table both use.
 // Every key is declared once, in kOptions below, with its grammar, its summary and the functions
-// that read and write it; config_keys() hands the same rows to the CLI's help, and the README's
-// reference lists them in the same order. Pure string work: no I/O, no CUDA, no exception for
-// bad input — every mistake becomes a ConfigError naming the key, quoting the text and saying
-// what was expected.
+// that read and write it; config_keys() hands the same rows to the CLI's help, and
+// docs/configuration.md lists them in the same order (tests/docs checks it). Pure string work:
+// no I/O, no CUDA, no exception for bad input — every mistake becomes a ConfigError naming the
+// key, quoting the text and saying what was expected.
 // The pool-list grammar (`pools:[kind(field=value,...);...]`) lives in config_pools.cpp.
 #include "config/config.h"
 
@@ -232,7 +232,7 @@ struct Option {
   }
 
 // Note [Option table]: the order here is the order of describe_config, of the CLI's help and
-// of the README's reference. Defaults are not written here: they are whatever a default
+// of the keys in docs/configuration.md. Defaults are not written here: they are whatever a default
 // Config holds, rendered by the row's own describe function. constexpr (string views and
 // function pointers only): the table is constant-initialised, with no dynamic initialiser, so
 // parse_config works even when a hook runs before the library's static initialisers.

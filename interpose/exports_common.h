@@ -17,10 +17,13 @@
 
 namespace poolcuda {
 
-// Runs `body` under the re-entry guard; its result type is cudaError_t or CUresult.
+// Runs `body` under the re-entry guard; its result type is cudaError_t or CUresult. Also marks
+// the process as one that uses CUDA through the library (Note [Silent processes] in
+// lifecycle.cpp).
 template <typename Body>
 inline auto guarded(Body&& body) noexcept -> decltype(body()) {
   using Result = decltype(body());
+  note_cuda_call();
   try {
     InsideHook inside;
     return body();

@@ -35,7 +35,8 @@ int begin_capture(cudaStream_t stream, bool per_thread, const std::function<int(
 int end_capture(cudaStream_t stream, bool per_thread, cudaGraph_t* graph,
                 const std::function<int()>& real);
 // The capture open on `stream` (0 when none) and the stream's device, asked before the stream
-// is destroyed; afterwards stream_destroyed_while_capturing closes that capture as failed.
+// is destroyed; afterwards stream_destroyed_while_capturing closes that capture as failed when
+// the stream began it (a stream that only joined it leaves it open).
 unsigned long long stream_capture_id(cudaStream_t stream, int* device);
 void stream_destroyed_while_capturing(cudaStream_t stream, int device,
                                       unsigned long long capture_id);

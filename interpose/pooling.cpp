@@ -187,6 +187,7 @@ int reset_device(int device, const std::function<int()>& real) {
     registry.streams().forget_device(device);
   };
   if (manager != nullptr) manager->set_frozen(true);
+  stream_order::device_reset(device);
   ReleaseWorker::instance().begin_reset(device);
   forget();
   const int result = real();

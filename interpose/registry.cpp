@@ -148,19 +148,25 @@ bool Registry::first_time(Once what, int device) {
   return !logged_[static_cast<int>(what)][device].exchange(true, std::memory_order_relaxed);
 }
 
-std::vector<ManagerReport> Registry::reports() const {
-  std::vector<ManagerReport> out;
+std::vector<int> Registry::devices() const {
+  std::vector<int> out;
   for (int device = 0; device < kMaxDevices; ++device) {
-    MemoryManager* manager = managers_[device].load(std::memory_order_acquire);
-    if (manager == nullptr) continue;
-    out.push_back(manager->report());
-    out.back().device = device;
+    if (managers_[device].load(std::memory_order_acquire) != nullptr) out.push_back(device);
   }
   return out;
 }
 
-ReportDocument Registry::document(const ReportHeader& header) const {
-  const std::vector<ManagerReport> managers = reports();
+ManagerReport Registry::report(int device) const {
+  // Graphs already gone give their memory back first, so that neither the pools' numbers nor
+  // the capture section count it as pinned.
+  if (CapturePolicy* policy = capture(device)) policy->drain_releases();
+  ManagerReport out = managers_[device].load(std::memory_order_acquire)->report();
+  out.device = device;
+  return out;
+}
+
+ReportDocument Registry::document(const ReportHeader& header,
+                                  const std::vector<ManagerReport>& managers) const {
   ReportDocument doc = make_document(header, managers);
   for (std::size_t i = 0; i < managers.size(); ++i) {
     const PassthroughCounters& counters = passthrough_[managers[i].device];
@@ -175,7 +181,6 @@ ReportDocument Registry::document(const ReportHeader& header) const {
       doc.devices[i].sections.push_back(std::move(*limit));
     // The capture part, once the device has seen a capture.
     if (CapturePolicy* policy = capture(managers[i].device)) {
-      policy->drain_releases();  // graphs already gone are not reported as holding memory
       const CaptureStats stats = policy->stats();
       if (stats.captures + stats.failed_captures + stats.open_captures != 0)
         doc.devices[i].sections.push_back(describe(stats));

@@ -80,11 +80,16 @@ class Registry {
   // True for the first caller only, per condition and device (false when out of range).
   bool first_time(Once what, int device);
 
-  // A snapshot of every existing manager, in device order (takes each manager's lock in turn).
-  std::vector<ManagerReport> reports() const;
+  // The devices that have a manager, in order.
+  std::vector<int> devices() const;
 
-  // The whole report: every manager's section with the interposer's own parts added.
-  ReportDocument document(const ReportHeader& header) const;
+  // A snapshot of one device's manager (takes its lock). `device` must be one devices() listed.
+  ManagerReport report(int device) const;
+
+  // The whole report from snapshots (report()): every manager's section with the interposer's
+  // own parts added.
+  ReportDocument document(const ReportHeader& header,
+                          const std::vector<ManagerReport>& managers) const;
 
  private:
   Registry() = default;

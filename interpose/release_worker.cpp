@@ -23,11 +23,10 @@
 // the device gets it back once the capture is over. cudaDeviceReset frees it with everything
 // else (forget_device).
 //
-// Depends on the real-function table, OwnCallScope and the log.
+// Depends on the real-function table, OwnCallScope, the library's threads and the log.
 #include "interpose/release_worker.h"
 
 #include <pthread.h>
-#include <signal.h>
 
 #include <chrono>
 #include <condition_variable>
@@ -37,6 +36,7 @@
 #include "interpose/log.h"
 #include "interpose/own_call.h"
 #include "interpose/own_api.h"
+#include "interpose/threads.h"
 #include "pools/lock_order.h"
 
 namespace poolcuda {
@@ -150,18 +150,8 @@ void ReleaseWorker::release(int device, void* ptr) {
   s.queue.push_back(Page{device, ptr, s.next_ticket++});
   if (!s.started) {
     s.started = true;
-    sigset_t all;
-    sigset_t saved;
-    ::sigfillset(&all);
-    ::pthread_sigmask(SIG_SETMASK, &all, &saved);
-    pthread_attr_t attributes;
-    ::pthread_attr_init(&attributes);
-    ::pthread_attr_setdetachstate(&attributes, PTHREAD_CREATE_DETACHED);
     pthread_t thread;
-    const int created = ::pthread_create(&thread, &attributes, &worker_main, &s);
-    ::pthread_attr_destroy(&attributes);
-    ::pthread_sigmask(SIG_SETMASK, &saved, nullptr);
-    if (created != 0) {
+    if (!start_library_thread(&worker_main, &s, &thread)) {
       // No thread: free here, as the driver would have. Only a program that cannot create a
       // thread at all gets the synchronizing free on its own thread.
       log_format(LogLevel::basic, "cannot start the release thread; pages are freed inline");

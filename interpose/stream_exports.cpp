@@ -2,7 +2,7 @@
 // for free_fence:auto (Note [Stream-ordered reuse] in stream_order.cpp), then call the real
 // function unchanged: kernel launches, copies, memsets, host functions, graph launches, event
 // records and waits (in both the legacy and the per-thread-default-stream flavours), device
-// switches, peer access and peer copies. Each costs an atomic load when no device is ordered.
+// switches, peer access and peer copies. Each costs two atomic loads when no device is ordered.
 //
 // Depends on stream_order.h, the real-function table and the re-entry guard.
 #include <cuda_runtime_api.h>
@@ -15,9 +15,11 @@ namespace pc = poolcuda;
 
 namespace {
 
-// The per-thread default stream: a _ptsz entry point given 0, or the explicit handle anywhere.
+// The thread's current device, and the per-thread default stream: a _ptsz entry point given 0,
+// or the explicit handle anywhere.
 inline void watch(cudaStream_t stream, bool per_thread_flavour) {
   if (pc::bypass()) return;
+  pc::stream_order::work_issued();
   if (stream == cudaStreamPerThread || (per_thread_flavour && stream == nullptr))
     pc::stream_order::per_thread_stream_used();
 }

@@ -23,6 +23,9 @@ void driver_used_directly();
 // A device got its manager: it starts ordered if nothing so far rules that out.
 void device_added(int device, MemoryManager& manager);
 
+// `device` is about to be reset: its fences are dropped (the reset waits for all its work).
+void device_reset(int device);
+
 // A stream was created on `device` (after the real create succeeded, before the program sees
 // the handle).
 void stream_created(int device, cudaStream_t stream, bool non_blocking);
@@ -33,6 +36,11 @@ void per_thread_stream_used();
 
 // The calling thread made `device` current (cudaSetDevice).
 void device_made_current(int device);
+
+// The calling thread puts work on a stream (a launch, copy, memset...). At its first, its
+// current device counts as used: a thread starts on device 0 without calling cudaSetDevice.
+// Cheap when it changes nothing.
+void work_issued();
 
 // Work of one device may now touch another's memory (peer access, a peer copy).
 void devices_connected();

@@ -15,7 +15,7 @@ namespace poolcuda {
 //    never larger than it; cap and dealloc_period as given.
 //  - exclusive: max_alloc_size rounded up to the alignment.
 //  - direct: reclaim_at as given.
-// Presets (see the README's "Pool layouts"):
+// Presets (docs/pools.md, "The default layout"):
 //  - subslices: sliced pools with pages 2 MiB, 8 MiB, 32 MiB, ... (x4), each accepting slices up
 //    to a quarter of its page, while 32 pages of the next size fit in the device's memory (the
 //    2 MiB pool always exists); then an exclusive tail accepting anything up to the device's

@@ -9,6 +9,20 @@
 
 namespace poolcuda {
 
+namespace {
+
+const char* reuse_word(FreeFence mode, bool stream_ordered) {
+  switch (mode) {
+    case FreeFence::automatic: return stream_ordered ? "ordered" : "fenced";
+    case FreeFence::events: return "fenced";
+    case FreeFence::sync: return "synchronized";
+    case FreeFence::none: return "unfenced";
+  }
+  return "fenced";
+}
+
+}  // namespace
+
 ManagerReport MemoryManager::report() const {
   std::lock_guard lock(impl_->mutex);
   const Impl& m = *impl_;
@@ -32,6 +46,7 @@ ManagerReport MemoryManager::report() const {
   r.fence_waits = m.fence_waits;
   r.fence_wait_timeouts = m.fence_wait_timeouts;
   r.fence_wait_seconds = m.fence_wait_seconds;
+  r.reuse = reuse_word(m.options.free_fence, m.stream_ordered);
   return r;
 }
 

@@ -72,6 +72,7 @@ ReportSection describe(const ManagerReport& m) {
       .add(#member, label, value_of(Unit::unit, m.member), Detail::detail);
   POOLCUDA_MANAGER_NUMBERS(POOLCUDA_GROUPED_FIELD)
 #undef POOLCUDA_GROUPED_FIELD
+  device.child("fences", "fences").add("reuse", "reuse", ReportValue::words(m.reuse));
   ReportSection& pools = device.child("pools", "pools");
   ReportTable table{"table", pool_columns(), {}};
   for (std::size_t i = 0; i < m.dynamic.size(); ++i)

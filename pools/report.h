@@ -86,6 +86,10 @@ struct SizeHistogram {
 
 struct ManagerReport {
   int device = 0;
+  // How a freed slice becomes reusable now: "ordered" (at once, free_fence:auto while the
+  // device's work is one ordered queue), "fenced" (after its fence events), "synchronized"
+  // (after a device synchronize) or "unfenced" (at once, free_fence:none).
+  std::string reuse;
   std::vector<PoolReport> dynamic;  // in routing order
   PoolReport persistent;
   SizeHistogram live_sizes;

@@ -1,8 +1,8 @@
 #!/bin/sh
-# Preload suite: libpoolcuda.so exports CUDA entry points and dlsym only (every other defined
-# dynamic symbol starts with "cu"), including each hooked runtime and driver call, dlsym is
-# unversioned (it must stand in for every version callers were linked against), and the
-# library links neither libcudart nor libcuda. It
+# Preload suite: libpoolcuda.so exports CUDA entry points, dlsym and its marker symbol only
+# (every other defined dynamic symbol starts with "cu"), including each hooked runtime and
+# driver call, dlsym is unversioned (it must stand in for every version callers were linked
+# against), and the library links neither libcudart nor libcuda. It
 # also has no dynamic initialisers of namespace-scope objects: its hooks can run before the
 # library is initialised (Note [Load order] in interpose/lifecycle.cpp), and must never see
 # such an object unconstructed.
@@ -14,7 +14,7 @@ symbols=$("$nm_tool" -D --defined-only "$library" | awk '{print $3}' | sed 's/@.
 status=0
 for symbol in $symbols; do
   case $symbol in
-    cu*|__cudaLaunchKernel*|dlsym) ;;
+    cu*|__cudaLaunchKernel*|dlsym|poolcuda_library_marker) ;;
     *) echo "exported but not a CUDA entry point: $symbol"; status=1 ;;
   esac
 done
@@ -22,7 +22,7 @@ if "$nm_tool" -D --defined-only "$library" | awk '{print $3}' | grep -q '^dlsym@
   echo "dlsym is exported with a version"
   status=1
 fi
-for hooked in cudaMalloc cudaFree cudaFreeAsync cudaFreeAsync_ptsz cudaMemGetInfo cudaDeviceReset \
+for hooked in poolcuda_library_marker cudaMalloc cudaFree cudaFreeAsync cudaFreeAsync_ptsz cudaMemGetInfo cudaDeviceReset \
               cudaStreamCreate cudaMallocManaged cudaStreamAttachMemAsync cudaMemAdvise \
               cudaMemPrefetchAsync cudaPointerGetAttributes \
               cudaStreamCreateWithFlags cudaStreamCreateWithPriority cudaStreamDestroy \

@@ -19,64 +19,22 @@
 // counters (the stand-in's) are checked only on the stand-in. What graphs still hold is read
 // from the library's own report (its capture section): the program runs itself as a child
 // with reports in JSON into a folder of its own, and raises the report signal.
-#include <signal.h>
-#include <stdlib.h>
-#include <sys/stat.h>
-
 #include <atomic>
 #include <chrono>
-#include <fstream>
-#include <iterator>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "capture_check.h"
 #include "check.h"
 
 namespace {
 
 constexpr std::size_t kKiB = 1024;
 
-// The library's capture numbers, from a report it writes on request.
-struct Held {
-  std::uint64_t graphs = 0;
-  std::uint64_t pinned_bytes = 0;
-  std::uint64_t failed_captures = 0;
-};
-
-std::uint64_t json_number(const std::string& text, std::size_t from, const std::string& key) {
-  const std::size_t at = text.find("\"" + key + "\":", from);
-  if (at == std::string::npos) return 0;
-  return std::strtoull(text.c_str() + at + key.size() + 3, nullptr, 10);
-}
-
-Held held_by_graphs() {
-  static int reports = 0;
-  const char* dir = std::getenv("CAPTURE_REPORT_DIR");
-  CHECK(dir != nullptr);
-  const std::string path = std::string(dir) + "/r-" + std::to_string(++reports) + ".json";
-  CHECK(raise(SIGUSR1) == 0);
-  std::string text;
-  for (int i = 0; i < 5000 && text.empty(); ++i) {
-    std::ifstream in(path);
-    if (in) text.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
-    if (text.empty()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  }
-  CHECK_MSG(!text.empty(), "no report at " + path);
-  const std::size_t capture = text.find("\"capture\":{");
-  if (capture == std::string::npos) return {};
-  return Held{json_number(text, capture, "graphs"), json_number(text, capture, "pinned_bytes"),
-              json_number(text, capture, "failed_captures")};
-}
-
-// Waits (a second at most) until no graph holds memory: their destructors run on CUDA's thread.
-bool graphs_released() {
-  for (int i = 0; i < 100; ++i) {
-    if (held_by_graphs().graphs == 0) return true;
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
-  return false;
-}
+using preload_test::graphs_released;
+using preload_test::Held;
+using preload_test::held_by_graphs;
 
 std::uint64_t stand_in(const char* name) {
   return preload_test::on_stand_in() ? preload_test::counter(name) : 0;
@@ -300,19 +258,15 @@ void batches_case(bool share) {
 }
 
 void threads_case() {
-  std::atomic<bool> stop{false};
   std::atomic<int> invalidated{0};
   // Pooled frees on a fenced device (a non-blocking stream exists): fences are recorded on the
   // legacy stream the whole time.
   cudaStream_t fenced = nullptr;
   CHECK_CUDA(cudaStreamCreateWithFlags(&fenced, cudaStreamNonBlocking));
-  std::thread churn([&] {
-    while (!stop.load()) {
-      void* ptr = nullptr;
-      if (cudaMalloc(&ptr, 64 * kKiB) == cudaSuccess) cudaFree(ptr);
-      std::this_thread::sleep_for(std::chrono::microseconds(50));
-    }
-  });
+  auto churn = [] {
+    void* ptr = nullptr;
+    if (cudaMalloc(&ptr, 64 * kKiB) == cudaSuccess) cudaFree(ptr);
+  };
   // Each capturer works on its own stream only: any legacy-stream work of the program (a
   // cudaMemset, a cudaMemcpy) would invalidate the other's capture, with or without the library.
   auto capturer = [&](unsigned char value) {
@@ -346,12 +300,7 @@ void threads_case() {
     CHECK_CUDA(cudaFree(out));
     CHECK_CUDA(cudaStreamDestroy(stream));
   };
-  std::thread first(capturer, 0x21);
-  std::thread second(capturer, 0x42);
-  first.join();
-  second.join();
-  stop.store(true);
-  churn.join();
+  preload_test::capture_on_two_threads(churn, capturer);
   CHECK_CUDA(cudaStreamDestroy(fenced));
   CHECK_MSG(invalidated.load() == 0,
             std::to_string(invalidated.load()) + " captures invalidated by the library");
@@ -388,25 +337,11 @@ void to_graph_case() {
 
 }  // namespace
 
-// Runs `which` in a child whose reports go, as JSON, to a fresh folder.
-int run_child(const std::string& which) {
-  char dir[] = "/tmp/poolcuda-capture-XXXXXX";
-  CHECK(mkdtemp(dir) != nullptr);
-  std::string conf = "report_format:json,report_path:" + std::string(dir) + "/r-%n.json";
-  if (const char* extra = std::getenv("POOLCUDA_CONF"); extra != nullptr && *extra != '\0')
-    conf += "," + std::string(extra);
-  const preload_test::ChildResult child = preload_test::run_self(
-      ("child:" + which).c_str(), {"POOLCUDA_CONF=" + conf, "CAPTURE_REPORT_DIR=" + std::string(dir)});
-  std::printf("%s", child.output.c_str());
-  std::system(("rm -rf '" + std::string(dir) + "'").c_str());
-  return child.status;
-}
-
 int main(int argc, char** argv) {
   preload_test::require_preloaded();
   CHECK(argc == 2);
   std::string which = argv[1];
-  if (which.rfind("child:", 0) != 0) return run_child(which);
+  if (which.rfind("child:", 0) != 0) return preload_test::run_capture_child(which);
   which = which.substr(6);
   CHECK_CUDA(cudaFree(nullptr));
   if (which == "replay") replay_case();

@@ -9,6 +9,11 @@
 //    nothing passed through, and data round-trips.
 //  - Capture begun through the driver on a stream created through the driver: frees during it
 //    record no fence (the library knows the stream), the capture ends valid and its graph runs.
+//  - A global-mode capture whose cudaMalloc and cudaFree (the driver's, underneath) allocate and
+//    free temporaries in the window: the library pins them to the graph with user objects made
+//    through the driver (there is no runtime to make them), so memory freed in the window goes
+//    to no later allocation while the graph or its exec can replay it, replays leave new
+//    buffers intact, and the report shows the pins released once both are destroyed.
 // Stand-in only (suite standin): the program is linked with the stand-in.
 #include <cuda.h>
 
@@ -16,6 +21,7 @@
 #include <string>
 #include <vector>
 
+#include "capture_check.h"
 #include "check.h"
 #include "exit_report.h"
 
@@ -105,6 +111,53 @@ void capture_with_frees() {
   CHECK_CUDA(cudaStreamDestroy(stream));
 }
 
+// Run as its own child (capture_check.h), with SIMCUDA_STRICT=1: a race aborts it.
+int capture_child() {
+  cudaStream_t stream = nullptr;
+  CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  const std::size_t size = 256 << 10;
+  void* out = nullptr;
+  CHECK_CUDA(cudaMalloc(&out, size));
+  CHECK_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
+  void* first = nullptr;
+  CHECK_CUDA(cudaMalloc(&first, size));  // illegal in a global-mode window without the library
+  CHECK_CUDA(cudaMemsetAsync(first, 0x3d, size, stream));
+  void* second = nullptr;
+  CHECK_CUDA(cudaMalloc(&second, size));
+  CHECK_CUDA(cudaMemcpyAsync(second, first, size, cudaMemcpyDeviceToDevice, stream));
+  CHECK_CUDA(cudaFree(first));
+  CHECK_CUDA(cudaMemcpyAsync(out, second, size, cudaMemcpyDeviceToDevice, stream));
+  CHECK_CUDA(cudaFree(second));
+  cudaGraph_t graph = nullptr;
+  CHECK_CUDA(cudaStreamEndCapture(stream, &graph));
+  preload_test::Held held = preload_test::held_by_graphs();
+  CHECK_MSG(held.graphs == 1 && held.pinned_bytes >= 2 * size,
+            "the window's memory is not pinned to the graph");
+  cudaGraphExec_t exec = nullptr;
+  CHECK_CUDA(cudaGraphInstantiate(&exec, graph, 0));
+  CHECK_CUDA(cudaGraphDestroy(graph));
+  std::vector<void*> fresh(8);
+  for (void*& ptr : fresh) {
+    CHECK_CUDA(cudaMalloc(&ptr, size));
+    CHECK_MSG(ptr != first && ptr != second, "a graph's memory went to a new allocation");
+    CHECK_CUDA(cudaMemset(ptr, 0x5a, size));
+  }
+  for (int i = 0; i < 50; ++i) CHECK_CUDA(cudaGraphLaunch(exec, stream));
+  CHECK_CUDA(cudaStreamSynchronize(stream));
+  CHECK(preload_test::device_bytes_equal(out, size, 0x3d));
+  for (void* ptr : fresh) CHECK(preload_test::device_bytes_equal(ptr, size, 0x5a));
+  for (void* ptr : fresh) CHECK_CUDA(cudaFree(ptr));
+  CHECK(preload_test::held_by_graphs().graphs == 1);  // the exec still holds the memory
+  CHECK_CUDA(cudaGraphExecDestroy(exec));
+  CHECK_MSG(preload_test::graphs_released(), "the graph is gone but its memory stays pinned");
+  CHECK(preload_test::held_by_graphs().pinned_bytes == 0);
+  CHECK_CUDA(cudaFree(out));
+  CHECK_CUDA(cudaStreamDestroy(stream));
+  CHECK_CUDA(cudaGetLastError());
+  std::printf("capture child ok\n");
+  return 0;
+}
+
 int child() {
   CHECK(::dlsym(RTLD_DEFAULT, "cudaMalloc") != nullptr);  // the library's: nothing else exports it
   CHECK_CUDA(cudaFree(nullptr));
@@ -128,11 +181,13 @@ int child() {
 
 int main(int argc, char** argv) {
   if (argc > 1 && std::string(argv[1]) == "child") return child();
+  if (argc > 1 && std::string(argv[1]) == "child:capture") return capture_child();
   preload_test::require_preloaded();
   CHECK(preload_test::on_stand_in());
   preload_test::ExitReport report = preload_test::run_with_exit_report("child");
   CHECK(report.reservations >= kPairs);
   CHECK(report.forwarded_mallocs == 0);
+  CHECK(preload_test::run_capture_child("capture", {"SIMCUDA_STRICT=1"}) == 0);
   std::printf("ok\n");
   return 0;
 }

@@ -194,6 +194,9 @@ cudaError_t submit(const StreamRef& s, Work work);
 // Blocks until everything submitted to s so far has executed.
 void drain(const StreamRef& s);
 bool idle(const StreamRef& s);
+// cudaStreamQuery / cuStreamQuery: cudaSuccess when s has run everything submitted to it,
+// cudaErrorNotReady otherwise; refused on a capturing stream (wait_capture_guard).
+cudaError_t stream_query(const StreamRef& s);
 void device_drain(int device);
 std::vector<StreamRef> device_streams(int device);  // requires state_mutex
 void device_reset_streams(int device);
@@ -206,6 +209,9 @@ cudaError_t destroy_event(cudaEvent_t e);
 // records and waits become graph nodes; a plain record marks the event as captured (for joins).
 cudaError_t event_record(const EventRef& ev, const StreamRef& s, bool external = false);
 cudaError_t event_wait(const StreamRef& s, const EventRef& ev, bool external = false);
+// cudaStreamWaitEvent / cuStreamWaitEvent: the flags (0 or cudaEventWaitExternal) and handles
+// checked, then event_wait.
+cudaError_t stream_wait_event(const StreamRef& s, cudaEvent_t e, unsigned flags);
 // Reached: cudaSuccess; not yet: cudaErrorNotReady.
 cudaError_t event_query(const EventRef& ev);
 cudaError_t event_sync(const EventRef& ev);

@@ -1,9 +1,9 @@
 // The driver stand-in (libcuda.so.1): initialization, devices and contexts (primary contexts
 // with their reference counts, contexts made by cuCtxCreate), and cuGetProcAddress /
 // cuGetProcAddress_v2, which map a base name, a CUDA version and stream flags to the exact entry
-// point variant, as the real driver does (see Note [Driver entry point table]). Memory, streams,
-// events and capture are in drv_work.cpp. Shares all state with the runtime stand-in through the
-// core.
+// point variant, as the real driver does (see Note [Driver entry point table]). Memory, streams
+// and events are in drv_work.cpp; capture, graphs and user objects in drv_capture.cpp. Shares
+// all state with the runtime stand-in through the core.
 #include <cstdio>
 #include <cstring>
 
@@ -236,12 +236,26 @@ const Entry kEntries[] = {
     {"cuMemsetD8", 3020, false, SIM_FN(cuMemsetD8_v2)},
     {"cuMemcpyHtoD", 3020, false, SIM_FN(cuMemcpyHtoD_v2)},
     {"cuMemcpyDtoH", 3020, false, SIM_FN(cuMemcpyDtoH_v2)},
+    {"cuMemsetD8Async", 3020, false, SIM_FN(cuMemsetD8Async)},
+    {"cuMemsetD8Async", 7000, true, SIM_FN(cuMemsetD8Async_ptsz)},
+    {"cuMemcpyHtoDAsync", 3020, false, SIM_FN(cuMemcpyHtoDAsync_v2)},
+    {"cuMemcpyHtoDAsync", 7000, true, SIM_FN(cuMemcpyHtoDAsync_v2_ptsz)},
+    {"cuMemcpyDtoHAsync", 3020, false, SIM_FN(cuMemcpyDtoHAsync_v2)},
+    {"cuMemcpyDtoHAsync", 7000, true, SIM_FN(cuMemcpyDtoHAsync_v2_ptsz)},
+    {"cuMemcpyDtoDAsync", 3020, false, SIM_FN(cuMemcpyDtoDAsync_v2)},
+    {"cuMemcpyDtoDAsync", 7000, true, SIM_FN(cuMemcpyDtoDAsync_v2_ptsz)},
     {"cuStreamCreate", 2000, false, SIM_FN(cuStreamCreate)},
     {"cuStreamCreateWithPriority", 5050, false, SIM_FN(cuStreamCreateWithPriority)},
     {"cuStreamDestroy", 2000, false, SIM_FN(cuStreamDestroy)},
     {"cuStreamDestroy", 4000, false, SIM_FN(cuStreamDestroy_v2)},
     {"cuStreamSynchronize", 2000, false, SIM_FN(cuStreamSynchronize)},
     {"cuStreamSynchronize", 7000, true, SIM_FN(cuStreamSynchronize_ptsz)},
+    {"cuStreamQuery", 2000, false, SIM_FN(cuStreamQuery)},
+    {"cuStreamQuery", 7000, true, SIM_FN(cuStreamQuery_ptsz)},
+    {"cuStreamWaitEvent", 3020, false, SIM_FN(cuStreamWaitEvent)},
+    {"cuStreamWaitEvent", 7000, true, SIM_FN(cuStreamWaitEvent_ptsz)},
+    {"cuStreamGetDevice", 12080, false, SIM_FN(cuStreamGetDevice)},
+    {"cuStreamGetDevice", 12080, true, SIM_FN(cuStreamGetDevice_ptsz)},
     {"cuStreamBeginCapture", 10000, false, SIM_FN(cuStreamBeginCapture)},
     {"cuStreamBeginCapture", 10000, true, SIM_FN(cuStreamBeginCapture_ptsz)},
     {"cuStreamBeginCapture", 10010, false, SIM_FN(cuStreamBeginCapture_v2)},
@@ -252,6 +266,12 @@ const Entry kEntries[] = {
     {"cuStreamEndCapture", 10000, true, SIM_FN(cuStreamEndCapture_ptsz)},
     {"cuStreamIsCapturing", 10000, false, SIM_FN(cuStreamIsCapturing)},
     {"cuStreamIsCapturing", 10000, true, SIM_FN(cuStreamIsCapturing_ptsz)},
+    {"cuStreamGetCaptureInfo", 10010, false, SIM_FN(cuStreamGetCaptureInfo)},
+    {"cuStreamGetCaptureInfo", 10010, true, SIM_FN(cuStreamGetCaptureInfo_ptsz)},
+    {"cuStreamGetCaptureInfo", 11030, false, SIM_FN(cuStreamGetCaptureInfo_v2)},
+    {"cuStreamGetCaptureInfo", 11030, true, SIM_FN(cuStreamGetCaptureInfo_v2_ptsz)},
+    {"cuStreamGetCaptureInfo", 12030, false, SIM_FN(cuStreamGetCaptureInfo_v3)},
+    {"cuStreamGetCaptureInfo", 12030, true, SIM_FN(cuStreamGetCaptureInfo_v3_ptsz)},
     {"cuThreadExchangeStreamCaptureMode", 10010, false, SIM_FN(cuThreadExchangeStreamCaptureMode)},
     {"cuEventCreate", 2000, false, SIM_FN(cuEventCreate)},
     {"cuEventRecord", 2000, false, SIM_FN(cuEventRecord)},
@@ -260,11 +280,18 @@ const Entry kEntries[] = {
     {"cuEventSynchronize", 2000, false, SIM_FN(cuEventSynchronize)},
     {"cuEventDestroy", 2000, false, SIM_FN(cuEventDestroy)},
     {"cuEventDestroy", 4000, false, SIM_FN(cuEventDestroy_v2)},
+    {"cuGraphCreate", 10000, false, SIM_FN(cuGraphCreate)},
+    {"cuGraphClone", 10000, false, SIM_FN(cuGraphClone)},
     {"cuGraphInstantiateWithFlags", 11040, false, SIM_FN(cuGraphInstantiateWithFlags)},
     {"cuGraphLaunch", 10000, false, SIM_FN(cuGraphLaunch)},
     {"cuGraphLaunch", 10000, true, SIM_FN(cuGraphLaunch_ptsz)},
     {"cuGraphDestroy", 10000, false, SIM_FN(cuGraphDestroy)},
     {"cuGraphExecDestroy", 10000, false, SIM_FN(cuGraphExecDestroy)},
+    {"cuUserObjectCreate", 11030, false, SIM_FN(cuUserObjectCreate)},
+    {"cuUserObjectRetain", 11030, false, SIM_FN(cuUserObjectRetain)},
+    {"cuUserObjectRelease", 11030, false, SIM_FN(cuUserObjectRelease)},
+    {"cuGraphRetainUserObject", 11030, false, SIM_FN(cuGraphRetainUserObject)},
+    {"cuGraphReleaseUserObject", 11030, false, SIM_FN(cuGraphReleaseUserObject)},
     {"cuLaunchKernel", 4000, false, SIM_FN(cuLaunchKernel)},
     {"cuLaunchKernel", 7000, true, SIM_FN(cuLaunchKernel_ptsz)},
     {"cuGetProcAddress", 11030, false, SIM_FN(cuGetProcAddress)},

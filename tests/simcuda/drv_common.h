@@ -25,6 +25,7 @@
 #undef cuMemsetD8
 #undef cuMemcpyHtoD
 #undef cuMemcpyDtoH
+#undef cuStreamGetCaptureInfo
 
 extern "C" {
 CUresult cuGetProcAddress(const char* symbol, void** pfn, int cudaVersion, cuuint64_t flags);
@@ -67,6 +68,29 @@ CUresult cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream stream);
 CUresult cuMemsetD8_v2(CUdeviceptr dst, unsigned char value, size_t count);
 CUresult cuMemcpyHtoD_v2(CUdeviceptr dst, const void* src, size_t count);
 CUresult cuMemcpyDtoH_v2(void* dst, CUdeviceptr src, size_t count);
+CUresult cuStreamQuery_ptsz(CUstream stream);
+CUresult cuStreamWaitEvent_ptsz(CUstream stream, CUevent event, unsigned int flags);
+CUresult cuStreamGetDevice_ptsz(CUstream stream, CUdevice* device);
+CUresult cuStreamGetCaptureInfo(CUstream stream, CUstreamCaptureStatus* status, cuuint64_t* id);
+CUresult cuStreamGetCaptureInfo_ptsz(CUstream stream, CUstreamCaptureStatus* status,
+                                     cuuint64_t* id);
+CUresult cuStreamGetCaptureInfo_v2(CUstream stream, CUstreamCaptureStatus* status, cuuint64_t* id,
+                                   CUgraph* graph, const CUgraphNode** dependencies,
+                                   size_t* num_dependencies);
+CUresult cuStreamGetCaptureInfo_v2_ptsz(CUstream stream, CUstreamCaptureStatus* status,
+                                        cuuint64_t* id, CUgraph* graph,
+                                        const CUgraphNode** dependencies,
+                                        size_t* num_dependencies);
+CUresult cuStreamGetCaptureInfo_v3_ptsz(CUstream stream, CUstreamCaptureStatus* status,
+                                        cuuint64_t* id, CUgraph* graph,
+                                        const CUgraphNode** dependencies,
+                                        const CUgraphEdgeData** edges, size_t* num_dependencies);
+CUresult cuMemsetD8Async_ptsz(CUdeviceptr dst, unsigned char value, size_t count, CUstream stream);
+CUresult cuMemcpyHtoDAsync_v2_ptsz(CUdeviceptr dst, const void* src, size_t count,
+                                   CUstream stream);
+CUresult cuMemcpyDtoHAsync_v2_ptsz(void* dst, CUdeviceptr src, size_t count, CUstream stream);
+CUresult cuMemcpyDtoDAsync_v2_ptsz(CUdeviceptr dst, CUdeviceptr src, size_t count,
+                                   CUstream stream);
 CUresult cuLaunchKernel_ptsz(CUfunction f, unsigned int grid_x, unsigned int grid_y,
                              unsigned int grid_z, unsigned int block_x, unsigned int block_y,
                              unsigned int block_z, unsigned int shared_bytes, CUstream stream,

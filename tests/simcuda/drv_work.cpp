@@ -1,7 +1,8 @@
 // The driver stand-in's entry points for work on a context: memory (allocation, free, memory
-// info, pitched, managed and stream-ordered allocation, synchronous copies and memsets), streams,
-// events, stream capture and graph launch, each with its per-thread-default-stream (_ptsz)
-// flavour where the real driver has one. Thin calls into the core, as the runtime's are.
+// info, pitched, managed and stream-ordered allocation, copies and memsets, synchronous and on a
+// stream), streams (create, destroy, synchronize, query, wait for an event, their device) and
+// events, each with its per-thread-default-stream (_ptsz) flavour where the real driver has one.
+// Thin calls into the core, as the runtime's are. Capture and graphs are in drv_capture.cpp.
 #include <algorithm>
 
 #include "drv_common.h"
@@ -124,6 +125,45 @@ CUresult cuMemcpyDtoH_v2(void* dst, CUdeviceptr src, size_t count) {
                         resolve_stream(nullptr, false), true, "cuMemcpyDtoH"));
 }
 
+namespace {
+
+CUresult set_async(CUdeviceptr dst, unsigned char value, size_t count, CUstream stream,
+                   bool per_thread) {
+  if (CUresult r = guard(true)) return r;
+  return as_cu(mem_set(ptr(dst), value, count, resolve_stream(rt(stream), per_thread), false,
+                       "cuMemsetD8Async"));
+}
+
+CUresult copy_async(void* dst, const void* src, size_t count, cudaMemcpyKind kind,
+                    CUstream stream, bool per_thread, const char* what) {
+  if (CUresult r = guard(true)) return r;
+  return as_cu(mem_copy(dst, src, count, kind, resolve_stream(rt(stream), per_thread), false, what));
+}
+
+}  // namespace
+
+CUresult cuMemsetD8Async(CUdeviceptr dst, unsigned char value, size_t count, CUstream stream) {
+  return set_async(dst, value, count, stream, false);
+}
+CUresult cuMemsetD8Async_ptsz(CUdeviceptr dst, unsigned char value, size_t count,
+                              CUstream stream) {
+  return set_async(dst, value, count, stream, true);
+}
+
+#define SIM_COPY_ASYNC(name, dst_type, src_type, kind, dst_arg, src_arg)                   \
+  CUresult name(dst_type dst, src_type src, size_t count, CUstream stream) {               \
+    return copy_async(dst_arg, src_arg, count, kind, stream, false, #name);                \
+  }                                                                                        \
+  CUresult name##_ptsz(dst_type dst, src_type src, size_t count, CUstream stream) {        \
+    return copy_async(dst_arg, src_arg, count, kind, stream, true, #name);                 \
+  }
+SIM_COPY_ASYNC(cuMemcpyHtoDAsync_v2, CUdeviceptr, const void*, cudaMemcpyHostToDevice, ptr(dst),
+               src)
+SIM_COPY_ASYNC(cuMemcpyDtoHAsync_v2, void*, CUdeviceptr, cudaMemcpyDeviceToHost, dst, ptr(src))
+SIM_COPY_ASYNC(cuMemcpyDtoDAsync_v2, CUdeviceptr, CUdeviceptr, cudaMemcpyDeviceToDevice, ptr(dst),
+               ptr(src))
+#undef SIM_COPY_ASYNC
+
 // ---- Streams --------------------------------------------------------------------------------
 
 namespace {
@@ -151,6 +191,26 @@ CUresult synchronize(CUstream stream, bool per_thread) {
   return as_cu(sticky_error());
 }
 
+CUresult query(CUstream stream, bool per_thread) {
+  if (CUresult r = guard(true)) return r;
+  return as_cu(stream_query(resolve_stream(rt(stream), per_thread)));
+}
+
+CUresult wait_event(CUstream stream, CUevent event, unsigned flags, bool per_thread) {
+  if (CUresult r = guard(true)) return r;
+  return as_cu(stream_wait_event(resolve_stream(rt(stream), per_thread),
+                                 reinterpret_cast<cudaEvent_t>(event), flags));
+}
+
+CUresult get_device(CUstream stream, CUdevice* device, bool per_thread) {
+  if (CUresult r = guard(true)) return r;
+  if (!device) return CUDA_ERROR_INVALID_VALUE;
+  StreamRef s = resolve_stream(rt(stream), per_thread);
+  if (!s) return CUDA_ERROR_INVALID_HANDLE;
+  *device = s->device;
+  return CUDA_SUCCESS;
+}
+
 }  // namespace
 
 CUresult cuStreamCreate(CUstream* phStream, unsigned int Flags) {
@@ -166,6 +226,23 @@ CUresult cuStreamDestroy(CUstream hStream) { return destroy(hStream); }
 
 CUresult cuStreamSynchronize(CUstream hStream) { return synchronize(hStream, false); }
 CUresult cuStreamSynchronize_ptsz(CUstream hStream) { return synchronize(hStream, true); }
+
+CUresult cuStreamQuery(CUstream hStream) { return query(hStream, false); }
+CUresult cuStreamQuery_ptsz(CUstream hStream) { return query(hStream, true); }
+
+CUresult cuStreamWaitEvent(CUstream hStream, CUevent hEvent, unsigned int Flags) {
+  return wait_event(hStream, hEvent, Flags, false);
+}
+CUresult cuStreamWaitEvent_ptsz(CUstream hStream, CUevent hEvent, unsigned int Flags) {
+  return wait_event(hStream, hEvent, Flags, true);
+}
+
+CUresult cuStreamGetDevice(CUstream hStream, CUdevice* device) {
+  return get_device(hStream, device, false);
+}
+CUresult cuStreamGetDevice_ptsz(CUstream hStream, CUdevice* device) {
+  return get_device(hStream, device, true);
+}
 
 // ---- Events ---------------------------------------------------------------------------------
 
@@ -213,122 +290,3 @@ CUresult cuEventSynchronize(CUevent hEvent) {
 
 CUresult cuEventDestroy_v2(CUevent hEvent) { return destroy_event_impl(hEvent); }
 CUresult cuEventDestroy(CUevent hEvent) { return destroy_event_impl(hEvent); }
-
-// ---- Capture and graphs ---------------------------------------------------------------------
-
-namespace {
-
-CUresult begin(CUstream stream, CUstreamCaptureMode mode, bool per_thread, CUgraph into = nullptr) {
-  if (CUresult r = guard(true)) return r;
-  return as_cu(begin_capture(resolve_stream(rt(stream), per_thread),
-                             static_cast<cudaStreamCaptureMode>(mode),
-                             reinterpret_cast<cudaGraph_t>(into)));
-}
-
-CUresult begin_to_graph(CUstream stream, CUgraph graph, const CUgraphNode* dependencies,
-                        size_t num_dependencies, CUstreamCaptureMode mode, bool per_thread) {
-  if (!graph) return CUDA_ERROR_INVALID_VALUE;
-  // Captures are linear in the stand-in: a graph with dependencies to continue is not modelled.
-  if (dependencies || num_dependencies) return CUDA_ERROR_NOT_SUPPORTED;
-  return begin(stream, mode, per_thread, graph);
-}
-
-CUresult end(CUstream stream, CUgraph* graph, bool per_thread) {
-  if (CUresult r = guard(true)) return r;
-  return as_cu(end_capture(resolve_stream(rt(stream), per_thread),
-                           reinterpret_cast<cudaGraph_t*>(graph)));
-}
-
-CUresult is_capturing(CUstream stream, CUstreamCaptureStatus* status, bool per_thread) {
-  if (CUresult r = guard(true)) return r;
-  if (!status) return CUDA_ERROR_INVALID_VALUE;
-  return as_cu(capture_info(resolve_stream(rt(stream), per_thread),
-                            reinterpret_cast<cudaStreamCaptureStatus*>(status), nullptr, nullptr,
-                            nullptr, nullptr, nullptr));
-}
-
-}  // namespace
-
-// The first cuStreamBeginCapture (CUDA 10.0) had no mode: it captured in global mode.
-CUresult cuStreamBeginCapture(CUstream hStream) {
-  return begin(hStream, CU_STREAM_CAPTURE_MODE_GLOBAL, false);
-}
-CUresult cuStreamBeginCapture_ptsz(CUstream hStream) {
-  return begin(hStream, CU_STREAM_CAPTURE_MODE_GLOBAL, true);
-}
-CUresult cuStreamBeginCapture_v2(CUstream hStream, CUstreamCaptureMode mode) {
-  return begin(hStream, mode, false);
-}
-CUresult cuStreamBeginCapture_v2_ptsz(CUstream hStream, CUstreamCaptureMode mode) {
-  return begin(hStream, mode, true);
-}
-
-CUresult cuStreamBeginCaptureToGraph(CUstream hStream, CUgraph hGraph,
-                                     const CUgraphNode* dependencies,
-                                     const CUgraphEdgeData*, size_t numDependencies,
-                                     CUstreamCaptureMode mode) {
-  return begin_to_graph(hStream, hGraph, dependencies, numDependencies, mode, false);
-}
-CUresult cuStreamBeginCaptureToGraph_ptsz(CUstream hStream, CUgraph hGraph,
-                                          const CUgraphNode* dependencies,
-                                          const CUgraphEdgeData*, size_t numDependencies,
-                                          CUstreamCaptureMode mode) {
-  return begin_to_graph(hStream, hGraph, dependencies, numDependencies, mode, true);
-}
-
-CUresult cuStreamEndCapture(CUstream hStream, CUgraph* phGraph) {
-  return end(hStream, phGraph, false);
-}
-CUresult cuStreamEndCapture_ptsz(CUstream hStream, CUgraph* phGraph) {
-  return end(hStream, phGraph, true);
-}
-
-CUresult cuStreamIsCapturing(CUstream hStream, CUstreamCaptureStatus* captureStatus) {
-  return is_capturing(hStream, captureStatus, false);
-}
-CUresult cuStreamIsCapturing_ptsz(CUstream hStream, CUstreamCaptureStatus* captureStatus) {
-  return is_capturing(hStream, captureStatus, true);
-}
-
-CUresult cuThreadExchangeStreamCaptureMode(CUstreamCaptureMode* mode) {
-  if (CUresult r = guard()) return r;
-  if (!mode) return CUDA_ERROR_INVALID_VALUE;
-  int requested = static_cast<int>(*mode);
-  if (requested != CU_STREAM_CAPTURE_MODE_GLOBAL &&
-      requested != CU_STREAM_CAPTURE_MODE_THREAD_LOCAL &&
-      requested != CU_STREAM_CAPTURE_MODE_RELAXED)
-    return CUDA_ERROR_INVALID_VALUE;
-  cudaStreamCaptureMode previous = thread_capture_mode();
-  thread_capture_mode() = static_cast<cudaStreamCaptureMode>(requested);
-  *mode = static_cast<CUstreamCaptureMode>(previous);
-  return CUDA_SUCCESS;
-}
-
-CUresult cuGraphInstantiateWithFlags(CUgraphExec* phGraphExec, CUgraph hGraph,
-                                     unsigned long long flags) {
-  if (CUresult r = guard(true)) return r;
-  if (flags & ~0xfull) return CUDA_ERROR_INVALID_VALUE;
-  return as_cu(graph_instantiate(reinterpret_cast<cudaGraphExec_t*>(phGraphExec),
-                                 reinterpret_cast<cudaGraph_t>(hGraph)));
-}
-
-CUresult cuGraphLaunch(CUgraphExec hGraphExec, CUstream hStream) {
-  if (CUresult r = guard(true)) return r;
-  return as_cu(graph_launch(reinterpret_cast<cudaGraphExec_t>(hGraphExec),
-                            resolve_stream(rt(hStream), false)));
-}
-CUresult cuGraphLaunch_ptsz(CUgraphExec hGraphExec, CUstream hStream) {
-  if (CUresult r = guard(true)) return r;
-  return as_cu(graph_launch(reinterpret_cast<cudaGraphExec_t>(hGraphExec),
-                            resolve_stream(rt(hStream), true)));
-}
-
-CUresult cuGraphDestroy(CUgraph hGraph) {
-  if (CUresult r = guard(true)) return r;
-  return as_cu(graph_destroy(reinterpret_cast<cudaGraph_t>(hGraph)));
-}
-
-CUresult cuGraphExecDestroy(CUgraphExec hGraphExec) {
-  if (CUresult r = guard(true)) return r;
-  return as_cu(graph_exec_destroy(reinterpret_cast<cudaGraphExec_t>(hGraphExec)));
-}

@@ -3,6 +3,9 @@
 // and a call into the core; error codes go through record_error for cudaGetLastError.
 #include <cstdio>
 #include <cstring>
+#include <mutex>
+#include <set>
+#include <utility>
 
 #include "rt_common.h"
 #include "rt_driver.h"
@@ -52,6 +55,18 @@ void fill_properties(cudaDeviceProp* p, int device) {
   p->maxBlocksPerMultiProcessor = 32;
   p->memoryPoolsSupported = 1;
   p->hostRegisterSupported = 1;
+}
+
+// Peer access enabled, as (accessing device, peer) pairs. The stand-in's streams reach every
+// device's memory anyway; this keeps the calls' answers right.
+struct PeerAccess {
+  std::mutex mutex;
+  std::set<std::pair<int, int>> enabled;
+};
+
+PeerAccess& peer_access() {
+  static auto* p = new PeerAccess;  // never destroyed: worker threads may outlive exit
+  return *p;
 }
 
 }  // namespace
@@ -152,7 +167,39 @@ cudaError_t cudaDeviceSynchronize(void) {
 cudaError_t cudaDeviceReset(void) {
   runtime_touch();
   device_reset(current_device());
+  {
+    PeerAccess& p = peer_access();
+    std::lock_guard lock(p.mutex);
+    std::erase_if(p.enabled, [](const auto& pair) { return pair.first == current_device(); });
+  }
   return cudaSuccess;
+}
+
+cudaError_t cudaDeviceCanAccessPeer(int* can_access, int device, int peer) {
+  if (!can_access) return record_error(cudaErrorInvalidValue);
+  if (!valid_device(device) || !valid_device(peer)) return record_error(cudaErrorInvalidDevice);
+  *can_access = device != peer ? 1 : 0;
+  return cudaSuccess;
+}
+
+cudaError_t cudaDeviceEnablePeerAccess(int peer, unsigned int flags) {
+  SIM_ENTER();
+  if (flags != 0) SIM_RETURN(cudaErrorInvalidValue);
+  if (!valid_device(peer) || peer == current_device()) SIM_RETURN(cudaErrorInvalidDevice);
+  PeerAccess& p = peer_access();
+  std::lock_guard lock(p.mutex);
+  if (!p.enabled.emplace(current_device(), peer).second)
+    SIM_RETURN(cudaErrorPeerAccessAlreadyEnabled);
+  SIM_RETURN(cudaSuccess);
+}
+
+cudaError_t cudaDeviceDisablePeerAccess(int peer) {
+  SIM_ENTER();
+  if (!valid_device(peer) || peer == current_device()) SIM_RETURN(cudaErrorInvalidDevice);
+  PeerAccess& p = peer_access();
+  std::lock_guard lock(p.mutex);
+  if (p.enabled.erase({current_device(), peer}) == 0) SIM_RETURN(cudaErrorPeerAccessNotEnabled);
+  SIM_RETURN(cudaSuccess);
 }
 
 cudaError_t cudaRuntimeGetVersion(int* version) {

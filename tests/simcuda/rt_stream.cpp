@@ -22,12 +22,6 @@ cudaError_t stream_sync(const StreamRef& s) {
   return sticky_error();  // a fault in the work just waited for is reported here
 }
 
-cudaError_t stream_query(const StreamRef& s) {
-  if (!s) return cudaErrorInvalidResourceHandle;
-  if (cudaError_t err = wait_capture_guard(s); err != cudaSuccess) return err;
-  return idle(s) ? cudaSuccess : cudaErrorNotReady;
-}
-
 cudaError_t create(cudaStream_t* out, unsigned flags, int priority) {
   if (!out) return cudaErrorInvalidValue;
   if (flags & ~unsigned{cudaStreamNonBlocking}) return cudaErrorInvalidValue;
@@ -69,13 +63,6 @@ cudaError_t record(cudaEvent_t event, const StreamRef& s, unsigned flags = 0) {
   if (!ev) return cudaErrorInvalidResourceHandle;
   if (!s) return cudaErrorInvalidResourceHandle;
   return event_record(ev, s, flags & cudaEventRecordExternal);
-}
-
-cudaError_t wait_event(const StreamRef& s, cudaEvent_t event, unsigned flags) {
-  if (flags & ~unsigned{cudaEventWaitExternal}) return cudaErrorInvalidValue;
-  EventRef ev = find_event(event);
-  if (!ev || !s) return cudaErrorInvalidResourceHandle;
-  return event_wait(s, ev, flags & cudaEventWaitExternal);
 }
 
 cudaError_t is_capturing(const StreamRef& s, cudaStreamCaptureStatus* status) {
@@ -133,12 +120,12 @@ cudaError_t cudaStreamQuery_ptsz(cudaStream_t stream) {
 
 cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned int flags) {
   SIM_ENTER();
-  SIM_RETURN(wait_event(resolve_stream(stream, false), event, flags));
+  SIM_RETURN(stream_wait_event(resolve_stream(stream, false), event, flags));
 }
 
 cudaError_t cudaStreamWaitEvent_ptsz(cudaStream_t stream, cudaEvent_t event, unsigned int flags) {
   SIM_ENTER();
-  SIM_RETURN(wait_event(resolve_stream(stream, true), event, flags));
+  SIM_RETURN(stream_wait_event(resolve_stream(stream, true), event, flags));
 }
 
 #define SIM_STREAM_GETTER(name, type, field)                                  \

@@ -233,7 +233,8 @@ TEST_CASE("optional pool fields take their defaults") {
   CHECK(only_pool("pools:[sliced(page=1K,cap=64M)]").cap == 64 * MiB);
   CHECK(only_pool("pools:[sliced(page=1M,slice=1M,cap=1M)]").cap == MiB);
   std::string many = "pools:[";
-  for (std::size_t i = 0; i < kMaxPools; ++i) many += "exclusive(max=1K);";
+  for (std::size_t i = 0; i < kMaxPools; ++i)
+    many += "exclusive(max=" + std::to_string(i + 1) + "K);";  // each reaches sizes of its own
   CHECK(parse_ok(many + "]").pools.custom.size() == kMaxPools);
 }
 
@@ -485,6 +486,45 @@ TEST_CASE("error: too many pages for one pool") {
   // A cap one byte above the limit needs one more page.
   check_error("pools:[sliced(page=1K,cap=67108865)]", "pools", "sliced(page=1K,cap=67108865)",
               "cap/page gives 65537");
+}
+
+TEST_CASE("error: a pool that no request reaches") {
+  // An earlier pool without a cap takes every size the later one accepts (Note [Unreachable
+  // pools] in config/config_pools.cpp).
+  check_error("pools:[exclusive(max=1G);sliced(page=2M,slice=512K)]", "pools",
+              "sliced(page=2M,slice=512K)",
+              "a pool that some request reaches: pool 1 (exclusive(max=1G)) comes first, has no "
+              "cap and takes every size up to 1GiB; list pools for smaller sizes first (pool 2)");
+  check_error("pools:[sliced(page=8M);sliced(page=2M,slice=512K)]", "pools",
+              "sliced(page=2M,slice=512K)", "pool 1 (sliced(page=8M)) comes first");
+  check_error("pools:[sliced(page=2M);exclusive(max=1M)]", "pools", "exclusive(max=1M)",
+              "every size up to 2MiB");
+  check_error("pools:[direct(reclaim=4G);exclusive(max=1K)]", "pools", "exclusive(max=1K)",
+              "takes every size; a direct pool belongs last (pool 2)");
+  check_error("pools:[direct(reclaim=4G);direct(reclaim=8G)]", "pools", "direct(reclaim=8G)",
+              "a direct pool belongs last");
+  // The same bound twice, and bounds that only rounding makes equal: an exclusive max is
+  // rounded up to the 512 B alignment, so max=1000B already takes every size up to 1 KiB.
+  check_error("pools:[exclusive(max=1M);exclusive(max=1M)]", "pools", "exclusive(max=1M)",
+              "(pool 2)");
+  check_error("pools:[exclusive(max=1000B);exclusive(max=1K)]", "pools", "exclusive(max=1K)",
+              "every size up to 1KiB");
+  // The pool named is the first one that hides it, and the later pool's number is its own.
+  check_error(
+      "pools:[sliced(page=64K);exclusive(max=4M);sliced(page=1M,cap=8M);direct(reclaim=1G)]",
+      "pools", "sliced(page=1M,cap=8M)", "pool 2 (exclusive(max=4M)) comes first");
+
+  // Reachable lists: a capped pool spills when full, a larger bound reaches larger sizes, and
+  // an exclusive max one byte past an alignment step rounds up past the earlier bound.
+  CHECK(parse_ok("pools:[sliced(page=2M,slice=1M,cap=4M);exclusive(max=1M)]").pools.custom.size() ==
+        2);
+  CHECK(parse_ok("pools:[sliced(page=2M,cap=2M);sliced(page=1M)]").pools.custom.size() == 2);
+  CHECK(parse_ok("pools:[sliced(page=2M,slice=512K);sliced(page=8M,slice=2M);exclusive(max=1G);"
+                 "direct(reclaim=4G)]")
+            .pools.custom.size() == 4);
+  CHECK(parse_ok("pools:[exclusive(max=1K);exclusive(max=1025B)]").pools.custom.size() == 2);
+  CHECK(parse_ok("pools:[sliced(page=2K,slice=1000B);exclusive(max=1000B)]").pools.custom.size() ==
+        2);
 }
 
 TEST_CASE("error: too many pools") {

@@ -249,6 +249,30 @@ TEST_CASE("json_report_parses_back_with_the_managers_numbers") {
   CHECK(doc["summary"]["bytes_in_use"].num() == 2.0 * static_cast<double>(r.bytes_in_use));
 }
 
+TEST_CASE("report_says_how_freed_memory_is_reused") {
+  auto reuse_of = [](FreeFence fence, bool stream_ordered) {
+    Rig rig(preset(PoolPreset::subslices), 512, 1 * GiB, fence);
+    rig.manager.set_stream_ordered(stream_ordered);
+    Json doc = JsonReader(render_report(ReportHeader{1, 1, "request"}, {rig.manager.report()},
+                                        ReportFormat::json))
+                   .document();
+    return doc["devices"][0]["fences"]["reuse"].str();
+  };
+  CHECK(reuse_of(FreeFence::automatic, true) == "ordered");
+  CHECK(reuse_of(FreeFence::automatic, false) == "fenced");
+  CHECK(reuse_of(FreeFence::events, false) == "fenced");
+  CHECK(reuse_of(FreeFence::events, true) == "fenced");  // only auto follows the stream order
+  CHECK(reuse_of(FreeFence::sync, false) == "synchronized");
+  CHECK(reuse_of(FreeFence::none, false) == "unfenced");
+  // In text too, on the fences line.
+  Rig rig(preset(PoolPreset::subslices), 512, 1 * GiB, FreeFence::automatic);
+  rig.manager.set_stream_ordered(true);
+  const std::string text =
+      render_report(ReportHeader{1, 1, "request"}, {rig.manager.report()}, ReportFormat::text);
+  CHECK(text.find("  fences: waits 0") != std::string::npos);
+  CHECK(text.find("reuse ordered") != std::string::npos);
+}
+
 TEST_CASE("json_report_of_no_manager_is_valid") {
   const std::string text = render_report(ReportHeader{1, 1, "exit"}, {}, ReportFormat::json);
   CHECK(parses(text));
