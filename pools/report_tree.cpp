@@ -255,8 +255,13 @@ void text_section(std::string& out, const ReportSection& section, std::size_t in
 std::string render_text(const ReportDocument& d, ReportFormat format) {
   std::string out = "poolcuda report #" + std::to_string(d.header.sequence) + " (pid " +
                     std::to_string(d.header.pid) + ", " + d.header.reason + ")";
-  if (d.header.unix_time != 0) out += " " + utc_time(d.header.unix_time, false);
-  out += ", up " + text_duration(d.header.uptime_seconds) + "\n";
+  if (d.header.unix_time != 0) {
+    out += ' ';
+    out += utc_time(d.header.unix_time, false);
+  }
+  out += ", up ";
+  out += text_duration(d.header.uptime_seconds);
+  out += '\n';
   if (d.devices.empty()) {
     out += "  " + d.empty_note + "\n";
     return out;

@@ -45,8 +45,8 @@ void check_error(std::string_view input, std::string_view key, std::string_view 
   CHECK(error.text == text);
   CHECK_MESSAGE(contains(error.expected, expected_part), error.expected);
   const std::string message = error.message();
-  CHECK(contains(message, "'" + std::string(text) + "'"));
-  if (!key.empty()) CHECK(contains(message, "key '" + std::string(key) + "'"));
+  CHECK(contains(message, std::string("'").append(text).append("'")));
+  if (!key.empty()) CHECK(contains(message, std::string("key '").append(key).append("'")));
   CHECK(contains(message, error.expected));
 }
 

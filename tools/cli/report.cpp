@@ -82,7 +82,8 @@ std::optional<int> parse_options(std::string_view command, std::span<char* const
   }
   const std::optional<long> pid = parse_positive(*pid_text);
   if (!pid) {
-    print_error("'" + std::string(*pid_text) + "' is not a process ID (a positive integer)");
+    print_error(std::string("'").append(*pid_text).append(
+        "' is not a process ID (a positive integer)"));
     return kExitUsage;
   }
   if (options->keep_stderr && (options->json || options->wide || options->to)) {
