@@ -7,38 +7,19 @@
 // the runtime's own managed memory gets for its flags and stream. On the stand-in, the real
 // discard of the same range (asked of the runtime directly) poisons the neighbour: the damage
 // the hook prevents (Note [Discard poison] in tests/simcuda/rt_managed.cpp).
-#include <algorithm>
 #include <cstdint>
 
-#include "check.h"
+#include "managed_check.h"
 
 namespace {
 
 constexpr std::size_t kPage = 4096;
 constexpr unsigned char kPoison = 0xDB;  // SIMCUDA_DISCARD_POISON
 
-bool host_bytes(const void* ptr, std::size_t size, unsigned char value) {
-  const auto* bytes = static_cast<const unsigned char*>(ptr);
-  return std::all_of(bytes, bytes + size, [&](unsigned char b) { return b == value; });
-}
-
-char* managed(std::size_t size) {
-  void* ptr = nullptr;
-  CHECK_CUDA(cudaMallocManaged(&ptr, size, cudaMemAttachGlobal));
-  return static_cast<char*>(ptr);
-}
-
-cudaMemLocation location(cudaMemLocationType type, int id) {
-  cudaMemLocation where{};
-  where.type = type;
-  where.id = id;
-  return where;
-}
-
-void refused(cudaError_t result) {
-  CHECK_RESULT(result, cudaErrorInvalidValue);
-  CHECK(cudaGetLastError() == cudaErrorInvalidValue);
-}
+using managed_test::host_bytes;
+using managed_test::location;
+using managed_test::managed;
+using managed_test::refused;
 
 // A stand-in call counter; 0 on a real GPU, where the counts are not checked.
 std::uint64_t calls(const char* name) {

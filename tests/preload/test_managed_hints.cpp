@@ -6,37 +6,14 @@
 // capturing stream is answered as for any managed allocation, cudaPointerGetAttributes says
 // "managed" for live allocations and "unregistered" for freed ones, and no call changes a byte
 // of the allocation or of its neighbours in the slab.
-#include <algorithm>
 #include <cstdint>
 
-#include "check.h"
+#include "managed_check.h"
 
-namespace {
-
-bool host_bytes(const void* ptr, std::size_t size, unsigned char value) {
-  const auto* bytes = static_cast<const unsigned char*>(ptr);
-  return std::all_of(bytes, bytes + size, [&](unsigned char b) { return b == value; });
-}
-
-char* managed(std::size_t size) {
-  void* ptr = nullptr;
-  CHECK_CUDA(cudaMallocManaged(&ptr, size, cudaMemAttachGlobal));
-  return static_cast<char*>(ptr);
-}
-
-cudaMemLocation location(cudaMemLocationType type, int id) {
-  cudaMemLocation where{};
-  where.type = type;
-  where.id = id;
-  return where;
-}
-
-void refused(cudaError_t result) {
-  CHECK_RESULT(result, cudaErrorInvalidValue);
-  CHECK(cudaGetLastError() == cudaErrorInvalidValue);
-}
-
-}  // namespace
+using managed_test::host_bytes;
+using managed_test::location;
+using managed_test::managed;
+using managed_test::refused;
 
 int main() {
   preload_test::require_preloaded();
