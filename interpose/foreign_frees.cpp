@@ -15,20 +15,25 @@
 //   1. register (a ticket; a free of a pointer already in flight waits for that free to end
 //      first, so that it sees what the driver holds after it);
 //   2. ask the driver whether any allocation covers the pointer (cudaPointerGetAttributes,
-//      a query that never waits on the device); none: refused, answered as the driver answers
-//      an unknown pointer, without the real free;
-//   3. ask the pools again; only then the real free.
+//      a query that never waits on the device); none: no real free;
+//   3. ask the pools again; then the release worker, whose pages are the library's until the
+//      driver has them back: a page still with it, or returned to the driver since step 1
+//      (it marks the registered frees of that pointer), means the pointer is stale: no real
+//      free. Only then the real free.
 // A pool can take the address only once the driver has freed what was there. After step 2
-// saw it live, that is this free (after which the pools may take it freely), a concurrent free
-// of the same pointer (ordered after this one by step 1), or a device reset. So a reset keeps the device's
+// saw it live and step 3 found it neither in the pools nor with the release worker, that is
+// this free (after which the pools may take it freely), a concurrent free of the same pointer
+// (ordered after this one by step 1), or a device reset. So a reset keeps the device's
 // manager frozen (no page taken from the driver; Note [Device reset] in pooling.cpp) until
 // every foreign free registered before its end has finished: thaw_after_foreign_frees. The
 // reset does not wait for them (such a free may wait on the device for long); the last of
-// them thaws the manager on its way out.
+// them thaws the manager on its way out. A refused free is answered as the driver answers a
+// pointer it does not know (cudaErrorInvalidValue), as plain CUDA answers a stale pointer
+// when nothing new has been put at its address.
 // Without a runtime in the process (a static cudart reaching the driver directly) there is no
 // query (step 2 answers "live"); register and re-check still apply.
 //
-// Depends on the real-function table, own_api.h and the lock order. Runs inside a hook, under
+// Depends on the real-function table, own_api.h, the release worker and the lock order. Runs inside a hook, under
 // its re-entry guard.
 #include "interpose/foreign_frees.h"
 
@@ -38,6 +43,7 @@
 
 #include "interpose/own_api.h"
 #include "interpose/real_cuda.h"
+#include "interpose/release_worker.h"
 #include "pools/lock_order.h"
 #include "pools/memory_manager.h"
 
@@ -48,6 +54,7 @@ namespace {
 struct InFlight {
   std::uint64_t ticket;
   const void* ptr;
+  bool library_freed;  // the release worker returned a page at ptr meanwhile
 };
 
 struct Thaw {
@@ -56,7 +63,7 @@ struct Thaw {
 };
 
 struct State {
-  RankedMutex mutex{LockRank::device};  // a leaf: nothing is taken under it
+  RankedMutex mutex{LockRank::foreign_free};  // a leaf: nothing is taken under it
   std::condition_variable_any ended;     // a foreign free ended
   std::uint64_t next_ticket = 1;
   std::vector<InFlight> in_flight;
@@ -88,7 +95,7 @@ bool driver_knows(const void* ptr) {
 
 }  // namespace
 
-ForeignFree::ForeignFree(const void* ptr) {
+ForeignFree::ForeignFree(const void* ptr) : ptr_(ptr) {
   State& s = state();
   {
     std::unique_lock<RankedMutex> hold(s.mutex);
@@ -97,9 +104,18 @@ ForeignFree::ForeignFree(const void* ptr) {
                           [&](const InFlight& f) { return f.ptr == ptr; });
     });
     ticket_ = s.next_ticket++;
-    s.in_flight.push_back(InFlight{ticket_, ptr});
+    s.in_flight.push_back(InFlight{ticket_, ptr, false});
   }
-  refused_ = !driver_knows(ptr);
+  driver_knew_ = driver_knows(ptr);
+}
+
+bool ForeignFree::may_free() const {
+  if (!driver_knew_ || ReleaseWorker::instance().owns(ptr_)) return false;
+  State& s = state();
+  std::lock_guard<RankedMutex> hold(s.mutex);
+  for (const InFlight& f : s.in_flight)
+    if (f.ticket == ticket_) return !f.library_freed;
+  return true;
 }
 
 ForeignFree::~ForeignFree() {
@@ -119,6 +135,13 @@ ForeignFree::~ForeignFree() {
     manager->set_frozen(false);
     hold.lock();
   }
+}
+
+void library_freed(const void* ptr) {
+  State& s = state();
+  std::lock_guard<RankedMutex> hold(s.mutex);
+  for (InFlight& f : s.in_flight)
+    if (f.ptr == ptr) f.library_freed = true;
 }
 
 void thaw_after_foreign_frees(MemoryManager* manager) {

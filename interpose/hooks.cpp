@@ -64,19 +64,19 @@ cudaError_t refuse_free(const char* api, void* ptr, const pooling::Freed& freed)
 }
 
 // A free the pools did not own goes to `real` under a ForeignFree guard, after a second look
-// (Note [Foreign frees] in foreign_frees.cpp). A pointer the driver knows no allocation at is
-// answered as the real call answers it, without the call: it could only free what the driver
-// has put there since, perhaps a pool's page.
+// (Note [Foreign frees] in foreign_frees.cpp). A stale pointer is answered as the real call
+// answers one, without the call: it could only free what the driver has put there since,
+// perhaps a pool's page.
 template <typename Real>
 cudaError_t free_foreign(const char* api, int device, void* ptr, Real&& real) {
   ForeignFree guard(ptr);
-  if (guard.refused()) {
-    raise_invalid_value();
-    return cudaErrorInvalidValue;
-  }
   const pooling::Freed again = pooling::release(device, ptr);
   if (again.outcome == FreeOutcome::freed) return cudaSuccess;
   if (again.outcome != FreeOutcome::not_mine) return refuse_free(api, ptr, again);
+  if (!guard.may_free()) {
+    raise_invalid_value();
+    return cudaErrorInvalidValue;
+  }
   const cudaError_t result = real();
   if (result == cudaSuccess) pooling::forwarded_free(device, ptr);
   return result;
