@@ -11,6 +11,7 @@
 
 #include "interpose/driver_context.h"
 #include "interpose/driver_variants.h"
+#include "interpose/foreign_frees.h"
 #include "interpose/hooks.h"
 #include "interpose/pooling.h"
 #include "interpose/stream_order.h"
@@ -65,6 +66,15 @@ CUresult mem_free(CUdeviceptr dptr) {
     case FreeOutcome::freed:
       return CUDA_SUCCESS;
     case FreeOutcome::not_mine: {
+      // Note [Foreign frees] in foreign_frees.cpp: a second look under the guard.
+      ForeignFree guard(as_pointer(dptr));
+      const pooling::Freed again = release(ctx, dptr);
+      if (again.outcome == FreeOutcome::freed) return CUDA_SUCCESS;
+      if (again.outcome != FreeOutcome::not_mine) {
+        pooling::log_refused_free("cuMemFree", as_pointer(dptr), again);
+        return CUDA_ERROR_INVALID_VALUE;
+      }
+      if (!guard.may_free()) return CUDA_ERROR_INVALID_VALUE;
       const CUresult result = driver_real::cuMemFree_v2()(dptr);
       if (result == CUDA_SUCCESS && ctx.primary) {
         pooling::forwarded_free(ctx.device, as_pointer(dptr));

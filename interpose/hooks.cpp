@@ -19,6 +19,7 @@
 #include "interpose/hooks.h"
 
 #include "interpose/driver_hooks.h"
+#include "interpose/foreign_frees.h"
 #include "interpose/pooling.h"
 #include "interpose/real_cuda.h"
 
@@ -62,6 +63,25 @@ cudaError_t refuse_free(const char* api, void* ptr, const pooling::Freed& freed)
   return cudaErrorInvalidValue;
 }
 
+// A free the pools did not own goes to `real` under a ForeignFree guard, after a second look
+// (Note [Foreign frees] in foreign_frees.cpp). A stale pointer is answered as the real call
+// answers one, without the call: it could only free what the driver has put there since,
+// perhaps a pool's page.
+template <typename Real>
+cudaError_t free_foreign(const char* api, int device, void* ptr, Real&& real) {
+  ForeignFree guard(ptr);
+  const pooling::Freed again = pooling::release(device, ptr);
+  if (again.outcome == FreeOutcome::freed) return cudaSuccess;
+  if (again.outcome != FreeOutcome::not_mine) return refuse_free(api, ptr, again);
+  if (!guard.may_free()) {
+    raise_invalid_value();
+    return cudaErrorInvalidValue;
+  }
+  const cudaError_t result = real();
+  if (result == cudaSuccess) pooling::forwarded_free(device, ptr);
+  return result;
+}
+
 }  // namespace
 
 cudaError_t malloc(void** ptr, std::size_t size) {
@@ -88,11 +108,8 @@ cudaError_t free(void* ptr) {
   switch (freed.outcome) {
     case FreeOutcome::freed:
       return cudaSuccess;
-    case FreeOutcome::not_mine: {
-      const cudaError_t result = real::cudaFree()(ptr);
-      if (result == cudaSuccess) pooling::forwarded_free(device, ptr);
-      return result;
-    }
+    case FreeOutcome::not_mine:
+      return free_foreign("cudaFree", device, ptr, [&] { return real::cudaFree()(ptr); });
     default:
       return refuse_free("cudaFree", ptr, freed);
   }
@@ -114,11 +131,8 @@ cudaError_t free_async(void* ptr, cudaStream_t stream, bool per_thread) {
   switch (freed.outcome) {
     case FreeOutcome::freed:
       return cudaSuccess;
-    case FreeOutcome::not_mine: {
-      const cudaError_t result = real_call();
-      if (result == cudaSuccess) pooling::forwarded_free(device, ptr);
-      return result;
-    }
+    case FreeOutcome::not_mine:
+      return free_foreign("cudaFreeAsync", device, ptr, real_call);
     default:
       return refuse_free("cudaFreeAsync", ptr, freed);
   }

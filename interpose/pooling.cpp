@@ -5,22 +5,24 @@
 // A device reset frees every allocation and destroys every stream and event of the device: the
 // pools forget theirs instead of releasing them (MemoryManager::forget). Other threads may
 // allocate and free on the device meanwhile (CUDA leaves that race undefined; plain programs
-// survive it), so the manager is frozen from before the first forget to after the reset: it
-// takes no new page from the driver (such a page could be freed by the reset and its address
-// handed out again by the driver while the pools still hold it: two pages at one address), and
-// requests it cannot serve from memory it already has go to the real allocator, unpooled, as
-// they would without the library. Whatever it handed out from its own memory after the first
-// forget is forgotten again after the reset. Every manager operation is atomic under its lock,
-// so whatever the order the pools stay consistent. The release worker never frees a page of
-// the device from the first forget to the end of the reset (its address may already belong to
-// someone else), the device's event caches drop every event from before the reset, its
-// captures are over, and nothing is charged to its budget any more.
+// survive it), so the manager is frozen from before the first forget to after the reset, and
+// until the foreign frees that began before its end are over (Note [Foreign frees] in
+// foreign_frees.cpp): it takes no new page from the driver (such a page could be freed by the
+// reset and its address handed out again by the driver while the pools still hold it: two
+// pages at one address), and requests it cannot serve from memory it already has go to the
+// real allocator, unpooled, as they would without the library. Whatever it handed out from its
+// own memory after the first forget is forgotten again after the reset. Every manager
+// operation is atomic under its lock, so whatever the order the pools stay consistent. The
+// release worker never frees a page of the device from the first forget to the end of the reset
+// (its address may already belong to someone else), the device's event caches drop every event
+// from before the reset, its captures are over, and nothing is charged to its budget any more.
 //
 // Depends on the registry, the capture policy, the budget, stream order, the log and the
 // configuration.
 #include "interpose/pooling.h"
 
 #include "interpose/budget.h"
+#include "interpose/foreign_frees.h"
 #include "interpose/lifecycle.h"
 #include "interpose/log.h"
 #include "interpose/registry.h"
@@ -207,7 +209,9 @@ int reset_device(int device, const std::function<int()>& real) {
   forget();
   budget::forget_device(device);
   ReleaseWorker::instance().end_reset(device);
-  if (manager != nullptr) manager->set_frozen(false);
+  // A free that asked the driver before the reset may still free the address after it: no page
+  // is taken until such frees are over (Note [Foreign frees] in foreign_frees.cpp).
+  thaw_after_foreign_frees(manager);
   return result;
 }
 

@@ -33,6 +33,7 @@
 #include <deque>
 #include <mutex>
 
+#include "interpose/foreign_frees.h"
 #include "interpose/log.h"
 #include "interpose/own_call.h"
 #include "interpose/own_api.h"
@@ -63,6 +64,7 @@ struct ReleaseWorker::State {
   std::uint64_t next_ticket = 1;
   std::uint64_t in_flight = 0;   // the ticket being freed now, or 0
   int in_flight_device = -1;
+  void* in_flight_ptr = nullptr;
   bool resetting[kMaxDevices] = {};
   bool started = false;
   std::function<bool(int)> capture_open = [](int) { return false; };
@@ -119,6 +121,7 @@ void* worker_main(void* arg) {
     }
     s->in_flight = page.ticket;
     s->in_flight_device = page.device;
+    s->in_flight_ptr = page.ptr;
     const std::function<bool(int)> capture_open = s->capture_open;
     lock.unlock();
     bool freed = false;
@@ -126,6 +129,7 @@ void* worker_main(void* arg) {
       OwnCallScope scope(page.device);
       if (scope.ok()) {
         const cudaError_t result = own::cudaFree()(page.ptr);
+        library_freed(page.ptr);  // still counted as ours (in flight) until after this
         freed = true;
         if (result != cudaSuccess)
           log_format(LogLevel::basic, "device %d: returning a page (%p) failed: CUDA error %d",
@@ -137,6 +141,7 @@ void* worker_main(void* arg) {
     lock.lock();
     s->in_flight = 0;
     s->in_flight_device = -1;
+    s->in_flight_ptr = nullptr;
     if (!freed) s->held_back.push_back(page);
     s->changed.notify_all();
   }
@@ -160,6 +165,7 @@ void ReleaseWorker::release(int device, void* ptr) {
       s.queue.pop_back();
       OwnCallScope scope(page.device);
       if (scope.ok()) own::cudaFree()(page.ptr);
+      library_freed(page.ptr);  // the library lock is held: the page counts as ours till here
       return;
     }
     ::pthread_setname_np(thread, "poolcuda-free");
@@ -215,6 +221,17 @@ void ReleaseWorker::end_reset(int device) {
   std::erase_if(s.queue, [&](const Page& p) { return p.device == device; });
   std::erase_if(s.held_back, [&](const Page& p) { return p.device == device; });
   s.changed.notify_all();
+}
+
+bool ReleaseWorker::owns(const void* ptr) const {
+  State& s = state();
+  std::lock_guard<RankedMutex> hold(s.mutex);
+  if (s.in_flight_ptr == ptr) return true;
+  for (const Page& p : s.queue)
+    if (p.ptr == ptr) return true;
+  for (const Page& p : s.held_back)
+    if (p.ptr == ptr) return true;
+  return false;
 }
 
 std::uint64_t ReleaseWorker::waiting() const {

@@ -4,6 +4,7 @@
 // ~~~~~~~~~~~~~~~~~
 // A thread may take a lock only while every lock it already holds has a lower rank:
 //     report -> registry -> stream order -> capture -> manager -> managed -> stream table -> device
+//     -> foreign free
 // report:       the reporter's serialisation of whole reports (interpose/reporter.cpp)
 // registry:     creation of a device's manager (interpose/registry.cpp)
 // stream order: the free_fence:auto state of every device (interpose/stream_order.cpp)
@@ -12,6 +13,7 @@
 // managed:      a managed-memory slab chain's slow path
 // stream table: the streams the program created (interpose/stream_table.cpp)
 // device:       a CudaDevice's event and release caches (interpose/cuda_device.cpp)
+// foreign free: the frees in flight that the pools do not own (interpose/foreign_frees.cpp)
 // Nothing that can wait for the device (a synchronizing cudaFree, an event synchronize, a fence
 // wait) runs while a lock at or below `manager` is held, except an out-of-memory recovery's
 // own bounded hand-off (Note [Outside the lock] in memory_manager.cpp).
@@ -34,6 +36,7 @@ enum class LockRank : std::uint8_t {
   managed = 5,
   stream_table = 6,
   device = 7,
+  foreign_free = 8,
 };
 
 class RankedMutex {

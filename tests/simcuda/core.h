@@ -34,10 +34,13 @@ struct Config {
   int devices = 1;
   size_t memory = size_t{16} << 30;
   unsigned op_delay_us = 0;
+  unsigned free_delay_us = 0;  // a free's driver latency before it looks the pointer up
   bool strict = false;
   bool concurrent_managed = true;  // every device's cudaDevAttrConcurrentManagedAccess
 };
 const Config& config();
+// Waits config().free_delay_us: the latency of cudaFree / cuMemFree before the lookup.
+void free_latency();
 // Parses "123", "4K", "16G"...; false on malformed text.
 bool parse_size(const char* text, size_t* out);
 

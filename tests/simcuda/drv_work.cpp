@@ -75,6 +75,7 @@ CUresult cuMemFree_v2(CUdeviceptr d) {
   bump(Counter::cuMemFree);
   if (CUresult r = guard(true)) return r;
   if (d == 0) return CUDA_SUCCESS;
+  free_latency();
   AllocInfo info;
   if (!mem_find(ptr(d), &info) || info.base != static_cast<uintptr_t>(d))
     return CUDA_ERROR_INVALID_VALUE;

@@ -53,6 +53,7 @@ cudaError_t cudaFree(void* devPtr) {
   SIM_ENTER();
   if (rt::kStaticRuntime) SIM_RETURN(via_driver::free(devPtr));
   if (!devPtr) return cudaSuccess;
+  free_latency();
   AllocInfo info;
   if (!mem_find(devPtr, &info) || info.base != reinterpret_cast<uintptr_t>(devPtr))
     SIM_RETURN(cudaErrorInvalidValue);

@@ -5,10 +5,12 @@
 
 #include <array>
 #include <atomic>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cerrno>
 #include <cstring>
+#include <thread>
 
 namespace poolcuda::sim {
 namespace {
@@ -40,6 +42,16 @@ Config load_config() {
       std::abort();
     }
     c.op_delay_us = static_cast<unsigned>(n);
+  }
+  if (const char* v = std::getenv("SIMCUDA_FREE_DELAY_US")) {
+    char* end = nullptr;
+    unsigned long n = std::strtoul(v, &end, 10);
+    if (end == v || *end != '\0' || n > 10'000'000) {
+      std::fprintf(stderr, "simcuda: SIMCUDA_FREE_DELAY_US=%s: expected microseconds (0..1e7)\n",
+                   v);
+      std::abort();
+    }
+    c.free_delay_us = static_cast<unsigned>(n);
   }
   if (const char* v = std::getenv("SIMCUDA_STRICT")) c.strict = std::strcmp(v, "0") != 0 && *v;
   if (const char* v = std::getenv("SIMCUDA_CONCURRENT_MANAGED")) {
@@ -124,6 +136,11 @@ bool parse_size(const char* text, size_t* out) {
 const Config& config() {
   static const Config c = load_config();
   return c;
+}
+
+void free_latency() {
+  if (config().free_delay_us)
+    std::this_thread::sleep_for(std::chrono::microseconds(config().free_delay_us));
 }
 
 void bump(Counter c) { g_counters[static_cast<size_t>(c)].fetch_add(1, std::memory_order_relaxed); }

@@ -1,0 +1,160 @@
+// Foreign frees (see foreign_frees.h).
+//
+// Note [Foreign frees]
+// ~~~~~~~~~~~~~~~~~~~~
+// A free the pools do not own goes to the real free. Between the pools' "not mine" and the
+// driver's free, another thread may grow a pool, and the driver may give that new page exactly
+// the address being freed: that happens whenever the pointer is stale, i.e. the driver already
+// freed its allocation (a device reset frees everything, and a program racing a reset frees
+// pointers from before it; a program's double free). The real free would then free the pool's
+// live page, the driver would hand its address out again, and the pools would hold two pages
+// at one address (plain CUDA frees someone's allocation there; the pools' trees break). The
+// pools' check cannot simply be held across the real free: it synchronizes the device, and
+// the pools' lock is the hot path's. So a foreign free, and only a foreign free, asks in this
+// order:
+//   1. register (a ticket; a free of a pointer already in flight waits for that free to end
+//      first, so that it sees what the driver holds after it);
+//   2. ask the driver whether any allocation covers the pointer (cudaPointerGetAttributes,
+//      a query that never waits on the device); none: no real free;
+//   3. ask the pools again; then the release worker, whose pages are the library's until the
+//      driver has them back: a page still with it, or returned to the driver since step 1
+//      (it marks the registered frees of that pointer), means the pointer is stale: no real
+//      free. Only then the real free.
+// A pool can take the address only once the driver has freed what was there. After step 2
+// saw it live and step 3 found it neither in the pools nor with the release worker, that is
+// this free (after which the pools may take it freely), a concurrent free of the same pointer
+// (ordered after this one by step 1), or a device reset. So a reset keeps the device's
+// manager frozen (no page taken from the driver; Note [Device reset] in pooling.cpp) until
+// every foreign free registered before its end has finished: thaw_after_foreign_frees. The
+// reset does not wait for them (such a free may wait on the device for long); the last of
+// them thaws the manager on its way out. A refused free is answered as the driver answers a
+// pointer it does not know (cudaErrorInvalidValue), as plain CUDA answers a stale pointer
+// when nothing new has been put at its address.
+// Without a runtime in the process (a static cudart reaching the driver directly) there is no
+// query (step 2 answers "live"); register and re-check still apply.
+//
+// Depends on the real-function table, own_api.h, the release worker and the lock order. Runs inside a hook, under
+// its re-entry guard.
+#include "interpose/foreign_frees.h"
+
+#include <algorithm>
+#include <condition_variable>
+#include <vector>
+
+#include "interpose/own_api.h"
+#include "interpose/real_cuda.h"
+#include "interpose/release_worker.h"
+#include "pools/lock_order.h"
+#include "pools/memory_manager.h"
+
+namespace poolcuda {
+
+namespace {
+
+struct InFlight {
+  std::uint64_t ticket;
+  const void* ptr;
+  bool library_freed;  // the release worker returned a page at ptr meanwhile
+};
+
+struct Thaw {
+  std::uint64_t ticket;  // every foreign free below it must have ended
+  MemoryManager* manager;
+};
+
+struct State {
+  RankedMutex mutex{LockRank::foreign_free};  // a leaf: nothing is taken under it
+  std::condition_variable_any ended;     // a foreign free ended
+  std::uint64_t next_ticket = 1;
+  std::vector<InFlight> in_flight;
+  std::vector<Thaw> thaws;
+
+  std::uint64_t low_water() const {
+    std::uint64_t low = next_ticket;
+    for (const InFlight& f : in_flight) low = std::min(low, f.ticket);
+    return low;
+  }
+};
+
+State& state() {
+  static State* s = new State;  // never destroyed (Note [Exit] in lifecycle.cpp)
+  return *s;
+}
+
+// False only when the driver answers that no allocation covers `ptr`; anything it cannot
+// answer counts as live, so that a free plain CUDA would accept is never refused.
+bool driver_knows(const void* ptr) {
+  if (!own::through_runtime()) return true;
+  const cudaError_t prior = real::cudaPeekAtLastError()();
+  cudaPointerAttributes attributes{};
+  const cudaError_t result = real::cudaPointerGetAttributes()(&attributes, ptr);
+  if (prior == cudaSuccess && real::cudaPeekAtLastError()() != cudaSuccess)
+    real::cudaGetLastError()();  // Note [Own calls] in own_call.h
+  return result != cudaSuccess || attributes.type != cudaMemoryTypeUnregistered;
+}
+
+}  // namespace
+
+ForeignFree::ForeignFree(const void* ptr) : ptr_(ptr) {
+  State& s = state();
+  {
+    std::unique_lock<RankedMutex> hold(s.mutex);
+    s.ended.wait(hold, [&] {
+      return std::none_of(s.in_flight.begin(), s.in_flight.end(),
+                          [&](const InFlight& f) { return f.ptr == ptr; });
+    });
+    ticket_ = s.next_ticket++;
+    s.in_flight.push_back(InFlight{ticket_, ptr, false});
+  }
+  driver_knew_ = driver_knows(ptr);
+}
+
+bool ForeignFree::may_free() const {
+  if (!driver_knew_ || ReleaseWorker::instance().owns(ptr_)) return false;
+  State& s = state();
+  std::lock_guard<RankedMutex> hold(s.mutex);
+  for (const InFlight& f : s.in_flight)
+    if (f.ticket == ticket_) return !f.library_freed;
+  return true;
+}
+
+ForeignFree::~ForeignFree() {
+  State& s = state();
+  std::unique_lock<RankedMutex> hold(s.mutex);
+  std::erase_if(s.in_flight, [&](const InFlight& f) { return f.ticket == ticket_; });
+  s.ended.notify_all();
+  // One thaw at a time, each outside the leaf lock (set_frozen takes the manager's).
+  for (;;) {
+    const std::uint64_t low = s.low_water();
+    auto due = std::find_if(s.thaws.begin(), s.thaws.end(),
+                            [&](const Thaw& t) { return t.ticket <= low; });
+    if (due == s.thaws.end()) return;
+    MemoryManager* manager = due->manager;
+    s.thaws.erase(due);
+    hold.unlock();
+    manager->set_frozen(false);
+    hold.lock();
+  }
+}
+
+void library_freed(const void* ptr) {
+  State& s = state();
+  std::lock_guard<RankedMutex> hold(s.mutex);
+  for (InFlight& f : s.in_flight)
+    if (f.ptr == ptr) f.library_freed = true;
+}
+
+void thaw_after_foreign_frees(MemoryManager* manager) {
+  if (manager == nullptr) return;
+  State& s = state();
+  {
+    std::lock_guard<RankedMutex> hold(s.mutex);
+    if (s.low_water() < s.next_ticket) {
+      s.thaws.push_back(Thaw{s.next_ticket, manager});
+      return;
+    }
+  }
+  manager->set_frozen(false);
+}
+
+}  // namespace poolcuda

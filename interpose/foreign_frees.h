@@ -1,0 +1,49 @@
+// ForeignFree: the guard around a free the pools do not own, from the moment the pools say
+// "not mine" to the end of the real free (Note [Foreign frees] in foreign_frees.cpp), and the
+// thaw of a manager frozen by a device reset once the frees that may have seen the memory from
+// before the reset are over.
+//
+// Usage, on the free path only (never on a pooled free):
+//     ForeignFree guard(ptr);
+//     outcome = the pools' release(ptr) again; not_mine and guard.may_free() -> the real free,
+//     not_mine otherwise -> answer as the driver answers a pointer it does not know
+//
+// Depends on the real-function table, the release worker and the lock order; never on the
+// pools.
+#pragma once
+
+#include <cstdint>
+
+namespace poolcuda {
+
+class MemoryManager;
+
+class ForeignFree {
+ public:
+  explicit ForeignFree(const void* ptr);
+  ~ForeignFree();
+  ForeignFree(const ForeignFree&) = delete;
+  ForeignFree& operator=(const ForeignFree&) = delete;
+
+  // True when the real free may run: the driver knew an allocation at the pointer when the
+  // guard began, and it was not the library's (a page on its way back to the driver, or
+  // returned to it since: the pointer is stale and the free could only hit whatever the driver
+  // put there next).
+  bool may_free() const;
+
+ private:
+  std::uint64_t ticket_ = 0;
+  const void* ptr_;
+  bool driver_knew_ = true;
+};
+
+// Unfreezes `manager` (MemoryManager::set_frozen(false)) once every foreign free that began
+// before this call has ended: at once when none is in flight, else from the thread that ends
+// the last of them.
+void thaw_after_foreign_frees(MemoryManager* manager);
+
+// The release worker returned the page at `ptr` to the driver: a foreign free of it in flight
+// may not run (its driver query may have seen the library's page).
+void library_freed(const void* ptr);
+
+}  // namespace poolcuda
