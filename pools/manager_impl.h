@@ -37,10 +37,6 @@ inline constexpr std::uint32_t kPrimeWaitMicros = 20000;
 // synchronizes the device, which a parked stream can hold up forever).
 inline constexpr std::uint32_t kReleaseFlushMicros = 200000;
 
-// The most out-of-memory recovery waits, in total, for free fences (Note [Recovery and parked
-// streams] in memory_manager.cpp): far above any fence that only waits for device work the
-// program issued, so it expires only behind a stream parked in a way the hooks cannot see.
-inline constexpr std::uint32_t kRecoveryFenceWaitMicros = 10000000;
 
 // A cheap monotonic clock for the prompt-fence rule: the coarse clock costs a few nanoseconds
 // (its resolution, a few milliseconds, is all the rule needs).

@@ -109,11 +109,12 @@
 // (2) A request that even every byte the pools keep for no live slice, added to what the
 //     driver has free, could not serve fails at once, without closing, flushing or waiting
 //     (beyond_reach()): the real cudaMalloc fails at once too.
-// (3) The waits are bounded: at most kRecoveryFenceWaitMicros in all for fences, and
-//     kReleaseFlushMicros per flush for released pages to reach the driver. A stream parked in a
-//     way no hook sees (a kernel spinning on host memory, a driver-level host function or
-//     stream wait) can then cost an allocation the bound and fail it, where the real cudaMalloc
-//     would have succeeded, but never hang it.
+// (3) The waits are bounded: at most options.recovery_fence_wait_micros (10 s) in all for
+//     fences, far above any fence that only waits for work the program issued before its
+//     frees, and kReleaseFlushMicros per flush for released pages to reach the driver. A
+//     stream parked in a way no hook sees (a kernel spinning on host memory, a driver-level
+//     host function or stream wait, cudaStreamAddCallback) can then cost an allocation the
+//     bound and fail it, where the real cudaMalloc would have succeeded, but never hang it.
 // Pages are another matter: returning an idle page goes through the real cudaFree, which
 // synchronizes the device, so while a stream is parked no idle page reaches the driver (the
 // flush expires), and a request that needs that memory fails where the plain run, whose frees
@@ -422,8 +423,8 @@ Route MemoryManager::Impl::recover_from_oom(Scope& scope, std::uint64_t size,
     r.error = Error{ErrorKind::out_of_memory, size};
     return r;
   }
-  const auto deadline =
-      std::chrono::steady_clock::now() + std::chrono::microseconds(kRecoveryFenceWaitMicros);
+  const auto deadline = std::chrono::steady_clock::now() +
+                        std::chrono::microseconds(options.recovery_fence_wait_micros);
   // Everything that needs no wait first: close the open epoch, reap, return every idle page.
   close_epoch();
   cleanup_all(true);
