@@ -106,7 +106,11 @@ AllocStatus CudaDevice::allocate(std::uint64_t size, DevicePtr* out) {
 // on an allocating thread (Note [Release worker] in release_worker.cpp).
 void CudaDevice::release(DevicePtr ptr, std::uint64_t size) {
   budget::uncharge(device_, size);
-  ReleaseWorker::instance().release(device_, reinterpret_cast<void*>(ptr));
+  ReleaseWorker::instance().release(device_, reinterpret_cast<void*>(ptr), size);
+}
+
+std::uint64_t CudaDevice::releasing_bytes() {
+  return ReleaseWorker::instance().waiting_bytes(device_);
 }
 
 bool CudaDevice::flush_releases(std::uint32_t max_microseconds) {

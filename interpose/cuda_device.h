@@ -35,6 +35,7 @@ class CudaDevice final : public Device {
   AllocStatus allocate(std::uint64_t size, DevicePtr* out) override;
   void release(DevicePtr ptr, std::uint64_t size) override;
   bool flush_releases(std::uint32_t max_microseconds) override;
+  std::uint64_t releasing_bytes() override;
   DeviceMemoryInfo memory_info() override;
   std::uint64_t alignment() const override { return kAlignment; }
   FenceHandle fence_record() override;

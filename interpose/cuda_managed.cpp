@@ -47,7 +47,7 @@ AllocStatus CudaManagedBacking::allocate_slab(std::uint64_t size, DevicePtr* out
 // in release_worker.cpp).
 void CudaManagedBacking::release_slab(DevicePtr base, std::uint64_t size) {
   budget::uncharge(device_.index(), size);
-  ReleaseWorker::instance().release(device_.index(), reinterpret_cast<void*>(base));
+  ReleaseWorker::instance().release(device_.index(), reinterpret_cast<void*>(base), size);
 }
 
 bool CudaManagedBacking::zero(DevicePtr ptr, std::uint64_t size) {

@@ -128,6 +128,13 @@ void forwarded_free(int device, const void* ptr) {
   if (ptr != nullptr) budget::freed_through(const_cast<void*>(ptr));
 }
 
+void fence_before_host_work() {
+  const Registry& registry = Registry::instance();
+  for (int device = 0; device < Registry::kMaxDevices; ++device) {
+    if (MemoryManager* manager = registry.manager(device)) manager->fence_open_frees();
+  }
+}
+
 Freed release(int device, const void* ptr) {
   Registry& registry = Registry::instance();
   const auto address = reinterpret_cast<DevicePtr>(ptr);

@@ -68,6 +68,11 @@ void adjust_memory_info(int device, std::size_t* free_bytes, std::size_t* total_
 // (Note [Device reset] in pooling.cpp). Returns `real`'s result.
 int reset_device(int device, const std::function<int()>& real);
 
+// The program is about to issue work that may park a stream on the host: every device's open
+// free-fence epoch is closed first (MemoryManager::fence_open_frees()). One atomic load per
+// device with pools when no free waits in an open epoch.
+void fence_before_host_work();
+
 // Streams enter the table when created (in a device's primary context) and leave it just before
 // the real destroy (Note [Destroyed streams] in cuda_device.cpp).
 void track_stream(cudaStream_t stream, int device, unsigned int flags);

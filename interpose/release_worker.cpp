@@ -50,6 +50,7 @@ struct Page {
   int device;
   void* ptr;
   std::uint64_t ticket;
+  std::uint64_t size;
 };
 
 constexpr int kMaxDevices = 64;
@@ -65,6 +66,7 @@ struct ReleaseWorker::State {
   std::uint64_t in_flight = 0;   // the ticket being freed now, or 0
   int in_flight_device = -1;
   void* in_flight_ptr = nullptr;
+  std::uint64_t in_flight_size = 0;
   bool resetting[kMaxDevices] = {};
   bool started = false;
   std::function<bool(int)> capture_open = [](int) { return false; };
@@ -122,6 +124,7 @@ void* worker_main(void* arg) {
     s->in_flight = page.ticket;
     s->in_flight_device = page.device;
     s->in_flight_ptr = page.ptr;
+    s->in_flight_size = page.size;
     const std::function<bool(int)> capture_open = s->capture_open;
     lock.unlock();
     bool freed = false;
@@ -142,6 +145,7 @@ void* worker_main(void* arg) {
     s->in_flight = 0;
     s->in_flight_device = -1;
     s->in_flight_ptr = nullptr;
+    s->in_flight_size = 0;
     if (!freed) s->held_back.push_back(page);
     s->changed.notify_all();
   }
@@ -149,10 +153,10 @@ void* worker_main(void* arg) {
 
 }  // namespace
 
-void ReleaseWorker::release(int device, void* ptr) {
+void ReleaseWorker::release(int device, void* ptr, std::uint64_t size) {
   State& s = state();
   std::lock_guard<RankedMutex> hold(s.mutex);
-  s.queue.push_back(Page{device, ptr, s.next_ticket++});
+  s.queue.push_back(Page{device, ptr, s.next_ticket++, size});
   if (!s.started) {
     s.started = true;
     pthread_t thread;
@@ -238,6 +242,15 @@ std::uint64_t ReleaseWorker::waiting() const {
   State& s = state();
   std::lock_guard<RankedMutex> hold(s.mutex);
   return s.queue.size() + s.held_back.size();
+}
+
+std::uint64_t ReleaseWorker::waiting_bytes(int device) const {
+  State& s = state();
+  std::lock_guard<RankedMutex> hold(s.mutex);
+  std::uint64_t bytes = s.in_flight_device == device ? s.in_flight_size : 0;
+  for (const Page& p : s.queue) bytes += p.device == device ? p.size : 0;
+  for (const Page& p : s.held_back) bytes += p.device == device ? p.size : 0;
+  return bytes;
 }
 
 }  // namespace poolcuda

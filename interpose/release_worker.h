@@ -21,9 +21,9 @@ class ReleaseWorker {
   // the page waits. Set once, before the first release.
   void set_capture_check(std::function<bool(int device)> check);
 
-  // Queues `ptr`, an allocation of `device` from the real cudaMalloc, for the real cudaFree.
-  // Returns at once.
-  void release(int device, void* ptr);
+  // Queues `ptr`, an allocation of `size` bytes of `device` from the real cudaMalloc, for the
+  // real cudaFree. Returns at once.
+  void release(int device, void* ptr, std::uint64_t size);
 
   // Waits at most `max_microseconds` until every page queued before the call has reached the
   // driver; true when it has. Pages held back by an open capture count as not yet released.
@@ -46,6 +46,9 @@ class ReleaseWorker {
 
   // Pages queued or held back now (reports and tests).
   std::uint64_t waiting() const;
+
+  // Bytes of `device` queued, held back or being freed now: memory the driver will get back.
+  std::uint64_t waiting_bytes(int device) const;
 
   struct State;  // release_worker.cpp
 

@@ -4,10 +4,13 @@
 // records and waits (in both the legacy and the per-thread-default-stream flavours), device
 // switches, peer access and peer copies. Each costs two atomic loads when no device is ordered.
 //
-// Depends on stream_order.h, the real-function table and the re-entry guard.
+// Host functions and graph launches also record the free fences of earlier frees first.
+//
+// Depends on stream_order.h, pooling.h, the real-function table and the re-entry guard.
 #include <cuda_runtime_api.h>
 
 #include "interpose/exports_common.h"
+#include "interpose/pooling.h"
 #include "interpose/real_cuda.h"
 #include "interpose/stream_order.h"
 
@@ -30,6 +33,16 @@ inline void watch(cudaStream_t stream, bool per_thread_flavour) {
   POOLCUDA_EXPORT cudaError_t name params {                      \
     watch(stream_expr, flavour);                                 \
     return pc::real::name() args;                                \
+  }
+
+// Work that may park its stream on the host (a host function; a graph, whose nodes may be host
+// functions): the free fences of earlier frees are recorded before it (Note [Recovery and parked
+// streams] in pools/memory_manager.cpp).
+#define POOLCUDA_HOST_WORK(name, flavour, stream_expr, params, args) \
+  POOLCUDA_EXPORT cudaError_t name params {                        \
+    watch(stream_expr, flavour);                                   \
+    if (!pc::bypass()) pc::pooling::fence_before_host_work();      \
+    return pc::real::name() args;                                  \
   }
 
 POOLCUDA_WATCHED(cudaLaunchKernel, false, stream,
@@ -81,14 +94,14 @@ POOLCUDA_WATCHED(cudaMemcpy_ptds, true, nullptr,
                  (dst, src, count, kind))
 POOLCUDA_WATCHED(cudaMemset_ptds, true, nullptr, (void* ptr, int value, size_t count),
                  (ptr, value, count))
-POOLCUDA_WATCHED(cudaLaunchHostFunc, false, stream,
-                 (cudaStream_t stream, cudaHostFn_t fn, void* data), (stream, fn, data))
-POOLCUDA_WATCHED(cudaLaunchHostFunc_ptsz, true, stream,
-                 (cudaStream_t stream, cudaHostFn_t fn, void* data), (stream, fn, data))
-POOLCUDA_WATCHED(cudaGraphLaunch, false, stream, (cudaGraphExec_t exec, cudaStream_t stream),
-                 (exec, stream))
-POOLCUDA_WATCHED(cudaGraphLaunch_ptsz, true, stream,
-                 (cudaGraphExec_t exec, cudaStream_t stream), (exec, stream))
+POOLCUDA_HOST_WORK(cudaLaunchHostFunc, false, stream,
+                   (cudaStream_t stream, cudaHostFn_t fn, void* data), (stream, fn, data))
+POOLCUDA_HOST_WORK(cudaLaunchHostFunc_ptsz, true, stream,
+                   (cudaStream_t stream, cudaHostFn_t fn, void* data), (stream, fn, data))
+POOLCUDA_HOST_WORK(cudaGraphLaunch, false, stream, (cudaGraphExec_t exec, cudaStream_t stream),
+                   (exec, stream))
+POOLCUDA_HOST_WORK(cudaGraphLaunch_ptsz, true, stream,
+                   (cudaGraphExec_t exec, cudaStream_t stream), (exec, stream))
 POOLCUDA_WATCHED(cudaEventRecord, false, stream, (cudaEvent_t event, cudaStream_t stream),
                  (event, stream))
 POOLCUDA_WATCHED(cudaEventRecord_ptsz, true, stream, (cudaEvent_t event, cudaStream_t stream),
@@ -101,6 +114,7 @@ POOLCUDA_WATCHED(cudaStreamWaitEvent_ptsz, true, stream,
                  (stream, event, flags))
 
 #undef POOLCUDA_WATCHED
+#undef POOLCUDA_HOST_WORK
 
 // Another device's work may read this one's memory: every device leaves ordered reuse.
 POOLCUDA_EXPORT cudaError_t cudaDeviceEnablePeerAccess(int peer, unsigned int flags) {

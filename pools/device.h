@@ -61,6 +61,10 @@ class Device {
     return true;
   }
 
+  // Bytes handed to release() that have not reached the driver yet (out-of-memory recovery
+  // counts them as memory the device will get back). The default: releases are synchronous.
+  virtual std::uint64_t releasing_bytes() { return 0; }
+
   // Free and total memory of the device as the driver sees it (pooled idle bytes count as used).
   // During capture: allowed.
   virtual DeviceMemoryInfo memory_info() = 0;
@@ -78,16 +82,17 @@ class Device {
   virtual bool fence_passed(FenceHandle fence) = 0;
 
   // Blocks, without limit, until the device has executed past the fence. Used only where the
-  // real cudaFree would have waited too: the out-of-memory path and drain_fences(). Called
-  // without the manager's lock.
+  // real cudaFree would have waited too: drain_fences() and a capped pool full of fence-pending
+  // memory (Note [Free fences]). Called without the manager's lock.
   virtual void fence_wait(FenceHandle fence) = 0;
 
   // Waits at most `max_microseconds` for the device to execute past the fence; true when it
   // has. Never blocks longer than the bound (beyond scheduling noise), so a fence that cannot
   // pass while the caller waits (a stream parked by a host function only the caller releases)
   // costs the bound, never a deadlock. Used on the allocation path when fence-pending memory
-  // exceeds its bound (Note [Free fences]). The default polls fence_passed(): a yield first,
-  // then sleeps that grow to kMaxPollSleep; an implementation with a cheaper timed wait may
+  // exceeds its bound (Note [Free fences]) and by out-of-memory recovery (Note [Recovery and
+  // parked streams]). The default polls fence_passed(): a yield first, then sleeps that grow to
+  // kMaxPollSleep; an implementation with a cheaper timed wait may
   // override it. Called without the manager's lock.
   virtual bool fence_wait_for(FenceHandle fence, std::uint32_t max_microseconds) {
     using Clock = std::chrono::steady_clock;

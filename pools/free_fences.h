@@ -8,6 +8,7 @@
 // Not thread-safe: the MemoryManager's lock covers it. Depends on pool.h and device.h.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <deque>
 #include <vector>
@@ -33,11 +34,15 @@ class FenceQueue {
     open_.tail = slice;
     ++open_.count;
     open_.bytes += slice->size;
+    open_published_.store(true, std::memory_order_relaxed);
   }
 
   std::uint32_t open_count() const { return open_.count; }
   std::uint64_t open_bytes() const { return open_.bytes; }
   bool any() const { return open_.count != 0 || !closed_.empty(); }
+  // Whether the open epoch holds any free, readable without the manager's lock (a hint: a
+  // caller that sees true takes the lock and looks again).
+  bool open_hint() const { return open_published_.load(std::memory_order_relaxed); }
   bool any_closed() const { return !closed_.empty(); }
   std::uint64_t closed_epochs() const { return closed_.size(); }
 
@@ -51,6 +56,7 @@ class FenceQueue {
     open_.id = next_id_++;
     closed_.push_back(open_);
     open_ = Epoch{};
+    open_published_.store(false, std::memory_order_relaxed);
     return true;
   }
 
@@ -97,6 +103,7 @@ class FenceQueue {
   void forget(Device& device) {
     for (const Epoch& epoch : closed_) drop_fence(device, epoch);
     open_ = Epoch{};
+    open_published_.store(false, std::memory_order_relaxed);
     closed_.clear();
   }
 
@@ -148,6 +155,7 @@ class FenceQueue {
   std::deque<Epoch> closed_;
   std::vector<Lingering> lingering_;  // retired or forgotten while a ticket was out
   std::uint64_t next_id_ = 1;
+  std::atomic<bool> open_published_{false};  // open_.count != 0, for open_hint()
 };
 
 }  // namespace poolcuda

@@ -130,6 +130,13 @@ void MemoryManager::cleanup(bool explicit_cleanup) {
   m.cleanup_all(explicit_cleanup);
 }
 
+void MemoryManager::fence_open_frees() {
+  Impl& m = *impl_;
+  if (!m.fences.open_hint()) return;
+  Impl::Scope scope(m);
+  m.close_epoch();
+}
+
 bool MemoryManager::flush_releases(std::uint32_t max_microseconds) {
   return impl_->device.flush_releases(max_microseconds);
 }

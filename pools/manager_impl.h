@@ -7,6 +7,7 @@
 #include <time.h>
 
 #include <array>
+#include <chrono>
 #include <boost/container/small_vector.hpp>
 #include <memory>
 #include <string>
@@ -35,6 +36,7 @@ inline constexpr std::uint32_t kPrimeWaitMicros = 20000;
 // The most out-of-memory recovery waits for released pages to reach the driver (their free
 // synchronizes the device, which a parked stream can hold up forever).
 inline constexpr std::uint32_t kReleaseFlushMicros = 200000;
+
 
 // A cheap monotonic clock for the prompt-fence rule: the coarse clock costs a few nanoseconds
 // (its resolution, a few milliseconds, is all the rule needs).
@@ -133,6 +135,11 @@ struct MemoryManager::Impl {
   void wait_for_oldest_fence(Scope& scope, std::uint32_t* budget_us);
   // Waits (unlocked, without a time bound) for the oldest closed epoch; false when none is.
   bool wait_for_oldest_fence(Scope& scope);
+  // Waits (unlocked) for the oldest closed epoch until `deadline`; true when it passed.
+  bool wait_for_oldest_fence(Scope& scope, std::chrono::steady_clock::time_point deadline);
+  // Whether `size` bytes exceed what the device could give even once every page the pools hold
+  // for no live slice were back with the driver: then no recovery step can help.
+  bool beyond_reach(std::uint64_t size);
   Route recover_from_oom(Scope& scope, std::uint64_t size, Placement placement);
   void retire(Slice* slice);  // live/held -> pending or free, by the fence mode
   void close_epoch();

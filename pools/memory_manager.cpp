@@ -55,10 +55,10 @@
 // fence passes within the bound. If the miss could not close the open epoch
 // (kNoFence: a capture is open) nothing is waited for: the memory freed during the capture has
 // no fence to wait on, and blocking a capturing thread for older work would not free it, so the
-// pool grows as before. Only the out-of-memory path and drain_fences() wait without limit
-// (fence_wait, oldest fence first, retrying the reservation after each): there the program
-// would otherwise fail, and waiting is what the real cudaFree would have done at the time of
-// each free.
+// pool grows as before. The out-of-memory path waits far longer (oldest fence first, retrying
+// the reservation after each, Note [Recovery and parked streams]) and drain_fences() without
+// limit: there the program would otherwise fail, and waiting is what the real cudaFree would
+// have done at the time of each free.
 //
 // A capped pool at its cap may hold memory that only waits for its fence: before the cap
 // refuses (or spills to a later pool), the miss reclaims passed fences and then waits for the
@@ -91,6 +91,35 @@
 // the thread that trims never blocks on a parked stream; only out-of-memory recovery waits,
 // bounded by kReleaseFlushMicros, for those releases to reach the driver before it asks the
 // driver again. The lock order is in pools/lock_order.h.
+//
+// Note [Recovery and parked streams]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// A program may park a stream on a host function that only it releases, later, and meanwhile
+// allocate: the real cudaMalloc never waits on streams, and memory the program freed before the
+// park was free at once, since the real cudaFree waited for the device then. Out-of-memory
+// recovery waits for free fences, so it must never wait for one recorded behind such a park.
+// Three rules keep it so:
+// (1) An epoch's fence lies before any host work issued after its frees: the hooks that can
+//     park a stream on the host (host functions, graph launches, whose nodes may be host
+//     functions) close the open epoch first (fence_open_frees()). A program that frees while
+//     a stream is parked would block in the real cudaFree, so no free of a working program
+//     falls between a park and its release; every fence a recovery meets was recorded before
+//     every park still in place, and passes once the work issued before it has run, which is
+//     what the real cudaFree would have waited for at the time of the free.
+// (2) A request that even every byte the pools keep for no live slice, added to what the
+//     driver has free, could not serve fails at once, without closing, flushing or waiting
+//     (beyond_reach()): the real cudaMalloc fails at once too.
+// (3) The waits are bounded: at most options.recovery_fence_wait_micros (10 s) in all for
+//     fences, far above any fence that only waits for work the program issued before its
+//     frees, and kReleaseFlushMicros per flush for released pages to reach the driver. A
+//     stream parked in a way no hook sees (a kernel spinning on host memory, a driver-level
+//     host function or stream wait, cudaStreamAddCallback) can then cost an allocation the
+//     bound and fail it, where the real cudaMalloc would have succeeded, but never hang it.
+// Pages are another matter: returning an idle page goes through the real cudaFree, which
+// synchronizes the device, so while a stream is parked no idle page reaches the driver (the
+// flush expires), and a request that needs that memory fails where the plain run, whose frees
+// happened before the park, succeeds. No documented CUDA call returns cudaMalloc memory without
+// that synchronization.
 //
 // Note [Exit]
 // ~~~~~~~~~~~
@@ -248,6 +277,34 @@ bool MemoryManager::Impl::wait_for_oldest_fence(Scope& scope) {
   return true;
 }
 
+bool MemoryManager::Impl::wait_for_oldest_fence(Scope& scope,
+                                                std::chrono::steady_clock::time_point deadline) {
+  using Clock = std::chrono::steady_clock;
+  const Clock::time_point now = Clock::now();
+  if (now >= deadline) return false;
+  const FenceTicket ticket = fences.borrow_oldest();
+  if (!ticket) return false;
+  const auto left = std::chrono::duration_cast<std::chrono::microseconds>(deadline - now);
+  scope.unlock();  // Note [Outside the lock]
+  const bool passed =
+      device.fence_wait_for(ticket.fence, static_cast<std::uint32_t>(left.count()));
+  scope.relock();
+  fences.give_back_ticket(device, ticket);
+  fences.reap(device, kGiveBack);
+  return passed;
+}
+
+bool MemoryManager::Impl::beyond_reach(std::uint64_t size) {
+  // In this order, a page that reaches the driver between the two reads is counted twice
+  // rather than missed: the estimate errs towards trying.
+  const std::uint64_t releasing = device.releasing_bytes();
+  const DeviceMemoryInfo info = device.memory_info();
+  if (info.total_bytes == 0) return false;  // unknown: try everything
+  const MemoryUsage u = usage();
+  const std::uint64_t unused = u.bytes_reserved - u.bytes_in_use - u.bytes_padding;
+  return size > info.free_bytes + releasing + unused;
+}
+
 Route MemoryManager::Impl::route(std::uint64_t size, Placement placement,
                                  std::uint32_t wait_budget_us) {
   const bool persistent_mode = placement == Placement::persistent || windows > 0 ||
@@ -358,6 +415,16 @@ bool MemoryManager::Impl::drain(Scope& scope) {
 
 Route MemoryManager::Impl::recover_from_oom(Scope& scope, std::uint64_t size,
                                             Placement placement) {
+  // A request no recovery can serve fails at once, as the real cudaMalloc does, without waiting
+  // for anything (Note [Recovery and parked streams]).
+  if (beyond_reach(size)) {
+    Route r;
+    r.status = AllocStatus::out_of_memory;
+    r.error = Error{ErrorKind::out_of_memory, size};
+    return r;
+  }
+  const auto deadline = std::chrono::steady_clock::now() +
+                        std::chrono::microseconds(options.recovery_fence_wait_micros);
   // Everything that needs no wait first: close the open epoch, reap, return every idle page.
   close_epoch();
   cleanup_all(true);
@@ -375,7 +442,7 @@ Route MemoryManager::Impl::recover_from_oom(Scope& scope, std::uint64_t size,
     if (r.slice != nullptr || r.status != AllocStatus::out_of_memory) return r;
     // Then the fences, oldest first, retrying after each (Note [Free fences]).
     if (fences.open_count() != 0 && !fences.close(device)) return r;  // a capture is open
-    if (!wait_for_oldest_fence(scope)) return r;
+    if (!wait_for_oldest_fence(scope, deadline)) return r;
     cleanup_all(true);
   }
 }

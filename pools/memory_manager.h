@@ -47,6 +47,9 @@ struct ManagerOptions {
   // A free records a fence at once when none was recorded for this long (Note [Free fences]);
   // tests that count epochs set it out of reach.
   std::uint64_t prompt_fence_nanos = 1000000;
+  // The most out-of-memory recovery waits for free fences, in all, before it gives up (Note
+  // [Recovery and parked streams]); tests of the bound set it short.
+  std::uint32_t recovery_fence_wait_micros = 10000000;
   LogLevel log = LogLevel::basic;
   LogSink log_sink;  // empty: write to stderr prefixed "poolcuda: "
 };
@@ -84,9 +87,11 @@ class MemoryManager {
   MemoryManager& operator=(const MemoryManager&) = delete;
 
   // Reserves `size` bytes. A size of 0 or above 2^62 is ErrorKind::buffer_too_big and changes
-  // nothing. On device out-of-memory: every idle page is returned, then pending free fences are
-  // waited for, oldest first, retrying after each; only then ErrorKind::out_of_memory. Never
-  // holds the lock while it waits (Note [Outside the lock]).
+  // nothing. On device out-of-memory: unless the request exceeds even the driver's free memory
+  // plus every pooled byte no live slice uses (then it fails at once), every idle page is
+  // returned, then pending free fences are waited for, oldest first, retrying after each, for a
+  // bounded time; only then ErrorKind::out_of_memory. Never holds the lock while it waits
+  // (Note [Outside the lock], Note [Recovery and parked streams]).
   Reservation allocate(std::uint64_t size, Placement placement = Placement::automatic);
 
   // Frees by device pointer. Anything but `freed` changes nothing.
@@ -170,6 +175,12 @@ class MemoryManager {
 
   // The size of the slice a pin holds (0 for an empty or stale pin).
   std::uint64_t pinned_size(const RetainedSlice& pin) const;
+
+  // The program is about to issue work that may park a stream on the host (a host function, a
+  // graph launch): the open free-fence epoch, if it holds any free, is closed now, so that its
+  // fence lies before that work (Note [Recovery and parked streams]). One relaxed atomic load
+  // when it holds none. During a capture the epoch stays open, as on every close.
+  void fence_open_frees();
 
   // Closes the open free-fence epoch and waits (Device::fence_wait) for every closed one, so
   // every pending slice is free again. Blocks: never for the hot path. Returns false when the

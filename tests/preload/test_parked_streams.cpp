@@ -8,6 +8,8 @@
 //   oom      Memory freed before the park, needed by an allocation after it: the free fence
 //            must not queue behind the park (it is recorded at the free), so the allocation
 //            succeeds as the plain one does.
+//   oom_burst The same, but the free comes right after another one, so it waits in an open
+//            epoch: the host function's hook records its fence before the park.
 // A watchdog fails the test instead of hanging; every gate opens by itself after ten seconds.
 #include <atomic>
 #include <chrono>
@@ -76,7 +78,10 @@ void release_case() {
   std::printf("release: 10100 allocations with the legacy stream parked\n");
 }
 
-void oom_case() {
+// `burst`: the free of the buffer needed later follows another free at once.
+void oom_case(bool burst) {
+  void* nudge = nullptr;
+  CHECK_CUDA(cudaMalloc(&nudge, 4096));
   // Fill the device but for room for one 8 MiB buffer and a little more.
   std::size_t free_bytes = 0, total = 0;
   CHECK_CUDA(cudaMemGetInfo(&free_bytes, &total));
@@ -89,9 +94,11 @@ void oom_case() {
   CHECK_CUDA(cudaMalloc(&first, size));
   CHECK_CUDA(cudaMemsetAsync(first, 1, 4096, stream));
   CHECK_CUDA(cudaStreamSynchronize(stream));
-  // Let the fences of earlier frees age, so this free is fenced at once.
+  // Let the fences of earlier frees age, so the next free is fenced at once.
   std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  if (burst) CHECK_CUDA(cudaFree(nudge));
   CHECK_CUDA(cudaFree(first));
+  if (!burst) CHECK_CUDA(cudaFree(nudge));
 
   Gate gate;
   park_legacy_stream(gate);
@@ -109,7 +116,8 @@ void oom_case() {
   CHECK_CUDA(cudaFree(second));
   CHECK_CUDA(cudaFree(filler));
   CHECK_CUDA(cudaStreamDestroy(stream));
-  std::printf("oom: memory freed before the park was reused after it\n");
+  std::printf("%s: memory freed before the park was reused after it\n",
+              burst ? "oom_burst" : "oom");
 }
 
 }  // namespace
@@ -120,7 +128,8 @@ int main(int argc, char** argv) {
   CHECK_CUDA(cudaFree(nullptr));
   const std::string which = argv[1];
   if (which == "release") release_case();
-  else if (which == "oom") oom_case();
+  else if (which == "oom") oom_case(false);
+  else if (which == "oom_burst") oom_case(true);
   else preload_test::fail(__FILE__, __LINE__, "unknown case " + which);
   return 0;
 }

@@ -205,7 +205,7 @@ TEST_CASE("oom_recovery_trims_idle_pages_then_retries") {
 
 TEST_CASE("oom_path_waits_on_pending_fences") {
   Rig rig(custom({sliced(1 * MiB)}), 512, 2 * MiB);
-  rig.device.set_fence_mode(HostDevice::FenceMode::manual);
+  rig.device.set_fence_mode(HostDevice::FenceMode::on_wait);
   const DevicePtr a = rig.reserve(1 * MiB), b = rig.reserve(1 * MiB);
   rig.manager.free(a);
   rig.manager.free(b);
@@ -215,7 +215,7 @@ TEST_CASE("oom_path_waits_on_pending_fences") {
   // succeeds, so it never waits for the second.
   const DevicePtr c = rig.reserve(512 * KiB);
   REQUIRE(c != 0);
-  CHECK(rig.device.calls().fence_wait == 1);
+  CHECK(rig.device.calls().fence_wait_for == 1);
   CHECK(rig.manager.report().oom_recoveries == 1);
   CHECK(rig.manager.report().pending_fence_bytes == 1 * MiB);
   CHECK(rig.manager.check_consistency().empty());

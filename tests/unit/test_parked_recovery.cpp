@@ -1,0 +1,84 @@
+// Out-of-memory recovery while the program may have parked a stream (Note [Recovery and parked
+// streams] in pools/memory_manager.cpp): a request nothing could make room for fails without
+// waiting, a fence that never passes costs at most the recovery's bound, and the open epoch is
+// fenced before host work the program issues.
+#include <doctest/doctest.h>
+
+#include <chrono>
+
+#include "pools_test_util.h"
+
+using namespace poolcuda;
+using namespace poolcuda::test;
+
+TEST_SUITE("unit") {
+
+TEST_CASE("oom_recovery_fails_at_once_when_no_recovery_could_make_room") {
+  Rig rig(custom({sliced(1 * MiB), exclusive(16 * MiB)}), 512, 4 * MiB);
+  rig.device.set_fence_mode(HostDevice::FenceMode::manual);
+  const DevicePtr live = rig.reserve(1 * MiB);
+  const DevicePtr freed = rig.reserve(1 * MiB);
+  REQUIRE(live != 0);
+  REQUIRE(freed != 0);
+  rig.manager.free(freed);  // pending behind a fence that has not passed
+  // 2 MiB free on the device and 1 MiB waiting for its fence: 8 MiB can never fit, so the
+  // real cudaMalloc would fail at once, and so must the recovery, waiting for nothing.
+  const Reservation r = rig.manager.allocate(8 * MiB);
+  CHECK(r.ptr == 0);
+  CHECK(r.error == Error{ErrorKind::out_of_memory, 8 * MiB});
+  CHECK(rig.device.calls().fence_wait == 0);
+  CHECK(rig.device.calls().fence_wait_for == 0);
+  CHECK(rig.manager.report().oom_failures == 1);
+  rig.device.complete_fences();
+  CHECK(rig.manager.drain_fences());
+  CHECK(rig.manager.check_consistency().empty());
+}
+
+TEST_CASE("oom_recovery_waits_for_a_fence_behind_a_parked_stream_only_up_to_its_bound") {
+  HostDevice device(2 * MiB, 512);
+  device.set_fence_mode(HostDevice::FenceMode::parked);
+  ManagerOptions options;
+  options.layout = custom({sliced(1 * MiB)});
+  options.free_fence = FreeFence::events;
+  options.recovery_fence_wait_micros = 50000;
+  options.log_sink = [](LogLevel, std::string_view) {};
+  MemoryManager manager(device, options);
+  const DevicePtr a = manager.allocate(1 * MiB).ptr;
+  const DevicePtr b = manager.allocate(1 * MiB).ptr;
+  REQUIRE(a != 0);
+  REQUIRE(b != 0);
+  manager.free(a);  // its fence never passes while the stream stays parked
+  const auto start = std::chrono::steady_clock::now();
+  const Reservation r = manager.allocate(512 * KiB);
+  const auto spent = std::chrono::steady_clock::now() - start;
+  CHECK(r.ptr == 0);
+  CHECK(r.error == Error{ErrorKind::out_of_memory, 512 * KiB});
+  CHECK(device.calls().fence_wait == 0);
+  CHECK(device.calls().fence_wait_for >= 1);
+  CHECK(spent >= std::chrono::milliseconds(40));
+  CHECK(spent < std::chrono::seconds(5));
+  device.complete_fences();  // the stream moves again: the memory comes back
+  CHECK(manager.allocate(512 * KiB).ptr != 0);
+  CHECK(manager.check_consistency().empty());
+}
+
+TEST_CASE("host_work_fences_the_open_epoch_first_and_costs_nothing_without_one") {
+  Rig rig(custom({sliced(64 * KiB)}));
+  rig.device.set_fence_mode(HostDevice::FenceMode::manual);
+  const DevicePtr a = rig.reserve(512), b = rig.reserve(512);
+  rig.manager.free(a);  // fenced at once (nothing was fenced for a while)
+  rig.manager.free(b);  // within the same moment: joins the open epoch
+  REQUIRE(rig.device.calls().fence_record == 1);
+  rig.manager.fence_open_frees();
+  CHECK(rig.device.calls().fence_record == 2);
+  // Nothing left open: no device call at all.
+  rig.device.forbid_calls(true);
+  rig.manager.fence_open_frees();
+  CHECK(rig.device.forbidden_calls() == 0);
+  rig.device.forbid_calls(false);
+  rig.device.complete_fences();
+  CHECK(rig.manager.drain_fences());
+  CHECK(rig.manager.check_consistency().empty());
+}
+
+}  // TEST_SUITE
