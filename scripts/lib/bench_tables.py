@@ -196,6 +196,9 @@ def render(results_doc):
            f"repeat(s), medians over repeats; {meta['seconds']:.0f} s in all. "
            "✗: every run failed, †: some runs failed (see Failures); an empty cell was not run.",
            ""]
+    for trace, names in (meta.get("first_repeat_only") or {}).items():
+        out += [f"{trace}: {', '.join(names)} ran in the first repeat only (their runs are the "
+                "longest; each live level is 20,000 steps).", ""]
     if meta.get("best_layouts"):
         out += ["poolcuda-best layouts (POOLCUDA_CONF): " +
                 "; ".join(f"{k}: `{v}`" for k, v in meta["best_layouts"].items()), ""]
@@ -218,7 +221,7 @@ def render(results_doc):
                        else f"{c['reserved_at_end_bytes'] / MiB:,.1f}"))
     out.append(_matrix("Driver allocations / frees / event records per pair", results, mem,
                        _per_pair))
-    out.append(_levels_table(results, [c for c in timed if c != "harness"]))
+    out.append(_levels_table(results, timed))
     rows = targets(results, meta)
     if rows:
         out += ["### Targets", "", "| trace | target | measured | verdict |",

@@ -50,8 +50,10 @@ if [ "$mode" = pools ]; then
   replay=$tools/poolcuda_replay_pools
   for t in $traces; do
     "$replay" "$work/t/$t.trace" >"$work/$t.json" || fail "pools replay of $t failed"
+    # With two threads the peak live figure is the sum of each thread's peak: not a floor.
     check "$work/$t.json" 'r["status"] == "ok"' 'r["pairs"] == r["trace_pairs"] > 0' \
-      'r["peak_reserved_bytes"] >= r["peak_live_bytes"]' 'r["driver_allocs"] >= 1' \
+      'r["threads"] > 1 or r["peak_reserved_bytes"] >= r["peak_live_bytes"]' \
+      'r["driver_allocs"] >= 1' \
       'r["reserved_at_end_bytes"] <= r["peak_reserved_bytes"]'
     "$replay" --allocator harness "$work/t/$t.trace" >"$work/$t.h.json" ||
       fail "harness replay of $t failed"

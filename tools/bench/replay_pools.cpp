@@ -7,7 +7,7 @@
 // trace. No CUDA anywhere.
 //
 //   poolcuda_replay_pools [--allocator pools|harness] [--label TEXT] [--device-memory SIZE] TRACE
-#include <algorithm>
+#include <atomic>
 #include <memory>
 
 #include "pools/host_device.h"
@@ -17,8 +17,8 @@
 namespace poolcuda::bench {
 namespace {
 
-// Forwards every call to the device below and meters it. The manager calls a Device under its
-// own lock, so these plain counters never see two calls at once.
+// Forwards every call to the device below and meters it. Atomic counters: a manager may call
+// release() without its lock, from any thread, while another thread allocates.
 class MeteredDevice final : public Device {
  public:
   explicit MeteredDevice(Device& inner) : inner_(inner) {}
@@ -26,22 +26,24 @@ class MeteredDevice final : public Device {
   AllocStatus allocate(std::uint64_t size, DevicePtr* out) override {
     const AllocStatus status = inner_.allocate(size, out);
     if (status == AllocStatus::ok) {
-      ++allocs_;
-      held_ += size;
-      peak_ = std::max(peak_, held_);
+      allocs_.fetch_add(1, std::memory_order_relaxed);
+      const std::uint64_t held = held_.fetch_add(size) + size;
+      std::uint64_t peak = peak_.load();
+      while (held > peak && !peak_.compare_exchange_weak(peak, held)) {
+      }
     }
     return status;
   }
   void release(DevicePtr ptr, std::uint64_t size) override {
     inner_.release(ptr, size);
-    ++releases_;
-    held_ -= size;
+    releases_.fetch_add(1, std::memory_order_relaxed);
+    held_.fetch_sub(size);
   }
   DeviceMemoryInfo memory_info() override { return inner_.memory_info(); }
   std::uint64_t alignment() const override { return inner_.alignment(); }
   FenceHandle fence_record() override {
     const FenceHandle fence = inner_.fence_record();
-    if (fence != kNoFence) ++fence_records_;
+    if (fence != kNoFence) fence_records_.fetch_add(1, std::memory_order_relaxed);
     return fence;
   }
   bool fence_passed(FenceHandle fence) override { return inner_.fence_passed(fence); }
@@ -53,16 +55,21 @@ class MeteredDevice final : public Device {
   void synchronize() override { inner_.synchronize(); }
   bool capture_active() override { return inner_.capture_active(); }
 
+  // Called while no other thread uses the device (before and after the replay).
   void reset() {
-    allocs_ = releases_ = fence_records_ = 0;
-    peak_ = held_;
+    allocs_ = 0;
+    releases_ = 0;
+    fence_records_ = 0;
+    peak_ = held_.load();
   }
-  Meters meters() const { return {held_, peak_, allocs_, releases_, fence_records_}; }
+  Meters meters() const {
+    return {held_.load(), peak_.load(), allocs_.load(), releases_.load(), fence_records_.load()};
+  }
 
  private:
   Device& inner_;
-  std::uint64_t allocs_ = 0, releases_ = 0, fence_records_ = 0;
-  std::uint64_t held_ = 0, peak_ = 0;
+  std::atomic<std::uint64_t> allocs_{0}, releases_{0}, fence_records_{0};
+  std::atomic<std::uint64_t> held_{0}, peak_{0};
 };
 
 class PoolsAllocator final : public ReplayAllocator {
