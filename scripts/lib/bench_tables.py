@@ -97,7 +97,8 @@ def _threads_table(results, columns):
             if not a or not b or not a["ok"] or not b["ok"]:
                 cells.append("✗" if (a and not a["ok"]) or (b and not b["ok"]) else "")
                 continue
-            cells.append(f"{a['pairs_per_second'] / 1e6:.2f}M → {b['pairs_per_second'] / 1e6:.2f}M")
+            one_s, two_s = a["pairs_per_second"] / 1e6, b["pairs_per_second"] / 1e6
+            cells.append(f"{one_s:.2f}M → {two_s:.2f}M")
         lines.append(f"| {one} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
@@ -190,11 +191,12 @@ def render(results_doc):
         for name in row:
             if name not in columns:
                 columns.append(name)
-    timed = [c for c in columns]
+    timed = list(columns)
     out = [f"## Side-by-side benchmark ({meta['mode']}{', quick' if meta['quick'] else ''})", "",
            f"{meta['date']}; {meta['cpu']}, {meta['cores']} cores; {meta['repeats']} interleaved "
            f"repeat(s), medians over repeats; {meta['seconds']:.0f} s in all. "
-           "✗: every run failed, †: some runs failed (see Failures); an empty cell was not run.",
+           "✗: every run failed, †: some runs failed (see Failures); "
+           "an empty cell was not run.",
            ""]
     for trace, names in (meta.get("first_repeat_only") or {}).items():
         out += [f"{trace}: {', '.join(names)} ran in the first repeat only (their runs are the "
@@ -205,7 +207,8 @@ def render(results_doc):
     out.append(_matrix("Median ns per allocate+free pair", results, timed,
                        lambda c: _ns(c["median_ns"]),
                        note="`harness` is the replay loop alone (an allocator that does "
-                            "nothing); every other figure includes it."))
+                            "nothing); every other figure includes it." if "harness" in timed
+                       else ""))
     out.append(_matrix("p99 ns per allocate+free pair", results, timed,
                        lambda c: _ns(c["p99_ns"])))
     out.append(_threads_table(results, [c for c in timed if c != "harness"]))
@@ -224,8 +227,11 @@ def render(results_doc):
     out.append(_levels_table(results, timed))
     rows = targets(results, meta)
     if rows:
-        out += ["### Targets", "", "| trace | target | measured | verdict |",
-                "|---|---|---|---|"]
+        out += ["### Targets", ""]
+        if meta.get("quick"):
+            out += ["Quick run: traces at 1% of their size; these verdicts are no measurement "
+                    "of the targets.", ""]
+        out += ["| trace | target | measured | verdict |", "|---|---|---|---|"]
         out += [f"| {a} | {b} | {c} | {d} |" for a, b, c, d in rows]
         out.append("")
     skipped = meta.get("skipped_runs", 0)
@@ -248,7 +254,8 @@ def exploration_table(rows):
     for trace, name, _conf, runs in rows:
         ok = [r for r in runs if r.get("status") == "ok"]
         if not ok:
-            lines.append(f"| {trace['name']} | {name} | ✗ {runs[0].get('error', '')[:80]} | | | |")
+            error = runs[0].get("error", "")[:80]
+            lines.append(f"| {trace['name']} | {name} | ✗ {error} | | | |")
             continue
         med = _median([r["median_ns"] for r in ok])
         p99 = _median([r["p99_ns"] for r in ok])

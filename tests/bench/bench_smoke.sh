@@ -100,7 +100,8 @@ expect_status 64 env LD_LIBRARY_PATH="$standin" "$replay" --allocator nope "$wor
 
 # The suite script end to end on two traces: its JSON and its tables.
 "$suite" --build "$build" --out "$work/suite" --quick --traces loop-64KiB,ring16-512B-16MiB-2t \
-  --preload "$preload" >"$work/tables.md" 2>"$work/suite.err" || fail "bench-suite: $(tail -5 "$work/suite.err")"
+  --preload "$preload" >"$work/tables.md" 2>"$work/suite.err" ||
+  fail "bench-suite: $(tail -5 "$work/suite.err")"
 check "$work/suite/results.json" 'len(r["traces"]) == 2' \
   'all(c["ok"] == c["runs"] == 1 for c in r["results"]["loop-64KiB"].values())' \
   'set(r["results"]["loop-64KiB"]) >= {"pools", "poolcuda", "poolcuda-none", "cub", "cuda"}'

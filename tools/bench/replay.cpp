@@ -20,8 +20,11 @@ struct Slot {
   std::uint64_t size = 0;
 };
 
-// What one thread's replay leaves behind: every operation's cost in ticks, and where it stopped.
+// One thread's replay: its tables (sized before the clock starts), every operation's cost in
+// ticks, and where it stopped.
 struct ThreadRun {
+  explicit ThreadRun(const ThreadOps& thread) : slots(thread.slots), cost(thread.ops.size()) {}
+  std::vector<Slot> slots;
   std::vector<std::uint64_t> cost;
   std::size_t done = 0;  // operations completed
   std::string error;
@@ -29,12 +32,15 @@ struct ThreadRun {
 
 void run_thread(const ThreadOps& thread, std::size_t index, ReplayAllocator& allocator,
                 std::atomic<bool>& stop, ThreadRun& run) {
-  std::vector<Slot> slots(thread.slots);
-  run.cost.assign(thread.ops.size(), 0);
+  std::vector<Slot>& slots = run.slots;
   const std::size_t n = thread.ops.size();
   std::uint64_t previous = ticks();
   std::size_t i = 0;
   for (; i < n; ++i) {
+    if ((i & 1023) == 0 && stop.load(std::memory_order_relaxed)) {
+      run.error = "stopped: another thread failed";
+      break;
+    }
     const Op& op = thread.ops[i];
     if (op.kind == OpKind::allocate) {
       void* p = allocator.allocate(op.size);
@@ -56,10 +62,6 @@ void run_thread(const ThreadOps& thread, std::size_t index, ReplayAllocator& all
     const std::uint64_t now = ticks();
     run.cost[i] = now - previous;
     previous = now;
-    if ((i & 1023) == 0 && stop.load(std::memory_order_relaxed)) {
-      run.error = "stopped: another thread failed";
-      break;
-    }
   }
   run.done = i;
   if (!run.error.empty()) stop.store(true);
@@ -169,7 +171,7 @@ ReplayResult replay(const Trace& trace, ReplayAllocator& allocator) {
   ReplayResult result;
   result.figures = figures(trace);
   ns_per_tick();  // calibrate before the clock matters
-  std::vector<ThreadRun> runs(trace.threads.size());
+  std::vector<ThreadRun> runs(trace.threads.begin(), trace.threads.end());
   std::atomic<bool> stop{false};
   std::atomic<std::size_t> ready{0};
   std::atomic<bool> go{false};
