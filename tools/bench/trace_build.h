@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <string>
 #include <string_view>
 #include <vector>
 
@@ -104,6 +105,15 @@ class ThreadBuilder {
   std::size_t thread_;
   std::vector<std::uint32_t> free_slots_;
 };
+
+// An empty trace of `threads` threads, ready for builders.
+inline Trace empty_trace(std::string name, std::size_t threads, std::uint64_t seed) {
+  Trace trace;
+  trace.name = std::move(name);
+  trace.seed = seed;
+  trace.threads.resize(threads);
+  return trace;
+}
 
 // A count scaled for a quick run: never below `floor`.
 inline std::uint64_t scaled(std::uint64_t count, double scale, std::uint64_t floor) {

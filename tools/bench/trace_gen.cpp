@@ -15,14 +15,6 @@ constexpr std::uint64_t KiB = 1024;
 constexpr std::uint64_t MiB = 1024 * KiB;
 constexpr std::uint64_t GiB = 1024 * MiB;
 
-Trace empty_trace(std::string name, std::size_t threads, const GenOptions& options) {
-  Trace trace;
-  trace.name = std::move(name);
-  trace.seed = options.seed;
-  trace.threads.resize(threads);
-  return trace;
-}
-
 std::string thread_suffix(std::size_t threads) {
   if (threads == 1) return {};
   std::string suffix = "-";  // appended, not "-" + ...: GCC 12 at -O3 warns falsely on that
@@ -54,7 +46,7 @@ Trace rmm_random(std::uint64_t allocations, std::uint64_t max_size, std::size_t 
                  const GenOptions& options) {
   Trace trace = empty_trace("rmm-" + count_name(allocations) + "-" + size_name(max_size) +
                                 thread_suffix(threads),
-                            threads, options);
+                            threads, options.seed);
   const std::uint64_t per_thread = scaled(allocations / threads, options.scale, 10);
   const std::uint64_t cap = kRmmUsageCap / threads;
   for (std::size_t t = 0; t < threads; ++t) {
@@ -93,7 +85,7 @@ Trace rmm_random(std::uint64_t allocations, std::uint64_t max_size, std::size_t 
 
 // Eight 16 MiB buffers allocated then freed, then four 32 MiB ones, repeated.
 Trace burst_pattern(std::uint64_t repetitions, std::size_t threads, const GenOptions& options) {
-  Trace trace = empty_trace("burst-16MiB-32MiB" + thread_suffix(threads), threads, options);
+  Trace trace = empty_trace("burst-16MiB-32MiB" + thread_suffix(threads), threads, options.seed);
   const std::uint64_t per_thread = scaled(repetitions / threads, options.scale, 2);
   for (std::size_t t = 0; t < threads; ++t) {
     ThreadBuilder builder(trace, t);
@@ -112,7 +104,8 @@ Trace burst_pattern(std::uint64_t repetitions, std::size_t threads, const GenOpt
 // One buffer of `size` bytes allocated and freed again and again.
 Trace one_buffer_loop(std::uint64_t pairs, std::uint64_t size, std::size_t threads,
                       const GenOptions& options) {
-  Trace trace = empty_trace("loop-" + size_name(size) + thread_suffix(threads), threads, options);
+  Trace trace =
+      empty_trace("loop-" + size_name(size) + thread_suffix(threads), threads, options.seed);
   const std::uint64_t per_thread = scaled(pairs / threads, options.scale, 10);
   for (std::size_t t = 0; t < threads; ++t) {
     ThreadBuilder builder(trace, t);
@@ -127,7 +120,7 @@ Trace log_uniform_ring(std::uint64_t pairs, std::size_t live, std::size_t thread
                        const GenOptions& options) {
   Trace trace = empty_trace("ring" + std::to_string(live) + "-512B-16MiB" +
                                 thread_suffix(threads),
-                            threads, options);
+                            threads, options.seed);
   const std::uint64_t per_thread = scaled(pairs / threads, options.scale, 2 * live);
   for (std::size_t t = 0; t < threads; ++t) {
     Rng rng(Rng::derive(options.seed, t));
@@ -156,7 +149,7 @@ Trace log_uniform_ring(std::uint64_t pairs, std::size_t live, std::size_t thread
 Trace live_slices(const std::vector<std::uint64_t>& levels, std::uint64_t churn,
                   const GenOptions& options) {
   Trace trace = empty_trace("slices-" + count_name(levels.empty() ? 0 : levels.back()), 1,
-                            options);
+                            options.seed);
   Rng rng(Rng::derive(options.seed, 0));
   ThreadBuilder builder(trace, 0);
   std::vector<std::uint32_t> live;

@@ -32,10 +32,7 @@ Trace llm_serving(std::uint64_t steps, const GenOptions& options) {
     std::uint64_t capacity = 0;            // tokens the K/V buffers hold
     std::vector<std::uint32_t> k, v;       // one buffer per layer
   };
-  Trace trace;
-  trace.name = "llm-serving";
-  trace.seed = options.seed;
-  trace.threads.resize(1);
+  Trace trace = empty_trace("llm-serving", 1, options.seed);
   Rng rng(Rng::derive(options.seed, 0));
   ThreadBuilder b(trace, 0);
   std::deque<Request> waiting;
@@ -143,10 +140,7 @@ Trace training(std::uint64_t steps, const GenOptions& options) {
   constexpr std::uint64_t kHidden = 1024, kLayers = 16, kMlp = 4096, kVocab = 32000;
   constexpr std::uint64_t kHeads = 16, kBatch = 4;
 
-  Trace trace;
-  trace.name = "training";
-  trace.seed = options.seed;
-  trace.threads.resize(1);
+  Trace trace = empty_trace("training", 1, options.seed);
   Rng rng(Rng::derive(options.seed, 0));
   ThreadBuilder b(trace, 0);
 
