@@ -1,4 +1,4 @@
-// CudaDevice: pools/device.h over the real CUDA runtime (see cuda_device.h).
+// CudaDevice: pools/device.h over CUDA (see cuda_device.h).
 //
 // Note [Fence streams]
 // A free fence must be passed only once the device has executed everything issued, on every
@@ -8,9 +8,13 @@
 // non-blocking stream the program created gets an event of its own. A stream destroyed with
 // work pending is fine: its event was recorded before the destroy and still completes.
 // Recording on the legacy stream while a blocking stream captures would invalidate that
-// capture (and recording on a capturing stream would become part of the graph), so when any
-// tracked stream, the legacy stream or this thread's default stream reports an open capture,
-// no fence is recorded at all: the manager keeps the epoch open and tries again later.
+// capture (and recording on a capturing stream would become part of the graph), so while any
+// capture is open on the device no fence is recorded at all: the manager keeps the epoch open
+// and tries again later. The capture hooks count the captures they see begin and end, and a
+// begin happens under the stream table's lock, which a fence holds from its check to its last
+// record: a capture that begins on another thread can never fall between the two. Captures
+// begun behind the hooks' back are found by asking the legacy stream, this thread's default
+// stream and every tracked stream.
 //
 // Note [Destroyed streams]
 // cudaStreamDestroy returns at once and the stream's queued work runs to completion afterwards.
@@ -23,17 +27,6 @@
 // which only makes that fence pass later, never earlier. Tails are owned by the device, never
 // by a fence: fence_destroy does not recycle them.
 //
-// Note [Releases during capture]
-// cudaFree synchronizes the device, which is illegal while any capture is open on it: the call
-// fails and invalidates the program's capture. The manager returns idle pages on its own
-// schedule (periodic cleanup on an allocation, out-of-memory recovery), possibly while another
-// thread captures. So release() checks for an open capture the way fences do (Note [Fence
-// streams]) and, if there is one, keeps the address in deferred_; the deferred addresses are
-// freed by the next release or allocate (the manager's growth path, before it asks the device
-// for more) that finds no capture open; never on the free path, where a synchronizing cudaFree
-// does not belong. The pools already count that memory as returned; the device gets it back
-// once the capture is over. cudaDeviceReset frees it with everything else (forget_events).
-//
 // Note [Stale streams]
 // A stream can vanish without passing through the cudaStreamDestroy hook: cuStreamDestroy on
 // the runtime's handle, a primary-context reset, a library with its own runtime. Its entry then
@@ -44,64 +37,19 @@
 // table's lock) and carries on with the other streams. Its remaining work, if any, is not
 // covered; nothing could record on it anyway. Other failures still count as "capture open".
 //
-// Note [Own calls]
-// Calls made on the library's own behalf must not change what the program observes: each runs
-// on this object's device (switching the thread's current device and back when they differ),
-// in relaxed capture mode (a global-mode capture on another thread forbids "unsafe" calls on
-// ours), and an error it leaves in the runtime's last-error slot is cleared again when the slot
-// was clean before. (A slot already holding the program's error cannot be restored if one of
-// our calls replaced it; our calls fail only when the device itself is failing.) When the
-// device cannot be made current, ok() is false: the calls would run on the wrong device, so
-// allocate answers `failed`, fence_record kNoFence, memory_info nothing and no tail is recorded.
-// The program's device is set back whenever a switch was attempted (a failed cudaSetDevice may
-// still have changed it, e.g. under a sticky error).
-//
 // Depends on pools/device.h, real_cuda.h and stream_table.h.
 #include "interpose/cuda_device.h"
 
+#include "interpose/budget.h"
 #include "interpose/log.h"
+#include "interpose/own_call.h"
 #include "interpose/real_cuda.h"
+#include "interpose/release_worker.h"
 #include "interpose/stream_table.h"
 
 namespace poolcuda {
 
 namespace {
-
-// Note [Own calls].
-class OwnCallScope {
- public:
-  explicit OwnCallScope(int device) {
-    prior_error_ = real::cudaPeekAtLastError()();
-    int current = -1;
-    if (real::cudaGetDevice()(&current) != cudaSuccess) {
-      ok_ = false;
-    } else if (current != device) {
-      restore_device_ = current;
-      ok_ = real::cudaSetDevice()(device) == cudaSuccess;
-    }
-    mode_ = cudaStreamCaptureModeRelaxed;
-    mode_switched_ = real::cudaThreadExchangeStreamCaptureMode()(&mode_) == cudaSuccess;
-  }
-  ~OwnCallScope() {
-    if (mode_switched_) real::cudaThreadExchangeStreamCaptureMode()(&mode_);
-    if (restore_device_ >= 0) real::cudaSetDevice()(restore_device_);
-    if (prior_error_ == cudaSuccess && real::cudaPeekAtLastError()() != cudaSuccess) {
-      real::cudaGetLastError()();
-    }
-  }
-  OwnCallScope(const OwnCallScope&) = delete;
-  OwnCallScope& operator=(const OwnCallScope&) = delete;
-
-  // False when the scope's device could not be made current.
-  bool ok() const { return ok_; }
-
- private:
-  bool ok_ = true;
-  cudaError_t prior_error_ = cudaSuccess;
-  int restore_device_ = -1;
-  cudaStreamCaptureMode mode_ = cudaStreamCaptureModeRelaxed;
-  bool mode_switched_ = false;
-};
 
 // The answers that say a stream handle no longer exists (Note [Stale streams]).
 bool handle_gone(cudaError_t result) {
@@ -112,7 +60,7 @@ enum class CaptureState { none, open, gone };
 
 CaptureState capture_state(cudaStream_t stream) {
   cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
-  cudaError_t result = real::cudaStreamIsCapturing()(stream, &status);
+  cudaError_t result = own::cudaStreamIsCapturing()(stream, &status);
   if (result == cudaSuccess) {
     return status == cudaStreamCaptureStatusNone ? CaptureState::none : CaptureState::open;
   }
@@ -128,6 +76,7 @@ bool is_capturing(cudaStream_t stream) { return capture_state(stream) == Capture
 struct CudaDevice::Fence {
   std::vector<cudaEvent_t> events;  // owned: recycled by fence_destroy
   std::vector<cudaEvent_t> tails;   // borrowed (Note [Destroyed streams])
+  std::uint64_t generation = 0;     // the device's generation when its events were taken
 };
 
 CudaDevice::CudaDevice(int device, StreamTable& streams) : device_(device), streams_(streams) {
@@ -140,44 +89,27 @@ CudaDevice::~CudaDevice() = default;
 AllocStatus CudaDevice::allocate(std::uint64_t size, DevicePtr* out) {
   OwnCallScope scope(device_);
   if (!scope.ok()) return AllocStatus::failed;  // Note [Own calls]
-  release_deferred();  // Note [Releases during capture]: memory the device may need now
+  // Over the budget looks like a full device: the pools trim and retry (Note [Budget]).
+  if (!budget::charge(device_, size)) return AllocStatus::out_of_memory;
   void* ptr = nullptr;
-  cudaError_t result = real::cudaMalloc()(&ptr, static_cast<std::size_t>(size));
+  cudaError_t result = own::cudaMalloc()(&ptr, static_cast<std::size_t>(size));
   if (result == cudaSuccess) {
     *out = reinterpret_cast<DevicePtr>(ptr);
     return AllocStatus::ok;
   }
+  budget::uncharge(device_, size);
   return result == cudaErrorMemoryAllocation ? AllocStatus::out_of_memory : AllocStatus::failed;
 }
 
-void CudaDevice::release(DevicePtr ptr, std::uint64_t) {
-  OwnCallScope scope(device_);
-  {
-    auto table = streams_.lock();
-    if (capture_open()) {  // Note [Releases during capture]
-      std::lock_guard<std::mutex> hold(mutex_);
-      deferred_.push_back(ptr);
-      return;
-    }
-  }
-  release_deferred();
-  real::cudaFree()(reinterpret_cast<void*>(ptr));
+// Pages go to the release worker: the driver's free synchronizes the device and must never run
+// on an allocating thread (Note [Release worker] in release_worker.cpp).
+void CudaDevice::release(DevicePtr ptr, std::uint64_t size) {
+  budget::uncharge(device_, size);
+  ReleaseWorker::instance().release(device_, reinterpret_cast<void*>(ptr));
 }
 
-// Caller holds an OwnCallScope (and neither the table's lock nor mutex_).
-void CudaDevice::release_deferred() {
-  std::vector<DevicePtr> ready;
-  {
-    std::lock_guard<std::mutex> hold(mutex_);
-    if (deferred_.empty()) return;
-  }
-  {
-    auto table = streams_.lock();
-    if (capture_open()) return;
-    std::lock_guard<std::mutex> hold(mutex_);
-    ready.swap(deferred_);
-  }
-  for (DevicePtr ptr : ready) real::cudaFree()(reinterpret_cast<void*>(ptr));
+bool CudaDevice::flush_releases(std::uint32_t max_microseconds) {
+  return ReleaseWorker::instance().flush(max_microseconds);
 }
 
 DeviceMemoryInfo CudaDevice::memory_info() {
@@ -185,13 +117,13 @@ DeviceMemoryInfo CudaDevice::memory_info() {
   if (!scope.ok()) return {};  // another device's numbers (Note [Own calls])
   std::size_t free_bytes = 0;
   std::size_t total_bytes = 0;
-  if (real::cudaMemGetInfo()(&free_bytes, &total_bytes) != cudaSuccess) return {};
+  if (own::cudaMemGetInfo()(&free_bytes, &total_bytes) != cudaSuccess) return {};
   return {free_bytes, total_bytes};
 }
 
 cudaEvent_t CudaDevice::take_event() {
   {
-    std::lock_guard<std::mutex> hold(mutex_);
+    std::lock_guard<RankedMutex> hold(mutex_);
     if (!events_.empty()) {
       cudaEvent_t event = events_.back();
       events_.pop_back();
@@ -199,15 +131,17 @@ cudaEvent_t CudaDevice::take_event() {
     }
   }
   cudaEvent_t event = nullptr;
-  if (real::cudaEventCreateWithFlags()(&event, cudaEventDisableTiming) != cudaSuccess) {
+  if (own::cudaEventCreateWithFlags()(&event, cudaEventDisableTiming) != cudaSuccess) {
     return nullptr;
   }
   return event;
 }
 
 void CudaDevice::recycle(Fence* fence) {
-  std::lock_guard<std::mutex> hold(mutex_);
-  events_.insert(events_.end(), fence->events.begin(), fence->events.end());
+  std::lock_guard<RankedMutex> hold(mutex_);
+  // Events from before a device reset are dead: never reuse them (forget_events).
+  if (fence->generation == generation_)
+    events_.insert(events_.end(), fence->events.begin(), fence->events.end());
   fence->events.clear();
   fence->tails.clear();
   fences_.push_back(fence);
@@ -217,7 +151,7 @@ void CudaDevice::recycle(Fence* fence) {
 // appended to `pending` when it is not null.
 void CudaDevice::prune_tails(std::vector<cudaEvent_t>* pending) {
   std::erase_if(tails_, [&](cudaEvent_t tail) {
-    if (real::cudaEventQuery()(tail) != cudaErrorNotReady) {
+    if (own::cudaEventQuery()(tail) != cudaErrorNotReady) {
       events_.push_back(tail);
       return true;
     }
@@ -233,10 +167,16 @@ void CudaDevice::adopt_stream_tail(cudaStream_t stream) {
   // A capturing stream would take the record into its graph; its capture ends with the destroy.
   // A stale handle (Note [Stale streams]) has nothing left to mark.
   if (capture_state(stream) != CaptureState::none) return;
+  std::uint64_t generation = 0;
+  {
+    std::lock_guard<RankedMutex> hold(mutex_);
+    generation = generation_;
+  }
   cudaEvent_t tail = take_event();
   if (tail == nullptr) return;
-  const bool recorded = real::cudaEventRecord()(tail, stream) == cudaSuccess;
-  std::lock_guard<std::mutex> hold(mutex_);
+  const bool recorded = own::cudaEventRecord()(tail, stream) == cudaSuccess;
+  std::lock_guard<RankedMutex> hold(mutex_);
+  if (generation != generation_) return;  // reset meanwhile: the event is dead
   prune_tails(nullptr);  // keeps the list as short as the work still running
   (recorded ? tails_ : events_).push_back(tail);
 }
@@ -244,6 +184,7 @@ void CudaDevice::adopt_stream_tail(cudaStream_t stream) {
 // Caller holds the stream table's lock and an OwnCallScope. Drops the stale streams it meets
 // (Note [Stale streams]).
 bool CudaDevice::capture_open() {
+  if (hooked_captures_.load(std::memory_order_acquire) > 0) return true;
   if (is_capturing(cudaStreamLegacy) || is_capturing(cudaStreamPerThread)) return true;
   std::vector<cudaStream_t> gone;
   bool open = false;
@@ -279,20 +220,23 @@ FenceHandle CudaDevice::fence_record() {
   if (capture_open()) return kNoFence;
 
   Fence* fence = nullptr;
+  std::uint64_t generation = 0;
   {
-    std::lock_guard<std::mutex> hold(mutex_);
+    std::lock_guard<RankedMutex> hold(mutex_);
+    generation = generation_;
     if (!fences_.empty()) {
       fence = fences_.back();
       fences_.pop_back();
     }
   }
   if (fence == nullptr) fence = new Fence;
+  fence->generation = generation;
 
   auto record = [&](cudaStream_t stream) {
     cudaEvent_t event = take_event();
     if (event == nullptr) return cudaErrorMemoryAllocation;
     fence->events.push_back(event);
-    return real::cudaEventRecord()(event, stream);
+    return own::cudaEventRecord()(event, stream);
   };
   bool recorded = record(cudaStreamLegacy) == cudaSuccess;
   std::vector<cudaStream_t> gone;
@@ -312,7 +256,7 @@ FenceHandle CudaDevice::fence_record() {
     return kNoFence;
   }
   {
-    std::lock_guard<std::mutex> hold(mutex_);
+    std::lock_guard<RankedMutex> hold(mutex_);
     if (!tails_.empty()) prune_tails(&fence->tails);  // Note [Destroyed streams]
   }
   return reinterpret_cast<FenceHandle>(fence);
@@ -325,7 +269,7 @@ bool CudaDevice::fence_passed(FenceHandle handle) {
     for (cudaEvent_t event : *list) {
       // Any answer but "not ready" is final: an event of a failed context never completes, and
       // holding its memory forever would help no one.
-      if (real::cudaEventQuery()(event) == cudaErrorNotReady) return false;
+      if (own::cudaEventQuery()(event) == cudaErrorNotReady) return false;
     }
   }
   return true;
@@ -334,8 +278,8 @@ bool CudaDevice::fence_passed(FenceHandle handle) {
 void CudaDevice::fence_wait(FenceHandle handle) {
   OwnCallScope scope(device_);
   auto* fence = reinterpret_cast<Fence*>(handle);
-  for (cudaEvent_t event : fence->events) real::cudaEventSynchronize()(event);
-  for (cudaEvent_t event : fence->tails) real::cudaEventSynchronize()(event);
+  for (cudaEvent_t event : fence->events) own::cudaEventSynchronize()(event);
+  for (cudaEvent_t event : fence->tails) own::cudaEventSynchronize()(event);
 }
 
 void CudaDevice::fence_destroy(FenceHandle handle) {
@@ -355,14 +299,14 @@ bool CudaDevice::capture_active() {
 
 void CudaDevice::synchronize() {
   OwnCallScope scope(device_);
-  real::cudaDeviceSynchronize()();
+  own::cudaDeviceSynchronize()();
 }
 
 void CudaDevice::forget_events() {
-  std::lock_guard<std::mutex> hold(mutex_);
+  std::lock_guard<RankedMutex> hold(mutex_);
   events_.clear();
   tails_.clear();
-  deferred_.clear();
+  ++generation_;
 }
 
 }  // namespace poolcuda

@@ -1,20 +1,23 @@
-// CudaDevice: the Device interface (pools/device.h) implemented over the real CUDA runtime for
-// one device index. It makes every call on the right device (switching the calling thread's
-// current device for the call's duration when needed), in relaxed capture mode, and without
-// disturbing the program's last-error state, and it implements free fences as CUDA events
+// CudaDevice: the Device interface (pools/device.h) implemented over CUDA for one device index:
+// the real runtime, or the driver in a process without one (own_api.h). It makes every call on
+// the right device (switching the calling thread's current device for the call's duration when
+// needed), in relaxed capture mode, and without disturbing the program's last-error state, and
+// it implements free fences as CUDA events
 // (Note [Fence streams] in cuda_device.cpp).
 //
-// Depends on pools/device.h, the real-function table and the stream table; never on a
+// Depends on pools/device.h, the own-call table and the stream table; never on a
 // MemoryManager (the Device contract forbids calling back into it).
 #pragma once
 
 #include <cuda_runtime_api.h>
 
+#include <atomic>
 #include <cstdint>
 #include <mutex>
 #include <vector>
 
 #include "pools/device.h"
+#include "pools/lock_order.h"
 
 namespace poolcuda {
 
@@ -31,6 +34,7 @@ class CudaDevice final : public Device {
 
   AllocStatus allocate(std::uint64_t size, DevicePtr* out) override;
   void release(DevicePtr ptr, std::uint64_t size) override;
+  bool flush_releases(std::uint32_t max_microseconds) override;
   DeviceMemoryInfo memory_info() override;
   std::uint64_t alignment() const override { return kAlignment; }
   FenceHandle fence_record() override;
@@ -45,8 +49,17 @@ class CudaDevice final : public Device {
   // [Destroyed streams] in cuda_device.cpp). Caller holds the stream table's lock.
   void adopt_stream_tail(cudaStream_t stream);
 
-  // cudaDeviceReset destroyed every event of the device and freed its memory: drop the cached
-  // events and the deferred releases unreleased.
+  // A stream capture began (ended) on this device through the hooks (interpose/capture_hooks.cpp).
+  // began() is called with the stream table's lock held, right after the real begin: a fence is
+  // recorded under the same lock, so the two exclude each other (Note [Fence streams]).
+  void capture_began() { hooked_captures_.fetch_add(1, std::memory_order_acq_rel); }
+  void capture_ended() { hooked_captures_.fetch_sub(1, std::memory_order_acq_rel); }
+  // cudaDeviceReset ended every capture of the device.
+  void captures_forgotten() { hooked_captures_.store(0, std::memory_order_release); }
+
+  // cudaDeviceReset destroyed every event of the device: drop the cached events, and make sure
+  // no event created or recorded before the reset is ever used again (a fence that comes back
+  // from before the reset is dropped, not recycled).
   void forget_events();
 
   int index() const { return device_; }
@@ -58,18 +71,18 @@ class CudaDevice final : public Device {
   cudaEvent_t take_event();
   void recycle(Fence* fence);
   void prune_tails(std::vector<cudaEvent_t>* pending);
-  void release_deferred();
   bool capture_open();
   void drop_streams(const std::vector<cudaStream_t>& gone);
 
   int device_;
   StreamTable& streams_;
   std::uint64_t total_bytes_ = 0;
-  std::mutex mutex_;                 // guards the caches below
+  RankedMutex mutex_{LockRank::device};  // guards the caches below
   std::vector<cudaEvent_t> events_;  // created, not in use
   std::vector<cudaEvent_t> tails_;   // recorded last on destroyed streams, maybe not complete
   std::vector<Fence*> fences_;       // recycled fence records
-  std::vector<DevicePtr> deferred_;  // released while a capture was open, not yet freed
+  std::uint64_t generation_ = 0;     // bumped by forget_events()
+  std::atomic<int> hooked_captures_{0};  // captures begun through the hooks, still open
 };
 
 }  // namespace poolcuda

@@ -1,85 +1,185 @@
-// The exported CUDA runtime entry points: the only symbols libpoolcuda.so exports (exports.map).
-// Each is a thin shim: calls made from inside the library (the re-entry guard) and calls in a
-// forked child (Note [Fork] in lifecycle.cpp) go straight to the real function; everything else
-// is one call into hooks.cpp.
+// The exported CUDA runtime entry points (the driver's are in driver_exports.cpp, dlsym in
+// dlsym_hook.cpp, the ones that only watch streams and devices in stream_exports.cpp). Each is a
+// thin shim: calls made from inside the library (the re-entry guard) and calls in a forked child
+// (Note [Fork] in lifecycle.cpp) go straight to the real function; everything else is one call
+// into hooks.cpp, through guarded() (exports_common.h). The cudaGetDriverEntryPoint family maps
+// what the real call found to the library's driver hooks, like the hooked cuGetProcAddress.
 //
-// Depends on hooks.h, real_cuda.h and lifecycle.h only.
+// Depends on hooks.h, exports_common.h and real_cuda.h only.
 #include <cuda_runtime_api.h>
 
+#include <cstring>
+
+#include "interpose/exports_common.h"
 #include "interpose/hooks.h"
-#include "interpose/lifecycle.h"
 #include "interpose/real_cuda.h"
-
-#define POOLCUDA_EXPORT extern "C" __attribute__((visibility("default")))
-
-namespace poolcuda {
-namespace {
-
-// Set while a hook runs on this thread: a CUDA call the real runtime makes through an exported
-// symbol (or one the pools make) must not re-enter the pools. initial-exec: no allocation and
-// no lock on first access, which matters inside a preloaded library.
-__attribute__((tls_model("initial-exec"))) thread_local bool t_inside_hook = false;
-
-bool bypass() { return t_inside_hook || passthrough(); }
-
-class InsideHook {
- public:
-  InsideHook() { t_inside_hook = true; }
-  ~InsideHook() { t_inside_hook = false; }
-  InsideHook(const InsideHook&) = delete;
-  InsideHook& operator=(const InsideHook&) = delete;
-};
-
-}  // namespace
-}  // namespace poolcuda
 
 namespace pc = poolcuda;
 
 POOLCUDA_EXPORT cudaError_t cudaMalloc(void** ptr, size_t size) {
   if (pc::bypass()) return pc::real::cudaMalloc()(ptr, size);
-  pc::InsideHook inside;
-  return pc::hooks::malloc(ptr, size);
+  return pc::guarded([&] { return pc::hooks::malloc(ptr, size); });
 }
 
 POOLCUDA_EXPORT cudaError_t cudaFree(void* ptr) {
   if (pc::bypass()) return pc::real::cudaFree()(ptr);
-  pc::InsideHook inside;
-  return pc::hooks::free(ptr);
+  return pc::guarded([&] { return pc::hooks::free(ptr); });
+}
+
+POOLCUDA_EXPORT cudaError_t cudaFreeAsync(void* ptr, cudaStream_t stream) {
+  if (pc::bypass()) return pc::real::cudaFreeAsync()(ptr, stream);
+  return pc::guarded([&] { return pc::hooks::free_async(ptr, stream, false); });
+}
+
+POOLCUDA_EXPORT cudaError_t cudaFreeAsync_ptsz(void* ptr, cudaStream_t stream) {
+  if (pc::bypass()) return pc::real::cudaFreeAsync_ptsz()(ptr, stream);
+  return pc::guarded([&] { return pc::hooks::free_async(ptr, stream, true); });
 }
 
 POOLCUDA_EXPORT cudaError_t cudaMemGetInfo(size_t* free_bytes, size_t* total_bytes) {
   if (pc::bypass()) return pc::real::cudaMemGetInfo()(free_bytes, total_bytes);
-  pc::InsideHook inside;
-  return pc::hooks::mem_get_info(free_bytes, total_bytes);
+  return pc::guarded([&] { return pc::hooks::mem_get_info(free_bytes, total_bytes); });
 }
 
 POOLCUDA_EXPORT cudaError_t cudaDeviceReset() {
   if (pc::bypass()) return pc::real::cudaDeviceReset()();
-  pc::InsideHook inside;
-  return pc::hooks::device_reset();
+  return pc::guarded([&] { return pc::hooks::device_reset(); });
 }
 
 POOLCUDA_EXPORT cudaError_t cudaStreamCreate(cudaStream_t* stream) {
   if (pc::bypass()) return pc::real::cudaStreamCreate()(stream);
-  pc::InsideHook inside;
-  return pc::hooks::stream_create(stream);
+  return pc::guarded([&] { return pc::hooks::stream_create(stream); });
 }
 
 POOLCUDA_EXPORT cudaError_t cudaStreamCreateWithFlags(cudaStream_t* stream, unsigned int flags) {
   if (pc::bypass()) return pc::real::cudaStreamCreateWithFlags()(stream, flags);
-  pc::InsideHook inside;
-  return pc::hooks::stream_create_with_flags(stream, flags);
+  return pc::guarded([&] { return pc::hooks::stream_create_with_flags(stream, flags); });
 }
 
 POOLCUDA_EXPORT cudaError_t cudaStreamCreateWithPriority(cudaStream_t* stream, unsigned int flags,
                                                          int priority) {
   if (pc::bypass()) return pc::real::cudaStreamCreateWithPriority()(stream, flags, priority);
-  pc::InsideHook inside;
-  return pc::hooks::stream_create_with_priority(stream, flags, priority);
+  return pc::guarded([&] { return pc::hooks::stream_create_with_priority(stream, flags, priority); });
 }
 
 POOLCUDA_EXPORT cudaError_t cudaStreamDestroy(cudaStream_t stream) {
   if (pc::bypass()) return pc::real::cudaStreamDestroy()(stream);
-  pc::InsideHook inside;
-  return pc::hooks::stream_destroy(stream);
+  return pc::guarded([&] { return pc::hooks::stream_destroy(stream); });
 }
+
+POOLCUDA_EXPORT cudaError_t cudaStreamBeginCapture(cudaStream_t stream,
+                                                   cudaStreamCaptureMode mode) {
+  if (pc::bypass()) return pc::real::cudaStreamBeginCapture()(stream, mode);
+  return pc::guarded([&] {
+    return static_cast<cudaError_t>(pc::hooks::begin_capture(
+        stream, false, [&] { return pc::real::cudaStreamBeginCapture()(stream, mode); }));
+  });
+}
+
+POOLCUDA_EXPORT cudaError_t cudaStreamBeginCapture_ptsz(cudaStream_t stream,
+                                                        cudaStreamCaptureMode mode) {
+  if (pc::bypass()) return pc::real::cudaStreamBeginCapture_ptsz()(stream, mode);
+  return pc::guarded([&] {
+    return static_cast<cudaError_t>(pc::hooks::begin_capture(
+        stream, true, [&] { return pc::real::cudaStreamBeginCapture_ptsz()(stream, mode); }));
+  });
+}
+
+POOLCUDA_EXPORT cudaError_t cudaStreamBeginCaptureToGraph(
+    cudaStream_t stream, cudaGraph_t graph, const cudaGraphNode_t* dependencies,
+    const cudaGraphEdgeData* edges, size_t count, cudaStreamCaptureMode mode) {
+  if (pc::bypass())
+    return pc::real::cudaStreamBeginCaptureToGraph()(stream, graph, dependencies, edges, count,
+                                                     mode);
+  return pc::guarded([&] {
+    return static_cast<cudaError_t>(pc::hooks::begin_capture(stream, false, [&] {
+      return pc::real::cudaStreamBeginCaptureToGraph()(stream, graph, dependencies, edges, count,
+                                                       mode);
+    }));
+  });
+}
+
+POOLCUDA_EXPORT cudaError_t cudaStreamBeginCaptureToGraph_ptsz(
+    cudaStream_t stream, cudaGraph_t graph, const cudaGraphNode_t* dependencies,
+    const cudaGraphEdgeData* edges, size_t count, cudaStreamCaptureMode mode) {
+  if (pc::bypass())
+    return pc::real::cudaStreamBeginCaptureToGraph_ptsz()(stream, graph, dependencies, edges,
+                                                          count, mode);
+  return pc::guarded([&] {
+    return static_cast<cudaError_t>(pc::hooks::begin_capture(stream, true, [&] {
+      return pc::real::cudaStreamBeginCaptureToGraph_ptsz()(stream, graph, dependencies, edges,
+                                                            count, mode);
+    }));
+  });
+}
+
+POOLCUDA_EXPORT cudaError_t cudaStreamEndCapture(cudaStream_t stream, cudaGraph_t* graph) {
+  if (pc::bypass()) return pc::real::cudaStreamEndCapture()(stream, graph);
+  return pc::guarded([&] {
+    return static_cast<cudaError_t>(pc::hooks::end_capture(
+        stream, false, graph, [&] { return pc::real::cudaStreamEndCapture()(stream, graph); }));
+  });
+}
+
+POOLCUDA_EXPORT cudaError_t cudaStreamEndCapture_ptsz(cudaStream_t stream, cudaGraph_t* graph) {
+  if (pc::bypass()) return pc::real::cudaStreamEndCapture_ptsz()(stream, graph);
+  return pc::guarded([&] {
+    return static_cast<cudaError_t>(pc::hooks::end_capture(
+        stream, true, graph, [&] { return pc::real::cudaStreamEndCapture_ptsz()(stream, graph); }));
+  });
+}
+
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
+POOLCUDA_EXPORT cudaError_t cudaGetDriverEntryPoint(const char* symbol, void** funcPtr,
+                                                    unsigned long long flags,
+                                                    cudaDriverEntryPointQueryResult* driverStatus) {
+  return pc::hooks::map_driver_entry(
+      pc::real::cudaGetDriverEntryPoint()(symbol, funcPtr, flags, driverStatus), funcPtr);
+}
+#pragma GCC diagnostic pop
+
+POOLCUDA_EXPORT cudaError_t cudaGetDriverEntryPoint_ptsz(
+    const char* symbol, void** funcPtr, unsigned long long flags,
+    cudaDriverEntryPointQueryResult* driverStatus) {
+  return pc::hooks::map_driver_entry(
+      pc::real::cudaGetDriverEntryPoint_ptsz()(symbol, funcPtr, flags, driverStatus), funcPtr);
+}
+
+POOLCUDA_EXPORT cudaError_t cudaGetDriverEntryPointByVersion(
+    const char* symbol, void** funcPtr, unsigned int cudaVersion, unsigned long long flags,
+    cudaDriverEntryPointQueryResult* driverStatus) {
+  return pc::hooks::map_driver_entry(pc::real::cudaGetDriverEntryPointByVersion()(
+                                         symbol, funcPtr, cudaVersion, flags, driverStatus),
+                                     funcPtr);
+}
+
+POOLCUDA_EXPORT cudaError_t cudaGetDriverEntryPointByVersion_ptsz(
+    const char* symbol, void** funcPtr, unsigned int cudaVersion, unsigned long long flags,
+    cudaDriverEntryPointQueryResult* driverStatus) {
+  return pc::hooks::map_driver_entry(pc::real::cudaGetDriverEntryPointByVersion_ptsz()(
+                                         symbol, funcPtr, cudaVersion, flags, driverStatus),
+                                     funcPtr);
+}
+
+namespace poolcuda {
+
+void* runtime_hook(const char* name) {
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
+  static const struct {
+    const char* name;
+    void* hook;
+  } kHooks[] = {
+#define POOLCUDA_HOOK(fn) {#fn, reinterpret_cast<void*>(&::fn)},
+      POOLCUDA_RUNTIME_HOOKS(POOLCUDA_HOOK)
+#undef POOLCUDA_HOOK
+  };
+#pragma GCC diagnostic pop
+  for (const auto& entry : kHooks) {
+    if (std::strcmp(entry.name, name) == 0) return entry.hook;
+  }
+  return nullptr;
+}
+
+}  // namespace poolcuda

@@ -1,50 +1,33 @@
-// The hooked calls' logic (see hooks.h).
+// The hooked runtime calls' logic (see hooks.h).
 //
 // Note [Last error]
 // The runtime keeps a per-thread "last error" that cudaGetLastError returns and clears. The
-// pools' own device calls leave it as they found it (Note [Own calls] in cuda_device.cpp), so
-// an allocation that succeeded after trimming shows the program no error. When the pools give
-// up on an out-of-memory, the request goes to the real cudaMalloc one last time: it fails as
-// the real library would and leaves exactly the last error the real library leaves (or, if
-// memory came free meanwhile, it succeeds and the memory is simply not pooled). A size no
-// configured pool accepts (a custom layout that does not cover every size) is no reason to
-// refuse what the driver would give: it goes to the real cudaMalloc too, and its pointer to the
-// real cudaFree later, since no pool owns it. A capped pool that is full with nothing behind it
-// is a deliberate budget: that refusal has no real call to mirror, so it raises
-// cudaErrorMemoryAllocation in the slot with a real cudaMalloc of a size no device has. A
-// refused cudaFree raises cudaErrorInvalidValue the same way.
+// pools' own device calls leave it as they found it (Note [Own calls] in own_call.h), so an
+// allocation that succeeded after trimming shows the program no error. When the pools give up
+// on an out-of-memory, the request goes to the real cudaMalloc one last time: it fails as the
+// real library would and leaves exactly the last error the real library leaves (or, if memory
+// came free meanwhile, it succeeds and the memory is simply not pooled). A size no configured
+// pool accepts (a custom layout that does not cover every size) is no reason to refuse what the
+// driver would give: it goes to the real cudaMalloc too, and its pointer to the real cudaFree
+// later, since no pool owns it. A capped pool that is full with nothing behind it, and a request
+// over the device's budget, are deliberate limits: such a refusal has no real call to mirror,
+// so it raises cudaErrorMemoryAllocation in the slot with a real cudaMalloc of a size no device
+// has. A refused cudaFree raises cudaErrorInvalidValue the same way.
 //
-// Depends on the registry, the CUDA device, the real-function table, the log and the
-// configuration.
+// Depends on the shared pooling core, the driver hooks (for the resolvers) and the
+// real-function table.
 #include "interpose/hooks.h"
 
-#include "interpose/lifecycle.h"
-#include "interpose/log.h"
+#include "interpose/driver_hooks.h"
+#include "interpose/pooling.h"
 #include "interpose/real_cuda.h"
-#include "interpose/registry.h"
 
 namespace poolcuda::hooks {
 
-namespace {
-
-// Larger than any device; a real cudaMalloc of it fails with cudaErrorMemoryAllocation.
-constexpr std::size_t kImpossibleSize = std::size_t{1} << 52;
-
-// The device current on the calling thread, or -1.
 int current_device() {
   int device = -1;
   if (real::cudaGetDevice()(&device) != cudaSuccess) return -1;
   return device;
-}
-
-cudaError_t forward_malloc(int device, void** ptr, std::size_t size) {
-  Registry::instance().count_forwarded_malloc(device);
-  return real::cudaMalloc()(ptr, size);
-}
-
-void raise_out_of_memory() {
-  void* ptr = nullptr;
-  if (real::cudaMalloc()(&ptr, kImpossibleSize) == cudaSuccess) real::cudaFree()(ptr);
 }
 
 // A refused free (double free, interior pointer) leaves cudaErrorInvalidValue in the last-error
@@ -56,128 +39,107 @@ void raise_invalid_value() {
   real::cudaFree()(&not_device_memory);
 }
 
-// Refusals the pools decide themselves (the manager logs device out-of-memory breakdowns).
-void log_refusal(int device, std::size_t size, const Error& error) {
-  log_format(LogLevel::basic, "cudaMalloc(%zu B) on device %d refused: %s", size, device,
-             describe(error).c_str());
+void raise_out_of_memory() {
+  // Larger than any device; a real cudaMalloc of it fails with cudaErrorMemoryAllocation.
+  constexpr std::size_t kImpossibleSize = std::size_t{1} << 52;
+  void* ptr = nullptr;
+  if (real::cudaMalloc()(&ptr, kImpossibleSize) == cudaSuccess) real::cudaFree()(ptr);
+}
+
+namespace {
+
+cudaError_t forward_malloc(int device, void** ptr, std::size_t size) {
+  const int result =
+      pooling::forward(device, size, ptr, [&] { return real::cudaMalloc()(ptr, size); });
+  if (result != pooling::kOverBudget) return static_cast<cudaError_t>(result);
+  raise_out_of_memory();
+  return cudaErrorMemoryAllocation;
+}
+
+cudaError_t refuse_free(const char* api, void* ptr, const pooling::Freed& freed) {
+  pooling::log_refused_free(api, ptr, freed);
+  raise_invalid_value();
+  return cudaErrorInvalidValue;
 }
 
 }  // namespace
 
 cudaError_t malloc(void** ptr, std::size_t size) {
-  int device = current_device();
-  // NULL, size 0 and an unusable device behave exactly as the real call does.
-  if (ptr == nullptr || size == 0 || device < 0) return forward_malloc(device, ptr, size);
-  Registry& registry = Registry::instance();
-  MemoryManager* manager = registry.manager_or_create(device);
-  if (manager == nullptr) return forward_malloc(device, ptr, size);
-  // Larger than the device: the real call fails cleanly and sets its own error.
-  if (size > registry.device(device)->total_bytes()) return forward_malloc(device, ptr, size);
-
-  Reservation reservation = manager->allocate(size);
-  // A sticky context error is not checked on a hit: that would cost a runtime call on every
-  // allocation, and the program's next launch or synchronisation reports the error anyway.
-  if (reservation.ptr != 0) {
-    *ptr = reinterpret_cast<void*>(reservation.ptr);
-    return cudaSuccess;
+  const int device = current_device();
+  switch (pooling::allocate("cudaMalloc", device, size, ptr)) {
+    case pooling::Route::pooled:
+      return cudaSuccess;
+    case pooling::Route::forward:
+      return forward_malloc(device, ptr, size);  // NULL, size 0, no device: as the real call
+    case pooling::Route::refused:
+      break;
   }
-  switch (reservation.error.kind) {
-    case ErrorKind::out_of_memory:
-    case ErrorKind::device_error:
-      // Note [Last error]: the real call's own failure is the answer.
-      return forward_malloc(device, ptr, size);
-    case ErrorKind::buffer_too_big:
-      // Note [Last error]: not the pools' size, but the driver may well have it.
-      if (registry.first_time(Registry::Once::no_pool_accepts, device)) {
-        log_format(LogLevel::basic,
-                   "device %d: no pool accepts %zu bytes; passing such requests to cudaMalloc",
-                   device, size);
-      }
-      return forward_malloc(device, ptr, size);
-    default:
-      log_refusal(device, size, reservation.error);
-      raise_out_of_memory();
-      return cudaErrorMemoryAllocation;
-  }
+  raise_out_of_memory();
+  return cudaErrorMemoryAllocation;
 }
 
 cudaError_t free(void* ptr) {
-  int device = current_device();
-  Registry& registry = Registry::instance();
+  const int device = current_device();
   if (ptr == nullptr) {
-    registry.count_forwarded_free(device);
+    pooling::forwarded_free(device, ptr);
     return real::cudaFree()(ptr);
   }
-  const auto address = reinterpret_cast<DevicePtr>(ptr);
-  FreeOutcome outcome = FreeOutcome::not_mine;
-  int owner = device;
-  if (MemoryManager* manager = registry.manager(device)) outcome = manager->free(address);
-  // A pointer allocated on another device may be freed with any device current.
-  for (int other = 0; outcome == FreeOutcome::not_mine && other < Registry::kMaxDevices;
-       ++other) {
-    if (other == device) continue;
-    MemoryManager* manager = registry.manager(other);
-    if (manager == nullptr) continue;
-    outcome = manager->free(address);
-    owner = other;
-  }
-  switch (outcome) {
+  const pooling::Freed freed = pooling::release(device, ptr);
+  switch (freed.outcome) {
     case FreeOutcome::freed:
       return cudaSuccess;
-    case FreeOutcome::not_mine:
-      registry.count_forwarded_free(device);
-      return real::cudaFree()(ptr);
-    case FreeOutcome::double_free:
-      log_format(LogLevel::basic, "cudaFree(%p) on device %d: double free; nothing changed", ptr,
-                 owner);
-      raise_invalid_value();
-      return cudaErrorInvalidValue;
-    case FreeOutcome::interior_pointer:
-      log_format(LogLevel::basic,
-                 "cudaFree(%p) on device %d: not the start of an allocation; nothing changed",
-                 ptr, owner);
-      raise_invalid_value();
-      return cudaErrorInvalidValue;
+    case FreeOutcome::not_mine: {
+      const cudaError_t result = real::cudaFree()(ptr);
+      if (result == cudaSuccess) pooling::forwarded_free(device, ptr);
+      return result;
+    }
+    default:
+      return refuse_free("cudaFree", ptr, freed);
   }
-  return cudaErrorInvalidValue;
+}
+
+// cudaFreeAsync of pooled memory: the program promises that no work ordered after the free on
+// `stream` uses it; work ordered before it is exactly what a free fence waits for (the fence of
+// the epoch the slice joins is recorded later, on the streams Note [Fence streams] names), so
+// the slice takes the same path as a cudaFree. Memory from cudaMallocAsync and anything else
+// the pools do not own goes to the real call.
+cudaError_t free_async(void* ptr, cudaStream_t stream, bool per_thread) {
+  auto real_call = [&] {
+    return per_thread ? real::cudaFreeAsync_ptsz()(ptr, stream)
+                      : real::cudaFreeAsync()(ptr, stream);
+  };
+  if (ptr == nullptr) return real_call();
+  const int device = current_device();
+  const pooling::Freed freed = pooling::release(device, ptr);
+  switch (freed.outcome) {
+    case FreeOutcome::freed:
+      return cudaSuccess;
+    case FreeOutcome::not_mine: {
+      const cudaError_t result = real_call();
+      if (result == cudaSuccess) pooling::forwarded_free(device, ptr);
+      return result;
+    }
+    default:
+      return refuse_free("cudaFreeAsync", ptr, freed);
+  }
 }
 
 cudaError_t mem_get_info(std::size_t* free_bytes, std::size_t* total_bytes) {
-  cudaError_t result = real::cudaMemGetInfo()(free_bytes, total_bytes);
-  if (result != cudaSuccess || free_bytes == nullptr) return result;
-  if (config().memgetinfo != MemGetInfoMode::pooled) return result;
-  MemoryManager* manager = Registry::instance().manager(current_device());
-  if (manager == nullptr) return result;
-  // Idle bytes and bytes still waiting for their free fence are both what the next cudaMalloc
-  // can get (the out-of-memory path waits for pending fences): reserved minus what is in use.
-  MemoryUsage usage = manager->memory_usage();
-  std::uint64_t used = usage.bytes_in_use + usage.bytes_padding;
-  std::uint64_t available = usage.bytes_reserved > used ? usage.bytes_reserved - used : 0;
-  std::uint64_t room = total_bytes != nullptr && *total_bytes > *free_bytes
-                           ? *total_bytes - *free_bytes
-                           : available;
-  *free_bytes += static_cast<std::size_t>(available < room ? available : room);
+  const cudaError_t result = real::cudaMemGetInfo()(free_bytes, total_bytes);
+  if (result == cudaSuccess) pooling::adjust_memory_info(current_device(), free_bytes, total_bytes);
   return result;
 }
 
 cudaError_t device_reset() {
-  int device = current_device();
-  Registry& registry = Registry::instance();
-  // The reset frees every allocation and destroys every stream and event of the device: the
-  // pools forget theirs instead of releasing them.
-  if (MemoryManager* manager = registry.manager(device)) {
-    manager->forget();
-    registry.device(device)->forget_events();
-  }
-  registry.streams().forget_device(device);
-  return real::cudaDeviceReset()();
+  return static_cast<cudaError_t>(
+      pooling::reset_device(current_device(), [] { return real::cudaDeviceReset()(); }));
 }
 
 namespace {
 
 cudaError_t track(cudaError_t result, cudaStream_t* stream, unsigned int flags) {
   if (result == cudaSuccess && stream != nullptr) {
-    Registry::instance().streams().add(*stream, current_device(), flags);
+    pooling::track_stream(*stream, current_device(), flags);
   }
   return result;
 }
@@ -197,20 +159,18 @@ cudaError_t stream_create_with_priority(cudaStream_t* stream, unsigned int flags
 }
 
 cudaError_t stream_destroy(cudaStream_t stream) {
-  Registry& registry = Registry::instance();
-  {
-    // Out of the table first: no fence may be recorded on it once the real destroy has run.
-    // Its queued work still runs after the destroy, so later fences wait for its tail (Note
-    // [Destroyed streams] in cuda_device.cpp); under the table's lock, so that no fence falls
-    // between the removal and the tail.
-    auto table = registry.streams().lock();
-    TrackedStream removed;
-    if (registry.streams().remove_locked(stream, &removed) &&
-        config().free_fence == FreeFence::events) {
-      if (CudaDevice* device = registry.device(removed.device)) device->adopt_stream_tail(stream);
-    }
-  }
-  return real::cudaStreamDestroy()(stream);
+  // A capture still open on the stream ends with it, as failed.
+  int capture_device = -1;
+  const unsigned long long capture = stream_capture_id(stream, &capture_device);
+  pooling::untrack_stream(stream);
+  const cudaError_t result = real::cudaStreamDestroy()(stream);
+  if (capture != 0) stream_destroyed_while_capturing(stream, capture_device, capture);
+  return result;
+}
+
+cudaError_t map_driver_entry(cudaError_t result, void** fn) {
+  driver_hooks::map_resolved(result == cudaSuccess, fn);
+  return result;
 }
 
 }  // namespace poolcuda::hooks

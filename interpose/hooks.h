@@ -1,19 +1,21 @@
-// The core of every hooked CUDA entry point: what cudaMalloc, cudaFree, cudaMemGetInfo,
+// The core of every hooked CUDA runtime entry point: what cudaMalloc, cudaFree, cudaMemGetInfo,
 // cudaDeviceReset and the stream calls do when the pools are active. The exported shims
 // (exports.cpp) call exactly one of these after their re-entry and pass-through checks; these
 // functions never check either.
 //
-// Depends on the registry, the real-function table and the configuration.
+// Depends on the pooling core, the real-function table and the driver variants.
 #pragma once
 
 #include <cuda_runtime_api.h>
 
 #include <cstddef>
+#include <functional>
 
 namespace poolcuda::hooks {
 
 cudaError_t malloc(void** ptr, std::size_t size);
 cudaError_t free(void* ptr);
+cudaError_t free_async(void* ptr, cudaStream_t stream, bool per_thread);
 cudaError_t mem_get_info(std::size_t* free_bytes, std::size_t* total_bytes);
 cudaError_t device_reset();
 cudaError_t stream_create(cudaStream_t* stream);
@@ -21,4 +23,95 @@ cudaError_t stream_create_with_flags(cudaStream_t* stream, unsigned int flags);
 cudaError_t stream_create_with_priority(cudaStream_t* stream, unsigned int flags, int priority);
 cudaError_t stream_destroy(cudaStream_t stream);
 
+// cudaGetDriverEntryPoint(ByVersion): what the real call found, a hooked driver variant mapped
+// to the library's hook.
+cudaError_t map_driver_entry(cudaError_t result, void** fn);
+
+// Stream capture, for the runtime and the driver entry points alike (capture_hooks.cpp).
+// `stream` is the runtime's or the driver's handle (they are the same objects); with
+// `per_thread` the 0 handle names the per-thread default stream. `real` makes the real begin or
+// end and returns its result as a number (CUresult and cudaError_t agree on success, 0).
+int begin_capture(cudaStream_t stream, bool per_thread, const std::function<int()>& real);
+int end_capture(cudaStream_t stream, bool per_thread, cudaGraph_t* graph,
+                const std::function<int()>& real);
+// The capture open on `stream` (0 when none) and the stream's device, asked before the stream
+// is destroyed; afterwards stream_destroyed_while_capturing closes that capture as failed when
+// the stream began it (a stream that only joined it leaves it open).
+unsigned long long stream_capture_id(cudaStream_t stream, int* device);
+void stream_destroyed_while_capturing(cudaStream_t stream, int device,
+                                      unsigned long long capture_id);
+
+// Shared with managed_hooks.cpp: the device current on the calling thread (-1 when none), and
+// a refusal's cudaErrorInvalidValue or cudaErrorMemoryAllocation left in the runtime's
+// last-error slot (Note [Last error] in hooks.cpp).
+int current_device();
+void raise_invalid_value();
+void raise_out_of_memory();
+
 }  // namespace poolcuda::hooks
+
+// Every runtime entry point the library exports (exports.cpp, stream_exports.cpp): a lookup of
+// one of these names through a library handle gets the hook (dlsym_hook.cpp).
+#define POOLCUDA_RUNTIME_HOOKS(X)           \
+  X(cudaMalloc)                             \
+  X(cudaFree)                               \
+  X(cudaFreeAsync)                          \
+  X(cudaFreeAsync_ptsz)                     \
+  X(cudaMallocManaged)                      \
+  X(cudaStreamAttachMemAsync)               \
+  X(cudaStreamAttachMemAsync_ptsz)          \
+  X(cudaMemAdvise)                          \
+  X(cudaMemPrefetchAsync)                   \
+  X(cudaMemPrefetchAsync_ptsz)              \
+  X(cudaPointerGetAttributes)               \
+  X(cudaStreamBeginCapture)                 \
+  X(cudaStreamBeginCapture_ptsz)            \
+  X(cudaStreamBeginCaptureToGraph)          \
+  X(cudaStreamBeginCaptureToGraph_ptsz)     \
+  X(cudaStreamEndCapture)                   \
+  X(cudaStreamEndCapture_ptsz)              \
+  X(cudaLaunchKernel)                       \
+  X(cudaLaunchKernel_ptsz)                  \
+  X(__cudaLaunchKernel)                     \
+  X(__cudaLaunchKernel_ptsz)                \
+  X(cudaLaunchKernelExC)                    \
+  X(cudaLaunchKernelExC_ptsz)               \
+  X(cudaLaunchCooperativeKernel)            \
+  X(cudaLaunchCooperativeKernel_ptsz)       \
+  X(cudaMemcpyAsync)                        \
+  X(cudaMemcpyAsync_ptsz)                   \
+  X(cudaMemsetAsync)                        \
+  X(cudaMemsetAsync_ptsz)                   \
+  X(cudaMemcpy_ptds)                        \
+  X(cudaMemset_ptds)                        \
+  X(cudaLaunchHostFunc)                     \
+  X(cudaLaunchHostFunc_ptsz)                \
+  X(cudaGraphLaunch)                        \
+  X(cudaGraphLaunch_ptsz)                   \
+  X(cudaEventRecord)                        \
+  X(cudaEventRecord_ptsz)                   \
+  X(cudaStreamWaitEvent)                    \
+  X(cudaStreamWaitEvent_ptsz)               \
+  X(cudaDeviceEnablePeerAccess)             \
+  X(cudaMemcpyPeer)                         \
+  X(cudaMemcpyPeerAsync)                    \
+  X(cudaMemcpyPeerAsync_ptsz)               \
+  X(cudaSetDevice)                          \
+  X(cudaMemGetInfo)                         \
+  X(cudaDeviceReset)                        \
+  X(cudaStreamCreate)                       \
+  X(cudaStreamCreateWithFlags)              \
+  X(cudaStreamCreateWithPriority)           \
+  X(cudaStreamDestroy)                      \
+  X(cudaGetDriverEntryPoint)                \
+  X(cudaGetDriverEntryPoint_ptsz)           \
+  X(cudaGetDriverEntryPointByVersion)       \
+  X(cudaGetDriverEntryPointByVersion_ptsz)
+
+namespace poolcuda {
+
+// The library's exported hook named `name`, or nullptr when it hooks no runtime call of that
+// name (for dlsym, see dlsym_hook.cpp).
+void* runtime_hook(const char* name);
+
+}  // namespace poolcuda

@@ -7,34 +7,109 @@
 // and the configuration are heap objects that are never deleted, and the exit report (if any)
 // only reads them. The CUDA runtime may already be unloading when a late cudaFree arrives; a
 // pooled pointer is then recognised and kept in the pool without any device call, and any other
-// pointer gets whatever the real cudaFree answers.
+// pointer gets whatever the real cudaFree answers. What runs at exit is in at_exit.cpp.
 //
 // Note [Fork]
 // A forked child inherits the pools exactly as the parent's threads left them, possibly with a
 // manager's lock held by a thread that does not exist in the child, and (on a real GPU) a CUDA
-// context it cannot use. So the child never touches them: the atfork child handler flips one
-// flag, every hook then calls the real function, the report handler and the exit report do
-// nothing. The parent is untouched.
+// context it cannot use. So the child never touches them: the atfork child handler flips the
+// copy's state to `forked`, every hook then calls the real function and the exit work does
+// nothing. The child has no reporter thread either (threads do not survive a fork), so the
+// handler puts back the report signal's disposition the program had before the library
+// installed its own, and removes the readiness mark: `poolcuda report` sees the child as the
+// program alone. The parent is untouched.
 //
-// Depends on pools/config.h, the log and the reporter; names no CUDA symbol.
+// Note [Active copy]
+// Two copies of the library at different paths can be loaded into one process (a preload
+// inherited from a parent plus another one, a framework that dlopens its own). The program's
+// calls bind to the copy first in the global scope, whose real functions, found with
+// RTLD_NEXT, are then the second copy's: two layers of pools would stack. So each copy asks the
+// dynamic linker which definition of the marker symbol comes first in the global scope: if it
+// is another copy's, this copy passes every call through, starts no reporter and writes no
+// report, and says so once, at the first CUDA call it sees. The answer is decided once, by the
+// constructor or by an earlier hook (Note [Load order]).
+//
+// Note [Silent processes]
+// A preloaded library is inherited by every child of the program: shells, compilers, helper
+// tools. A process that never makes a CUDA call through the library must not hear from it: no
+// exit report, no run summary, no note about signal handlers or a second copy. So hooks mark
+// the process as touched on their first call (one relaxed load afterwards), notes about the
+// library's own state wait for that mark (log_when_touched), and the exit work looks at it.
+// Errors the user must see at once (a malformed configuration, confirm:1) are exempt.
+//
+// Depends on config/config.h, the C library's dlsym (dl_real.h), the log, the reporter and the
+// exit work; names no CUDA symbol.
 #include "interpose/lifecycle.h"
 
+#include <dlfcn.h>
 #include <pthread.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <cstdlib>
+#include <mutex>
 #include <string>
+#include <vector>
 
+#include "interpose/at_exit.h"
+#include "interpose/dl_real.h"
 #include "interpose/log.h"
 #include "interpose/reporter.h"
+
+// Note [Active copy]: exported (exports.map); the first definition in the global scope
+// identifies the active copy.
+extern "C" __attribute__((visibility("default"))) const char poolcuda_library_marker[];
+extern "C" const char poolcuda_library_marker[] = "libpoolcuda.so";
 
 namespace poolcuda {
 
 namespace detail {
-std::atomic<bool> g_passthrough{false};
-}
+std::atomic<int> g_state{undecided};
+std::atomic<bool> g_touched{false};
+}  // namespace detail
 
 namespace {
+
+std::atomic<std::int64_t> g_loaded_ns{0};
+
+std::int64_t monotonic_ns() {
+  timespec now{};
+  ::clock_gettime(CLOCK_MONOTONIC, &now);
+  return static_cast<std::int64_t>(now.tv_sec) * 1000000000 + now.tv_nsec;
+}
+
+struct PendingNotes {
+  std::mutex mutex;
+  std::vector<std::pair<LogLevel, std::string>> notes;
+};
+
+PendingNotes& pending_notes() {
+  static auto* notes = new PendingNotes;  // never destroyed (Note [Exit])
+  return *notes;
+}
+
+// The object `address` lies in (dladdr's base address and file name).
+Dl_info object_of(const void* address) {
+  Dl_info info{};
+  if (::dladdr(address, &info) == 0 || info.dli_fname == nullptr) info.dli_fname = "?";
+  return info;
+}
+
+// This copy's object. Its own marker's address cannot tell: a reference to an exported symbol
+// resolves to the first definition in the process, another copy's (symbol interposition).
+Dl_info own_object() { return object_of(reinterpret_cast<const void*>(&object_of)); }
+
+// Note [Active copy]. Returns the state, deciding it on first use.
+int decide_state() {
+  int state = detail::g_state.load(std::memory_order_acquire);
+  if (state != detail::undecided) return state;
+  const void* first = dl::real_dlsym(RTLD_DEFAULT, "poolcuda_library_marker");
+  const int decided = first == nullptr || object_of(first).dli_fbase == own_object().dli_fbase
+                          ? detail::active
+                          : detail::duplicate_unannounced;
+  detail::g_state.compare_exchange_strong(state, decided, std::memory_order_acq_rel);
+  return detail::g_state.load(std::memory_order_acquire);
+}
 
 // Note [Load order]
 // The constructors of the program's own shared libraries run before those of a preloaded
@@ -61,21 +136,67 @@ const Config& load_config() {
   return *conf;
 }
 
-void on_fork_child() { detail::g_passthrough.store(true, std::memory_order_relaxed); }
+void on_fork_child() {
+  detail::g_state.store(detail::forked, std::memory_order_relaxed);
+  restore_report_signal_after_fork();
+}
 
-void report_at_exit() {
-  if (!passthrough()) write_report("exit");
+void exit_work() {
+  if (detail::g_state.load(std::memory_order_acquire) == detail::active) run_exit_work();
 }
 
 // Runs when the library is loaded, before the program's main (DESIGN.md decision 9).
 __attribute__((constructor)) void load_library() {
+  g_loaded_ns.store(monotonic_ns(), std::memory_order_relaxed);
+  if (decide_state() != detail::active) return;  // announced at the first call (passthrough)
   const Config& conf = load_config();
   ::pthread_atfork(nullptr, nullptr, &on_fork_child);
   start_reporter(conf);
-  if (conf.report_at_exit) std::atexit(&report_at_exit);
+  std::atexit(&exit_work);
 }
 
 }  // namespace
+
+namespace detail {
+
+bool passthrough_slow(int state) {
+  if (state == undecided) state = decide_state();
+  if (state == duplicate_unannounced &&
+      g_state.compare_exchange_strong(state, duplicate, std::memory_order_acq_rel)) {
+    const void* first = dl::real_dlsym(RTLD_DEFAULT, "poolcuda_library_marker");
+    log_format(LogLevel::basic,
+               "%s is loaded before this copy (%s): this copy passes every call through",
+               object_of(first).dli_fname, own_object().dli_fname);
+    state = duplicate;
+  }
+  return state != active;
+}
+
+void first_cuda_call() {
+  PendingNotes& pending = pending_notes();
+  std::lock_guard<std::mutex> hold(pending.mutex);
+  if (g_touched.exchange(true, std::memory_order_relaxed)) return;
+  for (const auto& [level, message] : pending.notes) log_line(level, message);
+  pending.notes.clear();
+}
+
+}  // namespace detail
+
+bool touched_cuda() { return detail::g_touched.load(std::memory_order_relaxed); }
+
+void log_when_touched(LogLevel level, std::string message) {
+  PendingNotes& pending = pending_notes();
+  std::lock_guard<std::mutex> hold(pending.mutex);
+  if (touched_cuda()) {
+    log_line(level, message);
+  } else {
+    pending.notes.emplace_back(level, std::move(message));
+  }
+}
+
+double uptime_seconds() {
+  return static_cast<double>(monotonic_ns() - g_loaded_ns.load(std::memory_order_relaxed)) / 1e9;
+}
 
 const Config& config() { return load_config(); }
 

@@ -8,7 +8,7 @@
 
 #include <string_view>
 
-#include "pools/config.h"
+#include "config/config.h"
 
 namespace poolcuda {
 

@@ -12,13 +12,15 @@
 // already loaded by the first lookup; a function missing then belongs to an older runtime than
 // the headers. The first thread to record the miss logs one line naming the function.
 //
-// Depends on the CUDA runtime header, libdl and the log.
+// Depends on the CUDA runtime header, the real dlsym and the log.
 #include "interpose/real_cuda.h"
 
 #include <dlfcn.h>
 
 #include <atomic>
+#include <cstring>
 
+#include "interpose/dl_real.h"
 #include "interpose/log.h"
 
 namespace poolcuda::real {
@@ -38,13 +40,13 @@ std::atomic<void*> g_slots[kSlots];
 char g_missing;
 
 void* lookup(const char* name) {
-  if (void* address = ::dlsym(RTLD_NEXT, name)) return address;
+  if (void* address = dl::real_dlsym(RTLD_NEXT, name)) return address;
   static constexpr const char* kSonames[] = {"libcudart.so.13", "libcudart.so.12",
                                              "libcudart.so"};
   for (const char* soname : kSonames) {
     void* handle = ::dlopen(soname, RTLD_LAZY | RTLD_NOLOAD);
     if (handle == nullptr) continue;
-    void* address = ::dlsym(handle, name);
+    void* address = dl::real_dlsym(handle, name);
     ::dlclose(handle);  // NOLOAD took a reference; the library stays loaded by its owner
     if (address != nullptr) return address;
   }
@@ -72,5 +74,14 @@ void* resolve(Slot slot) {
   }
   return address == &g_missing ? nullptr : address;
 }
+
+void* resolve_by_name(const char* name) {
+  for (int slot = 0; slot < kSlots; ++slot) {
+    if (std::strcmp(kNames[slot], name) == 0) return resolve(static_cast<Slot>(slot));
+  }
+  return nullptr;
+}
+
+bool runtime_loaded() { return lookup("cudaGetDevice") != nullptr; }
 
 }  // namespace poolcuda::real

@@ -1,18 +1,74 @@
-// The table of real CUDA runtime functions: the only place that calls dlsym. Each entry is
-// resolved on first use with dlsym(RTLD_NEXT, name) (falling back to a libcudart that was loaded
-// privately, see real_cuda.cpp), once per process, lock-free and thread-safe: racing threads
-// store the same pointer. A function that cannot be found is remembered as missing (one log
-// line, no further lookups) and answers cudaErrorSharedObjectSymbolNotFound instead of crashing.
+// The table of real CUDA runtime functions. Each entry is resolved on first use with the C
+// library's own dlsym (dl_real.h), RTLD_NEXT from this library (falling back to a libcudart that
+// was loaded privately, see real_cuda.cpp), once per process, lock-free and thread-safe: racing
+// threads store the same pointer. A function that cannot be found is remembered as missing (one
+// log line, no further lookups) and answers cudaErrorSharedObjectSymbolNotFound instead of
+// crashing.
 //
-// Usage: real::cudaMalloc()(&ptr, size). Depends on the CUDA runtime header only.
+// Usage: real::cudaMalloc()(&ptr, size). Depends on the CUDA runtime header and dl_real.h.
 #pragma once
 
 #include <cuda_runtime_api.h>
+
+// The per-thread-default-stream variants, which the CUDA header declares only when a program is
+// built for them.
+extern "C" {
+cudaError_t cudaFreeAsync_ptsz(void* devPtr, cudaStream_t hStream);
+cudaError_t cudaStreamBeginCapture_ptsz(cudaStream_t stream, cudaStreamCaptureMode mode);
+cudaError_t cudaStreamBeginCaptureToGraph_ptsz(cudaStream_t stream, cudaGraph_t graph,
+                                               const cudaGraphNode_t* dependencies,
+                                               const cudaGraphEdgeData* dependencyData,
+                                               size_t numDependencies,
+                                               cudaStreamCaptureMode mode);
+cudaError_t cudaStreamEndCapture_ptsz(cudaStream_t stream, cudaGraph_t* pGraph);
+cudaError_t cudaStreamGetCaptureInfo_ptsz(cudaStream_t stream,
+                                          cudaStreamCaptureStatus* captureStatus_out,
+                                          unsigned long long* id_out, cudaGraph_t* graph_out,
+                                          const cudaGraphNode_t** dependencies_out,
+                                          const cudaGraphEdgeData** edgeData_out,
+                                          size_t* numDependencies_out);
+cudaError_t cudaStreamGetDevice_ptsz(cudaStream_t hStream, int* device);
+cudaError_t cudaLaunchKernel_ptsz(const void* func, dim3 gridDim, dim3 blockDim, void** args,
+                                  size_t sharedMem, cudaStream_t stream);
+cudaError_t cudaLaunchKernelExC_ptsz(const cudaLaunchConfig_t* config, const void* func,
+                                     void** args);
+cudaError_t cudaLaunchCooperativeKernel_ptsz(const void* func, dim3 gridDim, dim3 blockDim,
+                                             void** args, size_t sharedMem, cudaStream_t stream);
+cudaError_t __cudaLaunchKernel(cudaKernel_t kernel, dim3 gridDim, dim3 blockDim, void** args,
+                               size_t sharedMem, cudaStream_t stream);
+cudaError_t __cudaLaunchKernel_ptsz(cudaKernel_t kernel, dim3 gridDim, dim3 blockDim,
+                                    void** args, size_t sharedMem, cudaStream_t stream);
+cudaError_t cudaMemcpyAsync_ptsz(void* dst, const void* src, size_t count, cudaMemcpyKind kind,
+                                 cudaStream_t stream);
+cudaError_t cudaMemsetAsync_ptsz(void* devPtr, int value, size_t count, cudaStream_t stream);
+cudaError_t cudaMemcpy_ptds(void* dst, const void* src, size_t count, cudaMemcpyKind kind);
+cudaError_t cudaMemset_ptds(void* devPtr, int value, size_t count);
+cudaError_t cudaLaunchHostFunc_ptsz(cudaStream_t stream, cudaHostFn_t fn, void* userData);
+cudaError_t cudaGraphLaunch_ptsz(cudaGraphExec_t graphExec, cudaStream_t stream);
+cudaError_t cudaEventRecord_ptsz(cudaEvent_t event, cudaStream_t stream);
+cudaError_t cudaStreamWaitEvent_ptsz(cudaStream_t stream, cudaEvent_t event, unsigned int flags);
+cudaError_t cudaMemcpyPeerAsync_ptsz(void* dst, int dstDevice, const void* src, int srcDevice,
+                                     size_t count, cudaStream_t stream);
+cudaError_t cudaStreamAttachMemAsync_ptsz(cudaStream_t stream, void* devPtr, size_t length,
+                                          unsigned int flags);
+cudaError_t cudaMemPrefetchAsync_ptsz(const void* devPtr, size_t count,
+                                      struct cudaMemLocation location, unsigned int flags,
+                                      cudaStream_t stream);
+}
 
 // Every real function the library calls. Add a name here and real::<name>() exists.
 #define POOLCUDA_REAL_FUNCTIONS(X)          \
   X(cudaMalloc)                             \
   X(cudaFree)                               \
+  X(cudaMallocManaged)                      \
+  X(cudaStreamAttachMemAsync)               \
+  X(cudaStreamAttachMemAsync_ptsz)          \
+  X(cudaMemAdvise)                          \
+  X(cudaMemPrefetchAsync)                   \
+  X(cudaMemPrefetchAsync_ptsz)              \
+  X(cudaPointerGetAttributes)               \
+  X(cudaFreeAsync)                          \
+  X(cudaFreeAsync_ptsz)                     \
   X(cudaMemGetInfo)                         \
   X(cudaDeviceReset)                        \
   X(cudaDeviceSynchronize)                  \
@@ -21,8 +77,48 @@
   X(cudaStreamCreateWithPriority)           \
   X(cudaStreamDestroy)                      \
   X(cudaStreamIsCapturing)                  \
+  X(cudaStreamBeginCapture)                 \
+  X(cudaStreamBeginCapture_ptsz)            \
+  X(cudaStreamBeginCaptureToGraph)          \
+  X(cudaStreamBeginCaptureToGraph_ptsz)     \
+  X(cudaStreamEndCapture)                   \
+  X(cudaStreamEndCapture_ptsz)              \
+  X(cudaStreamGetCaptureInfo)               \
+  X(cudaStreamGetCaptureInfo_ptsz)          \
+  X(cudaStreamGetDevice)                    \
+  X(cudaStreamGetDevice_ptsz)               \
+  X(cudaUserObjectCreate)                   \
+  X(cudaStreamWaitEvent)                    \
+  X(cudaStreamWaitEvent_ptsz)               \
+  X(cudaLaunchKernel)                       \
+  X(cudaLaunchKernel_ptsz)                  \
+  X(cudaLaunchKernelExC)                    \
+  X(cudaLaunchKernelExC_ptsz)               \
+  X(cudaLaunchCooperativeKernel)            \
+  X(cudaLaunchCooperativeKernel_ptsz)       \
+  X(__cudaLaunchKernel)                     \
+  X(__cudaLaunchKernel_ptsz)                \
+  X(cudaMemcpyAsync)                        \
+  X(cudaMemcpyAsync_ptsz)                   \
+  X(cudaMemsetAsync)                        \
+  X(cudaMemsetAsync_ptsz)                   \
+  X(cudaMemcpy_ptds)                        \
+  X(cudaMemset_ptds)                        \
+  X(cudaLaunchHostFunc)                     \
+  X(cudaLaunchHostFunc_ptsz)                \
+  X(cudaGraphLaunch)                        \
+  X(cudaGraphLaunch_ptsz)                   \
+  X(cudaEventRecord_ptsz)                   \
+  X(cudaMemcpyPeer)                         \
+  X(cudaMemcpyPeerAsync)                    \
+  X(cudaMemcpyPeerAsync_ptsz)               \
+  X(cudaDeviceEnablePeerAccess)             \
+  X(cudaUserObjectRelease)                  \
+  X(cudaGraphRetainUserObject)              \
   X(cudaThreadExchangeStreamCaptureMode)    \
   X(cudaGetDevice)                          \
+  X(cudaGetDeviceCount)                     \
+  X(cudaDeviceGetAttribute)                 \
   X(cudaSetDevice)                          \
   X(cudaGetLastError)                       \
   X(cudaPeekAtLastError)                    \
@@ -30,7 +126,23 @@
   X(cudaEventRecord)                        \
   X(cudaEventQuery)                         \
   X(cudaEventSynchronize)                   \
-  X(cudaEventDestroy)
+  X(cudaEventDestroy)                       \
+  X(cudaGetDriverEntryPoint)                \
+  X(cudaGetDriverEntryPointByVersion)       \
+  X(cudaGetDriverEntryPoint_ptsz)           \
+  X(cudaGetDriverEntryPointByVersion_ptsz)
+
+// The per-thread-default-stream flavours, which the runtime header declares only when code is
+// built for the per-thread default stream.
+extern "C" {
+cudaError_t cudaGetDriverEntryPoint_ptsz(const char* symbol, void** funcPtr,
+                                         unsigned long long flags,
+                                         cudaDriverEntryPointQueryResult* driverStatus);
+cudaError_t cudaGetDriverEntryPointByVersion_ptsz(const char* symbol, void** funcPtr,
+                                                  unsigned int cudaVersion,
+                                                  unsigned long long flags,
+                                                  cudaDriverEntryPointQueryResult* driverStatus);
+}
 
 namespace poolcuda::real {
 
@@ -45,6 +157,13 @@ enum class Slot : int {
 // first lookup, see Note [Missing functions] in real_cuda.cpp).
 void* resolve(Slot slot);
 
+// resolve() for the slot named `name`; nullptr when `name` has no slot.
+void* resolve_by_name(const char* name);
+
+// Whether a CUDA runtime is loaded now. Looks, records nothing: unlike a slot, the answer may
+// change when a library brings a runtime in later.
+bool runtime_loaded();
+
 template <typename Fn>
 struct Missing;
 
@@ -53,6 +172,9 @@ struct Missing<cudaError_t (*)(Args...)> {
   static cudaError_t call(Args...) { return cudaErrorSharedObjectSymbolNotFound; }
 };
 
+// cudaGetDriverEntryPoint is deprecated in favour of its ByVersion form; both are hooked.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
 #define POOLCUDA_ACCESSOR(name)                                          \
   inline decltype(&::name) name() {                                      \
     using Fn = decltype(&::name);                                        \
@@ -62,5 +184,6 @@ struct Missing<cudaError_t (*)(Args...)> {
   }
 POOLCUDA_REAL_FUNCTIONS(POOLCUDA_ACCESSOR)
 #undef POOLCUDA_ACCESSOR
+#pragma GCC diagnostic pop
 
 }  // namespace poolcuda::real

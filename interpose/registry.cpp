@@ -8,7 +8,10 @@
 #include "interpose/registry.h"
 
 #include "interpose/lifecycle.h"
+#include "interpose/budget.h"
 #include "interpose/log.h"
+#include "interpose/release_worker.h"
+#include "interpose/stream_order.h"
 
 namespace poolcuda {
 
@@ -34,11 +37,16 @@ CudaDevice* Registry::device(int device) const {
   return devices_[device].load(std::memory_order_acquire);
 }
 
+CapturePolicy* Registry::capture(int device) const {
+  if (!in_range(device)) return nullptr;
+  return captures_[device].load(std::memory_order_acquire);
+}
+
 MemoryManager* Registry::manager_or_create(int device) {
   if (!in_range(device)) return nullptr;
   if (MemoryManager* existing = managers_[device].load(std::memory_order_acquire)) return existing;
 
-  std::lock_guard<std::mutex> hold(create_mutex_);
+  std::lock_guard<RankedMutex> hold(create_mutex_);
   if (MemoryManager* existing = managers_[device].load(std::memory_order_relaxed)) return existing;
 
   auto* cuda_device = new CudaDevice(device, streams_);
@@ -62,19 +70,77 @@ MemoryManager* Registry::manager_or_create(int device) {
   options.log = conf.log;
   options.log_sink = [](LogLevel level, std::string_view message) { log_line(level, message); };
   auto* manager = new MemoryManager(*cuda_device, options);
+  // The release worker holds a page back while a capture is open on its device.
+  static const bool capture_check_set = [] {
+    ReleaseWorker::instance().set_capture_check([](int d) {
+      CudaDevice* device = Registry::instance().device(d);
+      return device != nullptr && device->capture_active();
+    });
+    return true;
+  }();
+  (void)capture_check_set;
+  auto* capture = new CapturePolicy(*manager, CaptureOptions{conf.capture_share});
   devices_[device].store(cuda_device, std::memory_order_release);
+  captures_[device].store(capture, std::memory_order_release);
+  // Published last: whoever finds the manager finds the device and the capture policy too.
   managers_[device].store(manager, std::memory_order_release);
+  stream_order::device_added(device, *manager);
   log_format(LogLevel::full, "device %d: pools created (%llu bytes of device memory)", device,
              static_cast<unsigned long long>(cuda_device->total_bytes()));
   return manager;
 }
 
-void Registry::count_forwarded_malloc(int device) {
-  if (in_range(device)) forwarded_mallocs_[device].fetch_add(1, std::memory_order_relaxed);
+ManagedSlabs* Registry::managed(int device) const {
+  if (!in_range(device)) return nullptr;
+  return managed_[device].load(std::memory_order_acquire);
 }
 
-void Registry::count_forwarded_free(int device) {
-  if (in_range(device)) forwarded_frees_[device].fetch_add(1, std::memory_order_relaxed);
+ManagedSlabs* Registry::managed_or_create(int device) {
+  if (!in_range(device)) return nullptr;
+  if (ManagedSlabs* existing = managed_[device].load(std::memory_order_acquire)) return existing;
+  const Config& conf = config();
+  if (!conf.managed || managed_supported_.load(std::memory_order_acquire) == 0) return nullptr;
+  if (manager_or_create(device) == nullptr) return nullptr;
+
+  std::lock_guard hold(create_mutex_);
+  if (ManagedSlabs* existing = managed_[device].load(std::memory_order_relaxed)) return existing;
+  if (managed_supported_.load(std::memory_order_relaxed) < 0) {
+    managed_supported_.store(CudaManagedBacking::every_device_concurrent(device) ? 1 : 0,
+                             std::memory_order_release);
+  }
+  if (managed_supported_.load(std::memory_order_relaxed) == 0) {
+    if (first_time(Once::managed_unpooled, device)) {
+      log_format(LogLevel::basic,
+                 "not every device has concurrent managed access; cudaMallocManaged passes "
+                 "through");
+    }
+    return nullptr;
+  }
+  auto* backing = new CudaManagedBacking(*devices_[device].load(std::memory_order_relaxed));
+  ManagedOptions options;
+  options.slab_size = conf.managed_slab;
+  options.granule = CudaDevice::kAlignment;
+  options.fences = conf.free_fence != FreeFence::none;
+  auto* chain = new ManagedSlabs(*backing, options);
+  managed_backings_[device].store(backing, std::memory_order_release);
+  managed_[device].store(chain, std::memory_order_release);
+  if (device >= managed_bound_.load(std::memory_order_relaxed)) {
+    managed_bound_.store(device + 1, std::memory_order_release);
+  }
+  return chain;
+}
+
+void Registry::forget_managed(int device) {
+  if (ManagedSlabs* chain = managed(device)) chain->forget();
+}
+
+bool Registry::trim_managed(int device) {
+  ManagedSlabs* chain = managed(device);
+  return chain != nullptr && chain->trim() != 0;
+}
+
+PassthroughCounters* Registry::passthrough(int device) {
+  return in_range(device) ? &passthrough_[device] : nullptr;
 }
 
 bool Registry::first_time(Once what, int device) {
@@ -82,17 +148,43 @@ bool Registry::first_time(Once what, int device) {
   return !logged_[static_cast<int>(what)][device].exchange(true, std::memory_order_relaxed);
 }
 
-std::vector<ManagerReport> Registry::reports() const {
-  std::vector<ManagerReport> out;
+std::vector<int> Registry::devices() const {
+  std::vector<int> out;
   for (int device = 0; device < kMaxDevices; ++device) {
-    MemoryManager* manager = managers_[device].load(std::memory_order_acquire);
-    if (manager == nullptr) continue;
-    out.push_back(manager->report());
-    out.back().device = device;
-    out.back().forwarded_mallocs = forwarded_mallocs_[device].load(std::memory_order_relaxed);
-    out.back().forwarded_frees = forwarded_frees_[device].load(std::memory_order_relaxed);
+    if (managers_[device].load(std::memory_order_acquire) != nullptr) out.push_back(device);
   }
   return out;
+}
+
+ManagerReport Registry::report(int device) const {
+  ManagerReport out = managers_[device].load(std::memory_order_acquire)->report();
+  out.device = device;
+  return out;
+}
+
+ReportDocument Registry::document(const ReportHeader& header,
+                                  const std::vector<ManagerReport>& managers) const {
+  ReportDocument doc = make_document(header, managers);
+  for (std::size_t i = 0; i < managers.size(); ++i) {
+    const PassthroughCounters& counters = passthrough_[managers[i].device];
+    ReportSection& section = doc.devices[i].child("passed_through", "passed through to CUDA");
+#define POOLCUDA_FIELD(member, key, label) \
+  section.add(key, label, ReportValue::of(Unit::count, counters.member.load(std::memory_order_relaxed)));
+    POOLCUDA_PASSTHROUGH_COUNTERS(POOLCUDA_FIELD)
+#undef POOLCUDA_FIELD
+    if (ManagedSlabs* chain = managed(managers[i].device))
+      doc.devices[i].sections.push_back(describe(chain->report()));
+    if (std::optional<ReportSection> limit = budget::describe(managers[i].device))
+      doc.devices[i].sections.push_back(std::move(*limit));
+    // The capture part, once the device has seen a capture.
+    if (CapturePolicy* policy = capture(managers[i].device)) {
+      policy->drain_releases();  // graphs already gone are not reported as holding memory
+      const CaptureStats stats = policy->stats();
+      if (stats.captures + stats.failed_captures + stats.open_captures != 0)
+        doc.devices[i].sections.push_back(describe(stats));
+    }
+  }
+  return doc;
 }
 
 }  // namespace poolcuda

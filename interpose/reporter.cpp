@@ -1,155 +1,179 @@
-// The report signal handler and the reporter thread (see reporter.h).
+// The report signal handler, the reporter thread and the readiness mark (see reporter.h).
 //
 // Note [Report signal]
 // Rendering a report allocates, takes locks and writes files, none of which is allowed in a
 // signal handler; worse, the signal may arrive on a thread that holds a manager's lock. So the
-// handler writes one byte to a non-blocking pipe (async-signal-safe, errno preserved) and
-// returns. A burst of signals fills the pipe at worst; the extra bytes are dropped and the
-// reporter, which drains everything it can read at once, writes one report per wake-up. The
-// thread is created with every signal blocked, so the report signal can never interrupt it
-// mid-report, and it never exits: the process ends around it. A report written to a file goes
-// to a temporary name first and is renamed into place, so a reader never sees half a report.
+// handler only records the request (a flag for a plain signal, a slot for a channel request,
+// Note [Report channel] in report_channel.cpp) and posts a semaphore in the library's memory:
+// sem_post and atomics are async-signal-safe, and no file descriptor exists that the program
+// could close or reuse. A burst of plain signals sets the flag many times and yields one report.
 //
-// Depends on the registry, pools/report.h, the log and the configuration.
+// The reporter thread is created with every signal blocked and then unblocks the report signal
+// alone, so a signal sent to that thread (how `poolcuda report` asks) interrupts nothing of the
+// program's. A signal sent to the process (kill -USR1) goes to any thread that does not block
+// it, usually the main thread; the handler is installed with SA_RESTART, so the system calls
+// the kernel restarts are restarted there, but those it never restarts (poll, select,
+// epoll_wait, nanosleep and sleep, sigtimedwait, semop, and reads or writes on a socket with a
+// timeout) fail with EINTR in that thread, exactly as for any handled signal (docs/reports.md).
+//
+// The readiness mark (channel_protocol.h) is a PROT_NONE mapping of an empty memfd, whose name
+// /proc/PID/maps shows; its descriptor is closed at once. The reporter thread publishes it once
+// it listens, and wakes at least once a second to check that the library's handler is still
+// the signal's disposition: a program that installs its own handler later, or resets the
+// signal, loses the mark within a second, and `poolcuda report` then refuses instead of
+// triggering the program's own handler; the mark comes back if the handler does.
+//
+// Depends on the report channel, the report writer, the library's threads, the log and the
+// configuration.
 #include "interpose/reporter.h"
 
-#include <fcntl.h>
 #include <pthread.h>
+#include <semaphore.h>
 #include <signal.h>
+#include <sys/mman.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <cerrno>
 #include <cstdint>
-#include <cstring>
-#include <mutex>
 #include <string>
 
+#include "interpose/channel_protocol.h"
 #include "interpose/lifecycle.h"
 #include "interpose/log.h"
-#include "interpose/registry.h"
-#include "pools/report.h"
+#include "interpose/report_channel.h"
+#include "interpose/report_writer.h"
+#include "interpose/threads.h"
 
 namespace poolcuda {
 
 namespace {
 
-int g_pipe[2] = {-1, -1};
-std::atomic<std::uint64_t> g_sequence{0};
+constexpr std::size_t kMarkBytes = 4096;
 
-std::mutex& report_mutex() {
-  static auto* mutex = new std::mutex;  // never destroyed: reports may run during exit
-  return *mutex;
-}
+int g_signal = 0;
+const char* g_signal_name = "";
+struct sigaction g_previous;  // the disposition before ours, for a forked child
+bool g_installed = false;
+constinit RequestSlots g_slots;
+std::atomic<bool> g_plain_request{false};
+sem_t g_wake;
+void* g_mark = nullptr;  // touched by the reporter thread, or by a forked child alone
 
-extern "C" void on_report_signal(int) {
-  if (passthrough()) return;
-  int saved = errno;
-  char byte = 1;
-  ssize_t ignored = ::write(g_pipe[1], &byte, 1);
-  (void)ignored;
+extern "C" void on_report_signal(int, siginfo_t* info, void*) {
+  const int saved = errno;
+  bool channel_request = false;
+  if (info != nullptr && info->si_code == SI_QUEUE) {
+    const auto word =
+        static_cast<std::uint64_t>(reinterpret_cast<std::uintptr_t>(info->si_value.sival_ptr));
+    if (channel::decode(word)) {
+      channel_request = true;
+      if (g_slots.push(ChannelRequest{info->si_pid, word})) ::sem_post(&g_wake);
+    }
+  }
+  if (!channel_request && !g_plain_request.exchange(true)) ::sem_post(&g_wake);
   errno = saved;
 }
 
-void* reporter_main(void*) {
-  char buffer[256];
-  for (;;) {
-    ssize_t n = ::read(g_pipe[0], buffer, sizeof buffer);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return nullptr;
-    if (!passthrough()) write_report("signal");
+bool handler_is_ours() {
+  struct sigaction current {};
+  if (::sigaction(g_signal, nullptr, &current) != 0) return false;
+  return (current.sa_flags & SA_SIGINFO) != 0 && current.sa_sigaction == &on_report_signal;
+}
+
+void publish_mark() {
+  const std::string name = std::string(channel::kReadyMark) + std::to_string(g_signal);
+  const int fd = ::memfd_create(name.c_str(), MFD_CLOEXEC);
+  if (fd < 0) return;
+  void* mark = ::mmap(nullptr, kMarkBytes, PROT_NONE, MAP_PRIVATE, fd, 0);
+  ::close(fd);
+  if (mark != MAP_FAILED) g_mark = mark;
+}
+
+// Note [Report signal]: the mark follows the signal's disposition.
+void check_handler() {
+  static bool told = false;
+  const bool ours = handler_is_ours();
+  if (ours && g_mark == nullptr) {
+    publish_mark();
+  } else if (!ours && g_mark != nullptr) {
+    ::munmap(g_mark, kMarkBytes);
+    g_mark = nullptr;
+    if (!told) {
+      told = true;
+      log_when_touched(LogLevel::basic,
+                       std::string("the program replaced the library's ") + g_signal_name +
+                           " handler: report requests are refused from now on "
+                           "(report_at_exit:1 still writes a report at exit)");
+    }
   }
 }
 
-bool write_file(const std::string& path, const std::string& text) {
-  std::string temporary = path + ".tmp" + std::to_string(::getpid());
-  int fd = ::open(temporary.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) return false;
-  std::string_view rest = text;
-  while (!rest.empty()) {
-    ssize_t n = ::write(fd, rest.data(), rest.size());
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) break;
-    rest.remove_prefix(static_cast<std::size_t>(n));
+void* reporter_main(void*) {
+  ::pthread_setname_np(::pthread_self(), std::string(channel::kThreadName).c_str());
+  sigset_t only;
+  ::sigemptyset(&only);
+  ::sigaddset(&only, g_signal);
+  ::pthread_sigmask(SIG_UNBLOCK, &only, nullptr);
+  for (;;) {
+    check_handler();
+    if (g_plain_request.exchange(false)) write_report("signal");
+    ChannelRequest request;
+    while (g_slots.pop(&request)) serve_request(request);
+    timespec deadline{};
+    ::clock_gettime(CLOCK_MONOTONIC, &deadline);
+    deadline.tv_sec += 1;
+    // Woken by a post, a timeout or the handler interrupting the wait: look again either way.
+    ::sem_clockwait(&g_wake, CLOCK_MONOTONIC, &deadline);
   }
-  bool ok = rest.empty() && ::close(fd) == 0;
-  if (!ok || ::rename(temporary.c_str(), path.c_str()) != 0) {
-    ::unlink(temporary.c_str());
-    return false;
-  }
-  return true;
 }
 
 }  // namespace
 
-void write_report(std::string_view reason) {
-  const Config& conf = config();
-  std::lock_guard<std::mutex> hold(report_mutex());
-  ReportHeader header;
-  header.pid = static_cast<long>(::getpid());
-  header.sequence = g_sequence.fetch_add(1, std::memory_order_relaxed) + 1;
-  header.reason = std::string(reason);
-  // Snapshots are taken under each manager's lock, one at a time; rendering is outside them.
-  std::vector<ManagerReport> reports = Registry::instance().reports();
-  std::string text = render_report(header, reports, conf.report_format);
-  if (!text.empty() && text.back() != '\n') text += '\n';
-  if (conf.report_path == "stderr") {
-    write_stderr(text);
+void start_reporter(const Config& conf) {
+  if (conf.report_signal == ReportSignal::none) return;
+  g_signal = conf.report_signal == ReportSignal::usr1 ? SIGUSR1 : SIGUSR2;
+  g_signal_name = g_signal == SIGUSR1 ? "SIGUSR1" : "SIGUSR2";
+
+  struct sigaction previous {};
+  if (::sigaction(g_signal, nullptr, &previous) != 0) return;
+  if ((previous.sa_flags & SA_SIGINFO) == 0 && previous.sa_handler == SIG_IGN) {
+    log_when_touched(LogLevel::basic, std::string(g_signal_name) +
+                                          " is ignored; leaving it alone (reports only with "
+                                          "report_at_exit:1)");
     return;
   }
-  std::string path = expand_report_path(conf.report_path, header.pid, header.sequence);
-  if (write_file(path, text)) {
-    log_format(LogLevel::basic, "report %llu written to %s",
-               static_cast<unsigned long long>(header.sequence), path.c_str());
-  } else {
-    log_format(LogLevel::basic, "cannot write report %llu to %s: %s",
-               static_cast<unsigned long long>(header.sequence), path.c_str(),
-               std::strerror(errno));
+  if ((previous.sa_flags & SA_SIGINFO) != 0 ? previous.sa_sigaction != nullptr
+                                            : previous.sa_handler != SIG_DFL) {
+    log_when_touched(LogLevel::basic, std::string(g_signal_name) +
+                                          " already has a handler; leaving it alone (reports "
+                                          "only with report_at_exit:1)");
+    return;
+  }
+  if (::sem_init(&g_wake, 0, 0) != 0) return;
+
+  g_previous = previous;
+  struct sigaction action {};
+  action.sa_sigaction = &on_report_signal;
+  ::sigemptyset(&action.sa_mask);
+  action.sa_flags = SA_SIGINFO | SA_RESTART;
+  if (::sigaction(g_signal, &action, nullptr) != 0) return;
+  g_installed = true;
+
+  // Note [Report signal]: the thread starts with every signal blocked.
+  if (!start_library_thread(&reporter_main, nullptr, nullptr)) {
+    ::sigaction(g_signal, &g_previous, nullptr);
+    g_installed = false;
+    log_when_touched(LogLevel::basic, std::string("cannot start the reporter thread; ") +
+                                          g_signal_name + " reports disabled");
   }
 }
 
-void start_reporter(const Config& conf) {
-  if (conf.report_signal == ReportSignal::none) return;
-  const int signo = conf.report_signal == ReportSignal::usr1 ? SIGUSR1 : SIGUSR2;
-  const char* name = signo == SIGUSR1 ? "SIGUSR1" : "SIGUSR2";
-
-  struct sigaction previous = {};
-  if (::sigaction(signo, nullptr, &previous) != 0) return;
-  bool handled = (previous.sa_flags & SA_SIGINFO) != 0 ? previous.sa_sigaction != nullptr
-                                                        : previous.sa_handler != SIG_DFL;
-  if (handled) {
-    log_format(LogLevel::basic,
-               "%s already has a handler; leaving it alone (reports only with report_at_exit:1)",
-               name);
-    return;
-  }
-
-  if (::pipe2(g_pipe, O_CLOEXEC) != 0) return;
-  ::fcntl(g_pipe[1], F_SETFL, ::fcntl(g_pipe[1], F_GETFL) | O_NONBLOCK);
-
-  // Note [Report signal]: the thread inherits a mask with every signal blocked.
-  sigset_t all;
-  sigset_t saved;
-  ::sigfillset(&all);
-  ::pthread_sigmask(SIG_SETMASK, &all, &saved);
-  pthread_attr_t attributes;
-  ::pthread_attr_init(&attributes);
-  ::pthread_attr_setdetachstate(&attributes, PTHREAD_CREATE_DETACHED);
-  pthread_t thread;
-  int created = ::pthread_create(&thread, &attributes, &reporter_main, nullptr);
-  ::pthread_attr_destroy(&attributes);
-  ::pthread_sigmask(SIG_SETMASK, &saved, nullptr);
-  if (created != 0) {
-    log_format(LogLevel::basic, "cannot start the reporter thread; %s reports disabled", name);
-    return;
-  }
-  ::pthread_setname_np(thread, "poolcuda-report");
-
-  struct sigaction action = {};
-  action.sa_handler = &on_report_signal;
-  ::sigemptyset(&action.sa_mask);
-  action.sa_flags = SA_RESTART;
-  ::sigaction(signo, &action, nullptr);
+void restore_report_signal_after_fork() {
+  if (g_installed && handler_is_ours()) ::sigaction(g_signal, &g_previous, nullptr);
+  if (g_mark != nullptr) ::munmap(g_mark, kMarkBytes);
+  g_mark = nullptr;
 }
 
 }  // namespace poolcuda

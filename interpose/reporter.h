@@ -1,24 +1,23 @@
-// Reports of every device's pools, on a signal and at exit (DESIGN.md decision 10). The signal
-// handler only writes one byte to a pipe; a reporter thread started with every signal blocked
-// reads it, snapshots each manager under its lock and renders outside it, then writes the
-// report to stderr or to report_path (%p = pid, %n = sequence number).
+// The report signal: its handler, the reporter thread that does what the handler only records,
+// and the readiness mark that tells `poolcuda report` the process can answer (Note [Report
+// signal] in reporter.cpp). Requests that come with a reply channel are answered through it
+// (report_channel.h); a plain signal (kill -USR1) writes a report where report_path says.
 //
-// Depends on the registry, pools/report.h and the configuration.
+// Depends on the report channel, the report writer, the log and the configuration.
 #pragma once
 
-#include <string_view>
-
-#include "pools/config.h"
+#include "config/config.h"
 
 namespace poolcuda {
 
-// Installs the report signal's handler and starts the reporter thread. When the program (or
-// another library) already handles that signal, leaves it alone and logs one warning: reports
-// then come only from report_at_exit. Called once, from the library's constructor.
+// Installs the report signal's handler, starts the reporter thread, which then publishes the
+// readiness mark. When the program (or another library) already handles or ignores that signal,
+// leaves it alone and says so at the first CUDA call: reports then come only from
+// report_at_exit. Called once, from the library's constructor.
 void start_reporter(const Config& config);
 
-// Renders and writes one report now. `reason` is "signal", "exit" or "request". Serialised: two
-// reports never interleave.
-void write_report(std::string_view reason);
+// In a forked child (async-signal-safe): puts back the disposition the signal had before the
+// library installed its handler and removes the readiness mark (Note [Fork] in lifecycle.cpp).
+void restore_report_signal_after_fork();
 
 }  // namespace poolcuda

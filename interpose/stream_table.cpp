@@ -10,7 +10,7 @@ namespace poolcuda {
 
 void StreamTable::add(cudaStream_t stream, int device, unsigned int flags) {
   const TrackedStream entry{stream, device, (flags & cudaStreamNonBlocking) != 0};
-  std::lock_guard<std::mutex> hold(mutex_);
+  std::lock_guard<RankedMutex> hold(mutex_);
   auto it = std::find_if(streams_.begin(), streams_.end(),
                          [&](const TrackedStream& s) { return s.stream == stream; });
   if (it != streams_.end()) {
@@ -21,7 +21,7 @@ void StreamTable::add(cudaStream_t stream, int device, unsigned int flags) {
 }
 
 bool StreamTable::remove(cudaStream_t stream) {
-  std::lock_guard<std::mutex> hold(mutex_);
+  std::lock_guard<RankedMutex> hold(mutex_);
   TrackedStream removed;
   return remove_locked(stream, &removed);
 }
@@ -37,12 +37,12 @@ bool StreamTable::remove_locked(cudaStream_t stream, TrackedStream* removed) {
 }
 
 void StreamTable::forget_device(int device) {
-  std::lock_guard<std::mutex> hold(mutex_);
+  std::lock_guard<RankedMutex> hold(mutex_);
   std::erase_if(streams_, [&](const TrackedStream& s) { return s.device == device; });
 }
 
 std::size_t StreamTable::size() {
-  std::lock_guard<std::mutex> hold(mutex_);
+  std::lock_guard<RankedMutex> hold(mutex_);
   return streams_.size();
 }
 

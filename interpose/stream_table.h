@@ -14,6 +14,8 @@
 #include <mutex>
 #include <vector>
 
+#include "pools/lock_order.h"
+
 namespace poolcuda {
 
 struct TrackedStream {
@@ -36,14 +38,14 @@ class StreamTable {
   void forget_device(int device);
 
   // Holds the table while a fence is checked and recorded.
-  std::unique_lock<std::mutex> lock() { return std::unique_lock<std::mutex>(mutex_); }
+  std::unique_lock<RankedMutex> lock() { return std::unique_lock<RankedMutex>(mutex_); }
   // Only with lock() held.
   const std::vector<TrackedStream>& streams() const { return streams_; }
 
   std::size_t size();
 
  private:
-  std::mutex mutex_;
+  RankedMutex mutex_{LockRank::stream_table};
   std::vector<TrackedStream> streams_;
 };
 

@@ -3,8 +3,10 @@
 // (pools/host_device.*). Each method states its contract: preconditions, whether it may be
 // called while a graph capture is open on the device, and its thread-safety.
 //
-// Every method is called with the owning MemoryManager's lock held, so an implementation never
-// sees two calls from the same manager at once, and it must never call back into the manager.
+// Methods that cannot wait for the device are called with the owning MemoryManager's lock held;
+// those that can (release, fence waits, synchronize, flush_releases) are called without it, from
+// any thread, so those must be thread-safe. An implementation must never call back into the
+// manager (Note [Outside the lock] in memory_manager.cpp).
 #pragma once
 
 #include <algorithm>
@@ -41,11 +43,23 @@ class Device {
   // During capture: allowed; the implementation makes the call legal (relaxed capture mode).
   virtual AllocStatus allocate(std::uint64_t size, DevicePtr* out) = 0;
 
-  // Returns memory obtained from allocate() with the same size. May synchronize the device.
+  // Returns memory obtained from allocate() with the same size. Called under the manager's
+  // lock (Note [Outside the lock] in memory_manager.cpp), so it must not block: the driver's
+  // free synchronizes the device, so an implementation over CUDA hands the release to a thread
+  // of its own and returns at once (an allocation must never block on a stream the program
+  // parked); flush_releases() waits for it.
   // During capture: may be called while a capture is open (cleanup and out-of-memory recovery
   // know nothing of captures); the implementation must defer the driver call until no capture
   // is open.
   virtual void release(DevicePtr ptr, std::uint64_t size) = 0;
+
+  // Waits at most `max_microseconds` until every release handed over before the call has
+  // reached the driver; true when it has. Without the manager's lock. The default: releases are
+  // synchronous, nothing to wait for.
+  virtual bool flush_releases(std::uint32_t max_microseconds) {
+    (void)max_microseconds;
+    return true;
+  }
 
   // Free and total memory of the device as the driver sees it (pooled idle bytes count as used).
   // During capture: allowed.
@@ -64,7 +78,8 @@ class Device {
   virtual bool fence_passed(FenceHandle fence) = 0;
 
   // Blocks, without limit, until the device has executed past the fence. Used only where the
-  // real cudaFree would have waited too: the out-of-memory path and drain_fences().
+  // real cudaFree would have waited too: the out-of-memory path and drain_fences(). Called
+  // without the manager's lock.
   virtual void fence_wait(FenceHandle fence) = 0;
 
   // Waits at most `max_microseconds` for the device to execute past the fence; true when it
@@ -73,7 +88,7 @@ class Device {
   // costs the bound, never a deadlock. Used on the allocation path when fence-pending memory
   // exceeds its bound (Note [Free fences]). The default polls fence_passed(): a yield first,
   // then sleeps that grow to kMaxPollSleep; an implementation with a cheaper timed wait may
-  // override it.
+  // override it. Called without the manager's lock.
   virtual bool fence_wait_for(FenceHandle fence, std::uint32_t max_microseconds) {
     using Clock = std::chrono::steady_clock;
     if (fence_passed(fence)) return true;
@@ -94,10 +109,12 @@ class Device {
     }
   }
 
-  // Destroys a fence returned by fence_record(), passed or not.
+  // Destroys a fence returned by fence_record(), passed or not. Thread-safe: the last waiter of
+  // a fence may destroy it without the manager's lock.
   virtual void fence_destroy(FenceHandle fence) = 0;
 
-  // Blocks until all work issued to the device has finished (free_fence:sync).
+  // Blocks until all work issued to the device has finished (free_fence:sync). Called without
+  // the manager's lock.
   // During capture: never called while capture_active() says one is open.
   virtual void synchronize() = 0;
 

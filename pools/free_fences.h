@@ -1,18 +1,28 @@
 // FenceQueue: the epochs of Note [Free fences] (memory_manager.cpp). Freed slices join the open
 // epoch through their intrusive `next_pending` link (no allocation per free); closing an epoch
-// records one Device fence; closed epochs are reaped oldest first once their fence has passed,
-// or waited for (a bounded wait) oldest first when the pending bytes exceed their bound
-// (Note [Free fences]).
+// records one Device fence; closed epochs are reaped oldest first once their fence has passed.
+// A thread that must wait for a fence borrows a ticket for the oldest closed epoch, releases the
+// manager's lock, waits, and hands the ticket back under the lock: a ticketed fence is never
+// destroyed while it is waited on, even if the epoch is reaped or forgotten meanwhile
+// (Note [Outside the lock] in memory_manager.cpp).
 // Not thread-safe: the MemoryManager's lock covers it. Depends on pool.h and device.h.
 #pragma once
 
 #include <cstdint>
 #include <deque>
+#include <vector>
 
 #include "pools/device.h"
 #include "pools/pool.h"
 
 namespace poolcuda {
+
+// A borrowed view of a closed epoch's fence, valid until given back.
+struct FenceTicket {
+  std::uint64_t epoch = 0;  // 0: no ticket
+  FenceHandle fence = kNoFence;
+  explicit operator bool() const { return epoch != 0; }
+};
 
 class FenceQueue {
  public:
@@ -29,6 +39,7 @@ class FenceQueue {
   std::uint64_t open_bytes() const { return open_.bytes; }
   bool any() const { return open_.count != 0 || !closed_.empty(); }
   bool any_closed() const { return !closed_.empty(); }
+  std::uint64_t closed_epochs() const { return closed_.size(); }
 
   // Closes the open epoch with a fence. False when it is empty or the device refused a fence
   // (kNoFence: the epoch stays open and is retried at the next close).
@@ -37,6 +48,7 @@ class FenceQueue {
     const FenceHandle fence = device.fence_record();
     if (fence == kNoFence) return false;
     open_.fence = fence;
+    open_.id = next_id_++;
     closed_.push_back(open_);
     open_ = Epoch{};
     return true;
@@ -53,33 +65,37 @@ class FenceQueue {
     return returned;
   }
 
-  // Waits at most `max_microseconds` for the oldest closed epoch's fence only; when it passed,
-  // gives that epoch's slices back and returns true. False (nothing changes) when no epoch is
-  // closed or the bound expired first. The bound on pending bytes (Note [Free fences]).
-  template <typename GiveBack>
-  bool wait_oldest_for(Device& device, std::uint32_t max_microseconds, GiveBack&& give_back) {
-    if (closed_.empty()) return false;
-    if (!device.fence_wait_for(closed_.front().fence, max_microseconds)) return false;
-    retire_front(device, give_back);
-    return true;
+  // A ticket for the oldest closed epoch, or an empty one when none is closed.
+  FenceTicket borrow_oldest() {
+    if (closed_.empty()) return {};
+    ++closed_.front().waiters;
+    return FenceTicket{closed_.front().id, closed_.front().fence};
   }
 
-  // Waits, without limit, for every closed epoch's fence, then gives its slices back
-  // (out-of-memory path and drain_fences()).
-  template <typename GiveBack>
-  std::uint64_t wait_all(Device& device, GiveBack&& give_back) {
-    std::uint64_t returned = 0;
-    while (!closed_.empty()) {
-      device.fence_wait(closed_.front().fence);
-      returned += retire_front(device, give_back);
+  // Hands a ticket back. If its epoch was retired or forgotten while it was out and this was
+  // its last ticket, the fence is destroyed now.
+  void give_back_ticket(Device& device, const FenceTicket& ticket) {
+    for (Epoch& epoch : closed_) {
+      if (epoch.id == ticket.epoch) {
+        --epoch.waiters;
+        return;
+      }
     }
-    return returned;
+    for (auto it = lingering_.begin(); it != lingering_.end(); ++it) {
+      if (it->epoch != ticket.epoch) continue;
+      if (--it->waiters == 0) {
+        device.fence_destroy(it->fence);
+        lingering_.erase(it);
+      }
+      return;
+    }
   }
 
   // Drops every epoch (the device's memory is gone): each closed epoch's fence is destroyed,
-  // so the device's fence records are not leaked; no other device call.
+  // so the device's fence records are not leaked, unless a ticket holds it; no other device
+  // call.
   void forget(Device& device) {
-    for (const Epoch& epoch : closed_) device.fence_destroy(epoch.fence);
+    for (const Epoch& epoch : closed_) drop_fence(device, epoch);
     open_ = Epoch{};
     closed_.clear();
   }
@@ -93,18 +109,33 @@ class FenceQueue {
 
  private:
   struct Epoch {
+    std::uint64_t id = 0;
     FenceHandle fence = kNoFence;
     Slice* head = nullptr;
     Slice* tail = nullptr;
     std::uint32_t count = 0;
+    std::uint32_t waiters = 0;  // tickets out
     std::uint64_t bytes = 0;
   };
+  struct Lingering {
+    std::uint64_t epoch;
+    FenceHandle fence;
+    std::uint32_t waiters;
+  };
+
+  void drop_fence(Device& device, const Epoch& epoch) {
+    if (epoch.waiters == 0) {
+      device.fence_destroy(epoch.fence);
+    } else {
+      lingering_.push_back(Lingering{epoch.id, epoch.fence, epoch.waiters});
+    }
+  }
 
   template <typename GiveBack>
   std::uint64_t retire_front(Device& device, GiveBack& give_back) {
     Epoch epoch = closed_.front();
     closed_.pop_front();
-    device.fence_destroy(epoch.fence);
+    drop_fence(device, epoch);
     for (Slice* s = epoch.head; s != nullptr;) {
       Slice* next = s->next_pending;  // give_back may recycle s
       give_back(s);
@@ -115,6 +146,8 @@ class FenceQueue {
 
   Epoch open_;
   std::deque<Epoch> closed_;
+  std::vector<Lingering> lingering_;  // retired or forgotten while a ticket was out
+  std::uint64_t next_id_ = 1;
 };
 
 }  // namespace poolcuda

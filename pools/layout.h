@@ -1,12 +1,12 @@
 // Layout resolution: turns a PoolLayout (a preset or a custom list from POOLCUDA_CONF) into the
 // concrete list of dynamic pools for one device, given its total memory and alignment. Pure
-// function: no Device call, no I/O. Depends on config.h only.
+// function: no Device call, no I/O. Depends on options.h only.
 #pragma once
 
 #include <cstdint>
 #include <vector>
 
-#include "pools/config.h"
+#include "pools/options.h"
 
 namespace poolcuda {
 
@@ -15,7 +15,7 @@ namespace poolcuda {
 //    never larger than it; cap and dealloc_period as given.
 //  - exclusive: max_alloc_size rounded up to the alignment.
 //  - direct: reclaim_at as given.
-// Presets (see the README's "Pool layouts"):
+// Presets (docs/pools.md, "The default layout"):
 //  - subslices: sliced pools with pages 2 MiB, 8 MiB, 32 MiB, ... (x4), each accepting slices up
 //    to a quarter of its page, while 32 pages of the next size fit in the device's memory (the
 //    2 MiB pool always exists); then an exclusive tail accepting anything up to the device's

@@ -1,13 +1,19 @@
 // The MemoryManager's private state, shared by memory_manager.cpp (routing, free path, fences,
-// out-of-memory) and manager_inspect.cpp (reports and consistency checks). Not a public header:
-// only those two files include it.
+// out-of-memory), manager_scope.cpp (the lock scope and the work done after it) and
+// manager_inspect.cpp (reports and consistency checks). Not a public header: only those files
+// include it.
 #pragma once
 
+#include <time.h>
+
+#include <array>
+#include <boost/container/small_vector.hpp>
 #include <memory>
-#include <mutex>
+#include <string>
 #include <vector>
 
 #include "pools/free_fences.h"
+#include "pools/lock_order.h"
 #include "pools/memory_manager.h"
 #include "pools/page_pools.h"
 #include "pools/pool.h"
@@ -23,14 +29,98 @@ namespace poolcuda {
 // one page (or one allocation) per kFenceWaitBoundMicros.
 inline constexpr std::uint32_t kFenceWaitBoundMicros = 2000;
 
+// The most priming waits for the fences of persistent slices released just before a capture.
+inline constexpr std::uint32_t kPrimeWaitMicros = 20000;
+
+// The most out-of-memory recovery waits for released pages to reach the driver (their free
+// synchronizes the device, which a parked stream can hold up forever).
+inline constexpr std::uint32_t kReleaseFlushMicros = 200000;
+
+// A cheap monotonic clock for the prompt-fence rule: the coarse clock costs a few nanoseconds
+// (its resolution, a few milliseconds, is all the rule needs).
+inline std::uint64_t coarse_nanos() {
+  timespec now{};
+  clock_gettime(CLOCK_MONOTONIC_COARSE, &now);
+  return static_cast<std::uint64_t>(now.tv_sec) * 1000000000u +
+         static_cast<std::uint64_t>(now.tv_nsec);
+}
+
+// How many recently freed addresses are remembered to tell a double free from a pointer that
+// was never handed out (the error path only scans them).
+inline constexpr std::size_t kRecentFrees = 1024;
+
+// A log line to write once the lock is released (Note [Outside the lock]). Per-allocation traces
+// carry numbers only and are formatted after the lock; rare messages come preformatted.
+struct LogEvent {
+  enum class Kind : std::uint8_t { text, allocate, free };
+  LogLevel level = LogLevel::basic;
+  Kind kind = Kind::text;
+  std::uint64_t size = 0;
+  DevicePtr ptr = 0;
+  const char* pool = "";
+  std::string text;
+};
+
+// Work gathered under the manager's lock, done after it.
+struct Outbox {
+  ReleaseList releases;
+  boost::container::small_vector<LogEvent, 2> logs;
+  bool empty() const { return releases.empty() && logs.empty(); }
+};
+
+// What routing decided (memory_manager.cpp).
+struct Route {
+  Slice* slice = nullptr;
+  Error error;
+  AllocStatus status = AllocStatus::ok;
+  bool grew = false;
+  bool wait_for_fence = false;  // over the fence bound: wait for the oldest fence, then route again
+  // A capped pool is full of memory that only waits for its fence: wait as the real cudaFree
+  // would have, without a time bound (Note [Free fences]).
+  bool patient = false;
+
+  static Route served(Slice* slice) {
+    Route r;
+    r.slice = slice;
+    return r;
+  }
+  static Route wait(bool patient = false) {
+    Route r;
+    r.wait_for_fence = true;
+    r.patient = patient;
+    return r;
+  }
+};
+
 struct MemoryManager::Impl {
   Impl(Device& d, const ManagerOptions& o);
+
+  // Holds the manager's lock and collects, in an Outbox, what must happen after it; the work
+  // runs at unlock() and when the scope ends (manager_scope.cpp).
+  class Scope {
+   public:
+    explicit Scope(Impl& m);
+    ~Scope();
+    Scope(const Scope&) = delete;
+    Scope& operator=(const Scope&) = delete;
+    void unlock();  // does the collected work outside the lock
+    void relock();
+    bool has_releases() const { return !box_.releases.empty(); }
+
+   private:
+    void attach();
+    void detach();
+    Impl& m_;
+    Outbox box_;
+    bool locked_ = false;
+  };
 
   // --- memory_manager.cpp --------------------------------------------------------------------
   void build_pools(const PoolLayout& layout);
   void drop_everything();  // forget(): no device call but fence_destroy
-  Slice* route(std::uint64_t size, Error* error, AllocStatus* status);
+  Route route(std::uint64_t size, Placement placement, std::uint32_t wait_budget_us);
   bool reclaim_on_miss(bool* refused);  // *refused: the open epoch could not be closed
+  bool over_fence_bound() const;
   std::uint64_t fence_limit() const;     // the bound on fence-pending bytes
   // Bytes after which the open epoch closes even below fence_batch frees: a quarter of
   // fence_slack, so several epochs fit under the bound, but at least 1 MiB, so that a tiny
@@ -38,37 +128,59 @@ struct MemoryManager::Impl {
   std::uint64_t epoch_bytes() const {
     return std::max<std::uint64_t>(options.fence_slack / 4, MiB);
   }
-  // When over the bound, waits for the oldest closed epoch at most *budget_us (what is left of
-  // kFenceWaitBoundMicros for this reservation) and takes the time spent from it.
-  bool wait_over_limit(std::uint32_t* budget_us);
+  // Waits (unlocked) at most *budget_us for the oldest closed epoch and takes the time spent
+  // from it.
+  void wait_for_oldest_fence(Scope& scope, std::uint32_t* budget_us);
+  // Waits (unlocked, without a time bound) for the oldest closed epoch; false when none is.
+  bool wait_for_oldest_fence(Scope& scope);
+  Route recover_from_oom(Scope& scope, std::uint64_t size, Placement placement);
   void retire(Slice* slice);  // live/held -> pending or free, by the fence mode
   void close_epoch();
-  bool drain();
-  void recover_from_oom();
+  bool drain(Scope& scope);
+  void finish_sync_frees(Scope& scope);
   std::uint64_t cleanup_all(bool explicit_cleanup);
   void implicit_cleanup();
   FreeOutcome classify(DevicePtr ptr) const;
-  void log(LogLevel level, const std::string& message) const;
+  bool recently_freed(DevicePtr ptr) const;
+  void log(LogLevel level, std::string message);
+  void trace(LogEvent::Kind kind, std::uint64_t size, DevicePtr ptr, const char* pool);
+  // manager_scope.cpp: the log lines of a scope, written outside the lock.
+  void write_logs(boost::container::small_vector<LogEvent, 2>& logs);
   MemoryUsage usage() const;
   std::uint64_t pending() const;
-  std::uint64_t idle() const;
+  std::uint64_t idle() const;        // bytes of whole idle pages
+  std::uint64_t free_bytes() const;  // every free byte, idle pages and holes in used pages
 
   Device& device;
   ManagerOptions options;
   std::uint64_t total_memory = 0;
-  mutable std::mutex mutex;
+  mutable RankedMutex mutex{LockRank::manager};
+  Outbox* outbox = nullptr;  // set while a Scope holds the lock
   PoolContext ctx;
   std::unique_ptr<PersistentPool> persistent;
   std::vector<std::unique_ptr<Pool>> pools;
   std::vector<bool> capacity_warned;
   SliceIndex index;
   FenceQueue fences;
-  std::uint64_t windows = 0;  // open persistent windows
+  std::uint64_t last_fence_nanos = 0;  // when the last epoch was closed (prompt fences)
+  std::array<DevicePtr, kRecentFrees> recent_frees{};  // a ring of freed addresses
+  std::size_t recent_next = 0;
+  // free_fence:sync: slices freed and waiting for the synchronize that follows the free, in
+  // free order (a chain through next_pending), and how many were ever added and given back.
+  Slice* sync_head = nullptr;
+  Slice* sync_tail = nullptr;
+  std::uint64_t sync_added = 0;
+  std::uint64_t sync_returned = 0;
+  std::uint64_t windows = 0;          // open persistent windows
+  std::uint64_t capture_windows = 0;  // open stream captures on the device
+  std::uint32_t frozen = 0;           // set_frozen() nesting: no page is taken from the device
+  bool stream_ordered = false;        // free_fence:auto: frees return at once
   std::uint64_t generation = 1;  // bumped by forget(): invalidates RetainedSlice handles
   std::uint64_t oom_recoveries = 0;
   std::uint64_t oom_failures = 0;
   std::uint64_t fence_waits = 0;  // waits for the bound on fence-pending bytes
   std::uint64_t fence_wait_timeouts = 0;  // of those, the ones whose bound expired first
+  double fence_wait_seconds = 0;          // time spent in those waits
 };
 
 }  // namespace poolcuda

@@ -9,6 +9,20 @@
 
 namespace poolcuda {
 
+namespace {
+
+const char* reuse_word(FreeFence mode, bool stream_ordered) {
+  switch (mode) {
+    case FreeFence::automatic: return stream_ordered ? "ordered" : "fenced";
+    case FreeFence::events: return "fenced";
+    case FreeFence::sync: return "synchronized";
+    case FreeFence::none: return "unfenced";
+  }
+  return "fenced";
+}
+
+}  // namespace
+
 ManagerReport MemoryManager::report() const {
   std::lock_guard lock(impl_->mutex);
   const Impl& m = *impl_;
@@ -16,15 +30,23 @@ ManagerReport MemoryManager::report() const {
   r.device = m.options.device_index;
   for (const auto& pool : m.pools) r.dynamic.push_back(pool->report());
   r.persistent = m.persistent->report();
-  r.totals = m.usage();
+  const MemoryUsage usage = m.usage();
+  r.bytes_in_use = usage.bytes_in_use;
+  r.slices = usage.number_allocs;
+  r.bytes_padding = usage.bytes_padding;
+  r.bytes_reserved = usage.bytes_reserved;
   r.pending_fence_bytes = m.pending();
   r.idle_bytes = m.idle();
+  r.hole_bytes = m.free_bytes() - r.idle_bytes;
   r.oom_recoveries = m.oom_recoveries;
   r.oom_failures = m.oom_failures;
   r.bytes_in_use_peak = m.ctx.totals.in_use_peak;
   r.bytes_reserved_peak = m.ctx.totals.reserved_peak;
+  r.live_sizes = m.ctx.totals.live_sizes;
   r.fence_waits = m.fence_waits;
   r.fence_wait_timeouts = m.fence_wait_timeouts;
+  r.fence_wait_seconds = m.fence_wait_seconds;
+  r.reuse = reuse_word(m.options.free_fence, m.stream_ordered);
   return r;
 }
 
@@ -113,7 +135,8 @@ std::string MemoryManager::check_consistency() const {
     if (s.pages != pool->pages()) return which + ": page count differs";
     pending_total += s.pending;
   }
-  if (m.options.free_fence == FreeFence::events && pending_total != pending_chain)
+  if (m.options.free_fence != FreeFence::sync && m.options.free_fence != FreeFence::none &&
+      pending_total != pending_chain)
     return "pending slices missing from the fence epochs";
   if (sums.size() > all.size()) return "a page belongs to no pool of this manager";
   const MemoryUsage total = m.usage();

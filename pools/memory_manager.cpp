@@ -22,7 +22,10 @@
 // its slices to their pools, which coalesce them. Reaping only queries (fence_passed), never
 // blocks; when a miss reaped something, routing restarts so the returned memory is used before
 // the device is asked for more. FreeFence::sync calls Device::synchronize() and frees at once;
-// FreeFence::none frees at once (single-stream programs, measurements).
+// FreeFence::none frees at once (single-stream programs, measurements). FreeFence::automatic
+// frees at once while the interposer says the device's work is one ordered queue
+// (set_stream_ordered; Note [Stream-ordered reuse] in interpose/stream_order.cpp), and as
+// under events otherwise.
 //
 // The bound. Reaping alone cannot keep up with a host that runs far ahead of the device (the
 // usual case on a GPU: kernels are queued, not finished). A loop that allocates and frees one
@@ -43,23 +46,51 @@
 // The wait is bounded: at most kFenceWaitBoundMicros (manager_impl.h) in total per
 // reservation; when the bound expires the reservation grows as if there were no bound. A real
 // cudaMalloc never waits on streams, and a program may park a stream on a host function that
-// only the allocating thread will release: an unbounded wait here (holding the manager's lock,
-// so other threads reserving on the device wait too) would deadlock it. Under normal device
-// lag the bound is ample, so memory stays bounded; when fences do not pass, growth is throttled
-// to one page per bound, never stopped.
+// only the allocating thread will release: an unbounded wait here would deadlock it. The wait
+// happens with the manager's lock released (Note [Outside the lock]), so other threads keep
+// allocating meanwhile. Under normal device lag the bound is ample, so memory stays bounded;
+// when fences do not pass, growth is throttled to one page per bound, never stopped.
 // fence_slack 0 leaves only the share of the live set: no pool grows while more than an
 // eighth of the bytes in use wait on fences (with nothing in use: while any do) and the oldest
 // fence passes within the bound. If the miss could not close the open epoch
 // (kNoFence: a capture is open) nothing is waited for: the memory freed during the capture has
 // no fence to wait on, and blocking a capturing thread for older work would not free it, so the
 // pool grows as before. Only the out-of-memory path and drain_fences() wait without limit
-// (fence_wait, for every fence): there the program would otherwise fail, and waiting is what
-// the real cudaFree would have done at the time of each free.
+// (fence_wait, oldest fence first, retrying the reservation after each): there the program
+// would otherwise fail, and waiting is what the real cudaFree would have done at the time of
+// each free.
+//
+// A capped pool at its cap may hold memory that only waits for its fence: before the cap
+// refuses (or spills to a later pool), the miss reclaims passed fences and then waits for the
+// oldest one, without a time bound as the real cudaFree of that memory would have, so a program
+// that frees as fast as it allocates under a cap never sees memory it already gave back
+// refused.
 //
 // Capture under FreeFence::sync. A device-wide synchronize while a stream capture is open
 // would invalidate the capture, so while Device::capture_active() says one is open a free
 // under sync retires its slice through the open epoch exactly as under events; the epoch is
-// closed and reaped by later misses, cleanups or drain_fences() like any other.
+// closed and reaped by later misses, cleanups or drain_fences() like any other. Otherwise the
+// free synchronizes after releasing the lock and gives back, in free order, every slice freed
+// before its synchronize began.
+//
+// Note [Outside the lock]
+// ~~~~~~~~~~~~~~~~~~~~~~~
+// The manager's lock is the one lock of the hot path, so nothing that can wait for the device
+// runs under it. Each public method holds it through a Scope (manager_scope.cpp) that collects
+// pages to hand back to the device and log lines (stderr may be a full pipe). The pages go to
+// Device::release as the lock is released, still under it: a page given up before a device
+// reset must reach the device before the reset's forget(), never after it, when its address
+// may already be a new page of these pools (two pages at one address). So Device::release must
+// never block: the CUDA device only queues the page for its release worker, whose driver free
+// (which synchronizes the device) runs on a thread of its own. The log lines are written once
+// the lock is released. A reservation that must wait for a fence borrows a ticket
+// for it (free_fences.h: the fence stays valid while the ticket is out), releases the lock,
+// waits, takes the lock again and routes again from scratch, since another thread may have
+// changed everything meanwhile; a device reset (forget()) during the wait only makes the ticket
+// linger until it is given back. Since Device::release hands the page to another thread, even
+// the thread that trims never blocks on a parked stream; only out-of-memory recovery waits,
+// bounded by kReleaseFlushMicros, for those releases to reach the driver before it asks the
+// driver again. The lock order is in pools/lock_order.h.
 //
 // Note [Exit]
 // ~~~~~~~~~~~
@@ -73,7 +104,7 @@
 #include <chrono>
 #include <cstdio>
 
-#include "pools/config.h"
+#include "pools/options.h"
 #include "pools/layout.h"
 #include "pools/manager_impl.h"
 #include "pools/sliced_pool.h"
@@ -81,7 +112,6 @@
 namespace poolcuda {
 
 namespace {
-constexpr std::uint64_t kLargestRequest = std::uint64_t{1} << 62;  // 4 EiB
 // A pending slice whose fence has passed returns to its pool (which coalesces it).
 constexpr auto kGiveBack = [](Slice* s) { s->page->pool->give_back(s); };
 }  // namespace
@@ -126,16 +156,10 @@ void MemoryManager::Impl::drop_everything() {
   ctx.totals = {};
   persistent = std::make_unique<PersistentPool>(ctx);
   build_pools(options.layout);
+  sync_head = sync_tail = nullptr;
+  sync_returned = sync_added;
+  recent_frees.fill(0);
   ++generation;
-}
-
-void MemoryManager::Impl::log(LogLevel level, const std::string& message) const {
-  if (options.log == LogLevel::off || level > options.log) return;
-  if (options.log_sink) {
-    options.log_sink(level, message);
-  } else {
-    std::fprintf(stderr, "poolcuda: %s\n", message.c_str());
-  }
 }
 
 MemoryUsage MemoryManager::Impl::usage() const {
@@ -151,8 +175,14 @@ std::uint64_t MemoryManager::Impl::pending() const {
 }
 
 std::uint64_t MemoryManager::Impl::idle() const {
-  std::uint64_t bytes = persistent->idle_bytes();
-  for (const auto& pool : pools) bytes += pool->idle_bytes();
+  std::uint64_t bytes = persistent->idle_page_bytes();
+  for (const auto& pool : pools) bytes += pool->idle_page_bytes();
+  return bytes;
+}
+
+std::uint64_t MemoryManager::Impl::free_bytes() const {
+  std::uint64_t bytes = persistent->free_bytes();
+  for (const auto& pool : pools) bytes += pool->free_bytes();
   return bytes;
 }
 
@@ -161,6 +191,7 @@ std::uint64_t MemoryManager::Impl::idle() const {
 bool MemoryManager::Impl::reclaim_on_miss(bool* refused) {
   if (!fences.any()) return false;
   *refused = fences.open_count() != 0 && !fences.close(device);
+  if (!*refused) last_fence_nanos = coarse_nanos();
   return fences.reap(device, kGiveBack) != 0;
 }
 
@@ -168,21 +199,28 @@ std::uint64_t MemoryManager::Impl::fence_limit() const {
   return std::max(options.fence_slack, usage().bytes_in_use / 8);
 }
 
-bool MemoryManager::Impl::wait_over_limit(std::uint32_t* budget_us) {
-  if (!fences.any_closed() || *budget_us == 0) return false;
+bool MemoryManager::Impl::over_fence_bound() const { return pending() > fence_limit(); }
+
+void MemoryManager::Impl::wait_for_oldest_fence(Scope& scope, std::uint32_t* budget_us) {
+  const FenceTicket ticket = fences.borrow_oldest();
+  if (!ticket) {
+    *budget_us = 0;
+    return;
+  }
   const std::uint64_t waiting = pending();
   const std::uint64_t limit = fence_limit();
-  if (waiting <= limit) return false;
-  // A capture is open: the program is recording a graph; never stall it on an old fence.
-  if (device.capture_active()) return false;
   using Clock = std::chrono::steady_clock;
   const Clock::time_point start = Clock::now();
-  const bool passed = fences.wait_oldest_for(device, *budget_us, kGiveBack);
+  scope.unlock();  // Note [Outside the lock]
+  const bool passed = device.fence_wait_for(ticket.fence, *budget_us);
+  scope.relock();
   const auto spent = std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - start);
+  fences.give_back_ticket(device, ticket);
   *budget_us = passed && spent.count() < *budget_us
                    ? *budget_us - static_cast<std::uint32_t>(spent.count())
                    : 0;
   ++fence_waits;
+  fence_wait_seconds += static_cast<double>(spent.count()) * 1e-6;
   if (!passed) {
     ++fence_wait_timeouts;
     if (options.log == LogLevel::full)
@@ -190,80 +228,107 @@ bool MemoryManager::Impl::wait_over_limit(std::uint32_t* budget_us) {
                               std::to_string(kFenceWaitBoundMicros) + " us: growing with " +
                               std::to_string(waiting) + " B pending, bound " +
                               std::to_string(limit) + " B");
-    return false;
+    return;
   }
-  fences.reap(device, kGiveBack);  // later fences the device passed meanwhile
+  fences.reap(device, kGiveBack);  // that epoch, and later ones the device passed meanwhile
   if (options.log == LogLevel::full)
     log(LogLevel::full, "waited for the oldest free fence: " + std::to_string(waiting) +
                             " B pending, bound " + std::to_string(limit) + " B, " +
                             std::to_string(pending()) + " B pending after");
+}
+
+bool MemoryManager::Impl::wait_for_oldest_fence(Scope& scope) {
+  const FenceTicket ticket = fences.borrow_oldest();
+  if (!ticket) return false;
+  scope.unlock();  // Note [Outside the lock]
+  device.fence_wait(ticket.fence);
+  scope.relock();
+  fences.give_back_ticket(device, ticket);
+  fences.reap(device, kGiveBack);
   return true;
 }
 
-Slice* MemoryManager::Impl::route(std::uint64_t size, Error* error, AllocStatus* status) {
-  const bool persistent_mode =
-      windows > 0 || options.persistent == PersistentMode::enforced;
+Route MemoryManager::Impl::route(std::uint64_t size, Placement placement,
+                                 std::uint32_t wait_budget_us) {
+  const bool persistent_mode = placement == Placement::persistent || windows > 0 ||
+                               capture_windows > 0 ||
+                               options.persistent == PersistentMode::enforced;
   const bool size_match = options.persistent == PersistentMode::size_match;
+  const bool may_wait = wait_budget_us > 0 && capture_windows == 0;
   bool reclaimed = false;
   bool refused = false;
-  std::uint32_t wait_budget_us = kFenceWaitBoundMicros;  // for the whole reservation
+  Route r;
   // Before any growth (Note [Free fences]): the first miss closes the open epoch and reaps
-  // passed fences; while fence-pending bytes exceed their bound, each miss waits for the oldest
-  // closed epoch. Either way, when memory came back, routing starts over.
-  auto miss = [&] {
-    if (!reclaimed) {
-      reclaimed = true;
-      if (reclaim_on_miss(&refused)) return true;
-    }
-    return !refused && wait_over_limit(&wait_budget_us);
+  // passed fences; when memory came back, routing starts over. Returns true to start over.
+  auto reclaim = [&] {
+    if (reclaimed) return false;
+    reclaimed = true;
+    return reclaim_on_miss(&refused);
   };
-  *status = AllocStatus::ok;
+  // While fence-pending bytes exceed their bound, a miss waits for the oldest fence instead.
+  auto should_wait = [&] {
+    return may_wait && !refused && fences.any_closed() && over_fence_bound() &&
+           !device.capture_active();
+  };
 
 restart:
   if (persistent_mode || size_match) {
-    if (Slice* s = persistent->try_reserve(size)) return s;
+    if (Slice* s = persistent->try_reserve(size)) return Route::served(s);
   }
   if (persistent_mode || (size_match && persistent->has_size(size))) {
-    if (miss()) goto restart;
-    Slice* s = nullptr;
-    *status = persistent->grow(size, &s);
-    if (*status == AllocStatus::ok) return s;
-    *error = Error{*status == AllocStatus::out_of_memory ? ErrorKind::out_of_memory
-                                                          : ErrorKind::device_error, size};
-    return nullptr;
+    if (reclaim()) goto restart;
+    if (should_wait()) return Route::wait();
+    r.status = frozen != 0 ? AllocStatus::failed : persistent->grow(size, &r.slice);
+    r.grew = r.status == AllocStatus::ok;
+    if (r.status != AllocStatus::ok)
+      r.error = Error{r.status == AllocStatus::out_of_memory ? ErrorKind::out_of_memory
+                                                              : ErrorKind::device_error,
+                      size};
+    return r;
   }
 
   Error capacity;
   for (std::size_t i = 0; i < pools.size(); ++i) {
     Pool& pool = *pools[i];
     if (!pool.accepts(size)) continue;
-    if (Slice* s = pool.try_reserve(size)) return s;
+    if (Slice* s = pool.try_reserve(size)) return Route::served(s);
     if (Error limit = pool.growth_limit(size)) {
+      // Memory this pool holds may only be waiting for its fence (Note [Free fences]).
+      if (pool.pending_bytes() > 0) {
+        if (reclaim()) goto restart;
+        if (!refused && fences.any_closed() && capture_windows == 0 && !device.capture_active())
+          return Route::wait(true);
+      }
       if (!capacity_warned[i]) {
         capacity_warned[i] = true;
-        log(LogLevel::basic, "memory pool " + std::to_string(i) + " (" + pool.describe().shape +
-                                 ") is at capacity (first hit at an allocation of " +
-                                 std::to_string(size) +
-                                 " B); spilling to the next accepting pool. The plan is short "
-                                 "for this workload.");
+        bool later = false;
+        for (std::size_t j = i + 1; j < pools.size(); ++j) later |= pools[j]->accepts(size);
+        log(LogLevel::basic,
+            "memory pool " + std::to_string(i) + " (" + pool.describe().shape +
+                ") is at capacity (first hit at an allocation of " + std::to_string(size) +
+                " B); " +
+                (later ? "spilling to the next accepting pool. The plan is short for this "
+                         "workload."
+                       : "refusing: no later pool accepts this size (raise the cap or add a "
+                         "pool)."));
       }
       capacity = limit;
       continue;
     }
-    if (miss()) goto restart;
-    Slice* s = nullptr;
-    *status = pool.grow(size, &s);
-    if (*status == AllocStatus::ok) return s;
+    if (reclaim()) goto restart;
+    if (should_wait()) return Route::wait();
+    r.status = frozen != 0 ? AllocStatus::failed : pool.grow(size, &r.slice);
+    r.grew = r.status == AllocStatus::ok;
+    if (r.grew) return r;
     // A spill already in hand says more (the plan was short) than the failure behind it.
-    *error = capacity ? capacity
-                      : Error{*status == AllocStatus::out_of_memory ? ErrorKind::out_of_memory
-                                                                     : ErrorKind::device_error,
-                              size};
-    return nullptr;
+    r.error = capacity ? capacity
+                       : Error{r.status == AllocStatus::out_of_memory ? ErrorKind::out_of_memory
+                                                                       : ErrorKind::device_error,
+                               size};
+    return r;
   }
-  if (capacity && miss()) goto restart;
-  *error = capacity ? capacity : Error{ErrorKind::buffer_too_big, size};
-  return nullptr;
+  r.error = capacity ? capacity : Error{ErrorKind::buffer_too_big, size};
+  return r;
 }
 
 void MemoryManager::Impl::implicit_cleanup() {
@@ -284,15 +349,35 @@ std::uint64_t MemoryManager::Impl::cleanup_all(bool explicit_cleanup) {
   return released;
 }
 
-bool MemoryManager::Impl::drain() {
+bool MemoryManager::Impl::drain(Scope& scope) {
   const bool closed = fences.open_count() == 0 || fences.close(device);
-  fences.wait_all(device, kGiveBack);
+  while (wait_for_oldest_fence(scope)) {
+  }
   return closed;
 }
 
-void MemoryManager::Impl::recover_from_oom() {
-  drain();
+Route MemoryManager::Impl::recover_from_oom(Scope& scope, std::uint64_t size,
+                                            Placement placement) {
+  // Everything that needs no wait first: close the open epoch, reap, return every idle page.
+  close_epoch();
   cleanup_all(true);
+  // Pages given up earlier (by trims or dealloc periods) may still be on their way to the
+  // driver too, so the first round flushes whether or not this one released anything.
+  bool flush = true;
+  for (;;) {
+    if (flush || scope.has_releases()) {
+      scope.unlock();  // the pages go to the device
+      device.flush_releases(kReleaseFlushMicros);
+      scope.relock();
+      flush = false;
+    }
+    Route r = route(size, placement, 0);
+    if (r.slice != nullptr || r.status != AllocStatus::out_of_memory) return r;
+    // Then the fences, oldest first, retrying after each (Note [Free fences]).
+    if (fences.open_count() != 0 && !fences.close(device)) return r;  // a capture is open
+    if (!wait_for_oldest_fence(scope)) return r;
+    cleanup_all(true);
+  }
 }
 
 // --- Free path -----------------------------------------------------------------------------------
@@ -300,7 +385,10 @@ void MemoryManager::Impl::recover_from_oom() {
 void MemoryManager::Impl::retire(Slice* slice) {
   Pool* pool = slice->page->pool;
   pool->to_pending(slice);
-  switch (options.free_fence) {
+  FreeFence mode = options.free_fence;
+  // One ordered queue: any later user of the memory runs after every earlier one.
+  if (mode == FreeFence::automatic) mode = stream_ordered ? FreeFence::none : FreeFence::events;
+  switch (mode) {
     case FreeFence::none:
       pool->give_back(slice);
       return;
@@ -308,24 +396,49 @@ void MemoryManager::Impl::retire(Slice* slice) {
       // A device-wide synchronize would invalidate an open capture: the slice waits in an
       // epoch like an events free (Note [Free fences]).
       if (!device.capture_active()) {
-        device.synchronize();
-        pool->give_back(slice);
+        slice->next_pending = nullptr;
+        if (sync_tail != nullptr) sync_tail->next_pending = slice;
+        else sync_head = slice;
+        sync_tail = slice;
+        ++sync_added;
         return;
       }
       [[fallthrough]];
-    case FreeFence::events:
+    case FreeFence::automatic:
+    case FreeFence::events: {
       fences.add(slice);
-      // Also close by bytes: a fence recorded early is usually passed by the time the bound on
-      // pending bytes needs its memory, so a miss reaps instead of waiting.
+      const std::uint64_t now = coarse_nanos();
       if (fences.open_count() >= std::max<std::uint32_t>(options.fence_batch, 1) ||
-          fences.open_bytes() >= epoch_bytes())
+          fences.open_bytes() >= epoch_bytes() ||
+          now - last_fence_nanos >= options.prompt_fence_nanos)
         close_epoch();
       return;
+    }
+  }
+}
+
+void MemoryManager::Impl::finish_sync_frees(Scope& scope) {
+  if (sync_added == sync_returned) return;
+  const std::uint64_t upto = sync_added;
+  const std::uint64_t gen = generation;
+  scope.unlock();  // Note [Outside the lock]
+  device.synchronize();
+  scope.relock();
+  if (gen != generation) return;  // forgotten meanwhile: nothing left to give back
+  while (sync_returned < upto && sync_head != nullptr) {
+    Slice* slice = sync_head;
+    sync_head = slice->next_pending;
+    if (sync_head == nullptr) sync_tail = nullptr;
+    ++sync_returned;
+    slice->page->pool->give_back(slice);
   }
 }
 
 void MemoryManager::Impl::close_epoch() {
-  if (fences.close(device)) fences.reap(device, kGiveBack);
+  if (fences.close(device)) {
+    last_fence_nanos = coarse_nanos();
+    fences.reap(device, kGiveBack);
+  }
 }
 
 FreeOutcome MemoryManager::Impl::classify(DevicePtr ptr) const {
@@ -335,166 +448,21 @@ FreeOutcome MemoryManager::Impl::classify(DevicePtr ptr) const {
   if (ptr >= it->base + it->size) return FreeOutcome::not_mine;
   // Error path only: a linear walk of one page's slices.
   for (const Slice& s : it->slices) {
-    if (ptr >= s.ptr && ptr < s.ptr + s.size)
-      return s.state == SliceState::live ? FreeOutcome::interior_pointer
-                                         : FreeOutcome::double_free;
+    if (ptr < s.ptr || ptr >= s.ptr + s.size) continue;
+    if (s.state == SliceState::live) return FreeOutcome::interior_pointer;
+    // A freed slice still waiting at exactly this address (pending or held) is a double free;
+    // in free space, where coalescing has erased the old boundaries, only the record of recent
+    // frees can tell a double free from an address that was never handed out.
+    if (s.state != SliceState::free && ptr == s.ptr) return FreeOutcome::double_free;
+    return recently_freed(ptr) ? FreeOutcome::double_free : FreeOutcome::not_allocated;
   }
   return FreeOutcome::not_mine;  // unreachable while slices tile their page
 }
 
-// --- Public interface ----------------------------------------------------------------------------
-
-MemoryManager::MemoryManager(Device& device, const ManagerOptions& options)
-    : impl_(std::make_unique<Impl>(device, options)) {}
-
-MemoryManager::~MemoryManager() = default;
-
-Reservation MemoryManager::allocate(std::uint64_t size) {
-  std::lock_guard lock(impl_->mutex);
-  Impl& m = *impl_;
-  // Zero, and sizes so large that aligning them would wrap around, are refused outright.
-  if (size == 0 || size > kLargestRequest)
-    return Reservation{0, Error{ErrorKind::buffer_too_big, size}};
-  ++m.ctx.clock;
-  if (m.ctx.clock >= m.ctx.next_deadline) m.implicit_cleanup();
-
-  Error error;
-  AllocStatus status = AllocStatus::ok;
-  Slice* slice = m.route(size, &error, &status);
-  if (slice == nullptr && status == AllocStatus::out_of_memory) {
-    m.recover_from_oom();
-    error = Error{};
-    slice = m.route(size, &error, &status);
-    if (slice != nullptr) {
-      ++m.oom_recoveries;
-    } else if (status == AllocStatus::out_of_memory) {
-      ++m.oom_failures;
-    }
-    // Guarded like the log:full lines: no strings are built under log:off.
-    if (slice == nullptr && status == AllocStatus::out_of_memory &&
-        m.options.log != LogLevel::off) {
-      const MemoryUsage u = m.usage();
-      m.log(LogLevel::basic,
-            "out of device memory: requested " + std::to_string(size) + " B, in use " +
-                std::to_string(u.bytes_in_use) + " B, reserved " +
-                std::to_string(u.bytes_reserved) + " B, idle " + std::to_string(m.idle()) +
-                " B, pending fence " + std::to_string(m.pending()) + " B");
-    }
-  }
-  if (slice == nullptr) return Reservation{0, error};
-  m.index.insert(slice->ptr, slice);
-  if (m.options.log == LogLevel::full)
-    m.log(LogLevel::full, "allocate " + std::to_string(size) + " B -> " +
-                              std::to_string(slice->ptr) + " (" + slice->page->pool->describe().kind +
-                              ")");
-  return Reservation{slice->ptr, Error{}};
-}
-
-FreeOutcome MemoryManager::free(DevicePtr ptr) {
-  std::lock_guard lock(impl_->mutex);
-  Impl& m = *impl_;
-  Slice* slice = ptr == 0 ? nullptr : m.index.erase(ptr);
-  if (slice == nullptr) return m.classify(ptr);
-  if (slice->pins > 0) {
-    slice->page->pool->to_held(slice);
-  } else {
-    m.retire(slice);
-  }
-  if (m.options.log == LogLevel::full) m.log(LogLevel::full, "free " + std::to_string(ptr));
-  return FreeOutcome::freed;
-}
-
-std::uint64_t MemoryManager::live_size(DevicePtr ptr) const {
-  std::lock_guard lock(impl_->mutex);
-  const Slice* slice = impl_->index.find(ptr);
-  return slice == nullptr ? 0 : slice->requested;
-}
-
-void MemoryManager::set_mode(AllocationMode mode) {
-  std::lock_guard lock(impl_->mutex);
-  Impl& m = *impl_;
-  if (m.options.persistent == PersistentMode::disabled ||
-      m.options.persistent == PersistentMode::enforced)
-    return;
-  if (mode == AllocationMode::persistent) {
-    ++m.windows;
-  } else if (m.windows > 0) {
-    --m.windows;
-  }
-}
-
-Error MemoryManager::install_layout(const PoolLayout& layout) {
-  std::lock_guard lock(impl_->mutex);
-  Impl& m = *impl_;
-  // Pending slices still belong to the old pools: wait for their fences (a quiescent point,
-  // not the hot path), then return every idle page.
-  m.drain();
-  m.cleanup_all(true);
-  std::uint64_t busy = 0;
-  for (const auto& pool : m.pools) busy += pool->usage().bytes_in_use + pool->pending_bytes();
-  if (busy > 0) return Error{ErrorKind::pools_in_use, busy};
-  m.build_pools(layout);
-  // A new layout is a new plan: its peaks start from what is held now.
-  m.ctx.totals.in_use_peak = m.ctx.totals.in_use;
-  m.ctx.totals.reserved_peak = m.ctx.totals.reserved;
-  return {};
-}
-
-void MemoryManager::cleanup(bool explicit_cleanup) {
-  std::lock_guard lock(impl_->mutex);
-  if (explicit_cleanup) {
-    impl_->close_epoch();
-    impl_->fences.reap(impl_->device, kGiveBack);
-  }
-  impl_->cleanup_all(explicit_cleanup);
-}
-
-MemoryUsage MemoryManager::memory_usage() const {
-  std::lock_guard lock(impl_->mutex);
-  return impl_->usage();
-}
-
-std::uint64_t MemoryManager::idle_bytes() const {
-  std::lock_guard lock(impl_->mutex);
-  return impl_->idle();
-}
-
-void MemoryManager::forget() {
-  std::lock_guard lock(impl_->mutex);
-  impl_->drop_everything();
-}
-
-RetainedSlice MemoryManager::retain(DevicePtr ptr) {
-  std::lock_guard lock(impl_->mutex);
-  Slice* slice = ptr == 0 ? nullptr : impl_->index.find(ptr);
-  if (slice == nullptr) return {};
-  ++slice->pins;
-  return RetainedSlice{ptr, impl_->generation, slice};
-}
-
-bool MemoryManager::release_retained(const RetainedSlice& pin) {
-  std::lock_guard lock(impl_->mutex);
-  Impl& m = *impl_;
-  if (!pin || pin.generation != m.generation) return false;
-  Slice* slice = static_cast<Slice*>(pin.node);
-  if (slice->ptr != pin.ptr || slice->pins == 0) return false;
-  if (--slice->pins == 0 && slice->state == SliceState::held) m.retire(slice);
-  return true;
-}
-
-bool MemoryManager::drain_fences() {
-  std::lock_guard lock(impl_->mutex);
-  return impl_->drain();
-}
-
-std::uint64_t MemoryManager::fence_waits() const {
-  std::lock_guard lock(impl_->mutex);
-  return impl_->fence_waits;
-}
-
-std::uint64_t MemoryManager::fence_wait_timeouts() const {
-  std::lock_guard lock(impl_->mutex);
-  return impl_->fence_wait_timeouts;
+bool MemoryManager::Impl::recently_freed(DevicePtr ptr) const {
+  for (const DevicePtr freed : recent_frees)
+    if (freed == ptr) return true;
+  return false;
 }
 
 }  // namespace poolcuda

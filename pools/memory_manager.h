@@ -14,7 +14,7 @@
 #include <string_view>
 #include <vector>
 
-#include "pools/config.h"
+#include "pools/options.h"
 #include "pools/device.h"
 #include "pools/report.h"
 #include "pools/types.h"
@@ -24,22 +24,29 @@ namespace poolcuda {
 // Explicit allocation mode, as in the seed: Persistent opens a window, Auto closes one.
 enum class AllocationMode : std::uint8_t { automatic, persistent };
 
+// Where one reservation must come from: `automatic` routes by the settings and open windows;
+// `persistent` forces the exact-fit persistent pool (memory for a graph capture).
+enum class Placement : std::uint8_t { automatic, persistent };
+
 // Receives the manager's log lines (spill warnings, out-of-memory breakdowns, per-allocation
-// traces under log:full). Called with the manager's lock held: it must not call back into the
-// manager.
+// traces under log:full). Called after the manager's lock is released, from the thread whose
+// call produced the line.
 using LogSink = std::function<void(LogLevel level, std::string_view message)>;
 
 struct ManagerOptions {
   int device_index = 0;
   PoolLayout layout;
   PersistentMode persistent = PersistentMode::enabled;
-  FreeFence free_fence = FreeFence::events;
+  FreeFence free_fence = FreeFence::automatic;
   // Frees per epoch before the epoch is closed even without a miss (Note [Free fences]).
   std::uint32_t fence_batch = 256;
   // Bytes that may wait on free fences before a miss waits for the oldest fence instead of
   // growing a pool: the bound is max(fence_slack, bytes in use / 8). 0 leaves only the share
   // of the bytes in use (Note [Free fences]).
   std::uint64_t fence_slack = 64 * MiB;
+  // A free records a fence at once when none was recorded for this long (Note [Free fences]);
+  // tests that count epochs set it out of reach.
+  std::uint64_t prompt_fence_nanos = 1000000;
   LogLevel log = LogLevel::basic;
   LogSink log_sink;  // empty: write to stderr prefixed "poolcuda: "
 };
@@ -60,8 +67,12 @@ struct PageView {
 
 struct Reservation {
   DevicePtr ptr = 0;
-  Error error;  // set when ptr == 0
+  Error error;        // set when ptr == 0
+  bool grew = false;  // a page was taken from the device for this reservation
 };
+
+// Exact sizes and how many slices of each a graph capture needed (its priming profile).
+using CaptureProfile = std::vector<std::pair<std::uint64_t, std::uint64_t>>;
 
 class MemoryManager {
  public:
@@ -73,9 +84,10 @@ class MemoryManager {
   MemoryManager& operator=(const MemoryManager&) = delete;
 
   // Reserves `size` bytes. A size of 0 or above 2^62 is ErrorKind::buffer_too_big and changes
-  // nothing. On device out-of-memory: explicit cleanup of every idle
-  // page, wait for pending free fences, retry once; only then ErrorKind::out_of_memory.
-  Reservation allocate(std::uint64_t size);
+  // nothing. On device out-of-memory: every idle page is returned, then pending free fences are
+  // waited for, oldest first, retrying after each; only then ErrorKind::out_of_memory. Never
+  // holds the lock while it waits (Note [Outside the lock]).
+  Reservation allocate(std::uint64_t size, Placement placement = Placement::automatic);
 
   // Frees by device pointer. Anything but `freed` changes nothing.
   FreeOutcome free(DevicePtr ptr);
@@ -87,6 +99,11 @@ class MemoryManager {
   // `disabled` and `enforced` settings.
   void set_mode(AllocationMode mode);
 
+  // A stream capture opens (true) or ends (false) on the device; they nest. While one is open,
+  // every reservation comes from the persistent pool whatever the settings, no idle page is
+  // released on the allocation path, and no reservation waits for a fence.
+  void set_capture_window(bool open);
+
   // Replaces the dynamic pools (after an explicit cleanup) when none of their slices is live;
   // otherwise ErrorKind::pools_in_use and nothing changes. Resets high-water marks.
   Error install_layout(const PoolLayout& layout);
@@ -96,6 +113,9 @@ class MemoryManager {
   void cleanup(bool explicit_cleanup);
 
   MemoryUsage memory_usage() const;
+
+  // The alignment of every slice (the device's; constant).
+  std::uint64_t alignment() const;
 
   // Bytes the pools hold that no one uses and no fence protects: what cudaMemGetInfo may add to
   // "free" under memgetinfo:pooled.
@@ -110,6 +130,19 @@ class MemoryManager {
   // method is called. The manager stays usable (empty) afterwards.
   void forget();
 
+  // Under free_fence:auto: whether every piece of work that can touch the device's memory runs
+  // in one ordered queue (the interposer decides: Note [Stream-ordered reuse] in
+  // interpose/stream_order.cpp). While it does, a free returns its slice at once, without a
+  // fence; otherwise frees are fenced as under events. Starts false. Setting it false is a
+  // barrier: it returns only once every free that saw it true has finished.
+  void set_stream_ordered(bool ordered);
+  bool stream_ordered() const;
+
+  // While frozen, no reservation takes a new page from the device (it fails with
+  // ErrorKind::device_error instead, and the interposer passes the request to the driver): a
+  // device reset in progress would free that page behind the pools' back. Freezes nest.
+  void set_frozen(bool frozen);
+
   // --- Additions beyond the first interface ----------------------------------------------------
 
   // Pins the live slice that starts at `ptr` (used by graph capture): while pinned, a free of
@@ -122,10 +155,30 @@ class MemoryManager {
   // one taken before forget().
   bool release_retained(const RetainedSlice& pin);
 
+  // Tops up the persistent pool so that it holds, free, at least `count` slices of the
+  // effective size of each `size` in the profile: new pages from the device, handed to no one.
+  // A graph capture begins with this, so that its window finds the memory it will ask for
+  // (Note [Priming] in capture/capture_policy.cpp). Returns the bytes added; stops at the first
+  // page the device refuses.
+  std::uint64_t prime(const CaptureProfile& profile);
+
+  // A slice the program freed while `pin` held it ("held") is handed out again, as a live
+  // allocation of `requested` bytes (at most its size) at the same address; the pin stays.
+  // False, and nothing changes, when the pin is stale, the slice is not held, or it is too
+  // small. Shared capture memory (capture_share) reuses held slices this way.
+  bool reissue(const RetainedSlice& pin, std::uint64_t requested);
+
+  // The size of the slice a pin holds (0 for an empty or stale pin).
+  std::uint64_t pinned_size(const RetainedSlice& pin) const;
+
   // Closes the open free-fence epoch and waits (Device::fence_wait) for every closed one, so
   // every pending slice is free again. Blocks: never for the hot path. Returns false when the
   // open epoch could not be closed (the device refused a fence: a capture is open).
   bool drain_fences();
+
+  // Pages released by trimming may still be on their way to the driver (Device::release may
+  // hand them to another thread): waits at most `max_microseconds` for them.
+  bool flush_releases(std::uint32_t max_microseconds);
 
   // How many times a miss waited for the oldest free fence because fence-pending bytes exceeded
   // their bound (Note [Free fences]); drain_fences() and the out-of-memory path do not count.

@@ -5,7 +5,7 @@
 
 #include <algorithm>
 
-#include "pools/config.h"
+#include "pools/options.h"
 
 namespace poolcuda {
 
@@ -43,30 +43,53 @@ ExclusivePool::ExclusivePool(PoolContext& ctx, std::uint64_t max_alloc_size,
                              std::optional<std::uint64_t> dealloc_period)
     : PagePool(ctx, dealloc_period), max_alloc_size_(max_alloc_size) {}
 
-Slice* ExclusivePool::try_reserve(std::uint64_t size) {
-  // Exponential average with weight 1/8: follows a workload's drift without one outlier
-  // resizing every later page.
-  average_ = average_ == 0 ? size : average_ - average_ / 8 + size / 8;
-  auto it = free_.lower_bound(align_up(size, alignment()), SizeKeyOrder{});
-  return it == free_.end() ? nullptr : hand_out(&*it, size);
+// Note [Exclusive pages]
+// ~~~~~~~~~~~~~~~~~~~~~~
+// A page holds one request, so its waste is page size minus request. New pages get the
+// request's size class: the request rounded up to an eighth of its power of two, but never to
+// more than 2 MiB (so at most 12.5% over for small requests and 2 MiB for large ones, the
+// driver's own granularity for large allocations: a request that nearly fills the device still
+// fits as it would without the pools; and should the rounded page not fit, the exact size is
+// tried). Sizes that differ by a few bytes share pages. Reuse takes the smallest free
+// page that fits, but never one larger than the request's class plus a quarter: an idle 8 GiB
+// scratch page must not serve a 100 MiB request (7.9 GiB of padding, and every further request
+// then needs a page of its own while the device is full), nor a 4 GiB one a 3 MiB request. A
+// page too large for every request stays idle until its dealloc period or a cleanup returns
+// it; out-of-memory recovery returns every idle page before it gives up, so such memory is
+// never lost to a later request that needs the device.
+std::uint64_t ExclusivePool::page_size_for(std::uint64_t size) const {
+  const std::uint64_t eff = align_up(size, alignment());
+  const std::uint64_t step = std::max<std::uint64_t>(
+      alignment(),
+      std::min<std::uint64_t>((std::uint64_t{1} << (63 - __builtin_clzll(eff))) / 8, 2 * MiB));
+  return std::min(align_up(eff, step), std::max(eff, align_up(max_alloc_size_, alignment())));
 }
 
-std::uint64_t ExclusivePool::page_size_for(std::uint64_t size) const {
-  const std::uint64_t a = alignment();
-  const std::uint64_t want = align_up(std::max(average_, size), a);
-  return std::max(align_up(size, a), std::min(want, align_up(max_alloc_size_, a)));
+std::uint64_t ExclusivePool::largest_page_for(std::uint64_t size) const {
+  const std::uint64_t page = page_size_for(size);
+  return page + page / 4;
+}
+
+Slice* ExclusivePool::try_reserve(std::uint64_t size) {
+  auto it = free_.lower_bound(align_up(size, alignment()), SizeKeyOrder{});
+  if (it == free_.end() || it->size > largest_page_for(size)) return nullptr;
+  return hand_out(&*it, size);
 }
 
 AllocStatus ExclusivePool::grow(std::uint64_t size, Slice** out) {
-  return grow_page(page_size_for(size), size, out);
+  const std::uint64_t page = page_size_for(size);
+  const AllocStatus status = grow_page(page, size, out);
+  const std::uint64_t exact = align_up(size, alignment());
+  if (status != AllocStatus::out_of_memory || page == exact) return status;
+  return grow_page(exact, size, out);
 }
 
 PoolReport ExclusivePool::describe() const {
   PoolReport r;
-  r.kind = "exclusive";
+  r.kind = kind_name();
   r.max_slice_size = max_alloc_size_;
   r.shape = "max=" + format_size(max_alloc_size_);
-  if (dealloc_period_) r.shape += " period=" + std::to_string(*dealloc_period_);
+  if (dealloc_period_) r.notes = "period=" + std::to_string(*dealloc_period_);
   return r;
 }
 
@@ -86,9 +109,26 @@ void PersistentPool::on_release(Page* page) {
 
 bool PersistentPool::has_size(std::uint64_t size) const { return sizes_.count(eff(size)) != 0; }
 
+std::uint64_t PersistentPool::free_count(std::uint64_t size) const {
+  const std::uint64_t e = eff(size);
+  std::uint64_t count = 0;
+  for (auto it = free_.lower_bound(e, SizeKeyOrder{}); it != free_.end() && it->size == e; ++it)
+    ++count;
+  return count;
+}
+
+AllocStatus PersistentPool::add_free(std::uint64_t size) {
+  Page* page = nullptr;
+  const AllocStatus status = new_page(eff(size), &page);
+  if (status != AllocStatus::ok) return status;
+  ++sizes_[eff(size)];
+  free_.insert(page->slices.front());
+  return AllocStatus::ok;
+}
+
 PoolReport PersistentPool::describe() const {
   PoolReport r;
-  r.kind = "persistent";
+  r.kind = kind_name();
   r.shape = "exact fit";
   return r;
 }
@@ -104,7 +144,7 @@ AllocStatus DirectPool::grow(std::uint64_t size, Slice** out) {
 
 PoolReport DirectPool::describe() const {
   PoolReport r;
-  r.kind = "direct";
+  r.kind = kind_name();
   r.shape = "reclaim=" + format_size(reclaim_at_);
   return r;
 }

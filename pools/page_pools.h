@@ -1,11 +1,11 @@
 // The pools whose every slice is a whole page (one device allocation per slice):
-//  - ExclusivePool: bucketed pages sized from a running average; reuse takes the smallest free
-//    page that fits.
+//  - ExclusivePool: one request per page, pages sized by size class; reuse takes the smallest
+//    free page that fits, up to a bound on the waste (Note [Exclusive pages]).
 //  - PersistentPool: exact fit by effective size (align_up(size, alignment)); reuse only by the
 //    same effective size; idle slices are released on explicit cleanup only.
 //  - DirectPool: exact fit like the persistent pool; above `reclaim_at` reserved bytes, idle
 //    allocations are released (oldest first) until the new one fits.
-// Depends on pool.h (and config.h's format_size for shapes) only.
+// Depends on pool.h (and options.h for format_size) only.
 #pragma once
 
 #include <unordered_map>
@@ -40,28 +40,35 @@ class ExclusivePool final : public PagePool {
   ExclusivePool(PoolContext& ctx, std::uint64_t max_alloc_size,
                 std::optional<std::uint64_t> dealloc_period);
   bool accepts(std::uint64_t size) const override { return size <= max_alloc_size_; }
+  const char* kind_name() const override { return "exclusive"; }
   Slice* try_reserve(std::uint64_t size) override;
   AllocStatus grow(std::uint64_t size, Slice** out) override;
   PoolReport describe() const override;
 
-  // The page size a new page for `size` would get now.
+  // The page a new request of `size` gets: its size class (Note [Exclusive pages]).
   std::uint64_t page_size_for(std::uint64_t size) const;
+  // The largest free page a request of `size` may take.
+  std::uint64_t largest_page_for(std::uint64_t size) const;
 
  private:
   std::uint64_t max_alloc_size_;
-  std::uint64_t average_ = 0;  // running average of request sizes (exponential, weight 1/8)
 };
 
 class PersistentPool final : public PagePool {
  public:
   explicit PersistentPool(PoolContext& ctx) : PagePool(ctx, std::nullopt) {}
   bool accepts(std::uint64_t) const override { return true; }
+  const char* kind_name() const override { return "persistent"; }
   Slice* try_reserve(std::uint64_t size) override { return hand_out(exact(eff(size)), size); }
   AllocStatus grow(std::uint64_t size, Slice** out) override;
   PoolReport describe() const override;
 
   // Whether the pool holds a slice (live or not) of the effective size of `size`.
   bool has_size(std::uint64_t size) const;
+  // Free slices of the effective size of `size`.
+  std::uint64_t free_count(std::uint64_t size) const;
+  // Adds one free slice of the effective size of `size` (a new page, handed to no one).
+  AllocStatus add_free(std::uint64_t size);
 
  protected:
   void on_release(Page* page) override;
@@ -76,6 +83,7 @@ class DirectPool final : public PagePool {
   DirectPool(PoolContext& ctx, std::uint64_t reclaim_at) : PagePool(ctx, std::nullopt),
       reclaim_at_(reclaim_at) {}
   bool accepts(std::uint64_t) const override { return true; }
+  const char* kind_name() const override { return "direct"; }
   Slice* try_reserve(std::uint64_t size) override {
     return hand_out(exact(align_up(size, alignment())), size);
   }

@@ -28,8 +28,7 @@ AllocStatus Pool::new_page(std::uint64_t size, Page** out) {
   slice->size = size;
   page->slices.push_back(*slice);
   ctx_.page_set.insert(*page);
-  page->idle_since = ctx_.clock;
-  idle_.push_back(*page);  // idle until its first slice goes live (mark_live)
+  make_idle(page);  // idle until its first slice goes live (mark_live)
   ++device_allocs_;
   ++pages_;
   usage_.bytes_reserved += size;
@@ -43,14 +42,14 @@ AllocStatus Pool::new_page(std::uint64_t size, Page** out) {
 
 void Pool::release_page(Page* page) {
   on_release(page);
-  idle_.erase(idle_.iterator_to(*page));
+  make_busy(page);
   ctx_.page_set.erase(ctx_.page_set.iterator_to(*page));
   while (!page->slices.empty()) {
     Slice& slice = page->slices.front();
     page->slices.pop_front();
     ctx_.slices.destroy(&slice);
   }
-  ctx_.device.release(page->base, page->size);
+  ctx_.released->push_back(PageRelease{page->base, page->size});
   ++device_releases_;
   --pages_;
   usage_.bytes_reserved -= page->size;
@@ -60,23 +59,60 @@ void Pool::release_page(Page* page) {
 
 void Pool::mark_live(Slice* slice, std::uint64_t requested) {
   Page* page = slice->page;
-  if (page->busy++ == 0) idle_.erase(idle_.iterator_to(*page));
+  if (page->busy++ == 0) make_busy(page);
   slice->state = SliceState::live;
   slice->requested = requested;
   usage_.number_allocs += 1;
   usage_.bytes_in_use += requested;
   ctx_.totals.in_use += requested;
+  const std::size_t bucket = SizeHistogram::bucket(requested);
+  ctx_.totals.live_sizes.slices[bucket] += 1;
+  ctx_.totals.live_sizes.bytes[bucket] += requested;
   ctx_.totals.in_use_peak = std::max(ctx_.totals.in_use_peak, ctx_.totals.in_use);
   usage_.bytes_padding += slice->size - requested;
   ++reservations_;
 }
 
+void Pool::make_idle(Page* page) {
+  page->idle_since = ctx_.clock;
+  idle_.push_back(*page);
+  idle_page_bytes_ += page->size;
+}
+
+void Pool::make_busy(Page* page) {
+  idle_.erase(idle_.iterator_to(*page));
+  idle_page_bytes_ -= page->size;
+}
+
 void Pool::to_held(Slice* slice) { slice->state = SliceState::held; }
+
+void Pool::reissue(Slice* slice, std::uint64_t requested) {
+  // A held slice still counts as in use under its old request; swap in the new one.
+  usage_.bytes_in_use -= slice->requested;
+  usage_.bytes_padding -= slice->size - slice->requested;
+  ctx_.totals.in_use -= slice->requested;
+  std::size_t bucket = SizeHistogram::bucket(slice->requested);
+  ctx_.totals.live_sizes.slices[bucket] -= 1;
+  ctx_.totals.live_sizes.bytes[bucket] -= slice->requested;
+  slice->requested = requested;
+  slice->state = SliceState::live;
+  usage_.bytes_in_use += requested;
+  usage_.bytes_padding += slice->size - requested;
+  ctx_.totals.in_use += requested;
+  ctx_.totals.in_use_peak = std::max(ctx_.totals.in_use_peak, ctx_.totals.in_use);
+  bucket = SizeHistogram::bucket(requested);
+  ctx_.totals.live_sizes.slices[bucket] += 1;
+  ctx_.totals.live_sizes.bytes[bucket] += requested;
+  ++reservations_;
+}
 
 void Pool::to_pending(Slice* slice) {
   usage_.number_allocs -= 1;
   usage_.bytes_in_use -= slice->requested;
   ctx_.totals.in_use -= slice->requested;
+  const std::size_t bucket = SizeHistogram::bucket(slice->requested);
+  ctx_.totals.live_sizes.slices[bucket] -= 1;
+  ctx_.totals.live_sizes.bytes[bucket] -= slice->requested;
   usage_.bytes_padding -= slice->size - slice->requested;
   pending_bytes_ += slice->size;
   slice->state = SliceState::pending;
@@ -89,8 +125,7 @@ void Pool::give_back(Slice* slice) {
   Page* page = slice->page;
   on_free(slice);  // may merge `slice` away: do not touch it after this
   if (--page->busy == 0) {
-    page->idle_since = ctx_.clock;
-    idle_.push_back(*page);
+    make_idle(page);
     if (dealloc_period_) {
       const std::uint64_t due = ctx_.clock + *dealloc_period_;
       if (due >= ctx_.clock) ctx_.next_deadline = std::min(ctx_.next_deadline, due);
@@ -125,7 +160,10 @@ PoolReport Pool::report() const {
   PoolReport r = describe();
   r.pages = pages_;
   r.slices = usage_.number_allocs;
-  r.usage = usage_;
+  r.bytes_reserved = usage_.bytes_reserved;
+  r.bytes_in_use = usage_.bytes_in_use;
+  r.bytes_padding = usage_.bytes_padding;
+  r.bytes_pending = pending_bytes_;
   r.pages_peak = pages_peak_;
   r.bytes_peak = bytes_peak_;
   r.largest_free = largest_free();

@@ -6,6 +6,7 @@
 // every call. Depends on device.h, report.h and slab.h; never on the manager.
 #pragma once
 
+#include <boost/container/small_vector.hpp>
 #include <boost/intrusive/list.hpp>
 #include <boost/intrusive/set.hpp>
 #include <cstdint>
@@ -86,6 +87,14 @@ using IdleList =
 
 inline constexpr std::uint64_t kNever = std::numeric_limits<std::uint64_t>::max();
 
+// A page a pool gave up, to be returned to the device once the manager's lock is released
+// (Note [Outside the lock] in memory_manager.cpp).
+struct PageRelease {
+  DevicePtr base = 0;
+  std::uint64_t size = 0;
+};
+using ReleaseList = boost::container::small_vector<PageRelease, 4>;
+
 // State shared by all pools of one manager.
 struct PoolContext {
   explicit PoolContext(Device& d) : device(d), alignment(d.alignment()) {}
@@ -94,15 +103,18 @@ struct PoolContext {
   NodeSlab<Slice> slices;
   NodeSlab<Page> pages;
   PageSet page_set;                   // every page of every pool, by address
+  ReleaseList* released = nullptr;    // where release_page() puts pages; set under the lock
   std::uint64_t clock = 0;            // reservations so far (the dealloc-period clock)
   std::uint64_t next_deadline = kNever;  // earliest clock at which an idle page expires
   // Bytes in use and reserved across every pool, with their high-water marks: the manager-wide
-  // peaks an operator compares (peak reserved / peak in use is the pools' overhead).
+  // peaks an operator compares (peak reserved / peak in use is the pools' overhead), and the
+  // live slices by size.
   struct Totals {
     std::uint64_t in_use = 0;
     std::uint64_t in_use_peak = 0;
     std::uint64_t reserved = 0;
     std::uint64_t reserved_peak = 0;
+    SizeHistogram live_sizes;
   } totals;
 };
 
@@ -114,19 +126,21 @@ class Pool {
   Pool& operator=(const Pool&) = delete;
 
   virtual bool accepts(std::uint64_t size) const = 0;
+  virtual const char* kind_name() const = 0;  // "sliced", "exclusive", ... (a literal)
   // Serves `size` from free memory without any device call; nullptr when it cannot.
   virtual Slice* try_reserve(std::uint64_t size) = 0;
   // Why growing for `size` is not allowed (a cap), or none. No device call.
   virtual Error growth_limit(std::uint64_t size) const;
   // Allocates a page from the device and serves `size` from it.
   virtual AllocStatus grow(std::uint64_t size, Slice** out) = 0;
-  virtual PoolReport describe() const = 0;  // kind, shape and limits; counters filled by report()
+  virtual PoolReport describe() const = 0;  // kind, shape, notes; counters filled by report()
   virtual std::size_t free_slices() const = 0;  // size of the free set (consistency checks)
   bool slices_coalesce() const { return coalesces_; }
 
   // Counter transitions driven by the manager's free path.
   void to_pending(Slice* slice);  // live or held -> pending
   void to_held(Slice* slice);     // live -> held
+  void reissue(Slice* slice, std::uint64_t requested);  // held -> live (same address)
   void give_back(Slice* slice);   // pending -> free (coalescing, idle tracking)
 
   // Releases idle pages: all of them when `explicit_cleanup`, else those idle for at least the
@@ -137,9 +151,12 @@ class Pool {
 
   MemoryUsage usage() const { return usage_; }
   std::uint64_t pending_bytes() const { return pending_bytes_; }
-  std::uint64_t idle_bytes() const {
+  // Free bytes in every page, whole idle pages included.
+  std::uint64_t free_bytes() const {
     return usage_.bytes_reserved - usage_.bytes_in_use - usage_.bytes_padding - pending_bytes_;
   }
+  // Bytes of whole idle pages: what a release would give back to the device.
+  std::uint64_t idle_page_bytes() const { return idle_page_bytes_; }
   std::uint64_t pages() const { return pages_; }
   PoolReport report() const;
   std::uint64_t alignment() const { return ctx_.alignment; }
@@ -157,11 +174,15 @@ class Pool {
   virtual std::uint64_t largest_free() const = 0;
 
   void release_page(Page* page);
+  // A page enters or leaves the idle list (busy dropped to 0 / a slice went live).
+  void make_idle(Page* page);
+  void make_busy(Page* page);
 
   PoolContext& ctx_;
   bool coalesces_ = false;  // sliced pools: no two free neighbours
   std::optional<std::uint64_t> dealloc_period_;
   IdleList idle_;
+  std::uint64_t idle_page_bytes_ = 0;
   MemoryUsage usage_;
   std::uint64_t pending_bytes_ = 0;
   std::uint64_t pages_ = 0;

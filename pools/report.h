@@ -1,61 +1,119 @@
-// Snapshot types of a manager's state, and the one emitter that renders snapshots as text or
-// JSON. Snapshots are plain values taken under the manager's lock; rendering happens outside
-// it (DESIGN.md decision 10), so formatting never delays an allocation.
+// Snapshots of a manager's state (taken under its lock by MemoryManager::report()) and their
+// place in the report model (report_tree.h). Every number is declared once, in the X-macro
+// lists below: the list gives the struct member, its JSON key, its text label, its unit and
+// where it shows; describe() turns a snapshot into a report section from the same lists, so a
+// new counter is one line here plus the code that fills it.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <string>
 #include <vector>
 
-#include "pools/config.h"
+#include "pools/report_tree.h"
 #include "pools/types.h"
 
 namespace poolcuda {
 
+// How a unit is stored in a snapshot.
+template <Unit>
+struct UnitStorage {
+  using type = std::uint64_t;
+};
+template <>
+struct UnitStorage<Unit::seconds> {
+  using type = double;
+};
+template <>
+struct UnitStorage<Unit::ratio> {
+  using type = double;
+};
+
+// One pool: X(member, label, unit, detail). Exact configuration echoes show in JSON only.
+#define POOLCUDA_POOL_NUMBERS(X)                          \
+  X(page_size, "page", bytes, json)                       \
+  X(max_slice_size, "largest request", bytes, json)       \
+  X(cap, "cap", bytes, json)                              \
+  X(pages, "pages", count, normal)                        \
+  X(pages_peak, "peak pages", count, wide)                \
+  X(slices, "slices", count, wide)                        \
+  X(bytes_reserved, "reserved", bytes, normal)            \
+  X(bytes_in_use, "in use", bytes, normal)                \
+  X(bytes_padding, "padding", bytes, normal)              \
+  X(bytes_pending, "pending", bytes, wide)                \
+  X(bytes_peak, "peak reserved", bytes, wide)             \
+  X(largest_free, "largest free", bytes, normal)          \
+  X(reservations, "served", count, wide)                  \
+  X(device_allocs, "allocs", count, wide)                 \
+  X(device_releases, "releases", count, wide)
+
 struct PoolReport {
   std::string kind;   // "sliced", "exclusive", "direct", "persistent"
-  std::string shape;  // human summary, e.g. "page=64MiB slice<=16MiB cap=1GiB"
-  std::uint64_t page_size = 0;       // sliced: page size; others 0
-  std::uint64_t max_slice_size = 0;  // largest request the pool accepts (0 = any)
-  std::uint64_t cap = 0;             // 0 = uncapped
-  std::uint64_t pages = 0;           // device allocations held now
-  std::uint64_t slices = 0;          // live slices now
-  MemoryUsage usage;
-  std::uint64_t pages_peak = 0;      // high-water mark of `pages` since the layout was built
-  std::uint64_t bytes_peak = 0;      // high-water mark of usage.bytes_reserved
-  std::uint64_t largest_free = 0;    // largest contiguous free fragment, bytes
-  std::uint64_t reservations = 0;    // reservations this pool served
-  std::uint64_t device_allocs = 0;   // Device::allocate calls that succeeded
-  std::uint64_t device_releases = 0; // Device::release calls
+  std::string shape;  // what decides the pool's requests, e.g. "page=64MiB slice<=16MiB"
+  std::string notes;  // the rest of its configuration, e.g. "period=5000" (wide text, JSON)
+#define POOLCUDA_MEMBER(member, label, unit, detail) \
+  UnitStorage<Unit::unit>::type member = {};
+  POOLCUDA_POOL_NUMBERS(POOLCUDA_MEMBER)
+};
+
+// The whole device: X(group, member, label, unit, detail). The group names the text line (and
+// the JSON object) the number belongs to.
+#define POOLCUDA_MANAGER_NUMBERS(X)                                          \
+  X(memory, bytes_in_use, "in use", bytes, normal)                           \
+  X(memory, slices, "slices", count, normal)                                 \
+  X(memory, bytes_padding, "padding", bytes, normal)                         \
+  X(memory, bytes_reserved, "reserved", bytes, normal)                       \
+  X(memory, idle_bytes, "idle pages", bytes, normal)                         \
+  X(memory, pending_fence_bytes, "pending fence", bytes, normal)             \
+  X(memory, hole_bytes, "free in used pages", bytes, normal)                 \
+  X(peaks, bytes_in_use_peak, "in use", bytes, normal)                       \
+  X(peaks, bytes_reserved_peak, "reserved", bytes, normal)                   \
+  X(fences, fence_waits, "waits", count, normal)                             \
+  X(fences, fence_wait_timeouts, "at the time bound", count, normal)         \
+  X(fences, fence_wait_seconds, "time waiting", seconds, normal)             \
+  X(out_of_memory, oom_recoveries, "recovered", count, normal)               \
+  X(out_of_memory, oom_failures, "failed", count, normal)
+
+// Live slices by requested size: bucket i holds sizes in (2^(i-1), 2^i].
+inline constexpr std::size_t kSizeBuckets = 64;
+struct SizeHistogram {
+  std::array<std::uint64_t, kSizeBuckets> slices{};
+  std::array<std::uint64_t, kSizeBuckets> bytes{};
+  static std::size_t bucket(std::uint64_t size) {
+    return size <= 1 ? 0 : static_cast<std::size_t>(64 - __builtin_clzll(size - 1));
+  }
 };
 
 struct ManagerReport {
   int device = 0;
+  // How a freed slice becomes reusable now: "ordered" (at once, free_fence:auto while the
+  // device's work is one ordered queue), "fenced" (after its fence events), "synchronized"
+  // (after a device synchronize) or "unfenced" (at once, free_fence:none).
+  std::string reuse;
   std::vector<PoolReport> dynamic;  // in routing order
   PoolReport persistent;
-  MemoryUsage totals;               // dynamic + persistent
-  std::uint64_t pending_fence_bytes = 0;  // freed, waiting for their free fence
-  std::uint64_t idle_bytes = 0;           // reserved, not in use, not pending
-  std::uint64_t oom_recoveries = 0;       // allocations that succeeded after trimming
-  std::uint64_t oom_failures = 0;         // allocations that failed after trimming
-  std::uint64_t bytes_in_use_peak = 0;    // most bytes in use at once (since the layout was built)
-  std::uint64_t bytes_reserved_peak = 0;  // most bytes reserved at once (same period)
-  std::uint64_t fence_waits = 0;          // allocations that waited for an old free fence
-  std::uint64_t fence_wait_timeouts = 0;  // of those, waits that hit their time bound
-  // Real cudaMalloc / cudaFree calls the interposer passed through without a pool (size 0, NULL,
-  // foreign pointers, requests larger than the device), counted per current device. Filled by
-  // the interposer; 0 elsewhere.
-  std::uint64_t forwarded_mallocs = 0;
-  std::uint64_t forwarded_frees = 0;
+  SizeHistogram live_sizes;
+#define POOLCUDA_GROUPED_MEMBER(group, member, label, unit, detail) \
+  UnitStorage<Unit::unit>::type member = {};
+  POOLCUDA_MANAGER_NUMBERS(POOLCUDA_GROUPED_MEMBER)
+#undef POOLCUDA_GROUPED_MEMBER
 };
+#undef POOLCUDA_MEMBER
 
-struct ReportHeader {
-  long pid = 0;
-  std::uint64_t sequence = 0;   // 1 for the first report of the process
-  std::string reason;           // "signal", "exit", "request"
-};
+// The report section of one device: its numbers by group, the pool table (dynamic pools in
+// routing order, then the persistent pool as "P") and the live-size histogram.
+ReportSection describe(const ManagerReport& manager);
 
-// Renders every manager's report. JSON output is one valid JSON object.
+// The summary line over several devices: totals now, peaks summed, and the overhead (peak
+// reserved / peak in use).
+ReportSection summarize(const std::vector<ManagerReport>& managers);
+
+// A whole document from manager snapshots alone (the interposer adds its own sections to each
+// device before rendering; see interpose/reporter.cpp).
+ReportDocument make_document(const ReportHeader& header,
+                             const std::vector<ManagerReport>& managers);
+
+// make_document + render.
 std::string render_report(const ReportHeader& header, const std::vector<ManagerReport>& managers,
                           ReportFormat format);
 

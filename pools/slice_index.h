@@ -24,9 +24,16 @@ class SliceIndex {
   }
 
   void insert(DevicePtr ptr, Slice* slice) {
-    if ((size_ + 1) * 2 > capacity_) rehash(capacity_ * 2);
+    reserve_one();
     place(ptr, slice);
     ++size_;
+  }
+
+  // Makes room for one more entry now, so that the next insert() cannot throw: a reservation
+  // grows the table before it takes a slice, never after (an exception then would leave a live
+  // slice that no pointer finds).
+  void reserve_one() {
+    if ((size_ + 1) * 2 > capacity_) rehash(capacity_ * 2);
   }
 
   // Removes `ptr` and returns its slice, or nullptr when it is absent.

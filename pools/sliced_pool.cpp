@@ -3,7 +3,7 @@
 // A page whose slices are all free is a single free slice and sits in the idle list.
 #include "pools/sliced_pool.h"
 
-#include "pools/config.h"
+#include "pools/options.h"
 
 namespace poolcuda {
 
@@ -127,14 +127,16 @@ std::uint64_t SlicedPool::largest_free() const {
 
 PoolReport SlicedPool::describe() const {
   PoolReport r;
-  r.kind = "sliced";
+  r.kind = kind_name();
   r.page_size = page_size_;
   r.max_slice_size = max_slice_size_;
   r.cap = cap_ ? *cap_ : 0;
   r.shape = "page=" + format_size(page_size_) + " slice<=" + format_size(max_slice_size_);
   if (cap_) r.shape += " cap=" + format_size(*cap_);
-  if (page_size_ != configured_page_) r.shape += " (page shrunk to the cap)";
-  if (dealloc_period_) r.shape += " period=" + std::to_string(*dealloc_period_);
+  if (page_size_ != configured_page_) r.notes = "page shrunk to the cap";
+  if (dealloc_period_)
+    r.notes += (r.notes.empty() ? "" : ", ") + std::string("period=") +
+               std::to_string(*dealloc_period_);
   return r;
 }
 

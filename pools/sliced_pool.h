@@ -1,6 +1,6 @@
 // SlicedPool: pages of one size carved into slices. Best fit from a size-ordered free set,
 // split on reserve, coalesce with free neighbours on free; an optional cap bounds the bytes the
-// pool may reserve. Depends on pool.h (and config.h's format_size for its shape) only.
+// pool may reserve. Depends on pool.h (and options.h for format_size) only.
 #pragma once
 
 #include "pools/pool.h"
@@ -16,6 +16,7 @@ class SlicedPool final : public Pool {
   ~SlicedPool() override;
 
   bool accepts(std::uint64_t size) const override { return size <= max_slice_size_; }
+  const char* kind_name() const override { return "sliced"; }
   Slice* try_reserve(std::uint64_t size) override;
   Error growth_limit(std::uint64_t size) const override;
   AllocStatus grow(std::uint64_t size, Slice** out) override;

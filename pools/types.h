@@ -64,8 +64,10 @@ std::string describe(const Error& error);
 enum class FreeOutcome : std::uint8_t {
   freed,             // the slice was live and is now free (or waiting on its free fence)
   not_mine,          // the pointer lies in no page of this manager: pass it to the real free
-  double_free,       // the pointer lies in memory of this manager that is already free
+  double_free,       // the pointer started an allocation of this manager that is already freed
   interior_pointer,  // the pointer lies inside a live slice but is not its start
+  not_allocated,     // the pointer lies in this manager's free memory but started no recent
+                     // allocation
 };
 
 }  // namespace poolcuda

@@ -1,13 +1,17 @@
 // A stand-in for libpoolcuda.so used only by the CLI tests: loaded through LD_PRELOAD by
 // `poolcuda run`, it writes "loaded" and then one line per SIGUSR1/SIGUSR2 it receives to the
 // file named by POOLCUDA_CLI_TEST_MARKER. Without that variable it does nothing, so programs it
-// is preloaded into behave as usual.
+// is preloaded into behave as usual. It exports the library's marker symbol, which `poolcuda
+// run` requires, but publishes no readiness mark: `poolcuda report` must never signal it.
 #include <fcntl.h>
 #include <signal.h>
 #include <unistd.h>
 
 #include <cstdlib>
 #include <cstring>
+
+extern "C" __attribute__((visibility("default"))) const char poolcuda_library_marker[];
+extern "C" const char poolcuda_library_marker[] = "stand-in";
 
 namespace {
 

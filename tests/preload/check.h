@@ -10,6 +10,7 @@
 #include <cuda_runtime_api.h>
 #include <dlfcn.h>
 #include <fcntl.h>
+#include <poll.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -17,6 +18,8 @@
 #include <chrono>
 #include <thread>
 
+#include <cerrno>
+#include <csignal>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -112,12 +115,14 @@ inline void require_preloaded() {
   }
 }
 
-// The runtime's own definition of `name`, bypassing libpoolcuda.so.
+// The runtime's own definition of `name`, bypassing libpoolcuda.so: the library's dlsym would
+// hand out its hook, so this asks dlvsym for the runtime's symbol version (named after its
+// soname), which the library leaves alone.
 inline void* real_symbol(const char* name) {
   static constexpr const char* kSonames[] = {"libcudart.so.13", "libcudart.so.12"};
   for (const char* soname : kSonames) {
     if (void* handle = ::dlopen(soname, RTLD_LAZY | RTLD_NOLOAD)) {
-      if (void* address = ::dlsym(handle, name)) return address;
+      if (void* address = ::dlvsym(handle, name, soname)) return address;
     }
   }
   fail(__FILE__, __LINE__, std::string("no real ") + name);
@@ -133,11 +138,14 @@ Fn real(const char* name) {
 struct ChildResult {
   int status = -1;  // exit status, or 128 + signal
   std::string output;  // stdout and stderr together
+  bool timed_out = false;  // killed after the time limit
 };
 
 // Runs this program again with `argument` as argv[1] and the environment changed by `env`
-// ("NAME=value" sets, "NAME" alone unsets), capturing its output.
-inline ChildResult run_self(const char* argument, const std::vector<std::string>& env) {
+// ("NAME=value" sets, "NAME" alone unsets), capturing its output. With a time limit (seconds,
+// 0 for none) a child still running after it is killed (SIGKILL) and marked timed_out.
+inline ChildResult run_self(const char* argument, const std::vector<std::string>& env,
+                            int time_limit = 0) {
   int fds[2];
   if (::pipe(fds) != 0) fail(__FILE__, __LINE__, "pipe");
   pid_t pid = ::fork();
@@ -165,9 +173,22 @@ inline ChildResult run_self(const char* argument, const std::vector<std::string>
   }
   ::close(fds[1]);
   ChildResult result;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(time_limit);
   char buffer[4096];
   for (;;) {
+    if (time_limit > 0) {
+      auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+          deadline - std::chrono::steady_clock::now());
+      pollfd readable{fds[0], POLLIN, 0};
+      if (left.count() <= 0 || ::poll(&readable, 1, static_cast<int>(left.count())) == 0) {
+        ::kill(pid, SIGKILL);  // the descendants it started share the pipe: read on to EOF
+        result.timed_out = true;
+        time_limit = 0;
+        continue;
+      }
+    }
     ssize_t n = ::read(fds[0], buffer, sizeof buffer);
+    if (n < 0 && errno == EINTR) continue;
     if (n <= 0) break;
     result.output.append(buffer, static_cast<std::size_t>(n));
   }
@@ -201,17 +222,18 @@ inline void launch_once(cudaGraph_t graph, cudaStream_t stream) {
 }
 
 // Parks a stream (cudaLaunchHostFunc(stream, wait_at_gate, &gate)) until the test opens the
-// gate: the stream's later work is then "in use" for as long as the test wants. At most ten
-// seconds, so that a mistake cannot hang a real GPU forever.
+// gate: the stream's later work is then "in use" for as long as the test wants. At most
+// `limit_seconds` (ten by default), so that a mistake cannot hang a real GPU forever.
 struct Gate {
   std::atomic<bool> entered{false};  // the blocked stream reached the gate
   std::atomic<bool> open{false};
+  int limit_seconds = 10;
 };
 
 inline void CUDART_CB wait_at_gate(void* data) {
   auto* gate = static_cast<Gate*>(data);
   gate->entered.store(true);
-  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(gate->limit_seconds);
   while (!gate->open.load() && std::chrono::steady_clock::now() < deadline) {
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }

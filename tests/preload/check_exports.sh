@@ -1,6 +1,8 @@
 #!/bin/sh
-# Preload suite: libpoolcuda.so exports CUDA entry points only (every defined dynamic symbol
-# starts with "cu"), including each hooked runtime call, and it does not link libcudart. It
+# Preload suite: libpoolcuda.so exports CUDA entry points, dlsym and its marker symbol only
+# (every other defined dynamic symbol starts with "cu"), including each hooked runtime and
+# driver call, dlsym is unversioned (it must stand in for every version callers were linked
+# against), and the library links neither libcudart nor libcuda. It
 # also has no dynamic initialisers of namespace-scope objects: its hooks can run before the
 # library is initialised (Note [Load order] in interpose/lifecycle.cpp), and must never see
 # such an object unconstructed.
@@ -12,12 +14,25 @@ symbols=$("$nm_tool" -D --defined-only "$library" | awk '{print $3}' | sed 's/@.
 status=0
 for symbol in $symbols; do
   case $symbol in
-    cu*) ;;
+    cu*|__cudaLaunchKernel*|dlsym|poolcuda_library_marker) ;;
     *) echo "exported but not a CUDA entry point: $symbol"; status=1 ;;
   esac
 done
-for hooked in cudaMalloc cudaFree cudaMemGetInfo cudaDeviceReset cudaStreamCreate \
-              cudaStreamCreateWithFlags cudaStreamCreateWithPriority cudaStreamDestroy; do
+if "$nm_tool" -D --defined-only "$library" | awk '{print $3}' | grep -q '^dlsym@'; then
+  echo "dlsym is exported with a version"
+  status=1
+fi
+for hooked in poolcuda_library_marker cudaMalloc cudaFree cudaFreeAsync cudaFreeAsync_ptsz cudaMemGetInfo cudaDeviceReset \
+              cudaStreamCreate cudaMallocManaged cudaStreamAttachMemAsync cudaMemAdvise \
+              cudaMemPrefetchAsync cudaPointerGetAttributes \
+              cudaStreamCreateWithFlags cudaStreamCreateWithPriority cudaStreamDestroy \
+              cudaGetDriverEntryPoint cudaGetDriverEntryPointByVersion dlsym \
+              cuGetProcAddress cuGetProcAddress_v2 cuMemAlloc_v2 cuMemFree_v2 cuMemGetInfo_v2 \
+              cuMemAllocPitch_v2 cuMemAllocManaged cuStreamCreate cuStreamCreateWithPriority \
+              cuStreamDestroy_v2 cuDevicePrimaryCtxReset_v2 cuDevicePrimaryCtxRelease_v2 \
+              cuCtxDestroy_v2 cuStreamBeginCapture cuStreamBeginCapture_v2 \
+              cuStreamBeginCapture_v2_ptsz cuStreamBeginCaptureToGraph cuStreamEndCapture \
+              cuStreamEndCapture_ptsz; do
   if ! echo "$symbols" | grep -qx "$hooked"; then
     echo "hooked entry point not exported: $hooked"
     status=1
@@ -28,9 +43,10 @@ if [ -n "$initialisers" ]; then
   echo "dynamic initialisers (make those objects constexpr or function-local):" $initialisers
   status=1
 fi
-if readelf -d "$library" 2>/dev/null | grep -q 'libcudart'; then
-  echo "links libcudart"
+if readelf -d "$library" 2>/dev/null | grep -Eq 'libcudart|libcuda\.so'; then
+  echo "links libcudart or libcuda"
   status=1
 fi
-[ $status -eq 0 ] && echo "ok: $(echo "$symbols" | wc -w) exported symbols, all CUDA entry points"
+[ $status -eq 0 ] &&
+  echo "ok: $(echo "$symbols" | wc -w) exported symbols, all CUDA entry points or dlsym"
 exit $status

@@ -31,6 +31,7 @@ int main(int argc, char** argv) {
       {"free_fence:fast", "free_fence", "fast"},
       {"log:basic,report_format:xml", "report_format", "xml"},
       {"managed_slab:lots", "managed_slab", "lots"},
+      {"managed_slab:100", "managed_slab", "100"},
   };
   for (const Case& c : cases) {
     preload_test::ChildResult child =

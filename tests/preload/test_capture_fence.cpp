@@ -2,12 +2,15 @@
 // frees more pooled buffers than one fence epoch holds (which would normally record fence
 // events): no event is recorded anywhere (recording on the legacy stream while a blocking stream
 // captures would invalidate that capture, and recording on the capturing stream would put the
-// event into the graph), the capture ends valid and its graph runs. After the capture the
-// postponed fence is recorded by the next free and the freed memory is reused.
+// event into the graph), the capture ends valid and its graph runs. The buffers freed in the
+// window belong to the graph until it is gone; after that the postponed fence is recorded by
+// the next free and the freed memory is reused.
 // With the argument `sync` (run under free_fence:sync) the frees during the capture must not
 // synchronize the device either (that would invalidate the capture): the capture must still end
 // valid and its graph run; the event and reuse counts of the default mode do not apply.
+#include <chrono>
 #include <cstring>
+#include <thread>
 #include <vector>
 
 #include "check.h"
@@ -40,6 +43,9 @@ void run_case(const char* name, unsigned int flags) {
   }
   preload_test::launch_once(graph, stream);
   CHECK(preload_test::device_bytes_equal(target, 4096, 0x6b));
+  // The graph is gone; CUDA tells the library so on a thread of its own, at once on the
+  // stand-in: give it a moment.
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
 
   // Capture over: the next free closes the overfull epoch with a fence, and the memory comes
   // back without new driver allocations.

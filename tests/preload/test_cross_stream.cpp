@@ -10,6 +10,11 @@
 // legacy default stream's event covers it), and non-blocking but destroyed before the free
 // (cudaStreamDestroy returns at once and the queued work still runs: the fence must still wait
 // for it although the stream no longer exists).
+// With the argument "driver-streams" the streams are created with cuStreamCreate and destroyed
+// with cuStreamDestroy_v2 (from cudaGetDriverEntryPointByVersion): the runtime's stream hooks
+// never see them, the driver hooks must.
+#include <cuda.h>
+
 #include <atomic>
 #include <chrono>
 #include <string>
@@ -24,6 +29,37 @@ using preload_test::Gate;
 using preload_test::wait_at_gate;
 
 constexpr std::size_t kSize = 1 << 20;
+
+bool driver_streams = false;
+
+template <typename Fn>
+Fn driver_entry(const char* name, unsigned int version) {
+  void* fn = nullptr;
+  cudaDriverEntryPointQueryResult status = cudaDriverEntryPointSymbolNotFound;
+  CHECK_CUDA(cudaGetDriverEntryPointByVersion(name, &fn, version, cudaEnableDefault, &status));
+  CHECK(status == cudaDriverEntryPointSuccess && fn != nullptr);
+  return reinterpret_cast<Fn>(fn);
+}
+
+cudaStream_t create_stream(unsigned int flags) {
+  cudaStream_t stream = nullptr;
+  if (!driver_streams) {
+    CHECK_CUDA(cudaStreamCreateWithFlags(&stream, flags));
+    return stream;
+  }
+  static auto create = driver_entry<decltype(&cuStreamCreate)>("cuStreamCreate", 2000);
+  CHECK(create(reinterpret_cast<CUstream*>(&stream), flags) == CUDA_SUCCESS);
+  return stream;
+}
+
+void destroy_stream(cudaStream_t stream) {
+  if (!driver_streams) {
+    CHECK_CUDA(cudaStreamDestroy(stream));
+    return;
+  }
+  static auto destroy = driver_entry<decltype(&cuStreamDestroy_v2)>("cuStreamDestroy", 4000);
+  CHECK(destroy(reinterpret_cast<CUstream>(stream)) == CUDA_SUCCESS);
+}
 // Enough 1 MiB buffers to fill the page the freed one came from.
 constexpr int kMaxAllocations = 64;
 
@@ -32,8 +68,8 @@ bool run_case(const char* name, unsigned int blocked_flags, bool expect_race,
               bool destroy_first = false) {
   cudaStream_t blocked = nullptr;
   cudaStream_t other = nullptr;
-  CHECK_CUDA(cudaStreamCreateWithFlags(&blocked, blocked_flags));
-  CHECK_CUDA(cudaStreamCreateWithFlags(&other, cudaStreamNonBlocking));
+  blocked = create_stream(blocked_flags);
+  other = create_stream(cudaStreamNonBlocking);
   const bool counted = preload_test::on_stand_in();
   std::uint64_t races_before = counted ? preload_test::counter("races") : 0;
 
@@ -57,7 +93,7 @@ bool run_case(const char* name, unsigned int blocked_flags, bool expect_race,
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
   CHECK(gate.entered.load());
-  if (destroy_first) CHECK_CUDA(cudaStreamDestroy(blocked));  // its queued work still runs
+  if (destroy_first) destroy_stream(blocked);  // its queued work still runs
   CHECK_CUDA(cudaFree(first));  // the program is done with it; the stream is not
 
   // New buffers, written on another stream, until the freed one comes back (at once without
@@ -100,8 +136,8 @@ bool run_case(const char* name, unsigned int blocked_flags, bool expect_race,
     if (counted) CHECK_MSG(races == 0, std::string(name) + ": races detected");
   }
   for (void* buffer : taken) CHECK_CUDA(cudaFree(buffer));
-  if (!destroy_first) CHECK_CUDA(cudaStreamDestroy(blocked));
-  CHECK_CUDA(cudaStreamDestroy(other));
+  if (!destroy_first) destroy_stream(blocked);
+  destroy_stream(other);
   return corrupted;
 }
 
@@ -109,7 +145,11 @@ bool run_case(const char* name, unsigned int blocked_flags, bool expect_race,
 
 int main(int argc, char** argv) {
   preload_test::require_preloaded();
-  const bool expect_race = argc > 1 && std::string(argv[1]) == "expect-race";
+  bool expect_race = false;
+  for (int i = 1; i < argc; ++i) {
+    expect_race |= std::string(argv[i]) == "expect-race";
+    driver_streams |= std::string(argv[i]) == "driver-streams";
+  }
   CHECK_CUDA(cudaFree(nullptr));
   run_case("destroyed non-blocking stream", cudaStreamNonBlocking, expect_race, true);
   run_case("non-blocking stream", cudaStreamNonBlocking, expect_race);

@@ -2,15 +2,20 @@
 // a manager's lock may be held at the fork) run in pass-through: their CUDA calls go to the real
 // runtime (on the stand-in they succeed and are counted as real calls; on a GPU, where a forked
 // child cannot use its parent's context, they may fail but must not crash or hang), and they
-// exit cleanly. The parent's pools and data are intact afterwards.
+// exit cleanly. The parent's pools and data are intact afterwards. A child also gets back the
+// report signal's disposition the program had before the library installed its handler (here
+// the default), and loses the readiness mark, since it has no reporter thread to answer.
 //
 // Run under free_fence:none: once the churn has its pages, the parent's threads then make no
 // real CUDA call at all, so a fork never catches one of them inside the runtime (a runtime's
 // own locks are not fork-safe; this test is about the pools' state, not the runtime's).
+#include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <atomic>
+#include <fstream>
+#include <sstream>
 #include <thread>
 #include <vector>
 
@@ -36,6 +41,14 @@ void churn(int id) {
   for (void* ptr : live) CHECK_CUDA(cudaFree(ptr));
 }
 
+// Whether this process shows the library's readiness mark in /proc/self/maps.
+bool has_ready_mark() {
+  std::ifstream maps("/proc/self/maps");
+  std::stringstream text;
+  text << maps.rdbuf();
+  return text.str().find("poolcuda-ready.") != std::string::npos;
+}
+
 // Exit status 0 when the pass-through behaved. `quiet`: the parent had no work in flight, so
 // the child may also free (the real cudaFree synchronizes the device, and the stand-in's stream
 // threads, like a real CUDA context, do not exist in a forked child).
@@ -43,6 +56,10 @@ int child_body(bool quiet) {
   // A runtime lock held by a parent thread at the fork would hang the child, and the parent's
   // waitpid with it: a bounded child fails the test instead (killed by SIGALRM).
   ::alarm(30);
+  struct sigaction report_signal {};
+  if (::sigaction(SIGUSR1, nullptr, &report_signal) != 0) return 7;
+  if ((report_signal.sa_flags & SA_SIGINFO) != 0 || report_signal.sa_handler != SIG_DFL) return 8;
+  if (has_ready_mark()) return 9;
   void* ptr = nullptr;
   if (!preload_test::on_stand_in()) {
     if (cudaMalloc(&ptr, 4096) == cudaSuccess && quiet) cudaFree(ptr);
@@ -65,6 +82,12 @@ int child_body(bool quiet) {
 int main() {
   preload_test::require_preloaded();
   CHECK_CUDA(cudaFree(nullptr));
+
+  // The library's reporter is listening in the parent (it publishes its mark once it does).
+  for (int i = 0; i < 500 && !has_ready_mark(); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  CHECK(has_ready_mark());
 
   void* kept = nullptr;
   CHECK_CUDA(cudaMalloc(&kept, 1 << 16));

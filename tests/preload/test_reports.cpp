@@ -2,13 +2,17 @@
 // (written to report_path, %n numbering each); a burst of 1,000 signals neither deadlocks nor
 // crashes, and the reporter still answers afterwards. When SIGUSR1 already has a disposition at
 // load (here: ignored, inherited from the parent), the library leaves it alone, says so, and
-// report_at_exit:1 still writes a report when the program ends.
+// report_at_exit:1 still writes a report when the program ends. A program that closes every
+// descriptor it did not open (as daemons and closefrom do) and reuses the numbers for a pipe of
+// its own keeps its data whole: the signal's path uses no descriptor.
 //
 // The program runs itself as children with POOLCUDA_CONF set (the configuration is read when
 // the library loads, before main).
 #include <dirent.h>
+#include <fcntl.h>
 #include <signal.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 
 #include <atomic>
 #include <chrono>
@@ -77,7 +81,7 @@ void check_reports(const std::string& dir) {
     std::string text = read_file(path);
     CHECK_MSG(preload_test::valid_json(text), path + " is not one complete JSON value:\n" + text);
     CHECK_MSG(text.find("\"device\"") != std::string::npos, path + " names no device");
-    CHECK_MSG(text.find("\"forwarded_mallocs\"") != std::string::npos,
+    CHECK_MSG(text.find("\"passed_through\":{\"cuda_malloc\"") != std::string::npos,
               path + ": no pass-through count");
   }
 }
@@ -112,6 +116,33 @@ int signal_child() {
   return 0;
 }
 
+int closefrom_child() {
+  // Before anything else: every descriptor above the standard three goes, and the lowest
+  // numbers are reused at once, for a pipe of the program's own.
+  CHECK(::syscall(SYS_close_range, 3u, ~0u, 0u) == 0);
+  int fds[2];
+  CHECK(::pipe2(fds, O_NONBLOCK) == 0);
+  const std::string data = "the program's own bytes";
+  CHECK(::write(fds[1], data.data(), data.size()) == static_cast<ssize_t>(data.size()));
+
+  const std::string dir = std::getenv("REPORT_TEST_DIR");
+  CHECK_CUDA(cudaFree(nullptr));
+  void* ptr = nullptr;
+  CHECK_CUDA(cudaMalloc(&ptr, 1 << 20));
+  for (std::size_t round = 1; round <= 3; ++round) {
+    CHECK(::kill(::getpid(), SIGUSR1) == 0);
+    CHECK_MSG(wait_for_reports(dir, round) >= round, "the reporter stopped answering");
+  }
+  check_reports(dir);
+  char buffer[256];
+  const ssize_t n = ::read(fds[0], buffer, sizeof buffer);
+  CHECK_MSG(n == static_cast<ssize_t>(data.size()) && std::string(buffer, n) == data,
+            "the program's pipe holds " + std::to_string(n) + " bytes, not its own");
+  CHECK_CUDA(cudaFree(ptr));
+  std::printf("ok: pipe intact\n");
+  return 0;
+}
+
 int ignored_child() {
   CHECK_CUDA(cudaFree(nullptr));
   void* ptr = nullptr;
@@ -130,6 +161,7 @@ int main(int argc, char** argv) {
   const std::string role = argc > 1 ? argv[1] : "";
   if (role == "signal") return signal_child();
   if (role == "ignored") return ignored_child();
+  if (role == "closefrom") return closefrom_child();
 
   char dir_template[] = "/tmp/poolcuda-report-test-XXXXXX";
   CHECK(::mkdtemp(dir_template) != nullptr);
@@ -139,6 +171,13 @@ int main(int argc, char** argv) {
                  "REPORT_TEST_DIR=" + dir});
   std::printf("%s", child.output.c_str());
   CHECK_MSG(child.status == 0, "signal child exited with " + std::to_string(child.status));
+  for (const std::string& path : report_files(dir)) ::unlink(path.c_str());
+
+  child = preload_test::run_self(
+      "closefrom", {"POOLCUDA_CONF=report_format:json,report_path:" + dir + "/report-%n.json",
+                    "REPORT_TEST_DIR=" + dir});
+  std::printf("%s", child.output.c_str());
+  CHECK_MSG(child.status == 0, "closefrom child exited with " + std::to_string(child.status));
   for (const std::string& path : report_files(dir)) ::unlink(path.c_str());
   ::rmdir(dir.c_str());
 
@@ -151,7 +190,7 @@ int main(int argc, char** argv) {
   CHECK(::sigaction(SIGUSR1, &saved, nullptr) == 0);
   std::printf("%s", child.output.c_str());
   CHECK_MSG(child.status == 0, "ignored child exited with " + std::to_string(child.status));
-  CHECK(child.output.find("SIGUSR1 already has a handler") != std::string::npos);
+  CHECK(child.output.find("SIGUSR1 is ignored; leaving it alone") != std::string::npos);
   CHECK(child.output.find("child done") != std::string::npos);
   // The exit report comes after the program's own last words.
   CHECK_MSG(child.output.find("device", child.output.find("child done")) != std::string::npos,

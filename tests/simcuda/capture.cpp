@@ -16,8 +16,8 @@ namespace {
 //   thread-local: a capture begun by this thread in a non-relaxed mode;
 //   relaxed:      none.
 // Potentially unsafe here: allocations (cudaMalloc, cudaMallocPitch, cudaMallocManaged,
-// cudaMallocHost, cudaHostAlloc, cuMemAlloc, cuMemAllocManaged) and waiting for or querying an
-// event (cudaEventQuery, cudaEventSynchronize).
+// cudaMallocHost, cudaHostAlloc, cuMemAlloc, cuMemAllocPitch, cuMemAllocManaged) and waiting for
+// or querying an event (cudaEventQuery, cudaEventSynchronize).
 // A forbidden call fails with cudaErrorStreamCaptureUnsupported and invalidates the captures
 // that forbade it; an invalidated capture refuses further work with
 // cudaErrorStreamCaptureInvalidated and its EndCapture returns that code and no graph.
@@ -88,19 +88,31 @@ bool invalidate_blocking_captures_locked(int device) {
   return any;
 }
 
+cudaError_t wait_capture_guard(const StreamRef& s) {
+  std::lock_guard lock(state_mutex());
+  if (s->capture) {
+    s->capture->invalidated = true;
+    return cudaErrorStreamCaptureUnsupported;
+  }
+  if (s->kind == StreamKind::legacy && invalidate_blocking_captures_locked(s->device))
+    return cudaErrorStreamCaptureImplicit;
+  return cudaSuccess;
+}
+
 bool any_capture_locked(int device) {
   for (auto& c : captures().active)
     if (c->device == device) return true;
   return false;
 }
 
-cudaError_t begin_capture(const StreamRef& s, cudaStreamCaptureMode mode) {
+cudaError_t begin_capture(const StreamRef& s, cudaStreamCaptureMode mode, cudaGraph_t into) {
   if (!s) return cudaErrorInvalidResourceHandle;
   if (mode != cudaStreamCaptureModeGlobal && mode != cudaStreamCaptureModeThreadLocal &&
       mode != cudaStreamCaptureModeRelaxed)
     return cudaErrorInvalidValue;
-  auto graph = std::make_shared<Graph>();
-  cudaGraph_t handle = register_graph(graph);
+  std::shared_ptr<Graph> graph = into != nullptr ? find_graph(into) : std::make_shared<Graph>();
+  if (!graph) return cudaErrorInvalidValue;
+  cudaGraph_t handle = into != nullptr ? into : register_graph(graph);
   std::unique_lock lock(state_mutex());
   cudaError_t err = cudaSuccess;
   if (s->kind == StreamKind::legacy)
@@ -109,7 +121,7 @@ cudaError_t begin_capture(const StreamRef& s, cudaStreamCaptureMode mode) {
     err = cudaErrorIllegalState;
   if (err != cudaSuccess) {
     lock.unlock();
-    graph_destroy(handle);
+    if (into == nullptr) graph_destroy(handle);
     return err;
   }
   auto c = std::make_shared<Capture>();
@@ -122,6 +134,7 @@ cudaError_t begin_capture(const StreamRef& s, cudaStreamCaptureMode mode) {
   c->members.push_back(s);
   c->graph_handle = handle;
   c->graph = graph;
+  c->owns_graph = into == nullptr;
   s->capture = c;
   captures().active.push_back(c);
   return cudaSuccess;
@@ -134,7 +147,7 @@ cudaGraph_t abandon_capture_locked(Stream& s) {
   if (c->origin != &s) return nullptr;  // a joined stream leaving: the capture goes on
   detach_members(*c);
   std::erase(captures().active, c);
-  return c->graph_handle;
+  return c->owns_graph ? c->graph_handle : nullptr;
 }
 
 void capture_join_locked(const StreamRef& s, const std::shared_ptr<Capture>& cap) {
@@ -158,7 +171,7 @@ cudaError_t end_capture(const StreamRef& s, cudaGraph_t* out) {
     auto& active = captures().active;
     std::erase(active, c);
     if (c->invalidated) {
-      doomed = c->graph_handle;
+      doomed = c->owns_graph ? c->graph_handle : nullptr;
       *out = nullptr;
       err = cudaErrorStreamCaptureInvalidated;
     } else {

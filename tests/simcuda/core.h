@@ -35,6 +35,7 @@ struct Config {
   size_t memory = size_t{16} << 30;
   unsigned op_delay_us = 0;
   bool strict = false;
+  bool concurrent_managed = true;  // every device's cudaDevAttrConcurrentManagedAccess
 };
 const Config& config();
 // Parses "123", "4K", "16G"...; false on malformed text.
@@ -87,6 +88,13 @@ uint64_t mem_live_bytes();
 // current live_bytes.
 uint64_t mem_live_bytes_peak();
 void mem_reset_live_bytes_peak();
+// Copies and memsets (transfer.cpp) on stream s; `wait`: the synchronous forms, which wait for
+// the copy and are refused on a capturing stream. `what` names the call for the race detector.
+struct Stream;
+cudaError_t mem_copy(void* dst, const void* src, size_t n, cudaMemcpyKind kind,
+                     const std::shared_ptr<Stream>& s, bool wait, const char* what);
+cudaError_t mem_set(void* dst, int value, size_t n, const std::shared_ptr<Stream>& s, bool wait,
+                    const char* what);
 // Pinned host memory (cudaMallocHost / cudaHostAlloc).
 cudaError_t host_alloc(size_t size, unsigned flags, void** out);
 cudaError_t host_free(void* ptr);
@@ -187,6 +195,9 @@ cudaError_t submit(const StreamRef& s, Work work);
 // Blocks until everything submitted to s so far has executed.
 void drain(const StreamRef& s);
 bool idle(const StreamRef& s);
+// cudaStreamQuery / cuStreamQuery: cudaSuccess when s has run everything submitted to it,
+// cudaErrorNotReady otherwise; refused on a capturing stream (wait_capture_guard).
+cudaError_t stream_query(const StreamRef& s);
 void device_drain(int device);
 std::vector<StreamRef> device_streams(int device);  // requires state_mutex
 void device_reset_streams(int device);
@@ -199,6 +210,9 @@ cudaError_t destroy_event(cudaEvent_t e);
 // records and waits become graph nodes; a plain record marks the event as captured (for joins).
 cudaError_t event_record(const EventRef& ev, const StreamRef& s, bool external = false);
 cudaError_t event_wait(const StreamRef& s, const EventRef& ev, bool external = false);
+// cudaStreamWaitEvent / cuStreamWaitEvent: the flags (0 or cudaEventWaitExternal) and handles
+// checked, then event_wait.
+cudaError_t stream_wait_event(const StreamRef& s, cudaEvent_t e, unsigned flags);
 // Reached: cudaSuccess; not yet: cudaErrorNotReady.
 cudaError_t event_query(const EventRef& ev);
 cudaError_t event_sync(const EventRef& ev);
@@ -224,6 +238,7 @@ struct Capture {
   std::vector<std::weak_ptr<Stream>> members;  // origin and joined streams
   cudaGraph_t graph_handle = nullptr;
   std::shared_ptr<Graph> graph;
+  bool owns_graph = true;  // false when capturing into the program's graph (ToGraph)
   bool invalidated = false;
   std::vector<cudaGraphNode_t> deps;
   std::vector<cudaGraphEdgeData> edges;
@@ -236,6 +251,9 @@ cudaError_t check_unsafe_call();
 // Returns true if there was any. Must hold state_mutex.
 bool invalidate_device_captures_locked(int device);
 bool any_capture_locked(int device);
+// Synchronizing or querying a capturing stream is illegal and invalidates the capture; doing so
+// on the legacy stream while a blocking stream captures would depend on it implicitly.
+cudaError_t wait_capture_guard(const StreamRef& s);
 // Invalidates the captures of blocking streams on `device`: work on the legacy stream would
 // depend on them implicitly (cudaErrorStreamCaptureImplicit). Must hold state_mutex.
 bool invalidate_blocking_captures_locked(int device);
@@ -243,7 +261,9 @@ bool invalidate_blocking_captures_locked(int device);
 // capture, the capture is invalidated and, if the stream began it, ended. Returns the graph of an
 // ended capture, to be destroyed by the caller once state_mutex is released.
 cudaGraph_t abandon_capture_locked(Stream& s);
-cudaError_t begin_capture(const StreamRef& s, cudaStreamCaptureMode mode);
+// `into`: cudaStreamBeginCaptureToGraph's graph (the nodes are appended to it, and it is not
+// destroyed if the capture fails); nullptr makes a new graph.
+cudaError_t begin_capture(const StreamRef& s, cudaStreamCaptureMode mode, cudaGraph_t into = nullptr);
 cudaError_t end_capture(const StreamRef& s, cudaGraph_t* graph);
 // Stream-ordered allocation: memory nodes inside a capture, an allocation now (and a free when
 // the stream reaches it) outside one.
@@ -299,13 +319,40 @@ cudaError_t graph_release_user_object(cudaGraph_t g, cudaUserObject_t o, unsigne
 void retain_refs(const std::map<UserObject*, unsigned>& refs);
 void release_refs(const std::map<UserObject*, unsigned>& refs);
 
-// ---- Driver contexts (state.cpp) -----------------------------------------------------------
+// ---- Driver initialization and contexts (context.cpp) --------------------------------------
 struct Context {
   int device = 0;
+  uint64_t id = 0;        // unique for the process's life (cuCtxGetId)
+  bool primary = false;
+  // Guarded by state_mutex():
+  int retains = 0;        // primary: references held; the runtime holds one once it used it
+  bool destroyed = false; // created contexts after cuCtxDestroy (kept, so stale handles are safe)
 };
+// cuInit, or the runtime's first call (the real runtime initializes the driver itself).
+bool driver_initialized();
+void set_driver_initialized();
 Context* primary_context(int device);
 Context*& thread_context();  // per host thread; null until the runtime or cuCtxSetCurrent sets it
-// Called by every runtime entry point: binds the primary context of the current device.
+// The thread's context stack under thread_context(): cuCtxCreate pushes the current context here.
+std::vector<Context*>& contexts_below();
+// Called by every runtime entry point: initializes the driver, binds the primary context of the
+// current device to a thread that has none, and makes the runtime hold a reference on it.
 void runtime_touch();
+// cudaSetDevice: binds `device`'s primary context (held by the runtime) to this thread.
+void runtime_bind(int device);
+// Primary-context references (cuDevicePrimaryCtxRetain / Release). The last release resets the
+// device, as the real driver does.
+void primary_retain(int device);
+cudaError_t primary_release(int device);
+bool primary_active(int device);
+// cuCtxCreate: a context of its own on `device` (no memory or streams of its own in the
+// stand-in: they belong to the device).
+Context* create_context(int device);
+// cuCtxDestroy. A primary context is reset (its device's work, streams, events and memory go). A
+// context current on the calling thread is popped.
+cudaError_t destroy_context(Context* ctx);
+// cudaDeviceReset, cuDevicePrimaryCtxReset, the last release of a primary context: every capture
+// of the device is invalidated, its work drained, its streams, events and memory destroyed.
+void device_reset(int device);
 
 }  // namespace poolcuda::sim

@@ -1,83 +1,23 @@
-// The driver stand-in (libcuda.so.1): the subset of the driver API the interposer's driver-level
-// hooks need (init, devices, primary contexts, allocation, memory info, stream-ordered
-// allocation) and cuGetProcAddress / cuGetProcAddress_v2, which map a base name, a CUDA version
-// and stream flags to the exact entry point variant, as the real driver does (see
-// Note [Driver entry point table]). Shares all state with the runtime stand-in through the core.
-// core.h first: cuda.h #defines names such as cuMemAlloc that core.h uses as identifiers.
-#include "core.h"
-
-#include <cuda.h>
-
-#include <atomic>
+// The driver stand-in (libcuda.so.1): initialization, devices and contexts (primary contexts
+// with their reference counts, contexts made by cuCtxCreate), and cuGetProcAddress /
+// cuGetProcAddress_v2, which map a base name, a CUDA version and stream flags to the exact entry
+// point variant, as the real driver does (see Note [Driver entry point table]). Memory, streams
+// and events are in drv_work.cpp; capture, graphs and user objects in drv_capture.cpp. Shares
+// all state with the runtime stand-in through the core.
 #include <cstdio>
 #include <cstring>
 
+#include "drv_common.h"
+
 using namespace poolcuda::sim;
+using namespace poolcuda::sim::drv;
 
-// cuda.h maps the base names to their newest variants; the v1 entry points (32-bit sizes) are
-// symbols of their own, exported but not supported by the stand-in.
-#undef cuGetProcAddress
-#undef cuMemAlloc
-#undef cuMemFree
-#undef cuMemGetInfo
-#undef cuDeviceTotalMem
-#undef cuDevicePrimaryCtxRelease
-extern "C" {
-CUresult cuGetProcAddress(const char* symbol, void** pfn, int cudaVersion, cuuint64_t flags);
-CUresult cuMemAlloc(unsigned int* dptr, unsigned int bytesize);
-CUresult cuMemFree(unsigned int dptr);
-CUresult cuMemGetInfo(unsigned int* free, unsigned int* total);
-CUresult cuDeviceTotalMem(unsigned int* bytes, CUdevice dev);
-CUresult cuDevicePrimaryCtxRelease(CUdevice dev);
-}
-extern "C" CUresult cuMemAllocAsync_ptsz(CUdeviceptr* dptr, size_t bytesize, CUstream hStream);
-extern "C" CUresult cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream hStream);
-
-namespace {
-
-std::atomic<bool> g_initialized{false};
-
-CUresult as_cu(cudaError_t e) { return static_cast<CUresult>(e); }  // the codes coincide
-
-CUresult guard(bool need_context = false) {
-  if (!g_initialized.load()) return CUDA_ERROR_NOT_INITIALIZED;
-  if (cudaError_t sticky = sticky_error()) return as_cu(sticky);
-  if (need_context && !thread_context()) return CUDA_ERROR_INVALID_CONTEXT;
-  return CUDA_SUCCESS;
-}
-
-int context_device() { return thread_context() ? thread_context()->device : current_device(); }
-
-CUdeviceptr dptr(const void* p) { return static_cast<CUdeviceptr>(reinterpret_cast<uintptr_t>(p)); }
-void* ptr(CUdeviceptr d) { return reinterpret_cast<void*>(static_cast<uintptr_t>(d)); }
-
-CUresult alloc_async(CUdeviceptr* out, size_t size, CUstream stream, bool per_thread) {
-  if (CUresult r = guard(true)) return r;
-  if (!out) return CUDA_ERROR_INVALID_VALUE;
-  void* p = nullptr;
-  cudaError_t err =
-      malloc_async(resolve_stream(reinterpret_cast<cudaStream_t>(stream), per_thread), size, &p);
-  if (err == cudaSuccess) *out = dptr(p);
-  return as_cu(err);
-}
-
-CUresult free_async_impl(CUdeviceptr d, CUstream stream, bool per_thread) {
-  if (CUresult r = guard(true)) return r;
-  return as_cu(free_async(resolve_stream(reinterpret_cast<cudaStream_t>(stream), per_thread), ptr(d)));
-}
-
-}  // namespace
-
-CUresult cuMemAlloc(unsigned int*, unsigned int) { return CUDA_ERROR_NOT_SUPPORTED; }
-CUresult cuMemFree(unsigned int) { return CUDA_ERROR_NOT_SUPPORTED; }
-CUresult cuMemGetInfo(unsigned int*, unsigned int*) { return CUDA_ERROR_NOT_SUPPORTED; }
 CUresult cuDeviceTotalMem(unsigned int*, CUdevice) { return CUDA_ERROR_NOT_SUPPORTED; }
-CUresult cuDevicePrimaryCtxRelease(CUdevice) { return CUDA_ERROR_NOT_SUPPORTED; }
 
 CUresult cuInit(unsigned int Flags) {
   if (Flags != 0) return CUDA_ERROR_INVALID_VALUE;
   if (config().devices == 0) return CUDA_ERROR_NO_DEVICE;
-  g_initialized.store(true);
+  set_driver_initialized();
   return CUDA_SUCCESS;
 }
 
@@ -118,33 +58,54 @@ CUresult cuDeviceGetName(char* name, int len, CUdevice dev) {
   return CUDA_SUCCESS;
 }
 
+namespace {
+
+Context* as_context(CUcontext ctx) { return reinterpret_cast<Context*>(ctx); }
+CUcontext as_handle(Context* ctx) { return reinterpret_cast<CUcontext>(ctx); }
+
+// Binds `ctx` (null: none) to the calling thread; the runtime then works on its device.
+void make_current(Context* ctx) {
+  thread_context() = ctx;
+  if (ctx) current_device() = ctx->device;
+}
+
+}  // namespace
+
 CUresult cuCtxGetCurrent(CUcontext* pctx) {
   if (CUresult r = guard()) return r;
   if (!pctx) return CUDA_ERROR_INVALID_VALUE;
-  *pctx = reinterpret_cast<CUcontext>(thread_context());
+  *pctx = as_handle(thread_context());
   return CUDA_SUCCESS;
 }
 
 CUresult cuCtxSetCurrent(CUcontext ctx) {
   if (CUresult r = guard()) return r;
-  auto* c = reinterpret_cast<Context*>(ctx);
-  if (c && (!valid_device(c->device) || primary_context(c->device) != c))
-    return CUDA_ERROR_INVALID_CONTEXT;
-  thread_context() = c;
-  if (c) current_device() = c->device;
+  Context* c = as_context(ctx);
+  if (c && !valid_device(c->device)) return CUDA_ERROR_INVALID_CONTEXT;
+  if (c && c->destroyed) return CUDA_ERROR_CONTEXT_IS_DESTROYED;
+  make_current(c);
   return CUDA_SUCCESS;
 }
 
 CUresult cuCtxGetDevice(CUdevice* device) {
   if (CUresult r = guard(true)) return r;
   if (!device) return CUDA_ERROR_INVALID_VALUE;
-  *device = thread_context()->device;
+  *device = context_device();
+  return CUDA_SUCCESS;
+}
+
+CUresult cuCtxGetId(CUcontext ctx, unsigned long long* id) {
+  if (CUresult r = guard(ctx == nullptr)) return r;
+  if (!id) return CUDA_ERROR_INVALID_VALUE;
+  Context* c = ctx ? as_context(ctx) : thread_context();
+  if (c->destroyed) return CUDA_ERROR_CONTEXT_IS_DESTROYED;
+  *id = c->id;
   return CUDA_SUCCESS;
 }
 
 CUresult cuCtxSynchronize(void) {
   if (CUresult r = guard(true)) return r;
-  int device = thread_context()->device;
+  int device = context_device();
   {
     std::lock_guard lock(state_mutex());
     if (invalidate_device_captures_locked(device)) return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
@@ -153,77 +114,70 @@ CUresult cuCtxSynchronize(void) {
   return CUDA_SUCCESS;
 }
 
+namespace {
+
+CUresult create_context_on(CUcontext* pctx, CUdevice dev) {
+  if (CUresult r = guard()) return r;
+  if (!pctx) return CUDA_ERROR_INVALID_VALUE;
+  if (!valid_device(dev)) return CUDA_ERROR_INVALID_DEVICE;
+  Context* ctx = create_context(dev);
+  if (thread_context()) contexts_below().push_back(thread_context());
+  make_current(ctx);  // cuCtxCreate pushes the new context: it becomes current
+  *pctx = as_handle(ctx);
+  return CUDA_SUCCESS;
+}
+
+}  // namespace
+
+// The flags (scheduling, mapping) mean nothing to the stand-in.
+CUresult cuCtxCreate_v2(CUcontext* pctx, unsigned int, CUdevice dev) {
+  return create_context_on(pctx, dev);
+}
+
+CUresult cuCtxCreate_v4(CUcontext* pctx, CUctxCreateParams*, unsigned int, CUdevice dev) {
+  return create_context_on(pctx, dev);
+}
+
+CUresult cuCtxDestroy_v2(CUcontext ctx) {
+  if (CUresult r = guard()) return r;
+  if (!ctx) return CUDA_ERROR_INVALID_VALUE;
+  return as_cu(destroy_context(as_context(ctx)));
+}
+
 CUresult cuDevicePrimaryCtxRetain(CUcontext* pctx, CUdevice dev) {
   if (CUresult r = guard()) return r;
   if (!pctx) return CUDA_ERROR_INVALID_VALUE;
   if (!valid_device(dev)) return CUDA_ERROR_INVALID_DEVICE;
-  *pctx = reinterpret_cast<CUcontext>(primary_context(dev));
+  primary_retain(dev);
+  *pctx = as_handle(primary_context(dev));
   return CUDA_SUCCESS;
 }
 
 CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev) {
   if (CUresult r = guard()) return r;
   if (!valid_device(dev)) return CUDA_ERROR_INVALID_DEVICE;
+  return as_cu(primary_release(dev));
+}
+
+CUresult cuDevicePrimaryCtxRelease(CUdevice dev) { return cuDevicePrimaryCtxRelease_v2(dev); }
+
+CUresult cuDevicePrimaryCtxGetState(CUdevice dev, unsigned int* flags, int* active) {
+  if (CUresult r = guard()) return r;
+  if (!flags || !active) return CUDA_ERROR_INVALID_VALUE;
+  if (!valid_device(dev)) return CUDA_ERROR_INVALID_DEVICE;
+  *flags = 0;
+  *active = primary_active(dev) ? 1 : 0;
   return CUDA_SUCCESS;
 }
 
-CUresult cuMemAlloc_v2(CUdeviceptr* out, size_t bytesize) {
-  bump(Counter::cuMemAlloc);
-  if (CUresult r = guard(true)) return r;
-  if (!out || bytesize == 0) return CUDA_ERROR_INVALID_VALUE;
-  if (cudaError_t err = check_unsafe_call(); err != cudaSuccess) return as_cu(err);
-  void* p = nullptr;
-  cudaError_t err = mem_alloc(context_device(), bytesize, AllocKind::device, &p);
-  if (err == cudaSuccess) *out = dptr(p);
-  return err == cudaErrorMemoryAllocation ? CUDA_ERROR_OUT_OF_MEMORY : as_cu(err);
-}
-
-CUresult cuMemAllocManaged(CUdeviceptr* out, size_t bytesize, unsigned int flags) {
-  if (CUresult r = guard(true)) return r;
-  if (!out || bytesize == 0 || (flags != CU_MEM_ATTACH_GLOBAL && flags != CU_MEM_ATTACH_HOST))
-    return CUDA_ERROR_INVALID_VALUE;
-  if (cudaError_t err = check_unsafe_call(); err != cudaSuccess) return as_cu(err);
-  void* p = nullptr;
-  cudaError_t err = mem_alloc(context_device(), bytesize, AllocKind::managed, &p);
-  if (err == cudaSuccess) *out = dptr(p);
-  return err == cudaErrorMemoryAllocation ? CUDA_ERROR_OUT_OF_MEMORY : as_cu(err);
-}
-
-CUresult cuMemFree_v2(CUdeviceptr d) {
-  bump(Counter::cuMemFree);
-  if (CUresult r = guard(true)) return r;
-  if (d == 0) return CUDA_SUCCESS;
-  AllocInfo info;
-  if (!mem_find(ptr(d), &info) || info.base != static_cast<uintptr_t>(d))
-    return CUDA_ERROR_INVALID_VALUE;
-  {
-    // Like cudaFree, cuMemFree synchronizes: illegal while a capture is open on the device.
-    std::lock_guard lock(state_mutex());
-    if (invalidate_device_captures_locked(info.device))
-      return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
-  }
-  device_drain(info.device);
-  std::lock_guard lock(effects_mutex());
-  return as_cu(mem_free(ptr(d), info.id));
-}
-
-CUresult cuMemGetInfo_v2(size_t* free, size_t* total) {
-  if (CUresult r = guard(true)) return r;
-  if (!free || !total) return CUDA_ERROR_INVALID_VALUE;
-  mem_info(context_device(), free, total);
+CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev) {
+  if (CUresult r = guard()) return r;
+  if (!valid_device(dev)) return CUDA_ERROR_INVALID_DEVICE;
+  device_reset(dev);
   return CUDA_SUCCESS;
 }
 
-CUresult cuMemAllocAsync(CUdeviceptr* dptr_out, size_t bytesize, CUstream hStream) {
-  return alloc_async(dptr_out, bytesize, hStream, false);
-}
-CUresult cuMemAllocAsync_ptsz(CUdeviceptr* dptr_out, size_t bytesize, CUstream hStream) {
-  return alloc_async(dptr_out, bytesize, hStream, true);
-}
-CUresult cuMemFreeAsync(CUdeviceptr d, CUstream hStream) { return free_async_impl(d, hStream, false); }
-CUresult cuMemFreeAsync_ptsz(CUdeviceptr d, CUstream hStream) {
-  return free_async_impl(d, hStream, true);
-}
+CUresult cuDevicePrimaryCtxReset(CUdevice dev) { return cuDevicePrimaryCtxReset_v2(dev); }
 
 namespace {
 
@@ -232,7 +186,9 @@ namespace {
 // whether it is the per-thread-default-stream flavour. cuGetProcAddress picks, among the rows of
 // the requested name and flavour, the newest whose version does not exceed the caller's; a name
 // with no per-thread flavour serves both. Versions below a _v2's introduction get the v1 row,
-// which the stand-in exports but does not implement (32-bit sizes): CUDA_ERROR_NOT_SUPPORTED.
+// which the stand-in exports but may not implement (32-bit sizes: CUDA_ERROR_NOT_SUPPORTED).
+// Rows whose function is one of the generated fallbacks (cuLaunchKernel, cuCtxCreate_v3...) are
+// listed so that the version rules hold; calling them reports "not supported".
 struct Entry {
   const char* name;
   int version;
@@ -249,24 +205,95 @@ const Entry kEntries[] = {
     {"cuDeviceGetName", 2000, false, SIM_FN(cuDeviceGetName)},
     {"cuDeviceTotalMem", 2000, false, SIM_FN(cuDeviceTotalMem)},
     {"cuDeviceTotalMem", 3020, false, SIM_FN(cuDeviceTotalMem_v2)},
+    {"cuCtxCreate", 3020, false, SIM_FN(cuCtxCreate_v2)},
+    {"cuCtxCreate", 11040, false, SIM_FN(cuCtxCreate_v3)},
+    {"cuCtxCreate", 12050, false, SIM_FN(cuCtxCreate_v4)},
+    {"cuCtxDestroy", 4000, false, SIM_FN(cuCtxDestroy_v2)},
     {"cuCtxGetCurrent", 4000, false, SIM_FN(cuCtxGetCurrent)},
     {"cuCtxSetCurrent", 4000, false, SIM_FN(cuCtxSetCurrent)},
     {"cuCtxGetDevice", 2000, false, SIM_FN(cuCtxGetDevice)},
+    {"cuCtxGetId", 12000, false, SIM_FN(cuCtxGetId)},
     {"cuCtxSynchronize", 2000, false, SIM_FN(cuCtxSynchronize)},
     {"cuDevicePrimaryCtxRetain", 7000, false, SIM_FN(cuDevicePrimaryCtxRetain)},
     {"cuDevicePrimaryCtxRelease", 7000, false, SIM_FN(cuDevicePrimaryCtxRelease)},
     {"cuDevicePrimaryCtxRelease", 11000, false, SIM_FN(cuDevicePrimaryCtxRelease_v2)},
+    {"cuDevicePrimaryCtxGetState", 7000, false, SIM_FN(cuDevicePrimaryCtxGetState)},
+    {"cuDevicePrimaryCtxReset", 7000, false, SIM_FN(cuDevicePrimaryCtxReset)},
+    {"cuDevicePrimaryCtxReset", 11000, false, SIM_FN(cuDevicePrimaryCtxReset_v2)},
     {"cuMemAlloc", 2000, false, SIM_FN(cuMemAlloc)},
     {"cuMemAlloc", 3020, false, SIM_FN(cuMemAlloc_v2)},
     {"cuMemFree", 2000, false, SIM_FN(cuMemFree)},
     {"cuMemFree", 3020, false, SIM_FN(cuMemFree_v2)},
     {"cuMemGetInfo", 2000, false, SIM_FN(cuMemGetInfo)},
     {"cuMemGetInfo", 3020, false, SIM_FN(cuMemGetInfo_v2)},
+    {"cuMemAllocPitch", 2000, false, SIM_FN(cuMemAllocPitch)},
+    {"cuMemAllocPitch", 3020, false, SIM_FN(cuMemAllocPitch_v2)},
     {"cuMemAllocManaged", 6000, false, SIM_FN(cuMemAllocManaged)},
     {"cuMemAllocAsync", 11020, false, SIM_FN(cuMemAllocAsync)},
     {"cuMemAllocAsync", 11020, true, SIM_FN(cuMemAllocAsync_ptsz)},
     {"cuMemFreeAsync", 11020, false, SIM_FN(cuMemFreeAsync)},
     {"cuMemFreeAsync", 11020, true, SIM_FN(cuMemFreeAsync_ptsz)},
+    {"cuMemsetD8", 3020, false, SIM_FN(cuMemsetD8_v2)},
+    {"cuMemcpyHtoD", 3020, false, SIM_FN(cuMemcpyHtoD_v2)},
+    {"cuMemcpyDtoH", 3020, false, SIM_FN(cuMemcpyDtoH_v2)},
+    {"cuMemsetD8Async", 3020, false, SIM_FN(cuMemsetD8Async)},
+    {"cuMemsetD8Async", 7000, true, SIM_FN(cuMemsetD8Async_ptsz)},
+    {"cuMemcpyHtoDAsync", 3020, false, SIM_FN(cuMemcpyHtoDAsync_v2)},
+    {"cuMemcpyHtoDAsync", 7000, true, SIM_FN(cuMemcpyHtoDAsync_v2_ptsz)},
+    {"cuMemcpyDtoHAsync", 3020, false, SIM_FN(cuMemcpyDtoHAsync_v2)},
+    {"cuMemcpyDtoHAsync", 7000, true, SIM_FN(cuMemcpyDtoHAsync_v2_ptsz)},
+    {"cuMemcpyDtoDAsync", 3020, false, SIM_FN(cuMemcpyDtoDAsync_v2)},
+    {"cuMemcpyDtoDAsync", 7000, true, SIM_FN(cuMemcpyDtoDAsync_v2_ptsz)},
+    {"cuStreamCreate", 2000, false, SIM_FN(cuStreamCreate)},
+    {"cuStreamCreateWithPriority", 5050, false, SIM_FN(cuStreamCreateWithPriority)},
+    {"cuStreamDestroy", 2000, false, SIM_FN(cuStreamDestroy)},
+    {"cuStreamDestroy", 4000, false, SIM_FN(cuStreamDestroy_v2)},
+    {"cuStreamSynchronize", 2000, false, SIM_FN(cuStreamSynchronize)},
+    {"cuStreamSynchronize", 7000, true, SIM_FN(cuStreamSynchronize_ptsz)},
+    {"cuStreamQuery", 2000, false, SIM_FN(cuStreamQuery)},
+    {"cuStreamQuery", 7000, true, SIM_FN(cuStreamQuery_ptsz)},
+    {"cuStreamWaitEvent", 3020, false, SIM_FN(cuStreamWaitEvent)},
+    {"cuStreamWaitEvent", 7000, true, SIM_FN(cuStreamWaitEvent_ptsz)},
+    {"cuStreamGetDevice", 12080, false, SIM_FN(cuStreamGetDevice)},
+    {"cuStreamGetDevice", 12080, true, SIM_FN(cuStreamGetDevice_ptsz)},
+    {"cuStreamBeginCapture", 10000, false, SIM_FN(cuStreamBeginCapture)},
+    {"cuStreamBeginCapture", 10000, true, SIM_FN(cuStreamBeginCapture_ptsz)},
+    {"cuStreamBeginCapture", 10010, false, SIM_FN(cuStreamBeginCapture_v2)},
+    {"cuStreamBeginCapture", 10010, true, SIM_FN(cuStreamBeginCapture_v2_ptsz)},
+    {"cuStreamBeginCaptureToGraph", 12030, false, SIM_FN(cuStreamBeginCaptureToGraph)},
+    {"cuStreamBeginCaptureToGraph", 12030, true, SIM_FN(cuStreamBeginCaptureToGraph_ptsz)},
+    {"cuStreamEndCapture", 10000, false, SIM_FN(cuStreamEndCapture)},
+    {"cuStreamEndCapture", 10000, true, SIM_FN(cuStreamEndCapture_ptsz)},
+    {"cuStreamIsCapturing", 10000, false, SIM_FN(cuStreamIsCapturing)},
+    {"cuStreamIsCapturing", 10000, true, SIM_FN(cuStreamIsCapturing_ptsz)},
+    {"cuStreamGetCaptureInfo", 10010, false, SIM_FN(cuStreamGetCaptureInfo)},
+    {"cuStreamGetCaptureInfo", 10010, true, SIM_FN(cuStreamGetCaptureInfo_ptsz)},
+    {"cuStreamGetCaptureInfo", 11030, false, SIM_FN(cuStreamGetCaptureInfo_v2)},
+    {"cuStreamGetCaptureInfo", 11030, true, SIM_FN(cuStreamGetCaptureInfo_v2_ptsz)},
+    {"cuStreamGetCaptureInfo", 12030, false, SIM_FN(cuStreamGetCaptureInfo_v3)},
+    {"cuStreamGetCaptureInfo", 12030, true, SIM_FN(cuStreamGetCaptureInfo_v3_ptsz)},
+    {"cuThreadExchangeStreamCaptureMode", 10010, false, SIM_FN(cuThreadExchangeStreamCaptureMode)},
+    {"cuEventCreate", 2000, false, SIM_FN(cuEventCreate)},
+    {"cuEventRecord", 2000, false, SIM_FN(cuEventRecord)},
+    {"cuEventRecord", 7000, true, SIM_FN(cuEventRecord_ptsz)},
+    {"cuEventQuery", 2000, false, SIM_FN(cuEventQuery)},
+    {"cuEventSynchronize", 2000, false, SIM_FN(cuEventSynchronize)},
+    {"cuEventDestroy", 2000, false, SIM_FN(cuEventDestroy)},
+    {"cuEventDestroy", 4000, false, SIM_FN(cuEventDestroy_v2)},
+    {"cuGraphCreate", 10000, false, SIM_FN(cuGraphCreate)},
+    {"cuGraphClone", 10000, false, SIM_FN(cuGraphClone)},
+    {"cuGraphInstantiateWithFlags", 11040, false, SIM_FN(cuGraphInstantiateWithFlags)},
+    {"cuGraphLaunch", 10000, false, SIM_FN(cuGraphLaunch)},
+    {"cuGraphLaunch", 10000, true, SIM_FN(cuGraphLaunch_ptsz)},
+    {"cuGraphDestroy", 10000, false, SIM_FN(cuGraphDestroy)},
+    {"cuGraphExecDestroy", 10000, false, SIM_FN(cuGraphExecDestroy)},
+    {"cuUserObjectCreate", 11030, false, SIM_FN(cuUserObjectCreate)},
+    {"cuUserObjectRetain", 11030, false, SIM_FN(cuUserObjectRetain)},
+    {"cuUserObjectRelease", 11030, false, SIM_FN(cuUserObjectRelease)},
+    {"cuGraphRetainUserObject", 11030, false, SIM_FN(cuGraphRetainUserObject)},
+    {"cuGraphReleaseUserObject", 11030, false, SIM_FN(cuGraphReleaseUserObject)},
+    {"cuLaunchKernel", 4000, false, SIM_FN(cuLaunchKernel)},
+    {"cuLaunchKernel", 7000, true, SIM_FN(cuLaunchKernel_ptsz)},
     {"cuGetProcAddress", 11030, false, SIM_FN(cuGetProcAddress)},
     {"cuGetProcAddress", 12000, false, SIM_FN(cuGetProcAddress_v2)},
 };

@@ -98,6 +98,11 @@ cudaError_t event_record(const EventRef& ev, const StreamRef& s, bool external) 
   return cudaSuccess;
 }
 
+cudaError_t stream_wait_event(const StreamRef& s, cudaEvent_t e, unsigned flags) {
+  if (flags & ~unsigned{cudaEventWaitExternal}) return cudaErrorInvalidValue;
+  return event_wait(s, find_event(e), flags & cudaEventWaitExternal);
+}
+
 cudaError_t event_wait(const StreamRef& s, const EventRef& ev, bool external) {
   if (!ev || !s) return cudaErrorInvalidResourceHandle;
   std::lock_guard lock(state_mutex());

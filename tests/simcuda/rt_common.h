@@ -5,9 +5,23 @@
 
 #include "core.h"
 
+namespace poolcuda::sim::rt {
+
+#ifdef SIMCUDA_STATIC_RUNTIME
+inline constexpr bool kStaticRuntime = true;
+#else
+inline constexpr bool kStaticRuntime = false;
+#endif
+
+// The static runtime's first call loads the driver library (rt_driver.cpp).
+void load_driver();
+
+}  // namespace poolcuda::sim::rt
+
 // Binds the primary context and honours the sticky error, as every runtime call does.
 #define SIM_ENTER()                                                                   \
   do {                                                                                \
+    if (::poolcuda::sim::rt::kStaticRuntime) ::poolcuda::sim::rt::load_driver();      \
     ::poolcuda::sim::runtime_touch();                                                 \
     if (cudaError_t sticky_ = ::poolcuda::sim::sticky_error())                        \
       return ::poolcuda::sim::record_error(sticky_);                                  \
@@ -38,6 +52,11 @@ cudaError_t cudaStreamAddCallback_ptsz(cudaStream_t stream, cudaStreamCallback_t
 cudaError_t cudaLaunchHostFunc_ptsz(cudaStream_t stream, cudaHostFn_t fn, void* userData);
 cudaError_t cudaStreamBeginCapture_ptsz(cudaStream_t stream, cudaStreamCaptureMode mode);
 cudaError_t cudaStreamEndCapture_ptsz(cudaStream_t stream, cudaGraph_t* pGraph);
+cudaError_t cudaStreamBeginCaptureToGraph_ptsz(cudaStream_t stream, cudaGraph_t graph,
+                                               const cudaGraphNode_t* dependencies,
+                                               const cudaGraphEdgeData* dependencyData,
+                                               size_t numDependencies,
+                                               cudaStreamCaptureMode mode);
 cudaError_t cudaStreamIsCapturing_ptsz(cudaStream_t stream,
                                        cudaStreamCaptureStatus* pCaptureStatus);
 cudaError_t cudaStreamGetCaptureInfo_ptsz(cudaStream_t stream,
@@ -47,4 +66,11 @@ cudaError_t cudaStreamGetCaptureInfo_ptsz(cudaStream_t stream,
                                           const cudaGraphEdgeData** edgeData_out,
                                           size_t* numDependencies_out);
 cudaError_t cudaGraphLaunch_ptsz(cudaGraphExec_t graphExec, cudaStream_t stream);
+cudaError_t cudaGetDriverEntryPoint_ptsz(const char* symbol, void** funcPtr,
+                                         unsigned long long flags,
+                                         cudaDriverEntryPointQueryResult* driverStatus);
+cudaError_t cudaGetDriverEntryPointByVersion_ptsz(const char* symbol, void** funcPtr,
+                                                  unsigned int cudaVersion,
+                                                  unsigned long long flags,
+                                                  cudaDriverEntryPointQueryResult* driverStatus);
 }

@@ -1,12 +1,14 @@
 // Runtime stand-in entry points for devices, errors and versions, plus the stand-in-only C API
 // of simcuda.h. Each entry point is a guard (bind the primary context, honour the sticky error)
 // and a call into the core; error codes go through record_error for cudaGetLastError.
-#include <dlfcn.h>
-
 #include <cstdio>
 #include <cstring>
+#include <mutex>
+#include <set>
+#include <utility>
 
 #include "rt_common.h"
+#include "rt_driver.h"
 #include "simcuda.h"
 
 using namespace poolcuda::sim;
@@ -47,12 +49,24 @@ void fill_properties(cudaDeviceProp* p, int device) {
   p->sharedMemPerMultiprocessor = 228 << 10;
   p->regsPerMultiprocessor = 65536;
   p->managedMemory = 1;
-  p->concurrentManagedAccess = 1;
+  p->concurrentManagedAccess = config().concurrent_managed ? 1 : 0;
   p->pageableMemoryAccess = 0;
   p->directManagedMemAccessFromHost = 0;
   p->maxBlocksPerMultiProcessor = 32;
   p->memoryPoolsSupported = 1;
   p->hostRegisterSupported = 1;
+}
+
+// Peer access enabled, as (accessing device, peer) pairs. The stand-in's streams reach every
+// device's memory anyway; this keeps the calls' answers right.
+struct PeerAccess {
+  std::mutex mutex;
+  std::set<std::pair<int, int>> enabled;
+};
+
+PeerAccess& peer_access() {
+  static auto* p = new PeerAccess;  // never destroyed: worker threads may outlive exit
+  return *p;
 }
 
 }  // namespace
@@ -68,7 +82,7 @@ cudaError_t cudaSetDevice(int device) {
   if (!valid_device(device))
     return record_error(config().devices == 0 ? cudaErrorNoDevice : cudaErrorInvalidDevice);
   current_device() = device;
-  thread_context() = primary_context(device);
+  runtime_bind(device);
   if (cudaError_t sticky = sticky_error()) return record_error(sticky);
   return cudaSuccess;
 }
@@ -152,16 +166,40 @@ cudaError_t cudaDeviceSynchronize(void) {
 
 cudaError_t cudaDeviceReset(void) {
   runtime_touch();
-  int device = current_device();
+  device_reset(current_device());
   {
-    std::lock_guard lock(state_mutex());
-    invalidate_device_captures_locked(device);
+    PeerAccess& p = peer_access();
+    std::lock_guard lock(p.mutex);
+    std::erase_if(p.enabled, [](const auto& pair) { return pair.first == current_device(); });
   }
-  device_drain(device);
-  device_reset_streams(device);
-  device_reset_events(device);
-  mem_free_all(device);
   return cudaSuccess;
+}
+
+cudaError_t cudaDeviceCanAccessPeer(int* can_access, int device, int peer) {
+  if (!can_access) return record_error(cudaErrorInvalidValue);
+  if (!valid_device(device) || !valid_device(peer)) return record_error(cudaErrorInvalidDevice);
+  *can_access = device != peer ? 1 : 0;
+  return cudaSuccess;
+}
+
+cudaError_t cudaDeviceEnablePeerAccess(int peer, unsigned int flags) {
+  SIM_ENTER();
+  if (flags != 0) SIM_RETURN(cudaErrorInvalidValue);
+  if (!valid_device(peer) || peer == current_device()) SIM_RETURN(cudaErrorInvalidDevice);
+  PeerAccess& p = peer_access();
+  std::lock_guard lock(p.mutex);
+  if (!p.enabled.emplace(current_device(), peer).second)
+    SIM_RETURN(cudaErrorPeerAccessAlreadyEnabled);
+  SIM_RETURN(cudaSuccess);
+}
+
+cudaError_t cudaDeviceDisablePeerAccess(int peer) {
+  SIM_ENTER();
+  if (!valid_device(peer) || peer == current_device()) SIM_RETURN(cudaErrorInvalidDevice);
+  PeerAccess& p = peer_access();
+  std::lock_guard lock(p.mutex);
+  if (p.enabled.erase({current_device(), peer}) == 0) SIM_RETURN(cudaErrorPeerAccessNotEnabled);
+  SIM_RETURN(cudaSuccess);
 }
 
 cudaError_t cudaRuntimeGetVersion(int* version) {
@@ -198,42 +236,45 @@ const char* cudaGetErrorString(cudaError_t error) {
   return text ? text : "unrecognized error code";
 }
 
-namespace {
-
-// Like the real runtime, driver entry points come from the driver library's own resolver, so a
-// hook on libcuda.so.1 sees these lookups too.
-cudaError_t driver_entry(const char* symbol, void** fn, unsigned version,
-                         unsigned long long flags, cudaDriverEntryPointQueryResult* status) {
-  using Resolver = int (*)(const char*, void**, int, unsigned long long, int*);
-  static Resolver resolve = [] {
-    void* lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);  // kept for the process's life
-    return lib ? reinterpret_cast<Resolver>(dlsym(lib, "cuGetProcAddress_v2")) : nullptr;
-  }();
-  if (!symbol || !fn) return cudaErrorInvalidValue;
-  *fn = nullptr;
-  if (flags & ~0x3ull) return cudaErrorInvalidValue;
-  if (!resolve) return cudaErrorNotSupported;
-  int found = 0;
-  int rc = resolve(symbol, fn, static_cast<int>(version), flags, &found);
-  if (status) *status = static_cast<cudaDriverEntryPointQueryResult>(found);
-  if (rc == 0) return cudaSuccess;
-  // Not found: reported through the status when the caller asked for it.
-  return status ? cudaSuccess : cudaErrorSymbolNotFound;
-}
-
-}  // namespace
-
 cudaError_t cudaGetDriverEntryPoint(const char* symbol, void** funcPtr, unsigned long long flags,
                                     cudaDriverEntryPointQueryResult* driverStatus) {
   SIM_ENTER();
-  SIM_RETURN(driver_entry(symbol, funcPtr, CUDART_VERSION, flags, driverStatus));
+  SIM_RETURN(rt::driver_entry(symbol, funcPtr, CUDART_VERSION, flags, driverStatus));
 }
 
 cudaError_t cudaGetDriverEntryPointByVersion(const char* symbol, void** funcPtr,
                                              unsigned int cudaVersion, unsigned long long flags,
                                              cudaDriverEntryPointQueryResult* driverStatus) {
   SIM_ENTER();
-  SIM_RETURN(driver_entry(symbol, funcPtr, cudaVersion, flags, driverStatus));
+  SIM_RETURN(rt::driver_entry(symbol, funcPtr, cudaVersion, flags, driverStatus));
+}
+
+namespace {
+
+// The per-thread-default-stream flavours (code built with --default-stream per-thread): the
+// default lookup asks for the per-thread variants.
+unsigned long long per_thread_default(unsigned long long flags) {
+  constexpr auto kPerThread = static_cast<unsigned long long>(cudaEnablePerThreadDefaultStream);
+  return flags == cudaEnableDefault ? kPerThread : flags;
+}
+
+}  // namespace
+
+cudaError_t cudaGetDriverEntryPoint_ptsz(const char* symbol, void** funcPtr,
+                                         unsigned long long flags,
+                                         cudaDriverEntryPointQueryResult* driverStatus) {
+  SIM_ENTER();
+  SIM_RETURN(rt::driver_entry(symbol, funcPtr, CUDART_VERSION, per_thread_default(flags),
+                              driverStatus));
+}
+
+cudaError_t cudaGetDriverEntryPointByVersion_ptsz(const char* symbol, void** funcPtr,
+                                                  unsigned int cudaVersion,
+                                                  unsigned long long flags,
+                                                  cudaDriverEntryPointQueryResult* driverStatus) {
+  SIM_ENTER();
+  SIM_RETURN(rt::driver_entry(symbol, funcPtr, cudaVersion, per_thread_default(flags),
+                              driverStatus));
 }
 
 extern "C" {

@@ -1,8 +1,11 @@
 // Runtime stand-in entry points for streams, events, host functions and stream capture, with
-// their per-thread-default-stream (_ptsz) variants, and simcuda_launch_access of simcuda.h.
+// their per-thread-default-stream (_ptsz) variants, and simcuda_launch_access of simcuda.h. In
+// the static-runtime archive, stream create/destroy and capture begin/end call the driver
+// (Note [Static runtime] in rt_driver.cpp).
 #include <cstring>
 
 #include "rt_common.h"
+#include "rt_driver.h"
 #include "simcuda.h"
 
 using namespace poolcuda::sim;
@@ -11,31 +14,12 @@ namespace {
 
 cudaStream_t handle_of(const StreamRef& s) { return reinterpret_cast<cudaStream_t>(s.get()); }
 
-// Synchronizing or querying a capturing stream is illegal and invalidates the capture; doing so
-// on the legacy stream while a blocking stream captures would depend on it implicitly.
-cudaError_t capture_guard(const StreamRef& s) {
-  std::lock_guard lock(state_mutex());
-  if (s->capture) {
-    s->capture->invalidated = true;
-    return cudaErrorStreamCaptureUnsupported;
-  }
-  if (s->kind == StreamKind::legacy && invalidate_blocking_captures_locked(s->device))
-    return cudaErrorStreamCaptureImplicit;
-  return cudaSuccess;
-}
-
 cudaError_t stream_sync(const StreamRef& s) {
   bump(Counter::cudaStreamSynchronize);
   if (!s) return cudaErrorInvalidResourceHandle;
-  if (cudaError_t err = capture_guard(s); err != cudaSuccess) return err;
+  if (cudaError_t err = wait_capture_guard(s); err != cudaSuccess) return err;
   drain(s);
   return sticky_error();  // a fault in the work just waited for is reported here
-}
-
-cudaError_t stream_query(const StreamRef& s) {
-  if (!s) return cudaErrorInvalidResourceHandle;
-  if (cudaError_t err = capture_guard(s); err != cudaSuccess) return err;
-  return idle(s) ? cudaSuccess : cudaErrorNotReady;
 }
 
 cudaError_t create(cudaStream_t* out, unsigned flags, int priority) {
@@ -81,13 +65,6 @@ cudaError_t record(cudaEvent_t event, const StreamRef& s, unsigned flags = 0) {
   return event_record(ev, s, flags & cudaEventRecordExternal);
 }
 
-cudaError_t wait_event(const StreamRef& s, cudaEvent_t event, unsigned flags) {
-  if (flags & ~unsigned{cudaEventWaitExternal}) return cudaErrorInvalidValue;
-  EventRef ev = find_event(event);
-  if (!ev || !s) return cudaErrorInvalidResourceHandle;
-  return event_wait(s, ev, flags & cudaEventWaitExternal);
-}
-
 cudaError_t is_capturing(const StreamRef& s, cudaStreamCaptureStatus* status) {
   if (!status) return cudaErrorInvalidValue;
   return capture_info(s, status, nullptr, nullptr, nullptr, nullptr, nullptr);
@@ -97,21 +74,27 @@ cudaError_t is_capturing(const StreamRef& s, cudaStreamCaptureStatus* status) {
 
 cudaError_t cudaStreamCreate(cudaStream_t* pStream) {
   SIM_ENTER();
+  if (rt::kStaticRuntime) SIM_RETURN(via_driver::stream_create(pStream, 0));
   SIM_RETURN(create(pStream, 0, 0));
 }
 
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t* pStream, unsigned int flags) {
   SIM_ENTER();
+  if (rt::kStaticRuntime) SIM_RETURN(via_driver::stream_create(pStream, flags));
   SIM_RETURN(create(pStream, flags, 0));
 }
 
 cudaError_t cudaStreamCreateWithPriority(cudaStream_t* pStream, unsigned int flags, int priority) {
   SIM_ENTER();
+  if (rt::kStaticRuntime) {
+    SIM_RETURN(via_driver::stream_create_with_priority(pStream, flags, priority));
+  }
   SIM_RETURN(create(pStream, flags, priority));
 }
 
 cudaError_t cudaStreamDestroy(cudaStream_t stream) {
   SIM_ENTER();
+  if (rt::kStaticRuntime) SIM_RETURN(via_driver::stream_destroy(stream));
   SIM_RETURN(destroy_stream(stream));
 }
 
@@ -137,12 +120,12 @@ cudaError_t cudaStreamQuery_ptsz(cudaStream_t stream) {
 
 cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned int flags) {
   SIM_ENTER();
-  SIM_RETURN(wait_event(resolve_stream(stream, false), event, flags));
+  SIM_RETURN(stream_wait_event(resolve_stream(stream, false), event, flags));
 }
 
 cudaError_t cudaStreamWaitEvent_ptsz(cudaStream_t stream, cudaEvent_t event, unsigned int flags) {
   SIM_ENTER();
-  SIM_RETURN(wait_event(resolve_stream(stream, true), event, flags));
+  SIM_RETURN(stream_wait_event(resolve_stream(stream, true), event, flags));
 }
 
 #define SIM_STREAM_GETTER(name, type, field)                                  \
@@ -251,21 +234,50 @@ cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end) 
 
 cudaError_t cudaStreamBeginCapture(cudaStream_t stream, cudaStreamCaptureMode mode) {
   SIM_ENTER();
+  if (rt::kStaticRuntime) SIM_RETURN(via_driver::begin_capture(stream, mode, false));
   SIM_RETURN(begin_capture(resolve_stream(stream, false), mode));
 }
 
 cudaError_t cudaStreamBeginCapture_ptsz(cudaStream_t stream, cudaStreamCaptureMode mode) {
   SIM_ENTER();
+  if (rt::kStaticRuntime) SIM_RETURN(via_driver::begin_capture(stream, mode, true));
   SIM_RETURN(begin_capture(resolve_stream(stream, true), mode));
+}
+
+cudaError_t cudaStreamBeginCaptureToGraph(cudaStream_t stream, cudaGraph_t graph,
+                                          const cudaGraphNode_t* dependencies,
+                                          const cudaGraphEdgeData* dependencyData,
+                                          size_t numDependencies, cudaStreamCaptureMode mode) {
+  SIM_ENTER();
+  (void)dependencies;  // the stand-in's graphs are linear: every node follows the last one
+  (void)dependencyData;
+  (void)numDependencies;
+  if (!graph) SIM_RETURN(cudaErrorInvalidValue);
+  SIM_RETURN(begin_capture(resolve_stream(stream, false), mode, graph));
+}
+
+cudaError_t cudaStreamBeginCaptureToGraph_ptsz(cudaStream_t stream, cudaGraph_t graph,
+                                               const cudaGraphNode_t* dependencies,
+                                               const cudaGraphEdgeData* dependencyData,
+                                               size_t numDependencies,
+                                               cudaStreamCaptureMode mode) {
+  SIM_ENTER();
+  (void)dependencies;
+  (void)dependencyData;
+  (void)numDependencies;
+  if (!graph) SIM_RETURN(cudaErrorInvalidValue);
+  SIM_RETURN(begin_capture(resolve_stream(stream, true), mode, graph));
 }
 
 cudaError_t cudaStreamEndCapture(cudaStream_t stream, cudaGraph_t* pGraph) {
   SIM_ENTER();
+  if (rt::kStaticRuntime) SIM_RETURN(via_driver::end_capture(stream, pGraph, false));
   SIM_RETURN(end_capture(resolve_stream(stream, false), pGraph));
 }
 
 cudaError_t cudaStreamEndCapture_ptsz(cudaStream_t stream, cudaGraph_t* pGraph) {
   SIM_ENTER();
+  if (rt::kStaticRuntime) SIM_RETURN(via_driver::end_capture(stream, pGraph, true));
   SIM_RETURN(end_capture(resolve_stream(stream, true), pGraph));
 }
 

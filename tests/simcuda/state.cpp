@@ -1,5 +1,5 @@
 // Process-wide state of the stand-in: configuration from the environment, call counters, the
-// per-thread current device and last error, the sticky error, primary contexts and error names.
+// per-thread current device and last error, the sticky error and error names.
 // Depends only on core.h; knows nothing about streams or memory internals.
 #include "core.h"
 
@@ -42,6 +42,9 @@ Config load_config() {
     c.op_delay_us = static_cast<unsigned>(n);
   }
   if (const char* v = std::getenv("SIMCUDA_STRICT")) c.strict = std::strcmp(v, "0") != 0 && *v;
+  if (const char* v = std::getenv("SIMCUDA_CONCURRENT_MANAGED")) {
+    c.concurrent_managed = std::strcmp(v, "0") != 0;
+  }
   return c;
 }
 
@@ -177,31 +180,18 @@ const char* error_string(int code) {
 
 bool valid_device(int device) { return device >= 0 && device < config().devices; }
 
-Context* primary_context(int device) {
-  static auto* contexts = [] {
-    auto* v = new std::vector<Context>(static_cast<size_t>(config().devices));
-    for (size_t i = 0; i < v->size(); ++i) (*v)[i].device = static_cast<int>(i);
-    return v;
-  }();
-  if (!valid_device(device)) return nullptr;
-  return &(*contexts)[static_cast<size_t>(device)];
-}
-
-Context*& thread_context() {
-  thread_local Context* ctx = nullptr;
-  return ctx;
-}
-
-void runtime_touch() {
-  // The runtime binds the current device's primary context to a thread that has none.
-  if (!thread_context()) thread_context() = primary_context(current_device());
-}
-
 }  // namespace poolcuda::sim
 
 extern "C" __attribute__((visibility("default"))) int simcuda_unsupported(const char* name) {
   std::fprintf(stderr, "simcuda: %s is not supported by the CUDA stand-in\n", name);
   return 801;  // cudaErrorNotSupported == CUDA_ERROR_NOT_SUPPORTED
+}
+
+// The runtime's fallbacks: a failing runtime call also leaves its error in the thread's slot.
+extern "C" __attribute__((visibility("default"))) int simcuda_runtime_unsupported(
+    const char* name) {
+  poolcuda::sim::record_error(cudaErrorNotSupported);
+  return simcuda_unsupported(name);
 }
 
 namespace {

@@ -39,8 +39,11 @@ void execute(Stream& s, Stream::Op& op) {
   race_begin(id, s.id, &op.work.desc, &op.work.ranges);
   if (config().op_delay_us)
     std::this_thread::sleep_for(std::chrono::microseconds(config().op_delay_us));
+  // A stream-ordered free is checked against what runs when it starts, but once its memory is
+  // back the next allocation may use it on any stream: it must not stay active meanwhile.
+  if (op.work.type == cudaGraphNodeTypeMemFree) race_end(id);
   if (op.work.fn) op.work.fn();
-  race_end(id);
+  if (op.work.type != cudaGraphNodeTypeMemFree) race_end(id);
 }
 
 void worker(StreamRef self) {
@@ -220,6 +223,12 @@ void drain(const StreamRef& s) {
 bool idle(const StreamRef& s) {
   std::lock_guard lk(s->m);
   return s->completed == s->submitted;
+}
+
+cudaError_t stream_query(const StreamRef& s) {
+  if (!s) return cudaErrorInvalidResourceHandle;
+  if (cudaError_t err = wait_capture_guard(s); err != cudaSuccess) return err;
+  return idle(s) ? cudaSuccess : cudaErrorNotReady;
 }
 
 std::vector<StreamRef> device_streams(int device) {

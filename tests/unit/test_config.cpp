@@ -5,7 +5,7 @@
 
 #include <string>
 
-#include "pools/config.h"
+#include "config/config.h"
 
 using namespace poolcuda;
 
@@ -59,7 +59,7 @@ TEST_CASE("empty and blank configurations give the defaults") {
   const Config defaults;
   CHECK(defaults.pools.preset == PoolPreset::subslices);
   CHECK(defaults.persistent == PersistentMode::enabled);
-  CHECK(defaults.free_fence == FreeFence::events);
+  CHECK(defaults.free_fence == FreeFence::automatic);
   CHECK(defaults.fence_slack == 64 * MiB);
   CHECK(defaults.report_signal == ReportSignal::usr1);
   CHECK(defaults.report_format == ReportFormat::text);
@@ -71,9 +71,10 @@ TEST_CASE("empty and blank configurations give the defaults") {
   CHECK(defaults.memgetinfo == MemGetInfoMode::pooled);
   CHECK_FALSE(defaults.confirm);
   CHECK(describe_config(defaults) ==
-        "pools:subslices,persistent:enabled,free_fence:events,fence_slack:64MiB,"
+        "pools:subslices,persistent:enabled,free_fence:auto,fence_slack:64MiB,"
         "report_signal:USR1,"
-        "report_format:text,report_path:stderr,report_at_exit:0,log:basic,managed:on,"
+        "report_format:text,report_path:stderr,report_at_exit:0,log:basic,capture_share:off,"
+        "limit:none,managed:on,"
         "managed_slab:64MiB,memgetinfo:pooled,confirm:0");
 }
 
@@ -82,6 +83,7 @@ TEST_CASE("every keyword value of every key") {
   CHECK(parse_ok("persistent:size-match").persistent == PersistentMode::size_match);
   CHECK(parse_ok("persistent:disabled").persistent == PersistentMode::disabled);
   CHECK(parse_ok("persistent:enforced").persistent == PersistentMode::enforced);
+  CHECK(parse_ok("free_fence:auto").free_fence == FreeFence::automatic);
   CHECK(parse_ok("free_fence:events").free_fence == FreeFence::events);
   CHECK(parse_ok("free_fence:sync").free_fence == FreeFence::sync);
   CHECK(parse_ok("free_fence:none").free_fence == FreeFence::none);
@@ -90,6 +92,7 @@ TEST_CASE("every keyword value of every key") {
   CHECK(parse_ok("report_signal:none").report_signal == ReportSignal::none);
   CHECK(parse_ok("report_format:text").report_format == ReportFormat::text);
   CHECK(parse_ok("report_format:json").report_format == ReportFormat::json);
+  CHECK(parse_ok("report_format:wide").report_format == ReportFormat::wide);
   CHECK(parse_ok("report_path:stderr").report_path == "stderr");
   CHECK(parse_ok("report_path:/tmp/r-%p-%n.json").report_path == "/tmp/r-%p-%n.json");
   CHECK(parse_ok("report_path:C:/x(1)[2].txt").report_path == "C:/x(1)[2].txt");
@@ -146,9 +149,8 @@ TEST_CASE("size suffixes are binary multiples with optional iB or B") {
   CHECK(slab("64MB") == 64 * MiB);
   CHECK(slab("3G") == 3 * GiB);
   CHECK(slab("3GiB") == 3 * GiB);
-  CHECK(slab("2T") == 2 * 1024 * GiB);
-  CHECK(slab("2TiB") == 2 * 1024 * GiB);
-  CHECK(slab("16777215T") == (std::uint64_t{16777215} << 40));
+  CHECK(parse_ok("fence_slack:1T").fence_slack == 1024 * GiB);
+  CHECK(parse_ok("fence_slack:1TiB").fence_slack == 1024 * GiB);
 }
 
 TEST_CASE("fence_slack takes a size, and 0 with or without a unit") {
@@ -231,7 +233,8 @@ TEST_CASE("optional pool fields take their defaults") {
   CHECK(only_pool("pools:[sliced(page=1K,cap=64M)]").cap == 64 * MiB);
   CHECK(only_pool("pools:[sliced(page=1M,slice=1M,cap=1M)]").cap == MiB);
   std::string many = "pools:[";
-  for (std::size_t i = 0; i < kMaxPools; ++i) many += "exclusive(max=1K);";
+  for (std::size_t i = 0; i < kMaxPools; ++i)
+    many += "exclusive(max=" + std::to_string(i + 1) + "K);";  // each reaches sizes of its own
   CHECK(parse_ok(many + "]").pools.custom.size() == kMaxPools);
 }
 
@@ -268,7 +271,12 @@ TEST_CASE("describe_config round-trips") {
 
 TEST_CASE("the option table lists every key once with its default") {
   const auto keys = config_keys();
-  REQUIRE(keys.size() == 13);
+  const std::vector<std::string_view> names = {
+      "pools",         "persistent",   "free_fence",     "fence_slack", "report_signal",
+      "report_format", "report_path",  "report_at_exit", "log",         "capture_share",
+      "limit",         "managed",      "managed_slab",   "memgetinfo",  "confirm"};
+  REQUIRE(keys.size() == names.size());
+  for (std::size_t i = 0; i < names.size(); ++i) CHECK(keys[i].key == names[i]);
   std::string rebuilt;
   for (const auto& key : keys) {
     CHECK_FALSE(key.summary.empty());
@@ -278,7 +286,7 @@ TEST_CASE("the option table lists every key once with its default") {
   }
   CHECK(rebuilt == describe_config(Config{}));
   CHECK(keys[2].key == "free_fence");
-  CHECK(keys[2].grammar == "events|sync|none");
+  CHECK(keys[2].grammar == "auto|events|sync|none");
   CHECK(keys[3].key == "fence_slack");
   CHECK(keys[3].grammar == "SIZE");
   CHECK(keys[3].default_value == "64MiB");
@@ -306,11 +314,11 @@ TEST_CASE("error: unknown key lists the valid keys") {
 }
 
 TEST_CASE("error: a bad keyword value") {
-  check_error("free_fence:fast", "free_fence", "fast", "one of events, sync, none");
+  check_error("free_fence:fast", "free_fence", "fast", "one of auto, events, sync, none");
   check_error("persistent:always", "persistent", "always",
               "one of enabled, size-match, disabled, enforced");
   check_error("report_signal:HUP", "report_signal", "HUP", "one of USR1, USR2, none");
-  check_error("report_format:xml", "report_format", "xml", "one of text, json");
+  check_error("report_format:xml", "report_format", "xml", "one of text, wide, json");
   check_error("report_at_exit:yes", "report_at_exit", "yes", "one of 0, 1");
   check_error("log:verbose", "log", "verbose", "one of off, basic, full");
   check_error("managed:1", "managed", "1", "one of on, off");
@@ -332,10 +340,67 @@ TEST_CASE("error: duplicate key") {
               "pools:[direct(reclaim=1G)]", "at most once");
 }
 
-TEST_CASE("error: missing ':'") {
+TEST_CASE("error: missing ':' names the key the entry starts with") {
   check_error("log:off,confirm", "confirm", "confirm", "key:value");
-  check_error("nonsense", "", "nonsense", "key:value");
-  check_error("log=off", "", "log=off", "a ':' after the key");
+  check_error("log=off", "log", "log=off", "a ':' after the key, e.g. log:basic");
+  check_error("free_fence events", "free_fence", "free_fence events", "e.g. free_fence:auto");
+  // Not a key at all: the valid keys are listed.
+  check_error("nonsense", "nonsense", "nonsense", "one of the keys pools, persistent");
+  check_error("freefence=none", "freefence", "freefence=none", "then ':' and a value");
+  check_error("=x", "", "=x", "key:value");
+}
+
+TEST_CASE("limit: none, one size for every device, or per device") {
+  CHECK(parse_ok("").limit == MemoryLimit{});
+  CHECK(parse_ok("limit:none").limit == MemoryLimit{});
+  const MemoryLimit all = parse_ok("limit:12G").limit;
+  CHECK(all.all == std::optional<std::uint64_t>(12 * GiB));
+  CHECK(all.for_device(5) == std::optional<std::uint64_t>(12 * GiB));
+  const Config per = parse_ok("limit:[1=20G, 0=40G],log:off");
+  CHECK(per.log == LogLevel::off);  // the brackets keep their commas from the next key
+  CHECK(per.limit.for_device(0) == std::optional<std::uint64_t>(40 * GiB));
+  CHECK(per.limit.for_device(1) == std::optional<std::uint64_t>(20 * GiB));
+  CHECK(per.limit.for_device(2) == std::nullopt);
+  CHECK(describe_config(per).find("limit:[0=40GiB,1=20GiB]") != std::string::npos);
+  CHECK(parse_ok(describe_config(per)) == per);
+}
+
+TEST_CASE("error: a bad limit") {
+  check_error("limit:lots", "limit", "lots", "per device in brackets such as [0=40G,1=20G]");
+  check_error("limit:[0=40G,x=1G]", "limit", "x=1G", "DEVICE=SIZE with a device index");
+  check_error("limit:[64=1G]", "limit", "64=1G", "from 0 to 63");
+  check_error("limit:[0=1G,0=2G]", "limit", "0=2G", "each device at most once");
+  check_error("limit:[0=0]", "limit", "0=0", "a non-zero size for limit");
+  check_error("limit:[]", "limit", "[]", "per device in brackets");
+}
+
+TEST_CASE("keyword values are case-insensitive, as size units are") {
+  const Config config = parse_ok("free_fence:EVENTS,log:Full,persistent:Size-Match,"
+                                 "pools:[SLICED(PAGE=2m)]");
+  CHECK(config.free_fence == FreeFence::events);
+  CHECK(config.log == LogLevel::full);
+  CHECK(config.persistent == PersistentMode::size_match);
+  CHECK(config.pools.custom.at(0).page_size == 2 * MiB);
+  CHECK(parse_ok("pools:Exclusive").pools.preset == PoolPreset::exclusive);
+  // describe_config writes the canonical spelling.
+  CHECK(describe_config(config).find("free_fence:events") != std::string::npos);
+}
+
+TEST_CASE("error: sizes above 1 TiB, including those that would wrap when rounded") {
+  check_error("pools:[sliced(page=18446744073709551615)]", "pools",
+              "page=18446744073709551615", "at most 1TiB (no device has more memory)");
+  check_error("pools:[exclusive(max=2T)]", "pools", "max=2T", "at most 1TiB");
+  check_error("managed_slab:1025G", "managed_slab", "1025G", "at most 1TiB");
+  CHECK(only_pool("pools:[exclusive(max=1T)]").max_alloc_size == 1024 * GiB);
+}
+
+TEST_CASE("error: a cap below one page as the device rounds it") {
+  // 1000 B pages are 1024 B on the device (512 B alignment): a 1000 B cap fits no page.
+  check_error("pools:[sliced(page=1000B,cap=1000B)]", "pools", "sliced(page=1000B,cap=1000B)",
+              "cap (1000B) at least one page (1KiB, the page rounded up to the 512B alignment)");
+  check_error("pools:[sliced(page=300B,cap=300B)]", "pools", "sliced(page=300B,cap=300B)",
+              "at least one page (512B");
+  CHECK(only_pool("pools:[sliced(page=1000B,cap=1K)]").cap == std::optional<std::uint64_t>(KiB));
 }
 
 TEST_CASE("error: bad number or suffix") {
@@ -363,6 +428,14 @@ TEST_CASE("error: size overflow") {
               "fits in 64 bits");
   check_error("pools:[direct(reclaim=99999999999T)]", "pools", "reclaim=99999999999T",
               "fits in 64 bits");
+}
+
+TEST_CASE("error: managed_slab below one granule or above 4 GiB") {
+  check_error("managed_slab:511", "managed_slab", "511", "a size from 512B to 4GiB");
+  check_error("managed_slab:4097M", "managed_slab", "4097M", "a size from 512B to 4GiB");
+  check_error("managed_slab:1T", "managed_slab", "1T", "a size from 512B to 4GiB");
+  CHECK(parse_ok("managed_slab:512").managed_slab == 512);
+  CHECK(parse_ok("managed_slab:4G").managed_slab == 4 * GiB);
 }
 
 TEST_CASE("error: zero size names the field") {
@@ -413,6 +486,45 @@ TEST_CASE("error: too many pages for one pool") {
   // A cap one byte above the limit needs one more page.
   check_error("pools:[sliced(page=1K,cap=67108865)]", "pools", "sliced(page=1K,cap=67108865)",
               "cap/page gives 65537");
+}
+
+TEST_CASE("error: a pool that no request reaches") {
+  // An earlier pool without a cap takes every size the later one accepts (Note [Unreachable
+  // pools] in config/config_pools.cpp).
+  check_error("pools:[exclusive(max=1G);sliced(page=2M,slice=512K)]", "pools",
+              "sliced(page=2M,slice=512K)",
+              "a pool that some request reaches: pool 1 (exclusive(max=1G)) comes first, has no "
+              "cap and takes every size up to 1GiB; list pools for smaller sizes first (pool 2)");
+  check_error("pools:[sliced(page=8M);sliced(page=2M,slice=512K)]", "pools",
+              "sliced(page=2M,slice=512K)", "pool 1 (sliced(page=8M)) comes first");
+  check_error("pools:[sliced(page=2M);exclusive(max=1M)]", "pools", "exclusive(max=1M)",
+              "every size up to 2MiB");
+  check_error("pools:[direct(reclaim=4G);exclusive(max=1K)]", "pools", "exclusive(max=1K)",
+              "takes every size; a direct pool belongs last (pool 2)");
+  check_error("pools:[direct(reclaim=4G);direct(reclaim=8G)]", "pools", "direct(reclaim=8G)",
+              "a direct pool belongs last");
+  // The same bound twice, and bounds that only rounding makes equal: an exclusive max is
+  // rounded up to the 512 B alignment, so max=1000B already takes every size up to 1 KiB.
+  check_error("pools:[exclusive(max=1M);exclusive(max=1M)]", "pools", "exclusive(max=1M)",
+              "(pool 2)");
+  check_error("pools:[exclusive(max=1000B);exclusive(max=1K)]", "pools", "exclusive(max=1K)",
+              "every size up to 1KiB");
+  // The pool named is the first one that hides it, and the later pool's number is its own.
+  check_error(
+      "pools:[sliced(page=64K);exclusive(max=4M);sliced(page=1M,cap=8M);direct(reclaim=1G)]",
+      "pools", "sliced(page=1M,cap=8M)", "pool 2 (exclusive(max=4M)) comes first");
+
+  // Reachable lists: a capped pool spills when full, a larger bound reaches larger sizes, and
+  // an exclusive max one byte past an alignment step rounds up past the earlier bound.
+  CHECK(parse_ok("pools:[sliced(page=2M,slice=1M,cap=4M);exclusive(max=1M)]").pools.custom.size() ==
+        2);
+  CHECK(parse_ok("pools:[sliced(page=2M,cap=2M);sliced(page=1M)]").pools.custom.size() == 2);
+  CHECK(parse_ok("pools:[sliced(page=2M,slice=512K);sliced(page=8M,slice=2M);exclusive(max=1G);"
+                 "direct(reclaim=4G)]")
+            .pools.custom.size() == 4);
+  CHECK(parse_ok("pools:[exclusive(max=1K);exclusive(max=1025B)]").pools.custom.size() == 2);
+  CHECK(parse_ok("pools:[sliced(page=2K,slice=1000B);exclusive(max=1000B)]").pools.custom.size() ==
+        2);
 }
 
 TEST_CASE("error: too many pools") {

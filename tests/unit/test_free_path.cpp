@@ -3,6 +3,9 @@
 // hit never reaches the device.
 #include <doctest/doctest.h>
 
+#include <chrono>
+#include <thread>
+
 #include "pools_test_util.h"
 
 using namespace poolcuda;
@@ -28,17 +31,19 @@ TEST_CASE("free_classifies_foreign_double_and_interior_pointers_without_change")
   int local = 0;
   CHECK(rig.manager.free(reinterpret_cast<DevicePtr>(&local)) == FreeOutcome::not_mine);
   CHECK(rig.manager.free(0) == FreeOutcome::not_mine);
-  CHECK(rig.manager.free(a) == FreeOutcome::double_free);       // pending (fence not closed)
-  CHECK(rig.manager.free(a + 64) == FreeOutcome::double_free);  // inside pending memory
+  CHECK(rig.manager.free(a) == FreeOutcome::double_free);  // pending (fence not passed)
+  // Inside freed memory but never an allocation's start: not a double free.
+  CHECK(rig.manager.free(a + 64) == FreeOutcome::not_allocated);
   CHECK(rig.manager.free(b + 32) == FreeOutcome::interior_pointer);
   CHECK(rig.manager.free(b + 200 * KiB - 1) == FreeOutcome::interior_pointer);
   CHECK(usage_of(rig) == before);
   CHECK(rig.manager.live_size(b) == 200 * KiB);
 
   rig.manager.drain_fences();
-  CHECK(rig.manager.free(a) == FreeOutcome::double_free);        // now free memory
-  // Slices are carved from the top of a free range: below `a` lies free memory of its page.
-  CHECK(rig.manager.free(a - 512) == FreeOutcome::double_free);
+  CHECK(rig.manager.free(a) == FreeOutcome::double_free);  // now free memory, freed recently
+  // Slices are carved from the top of a free range: below `a` lies free memory of its page
+  // that no allocation ever started at.
+  CHECK(rig.manager.free(a - 512) == FreeOutcome::not_allocated);
   CHECK(rig.manager.free(b) == FreeOutcome::freed);
   CHECK(rig.manager.free(b) == FreeOutcome::double_free);
   CHECK(rig.manager.check_consistency().empty());
@@ -75,6 +80,7 @@ TEST_CASE("events_fence_batch_closes_an_epoch_without_a_miss") {
   ManagerOptions o;
   o.layout = custom({sliced(64 * KiB)});
   o.fence_batch = 4;
+  o.prompt_fence_nanos = std::uint64_t{1} << 63;
   MemoryManager manager(device, o);
   std::vector<DevicePtr> held;
   for (int i = 0; i < 8; ++i) held.push_back(manager.allocate(512).ptr);
@@ -203,13 +209,35 @@ TEST_CASE("oom_path_waits_on_pending_fences") {
   const DevicePtr a = rig.reserve(1 * MiB), b = rig.reserve(1 * MiB);
   rig.manager.free(a);
   rig.manager.free(b);
-  // The miss closes the epoch but the fence has not passed; the device is full; the OOM path
-  // waits on the fence, trims both pages and retries.
+  // The first free was fenced at once (nothing was fenced for a while), the second joined the
+  // open epoch; the miss closes that one too. Neither fence has passed and the device is full:
+  // the OOM path waits for the oldest fence, trims the page it gave back and retries, which
+  // succeeds, so it never waits for the second.
   const DevicePtr c = rig.reserve(512 * KiB);
   REQUIRE(c != 0);
-  CHECK(rig.device.calls().fence_wait >= 1);
+  CHECK(rig.device.calls().fence_wait == 1);
   CHECK(rig.manager.report().oom_recoveries == 1);
-  CHECK(rig.manager.report().pending_fence_bytes == 0);
+  CHECK(rig.manager.report().pending_fence_bytes == 1 * MiB);
+  CHECK(rig.manager.check_consistency().empty());
+}
+
+TEST_CASE("a_free_after_a_quiet_spell_is_fenced_at_once") {
+  // The program may park the device right after a free (a host function on a stream): a
+  // fence recorded later would queue behind the park. So a free records a fence when none was
+  // recorded for a while; a burst of frees then batches into the open epoch.
+  Rig rig(custom({sliced(64 * KiB)}));
+  rig.device.set_fence_mode(HostDevice::FenceMode::manual);
+  const DevicePtr a = rig.reserve(512), b = rig.reserve(512), c = rig.reserve(512);
+  REQUIRE(rig.manager.free(a) == FreeOutcome::freed);
+  CHECK(rig.device.calls().fence_record == 1);
+  REQUIRE(rig.manager.free(b) == FreeOutcome::freed);
+  CHECK(rig.device.calls().fence_record == 1);  // within the same millisecond: batched
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  REQUIRE(rig.manager.free(c) == FreeOutcome::freed);
+  CHECK(rig.device.calls().fence_record == 2);
+  rig.device.complete_fences();
+  CHECK(rig.manager.drain_fences());
+  CHECK(rig.manager.check_consistency().empty());
 }
 
 TEST_CASE("oom_real_exhaustion_fails_cleanly_and_leaks_nothing") {
@@ -300,15 +328,15 @@ TEST_CASE("retained_slice_is_never_handed_out_until_released") {
   CHECK(rig.manager.free(a) == FreeOutcome::freed);
   CHECK(rig.manager.free(a) == FreeOutcome::double_free);
   // Held: still counted in use, and a new persistent reservation cannot reuse it.
-  CHECK(rig.manager.report().persistent.usage.bytes_in_use == 1024);
+  CHECK(rig.manager.report().persistent.bytes_in_use == 1024);
   rig.manager.set_mode(AllocationMode::persistent);
   const DevicePtr b = rig.reserve(1024);
   CHECK(b != a);
   CHECK(rig.manager.release_retained(pin));
-  CHECK(rig.manager.report().persistent.usage.bytes_in_use == 2048);  // a (one pin left), b
+  CHECK(rig.manager.report().persistent.bytes_in_use == 2048);  // a (one pin left), b
   CHECK(rig.manager.release_retained(pin2));
   CHECK_FALSE(rig.manager.release_retained(pin2));
-  CHECK(rig.manager.report().persistent.usage.bytes_in_use == 1024);  // only b
+  CHECK(rig.manager.report().persistent.bytes_in_use == 1024);  // only b
   CHECK(rig.reserve(1024) == a);
   rig.manager.set_mode(AllocationMode::automatic);
   // A pin on a slice that stays live just drops.

@@ -3,6 +3,7 @@
 // POOLCUDA_CONF value.
 #include <doctest/doctest.h>
 
+#include "config/config.h"
 #include "pools/layout.h"
 #include "pools_test_util.h"
 

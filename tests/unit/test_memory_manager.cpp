@@ -93,7 +93,7 @@ TEST_CASE("persistent_window_serves_what_a_capped_layout_refuses") {
   CHECK(rig.reserve(16) != 0);
   rig.manager.set_mode(AllocationMode::automatic);
   const ManagerReport report = rig.manager.report();
-  CHECK(report.persistent.usage.bytes_in_use == 2 * 4096 + 16);
+  CHECK(report.persistent.bytes_in_use == 2 * 4096 + 16);
   CHECK(report.dynamic[0].pages_peak == 0);
 }
 
@@ -144,7 +144,7 @@ TEST_CASE("persistent_windows_nest") {
   const DevicePtr weight = rig.reserve(1024);
   REQUIRE(weight != 0);
   ManagerReport report = rig.manager.report();
-  CHECK(report.persistent.usage.bytes_in_use == 1024);
+  CHECK(report.persistent.bytes_in_use == 1024);
   CHECK(report.dynamic[0].pages_peak == 0);
   rig.manager.set_mode(AllocationMode::automatic);
   REQUIRE(rig.reserve(1024) != 0);
@@ -153,19 +153,19 @@ TEST_CASE("persistent_windows_nest") {
   rig.manager.set_mode(AllocationMode::automatic);
   rig.manager.set_mode(AllocationMode::persistent);
   REQUIRE(rig.reserve(2048) != 0);
-  CHECK(rig.manager.report().persistent.usage.bytes_in_use == 1024 + 2048);
+  CHECK(rig.manager.report().persistent.bytes_in_use == 1024 + 2048);
 }
 
 TEST_CASE("persistent_setting_disabled_and_enforced_ignore_windows") {
   Rig off(custom({sliced(4096)}), 32, 128 * MiB, FreeFence::events, PersistentMode::disabled);
   off.manager.set_mode(AllocationMode::persistent);
   REQUIRE(off.reserve(1024) != 0);
-  CHECK(off.manager.report().persistent.usage.bytes_in_use == 0);
+  CHECK(off.manager.report().persistent.bytes_in_use == 0);
 
   Rig on(custom({sliced(4096)}), 32, 128 * MiB, FreeFence::events, PersistentMode::enforced);
   on.manager.set_mode(AllocationMode::automatic);
   REQUIRE(on.reserve(1024) != 0);
-  CHECK(on.manager.report().persistent.usage.bytes_in_use == 1024);
+  CHECK(on.manager.report().persistent.bytes_in_use == 1024);
   CHECK(on.manager.report().dynamic[0].pages_peak == 0);
 }
 
@@ -173,15 +173,15 @@ TEST_CASE("persistent_setting_size_match_reuses_known_sizes_only") {
   Rig rig(custom({sliced(4096)}), 32, 128 * MiB, FreeFence::none, PersistentMode::size_match);
   // Outside a window an unknown size goes to the dynamic pools.
   const DevicePtr dynamic = rig.reserve(1000);
-  CHECK(rig.manager.report().persistent.usage.bytes_in_use == 0);
+  CHECK(rig.manager.report().persistent.bytes_in_use == 0);
   rig.manager.set_mode(AllocationMode::persistent);
   const DevicePtr weight = rig.reserve(1000);
   rig.manager.set_mode(AllocationMode::automatic);
-  CHECK(rig.manager.report().persistent.usage.bytes_in_use == 1000);
+  CHECK(rig.manager.report().persistent.bytes_in_use == 1000);
   // A size the persistent pool knows (same effective size) goes there, even when all its
   // slices of that size are live (the pool grows).
   const DevicePtr again = rig.reserve(1010);
-  CHECK(rig.manager.report().persistent.usage.bytes_in_use == 2010);
+  CHECK(rig.manager.report().persistent.bytes_in_use == 2010);
   rig.manager.free(weight);
   const DevicePtr reuse = rig.reserve(1000);
   CHECK(reuse == weight);
@@ -343,7 +343,7 @@ TEST_CASE("install_layout_resets_high_water_marks") {
   const ManagerReport report = rig.manager.report();
   CHECK(report.dynamic[0].pages_peak == 0);
   CHECK(report.dynamic[0].bytes_peak == 0);
-  CHECK(report.totals.bytes_reserved == 0);
+  CHECK(report.bytes_reserved == 0);
   CHECK(rig.device.outstanding_allocations() == 0);
 }
 
@@ -442,22 +442,55 @@ TEST_CASE("noslice_allocate_deallocate_reallocate") {
   CHECK(before.bytes_reserved == after.bytes_reserved);
 }
 
-TEST_CASE("exclusive_pages_follow_the_running_average_and_reuse_smallest_fit") {
-  Rig rig(custom({exclusive(64 * KiB)}), 32, 128 * MiB, FreeFence::none);
-  const DevicePtr big = rig.reserve(16 * KiB);
-  const DevicePtr mid = rig.reserve(4 * KiB);
-  // avg after 16K then 4K: 16K - 2K + 512 = 14.5K: the 4K request got a 14.5K page.
-  const auto pages = rig.manager.pages();
-  REQUIRE(pages.size() == 2);
-  std::uint64_t mid_page = 0;
-  for (const PageView& p : pages)
-    if (p.base == mid) mid_page = p.size;
-  CHECK(mid_page == 14 * KiB + 512);
-  rig.manager.free(big);
-  rig.manager.free(mid);
-  // 1K fits both free pages: the smallest is chosen.
-  CHECK(rig.reserve(1 * KiB) == mid);
-  CHECK(rig.manager.memory_usage().bytes_padding == 14 * KiB + 512 - 1 * KiB);
+TEST_CASE("exclusive_pages_are_size_classes_and_reuse_the_smallest_fit_within_a_bound") {
+  Rig rig(custom({exclusive(1 * GiB)}), 512, 1 * GiB, FreeFence::none);
+  // A new page is the request's size class: rounded up to an eighth of its power of two.
+  const DevicePtr a = rig.reserve(99 * MiB + 1);  // class 100 MiB (steps of 2 MiB at most)
+  const DevicePtr b = rig.reserve(5 * MiB);        // exactly 5 MiB (steps of 512 KiB)
+  std::uint64_t a_page = 0, b_page = 0;
+  for (const PageView& p : rig.manager.pages()) {
+    if (p.base == a) a_page = p.size;
+    if (p.base == b) b_page = p.size;
+  }
+  CHECK(a_page == 100 * MiB);
+  CHECK(b_page == 5 * MiB);
+  rig.manager.free(a);
+  rig.manager.free(b);
+  // A free page serves a request up to a quarter above its class: 4.5 MiB takes the 5 MiB page.
+  CHECK(rig.reserve(4 * MiB + 512 * KiB) == b);
+  // But a page far larger than the request is never handed out: 3 MiB gets a page of its own
+  // instead of the idle 100 MiB one.
+  const DevicePtr c = rig.reserve(3 * MiB);
+  CHECK(c != a);
+  CHECK(rig.manager.memory_usage().bytes_padding == 512 * KiB);
+  CHECK(rig.manager.check_consistency().empty());
+}
+
+TEST_CASE("a_rounded_page_that_does_not_fit_is_tried_at_the_exact_size") {
+  // 5 MiB + 1 rounds to a 5.5 MiB page; with 5.25 MiB of device only the exact size fits.
+  Rig rig(custom({exclusive(1 * GiB)}), 512, 5 * MiB + 256 * KiB, FreeFence::none);
+  REQUIRE(rig.reserve(5 * MiB + 1) != 0);
+  CHECK(rig.manager.memory_usage().bytes_reserved == 5 * MiB + 512);
+}
+
+TEST_CASE("an_idle_oversized_page_goes_back_when_the_device_fills") {
+  // An 8 MiB scratch page, freed, must not make the device refuse what plain CUDA would give:
+  // requests too small for it get pages of their own, and when the device is full the idle
+  // scratch page is returned to make room.
+  Rig rig(custom({exclusive(1 * GiB)}), 512, 12 * MiB, FreeFence::none);
+  const DevicePtr scratch = rig.reserve(8 * MiB);
+  REQUIRE(scratch != 0);
+  rig.manager.free(scratch);
+  std::vector<DevicePtr> small;
+  for (int i = 0; i < 12; ++i) {
+    const DevicePtr p = rig.reserve(1 * MiB);
+    REQUIRE(p != 0);
+    small.push_back(p);
+  }
+  CHECK(rig.manager.report().oom_recoveries == 1);
+  CHECK(rig.manager.memory_usage().bytes_padding == 0);
+  for (DevicePtr p : small) rig.manager.free(p);
+  CHECK(rig.manager.check_consistency().empty());
 }
 
 }  // TEST_SUITE

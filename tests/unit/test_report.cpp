@@ -1,5 +1,6 @@
-// render_report: the JSON form parses back (with a small strict JSON reader written here) and
-// carries the manager's numbers; strings are escaped; the text form has one aligned row per pool.
+// Reports: the JSON form parses back (with a small strict JSON reader written here) and carries
+// the manager's numbers; strings are escaped; the text form has a header with time and uptime, a
+// summary, aligned pool rows within 100 columns, and the wide form adds the detail columns.
 #include <doctest/doctest.h>
 
 #include <cctype>
@@ -191,6 +192,7 @@ TEST_CASE("json_reader_rejects_invalid_json") {
 
 TEST_CASE("json_report_parses_back_with_the_managers_numbers") {
   Rig rig(custom({sliced(4096, 2048, 8192), exclusive(1 * MiB), direct(1 * MiB)}), 512);
+  rig.device.set_fence_mode(HostDevice::FenceMode::manual);
   const DevicePtr a = rig.reserve(1000);
   const DevicePtr b = rig.reserve(100 * KiB);
   rig.manager.set_mode(AllocationMode::persistent);
@@ -201,35 +203,74 @@ TEST_CASE("json_report_parses_back_with_the_managers_numbers") {
   ManagerReport second = rig.manager.report();
   second.device = 1;
   const std::vector<ManagerReport> managers = {rig.manager.report(), second};
-  const ReportHeader header{4242, 3, "signal \"USR1\"\n\\"};
+  const ReportHeader header{4242, 3, "signal \"USR1\"\n\\", 1764547200, 12.5};
   const std::string text = render_report(header, managers, ReportFormat::json);
   Json doc;
   REQUIRE_NOTHROW(doc = JsonReader(text).document());
   CHECK(doc["pid"].num() == 4242);
   CHECK(doc["sequence"].num() == 3);
   CHECK(doc["reason"].str() == header.reason);
+  CHECK(doc["time"].str() == "2025-12-01T00:00:00Z");
+  CHECK(doc["uptime_seconds"].num() == 12.5);
   REQUIRE(doc["devices"].size() == 2);
   const Json& d0 = doc["devices"][0];
   const ManagerReport& r = managers[0];
   CHECK(d0["device"].num() == 0);
   CHECK(doc["devices"][1]["device"].num() == 1);
-  CHECK(d0["totals"]["bytes_in_use"].num() == static_cast<double>(r.totals.bytes_in_use));
-  CHECK(d0["totals"]["bytes_reserved"].num() == static_cast<double>(r.totals.bytes_reserved));
-  CHECK(d0["pending_fence_bytes"].num() == 100 * KiB);
-  CHECK(d0["idle_bytes"].num() == static_cast<double>(r.idle_bytes));
-  REQUIRE(d0["pools"].size() == 3);
+  CHECK(d0["memory"]["bytes_in_use"].num() == static_cast<double>(r.bytes_in_use));
+  CHECK(d0["memory"]["bytes_reserved"].num() == static_cast<double>(r.bytes_reserved));
+  CHECK(d0["memory"]["pending_fence_bytes"].num() == 104 * KiB);  // its page: a size class
+  CHECK(d0["memory"]["idle_bytes"].num() == static_cast<double>(r.idle_bytes));
+  CHECK(d0["peaks"]["bytes_in_use_peak"].num() == 100 * KiB + 4000);
+  // Three dynamic pools, then the persistent pool.
+  REQUIRE(d0["pools"].size() == 4);
   CHECK(d0["pools"][0]["kind"].str() == "sliced");
   CHECK(d0["pools"][0]["cap"].num() == 8192);
   CHECK(d0["pools"][0]["page_size"].num() == 4096);
-  CHECK(d0["pools"][0]["usage"]["bytes_in_use"].num() == 1000);
+  CHECK(d0["pools"][0]["bytes_in_use"].num() == 1000);
   CHECK(d0["pools"][0]["pages_peak"].num() == 1);
   CHECK(d0["pools"][0]["largest_free"].num() == 4096 - 1024);
   CHECK(d0["pools"][1]["kind"].str() == "exclusive");
   CHECK(d0["pools"][1]["device_allocs"].num() == 1);
+  CHECK(d0["pools"][1]["bytes_pending"].num() == 104 * KiB);
   CHECK(d0["pools"][2]["kind"].str() == "direct");
-  CHECK(d0["persistent"]["kind"].str() == "persistent");
-  CHECK(d0["persistent"]["usage"]["bytes_in_use"].num() == 3000);
-  CHECK(d0["persistent"]["reservations"].num() == 1);
+  CHECK(d0["pools"][3]["index"].str() == "P");
+  CHECK(d0["pools"][3]["kind"].str() == "persistent");
+  CHECK(d0["pools"][3]["bytes_in_use"].num() == 3000);
+  CHECK(d0["pools"][3]["reservations"].num() == 1);
+  // The live sizes: 1000 B and 3000 B are live (the 100 KiB slice was freed).
+  REQUIRE(d0["live_sizes"].size() == 2);
+  CHECK(d0["live_sizes"][0]["up_to"].num() == 1024);
+  CHECK(d0["live_sizes"][0]["bytes"].num() == 1000);
+  CHECK(d0["live_sizes"][1]["up_to"].num() == 4096);
+  CHECK(d0["live_sizes"][1]["slices"].num() == 1);
+  // The summary adds both devices.
+  CHECK(doc["summary"]["devices"].num() == 2);
+  CHECK(doc["summary"]["bytes_in_use"].num() == 2.0 * static_cast<double>(r.bytes_in_use));
+}
+
+TEST_CASE("report_says_how_freed_memory_is_reused") {
+  auto reuse_of = [](FreeFence fence, bool stream_ordered) {
+    Rig rig(preset(PoolPreset::subslices), 512, 1 * GiB, fence);
+    rig.manager.set_stream_ordered(stream_ordered);
+    Json doc = JsonReader(render_report(ReportHeader{1, 1, "request"}, {rig.manager.report()},
+                                        ReportFormat::json))
+                   .document();
+    return doc["devices"][0]["fences"]["reuse"].str();
+  };
+  CHECK(reuse_of(FreeFence::automatic, true) == "ordered");
+  CHECK(reuse_of(FreeFence::automatic, false) == "fenced");
+  CHECK(reuse_of(FreeFence::events, false) == "fenced");
+  CHECK(reuse_of(FreeFence::events, true) == "fenced");  // only auto follows the stream order
+  CHECK(reuse_of(FreeFence::sync, false) == "synchronized");
+  CHECK(reuse_of(FreeFence::none, false) == "unfenced");
+  // In text too, on the fences line.
+  Rig rig(preset(PoolPreset::subslices), 512, 1 * GiB, FreeFence::automatic);
+  rig.manager.set_stream_ordered(true);
+  const std::string text =
+      render_report(ReportHeader{1, 1, "request"}, {rig.manager.report()}, ReportFormat::text);
+  CHECK(text.find("  fences: waits 0") != std::string::npos);
+  CHECK(text.find("reuse ordered") != std::string::npos);
 }
 
 TEST_CASE("json_report_of_no_manager_is_valid") {
@@ -237,39 +278,65 @@ TEST_CASE("json_report_of_no_manager_is_valid") {
   CHECK(parses(text));
 }
 
-TEST_CASE("text_report_has_one_aligned_row_per_pool") {
+std::vector<std::string> lines_of(const std::string& text) {
+  std::istringstream in(text);
+  std::vector<std::string> rows;
+  for (std::string line; std::getline(in, line);) rows.push_back(line);
+  return rows;
+}
+
+// The rows of the text pool table: from its title row to the line before the next section.
+std::vector<std::string> pool_table(const std::vector<std::string>& rows) {
+  std::vector<std::string> table;
+  bool inside = false;
+  for (const std::string& row : rows) {
+    if (row == "  pools:") {
+      inside = true;
+    } else if (inside && row.rfind("    ", 0) == 0) {
+      table.push_back(row);
+    } else if (inside) {
+      break;
+    }
+  }
+  return table;
+}
+
+TEST_CASE("text_report_has_a_header_a_summary_and_one_aligned_row_per_pool") {
   Rig rig(preset(PoolPreset::subslices), 512, 1 * GiB);
   REQUIRE(rig.reserve(3 * KiB) != 0);
   REQUIRE(rig.reserve(20 * MiB) != 0);
   const ManagerReport r = rig.manager.report();
-  const std::string text = render_report(ReportHeader{77, 1, "request"}, {r}, ReportFormat::text);
-  std::istringstream lines(text);
-  std::vector<std::string> rows;
-  for (std::string line; std::getline(lines, line);) rows.push_back(line);
-  REQUIRE(rows.size() == 4 + r.dynamic.size() + 1);
-  CHECK(rows[0] == "poolcuda report #1 (pid 77, request)");
-  CHECK(rows[1].find("device 0: reserved 22.0 MiB, in use 20.0 MiB in 2 slices") == 0);
-  CHECK(rows[2].find("peak in use 20.0 MiB, peak reserved 22.0 MiB; fence waits 0") == 2);
-  CHECK(rows[3].find("kind") != std::string::npos);
-  CHECK(rows[3].find("largest free") != std::string::npos);
-  // Every pool row has the same width as the header row: the columns line up.
-  for (std::size_t i = 4; i < rows.size(); ++i) CHECK(rows[i].size() == rows[3].size());
-  CHECK(rows[4].find("sliced") != std::string::npos);
-  CHECK(rows[4].find("2.00 MiB") != std::string::npos);
-  CHECK(rows.back().find("persistent") != std::string::npos);
+  const std::vector<std::string> rows = lines_of(
+      render_report(ReportHeader{77, 1, "request", 1764547200, 65}, {r}, ReportFormat::text));
+  CHECK(rows[0] == "poolcuda report #1 (pid 77, request) 2025-12-01 00:00:00 UTC, up 1m 5s");
+  CHECK(rows[1] ==
+        "summary: in use 20.0 MiB, peak 20.0 MiB, reserved 22.0 MiB, peak 22.0 MiB, "
+        "peak reserved/in use 1.10");
+  CHECK(rows[2] == "device 0:");
+  CHECK(rows[3].find("  memory: in use 20.0 MiB, slices 2") == 0);
+  const std::vector<std::string> table = pool_table(rows);
+  REQUIRE(table.size() == 1 + r.dynamic.size() + 1);
+  CHECK(table[0].find("kind") != std::string::npos);
+  CHECK(table[0].find("largest free") != std::string::npos);
+  CHECK(table[0].find("allocs") == std::string::npos);  // a wide column
+  CHECK(table[1].find("sliced") != std::string::npos);
+  CHECK(table[1].find("2.00 MiB") != std::string::npos);
+  CHECK(table.back().find("persistent") != std::string::npos);
+  // The columns line up: every row ends where the title row ends (right-aligned numbers).
+  for (const std::string& row : table) CHECK(row.size() == table[0].size());
+  // Narrow text fits 100 columns.
+  for (const std::string& row : rows) CHECK_MESSAGE(row.size() <= 100, row);
 }
 
-TEST_CASE("text_report_columns_stay_aligned_with_long_shapes") {
+TEST_CASE("wide_text_adds_the_detail_columns") {
   Rig rig(custom({sliced(2048, 0, 512, 5000), exclusive(1 * GiB, 123456789)}), 32);
   REQUIRE(rig.reserve(100) != 0);
-  const std::string text =
-      render_report(ReportHeader{1, 2, "exit"}, {rig.manager.report()}, ReportFormat::text);
-  std::istringstream lines(text);
-  std::vector<std::string> rows;
-  for (std::string line; std::getline(lines, line);) rows.push_back(line);
-  REQUIRE(rows.size() == 7);
-  CHECK(rows[4].find("(page shrunk to the cap)") != std::string::npos);
-  for (std::size_t i = 4; i < rows.size(); ++i) CHECK(rows[i].size() == rows[3].size());
+  const std::vector<std::string> table = pool_table(lines_of(
+      render_report(ReportHeader{1, 2, "exit"}, {rig.manager.report()}, ReportFormat::wide)));
+  REQUIRE(table.size() == 4);
+  CHECK(table[0].find("allocs") != std::string::npos);
+  CHECK(table[1].find("page shrunk to the cap, period=5000") != std::string::npos);
+  CHECK(table[2].find("period=123456789") != std::string::npos);
 }
 
 TEST_CASE("manager_peaks_follow_the_high_water_marks_and_restart_with_a_layout") {
@@ -281,7 +348,7 @@ TEST_CASE("manager_peaks_follow_the_high_water_marks_and_restart_with_a_layout")
   CHECK(rig.manager.free(b) == FreeOutcome::freed);
   CHECK(rig.manager.free(c) == FreeOutcome::freed);
   ManagerReport r = rig.manager.report();
-  CHECK(r.totals.bytes_in_use == 1000);
+  CHECK(r.bytes_in_use == 1000);
   CHECK(r.bytes_in_use_peak == 5000);
   CHECK(r.bytes_reserved_peak == 8192);
   CHECK(rig.manager.check_consistency().empty());
@@ -289,8 +356,8 @@ TEST_CASE("manager_peaks_follow_the_high_water_marks_and_restart_with_a_layout")
   REQUIRE_NOTHROW(json = JsonReader(render_report(ReportHeader{1, 1, "request"}, {r},
                                                   ReportFormat::json))
                              .document());
-  CHECK(json["devices"][0]["bytes_in_use_peak"].num() == 5000);
-  CHECK(json["devices"][0]["bytes_reserved_peak"].num() == 8192);
+  CHECK(json["devices"][0]["peaks"]["bytes_in_use_peak"].num() == 5000);
+  CHECK(json["devices"][0]["peaks"]["bytes_reserved_peak"].num() == 8192);
 
   CHECK(rig.manager.free(a) == FreeOutcome::freed);
   REQUIRE(!rig.manager.install_layout(custom({sliced(4096)})));
@@ -299,6 +366,20 @@ TEST_CASE("manager_peaks_follow_the_high_water_marks_and_restart_with_a_layout")
   CHECK(r.bytes_reserved_peak == 0);
   REQUIRE(rig.reserve(2000) != 0);
   CHECK(rig.manager.report().bytes_in_use_peak == 2000);
+}
+
+TEST_CASE("idle_pages_and_holes_are_told_apart") {
+  Rig rig(custom({sliced(4096)}), 512, 128 * MiB, FreeFence::none);
+  const DevicePtr a = rig.reserve(1024);
+  const DevicePtr b = rig.reserve(1024);
+  const DevicePtr c = rig.reserve(4096);  // a page of its own
+  REQUIRE((a != 0 && b != 0 && c != 0));
+  CHECK(rig.manager.free(a) == FreeOutcome::freed);
+  CHECK(rig.manager.free(c) == FreeOutcome::freed);
+  const ManagerReport r = rig.manager.report();
+  CHECK(r.idle_bytes == 4096);            // c's page is whole and idle
+  CHECK(r.hole_bytes == 4096 - 1024);     // around b, in a page b keeps
+  CHECK(rig.manager.idle_bytes() == 4096);
 }
 
 }  // TEST_SUITE

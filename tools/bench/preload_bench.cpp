@@ -26,15 +26,12 @@
 #include <string_view>
 #include <vector>
 
+#include "bench_args.h"
+
 namespace {
 
-void die_on_error(cudaError_t err, const char* what, int line) {
-  if (err == cudaSuccess) return;
-  std::fprintf(stderr, "poolcuda_preload_bench: %s failed at line %d: %s\n", what, line,
-               cudaGetErrorName(err));
-  std::exit(2);
-}
-#define CHECK(call) die_on_error((call), #call, __LINE__)
+#define CHECK(call) bench::die_on_error("poolcuda_preload_bench", (call), #call, __LINE__)
+using bench::parse_long;
 
 using CounterFn = unsigned long long (*)(const char*);
 
@@ -57,14 +54,6 @@ struct Options {
   std::exit(message ? 64 : 0);
 }
 
-bool parse_long(const char* text, long lo, long hi, long& out) {
-  char* end = nullptr;
-  long v = std::strtol(text, &end, 10);
-  if (end == text || *end != '\0' || v < lo || v > hi) return false;
-  out = v;
-  return true;
-}
-
 Options parse_options(int argc, char** argv) {
   Options opt;
   for (int i = 1; i < argc; ++i) {
@@ -82,10 +71,8 @@ Options parse_options(int argc, char** argv) {
         usage("--variant wants hit, mixed or all");
     } else if (arg == "--label") {
       opt.label = value;
-      for (char c : opt.label) {
-        if (c == '"' || c == '\\' || static_cast<unsigned char>(c) < 0x20)
-          usage("--label must not contain quotes, backslashes or control characters");
-      }
+      if (!bench::json_safe_label(opt.label))
+        usage("--label must not contain quotes, backslashes or control characters");
     } else {
       usage(("unknown option " + std::string(arg)).c_str());
     }

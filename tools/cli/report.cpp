@@ -1,173 +1,172 @@
-// `poolcuda report PID`: asks a running process for a report. The library reads POOLCUDA_CONF
-// once, when it loads, from the environment the process started with; /proc/PID/environ holds
-// exactly that environment, so the tool knows the signal, format and path the library uses.
-// The signal is sent only to a process that has libpoolcuda.so mapped: SIGUSR1's default action
-// terminates a process that has no handler for it. Depends on pools/config.h only.
-#include <signal.h>
-#include <sys/types.h>
+// `poolcuda report PID` and `poolcuda trim PID`: option parsing, the checks of target.h, one
+// request over the report channel, and what to print. The report comes back to the caller; the
+// process's own standard error sees nothing unless --keep-stderr asks for exactly that.
+//
+// Depends on target.h and interpose/channel_protocol.h.
+#include <fcntl.h>
+#include <unistd.h>
 
 #include <cerrno>
 #include <charconv>
 #include <cstring>
-#include <filesystem>
-#include <fstream>
 #include <iostream>
-#include <iterator>
 #include <optional>
 #include <string>
 #include <string_view>
-#include <system_error>
 
 #include "cli.h"
-#include "pools/config.h"
+#include "help.h"
+#include "target.h"
 
 namespace poolcuda::cli {
 
 namespace {
 
-// Reads a whole /proc file; empty optional (with errno kept) when it cannot be opened.
-std::optional<std::string> read_proc_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return std::nullopt;
-  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+struct AskOptions {
+  bool json = false;
+  bool wide = false;
+  bool keep_stderr = false;
+  std::optional<std::string> to;
+  std::chrono::milliseconds timeout{10000};
+  long pid = 0;
+};
+
+std::optional<long> parse_positive(std::string_view text) {
+  long value = 0;
+  const auto [next, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
+  if (ec != std::errc() || next != text.data() + text.size() || value <= 0) return std::nullopt;
+  return value;
 }
 
-// The value of `name` in a NUL-separated environment block, if present.
-std::optional<std::string> find_variable(std::string_view environ_block, std::string_view name) {
-  while (!environ_block.empty()) {
-    const auto end = environ_block.find('\0');
-    const std::string_view entry = environ_block.substr(0, end);
-    if (entry.size() > name.size() && entry.starts_with(name) && entry[name.size()] == '=') {
-      return std::string(entry.substr(name.size() + 1));
+// Parses the options of `command` ("report" accepts all of them, "trim" only --timeout);
+// returns an exit status when the command is done (help or a bad argument).
+std::optional<int> parse_options(std::string_view command, std::span<char* const> args,
+                                 AskOptions* options) {
+  const std::string usage = command_usage(command);
+  std::optional<std::string_view> pid_text;
+  for (std::size_t i = 0; i < args.size(); ++i) {
+    const std::string_view arg = args[i];
+    if (wants_help(command, arg)) return kExitOk;
+    const bool report = command == "report";
+    if (report && arg == "--json") {
+      options->json = true;
+    } else if (report && arg == "--wide") {
+      options->wide = true;
+    } else if (report && arg == "--keep-stderr") {
+      options->keep_stderr = true;
+    } else if ((report && arg == "--to") || arg == "--timeout") {
+      if (i + 1 == args.size()) {
+        print_error(std::string(arg) + " needs a value");
+        return kExitUsage;
+      }
+      const std::string_view value = args[++i];
+      if (arg == "--to") {
+        options->to = std::string(value);
+      } else if (const auto seconds = parse_positive(value); seconds && *seconds <= 3600) {
+        options->timeout = std::chrono::seconds(*seconds);
+      } else {
+        print_error("--timeout takes a whole number of seconds from 1 to 3600, not '" +
+                    std::string(value) + "'");
+        return kExitUsage;
+      }
+    } else if (arg.starts_with("-") || pid_text) {
+      print_error("unexpected argument '" + std::string(arg) + "'; " + usage);
+      return kExitUsage;
+    } else {
+      pid_text = arg;
     }
-    if (end == std::string_view::npos) break;
-    environ_block.remove_prefix(end + 1);
   }
+  if (!pid_text) {
+    print_error(usage);
+    return kExitUsage;
+  }
+  const std::optional<long> pid = parse_positive(*pid_text);
+  if (!pid) {
+    print_error("'" + std::string(*pid_text) + "' is not a process ID (a positive integer)");
+    return kExitUsage;
+  }
+  if (options->keep_stderr && (options->json || options->wide || options->to)) {
+    print_error("--keep-stderr lets the process write the report as configured; it cannot be "
+                "combined with --json, --wide or --to");
+    return kExitUsage;
+  }
+  if (options->json && options->wide) {
+    print_error("--json and --wide are two formats; choose one");
+    return kExitUsage;
+  }
+  options->pid = *pid;
   return std::nullopt;
 }
 
-// Whether any mapping in a /proc/PID/maps text is a file named libpoolcuda.so*.
-bool maps_library(std::string_view maps) {
-  while (!maps.empty()) {
-    const auto end = maps.find('\n');
-    const std::string_view line = maps.substr(0, end);
-    const auto slash = line.rfind('/');
-    if (slash != std::string_view::npos && line.substr(slash + 1).starts_with("libpoolcuda.so")) {
-      return true;
-    }
-    if (end == std::string_view::npos) break;
-    maps.remove_prefix(end + 1);
+bool write_file(const std::string& path, std::string_view text) {
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) return false;
+  bool ok = true;
+  while (ok && !text.empty()) {
+    const ssize_t n = ::write(fd, text.data(), text.size());
+    if (n < 0 && errno == EINTR) continue;
+    ok = n > 0;
+    if (ok) text.remove_prefix(static_cast<std::size_t>(n));
   }
-  return false;
+  const int error = errno;
+  if (::close(fd) != 0 && ok) return false;
+  errno = error;
+  return ok;
 }
 
-std::string describe_errno(int error) {
-  if (error == EACCES || error == EPERM) {
-    return std::string(std::strerror(error)) +
-           "; run as the process's user or as root";
+// The checks, the request and the answer; prints errors itself.
+std::optional<Answer> ask_process(const AskOptions& options, channel::Request request) {
+  std::string error;
+  const std::optional<Target> target = inspect(options.pid, &error);
+  if (!target) {
+    print_error(error);
+    return std::nullopt;
   }
-  return std::strerror(error);
+  int signal_number = 0;
+  if (const std::string why = refusal(*target, &signal_number); !why.empty()) {
+    print_error(why);
+    return std::nullopt;
+  }
+  Answer answer = ask(*target, signal_number, request, options.timeout);
+  if (!answer.answered || !answer.ok) {
+    std::string text = answer.text;
+    while (!text.empty() && text.back() == '\n') text.pop_back();
+    print_error(answer.answered ? "process " + std::to_string(options.pid) + ": " + text : text);
+    return std::nullopt;
+  }
+  return answer;
 }
 
 }  // namespace
 
 int report_command(std::span<char* const> args) {
-  if (args.size() != 1) {
-    print_error("usage: poolcuda report PID");
-    return kExitUsage;
-  }
-  const std::string_view pid_text = args[0];
-  long pid = 0;
-  const auto [next, ec] = std::from_chars(pid_text.data(), pid_text.data() + pid_text.size(), pid);
-  if (ec != std::errc() || next != pid_text.data() + pid_text.size() || pid <= 0) {
-    print_error("'" + std::string(pid_text) + "' is not a process ID (a positive integer)");
-    return kExitUsage;
-  }
-  const std::string proc = "/proc/" + std::to_string(pid);
-
-  const auto environ_block = read_proc_file(proc + "/environ");
-  if (!environ_block) {
-    const int error = errno;
-    if (error == ENOENT) {
-      print_error("no process with PID " + std::to_string(pid));
-    } else {
-      print_error("cannot read " + proc + "/environ: " + describe_errno(error));
-    }
-    return kExitFailure;
-  }
-  const auto maps = read_proc_file(proc + "/maps");
-  if (!maps) {
-    print_error("cannot read " + proc + "/maps: " + describe_errno(errno));
-    return kExitFailure;
-  }
-  if (!maps_library(*maps)) {
-    print_error("process " + std::to_string(pid) +
-                " has not loaded libpoolcuda.so, so it has no report (and the signal could kill "
-                "it); nothing was sent. Start it with 'poolcuda run -- PROGRAM'");
-    return kExitFailure;
-  }
-
-  const std::string conf = find_variable(*environ_block, "POOLCUDA_CONF").value_or("");
-  const ParseResult parsed = parse_config(conf);
-  if (!parsed) {
-    print_error("process " + std::to_string(pid) + " has an invalid POOLCUDA_CONF (" +
-                parsed.error.message() + "); nothing was sent");
-    return kExitFailure;
-  }
-  const Config& config = *parsed.config;
-  int signal_number = 0;
-  std::string signal_name;
-  switch (config.report_signal) {
-    case ReportSignal::usr1:
-      signal_number = SIGUSR1;
-      signal_name = "SIGUSR1";
-      break;
-    case ReportSignal::usr2:
-      signal_number = SIGUSR2;
-      signal_name = "SIGUSR2";
-      break;
-    case ReportSignal::none:
-      print_error("process " + std::to_string(pid) +
-                  " runs with report_signal:none, so it does not answer report requests; "
-                  "nothing was sent (report_at_exit:1 writes a report when it exits)");
+  AskOptions options;
+  if (const std::optional<int> done = parse_options("report", args, &options)) return *done;
+  const channel::Request request = options.keep_stderr ? channel::Request::report_configured
+                                   : options.json      ? channel::Request::report_json
+                                   : options.wide      ? channel::Request::report_wide
+                                                       : channel::Request::report_text;
+  const std::optional<Answer> answer = ask_process(options, request);
+  if (!answer) return kExitFailure;
+  if (options.keep_stderr) {
+    std::cout << "process " << options.pid << ": " << answer->text;
+  } else if (options.to) {
+    if (!write_file(*options.to, answer->text)) {
+      print_error("cannot write " + *options.to + ": " + std::strerror(errno));
       return kExitFailure;
-  }
-
-  if (kill(static_cast<pid_t>(pid), signal_number) != 0) {
-    print_error("cannot signal process " + std::to_string(pid) + ": " + describe_errno(errno));
-    return kExitFailure;
-  }
-
-  const std::string format = config.report_format == ReportFormat::json ? "JSON" : "text";
-  std::cout << "sent " << signal_name << " to process " << pid << "; its " << format
-            << " report goes to ";
-  if (config.report_path == "stderr") {
-    std::cout << "that process's standard error\n";
+    }
   } else {
-    // Expand %p only: %n is the process's own count of reports, unknown from here.
-    std::string shown;
-    for (std::size_t i = 0; i < config.report_path.size(); ++i) {
-      if (config.report_path[i] == '%' && i + 1 < config.report_path.size() &&
-          config.report_path[i + 1] == 'p') {
-        shown += std::to_string(pid);
-        ++i;
-      } else {
-        shown += config.report_path[i];
-      }
-    }
-    if (!shown.starts_with("/")) {
-      // A relative path is opened by that process, from its working directory.
-      std::error_code ec;
-      const auto cwd = std::filesystem::read_symlink(proc + "/cwd", ec);
-      shown = ec ? shown + " (relative to that process's working directory)"
-                 : (cwd / shown).lexically_normal().string();
-    }
-    std::cout << shown;
-    if (config.report_path.find("%n") != std::string::npos) {
-      std::cout << " (%n is the report's number in that process, 1 for its first)";
-    }
-    std::cout << "\n";
+    std::cout << answer->text;
   }
+  return kExitOk;
+}
+
+int trim_command(std::span<char* const> args) {
+  AskOptions options;
+  if (const std::optional<int> done = parse_options("trim", args, &options)) return *done;
+  const std::optional<Answer> answer = ask_process(options, channel::Request::trim);
+  if (!answer) return kExitFailure;
+  std::cout << answer->text;
   return kExitOk;
 }
 

@@ -1,102 +1,41 @@
-// `poolcuda run`: checks the configuration, sets POOLCUDA_CONF, puts libpoolcuda.so first in
-// LD_PRELOAD and replaces itself with the program (same PID, so `poolcuda report $!` works on a
-// backgrounded run). Also owns find_library(): how the tool locates the library relative to its
-// own executable. Depends on pools/config.h only.
+// `poolcuda run`: checks the configuration and the library, sets POOLCUDA_CONF, LD_PRELOAD (the
+// library first, after any sanitizer runtime), LD_LIBRARY_PATH (the CUDA stand-in, when no GPU
+// is found) and the summary variable, prints the start line and replaces itself with the
+// program (same PID, so `poolcuda report $!` works on a backgrounded run).
+//
+// Depends on config/config.h, interpose/channel_protocol.h and library.cpp.
 #include <unistd.h>
 
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
-#include <filesystem>
 #include <iostream>
 #include <optional>
 #include <string>
 #include <string_view>
-#include <system_error>
 #include <vector>
 
 #include "cli.h"
-#include "cli_paths.h"
-#include "pools/config.h"
+#include "help.h"
+#include "interpose/channel_protocol.h"
+#include "config/config.h"
 
 namespace poolcuda::cli {
 
 namespace {
 
-namespace fs = std::filesystem;
+void print_run_usage() { print_error(command_usage("run") + " ('poolcuda run --help' for more)"); }
 
-constexpr std::string_view kLibraryName = "libpoolcuda.so";
-
-bool is_file(const fs::path& path) {
-  std::error_code ec;
-  return fs::is_regular_file(path, ec);
-}
-
-// The installed layout: this executable is <prefix>/<bindir>/poolcuda and the library is
-// <prefix>/<libdir>/libpoolcuda.so (or <libdir>/libpoolcuda.so when libdir is absolute).
-std::optional<fs::path> installed_candidate(const fs::path& exe_dir) {
-  const fs::path bindir = POOLCUDA_CLI_BINDIR;
-  const fs::path libdir = POOLCUDA_CLI_LIBDIR;
-  if (libdir.is_absolute()) return libdir / kLibraryName;
-  if (bindir.is_absolute()) return std::nullopt;
-  // Strip bindir's components from the end of exe_dir, checking that they match.
-  fs::path prefix = exe_dir;
-  std::vector<fs::path> parts(bindir.begin(), bindir.end());
-  for (auto it = parts.rbegin(); it != parts.rend(); ++it) {
-    if (it->empty() || *it == ".") continue;
-    if (prefix.filename() != *it) return std::nullopt;
-    prefix = prefix.parent_path();
-  }
-  return prefix / libdir / kLibraryName;
-}
-
-void print_run_usage() {
-  print_error("usage: poolcuda run [--conf STR] [--report-at-exit] [--] PROGRAM [ARGS...]");
-}
-
-}  // namespace
-
-LibraryLookup find_library() {
-  LibraryLookup lookup;
-  if (const char* env = std::getenv("POOLCUDA_LIBRARY"); env != nullptr && *env != '\0') {
-    std::error_code ec;
-    const fs::path path = fs::absolute(env, ec);
-    if (!ec && is_file(path)) {
-      lookup.path = path.lexically_normal().string();
-    } else {
-      lookup.error = "POOLCUDA_LIBRARY is '" + std::string(env) + "', which is not a file";
-    }
-    return lookup;
-  }
-  std::error_code ec;
-  const fs::path exe = fs::read_symlink("/proc/self/exe", ec);
-  if (ec) {
-    lookup.error = "cannot read /proc/self/exe (" + ec.message() +
-                   ") to find libpoolcuda.so; set POOLCUDA_LIBRARY";
-    return lookup;
-  }
-  const fs::path exe_dir = exe.parent_path();
-  std::vector<fs::path> candidates;
-  if (auto installed = installed_candidate(exe_dir)) candidates.push_back(*installed);
-  // The build tree: build/tools/cli/poolcuda next to build/interpose/libpoolcuda.so.
-  candidates.push_back(exe_dir.parent_path().parent_path() / "interpose" / kLibraryName);
-  std::string tried;
-  for (const auto& candidate : candidates) {
-    const fs::path normal = candidate.lexically_normal();
-    if (is_file(normal)) {
-      lookup.path = normal.string();
-      return lookup;
-    }
-    tried += (tried.empty() ? "" : ", ") + normal.string();
-  }
-  lookup.error = "cannot find libpoolcuda.so (tried " + tried +
-                 "); set POOLCUDA_LIBRARY to its path";
-  return lookup;
-}
-
-int run_command(std::span<char* const> args) {
-  std::optional<std::string> conf_text;
+struct RunOptions {
+  std::optional<std::string> conf;
   bool report_at_exit = false;
+  bool quiet = false;
+  bool stand_in = true;
+  std::size_t program = 0;  // index of PROGRAM in the arguments
+};
+
+// Parses the options; returns an exit status when the command is done (help or a bad option).
+std::optional<int> parse_options(std::span<char* const> args, RunOptions* options) {
   std::size_t i = 0;
   for (; i < args.size(); ++i) {
     const std::string_view arg = args[i];
@@ -104,18 +43,21 @@ int run_command(std::span<char* const> args) {
       ++i;
       break;
     }
-    if (arg == "--conf" || arg.starts_with("--conf=")) {
-      if (arg == "--conf") {
-        if (i + 1 == args.size()) {
-          print_error("--conf needs a value");
-          return kExitUsage;
-        }
-        conf_text = args[++i];
-      } else {
-        conf_text = std::string(arg.substr(std::string_view("--conf=").size()));
+    if (wants_help("run", arg)) return kExitOk;
+    if (arg == "--conf") {
+      if (i + 1 == args.size()) {
+        print_error("--conf needs a value");
+        return kExitUsage;
       }
+      options->conf = args[++i];
+    } else if (arg.starts_with("--conf=")) {
+      options->conf = std::string(arg.substr(std::string_view("--conf=").size()));
     } else if (arg == "--report-at-exit") {
-      report_at_exit = true;
+      options->report_at_exit = true;
+    } else if (arg == "--quiet" || arg == "-q") {
+      options->quiet = true;
+    } else if (arg == "--no-stand-in") {
+      options->stand_in = false;
     } else if (arg.starts_with("-")) {
       print_error("unknown option '" + std::string(arg) + "' for run");
       print_run_usage();
@@ -129,12 +71,59 @@ int run_command(std::span<char* const> args) {
     print_run_usage();
     return kExitUsage;
   }
+  options->program = i;
+  return std::nullopt;
+}
+
+// A sanitizer's runtime refuses to start unless it comes first in the initial library list.
+bool sanitizer_runtime(std::string_view entry) {
+  const auto slash = entry.rfind('/');
+  const std::string_view name = slash == std::string_view::npos ? entry : entry.substr(slash + 1);
+  for (std::string_view runtime : {"libasan.so", "libtsan.so", "libubsan.so", "liblsan.so",
+                                   "libhwasan.so", "libclang_rt."}) {
+    if (name.starts_with(runtime)) return true;
+  }
+  return false;
+}
+
+// LD_PRELOAD with the library first (after sanitizer runtimes), the other entries after it and
+// an earlier copy of the same library dropped.
+std::string preload_list(const std::string& library) {
+  std::string front;
+  std::string back;
+  if (const char* existing = std::getenv("LD_PRELOAD"); existing != nullptr) {
+    std::string_view rest = existing;
+    while (!rest.empty()) {
+      const auto end = rest.find_first_of(": ");
+      const std::string_view entry = rest.substr(0, end);
+      if (!entry.empty() && entry != library) {
+        std::string& list = sanitizer_runtime(entry) ? front : back;
+        list += (list.empty() ? "" : ":") + std::string(entry);
+      }
+      if (end == std::string_view::npos) break;
+      rest.remove_prefix(end + 1);
+    }
+  }
+  return (front.empty() ? "" : front + ":") + library + (back.empty() ? "" : ":" + back);
+}
+
+bool set(const char* name, const std::string& value) {
+  if (::setenv(name, value.c_str(), 1) == 0) return true;
+  print_error(std::string("cannot set the environment: ") + std::strerror(errno));
+  return false;
+}
+
+}  // namespace
+
+int run_command(std::span<char* const> args) {
+  RunOptions options;
+  if (const std::optional<int> done = parse_options(args, &options)) return *done;
 
   // --conf replaces an inherited POOLCUDA_CONF; without it the inherited one is checked, so a
   // typo is reported here rather than by the library before the program's main.
   std::string conf;
-  if (conf_text) {
-    conf = *conf_text;
+  if (options.conf) {
+    conf = *options.conf;
   } else if (const char* inherited = std::getenv("POOLCUDA_CONF")) {
     conf = inherited;
   }
@@ -143,11 +132,13 @@ int run_command(std::span<char* const> args) {
     std::cerr << parsed.error.message() << "\n";
     return kExitUsage;
   }
-  if (report_at_exit) {
+  std::string shown = conf.empty() ? "defaults" : conf;
+  if (options.report_at_exit) {
     // Written out in full so the flag cannot collide with a report_at_exit key in `conf`.
     Config config = *parsed.config;
     config.report_at_exit = true;
     conf = describe_config(config);
+    shown += " + report at exit";
   }
 
   const LibraryLookup library = find_library();
@@ -161,30 +152,29 @@ int run_command(std::span<char* const> args) {
                 "' contains ':' or a space, which LD_PRELOAD cannot carry");
     return kExitCannotRun;
   }
-  std::string preload = library.path;
-  if (const char* existing = std::getenv("LD_PRELOAD"); existing != nullptr && *existing) {
-    // Keep the other entries after ours, dropping an earlier copy of the same library.
-    std::string_view rest = existing;
-    while (!rest.empty()) {
-      const auto end = rest.find_first_of(": ");
-      const std::string_view entry = rest.substr(0, end);
-      if (!entry.empty() && entry != library.path) {
-        preload += ':';
-        preload.append(entry);
-      }
-      if (end == std::string_view::npos) break;
-      rest.remove_prefix(end + 1);
-    }
-  }
-  if (setenv("POOLCUDA_CONF", conf.c_str(), 1) != 0 ||
-      setenv("LD_PRELOAD", preload.c_str(), 1) != 0) {
-    print_error(std::string("cannot set the environment: ") + std::strerror(errno));
+  const CudaSource cuda = find_cuda(library.path, options.stand_in);
+  if (!set("POOLCUDA_CONF", conf) || !set("LD_PRELOAD", preload_list(library.path))) {
     return kExitCannotRun;
   }
+  if (!cuda.stand_in_dir.empty()) {
+    const char* path = std::getenv("LD_LIBRARY_PATH");
+    const std::string rest = path != nullptr && *path != '\0' ? std::string(":") + path : "";
+    if (!set("LD_LIBRARY_PATH", cuda.stand_in_dir + rest)) return kExitCannotRun;
+  }
+  const std::string summary_variable(channel::kSummaryVariable);
+  if (options.quiet) {
+    ::unsetenv(summary_variable.c_str());
+  } else {
+    // The program keeps this process's pid: the summary comes from it, not from its children.
+    if (!set(summary_variable.c_str(), std::to_string(::getpid()))) return kExitCannotRun;
+    std::cerr << "poolcuda: run: library " << library.path << "; configuration: " << shown
+              << "; CUDA: " << cuda.description << std::endl;
+  }
 
-  std::vector<char*> argv(args.begin() + static_cast<std::ptrdiff_t>(i), args.end());
+  std::vector<char*> argv(args.begin() + static_cast<std::ptrdiff_t>(options.program),
+                          args.end());
   argv.push_back(nullptr);
-  execvp(argv[0], argv.data());
+  ::execvp(argv[0], argv.data());
   const int error = errno;
   print_error("cannot execute '" + std::string(argv[0]) + "': " + std::strerror(error));
   return kExitCannotRun;

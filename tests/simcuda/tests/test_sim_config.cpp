@@ -13,13 +13,15 @@ using simtest::stand_in;
 
 namespace {
 
-// Child: prints "count=<n> rc=<code> total=<bytes> memset_ms=<ms>" on stderr.
+// Child: prints "count=<n> rc=<code> total=<bytes> memset_ms=<ms> concurrent=<0|1>" on stderr.
 int child_report() {
   int count = -1;
   cudaError_t rc = cudaGetDeviceCount(&count);
   size_t free_bytes = 0, total = 0;
   double ms = -1;
+  int concurrent = -1;
   if (rc == cudaSuccess) {
+    cudaDeviceGetAttribute(&concurrent, cudaDevAttrConcurrentManagedAccess, 0);
     cudaMemGetInfo(&free_bytes, &total);
     void* p = nullptr;
     cudaMalloc(&p, 256);
@@ -28,8 +30,8 @@ int child_report() {
     ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     cudaFree(p);
   }
-  std::fprintf(stderr, "count=%d rc=%d total=%zu memset_ms=%.1f\n", count, static_cast<int>(rc),
-               total, ms);
+  std::fprintf(stderr, "count=%d rc=%d total=%zu memset_ms=%.1f concurrent=%d\n", count,
+               static_cast<int>(rc), total, ms, concurrent);
   return 0;
 }
 
@@ -58,6 +60,14 @@ TEST_CASE("device count and capacity come from the environment") {
   CHECK_EQ(field(out, "total"), std::to_string(size_t{16} << 30));
   out = run_child("--child", {"SIMCUDA_DEVICES=0"}, &status);
   CHECK_EQ(field(out, "rc"), std::to_string(cudaErrorNoDevice));
+}
+
+TEST_CASE("SIMCUDA_CONCURRENT_MANAGED=0 takes concurrent managed access away") {
+  if (!stand_in()) return;
+  int status = 0;
+  CHECK_EQ(field(run_child("--child", {}, &status), "concurrent"), "1");
+  CHECK_EQ(field(run_child("--child", {"SIMCUDA_CONCURRENT_MANAGED=0"}, &status), "concurrent"),
+           "0");
 }
 
 TEST_CASE("SIMCUDA_OP_DELAY_US slows every stream operation") {

@@ -172,3 +172,23 @@ TEST_CASE("each device has its own memory and capacity" *
   if (simtest::stand_in()) CHECK_EQ(free0_after, free0);  // device 1's traffic left device 0 alone
   CUDA_OK(cudaFree(p0));
 }
+
+TEST_CASE("peer access: asked, enabled once, disabled once" *
+          doctest::skip(simtest::device_count() < 2)) {
+  int can = -1;
+  CUDA_OK(cudaDeviceCanAccessPeer(&can, 0, 0));
+  CHECK_EQ(can, 0);  // a device is not its own peer
+  CUDA_OK(cudaDeviceCanAccessPeer(&can, 0, 1));
+  if (can == 0) return;  // a GPU pair without peer access
+  CHECK_EQ(cudaDeviceCanAccessPeer(nullptr, 0, 1), cudaErrorInvalidValue);
+  CHECK_EQ(cudaDeviceCanAccessPeer(&can, 0, 64), cudaErrorInvalidDevice);
+  CUDA_OK(cudaSetDevice(0));
+  CHECK_EQ(cudaDeviceEnablePeerAccess(0, 0), cudaErrorInvalidDevice);
+  CHECK_EQ(cudaDeviceEnablePeerAccess(1, 1), cudaErrorInvalidValue);
+  CHECK_EQ(cudaDeviceDisablePeerAccess(1), cudaErrorPeerAccessNotEnabled);
+  CUDA_OK(cudaDeviceEnablePeerAccess(1, 0));
+  CHECK_EQ(cudaDeviceEnablePeerAccess(1, 0), cudaErrorPeerAccessAlreadyEnabled);
+  CUDA_OK(cudaDeviceDisablePeerAccess(1));
+  CHECK_EQ(cudaDeviceDisablePeerAccess(1), cudaErrorPeerAccessNotEnabled);
+  cudaGetLastError();
+}

@@ -2,44 +2,14 @@
 // ("libcuda.so.1"), dlsym("cuGetProcAddress_v2"), then cuGetProcAddress for every entry point.
 // Covers init, devices, contexts (primary context bound by the runtime), allocation, memory info
 // shared with the runtime, and cuGetProcAddress's name/version/flags resolution.
-#include <cuda.h>
-
 #include <string>
 
-#include "sim_test.h"
+#include "driver_test.h"
 
 using simtest::counter;
+using simtest::driver;
+using simtest::Driver;
 using simtest::stand_in;
-
-namespace {
-
-struct Driver {
-  void* lib = nullptr;
-  decltype(&cuGetProcAddress_v2) get_proc = nullptr;
-
-  Driver() {
-    lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
-    REQUIRE(lib != nullptr);
-    get_proc = reinterpret_cast<decltype(get_proc)>(dlsym(lib, "cuGetProcAddress_v2"));
-    REQUIRE(static_cast<bool>(get_proc));
-  }
-  template <class F>
-  F get(const char* name, int version = 13000, cuuint64_t flags = CU_GET_PROC_ADDRESS_DEFAULT) {
-    void* fn = nullptr;
-    CUdriverProcAddressQueryResult status;
-    REQUIRE_EQ(get_proc(name, &fn, version, flags, &status), CUDA_SUCCESS);
-    REQUIRE_EQ(status, CU_GET_PROC_ADDRESS_SUCCESS);
-    REQUIRE(fn != nullptr);
-    return reinterpret_cast<F>(fn);
-  }
-};
-
-Driver& driver() {
-  static Driver d;
-  return d;
-}
-
-}  // namespace
 
 TEST_CASE("before cuInit the driver is not initialized; cuInit validates its flags") {
   auto count = driver().get<decltype(&cuDeviceGetCount)>("cuDeviceGetCount");

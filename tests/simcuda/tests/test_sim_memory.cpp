@@ -198,6 +198,76 @@ TEST_CASE("cudaMallocManaged: flags, host access, attributes") {
   CUDA_OK(cudaFree(m));
 }
 
+namespace {
+cudaMemLocation location(cudaMemLocationType type, int id) {
+  cudaMemLocation where{};
+  where.type = type;
+  where.id = id;
+  return where;
+}
+}  // namespace
+
+TEST_CASE("managed memory: attach, advise and prefetch check their arguments") {
+  char* m = nullptr;
+  CUDA_OK(cudaMallocManaged(reinterpret_cast<void**>(&m), 10000, cudaMemAttachGlobal));
+  cudaStream_t s;
+  CUDA_OK(cudaStreamCreate(&s));
+  const cudaMemLocation device = location(cudaMemLocationTypeDevice, 0);
+  const cudaMemLocation host = location(cudaMemLocationTypeHost, 0);
+  const cudaMemLocation no_device = location(cudaMemLocationTypeDevice, 99);
+
+  // Attach: the whole allocation, by length 0 or by its size; never a part of it.
+  CUDA_OK(cudaStreamAttachMemAsync(s, m, 0, cudaMemAttachSingle));
+  CUDA_OK(cudaStreamAttachMemAsync(s, m, 10000, cudaMemAttachHost));
+  CUDA_OK(cudaStreamAttachMemAsync(s, m, 0, cudaMemAttachGlobal));
+  CHECK_EQ(cudaStreamAttachMemAsync(s, m, 5000, cudaMemAttachGlobal), cudaErrorInvalidValue);
+  CHECK_EQ(cudaStreamAttachMemAsync(s, m, 0, 0x8), cudaErrorInvalidValue);
+  // Advice over a range of the allocation.
+  CUDA_OK(cudaMemAdvise(m, 10000, cudaMemAdviseSetReadMostly, device));
+  CUDA_OK(cudaMemAdvise(m, 10000, cudaMemAdviseUnsetReadMostly, device));
+  CUDA_OK(cudaMemAdvise(m + 100, 1000, cudaMemAdviseSetPreferredLocation, device));
+  CUDA_OK(cudaMemAdvise(m, 10000, cudaMemAdviseSetAccessedBy, host));
+  CHECK_EQ(cudaMemAdvise(m, 10000, cudaMemAdviseSetPreferredLocation, no_device),
+           cudaErrorInvalidDevice);
+  CHECK_EQ(cudaMemAdvise(m, 10000, static_cast<cudaMemoryAdvise>(77), device),
+           cudaErrorInvalidValue);
+  // Prefetch, stream-ordered, to the device or the host.
+  CUDA_OK(cudaMemPrefetchAsync(m, 10000, device, 0, s));
+  CUDA_OK(cudaMemPrefetchAsync(m + 5000, 5000, host, 0, s));
+  CHECK_EQ(cudaMemPrefetchAsync(m, 10000, device, 1, s), cudaErrorInvalidValue);
+  CHECK_EQ(cudaMemPrefetchAsync(m, 10000, no_device, 0, s), cudaErrorInvalidDevice);
+  cudaGetLastError();
+  CUDA_OK(cudaStreamSynchronize(s));
+  m[9999] = 1;  // nothing moved out of reach
+  if (stand_in()) {
+    // Ranges that leave the allocation and empty ranges (CUDA rounds ranges to pages, so a GPU
+    // may accept a few bytes past the end).
+    CHECK_EQ(cudaMemAdvise(m, 10001, cudaMemAdviseSetReadMostly, device), cudaErrorInvalidValue);
+    CHECK_EQ(cudaMemAdvise(m, 0, cudaMemAdviseSetReadMostly, device), cudaErrorInvalidValue);
+    CHECK_EQ(cudaMemPrefetchAsync(m + 1, 10000, device, 0, s), cudaErrorInvalidValue);
+    CHECK_EQ(cudaMemPrefetchAsync(m, 0, device, 0, s), cudaErrorInvalidValue);
+    CHECK_EQ(cudaStreamAttachMemAsync(s, m + 1, 10000, cudaMemAttachGlobal),
+             cudaErrorInvalidValue);
+    CHECK_EQ(cudaStreamAttachMemAsync(reinterpret_cast<cudaStream_t>(0x10), m, 0,
+                                      cudaMemAttachGlobal),
+             cudaErrorInvalidResourceHandle);
+    // Device memory is no managed memory.
+    void* d = nullptr;
+    CUDA_OK(cudaMalloc(&d, 4096));
+    CHECK_EQ(cudaMemAdvise(d, 4096, cudaMemAdviseSetReadMostly, device), cudaErrorInvalidValue);
+    CUDA_OK(cudaFree(d));
+    // Attach refuses a capturing stream, and invalidates the capture.
+    CUDA_OK(cudaStreamBeginCapture(s, cudaStreamCaptureModeRelaxed));
+    CHECK_EQ(cudaStreamAttachMemAsync(s, m, 0, cudaMemAttachGlobal),
+             cudaErrorStreamCaptureUnsupported);
+    cudaGraph_t graph = nullptr;
+    CHECK_EQ(cudaStreamEndCapture(s, &graph), cudaErrorStreamCaptureInvalidated);
+  }
+  cudaGetLastError();
+  CUDA_OK(cudaStreamDestroy(s));
+  CUDA_OK(cudaFree(m));
+}
+
 TEST_CASE("pinned host memory") {
   void* h = nullptr;
   CUDA_OK(cudaMallocHost(&h, 10000));

@@ -1,16 +1,17 @@
 // The POOLCUDA_CONF parser, its inverse (describe_config) and the one option table both use.
 // Every key is declared once, in kOptions below, with its grammar, its summary and the functions
-// that read and write it; config_keys() hands the same rows to the CLI's help, and the README's
-// reference lists them in the same order. Pure string work: no I/O, no CUDA, no exception for
-// bad input — every mistake becomes a ConfigError naming the key, quoting the text and saying
-// what was expected.
+// that read and write it; config_keys() hands the same rows to the CLI's help, and
+// docs/configuration.md lists them in the same order (tests/docs checks it). Pure string work:
+// no I/O, no CUDA, no exception for bad input — every mistake becomes a ConfigError naming the
+// key, quoting the text and saying what was expected.
 // The pool-list grammar (`pools:[kind(field=value,...);...]`) lives in config_pools.cpp.
-#include "pools/config.h"
+#include "config/config.h"
 
+#include <algorithm>
 #include <array>
 #include <charconv>
 
-#include "pools/config_parse.h"
+#include "config/config_parse.h"
 
 namespace poolcuda {
 
@@ -28,11 +29,14 @@ constexpr Word<PersistentMode> kPersistentWords[] = {{"enabled", PersistentMode:
                                                      {"disabled", PersistentMode::disabled},
                                                      {"enforced", PersistentMode::enforced}};
 constexpr Word<FreeFence> kFenceWords[] = {
-    {"events", FreeFence::events}, {"sync", FreeFence::sync}, {"none", FreeFence::none}};
+    {"auto", FreeFence::automatic},
+    {"events", FreeFence::events},
+    {"sync", FreeFence::sync},
+    {"none", FreeFence::none}};
 constexpr Word<ReportSignal> kSignalWords[] = {
     {"USR1", ReportSignal::usr1}, {"USR2", ReportSignal::usr2}, {"none", ReportSignal::none}};
-constexpr Word<ReportFormat> kFormatWords[] = {{"text", ReportFormat::text},
-                                               {"json", ReportFormat::json}};
+constexpr Word<ReportFormat> kFormatWords[] = {
+    {"text", ReportFormat::text}, {"wide", ReportFormat::wide}, {"json", ReportFormat::json}};
 constexpr Word<LogLevel> kLogWords[] = {
     {"off", LogLevel::off}, {"basic", LogLevel::basic}, {"full", LogLevel::full}};
 constexpr Word<MemGetInfoMode> kMemGetInfoWords[] = {{"pooled", MemGetInfoMode::pooled},
@@ -53,7 +57,7 @@ std::string word_grammar(std::string_view separator) {
 template <auto& words, auto member>
 std::optional<ConfigError> parse_word(std::string_view key, std::string_view value, Config& c) {
   for (const auto& word : words) {
-    if (word.name == value) {
+    if (same_word(word.name, value)) {
       c.*member = word.value;
       return std::nullopt;
     }
@@ -78,11 +82,83 @@ std::optional<ConfigError> parse_managed_slab(std::string_view key, std::string_
                                               Config& c) {
   auto size = parse_size_field(key, value, "managed_slab");
   if (size.error) return size.error;
+  // A slab holds at least one granule, and its host metadata (about 1/100 of it) stays modest.
+  if (size.value < kDeviceAlignment || size.value > kMaxManagedSlabSize) {
+    return ConfigError{std::string(key), std::string(value),
+                       "a size from " + format_size(kDeviceAlignment) + " to " +
+                           format_size(kMaxManagedSlabSize)};
+  }
   c.managed_slab = size.value;
   return std::nullopt;
 }
 
 std::string describe_managed_slab(const Config& c) { return format_size(c.managed_slab); }
+
+constexpr int kLargestDeviceIndex = 63;
+constexpr std::string_view kLimitExpected =
+    "none, a size (every device), or per device in brackets such as [0=40G,1=20G]";
+
+std::optional<ConfigError> parse_limit(std::string_view key, std::string_view value, Config& c) {
+  MemoryLimit limit;
+  if (same_word(value, "none")) {
+    c.limit = limit;
+    return std::nullopt;
+  }
+  if (value.empty() || value.front() != '[') {
+    auto size = parse_size_field(key, value, "limit");
+    if (size.error) {
+      size.error->expected = std::string(kLimitExpected) + ": " + size.error->expected;
+      return size.error;
+    }
+    limit.all = size.value;
+    c.limit = limit;
+    return std::nullopt;
+  }
+  if (value.back() != ']' || value.size() < 3)
+    return ConfigError{std::string(key), std::string(value), std::string(kLimitExpected)};
+  std::string_view rest = value.substr(1, value.size() - 2);
+  while (!rest.empty()) {
+    const auto comma = rest.find(',');
+    const std::string_view entry = trim(rest.substr(0, comma));
+    rest = comma == std::string_view::npos ? std::string_view{} : rest.substr(comma + 1);
+    const auto equals = entry.find('=');
+    int device = -1;
+    const std::string_view index = trim(entry.substr(0, equals));
+    const auto [end, ec] = std::from_chars(index.data(), index.data() + index.size(), device);
+    if (equals == std::string_view::npos || ec != std::errc() ||
+        end != index.data() + index.size() || device < 0 || device > kLargestDeviceIndex)
+      return ConfigError{std::string(key), std::string(entry),
+                         "DEVICE=SIZE with a device index from 0 to " +
+                             std::to_string(kLargestDeviceIndex) + ", e.g. 0=40G"};
+    auto size = parse_size_field(key, trim(entry.substr(equals + 1)), "limit");
+    if (size.error) {
+      size.error->text = std::string(entry);
+      return size.error;
+    }
+    for (const auto& [known, bytes] : limit.devices)
+      if (known == device)
+        return ConfigError{std::string(key), std::string(entry), "each device at most once"};
+    limit.devices.emplace_back(device, size.value);
+  }
+  if (limit.devices.empty())
+    return ConfigError{std::string(key), std::string(value), std::string(kLimitExpected)};
+  std::sort(limit.devices.begin(), limit.devices.end());
+  c.limit = limit;
+  return std::nullopt;
+}
+
+std::string describe_limit(const Config& c) {
+  if (c.limit.all) return format_size(*c.limit.all);
+  if (c.limit.devices.empty()) return "none";
+  std::string out = "[";
+  for (const auto& [device, bytes] : c.limit.devices) {
+    if (out.size() > 1) out += ',';
+    out += std::to_string(device) + "=" + format_size(bytes);
+  }
+  return out + "]";
+}
+
+std::string grammar_limit() { return "none|SIZE|[DEVICE=SIZE,...]"; }
 std::string grammar_size() { return "SIZE"; }
 
 // A size where 0 is meaningful ("never run ahead"): a zero number with any valid unit is 0;
@@ -156,11 +232,11 @@ struct Option {
   }
 
 // Note [Option table]: the order here is the order of describe_config, of the CLI's help and
-// of the README's reference. Defaults are not written here: they are whatever a default
+// of the keys in docs/configuration.md. Defaults are not written here: they are whatever a default
 // Config holds, rendered by the row's own describe function. constexpr (string views and
 // function pointers only): the table is constant-initialised, with no dynamic initialiser, so
 // parse_config works even when a hook runs before the library's static initialisers.
-constexpr std::array<Option, 13> kOptions = {{
+constexpr std::array<Option, 15> kOptions = {{
     {"pools", "the dynamic pools: a preset or a list of pools tried in order", &parse_pools_option,
      &describe_pools, &grammar_pools},
     POOLCUDA_WORD_OPTION("persistent", kPersistentWords, &Config::persistent,
@@ -174,13 +250,20 @@ constexpr std::array<Option, 13> kOptions = {{
     POOLCUDA_WORD_OPTION("report_signal", kSignalWords, &Config::report_signal,
                          "the signal that makes the process write a report"),
     POOLCUDA_WORD_OPTION("report_format", kFormatWords, &Config::report_format,
-                         "the report's format"),
+                         "the report's format (wide: text with every column)"),
     {"report_path", "where reports go: stderr or a file (%p = pid, %n = report number)",
      &parse_report_path, &describe_report_path, &grammar_report_path},
     POOLCUDA_WORD_OPTION("report_at_exit", kBitWords, &Config::report_at_exit,
                          "1: write one report when the process exits"),
     POOLCUDA_WORD_OPTION("log", kLogWords, &Config::log,
                          "log level on stderr (basic: warnings and out-of-memory details)"),
+    POOLCUDA_WORD_OPTION("capture_share", kOnOffWords, &Config::capture_share,
+                         "on: graphs captured on a device share one pool of pinned memory "
+                         "(only for graphs that never run at the same time)"),
+    {"limit",
+     "the most device memory the library holds on a device (cudaMemGetInfo shows it as the "
+     "total)",
+     &parse_limit, &describe_limit, &grammar_limit},
     POOLCUDA_WORD_OPTION("managed", kOnOffWords, &Config::managed,
                          "serve cudaMallocManaged from bump slabs"),
     {"managed_slab", "size of one managed-memory slab", &parse_managed_slab,
@@ -209,7 +292,33 @@ const Option* find_option(std::string_view key) {
   return nullptr;
 }
 
+// An entry with no ':' ("log=off", "free_fence events"): the error names the key the entry
+// starts with, whether or not it is a valid one, so the message points at the entry to fix.
+ConfigError missing_colon(std::string_view entry) {
+  std::size_t length = 0;
+  while (length < entry.size() &&
+         ((entry[length] >= 'a' && entry[length] <= 'z') || entry[length] == '_'))
+    ++length;
+  const std::string_view key = entry.substr(0, length);
+  if (key.empty()) return ConfigError{"", std::string(entry), "key:value (a ':' after the key)"};
+  if (find_option(key) == nullptr)
+    return ConfigError{std::string(key), std::string(entry),
+                       valid_keys() + ", then ':' and a value"};
+  return ConfigError{std::string(key), std::string(entry),
+                     "key:value (a ':' after the key, e.g. " + std::string(key) + ":" +
+                         find_option(key)->describe(Config{}) + ")"};
+}
+
 }  // namespace
+
+bool same_word(std::string_view a, std::string_view b) {
+  if (a.size() != b.size()) return false;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    const auto lower = [](char c) { return c >= 'A' && c <= 'Z' ? static_cast<char>(c + 32) : c; };
+    if (lower(a[i]) != lower(b[i])) return false;
+  }
+  return true;
+}
 
 std::string_view trim(std::string_view text) {
   constexpr std::string_view kSpace = " \t\r\n\f\v";
@@ -258,6 +367,10 @@ SizeResult parse_size_field(std::string_view key, std::string_view text, std::st
   if (result.value == 0) {
     return fail("a non-zero size for " + std::string(field));
   }
+  if (result.value > kLargestConfiguredSize) {
+    return fail("a size for " + std::string(field) + " of at most " +
+                format_size(kLargestConfiguredSize) + " (no device has more memory)");
+  }
   return result;
 }
 
@@ -268,16 +381,10 @@ std::string ConfigError::message() const {
   return out;
 }
 
-std::string format_size(std::uint64_t bytes) {
-  constexpr std::array<std::string_view, 4> kUnits = {"TiB", "GiB", "MiB", "KiB"};
-  for (std::size_t i = 0; i < kUnits.size(); ++i) {
-    const int shift = 10 * static_cast<int>(kUnits.size() - i);
-    const std::uint64_t unit = std::uint64_t{1} << shift;
-    if (bytes != 0 && bytes % unit == 0) {
-      return std::to_string(bytes >> shift) + std::string(kUnits[i]);
-    }
-  }
-  return std::to_string(bytes) + "B";
+std::optional<std::uint64_t> MemoryLimit::for_device(int device) const {
+  for (const auto& [known, bytes] : devices)
+    if (known == device) return bytes;
+  return all;
 }
 
 ParseResult parse_config(std::string_view text) {
@@ -291,8 +398,7 @@ ParseResult parse_config(std::string_view text) {
     if (stop == std::string_view::npos || text[stop] == ',') {
       const auto entry = trim(text.substr(pos, stop == std::string_view::npos ? stop : stop - pos));
       if (!entry.empty()) {
-        const std::string key = find_option(entry) ? std::string(entry) : std::string();
-        result.error = ConfigError{key, std::string(entry), "key:value (a ':' after the key)"};
+        result.error = missing_colon(entry);
         return result;
       }
       if (stop == std::string_view::npos) break;  // trailing or empty entries are ignored
@@ -305,15 +411,15 @@ ParseResult parse_config(std::string_view text) {
       result.error = ConfigError{std::string(key), std::string(key), valid_keys()};
       return result;
     }
-    // The value runs to the next ',' outside brackets and parentheses, so that a pool list's
-    // own commas stay inside it; brackets are only counted for the pool list, so a report
-    // path may contain them.
+    // The value runs to the next ',' outside brackets and parentheses, so that the commas of a
+    // pool list or a per-device limit stay inside it; brackets are only counted for those two
+    // keys, so a report path may contain them.
     std::size_t end = stop + 1;
     int depth = 0;
     for (; end < text.size(); ++end) {
       const char ch = text[end];
       if (ch == ',' && depth <= 0) break;
-      if (option->parse != &parse_pools_option) continue;
+      if (option->parse != &parse_pools_option && option->parse != &parse_limit) continue;
       if (ch == '[' || ch == '(') ++depth;
       if (ch == ']' || ch == ')') --depth;
     }

@@ -1,8 +1,9 @@
 // The whole configuration of poolcuda as one value, and the pure parser that produces it from
 // the POOLCUDA_CONF string. Parsing does no I/O and no CUDA call: errors are values, so the
 // interposer can print them and stop before main, and `poolcuda check-conf` can reuse them.
-// The option table (every key, its default, its grammar) lives in config.cpp; the README's
-// configuration reference documents the same table.
+// The option table (every key, its default, its grammar) lives in config.cpp; docs/config.md
+// documents the same table. Builds as its own library (config/) over the engine's vocabulary
+// (pools/options.h); the engine never includes this header.
 #pragma once
 
 #include <cstdint>
@@ -11,55 +12,28 @@
 #include <string_view>
 #include <vector>
 
-#include "pools/types.h"
+#include "pools/options.h"
 
 namespace poolcuda {
 
-enum class PersistentMode : std::uint8_t { enabled, size_match, disabled, enforced };
-enum class FreeFence : std::uint8_t { events, sync, none };
 enum class ReportSignal : std::uint8_t { usr1, usr2, none };
-enum class ReportFormat : std::uint8_t { text, json };
-enum class LogLevel : std::uint8_t { off, basic, full };
 enum class MemGetInfoMode : std::uint8_t { pooled, raw };
 
-enum class PoolKind : std::uint8_t { sliced, exclusive, direct };
+// The `limit` key: a budget of device memory the library may hold on each device (pools, managed
+// slabs and the allocations it passes to the driver). `all` applies to every device not listed
+// in `devices`; a device with neither has no budget.
+struct MemoryLimit {
+  std::optional<std::uint64_t> all;
+  std::vector<std::pair<int, std::uint64_t>> devices;  // (device index, bytes), by index
 
-// One dynamic pool as configured. Fields a kind does not use stay 0 / nullopt.
-struct PoolSpec {
-  PoolKind kind = PoolKind::sliced;
-  // sliced: page size, largest slice it accepts (defaults to the page), optional cap on the
-  // bytes the pool may reserve.
-  std::uint64_t page_size = 0;
-  std::uint64_t max_slice_size = 0;
-  std::optional<std::uint64_t> cap;
-  // exclusive: largest allocation it accepts.
-  std::uint64_t max_alloc_size = 0;
-  // direct: reserved bytes above which idle allocations are released.
-  std::uint64_t reclaim_at = 0;
-  // sliced and exclusive: reservations of disuse after which an idle page is released.
-  std::optional<std::uint64_t> dealloc_period;
-
-  friend bool operator==(const PoolSpec&, const PoolSpec&) = default;
+  std::optional<std::uint64_t> for_device(int device) const;
+  friend bool operator==(const MemoryLimit&, const MemoryLimit&) = default;
 };
-
-enum class PoolPreset : std::uint8_t { subslices, exclusive, custom };
-
-struct PoolLayout {
-  PoolPreset preset = PoolPreset::subslices;
-  std::vector<PoolSpec> custom;  // only for PoolPreset::custom
-
-  friend bool operator==(const PoolLayout&, const PoolLayout&) = default;
-};
-
-// Limits a layout must respect. Pools are addressed by a small index and pages per pool are
-// bounded so that reports and indexes stay small.
-inline constexpr std::size_t kMaxPools = 32;
-inline constexpr std::uint64_t kMaxPagesPerPool = 65536;
 
 struct Config {
   PoolLayout pools;
   PersistentMode persistent = PersistentMode::enabled;
-  FreeFence free_fence = FreeFence::events;
+  FreeFence free_fence = FreeFence::automatic;
   // Bytes freed memory may hold while it waits for free fences before a reservation that
   // would grow a pool waits for the oldest fence instead; 0: always wait first.
   std::uint64_t fence_slack = 64 * MiB;
@@ -68,6 +42,8 @@ struct Config {
   std::string report_path = "stderr";  // or a path; %p = pid, %n = sequence number
   bool report_at_exit = false;
   LogLevel log = LogLevel::basic;
+  bool capture_share = false;
+  MemoryLimit limit;
   bool managed = true;
   std::uint64_t managed_slab = 64 * MiB;
   MemGetInfoMode memgetinfo = MemGetInfoMode::pooled;
@@ -99,9 +75,6 @@ ParseResult parse_config(std::string_view text);
 // The effective configuration in the same grammar, every key spelled out; parsing the result
 // gives back an equal Config.
 std::string describe_config(const Config& config);
-
-// Formats a byte count the way the parser reads sizes back ("64MiB", "1536B").
-std::string format_size(std::uint64_t bytes);
 
 // One row of the option table, for help texts (`poolcuda --help`) and documentation. The rows
 // come from the same table the parser and describe_config use, in the same order.

@@ -1,13 +1,29 @@
 // The grammar of the `pools` key of POOLCUDA_CONF: a preset (`subslices`, `exclusive`) or a
 // bracketed list of pools tried in order, `[sliced(page=64M,slice=16M,cap=1G,period=5000);
 // exclusive(max=1G,period=10000);direct(reclaim=4G)]`, and its inverse. Validates each pool
-// against the limits in pools/config.h so that a layout the parser accepts can always be built.
-// Pure string work; depends only on pools/config.h and the parser's internal helpers.
+// against the limits in pools/options.h so that a layout the parser accepts can always be built,
+// and refuses a list in which some pool could never serve a request (Note [Unreachable pools]).
+// Pure string work; depends only on pools/options.h and the parser's internal helpers.
+//
+// Note [Unreachable pools]
+// ~~~~~~~~~~~~~~~~~~~~~~~~
+// The manager routes a request to the first pool of the list that accepts its size, and only a
+// capped sliced pool that is full passes a request it accepts on to later pools (a spill); any
+// other pool serves the request, grows, or fails it. A pool accepts every size from 1 byte up
+// to a bound: `slice` for a sliced pool, `max` rounded up to the alignment for an exclusive
+// pool (the engine rounds it so: layout.cpp), every size for a direct pool. So a pool is never
+// reached when an earlier pool that cannot spill has a bound at least as large as its own, and
+// it can serve no request at all: almost always a list written largest first, or a rounding
+// the writer did not expect (exclusive(max=1000B) already takes every size up to 1 KiB). Such a
+// list is refused, naming both pools. A sliced pool's rounded page always holds its largest
+// slice (slice <= page, both rounded up alike) and a cap is at least one rounded page, so a
+// pool that some request reaches can always serve it.
 #include <array>
 #include <charconv>
+#include <cstdint>
 #include <vector>
 
-#include "pools/config_parse.h"
+#include "config/config_parse.h"
 
 namespace poolcuda {
 
@@ -67,7 +83,7 @@ std::optional<ConfigError> parse_pool(std::string_view key, std::string_view ent
   const auto kind_text = trim(entry.substr(0, open));
   const KindSpec* spec = nullptr;
   for (const auto& candidate : kKinds) {
-    if (candidate.name == kind_text) spec = &candidate;
+    if (same_word(candidate.name, kind_text)) spec = &candidate;
   }
   if (spec == nullptr) {
     return pool_error(key, kind_text.empty() ? entry : kind_text,
@@ -93,7 +109,7 @@ std::optional<ConfigError> parse_pool(std::string_view key, std::string_view ent
       const auto name = trim(field.substr(0, equals));
       const auto value = trim(field.substr(equals + 1));
       std::size_t f = 0;
-      while (f < kFieldCount && !(spec->allowed[f] && kFieldNames[f] == name)) ++f;
+      while (f < kFieldCount && !(spec->allowed[f] && same_word(kFieldNames[f], name))) ++f;
       if (f == kFieldCount) {
         return pool_error(key, field,
                           "a field of " + std::string(spec->name) + " pools: " +
@@ -136,10 +152,17 @@ std::optional<ConfigError> parse_pool(std::string_view key, std::string_view ent
                           "slice (" + format_size(slice) + ") no larger than page (" +
                               format_size(page) + ")");
       }
-      if (values[kCap] && *values[kCap] < page) {
+      // A cap below one page (as the device rounds it, to the alignment) would shrink the
+      // pool's pages until some request it accepts could never be served.
+      const std::uint64_t aligned_page = align_up(page, kDeviceAlignment);
+      if (values[kCap] && *values[kCap] < aligned_page) {
         return pool_error(key, entry,
                           "cap (" + format_size(*values[kCap]) + ") at least one page (" +
-                              format_size(page) + ")");
+                              format_size(aligned_page) +
+                              (aligned_page != page ? ", the page rounded up to the " +
+                                                          format_size(kDeviceAlignment) +
+                                                          " alignment)"
+                                                    : ")"));
       }
       if (values[kCap]) {
         const std::uint64_t pages = *values[kCap] / page + (*values[kCap] % page != 0 ? 1 : 0);
@@ -192,6 +215,43 @@ std::optional<std::string> check_nesting(std::string_view value) {
   return std::nullopt;
 }
 
+// The largest request `pool` accepts, as the engine judges it (Note [Unreachable pools]).
+std::uint64_t accepted_up_to(const PoolSpec& pool) {
+  switch (pool.kind) {
+    case PoolKind::sliced:
+      return pool.max_slice_size;
+    case PoolKind::exclusive:
+      return align_up(pool.max_alloc_size, kDeviceAlignment);
+    case PoolKind::direct:
+      break;
+  }
+  return UINT64_MAX;
+}
+
+// A list in which some pool is never reached (Note [Unreachable pools]): the error names it and
+// the earlier pool that takes its requests. `texts` holds each pool's text as written.
+std::optional<ConfigError> check_reachable(std::string_view key,
+                                           const std::vector<PoolSpec>& pools,
+                                           const std::vector<std::string_view>& texts) {
+  for (std::size_t later = 1; later < pools.size(); ++later) {
+    for (std::size_t first = 0; first < later; ++first) {
+      const PoolSpec& taker = pools[first];
+      if (taker.kind == PoolKind::sliced && taker.cap) continue;  // spills when full
+      if (accepted_up_to(taker) < accepted_up_to(pools[later])) continue;
+      const std::string takes =
+          taker.kind == PoolKind::direct
+              ? "takes every size; a direct pool belongs last"
+              : "takes every size up to " + format_size(accepted_up_to(taker)) +
+                    "; list pools for smaller sizes first";
+      return pool_error(key, texts[later],
+                        "a pool that some request reaches: pool " + std::to_string(first + 1) +
+                            " (" + std::string(texts[first]) + ") comes first, has no cap and " +
+                            takes + " (pool " + std::to_string(later + 1) + ")");
+    }
+  }
+  return std::nullopt;
+}
+
 void describe_pool(const PoolSpec& pool, std::string& out) {
   auto field = [&](std::string_view name, const std::string& value) {
     if (out.back() != '(') out += ',';
@@ -223,8 +283,10 @@ void describe_pool(const PoolSpec& pool, std::string& out) {
 
 std::optional<ConfigError> parse_pool_layout(std::string_view key, std::string_view value,
                                              PoolLayout& layout) {
-  if (value == "subslices" || value == "exclusive") {
-    layout = PoolLayout{value == "subslices" ? PoolPreset::subslices : PoolPreset::exclusive, {}};
+  if (same_word(value, "subslices") || same_word(value, "exclusive")) {
+    layout = PoolLayout{same_word(value, "subslices") ? PoolPreset::subslices
+                                                     : PoolPreset::exclusive,
+                        {}};
     return std::nullopt;
   }
   if (value.empty() || value.front() != '[') {
@@ -234,6 +296,7 @@ std::optional<ConfigError> parse_pool_layout(std::string_view key, std::string_v
 
   // Split the inside of the brackets on ';' outside parentheses.
   std::vector<PoolSpec> pools;
+  std::vector<std::string_view> texts;
   const std::string_view inner = value.substr(1, value.size() - 2);
   std::size_t start = 0;
   int depth = 0;
@@ -257,10 +320,12 @@ std::optional<ConfigError> parse_pool_layout(std::string_view key, std::string_v
       return error;
     }
     pools.push_back(pool);
+    texts.push_back(entry);
   }
   if (pools.empty()) {
     return pool_error(key, value, "at least one pool in the list, e.g. [sliced(page=64M)]");
   }
+  if (auto error = check_reachable(key, pools, texts)) return error;
   layout = PoolLayout{PoolPreset::custom, std::move(pools)};
   return std::nullopt;
 }

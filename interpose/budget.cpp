@@ -1,0 +1,136 @@
+// The memory budget (see budget.h).
+//
+// Note [Budget]
+// ~~~~~~~~~~~~~
+// GPU-sharing tools give each process a budget of device memory and make cudaMemGetInfo show
+// it as the device's size. Under `limit` the library does the same for what it holds: a charge
+// happens before every driver allocation the library makes for the program (a page, a managed
+// slab, a request it passes through) and is given back when the memory is handed back (a
+// released page counts as returned once it is on its way to the driver). A page the budget
+// refuses looks to the pools like a full device, so out-of-memory recovery first returns idle
+// pages and waits for freed memory, exactly as on a full device, before the program sees
+// cudaErrorMemoryAllocation. Allocations made behind the library's back (cudaMallocAsync,
+// driver calls of other contexts) are not charged.
+#include "interpose/budget.h"
+
+#include <atomic>
+#include <mutex>
+#include <unordered_map>
+
+#include "interpose/lifecycle.h"
+#include "interpose/log.h"
+#include "pools/lock_order.h"
+
+namespace poolcuda::budget {
+
+namespace {
+
+constexpr int kMaxDevices = 64;
+
+struct Account {
+  std::atomic<std::uint64_t> charged{0};
+  std::atomic<std::uint64_t> refused{0};
+};
+
+struct State {
+  Account accounts[kMaxDevices];
+  RankedMutex mutex{LockRank::device};
+  std::unordered_map<void*, std::pair<int, std::uint64_t>> passed;  // ptr -> (device, bytes)
+};
+
+State& state() {
+  static State* s = new State;  // never destroyed (Note [Exit] in lifecycle.cpp)
+  return *s;
+}
+
+bool in_range(int device) { return device >= 0 && device < kMaxDevices; }
+
+std::optional<std::uint64_t> limit_of(int device) { return config().limit.for_device(device); }
+
+}  // namespace
+
+bool charge(int device, std::uint64_t bytes) {
+  if (!in_range(device)) return true;
+  const std::optional<std::uint64_t> limit = limit_of(device);
+  Account& account = state().accounts[device];
+  if (!limit) {
+    account.charged.fetch_add(bytes, std::memory_order_relaxed);
+    return true;
+  }
+  std::uint64_t now = account.charged.load(std::memory_order_relaxed);
+  do {
+    if (bytes > *limit || now > *limit - bytes) {
+      if (account.refused.fetch_add(1, std::memory_order_relaxed) == 0)
+        log_format(LogLevel::basic,
+                   "device %d: %llu B more would exceed the budget (limit %llu B, %llu B held); "
+                   "refused as out of memory",
+                   device, static_cast<unsigned long long>(bytes),
+                   static_cast<unsigned long long>(*limit),
+                   static_cast<unsigned long long>(now));
+      return false;
+    }
+  } while (!account.charged.compare_exchange_weak(now, now + bytes, std::memory_order_relaxed));
+  return true;
+}
+
+void uncharge(int device, std::uint64_t bytes) {
+  if (!in_range(device)) return;
+  std::atomic<std::uint64_t>& charged = state().accounts[device].charged;
+  std::uint64_t now = charged.load(std::memory_order_relaxed);
+  // Never below zero: a reset may have forgotten the charge already.
+  while (!charged.compare_exchange_weak(now, now > bytes ? now - bytes : 0,
+                                        std::memory_order_relaxed)) {
+  }
+}
+
+void passed_through(int device, void* ptr, std::uint64_t bytes) {
+  State& s = state();
+  std::lock_guard hold(s.mutex);
+  s.passed[ptr] = {device, bytes};
+}
+
+void freed_through(void* ptr) {
+  State& s = state();
+  std::pair<int, std::uint64_t> entry{-1, 0};
+  {
+    std::lock_guard hold(s.mutex);
+    auto it = s.passed.find(ptr);
+    if (it == s.passed.end()) return;
+    entry = it->second;
+    s.passed.erase(it);
+  }
+  uncharge(entry.first, entry.second);
+}
+
+void forget_device(int device) {
+  if (!in_range(device)) return;
+  State& s = state();
+  std::lock_guard hold(s.mutex);
+  std::erase_if(s.passed, [&](const auto& item) { return item.second.first == device; });
+  s.accounts[device].charged.store(0, std::memory_order_relaxed);
+}
+
+void adjust_memory_info(int device, std::uint64_t idle, std::size_t* free_bytes,
+                        std::size_t* total_bytes) {
+  if (!in_range(device)) return;
+  const std::optional<std::uint64_t> limit = limit_of(device);
+  if (!limit) return;
+  const std::uint64_t charged = state().accounts[device].charged.load(std::memory_order_relaxed);
+  const std::uint64_t left = (charged < *limit ? *limit - charged : 0) + idle;
+  if (free_bytes != nullptr && left < *free_bytes) *free_bytes = static_cast<std::size_t>(left);
+  if (total_bytes != nullptr && *limit < *total_bytes)
+    *total_bytes = static_cast<std::size_t>(*limit);
+}
+
+std::optional<ReportSection> describe(int device) {
+  const std::optional<std::uint64_t> limit = in_range(device) ? limit_of(device) : std::nullopt;
+  if (!limit) return std::nullopt;
+  const Account& account = state().accounts[device];
+  ReportSection section{"budget", "budget", {}, {}, {}};
+  section.add("limit", "limit", ReportValue::of(Unit::bytes, *limit));
+  section.add("held", "held", ReportValue::of(Unit::bytes, account.charged.load()));
+  section.add("refused", "refused", ReportValue::of(Unit::count, account.refused.load()));
+  return section;
+}
+
+}  // namespace poolcuda::budget

@@ -1,0 +1,38 @@
+// The per-device memory budget of the `limit` key (Note [Budget] in budget.cpp): every byte of
+// device memory the library takes on the program's behalf (pool pages, allocations it passes to
+// the driver, managed slabs) is charged to the device before the driver is asked for it, and a
+// charge over the budget is refused.
+//
+// Depends on config.h and the log.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+
+#include "config/config.h"
+#include "pools/report_tree.h"
+
+namespace poolcuda::budget {
+
+// Charges `bytes` on `device`; false (nothing charged) when that would exceed its budget. The
+// first refusal on a device is logged. Always true on a device without a budget.
+bool charge(int device, std::uint64_t bytes);
+void uncharge(int device, std::uint64_t bytes);
+
+// An allocation passed to the driver, charged: remembered so that its free uncharges it.
+void passed_through(int device, void* ptr, std::uint64_t bytes);
+// A pointer freed by the driver: uncharges it when it was one of those.
+void freed_through(void* ptr);
+
+// cudaDeviceReset freed everything on the device: nothing is charged any more.
+void forget_device(int device);
+
+// cudaMemGetInfo under a budget: the budget as the total, what is left of it (plus `idle`
+// pooled bytes, which the library would give back) as free, never more than the driver says.
+void adjust_memory_info(int device, std::uint64_t idle, std::size_t* free_bytes,
+                        std::size_t* total_bytes);
+
+// The device's budget part of the report; nullopt when it has no budget.
+std::optional<ReportSection> describe(int device);
+
+}  // namespace poolcuda::budget

@@ -1,0 +1,176 @@
+// The stream-capture hooks: cudaStreamBeginCapture, cudaStreamBeginCaptureToGraph and
+// cudaStreamEndCapture (and their per-thread-default-stream variants) tell the device's capture
+// policy when a window opens and closes, and a stream destroyed mid-capture closes the capture
+// it began as failed. They only translate: what a window does with memory is capture/'s business
+// (Note [Capture windows] in capture/capture_policy.cpp).
+//
+// Note [Capture begin and fences]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// A fence records an event on the legacy stream, which invalidates any capture that a blocking
+// stream has open on the device. So the real begin runs under the stream table's lock, the lock
+// a fence holds from its check for open captures to its last record, and the device's count of
+// open captures goes up before that lock is released: a begin and a fence never interleave.
+// Before the lock, the policy primes the persistent pool (Note [Priming]) and drains the pin
+// releases of graphs that are gone, so the window finds that memory free.
+//
+// Note [Streams that leave a capture]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// Destroying the stream that began a capture ends the capture: nothing can end it with a graph
+// any more, so its window closes as failed. A stream that only joined a capture (it waited on an
+// event recorded in it) can also be destroyed while the capture is open; that does not end the
+// capture, which its origin may still end with a graph whose nodes include the joined stream's
+// work (or CUDA invalidates it, and its end reports the failure). So the window stays open until
+// the origin's end, whatever CUDA decides, and the hooks remember which stream began each
+// capture the policy has open. A capture id is unique in the process.
+//
+// The runtime's and the driver's entry points both come here (hooks.h): the queries below go
+// through the library's own-call table, which uses the driver in a process without a runtime.
+//
+// Depends on the registry, the capture policy, the graph owner and the own-call table.
+#include "interpose/hooks.h"
+
+#include <mutex>
+#include <utility>
+#include <vector>
+
+#include "interpose/graph_owner.h"
+#include "interpose/own_api.h"
+#include "interpose/registry.h"
+#include "interpose/release_worker.h"
+#include "interpose/stream_order.h"
+#include "pools/lock_order.h"
+
+namespace poolcuda::hooks {
+
+namespace {
+
+// The stream that began each open capture (Note [Streams that leave a capture]). A leaf lock:
+// nothing else is taken while it is held. Open captures are few: a vector does.
+class Origins {
+ public:
+  void add(unsigned long long id, cudaStream_t stream) {
+    std::lock_guard<RankedMutex> hold(mutex_);
+    open_.emplace_back(id, stream);
+  }
+  void remove(unsigned long long id) {
+    std::lock_guard<RankedMutex> hold(mutex_);
+    std::erase_if(open_, [&](const auto& entry) { return entry.first == id; });
+  }
+  bool began(unsigned long long id, cudaStream_t stream) {
+    std::lock_guard<RankedMutex> hold(mutex_);
+    for (const auto& entry : open_) {
+      if (entry.first == id) return entry.second == stream;
+    }
+    return false;
+  }
+
+ private:
+  RankedMutex mutex_{LockRank::device};
+  std::vector<std::pair<unsigned long long, cudaStream_t>> open_;
+};
+
+Origins& origins() {
+  static auto* table = new Origins;  // never destroyed: hooks may run during exit
+  return *table;
+}
+
+struct OpenCapture {
+  int device = -1;
+  unsigned long long id = 0;
+  explicit operator bool() const { return id != 0; }
+};
+
+// The handle the queries below take: with `per_thread`, 0 names the per-thread stream.
+cudaStream_t normal_handle(cudaStream_t stream, bool per_thread) {
+  return per_thread && stream == nullptr ? cudaStreamPerThread : stream;
+}
+
+int stream_device(cudaStream_t stream) {
+  int device = -1;
+  if (own::cudaStreamGetDevice()(stream, &device) == cudaSuccess) return device;
+  // A runtime without cudaStreamGetDevice: the stream is the current device's.
+  if (own::cudaGetDevice()(&device) != cudaSuccess) return -1;
+  own::cudaGetLastError()();
+  return device;
+}
+
+// The capture open on `stream` now (an empty value when none is, or the stream is gone).
+OpenCapture open_capture(cudaStream_t stream, int device) {
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  unsigned long long id = 0;
+  const cudaError_t result =
+      own::cudaStreamGetCaptureInfo()(stream, &status, &id, nullptr, nullptr, nullptr, nullptr);
+  if (result != cudaSuccess || status == cudaStreamCaptureStatusNone) return {};
+  return OpenCapture{device, id};
+}
+
+}  // namespace
+
+int begin_capture(cudaStream_t handle, bool per_thread, const std::function<int()>& real) {
+  Registry& registry = Registry::instance();
+  const cudaStream_t stream = normal_handle(handle, per_thread);
+  const int device = stream_device(stream);
+  if (device < 0 || registry.manager_or_create(device) == nullptr) return real();
+  CapturePolicy& policy = *registry.capture(device);
+  stream_order::capture_beginning(device);  // Note [Stream-ordered reuse]
+  policy.drain_releases();
+  policy.prime();
+  int result = 0;
+  OpenCapture capture;
+  {
+    auto table = registry.streams().lock();  // Note [Capture begin and fences]
+    result = real();
+    if (result == 0) {
+      capture = open_capture(stream, device);
+      if (capture) registry.device(device)->capture_began();
+    }
+  }
+  if (capture) {
+    origins().add(capture.id, stream);
+    policy.begin(capture.id);
+  }
+  return result;
+}
+
+namespace {
+
+// After a call that may have ended `capture` (an end, a stream destroy): when it did, the
+// policy closes it, pinning its memory to `graph` when there is one.
+void close_if_ended(const OpenCapture& capture, cudaStream_t stream, cudaGraph_t graph) {
+  if (!capture) return;
+  Registry& registry = Registry::instance();
+  CapturePolicy* policy = registry.capture(capture.device);
+  if (policy == nullptr || !policy->is_open(capture.id)) return;  // begun behind our back
+  if (open_capture(stream, capture.device).id == capture.id) return;  // still open
+  registry.device(capture.device)->capture_ended();
+  origins().remove(capture.id);
+  PinSet* set = policy->end(capture.id, graph != nullptr);
+  if (set != nullptr && !attach_to_graph(graph, capture.device, set)) policy->release(set);
+  ReleaseWorker::instance().wake();  // pages held back by the capture may go now
+}
+
+}  // namespace
+
+int end_capture(cudaStream_t handle, bool per_thread, cudaGraph_t* graph,
+                const std::function<int()>& real) {
+  const cudaStream_t stream = normal_handle(handle, per_thread);
+  const OpenCapture capture = open_capture(stream, stream_device(stream));
+  const int result = real();
+  const bool made_graph = result == 0 && graph != nullptr && *graph != nullptr;
+  close_if_ended(capture, stream, made_graph ? *graph : nullptr);
+  return result;
+}
+
+void stream_destroyed_while_capturing(cudaStream_t stream, int device,
+                                      unsigned long long capture_id) {
+  // A stream that joined the capture leaves it open (Note [Streams that leave a capture]).
+  if (!origins().began(capture_id, stream)) return;
+  close_if_ended(OpenCapture{device, capture_id}, stream, nullptr);
+}
+
+unsigned long long stream_capture_id(cudaStream_t stream, int* device) {
+  *device = stream_device(stream);
+  return open_capture(stream, *device).id;
+}
+
+}  // namespace poolcuda::hooks

@@ -1,0 +1,105 @@
+// The current driver context and primary contexts (see driver_context.h).
+//
+// Note [Primary contexts]
+// The runtime works in each device's primary context (one per device, reference counted), and so
+// does a static cudart; a driver program may use it too (cuDevicePrimaryCtxRetain) or make
+// contexts of its own (cuCtxCreate), whose memory the primary context cannot use. The pools
+// belong to the primary context, so a driver hook pools only when the current context is its
+// device's primary one. The driver has no "is this primary?" query: the answer comes from
+// comparing the context with the device's primary context, which cuDevicePrimaryCtxRetain gives
+// (paired with a release, and only while the primary context is alive, so that the check never
+// creates or destroys it). Context ids (cuCtxGetId) are never reused in a process, so the answer
+// is cached per thread by id: a hook costs two driver calls (current context, its id). Without
+// cuCtxGetId (drivers older than 12.0) the check runs on every call.
+//
+// Depends on real_driver.h.
+#include "interpose/driver_context.h"
+
+#include "interpose/real_driver.h"
+
+namespace poolcuda::driver {
+
+namespace {
+
+struct Cached {
+  unsigned long long id = 0;  // 0: empty (ids start at 1)
+  int device = -1;
+  bool primary = false;
+};
+
+__attribute__((tls_model("initial-exec"))) thread_local Cached t_cached;
+
+// `device`'s primary context, if it is alive; null otherwise. Takes no lasting reference.
+CUcontext primary_of(int device) {
+  if (!primary_alive(device)) return nullptr;
+  CUcontext primary = nullptr;
+  if (real_driver::cuDevicePrimaryCtxRetain()(&primary, device) != CUDA_SUCCESS) return nullptr;
+  real_driver::cuDevicePrimaryCtxRelease_v2()(device);
+  return primary;
+}
+
+}  // namespace
+
+bool primary_alive(int device) {
+  unsigned int flags = 0;
+  int active = 0;
+  return real_driver::cuDevicePrimaryCtxGetState()(device, &flags, &active) == CUDA_SUCCESS &&
+         active != 0;
+}
+
+CurrentContext current_context() {
+  CurrentContext current;
+  if (real_driver::cuCtxGetCurrent()(&current.handle) != CUDA_SUCCESS ||
+      current.handle == nullptr) {
+    current.handle = nullptr;
+    return current;
+  }
+  unsigned long long id = 0;
+  const bool have_id = real_driver::cuCtxGetId()(current.handle, &id) == CUDA_SUCCESS && id != 0;
+  if (have_id && t_cached.id == id) {
+    current.device = t_cached.device;
+    current.primary = t_cached.primary;
+    return current;
+  }
+  CUdevice device = -1;
+  if (real_driver::cuCtxGetDevice()(&device) != CUDA_SUCCESS) return current;
+  current.device = device;
+  current.primary = primary_of(device) == current.handle;
+  if (have_id) t_cached = {id, current.device, current.primary};
+  return current;
+}
+
+bool is_primary(CUcontext ctx, int* device) {
+  int count = 0;
+  if (ctx == nullptr || real_driver::cuDeviceGetCount()(&count) != CUDA_SUCCESS) return false;
+  for (int d = 0; d < count; ++d) {
+    if (primary_of(d) == ctx) {
+      *device = d;
+      return true;
+    }
+  }
+  return false;
+}
+
+bool make_primary_current(int device) {
+  CurrentContext current = current_context();
+  if (current.primary && current.device == device) return true;
+  CUcontext primary = primary_of(device);
+  return primary != nullptr && real_driver::cuCtxSetCurrent()(primary) == CUDA_SUCCESS;
+}
+
+PrimaryScope::PrimaryScope(int device) {
+  if (real_driver::cuCtxGetCurrent()(&saved_) != CUDA_SUCCESS) return;
+  CurrentContext current = current_context();
+  if (current.primary && current.device == device) {
+    ok_ = true;
+    return;
+  }
+  ok_ = switched_ = make_primary_current(device);
+}
+
+PrimaryScope::~PrimaryScope() {
+  if (switched_) real_driver::cuCtxSetCurrent()(saved_);
+}
+
+}  // namespace poolcuda::driver

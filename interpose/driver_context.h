@@ -1,0 +1,48 @@
+// The calling thread's current driver context, as the driver hooks and the driver path of the
+// library's own calls need it: its device, and whether it is that device's primary context
+// (Note [Primary contexts] in driver_context.cpp). Pooled memory lives in primary contexts only;
+// a context made with cuCtxCreate is another address space's business.
+//
+// Depends on real_driver.h.
+#pragma once
+
+#include <cuda.h>
+
+namespace poolcuda::driver {
+
+struct CurrentContext {
+  CUcontext handle = nullptr;  // null: no context is current on this thread
+  int device = -1;
+  bool primary = false;
+};
+
+CurrentContext current_context();
+
+// Whether `ctx` is the primary context of a device, and which (for cuCtxDestroy).
+bool is_primary(CUcontext ctx, int* device);
+
+// Whether `device`'s primary context exists now (someone holds a reference on it).
+bool primary_alive(int device);
+
+// Makes `device`'s primary context current on this thread, if it is alive. False otherwise
+// (nothing changes).
+bool make_primary_current(int device);
+
+// For a scope: makes `device`'s primary context current and puts back the thread's context
+// afterwards. ok() is false when the primary context is not alive (nothing changed).
+class PrimaryScope {
+ public:
+  explicit PrimaryScope(int device);
+  ~PrimaryScope();
+  PrimaryScope(const PrimaryScope&) = delete;
+  PrimaryScope& operator=(const PrimaryScope&) = delete;
+
+  bool ok() const { return ok_; }
+
+ private:
+  CUcontext saved_ = nullptr;
+  bool switched_ = false;
+  bool ok_ = false;
+};
+
+}  // namespace poolcuda::driver

@@ -1,0 +1,183 @@
+// The exported driver entry points: every hooked variant under its own symbol (driver_variants.h),
+// for programs linked with -lcuda and as the targets the hooked resolvers hand out. Thin shims:
+// calls made from inside the library or in a forked child (hook_guard.h) go straight to the real
+// variant; everything else is one call into driver_hooks.cpp. The resolvers always map what the
+// real one found, whoever asks: the real runtime caches what it gets for the life of the process.
+//
+// Capture begin and end go through the same capture layer as the runtime's (hooks.h): a driver
+// capture opens and closes a capture window exactly like cudaStreamBeginCapture. The mode-less
+// cuStreamBeginCapture is a global-mode capture to the driver; the capture layer does not look
+// at the mode.
+//
+// Depends on driver_hooks.h, driver_variants.h, hooks.h and exports_common.h.
+#include "interpose/driver_hooks.h"
+#include "interpose/driver_variants.h"
+#include "interpose/exports_common.h"
+#include "interpose/hooks.h"
+
+namespace pc = poolcuda;
+namespace dh = poolcuda::driver_hooks;
+namespace dr = poolcuda::driver_real;
+
+POOLCUDA_EXPORT CUresult cuGetProcAddress_v2(const char* symbol, void** pfn, int cudaVersion,
+                                             cuuint64_t flags,
+                                             CUdriverProcAddressQueryResult* symbolStatus) {
+  const CUresult result = dr::cuGetProcAddress_v2()(symbol, pfn, cudaVersion, flags, symbolStatus);
+  dh::map_resolved(result == CUDA_SUCCESS, pfn);
+  return result;
+}
+
+POOLCUDA_EXPORT CUresult cuGetProcAddress(const char* symbol, void** pfn, int cudaVersion,
+                                          cuuint64_t flags) {
+  const CUresult result = dr::cuGetProcAddress()(symbol, pfn, cudaVersion, flags);
+  dh::map_resolved(result == CUDA_SUCCESS, pfn);
+  return result;
+}
+
+POOLCUDA_EXPORT CUresult cuMemAlloc_v2(CUdeviceptr* dptr, size_t bytesize) {
+  if (pc::bypass()) return dr::cuMemAlloc_v2()(dptr, bytesize);
+  return pc::guarded([&] { return dh::mem_alloc(dptr, bytesize); });
+}
+
+POOLCUDA_EXPORT CUresult cuMemFree_v2(CUdeviceptr dptr) {
+  if (pc::bypass()) return dr::cuMemFree_v2()(dptr);
+  return pc::guarded([&] { return dh::mem_free(dptr); });
+}
+
+POOLCUDA_EXPORT CUresult cuMemGetInfo_v2(size_t* free, size_t* total) {
+  if (pc::bypass()) return dr::cuMemGetInfo_v2()(free, total);
+  return pc::guarded([&] { return dh::mem_get_info(free, total); });
+}
+
+// Pitched allocations are not pooled: recognised, passed through.
+POOLCUDA_EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr* dptr, size_t* pPitch,
+                                            size_t WidthInBytes, size_t Height,
+                                            unsigned int ElementSizeBytes) {
+  return dr::cuMemAllocPitch_v2()(dptr, pPitch, WidthInBytes, Height, ElementSizeBytes);
+}
+
+// Driver managed memory is passed through: pooling it would also need the driver's attach,
+// advise, prefetch and attribute calls to treat a slab allocation as a whole allocation, as
+// managed_hooks.cpp does for the runtime's (docs/managed.md).
+POOLCUDA_EXPORT CUresult cuMemAllocManaged(CUdeviceptr* dptr, size_t bytesize,
+                                           unsigned int flags) {
+  return dr::cuMemAllocManaged()(dptr, bytesize, flags);
+}
+
+POOLCUDA_EXPORT CUresult cuStreamCreate(CUstream* phStream, unsigned int Flags) {
+  if (pc::bypass()) return dr::cuStreamCreate()(phStream, Flags);
+  return pc::guarded([&] { return dh::stream_create(phStream, Flags); });
+}
+
+POOLCUDA_EXPORT CUresult cuStreamCreateWithPriority(CUstream* phStream, unsigned int flags,
+                                                    int priority) {
+  if (pc::bypass()) return dr::cuStreamCreateWithPriority()(phStream, flags, priority);
+  return pc::guarded([&] { return dh::stream_create_with_priority(phStream, flags, priority); });
+}
+
+POOLCUDA_EXPORT CUresult cuStreamDestroy_v2(CUstream hStream) {
+  if (pc::bypass()) return dr::cuStreamDestroy_v2()(hStream);
+  return pc::guarded([&] { return dh::stream_destroy(hStream); });
+}
+
+POOLCUDA_EXPORT CUresult cuDevicePrimaryCtxReset(CUdevice dev) {
+  if (pc::bypass()) return dr::cuDevicePrimaryCtxReset()(dev);
+  return pc::guarded([&] { return dh::primary_ctx_reset(dr::cuDevicePrimaryCtxReset(), dev); });
+}
+
+POOLCUDA_EXPORT CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev) {
+  if (pc::bypass()) return dr::cuDevicePrimaryCtxReset_v2()(dev);
+  return pc::guarded([&] { return dh::primary_ctx_reset(dr::cuDevicePrimaryCtxReset_v2(), dev); });
+}
+
+POOLCUDA_EXPORT CUresult cuDevicePrimaryCtxRelease(CUdevice dev) {
+  if (pc::bypass()) return dr::cuDevicePrimaryCtxRelease()(dev);
+  return pc::guarded([&] { return dh::primary_ctx_release(dr::cuDevicePrimaryCtxRelease(), dev); });
+}
+
+POOLCUDA_EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev) {
+  if (pc::bypass()) return dr::cuDevicePrimaryCtxRelease_v2()(dev);
+  return pc::guarded([&] { return dh::primary_ctx_release(dr::cuDevicePrimaryCtxRelease_v2(), dev); });
+}
+
+POOLCUDA_EXPORT CUresult cuCtxDestroy_v2(CUcontext ctx) {
+  if (pc::bypass()) return dr::cuCtxDestroy_v2()(ctx);
+  return pc::guarded([&] { return dh::ctx_destroy(ctx); });
+}
+
+// ---- Capture: the capture layer's begin and end (capture_hooks.cpp) -------------------------
+
+namespace {
+
+// `real` makes the variant the program called; `per_thread`: the 0 handle is the per-thread
+// default stream.
+template <typename Real>
+CUresult begin_capture(CUstream stream, bool per_thread, Real&& real) {
+  if (pc::bypass()) return real();
+  return pc::guarded([&] {
+    return static_cast<CUresult>(poolcuda::hooks::begin_capture(
+        reinterpret_cast<cudaStream_t>(stream), per_thread, [&] { return int(real()); }));
+  });
+}
+
+template <typename Real>
+CUresult end_capture(CUstream stream, bool per_thread, CUgraph* graph, Real&& real) {
+  if (pc::bypass()) return real();
+  return pc::guarded([&] {
+    return static_cast<CUresult>(poolcuda::hooks::end_capture(
+        reinterpret_cast<cudaStream_t>(stream), per_thread,
+        reinterpret_cast<cudaGraph_t*>(graph), [&] { return int(real()); }));
+  });
+}
+
+}  // namespace
+
+POOLCUDA_EXPORT CUresult cuStreamBeginCapture(CUstream hStream) {
+  return begin_capture(hStream, false, [&] { return dr::cuStreamBeginCapture()(hStream); });
+}
+
+POOLCUDA_EXPORT CUresult cuStreamBeginCapture_ptsz(CUstream hStream) {
+  return begin_capture(hStream, true, [&] { return dr::cuStreamBeginCapture_ptsz()(hStream); });
+}
+
+POOLCUDA_EXPORT CUresult cuStreamBeginCapture_v2(CUstream hStream, CUstreamCaptureMode mode) {
+  return begin_capture(hStream, false,
+                       [&] { return dr::cuStreamBeginCapture_v2()(hStream, mode); });
+}
+
+POOLCUDA_EXPORT CUresult cuStreamBeginCapture_v2_ptsz(CUstream hStream, CUstreamCaptureMode mode) {
+  return begin_capture(hStream, true,
+                       [&] { return dr::cuStreamBeginCapture_v2_ptsz()(hStream, mode); });
+}
+
+POOLCUDA_EXPORT CUresult cuStreamBeginCaptureToGraph(CUstream hStream, CUgraph hGraph,
+                                                     const CUgraphNode* dependencies,
+                                                     const CUgraphEdgeData* dependencyData,
+                                                     size_t numDependencies,
+                                                     CUstreamCaptureMode mode) {
+  return begin_capture(hStream, false, [&] {
+    return dr::cuStreamBeginCaptureToGraph()(hStream, hGraph, dependencies, dependencyData,
+                                             numDependencies, mode);
+  });
+}
+
+POOLCUDA_EXPORT CUresult cuStreamBeginCaptureToGraph_ptsz(CUstream hStream, CUgraph hGraph,
+                                                          const CUgraphNode* dependencies,
+                                                          const CUgraphEdgeData* dependencyData,
+                                                          size_t numDependencies,
+                                                          CUstreamCaptureMode mode) {
+  return begin_capture(hStream, true, [&] {
+    return dr::cuStreamBeginCaptureToGraph_ptsz()(hStream, hGraph, dependencies, dependencyData,
+                                                  numDependencies, mode);
+  });
+}
+
+POOLCUDA_EXPORT CUresult cuStreamEndCapture(CUstream hStream, CUgraph* phGraph) {
+  return end_capture(hStream, false, phGraph,
+                     [&] { return dr::cuStreamEndCapture()(hStream, phGraph); });
+}
+
+POOLCUDA_EXPORT CUresult cuStreamEndCapture_ptsz(CUstream hStream, CUgraph* phGraph) {
+  return end_capture(hStream, true, phGraph,
+                     [&] { return dr::cuStreamEndCapture_ptsz()(hStream, phGraph); });
+}

@@ -1,0 +1,151 @@
+// The hooked driver calls' logic (see driver_hooks.h).
+//
+// Driver calls return CUresult and keep no last error, so a refusal is just its code:
+// CUDA_ERROR_OUT_OF_MEMORY for a full capped pool, CUDA_ERROR_INVALID_VALUE for a double free
+// or an interior pointer. A free made while a context of cuCtxCreate is current may still name
+// pooled memory: the pools take it back with the primary context current for the time of the
+// free (their own calls must never run in another context).
+//
+// Depends on the pooling core, the driver variants and the driver context.
+#include "interpose/driver_hooks.h"
+
+#include "interpose/driver_context.h"
+#include "interpose/driver_variants.h"
+#include "interpose/hooks.h"
+#include "interpose/pooling.h"
+#include "interpose/stream_order.h"
+
+namespace poolcuda::driver_hooks {
+
+namespace {
+
+cudaStream_t as_runtime(CUstream stream) { return reinterpret_cast<cudaStream_t>(stream); }
+void* as_pointer(CUdeviceptr dptr) { return reinterpret_cast<void*>(dptr); }
+
+pooling::Freed release(const driver::CurrentContext& ctx, CUdeviceptr dptr) {
+  if (ctx.primary) return pooling::release(ctx.device, as_pointer(dptr));
+  driver::PrimaryScope scope(ctx.device);
+  if (!scope.ok()) return {};  // no pools alive there: the real free answers
+  return pooling::release(ctx.device, as_pointer(dptr));
+}
+
+}  // namespace
+
+CUresult mem_alloc(CUdeviceptr* dptr, std::size_t size) {
+  stream_order::driver_used_directly();  // Note [Stream-ordered reuse]
+  const driver::CurrentContext ctx = driver::current_context();
+  if (!ctx.primary) return driver_real::cuMemAlloc_v2()(dptr, size);
+  void* ptr = nullptr;
+  void** out = dptr != nullptr ? &ptr : nullptr;
+  switch (pooling::allocate("cuMemAlloc", ctx.device, size, out)) {
+    case pooling::Route::pooled:
+      *dptr = reinterpret_cast<CUdeviceptr>(ptr);
+      return CUDA_SUCCESS;
+    case pooling::Route::forward: {
+      const int result = pooling::forward(ctx.device, size, out, [&] {
+        const CUresult real = driver_real::cuMemAlloc_v2()(dptr, size);
+        if (real == CUDA_SUCCESS) ptr = as_pointer(*dptr);
+        return static_cast<int>(real);
+      });
+      if (result != pooling::kOverBudget) return static_cast<CUresult>(result);
+      break;
+    }
+    case pooling::Route::refused:
+      break;
+  }
+  return CUDA_ERROR_OUT_OF_MEMORY;
+}
+
+CUresult mem_free(CUdeviceptr dptr) {
+  stream_order::driver_used_directly();
+  const driver::CurrentContext ctx = driver::current_context();
+  if (ctx.handle == nullptr || dptr == 0) return driver_real::cuMemFree_v2()(dptr);
+  const pooling::Freed freed = release(ctx, dptr);
+  switch (freed.outcome) {
+    case FreeOutcome::freed:
+      return CUDA_SUCCESS;
+    case FreeOutcome::not_mine: {
+      const CUresult result = driver_real::cuMemFree_v2()(dptr);
+      if (result == CUDA_SUCCESS && ctx.primary) {
+        pooling::forwarded_free(ctx.device, as_pointer(dptr));
+      }
+      return result;
+    }
+    case FreeOutcome::double_free:
+    case FreeOutcome::interior_pointer:
+    case FreeOutcome::not_allocated:
+      break;
+  }
+  pooling::log_refused_free("cuMemFree", as_pointer(dptr), freed);
+  return CUDA_ERROR_INVALID_VALUE;
+}
+
+CUresult mem_get_info(std::size_t* free_bytes, std::size_t* total_bytes) {
+  const CUresult result = driver_real::cuMemGetInfo_v2()(free_bytes, total_bytes);
+  if (result != CUDA_SUCCESS || free_bytes == nullptr) return result;
+  const driver::CurrentContext ctx = driver::current_context();
+  if (ctx.primary) pooling::adjust_memory_info(ctx.device, free_bytes, total_bytes);
+  return result;
+}
+
+namespace {
+
+// Streams of a primary context join the stream table; the memory of other contexts is not
+// pooled, so their streams cannot touch it.
+CUresult track(CUresult result, CUstream* stream, unsigned int flags) {
+  stream_order::driver_used_directly();
+  if (result != CUDA_SUCCESS || stream == nullptr) return result;
+  const driver::CurrentContext ctx = driver::current_context();
+  if (ctx.primary) pooling::track_stream(as_runtime(*stream), ctx.device, flags);
+  return result;
+}
+
+}  // namespace
+
+CUresult stream_create(CUstream* stream, unsigned int flags) {
+  return track(driver_real::cuStreamCreate()(stream, flags), stream, flags);
+}
+
+CUresult stream_create_with_priority(CUstream* stream, unsigned int flags, int priority) {
+  return track(driver_real::cuStreamCreateWithPriority()(stream, flags, priority), stream, flags);
+}
+
+CUresult stream_destroy(CUstream stream) {
+  // A capture still open on the stream ends with it, as failed.
+  int capture_device = -1;
+  const unsigned long long capture = hooks::stream_capture_id(as_runtime(stream), &capture_device);
+  pooling::untrack_stream(as_runtime(stream));
+  const CUresult result = driver_real::cuStreamDestroy_v2()(stream);
+  if (capture != 0) {
+    hooks::stream_destroyed_while_capturing(as_runtime(stream), capture_device, capture);
+  }
+  return result;
+}
+
+CUresult primary_ctx_reset(CUresult (*real)(CUdevice), CUdevice device) {
+  return static_cast<CUresult>(pooling::reset_device(device, [&] { return real(device); }));
+}
+
+// The last release resets the primary context (its memory is gone): the pools forget theirs.
+// Whether it is the last is known only afterwards, so the pools forget after the fact.
+CUresult primary_ctx_release(CUresult (*real)(CUdevice), CUdevice device) {
+  const CUresult result = real(device);
+  if (result == CUDA_SUCCESS && !driver::primary_alive(device)) {
+    pooling::reset_device(device, [] { return 0; });
+  }
+  return result;
+}
+
+CUresult ctx_destroy(CUcontext ctx) {
+  int device = -1;
+  const bool primary = driver::is_primary(ctx, &device);
+  if (!primary) return driver_real::cuCtxDestroy_v2()(ctx);
+  return static_cast<CUresult>(
+      pooling::reset_device(device, [&] { return driver_real::cuCtxDestroy_v2()(ctx); }));
+}
+
+void map_resolved(bool found, void** fn) {
+  if (found && fn != nullptr) *fn = driver::hook_for(*fn);
+}
+
+}  // namespace poolcuda::driver_hooks

@@ -1,0 +1,32 @@
+// The core of every hooked driver entry point (driver_exports.cpp): allocation, free, memory
+// info, streams, primary-context resets and releases, context destruction, and the resolvers.
+// The device comes from the current context, and only a device's primary context is pooled
+// (Note [Primary contexts] in driver_context.cpp); a thread with no current context gets the
+// real call. The shims call exactly one of these after their re-entry and pass-through checks.
+//
+// Depends on the pooling core, the driver variants and the driver context.
+#pragma once
+
+#include <cuda.h>
+
+#include <cstddef>
+
+namespace poolcuda::driver_hooks {
+
+CUresult mem_alloc(CUdeviceptr* dptr, std::size_t size);
+CUresult mem_free(CUdeviceptr dptr);
+CUresult mem_get_info(std::size_t* free_bytes, std::size_t* total_bytes);
+CUresult stream_create(CUstream* stream, unsigned int flags);
+CUresult stream_create_with_priority(CUstream* stream, unsigned int flags, int priority);
+CUresult stream_destroy(CUstream stream);
+
+// `real` is the variant the program called (v1 or _v2).
+CUresult primary_ctx_reset(CUresult (*real)(CUdevice), CUdevice device);
+CUresult primary_ctx_release(CUresult (*real)(CUdevice), CUdevice device);
+CUresult ctx_destroy(CUcontext ctx);
+
+// A resolver's answer (cuGetProcAddress, cudaGetDriverEntryPoint): a hooked variant's real
+// function becomes the library's hook; anything else, and every failure, passes unchanged.
+void map_resolved(bool found, void** fn);
+
+}  // namespace poolcuda::driver_hooks

@@ -1,0 +1,102 @@
+// The driver entry point variants the library hooks, each under its exact symbol: base name,
+// the CUDA version that introduced it and its stream flavour (Note [Variants] in
+// driver_variants.cpp). From them: the real function of each variant, and the map from any
+// pointer the real driver hands out (through its resolver or as an exported symbol) to the
+// library's hook for that very variant. A variant is never chosen by name: the real resolver
+// chooses, the map only recognizes what it chose.
+//
+// Depends on the CUDA driver header and real_driver.h.
+#pragma once
+
+#include <cuda.h>
+
+// The exported hooks carry the variants' own names: cuda.h's macros would rename the v1 ones.
+#undef cuGetProcAddress
+#undef cuStreamBeginCapture
+#undef cuDevicePrimaryCtxReset
+#undef cuDevicePrimaryCtxRelease
+
+// Variants cuda.h declares only for internal or per-thread builds.
+extern "C" {
+CUresult cuGetProcAddress(const char* symbol, void** pfn, int cudaVersion, cuuint64_t flags);
+CUresult cuDevicePrimaryCtxReset(CUdevice dev);
+CUresult cuDevicePrimaryCtxRelease(CUdevice dev);
+CUresult cuStreamBeginCapture(CUstream hStream);
+CUresult cuStreamBeginCapture_ptsz(CUstream hStream);
+CUresult cuStreamBeginCapture_v2_ptsz(CUstream hStream, CUstreamCaptureMode mode);
+CUresult cuStreamBeginCaptureToGraph_ptsz(CUstream hStream, CUgraph hGraph,
+                                          const CUgraphNode* dependencies,
+                                          const CUgraphEdgeData* dependencyData,
+                                          size_t numDependencies, CUstreamCaptureMode mode);
+CUresult cuStreamEndCapture_ptsz(CUstream hStream, CUgraph* phGraph);
+}
+
+// symbol, base name, version that introduced it, per-thread-default-stream flavour
+#define POOLCUDA_DRIVER_VARIANTS(X)                                                    \
+  X(cuGetProcAddress, "cuGetProcAddress", 11030, false)                                \
+  X(cuGetProcAddress_v2, "cuGetProcAddress", 12000, false)                             \
+  X(cuMemAlloc_v2, "cuMemAlloc", 3020, false)                                          \
+  X(cuMemFree_v2, "cuMemFree", 3020, false)                                            \
+  X(cuMemGetInfo_v2, "cuMemGetInfo", 3020, false)                                      \
+  X(cuMemAllocPitch_v2, "cuMemAllocPitch", 3020, false)                                \
+  X(cuMemAllocManaged, "cuMemAllocManaged", 6000, false)                               \
+  X(cuStreamCreate, "cuStreamCreate", 2000, false)                                     \
+  X(cuStreamCreateWithPriority, "cuStreamCreateWithPriority", 5050, false)             \
+  X(cuStreamDestroy_v2, "cuStreamDestroy", 4000, false)                                \
+  X(cuDevicePrimaryCtxReset, "cuDevicePrimaryCtxReset", 7000, false)                   \
+  X(cuDevicePrimaryCtxReset_v2, "cuDevicePrimaryCtxReset", 11000, false)               \
+  X(cuDevicePrimaryCtxRelease, "cuDevicePrimaryCtxRelease", 7000, false)               \
+  X(cuDevicePrimaryCtxRelease_v2, "cuDevicePrimaryCtxRelease", 11000, false)           \
+  X(cuCtxDestroy_v2, "cuCtxDestroy", 4000, false)                                      \
+  X(cuStreamBeginCapture, "cuStreamBeginCapture", 10000, false)                        \
+  X(cuStreamBeginCapture_ptsz, "cuStreamBeginCapture", 10000, true)                    \
+  X(cuStreamBeginCapture_v2, "cuStreamBeginCapture", 10010, false)                     \
+  X(cuStreamBeginCapture_v2_ptsz, "cuStreamBeginCapture", 10010, true)                 \
+  X(cuStreamBeginCaptureToGraph, "cuStreamBeginCaptureToGraph", 12030, false)          \
+  X(cuStreamBeginCaptureToGraph_ptsz, "cuStreamBeginCaptureToGraph", 12030, true)      \
+  X(cuStreamEndCapture, "cuStreamEndCapture", 10000, false)                            \
+  X(cuStreamEndCapture_ptsz, "cuStreamEndCapture", 10000, true)
+
+namespace poolcuda::driver {
+
+enum class Variant : int {
+#define POOLCUDA_VARIANT(symbol, base, version, per_thread) symbol,
+  POOLCUDA_DRIVER_VARIANTS(POOLCUDA_VARIANT)
+#undef POOLCUDA_VARIANT
+      count
+};
+
+// The real driver's function for `variant`, or nullptr while no driver is loaded.
+void* real(Variant variant);
+
+// The library's hook for `fn`, a pointer the real driver handed out, when it is a hooked
+// variant; otherwise `fn` unchanged.
+void* hook_for(void* fn);
+
+// dlsym(handle, name) found `found`: the hook when `name` is a hooked variant and `found` is the
+// real driver's; otherwise `found`.
+void* hook_for_symbol(const char* name, void* found);
+
+template <typename Fn>
+struct Missing;
+
+template <typename... Args>
+struct Missing<CUresult (*)(Args...)> {
+  static CUresult call(Args...) { return CUDA_ERROR_NOT_INITIALIZED; }
+};
+
+}  // namespace poolcuda::driver
+
+// driver_real::cuMemAlloc_v2()(&ptr, size): the real variant, typed; without a driver a
+// function that answers CUDA_ERROR_NOT_INITIALIZED.
+namespace poolcuda::driver_real {
+#define POOLCUDA_DRIVER_REAL(symbol, base, version, per_thread)                           \
+  inline decltype(&::symbol) symbol() {                                                   \
+    using Fn = decltype(&::symbol);                                                       \
+    void* address = ::poolcuda::driver::real(::poolcuda::driver::Variant::symbol);        \
+    return address != nullptr ? reinterpret_cast<Fn>(address)                             \
+                              : &::poolcuda::driver::Missing<Fn>::call;                   \
+  }
+POOLCUDA_DRIVER_VARIANTS(POOLCUDA_DRIVER_REAL)
+#undef POOLCUDA_DRIVER_REAL
+}  // namespace poolcuda::driver_real

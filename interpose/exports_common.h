@@ -1,0 +1,37 @@
+// What every exported entry point shares: the export attribute, the re-entry guard
+// (hook_guard.h: calls made from inside the library, and calls in a forked child, go straight to
+// the real function) and guarded(), which keeps C++ exceptions from crossing an entry point: a
+// failed host allocation inside the pools becomes cudaErrorMemoryAllocation (CUDA_ERROR_OUT_OF_
+// MEMORY has the same number), anything else cudaErrorUnknown (CUDA_ERROR_UNKNOWN likewise).
+//
+// Depends on hook_guard.h only.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <new>
+
+#include "interpose/hook_guard.h"
+
+#define POOLCUDA_EXPORT extern "C" __attribute__((visibility("default")))
+
+namespace poolcuda {
+
+// Runs `body` under the re-entry guard; its result type is cudaError_t or CUresult. Also marks
+// the process as one that uses CUDA through the library (Note [Silent processes] in
+// lifecycle.cpp).
+template <typename Body>
+inline auto guarded(Body&& body) noexcept -> decltype(body()) {
+  using Result = decltype(body());
+  note_cuda_call();
+  try {
+    InsideHook inside;
+    return body();
+  } catch (const std::bad_alloc&) {
+    return static_cast<Result>(cudaErrorMemoryAllocation);
+  } catch (...) {
+    return static_cast<Result>(cudaErrorUnknown);
+  }
+}
+
+}  // namespace poolcuda

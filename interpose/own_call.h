@@ -1,0 +1,66 @@
+// OwnCallScope: how the library makes a CUDA call on its own behalf without the program
+// noticing (Note [Own calls]). Used by every part of interpose/ that calls CUDA for the pools
+// (the CUDA device, the release worker, stream order, graph owners, the managed slabs).
+//
+// Note [Own calls]
+// Calls made on the library's own behalf must not change what the program observes: each runs
+// on the scope's device (switching the thread's current device and back when they differ),
+// in relaxed capture mode (a global-mode capture on another thread forbids "unsafe" calls on
+// ours), and an error it leaves in the runtime's last-error slot is cleared again when the slot
+// was clean before. (A slot already holding the program's error cannot be restored if one of
+// our calls replaced it; our calls fail only when the device itself is failing.) When the
+// device cannot be made current, ok() is false: the calls would run on the wrong device, so
+// allocate answers `failed`, fence_record kNoFence, memory_info nothing and no tail is recorded.
+// The program's device is set back whenever a switch was attempted (a failed cudaSetDevice may
+// still have changed it, e.g. under a sticky error). Without a runtime the same calls go to the
+// driver, where "the device" is the primary context (Note [Own calls without a runtime] in
+// own_api.cpp). The hooks' re-entry guard covers the scope: the real runtime reaches the driver
+// through the driver hooks, and calls made for the pools must not enter them again.
+//
+// Depends on the CUDA runtime header, the own-call table and the re-entry guard only.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include "interpose/hook_guard.h"
+#include "interpose/own_api.h"
+
+namespace poolcuda {
+
+class OwnCallScope {
+ public:
+  explicit OwnCallScope(int device) {
+    prior_error_ = own::cudaPeekAtLastError()();
+    int current = -1;
+    if (own::cudaGetDevice()(&current) != cudaSuccess) {
+      ok_ = false;
+    } else if (current != device) {
+      restore_device_ = current;
+      ok_ = own::cudaSetDevice()(device) == cudaSuccess;
+    }
+    mode_ = cudaStreamCaptureModeRelaxed;
+    mode_switched_ = own::cudaThreadExchangeStreamCaptureMode()(&mode_) == cudaSuccess;
+  }
+  ~OwnCallScope() {
+    if (mode_switched_) own::cudaThreadExchangeStreamCaptureMode()(&mode_);
+    if (restore_device_ >= 0) own::cudaSetDevice()(restore_device_);
+    if (prior_error_ == cudaSuccess && own::cudaPeekAtLastError()() != cudaSuccess) {
+      own::cudaGetLastError()();
+    }
+  }
+  OwnCallScope(const OwnCallScope&) = delete;
+  OwnCallScope& operator=(const OwnCallScope&) = delete;
+
+  // False when the scope's device could not be made current.
+  bool ok() const { return ok_; }
+
+ private:
+  InsideHook inside_;
+  bool ok_ = true;
+  cudaError_t prior_error_ = cudaSuccess;
+  int restore_device_ = -1;
+  cudaStreamCaptureMode mode_ = cudaStreamCaptureModeRelaxed;
+  bool mode_switched_ = false;
+};
+
+}  // namespace poolcuda

@@ -1,0 +1,221 @@
+// The pools' side of the hooked calls, shared by the runtime and driver hooks (see pooling.h).
+//
+// Note [Device reset]
+// ~~~~~~~~~~~~~~~~~~~
+// A device reset frees every allocation and destroys every stream and event of the device: the
+// pools forget theirs instead of releasing them (MemoryManager::forget). Other threads may
+// allocate and free on the device meanwhile (CUDA leaves that race undefined; plain programs
+// survive it), so the manager is frozen from before the first forget to after the reset: it
+// takes no new page from the driver (such a page could be freed by the reset and its address
+// handed out again by the driver while the pools still hold it: two pages at one address), and
+// requests it cannot serve from memory it already has go to the real allocator, unpooled, as
+// they would without the library. Whatever it handed out from its own memory after the first
+// forget is forgotten again after the reset. Every manager operation is atomic under its lock,
+// so whatever the order the pools stay consistent. The release worker never frees a page of
+// the device from the first forget to the end of the reset (its address may already belong to
+// someone else), the device's event caches drop every event from before the reset, its
+// captures are over, and nothing is charged to its budget any more.
+//
+// Depends on the registry, the capture policy, the budget, stream order, the log and the
+// configuration.
+#include "interpose/pooling.h"
+
+#include "interpose/budget.h"
+#include "interpose/lifecycle.h"
+#include "interpose/log.h"
+#include "interpose/registry.h"
+#include "interpose/release_worker.h"
+#include "interpose/stream_order.h"
+
+namespace poolcuda::pooling {
+
+namespace {
+
+
+// A pooled pointer goes back to its device's pools (through the capture policy while it routes
+// frees); anything else answers `not_mine`.
+FreeOutcome free_on(Registry& registry, int device, DevicePtr address) {
+  MemoryManager* manager = registry.manager(device);
+  if (manager == nullptr) return FreeOutcome::not_mine;
+  CapturePolicy& capture = *registry.capture(device);
+  if (capture.releases_pending()) capture.drain_releases();  // Note [Graph lifetimes]
+  return capture.routes_frees() ? capture.free(address) : manager->free(address);
+}
+
+// A managed slab allocation goes back to its chain: the device's own first, then every other.
+FreeOutcome free_managed(Registry& registry, int device, DevicePtr address, int* owner) {
+  if (ManagedSlabs* chain = registry.managed(device)) {
+    const FreeOutcome outcome = chain->free(address);
+    if (outcome != FreeOutcome::not_mine) return outcome;
+  }
+  for (int other = 0; other < registry.managed_bound(); ++other) {
+    ManagedSlabs* chain = other == device ? nullptr : registry.managed(other);
+    if (chain == nullptr) continue;
+    const FreeOutcome outcome = chain->free(address);
+    if (outcome != FreeOutcome::not_mine) {
+      *owner = other;
+      return outcome;
+    }
+  }
+  return FreeOutcome::not_mine;
+}
+
+}  // namespace
+
+Route allocate(const char* api, int device, std::size_t size, void** ptr) {
+  if (ptr == nullptr || size == 0 || device < 0) return Route::forward;
+  Registry& registry = Registry::instance();
+  MemoryManager* manager = registry.manager_or_create(device);
+  if (manager == nullptr) return Route::forward;
+  // Larger than the device: the real call fails cleanly and sets its own error.
+  if (size > registry.device(device)->total_bytes()) return Route::forward;
+
+  CapturePolicy& capture = *registry.capture(device);
+  if (capture.releases_pending()) capture.drain_releases();  // Note [Graph lifetimes]
+  Reservation reservation = capture.open() ? capture.allocate(size) : manager->allocate(size);
+  // Empty managed slabs may hold what the device lacks.
+  if (reservation.error.kind == ErrorKind::out_of_memory && !capture.open() &&
+      registry.trim_managed(device)) {
+    reservation = manager->allocate(size);
+  }
+  // A sticky context error is not checked on a hit: that would cost a CUDA call on every
+  // allocation, and the program's next launch or synchronisation reports the error anyway.
+  if (reservation.ptr != 0) {
+    *ptr = reinterpret_cast<void*>(reservation.ptr);
+    return Route::pooled;
+  }
+  switch (reservation.error.kind) {
+    case ErrorKind::out_of_memory:
+    case ErrorKind::device_error:
+      return Route::forward;  // Note [Last error] in hooks.cpp: the real call's own failure
+    case ErrorKind::buffer_too_big:
+      // Note [Last error]: not the pools' size, but the driver may well have it.
+      if (registry.first_time(Registry::Once::no_pool_accepts, device)) {
+        log_format(LogLevel::basic,
+                   "device %d: no pool accepts %zu bytes; passing such requests to %s", device,
+                   size, api);
+      }
+      return Route::forward;
+    default:
+      log_format(LogLevel::basic, "%s(%zu B) on device %d refused: %s", api, size, device,
+                 describe(reservation.error).c_str());
+      return Route::refused;
+  }
+}
+
+int forward(int device, std::size_t size, void** ptr, const std::function<int()>& real,
+            Passed kind) {
+  if (PassthroughCounters* counters = Registry::instance().passthrough(device)) {
+    (kind == Passed::managed ? counters->managed_mallocs : counters->mallocs)
+        .fetch_add(1, std::memory_order_relaxed);
+  }
+  if (ptr == nullptr || size == 0) return real();
+  if (!budget::charge(device, size)) return kOverBudget;
+  const int result = real();
+  if (result == 0) {
+    budget::passed_through(device, *ptr, size);
+  } else {
+    budget::uncharge(device, size);
+  }
+  return result;
+}
+
+void forwarded_free(int device, const void* ptr) {
+  if (PassthroughCounters* counters = Registry::instance().passthrough(device))
+    counters->frees.fetch_add(1, std::memory_order_relaxed);
+  if (ptr != nullptr) budget::freed_through(const_cast<void*>(ptr));
+}
+
+Freed release(int device, const void* ptr) {
+  Registry& registry = Registry::instance();
+  const auto address = reinterpret_cast<DevicePtr>(ptr);
+  Freed freed;
+  freed.owner = device;
+  // Managed slabs first: a range test per slab, no lock.
+  freed.outcome = free_managed(registry, device, address, &freed.owner);
+  if (freed.outcome != FreeOutcome::not_mine) return freed;
+  freed.outcome = free_on(registry, device, address);
+  // A pointer allocated on another device may be freed with any device current.
+  for (int other = 0; freed.outcome == FreeOutcome::not_mine && other < Registry::kMaxDevices;
+       ++other) {
+    if (other == device) continue;
+    freed.outcome = free_on(registry, other, address);
+    freed.owner = other;
+  }
+  return freed;
+}
+
+void log_refused_free(const char* api, const void* ptr, const Freed& freed) {
+  const char* why = freed.outcome == FreeOutcome::double_free ? "double free"
+                    : freed.outcome == FreeOutcome::interior_pointer
+                        ? "not the start of an allocation"
+                        : "lies in pooled free memory but was never handed out";
+  log_format(LogLevel::basic, "%s(%p) on device %d: %s; nothing changed", api, ptr, freed.owner,
+             why);
+}
+
+void adjust_memory_info(int device, std::size_t* free_bytes, std::size_t* total_bytes) {
+  if (free_bytes == nullptr) return;
+  MemoryManager* manager = Registry::instance().manager(device);
+  // Only whole idle pages: the out-of-memory path returns them to the driver, so a request of
+  // any size can really get them. Free space inside pages that live slices keep (holes) serves
+  // only requests that fit a hole, so counting it would let an allocation of the reported free
+  // size fail.
+  const std::uint64_t idle = manager != nullptr ? manager->idle_bytes() : 0;
+  if (config().memgetinfo == MemGetInfoMode::pooled && idle != 0) {
+    const std::uint64_t room = total_bytes != nullptr && *total_bytes > *free_bytes
+                                   ? *total_bytes - *free_bytes
+                                   : idle;
+    *free_bytes += static_cast<std::size_t>(idle < room ? idle : room);
+  }
+  budget::adjust_memory_info(device, idle, free_bytes, total_bytes);
+}
+
+int reset_device(int device, const std::function<int()>& real) {
+  Registry& registry = Registry::instance();
+  // Created now if it does not exist yet, so that no racing first allocation can create an
+  // unfrozen one during the reset.
+  MemoryManager* manager = device >= 0 ? registry.manager_or_create(device) : nullptr;
+  auto forget = [&] {
+    if (manager != nullptr) {
+      registry.forget_managed(device);  // before the device's events go (its fences are there)
+      manager->forget();
+      registry.capture(device)->forget();
+      registry.device(device)->forget_events();
+      registry.device(device)->captures_forgotten();
+    }
+    registry.streams().forget_device(device);
+  };
+  if (manager != nullptr) manager->set_frozen(true);
+  stream_order::device_reset(device);
+  ReleaseWorker::instance().begin_reset(device);
+  forget();
+  const int result = real();
+  forget();
+  budget::forget_device(device);
+  ReleaseWorker::instance().end_reset(device);
+  if (manager != nullptr) manager->set_frozen(false);
+  return result;
+}
+
+void track_stream(cudaStream_t stream, int device, unsigned int flags) {
+  if (stream == nullptr || device < 0) return;
+  Registry::instance().streams().add(stream, device, flags);
+  stream_order::stream_created(device, stream, (flags & cudaStreamNonBlocking) != 0);
+}
+
+void untrack_stream(cudaStream_t stream) {
+  Registry& registry = Registry::instance();
+  // Out of the table first: no fence may be recorded on it once the real destroy has run. Its
+  // queued work still runs after the destroy, so later fences wait for its tail (Note
+  // [Destroyed streams] in cuda_device.cpp); under the table's lock, so that no fence falls
+  // between the removal and the tail.
+  auto table = registry.streams().lock();
+  TrackedStream removed;
+  if (registry.streams().remove_locked(stream, &removed) &&
+      config().free_fence != FreeFence::none && config().free_fence != FreeFence::sync) {
+    if (CudaDevice* device = registry.device(removed.device)) device->adopt_stream_tail(stream);
+  }
+}
+
+}  // namespace poolcuda::pooling

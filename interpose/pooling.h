@@ -1,0 +1,71 @@
+// What the pools do for an allocation, a free, a memory query, a device reset and the creation
+// and destruction of streams, whichever layer asked: the runtime hooks (hooks.cpp) and the driver
+// hooks (driver_hooks.cpp) share one set of per-device managers, capture policies and one stream
+// table, so a pointer from cudaMalloc may be freed with cuMemFree and the reverse. Callers pass
+// the device (the runtime's current device, or the device of the current primary context);
+// these functions answer in the pools' terms and leave the CUDA error codes to the caller.
+//
+// Depends on the registry, the capture policy, the budget, stream order, the log and the
+// configuration.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <functional>
+
+#include "pools/types.h"
+
+namespace poolcuda::pooling {
+
+enum class Route {
+  pooled,   // *ptr is a pooled allocation
+  forward,  // the real allocator answers (size 0, no pools for the device, too large, no pool
+            // accepts the size, out of memory after the pools' own recovery)
+  refused,  // a capped pool is full: out of memory without asking the driver (logged)
+};
+
+// `api` names the call in log lines ("cudaMalloc", "cuMemAlloc"). Inside a capture window the
+// device's capture policy serves it (Note [Capture windows] in capture/capture_policy.cpp).
+Route allocate(const char* api, int device, std::size_t size, void** ptr);
+
+// A request the pools do not serve: `real` allocates it (the runtime's or the driver's
+// allocator, returning its result code, 0 for success) within the device's budget (Note
+// [Budget] in budget.cpp). Returns the real result, or kOverBudget when the budget refused it
+// and `real` was not called. Counted as passed through.
+// `kind` names the counter (cudaMalloc or cudaMallocManaged).
+inline constexpr int kOverBudget = -1;
+enum class Passed { malloc, managed };
+int forward(int device, std::size_t size, void** ptr, const std::function<int()>& real,
+            Passed kind = Passed::malloc);
+
+// The driver freed `ptr`, which the pools do not own (budget bookkeeping, counters).
+void forwarded_free(int device, const void* ptr);
+
+struct Freed {
+  FreeOutcome outcome = FreeOutcome::not_mine;
+  int owner = -1;  // the device whose pools own the pointer
+};
+
+// Returns `ptr` to the pools that own it: the managed slabs first, then `device`'s pools, then
+// every other device's (a pointer may be freed with any device current). not_mine: the real free answers.
+Freed release(int device, const void* ptr);
+
+// Logs a refused free (double free, interior pointer, never allocated), naming `api`.
+void log_refused_free(const char* api, const void* ptr, const Freed& freed);
+
+// cudaMemGetInfo/cuMemGetInfo: memgetinfo:pooled adds the idle pooled pages to *free_bytes; a
+// budget (limit) caps both numbers.
+void adjust_memory_info(int device, std::size_t* free_bytes, std::size_t* total_bytes);
+
+// A device reset (cudaDeviceReset, cuDevicePrimaryCtxReset, the last release of the primary
+// context): `real` makes it; the pools forget the device's memory, streams and events around it
+// (Note [Device reset] in pooling.cpp). Returns `real`'s result.
+int reset_device(int device, const std::function<int()>& real);
+
+// Streams enter the table when created (in a device's primary context) and leave it just before
+// the real destroy (Note [Destroyed streams] in cuda_device.cpp).
+void track_stream(cudaStream_t stream, int device, unsigned int flags);
+void untrack_stream(cudaStream_t stream);
+
+}  // namespace poolcuda::pooling

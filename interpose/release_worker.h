@@ -1,0 +1,53 @@
+// The release worker: one thread of the library's own that hands pages the pools gave up back
+// to the driver (Note [Release worker] in release_worker.cpp). The real cudaFree synchronizes
+// the device, so it must never run on a thread that is allocating: a program may park a stream
+// on a host function that only the allocating thread will release.
+//
+// Depends on the real-function table and OwnCallScope; knows nothing of the pools.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+
+namespace poolcuda {
+
+class ReleaseWorker {
+ public:
+  // The one worker of the process (allocated once, never destroyed; its thread starts at the
+  // first release).
+  static ReleaseWorker& instance();
+
+  // Asks whether a stream capture is open on a device: the driver free would invalidate it, so
+  // the page waits. Set once, before the first release.
+  void set_capture_check(std::function<bool(int device)> check);
+
+  // Queues `ptr`, an allocation of `device` from the real cudaMalloc, for the real cudaFree.
+  // Returns at once.
+  void release(int device, void* ptr);
+
+  // Waits at most `max_microseconds` until every page queued before the call has reached the
+  // driver; true when it has. Pages held back by an open capture count as not yet released.
+  bool flush(std::uint32_t max_microseconds);
+
+  // A capture ended: pages held back may go now.
+  void wake();
+
+  // cudaDeviceReset frees every allocation of the device, so its pages must never reach the
+  // driver's free afterwards: the address may belong to a new allocation by then. begin_reset
+  // drops the device's queued pages, waits for a free of the device in flight to finish, and
+  // holds back any page of the device queued until end_reset, which drops them too (they were
+  // allocated before the reset and are gone with it). Note [Device reset] in hooks.cpp.
+  void begin_reset(int device);
+  void end_reset(int device);
+
+  // Pages queued or held back now (reports and tests).
+  std::uint64_t waiting() const;
+
+  struct State;  // release_worker.cpp
+
+ private:
+  ReleaseWorker() = default;
+  State& state() const;
+};
+
+}  // namespace poolcuda

@@ -1,0 +1,159 @@
+// Rendering and delivering reports (see report_writer.h).
+//
+// Note [Report files]
+// A report written to a file must never overwrite anything but that file, and a reader must
+// never see half a report. So it is written to a temporary file in the same directory (rename
+// only replaces within one file system), whose name is short and unpredictable
+// (".poolcuda-" and 12 random characters: a report name may be as long as the file system
+// allows, and no other user can plant a link at a name it cannot guess) and which is created
+// with O_CREAT | O_EXCL | O_NOFOLLOW (an existing file or link at that name is never opened,
+// let alone followed), then renamed over the report's name: a link planted there is replaced,
+// not followed. The temporary is removed when anything fails.
+//
+// Depends on the snapshots, the registry, the log and the configuration.
+#include "interpose/report_writer.h"
+
+#include <fcntl.h>
+#include <sys/random.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <cstring>
+#include <ctime>
+#include <mutex>
+
+#include "interpose/lifecycle.h"
+#include "interpose/log.h"
+#include "interpose/registry.h"
+
+namespace poolcuda {
+
+namespace {
+
+std::atomic<std::uint64_t> g_sequence{0};
+
+std::mutex& output_mutex() {
+  static auto* mutex = new std::mutex;  // never destroyed: reports may run during exit
+  return *mutex;
+}
+
+// 12 characters from [a-z0-9], from getrandom, or (where it is unavailable) from the clock,
+// the pid, a counter and an address, which no other user can predict either.
+std::string random_suffix() {
+  static constexpr char kAlphabet[] = "abcdefghijklmnopqrstuvwxyz0123456789";
+  unsigned char bytes[12] = {};
+  if (::getrandom(bytes, sizeof bytes, GRND_NONBLOCK) != static_cast<ssize_t>(sizeof bytes)) {
+    static std::atomic<std::uint64_t> counter{0};
+    timespec now{};
+    ::clock_gettime(CLOCK_MONOTONIC, &now);
+    std::uint64_t mix = static_cast<std::uint64_t>(now.tv_nsec) * 0x9E3779B97F4A7C15u ^
+                        static_cast<std::uint64_t>(now.tv_sec) ^
+                        static_cast<std::uint64_t>(::getpid()) << 32 ^
+                        reinterpret_cast<std::uintptr_t>(&now) ^ counter.fetch_add(1) << 48;
+    for (unsigned char& byte : bytes) {
+      mix ^= mix >> 29;
+      mix *= 0xBF58476D1CE4E5B9u;
+      byte = static_cast<unsigned char>(mix >> 56);
+    }
+  }
+  std::string out;
+  for (unsigned char byte : bytes) out += kAlphabet[byte % (sizeof kAlphabet - 1)];
+  return out;
+}
+
+bool write_all(int fd, std::string_view text) {
+  while (!text.empty()) {
+    const ssize_t n = ::write(fd, text.data(), text.size());
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return false;
+    text.remove_prefix(static_cast<std::size_t>(n));
+  }
+  return true;
+}
+
+// Note [Report files]. On failure, errno says why.
+bool replace_file(const std::string& path, std::string_view text) {
+  const auto slash = path.rfind('/');
+  const std::string directory =
+      slash == std::string::npos ? std::string(".") : path.substr(0, slash == 0 ? 1 : slash);
+  std::string temporary;
+  int fd = -1;
+  for (int attempt = 0; attempt < 16 && fd < 0; ++attempt) {
+    temporary = directory + "/.poolcuda-" + random_suffix();
+    fd = ::open(temporary.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
+    if (fd < 0 && errno != EEXIST) return false;
+  }
+  if (fd < 0) return false;
+  bool ok = write_all(fd, text);
+  int error = errno;
+  if (::close(fd) != 0 && ok) {
+    ok = false;
+    error = errno;
+  }
+  if (ok && ::rename(temporary.c_str(), path.c_str()) != 0) {
+    ok = false;
+    error = errno;
+  }
+  if (!ok) {
+    ::unlink(temporary.c_str());
+    errno = error;
+  }
+  return ok;
+}
+
+}  // namespace
+
+RenderedReport render_snapshots(std::string_view reason, ReportFormat format,
+                                const Snapshots& snapshots) {
+  ReportHeader header;
+  header.pid = static_cast<long>(::getpid());
+  header.sequence = g_sequence.fetch_add(1, std::memory_order_relaxed) + 1;
+  header.reason = std::string(reason);
+  header.unix_time = static_cast<std::int64_t>(::time(nullptr));
+  header.uptime_seconds = uptime_seconds();
+  ReportDocument document = Registry::instance().document(header, snapshots.reports);
+  if (!snapshots.skipped.empty()) {
+    std::string devices;
+    for (int device : snapshots.skipped) {
+      devices += (devices.empty() ? "" : ", ") + std::to_string(device);
+    }
+    const std::string why = "device " + devices + ": its pools stayed locked for " +
+                            std::to_string(snapshots.bound.count()) +
+                            " ms (a thread holding them was probably interrupted by exit)";
+    document.summary.add("skipped", "skipped", ReportValue::words(why));
+    if (document.devices.empty()) document.empty_note = "skipped " + why;
+  }
+  RenderedReport out;
+  out.sequence = header.sequence;
+  out.text = render(document, format);
+  if (!out.text.empty() && out.text.back() != '\n') out.text += '\n';
+  return out;
+}
+
+Delivery deliver(const RenderedReport& report) {
+  const Config& conf = config();
+  std::lock_guard<std::mutex> hold(output_mutex());
+  if (conf.report_path == "stderr") {
+    write_stderr(report.text);
+    return Delivery{true, "standard error"};
+  }
+  const std::string path =
+      expand_report_path(conf.report_path, static_cast<long>(::getpid()), report.sequence);
+  if (replace_file(path, report.text)) {
+    log_format(LogLevel::basic, "report %llu written to %s",
+               static_cast<unsigned long long>(report.sequence), path.c_str());
+    return Delivery{true, path};
+  }
+  const std::string why = std::strerror(errno);
+  log_format(LogLevel::basic, "cannot write report %llu to %s: %s",
+             static_cast<unsigned long long>(report.sequence), path.c_str(), why.c_str());
+  return Delivery{false, "cannot write " + path + ": " + why};
+}
+
+Delivery write_report(std::string_view reason) {
+  return deliver(render_snapshots(reason, config().report_format, take_snapshots()));
+}
+
+}  // namespace poolcuda

@@ -1,0 +1,135 @@
+// Exported entry points that only watch which queues and devices the program's work goes to,
+// for free_fence:auto (Note [Stream-ordered reuse] in stream_order.cpp), then call the real
+// function unchanged: kernel launches, copies, memsets, host functions, graph launches, event
+// records and waits (in both the legacy and the per-thread-default-stream flavours), device
+// switches, peer access and peer copies. Each costs two atomic loads when no device is ordered.
+//
+// Depends on stream_order.h, the real-function table and the re-entry guard.
+#include <cuda_runtime_api.h>
+
+#include "interpose/exports_common.h"
+#include "interpose/real_cuda.h"
+#include "interpose/stream_order.h"
+
+namespace pc = poolcuda;
+
+namespace {
+
+// The thread's current device, and the per-thread default stream: a _ptsz entry point given 0,
+// or the explicit handle anywhere.
+inline void watch(cudaStream_t stream, bool per_thread_flavour) {
+  if (pc::bypass()) return;
+  pc::stream_order::work_issued();
+  if (stream == cudaStreamPerThread || (per_thread_flavour && stream == nullptr))
+    pc::stream_order::per_thread_stream_used();
+}
+
+}  // namespace
+
+#define POOLCUDA_WATCHED(name, flavour, stream_expr, params, args) \
+  POOLCUDA_EXPORT cudaError_t name params {                      \
+    watch(stream_expr, flavour);                                 \
+    return pc::real::name() args;                                \
+  }
+
+POOLCUDA_WATCHED(cudaLaunchKernel, false, stream,
+                 (const void* func, dim3 grid, dim3 block, void** args, size_t shared,
+                  cudaStream_t stream),
+                 (func, grid, block, args, shared, stream))
+POOLCUDA_WATCHED(cudaLaunchKernel_ptsz, true, stream,
+                 (const void* func, dim3 grid, dim3 block, void** args, size_t shared,
+                  cudaStream_t stream),
+                 (func, grid, block, args, shared, stream))
+POOLCUDA_WATCHED(__cudaLaunchKernel, false, stream,
+                 (cudaKernel_t kernel, dim3 grid, dim3 block, void** args, size_t shared,
+                  cudaStream_t stream),
+                 (kernel, grid, block, args, shared, stream))
+POOLCUDA_WATCHED(__cudaLaunchKernel_ptsz, true, stream,
+                 (cudaKernel_t kernel, dim3 grid, dim3 block, void** args, size_t shared,
+                  cudaStream_t stream),
+                 (kernel, grid, block, args, shared, stream))
+POOLCUDA_WATCHED(cudaLaunchKernelExC, false, config != nullptr ? config->stream : nullptr,
+                 (const cudaLaunchConfig_t* config, const void* func, void** args),
+                 (config, func, args))
+POOLCUDA_WATCHED(cudaLaunchKernelExC_ptsz, true, config != nullptr ? config->stream : nullptr,
+                 (const cudaLaunchConfig_t* config, const void* func, void** args),
+                 (config, func, args))
+POOLCUDA_WATCHED(cudaLaunchCooperativeKernel, false, stream,
+                 (const void* func, dim3 grid, dim3 block, void** args, size_t shared,
+                  cudaStream_t stream),
+                 (func, grid, block, args, shared, stream))
+POOLCUDA_WATCHED(cudaLaunchCooperativeKernel_ptsz, true, stream,
+                 (const void* func, dim3 grid, dim3 block, void** args, size_t shared,
+                  cudaStream_t stream),
+                 (func, grid, block, args, shared, stream))
+POOLCUDA_WATCHED(cudaMemcpyAsync, false, stream,
+                 (void* dst, const void* src, size_t count, cudaMemcpyKind kind,
+                  cudaStream_t stream),
+                 (dst, src, count, kind, stream))
+POOLCUDA_WATCHED(cudaMemcpyAsync_ptsz, true, stream,
+                 (void* dst, const void* src, size_t count, cudaMemcpyKind kind,
+                  cudaStream_t stream),
+                 (dst, src, count, kind, stream))
+POOLCUDA_WATCHED(cudaMemsetAsync, false, stream,
+                 (void* ptr, int value, size_t count, cudaStream_t stream),
+                 (ptr, value, count, stream))
+POOLCUDA_WATCHED(cudaMemsetAsync_ptsz, true, stream,
+                 (void* ptr, int value, size_t count, cudaStream_t stream),
+                 (ptr, value, count, stream))
+POOLCUDA_WATCHED(cudaMemcpy_ptds, true, nullptr,
+                 (void* dst, const void* src, size_t count, cudaMemcpyKind kind),
+                 (dst, src, count, kind))
+POOLCUDA_WATCHED(cudaMemset_ptds, true, nullptr, (void* ptr, int value, size_t count),
+                 (ptr, value, count))
+POOLCUDA_WATCHED(cudaLaunchHostFunc, false, stream,
+                 (cudaStream_t stream, cudaHostFn_t fn, void* data), (stream, fn, data))
+POOLCUDA_WATCHED(cudaLaunchHostFunc_ptsz, true, stream,
+                 (cudaStream_t stream, cudaHostFn_t fn, void* data), (stream, fn, data))
+POOLCUDA_WATCHED(cudaGraphLaunch, false, stream, (cudaGraphExec_t exec, cudaStream_t stream),
+                 (exec, stream))
+POOLCUDA_WATCHED(cudaGraphLaunch_ptsz, true, stream,
+                 (cudaGraphExec_t exec, cudaStream_t stream), (exec, stream))
+POOLCUDA_WATCHED(cudaEventRecord, false, stream, (cudaEvent_t event, cudaStream_t stream),
+                 (event, stream))
+POOLCUDA_WATCHED(cudaEventRecord_ptsz, true, stream, (cudaEvent_t event, cudaStream_t stream),
+                 (event, stream))
+POOLCUDA_WATCHED(cudaStreamWaitEvent, false, stream,
+                 (cudaStream_t stream, cudaEvent_t event, unsigned int flags),
+                 (stream, event, flags))
+POOLCUDA_WATCHED(cudaStreamWaitEvent_ptsz, true, stream,
+                 (cudaStream_t stream, cudaEvent_t event, unsigned int flags),
+                 (stream, event, flags))
+
+#undef POOLCUDA_WATCHED
+
+// Another device's work may read this one's memory: every device leaves ordered reuse.
+POOLCUDA_EXPORT cudaError_t cudaDeviceEnablePeerAccess(int peer, unsigned int flags) {
+  if (!pc::bypass()) pc::stream_order::devices_connected();
+  return pc::real::cudaDeviceEnablePeerAccess()(peer, flags);
+}
+
+POOLCUDA_EXPORT cudaError_t cudaMemcpyPeer(void* dst, int dst_device, const void* src,
+                                           int src_device, size_t count) {
+  if (!pc::bypass() && dst_device != src_device) pc::stream_order::devices_connected();
+  return pc::real::cudaMemcpyPeer()(dst, dst_device, src, src_device, count);
+}
+
+POOLCUDA_EXPORT cudaError_t cudaMemcpyPeerAsync(void* dst, int dst_device, const void* src,
+                                                int src_device, size_t count,
+                                                cudaStream_t stream) {
+  if (!pc::bypass() && dst_device != src_device) pc::stream_order::devices_connected();
+  return pc::real::cudaMemcpyPeerAsync()(dst, dst_device, src, src_device, count, stream);
+}
+
+POOLCUDA_EXPORT cudaError_t cudaMemcpyPeerAsync_ptsz(void* dst, int dst_device, const void* src,
+                                                     int src_device, size_t count,
+                                                     cudaStream_t stream) {
+  if (!pc::bypass() && dst_device != src_device) pc::stream_order::devices_connected();
+  return pc::real::cudaMemcpyPeerAsync_ptsz()(dst, dst_device, src, src_device, count, stream);
+}
+
+POOLCUDA_EXPORT cudaError_t cudaSetDevice(int device) {
+  const cudaError_t result = pc::real::cudaSetDevice()(device);
+  if (result == cudaSuccess && !pc::bypass()) pc::stream_order::device_made_current(device);
+  return result;
+}

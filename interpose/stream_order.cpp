@@ -1,0 +1,288 @@
+// StreamOrder (see stream_order.h).
+//
+// Note [Stream-ordered reuse]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// Claim. If every operation that can touch a device's memory is issued to a set Q of streams
+// that is totally ordered (of any two operations, the one issued later starts only after the
+// other completed), a slice freed at host time t may go to a new owner at once. Proof: the old
+// owner's work that may use the slice was issued before t (after cudaFree the program makes
+// no new use of it); the new owner learns the address after t, so all its work is issued after
+// t; in a total order that respects issue order, all of it runs after all of the old work.
+// Which sets are totally ordered? An operation on the legacy default stream L waits for every
+// operation issued before it on every blocking stream of the device, and an operation on a
+// blocking stream waits for every operation issued before it on L; a stream is FIFO. So
+// Q = {L} plus at most one blocking stream B (created, or a thread's per-thread default
+// stream, which is blocking) is totally ordered: of two operations on L and B, the later
+// waits for the earlier. Two blocking streams besides L are not ordered with each other, and
+// a non-blocking stream is not ordered with L at all. Work of another device that reads this
+// device's memory (peer access, a peer copy) is in no such order either.
+// So under free_fence:auto a device is ordered while: every stream creation and every use of a
+// per-thread default stream is visible to the hooks, at most one blocking stream and no
+// non-blocking stream was ever created on it, per-thread default streams count as blocking
+// streams (one per thread seen using one), it is the only device the process ever used (made
+// current, gave pools or a stream to), and no peer access or peer copy was asked for. A graph
+// runs as one operation of the stream it is launched on, and the memory its nodes use is
+// pinned by the capture policy, so captures change nothing; but a device is never left ordered
+// while a capture is open on it (below), so it leaves before the capture begins.
+// Leaving. When a condition fails at host time t_x (a stream appears, a second thread uses
+// its per-thread stream, another device comes in), memory already reused may still be in use
+// by work issued before t_x. set_stream_ordered(false) first makes every later free fenced and
+// returns only once every free that judged the device ordered has finished (it takes the
+// manager's lock). Then one event F is recorded on L: it completes after everything issued
+// before it on L and on every blocking stream. Until F has completed, every queue the program
+// can reach that is not ordered after L waits for F before the program can put work on it:
+// - a non-blocking stream created later, on any device (another device's work can reach this
+//   memory by a copy), waits for F before the program sees its handle;
+// - another device's legacy stream waits for F at that device's first use (made current, given
+//   pools or a stream); its blocking and per-thread streams then follow by its own legacy rule;
+// - when another device comes in, every non-blocking stream in the stream table waits for F.
+// A new blocking stream or per-thread stream of this device orders after F by L's own rule.
+// The first use is enough: a device is ordered only while no other device was ever used, so
+// every F is recorded before any other device's first use, and none after it. F stays pending
+// until a query finds it complete (a device reset drops its device's fences: the reset waits
+// for all of that work). Recording on L would invalidate a capture a blocking stream has open,
+// hence the rule above. Leaving is final: a device that left never comes back.
+// What the library cannot see: per-thread default streams are seen through the hooked entry
+// points (cudaLaunchKernel, copies, memsets, host functions, graph launches, event records and
+// waits, in both flavours, and the cudaStreamPerThread handle given to them); two threads
+// that use their per-thread streams only through a library with its own runtime, handing it
+// cudaStreamPerThread, are not seen. Stream creation is hooked at both layers, but the driver's
+// launches and copies are not: a program that calls the driver itself (cuMemAlloc, cuMemFree,
+// cuStreamCreate from its own code or from a statically linked runtime; the dynamic runtime's
+// calls come from inside the library's hooks and do not count) could use per-thread streams
+// there, so its devices leave ordered reuse at its first such call (driver_used_directly).
+// A program that never allocates, frees or creates a stream through the driver but launches or
+// copies there on per-thread streams, or on another device it made current there
+// (cuCtxSetCurrent), is not seen; such a program should run with free_fence:events.
+//
+// Depends on the registry, the configuration and the real-function table.
+#include "interpose/stream_order.h"
+
+#include <atomic>
+#include <cstdint>
+#include <vector>
+
+#include "interpose/lifecycle.h"
+#include "interpose/own_call.h"
+#include "interpose/own_api.h"
+#include "interpose/registry.h"
+#include "pools/lock_order.h"
+
+namespace poolcuda::stream_order {
+
+namespace {
+
+constexpr int kMaxDevices = Registry::kMaxDevices;
+static_assert(kMaxDevices <= 64, "one bit per device");
+
+std::uint64_t bit(int device) { return std::uint64_t{1} << device; }
+
+struct DeviceState {
+  std::atomic<bool> ordered{false};
+  MemoryManager* manager = nullptr;
+  int blocking = 0;      // blocking queues besides the legacy stream (created or per-thread)
+  int non_blocking = 0;  // non-blocking streams created
+};
+
+// The event F of a device that left, while its work may still be running.
+struct Fence {
+  cudaEvent_t event = nullptr;
+  int device = -1;
+};
+
+struct State {
+  RankedMutex mutex{LockRank::stream_order};
+  std::atomic<bool> visible{true};  // false once the driver is used directly
+  std::atomic<int> ordered_devices{0};
+  std::atomic<std::uint64_t> used{0};  // devices made current, given pools or streams
+  int first_device = -1;
+  bool connected = false;  // peer access, a peer copy, a second device
+  std::vector<Fence> pending;
+  DeviceState devices[kMaxDevices];
+};
+
+State& state() {
+  static State* s = new State;  // never destroyed (Note [Exit] in lifecycle.cpp)
+  return *s;
+}
+
+bool in_range(int device) { return device >= 0 && device < kMaxDevices; }
+
+// Whether the device may be ordered now (Note [Stream-ordered reuse]). Caller holds the lock.
+bool may_be_ordered(const State& s, int device) {
+  const DeviceState& d = s.devices[device];
+  return s.visible.load() && !s.connected && s.first_device == device &&
+         (s.used.load() & ~bit(device)) == 0 && d.non_blocking == 0 && d.blocking <= 1 &&
+         d.manager != nullptr;
+}
+
+// Forgets the fences that have completed. Caller holds the lock and an own-call scope.
+void prune(State& s) {
+  std::erase_if(s.pending, [](const Fence& fence) {
+    // Any answer but "not ready" is final (an event of a failed context never completes).
+    if (own::cudaEventQuery()(fence.event) == cudaErrorNotReady) return false;
+    own::cudaEventDestroy()(fence.event);
+    return true;
+  });
+}
+
+// `stream`, a non-blocking stream of `device` just created, waits for every pending fence.
+// Caller holds the lock.
+void wait_for_fences(State& s, int device, cudaStream_t stream) {
+  if (s.pending.empty()) return;
+  OwnCallScope scope(device);
+  if (!scope.ok()) return;
+  prune(s);
+  for (const Fence& fence : s.pending) own::cudaStreamWaitEvent()(stream, fence.event, 0);
+}
+
+// The device leaves ordered reuse; `waiters` are made to wait for its fence F. Caller holds the
+// lock.
+void leave(State& s, int device, const std::vector<cudaStream_t>& waiters) {
+  DeviceState& d = s.devices[device];
+  if (!d.ordered.exchange(false)) return;
+  s.ordered_devices.fetch_sub(1);
+  d.manager->set_stream_ordered(false);  // a barrier: no free still judges it ordered
+  OwnCallScope scope(device);
+  if (!scope.ok()) return;
+  cudaEvent_t fence = nullptr;
+  if (own::cudaEventCreateWithFlags()(&fence, cudaEventDisableTiming) != cudaSuccess) {
+    // Without an event, wait for the device itself: the one safe way left.
+    own::cudaDeviceSynchronize()();
+    return;
+  }
+  own::cudaEventRecord()(fence, cudaStreamLegacy);
+  for (cudaStream_t waiter : waiters) own::cudaStreamWaitEvent()(waiter, fence, 0);
+  s.pending.push_back(Fence{fence, device});
+}
+
+// Another device's work may now touch every device's memory: all leave, and every non-blocking
+// stream of the process waits for each one's F.
+void connect_all(State& s) {
+  if (s.connected) return;
+  s.connected = true;
+  if (s.ordered_devices.load() == 0) return;
+  std::vector<cudaStream_t> waiters;
+  {
+    Registry& registry = Registry::instance();
+    auto table = registry.streams().lock();
+    for (const TrackedStream& tracked : registry.streams().streams())
+      if (tracked.non_blocking) waiters.push_back(tracked.stream);
+  }
+  for (int device = 0; device < kMaxDevices; ++device) leave(s, device, waiters);
+}
+
+// `device` is used: made current, given pools or given a stream. At its first use another
+// device comes in, and its legacy stream waits for every pending fence. Caller holds the lock.
+void use(State& s, int device) {
+  if ((s.used.load() & bit(device)) != 0) return;
+  s.used.fetch_or(bit(device));
+  if (s.first_device < 0 || s.first_device == device) return;
+  connect_all(s);
+  if (s.pending.empty()) return;
+  OwnCallScope scope(device);
+  if (!scope.ok()) return;
+  prune(s);
+  for (const Fence& fence : s.pending)
+    own::cudaStreamWaitEvent()(cudaStreamLegacy, fence.event, 0);
+}
+
+}  // namespace
+
+void driver_used_directly() {
+  State& s = state();
+  if (!s.visible.load(std::memory_order_relaxed)) return;
+  std::lock_guard hold(s.mutex);
+  if (!s.visible.exchange(false)) return;
+  for (int device = 0; device < kMaxDevices; ++device) leave(s, device, {});
+}
+
+void device_added(int device, MemoryManager& manager) {
+  if (!in_range(device)) return;
+  State& s = state();
+  std::lock_guard hold(s.mutex);
+  s.devices[device].manager = &manager;
+  if (s.first_device < 0) s.first_device = device;
+  use(s, device);
+  // Only free_fence:auto follows the stream order; the others never leave, so never enter.
+  if (config().free_fence != FreeFence::automatic || !may_be_ordered(s, device)) return;
+  manager.set_stream_ordered(true);
+  s.devices[device].ordered.store(true);
+  s.ordered_devices.fetch_add(1);
+}
+
+void device_reset(int device) {
+  if (!in_range(device)) return;
+  State& s = state();
+  std::lock_guard hold(s.mutex);
+  if (s.pending.empty()) return;
+  OwnCallScope scope(device);
+  std::erase_if(s.pending, [device](const Fence& fence) {
+    if (fence.device != device) return false;
+    own::cudaEventDestroy()(fence.event);
+    return true;
+  });
+}
+
+void stream_created(int device, cudaStream_t stream, bool non_blocking) {
+  if (!in_range(device)) return;
+  State& s = state();
+  std::lock_guard hold(s.mutex);
+  DeviceState& d = s.devices[device];
+  if (non_blocking) {
+    ++d.non_blocking;
+  } else {
+    ++d.blocking;
+  }
+  use(s, device);
+  if (!may_be_ordered(s, device)) leave(s, device, {});
+  if (non_blocking) wait_for_fences(s, device, stream);
+}
+
+void per_thread_stream_used() {
+  State& s = state();
+  if (s.ordered_devices.load(std::memory_order_relaxed) == 0) return;
+  static thread_local bool counted[kMaxDevices] = {};
+  int device = -1;
+  if (own::cudaGetDevice()(&device) != cudaSuccess || !in_range(device) || counted[device])
+    return;
+  counted[device] = true;
+  std::lock_guard hold(s.mutex);
+  ++s.devices[device].blocking;
+  if (!may_be_ordered(s, device)) leave(s, device, {});
+}
+
+void device_made_current(int device) {
+  if (!in_range(device)) return;
+  State& s = state();
+  if ((s.used.load(std::memory_order_relaxed) & bit(device)) != 0) return;
+  std::lock_guard hold(s.mutex);
+  use(s, device);
+}
+
+void work_issued() {
+  if (state().ordered_devices.load(std::memory_order_relaxed) == 0) return;
+  static thread_local bool checked = false;
+  if (checked) return;
+  checked = true;  // later switches go through cudaSetDevice
+  int device = -1;
+  if (own::cudaGetDevice()(&device) == cudaSuccess) device_made_current(device);
+}
+
+void devices_connected() {
+  State& s = state();
+  std::lock_guard hold(s.mutex);
+  connect_all(s);
+}
+
+void capture_beginning(int device) {
+  if (!in_range(device)) return;
+  State& s = state();
+  if (!s.devices[device].ordered.load()) return;
+  std::lock_guard hold(s.mutex);
+  leave(s, device, {});
+}
+
+bool ordered(int device) { return in_range(device) && state().devices[device].ordered.load(); }
+
+}  // namespace poolcuda::stream_order

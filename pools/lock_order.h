@@ -1,0 +1,87 @@
+// The library's lock order, written in one place, and a mutex that checks it in debug builds.
+//
+// Note [Lock order]
+// ~~~~~~~~~~~~~~~~~
+// A thread may take a lock only while every lock it already holds has a lower rank:
+//     report -> registry -> stream order -> capture -> manager -> managed -> stream table -> device
+// report:       the reporter's serialisation of whole reports (interpose/reporter.cpp)
+// registry:     creation of a device's manager (interpose/registry.cpp)
+// stream order: the free_fence:auto state of every device (interpose/stream_order.cpp)
+// capture:      a device's capture policy: open captures, touched sets, pins (capture/)
+// manager:      a MemoryManager's state (pools/); the hot path takes this one only
+// managed:      a managed-memory slab chain's slow path
+// stream table: the streams the program created (interpose/stream_table.cpp)
+// device:       a CudaDevice's event and release caches (interpose/cuda_device.cpp)
+// Nothing that can wait for the device (a synchronizing cudaFree, an event synchronize, a fence
+// wait) runs while a lock at or below `manager` is held, except an out-of-memory recovery's
+// own bounded hand-off (Note [Outside the lock] in memory_manager.cpp).
+// In debug builds RankedMutex asserts the order on every acquisition, so a violation fails the
+// first test that takes the locks in the wrong order instead of deadlocking once in production.
+#pragma once
+
+#include <cassert>
+#include <cstdint>
+#include <mutex>
+
+namespace poolcuda {
+
+enum class LockRank : std::uint8_t {
+  report = 0,
+  registry = 1,
+  stream_order = 2,
+  capture = 3,
+  manager = 4,
+  managed = 5,
+  stream_table = 6,
+  device = 7,
+};
+
+class RankedMutex {
+ public:
+  explicit RankedMutex(LockRank rank) : rank_(rank) {}
+  RankedMutex(const RankedMutex&) = delete;
+  RankedMutex& operator=(const RankedMutex&) = delete;
+
+  void lock() {
+    check_order();
+    mutex_.lock();
+    mark(true);
+  }
+  bool try_lock() {
+    // A try-lock cannot deadlock, so it may break the order (the exit report uses one).
+    if (!mutex_.try_lock()) return false;
+    mark(true);
+    return true;
+  }
+  void unlock() {
+    mark(false);
+    mutex_.unlock();
+  }
+
+ private:
+#ifndef NDEBUG
+  // Ranks held by this thread, one bit per rank; several locks of one rank (two managers) are
+  // never held at once, so a bit is enough.
+  static std::uint32_t& held() {
+    static thread_local std::uint32_t bits = 0;
+    return bits;
+  }
+  void check_order() const {
+    const std::uint32_t at_or_above = ~((std::uint32_t{1} << static_cast<unsigned>(rank_)) - 1);
+    assert((held() & at_or_above) == 0 && "lock order violated: see Note [Lock order]");
+    (void)at_or_above;
+  }
+  void mark(bool locked) {
+    const std::uint32_t bit = std::uint32_t{1} << static_cast<unsigned>(rank_);
+    held() = locked ? held() | bit : held() & ~bit;
+  }
+#else
+  void check_order() const {}
+  void mark(bool) {}
+#endif
+
+  std::mutex mutex_;
+  LockRank rank_;
+};
+
+}  // namespace poolcuda

@@ -1,0 +1,307 @@
+// ManagedSlabs, the slow path: what happens under the chain's mutex when the current slab cannot
+// fit a request (another slab that can, an empty slab whose free fence passed, a new slab), and
+// the chain's upkeep (rewinds, giving slabs back after disuse and on trims, forgetting them on a
+// device reset, reports). The lock-free part and Note [Managed slabs] are
+// in managed_slabs.cpp.
+//
+// Note [Managed free fences]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~
+// A slab may rewind only once the device is done with everything freed in it. No fence is
+// recorded on the free path (a fence is a driver call, and alloc/free pairs would each pay
+// one). Instead, when the slow path finds a slab with nothing live and wants it back, it records
+// a fence then, remembering the state word it read: that fence comes after every free the word
+// counts, so once it has passed, and as long as the word is unchanged (no allocation since),
+// the slab may rewind. A stale fence (the word changed) is replaced. If the fence has not passed
+// yet, the slow path moves on: to another slab, else it waits for the oldest such fence at most
+// kManagedFenceWaitMicros (the pools' bound: long enough for a device that merely lags, short
+// enough that a stream parked by the program costs a little time and a new slab, never a
+// deadlock), else to a new slab, and checks the others again next time. With
+// fences off (free_fence:none) an empty slab rewinds at once. A slab is given back to the
+// backing under the same condition (nothing live, fence passed), sealed first so that no
+// allocation can start in it, and released after the mutex is dropped.
+#include <algorithm>
+
+#include "pools/managed_slabs.h"
+#include "pools/managed_state.h"
+
+namespace poolcuda {
+
+using namespace managed;
+
+ManagedAllocation ManagedSlabs::allocate_slow(std::uint64_t size, std::uint64_t granules,
+                                             std::uint32_t lane) {
+  std::vector<DevicePtr> retired;
+  ManagedError error;
+  int chosen = -1;
+  std::uint64_t start = 0;
+  {
+    std::lock_guard<std::mutex> hold(mutex_);
+    ++tick_;
+    const std::uint32_t used = used_slots_.load(std::memory_order_relaxed);
+    const std::uint32_t current = current_[lane].load(std::memory_order_relaxed);
+    for (const auto& other : current_) {
+      const std::uint32_t i = other.load(std::memory_order_relaxed);
+      if (i < used) slabs_[i].last_used = tick_;
+    }
+    // Another lane's current slab is used only when nothing else is left (Note [Managed lanes]).
+    for (int share = 0; chosen < 0 && share < 2; ++share) {
+      auto skip = [&](std::uint32_t i) { return share == 0 && current_of_other_lane(i, lane); };
+      // 1. The next slab, round the chain from the lane's current one, that fits now.
+      for (std::uint32_t k = 0; chosen < 0 && k < used; ++k) {
+        const std::uint32_t i = (current + k) % used;
+        if (!skip(i) && try_bump(slabs_[i], granules, &start) == Fit::ok) {
+          chosen = static_cast<int>(i);
+        }
+      }
+      // 2. A slab with nothing live whose free fence has passed, rewound: the current one
+      // first, so that the others can age into disuse.
+      for (std::uint32_t k = 0; chosen < 0 && k < used; ++k) {
+        const std::uint32_t i = (current + k) % used;
+        std::uint64_t state = 0;
+        if (skip(i) || slabs_[i].base->load(std::memory_order_relaxed) == 0) continue;
+        if (quiet(slabs_[i], &state) && rewind(slabs_[i], state) &&
+            try_bump(slabs_[i], granules, &start) == Fit::ok) {
+          chosen = static_cast<int>(i);
+        }
+      }
+      if (share == 1) break;
+      // 3. The empty slab whose fence is the oldest, once it passes within a bounded wait.
+      if (chosen < 0) {
+        const int i = wait_oldest_fence(lane);
+        if (i >= 0 && try_bump(slabs_[i], granules, &start) == Fit::ok) chosen = i;
+      }
+      // 4. A new slab.
+      if (chosen < 0) {
+        chosen = populate(size, &error);
+        if (chosen >= 0 && try_bump(slabs_[chosen], granules, &start) != Fit::ok) chosen = -1;
+      }
+    }
+    if (chosen >= 0) {
+      slabs_[chosen].last_used = tick_;
+      current_[lane].store(static_cast<std::uint32_t>(chosen), std::memory_order_release);
+    }
+    collect_empty(/*disused_only=*/true, &retired);
+  }
+  release_all(retired);
+  if (chosen < 0) return {0, error};
+  return finish(slabs_[chosen], start, size);
+}
+
+bool ManagedSlabs::current_of_other_lane(std::uint32_t slot, std::uint32_t lane) const {
+  for (std::uint32_t other = 0; other < kManagedLanes; ++other) {
+    if (other != lane && current_[other].load(std::memory_order_relaxed) == slot) return true;
+  }
+  return false;
+}
+
+// Nothing live in the slab and the device is done with what was freed in it (Note [Managed free
+// fences]); *state is the word that held. Records the fence when there is none for that word.
+bool ManagedSlabs::quiet(Slab& slab, std::uint64_t* state) {
+  const std::uint64_t now = slab.state.load(std::memory_order_acquire);
+  *state = now;
+  if (sealed(now) || live_of(now) != 0) return false;
+  if (bump_of(now) == 0 || !options_.fences) return true;  // untouched since its last rewind
+  if (slab.fence != kNoFence && slab.fence_state == now) return backing_.fence_passed(slab.fence);
+  if (slab.fence != kNoFence) backing_.fence_destroy(slab.fence);
+  slab.fence = backing_.fence_record();
+  slab.fence_state = now;
+  slab.fence_tick = tick_;
+  return slab.fence != kNoFence && backing_.fence_passed(slab.fence);
+}
+
+// Bump back to 0 if the word still reads `state` (nothing allocated since quiet() checked it).
+bool ManagedSlabs::rewind(Slab& slab, std::uint64_t state) {
+  if (bump_of(state) == 0) return true;
+  if (!slab.state.compare_exchange_strong(state, kSealed, std::memory_order_acq_rel)) {
+    return false;
+  }
+  // Nothing is live, so every live bit is clear already; the started bits go.
+  const std::uint64_t words = mark_words(bump_of(state));
+  for (std::uint64_t w = 0; w < words; ++w) slab.marks[w].store(0, std::memory_order_relaxed);
+  if (bump_of(state) > slab.dirty.load(std::memory_order_relaxed)) {
+    slab.dirty.store(bump_of(state), std::memory_order_relaxed);
+  }
+  if (slab.fence != kNoFence) backing_.fence_destroy(slab.fence);
+  slab.fence = kNoFence;
+  ++slab.resets;
+  slab.state.store(pack(0, 0), std::memory_order_release);
+  return true;
+}
+
+// Waits a bounded time for the oldest fence among the empty slabs (each had quiet() record one
+// for its current word) and rewinds that slab when it passed. Its index, or -1.
+int ManagedSlabs::wait_oldest_fence(std::uint32_t lane) {
+  const std::uint32_t used = used_slots_.load(std::memory_order_relaxed);
+  int oldest = -1;
+  for (std::uint32_t i = 0; i < used; ++i) {
+    const Slab& slab = slabs_[i];
+    if (current_of_other_lane(i, lane) || slab.base->load(std::memory_order_relaxed) == 0 ||
+        slab.fence == kNoFence ||
+        slab.fence_state != slab.state.load(std::memory_order_acquire)) {
+      continue;
+    }
+    if (oldest < 0 || slab.fence_tick < slabs_[oldest].fence_tick) oldest = static_cast<int>(i);
+  }
+  if (oldest < 0 || !backing_.fence_wait_for(slabs_[oldest].fence, kManagedFenceWaitMicros)) {
+    return -1;
+  }
+  std::uint64_t state = 0;
+  return quiet(slabs_[oldest], &state) && rewind(slabs_[oldest], state) ? oldest : -1;
+}
+
+// Seals the slab for good if the word still reads `state` and queues its memory for release.
+bool ManagedSlabs::retire(Slab& slab, std::uint64_t state, std::vector<DevicePtr>* retired) {
+  if (!slab.state.compare_exchange_strong(state, kSealed, std::memory_order_acq_rel)) {
+    return false;
+  }
+  if (slab.fence != kNoFence) backing_.fence_destroy(slab.fence);
+  slab.fence = kNoFence;
+  retired_issued_ += slab.issued.exchange(0, std::memory_order_relaxed);
+  retired_resets_ += slab.resets;
+  slab.resets = 0;
+  retired->push_back(slab.base->exchange(0, std::memory_order_acq_rel));
+  ++slabs_released_;
+  return true;
+}
+
+void ManagedSlabs::release_all(const std::vector<DevicePtr>& retired) {
+  for (DevicePtr base : retired) backing_.release_slab(base, slab_bytes_);
+}
+
+// A free record gets a new slab. -1 (and *error) when there is none. (Trimming would not help
+// an out-of-memory here: a slab it could give back, step 2 of the slow path rewinds instead.)
+int ManagedSlabs::populate(std::uint64_t size, ManagedError* error) {
+  int slot = -1;
+  for (std::uint32_t i = 0; slot < 0 && i < options_.max_slabs; ++i) {
+    if (slabs_[i].base->load(std::memory_order_relaxed) == 0) slot = static_cast<int>(i);
+  }
+  if (slot < 0) {
+    *error = {ManagedErrorKind::too_large, size, options_.max_slabs * slab_bytes_};
+    return -1;
+  }
+  DevicePtr base = 0;
+  const AllocStatus status = backing_.allocate_slab(slab_bytes_, &base);
+  if (status != AllocStatus::ok) {
+    *error = {status == AllocStatus::out_of_memory ? ManagedErrorKind::out_of_memory
+                                                   : ManagedErrorKind::device_error,
+              size, slab_bytes_};
+    return -1;
+  }
+  Slab& slab = slabs_[slot];
+  const std::uint64_t words = mark_words(slab_granules_);
+  if (!slab.marks) {
+    slab.marks.reset(new std::atomic<std::uint64_t>[words]);
+    slab.sizes.reset(new std::atomic<std::uint32_t>[slab_granules_]);
+  }
+  for (std::uint64_t w = 0; w < words; ++w) slab.marks[w].store(0, std::memory_order_relaxed);
+  slab.dirty.store(0, std::memory_order_relaxed);  // a fresh slab reads as zero
+  slab.fence = kNoFence;
+  slab.resets = 0;
+  slab.base->store(base, std::memory_order_release);
+  slab.state.store(pack(0, 0), std::memory_order_release);
+  if (static_cast<std::uint32_t>(slot) >= used_slots_.load(std::memory_order_relaxed)) {
+    used_slots_.store(static_cast<std::uint32_t>(slot) + 1, std::memory_order_release);
+  }
+  ++slabs_allocated_;
+  return slot;
+}
+
+// Seals every slab but the lanes' current ones that holds nothing live and whose fence has
+// passed (with disused_only, only those unused for longer than the disuse period; without it,
+// a lagging fence is waited for).
+std::uint32_t ManagedSlabs::collect_empty(bool disused_only, std::vector<DevicePtr>* retired) {
+  const std::uint32_t used = used_slots_.load(std::memory_order_relaxed);
+  std::uint32_t count = 0;
+  for (std::uint32_t i = 0; i < used; ++i) {
+    Slab& slab = slabs_[i];
+    if (current_of_other_lane(i, kManagedLanes) ||
+        slab.base->load(std::memory_order_relaxed) == 0) {
+      continue;
+    }
+    if (disused_only && tick_ - slab.last_used <= options_.disuse_period) continue;
+    std::uint64_t state = 0;
+    bool ready = quiet(slab, &state);
+    // A trim (the device is out of memory, or it was asked for) waits for a fence that lags,
+    // as the real cudaFree would have waited for the device.
+    if (!ready && !disused_only && slab.fence != kNoFence && slab.fence_state == state) {
+      backing_.fence_wait(slab.fence);
+      ready = quiet(slab, &state);
+    }
+    if (ready && retire(slab, state, retired)) ++count;
+  }
+  return count;
+}
+
+std::uint32_t ManagedSlabs::rewind_empty() {
+  std::lock_guard<std::mutex> hold(mutex_);
+  std::uint32_t count = 0;
+  const std::uint32_t used = used_slots_.load(std::memory_order_relaxed);
+  for (std::uint32_t i = 0; i < used; ++i) {
+    std::uint64_t state = 0;
+    if (slabs_[i].base->load(std::memory_order_relaxed) == 0 || !quiet(slabs_[i], &state)) {
+      continue;
+    }
+    if (bump_of(state) != 0 && rewind(slabs_[i], state)) ++count;
+  }
+  return count;
+}
+
+std::uint32_t ManagedSlabs::trim() {
+  std::vector<DevicePtr> retired;
+  std::uint32_t count = 0;
+  {
+    std::lock_guard<std::mutex> hold(mutex_);
+    count = collect_empty(/*disused_only=*/false, &retired);
+  }
+  release_all(retired);
+  return count;
+}
+
+void ManagedSlabs::forget() {
+  std::lock_guard<std::mutex> hold(mutex_);
+  const std::uint32_t used = used_slots_.load(std::memory_order_relaxed);
+  for (std::uint32_t i = 0; i < used; ++i) {
+    Slab& slab = slabs_[i];
+    if (slab.base->load(std::memory_order_relaxed) == 0) continue;
+    slab.state.store(kSealed, std::memory_order_release);
+    if (slab.fence != kNoFence) backing_.fence_destroy(slab.fence);
+    slab.fence = kNoFence;
+    retired_issued_ += slab.issued.exchange(0, std::memory_order_relaxed);
+    retired_resets_ += slab.resets;
+    slab.resets = 0;
+    slab.base->store(0, std::memory_order_release);
+  }
+  for (auto& lane : current_) lane.store(options_.max_slabs, std::memory_order_release);
+}
+
+ManagedReport ManagedSlabs::report() const {
+  std::lock_guard<std::mutex> hold(mutex_);
+  ManagedReport out;
+  out.slab_size = slab_bytes_;
+  out.max_slabs = options_.max_slabs;
+  out.issued_total = retired_issued_;
+  out.resets = retired_resets_;
+  out.slabs_allocated = slabs_allocated_;
+  out.slabs_released = slabs_released_;
+  const std::uint32_t used = used_slots_.load(std::memory_order_acquire);
+  for (std::uint32_t i = 0; i < used; ++i) {
+    const Slab& slab = slabs_[i];
+    ManagedSlabReport row;
+    row.base = slab.base->load(std::memory_order_acquire);
+    if (row.base == 0) continue;
+    const std::uint64_t state = slab.state.load(std::memory_order_acquire);
+    row.capacity = slab_bytes_;
+    row.bump = sealed(state) ? 0 : bump_of(state) * granule_;
+    row.live = sealed(state) ? 0 : live_of(state);
+    row.dirty = slab.dirty.load(std::memory_order_relaxed) * granule_;
+    row.issued = slab.issued.load(std::memory_order_relaxed);
+    row.resets = slab.resets;
+    out.live_allocations += row.live;
+    out.issued_total += row.issued;
+    out.resets += row.resets;
+    out.slabs.push_back(row);
+  }
+  return out;
+}
+
+}  // namespace poolcuda

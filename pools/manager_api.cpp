@@ -1,0 +1,249 @@
+// The public MemoryManager methods: each takes the manager's lock through a Scope (Note
+// [Outside the lock] in memory_manager.cpp) and calls into the routing, free-path and fence
+// logic of memory_manager.cpp. Reports and consistency checks are in manager_inspect.cpp.
+#include "pools/manager_impl.h"
+
+namespace poolcuda {
+
+namespace {
+constexpr std::uint64_t kLargestRequest = std::uint64_t{1} << 62;  // 4 EiB
+}  // namespace
+
+MemoryManager::MemoryManager(Device& device, const ManagerOptions& options)
+    : impl_(std::make_unique<Impl>(device, options)) {}
+
+MemoryManager::~MemoryManager() = default;
+
+Reservation MemoryManager::allocate(std::uint64_t size, Placement placement) {
+  // Zero, and sizes so large that aligning them would wrap around, are refused outright.
+  if (size == 0 || size > kLargestRequest)
+    return Reservation{0, Error{ErrorKind::buffer_too_big, size}};
+  Impl& m = *impl_;
+  Impl::Scope scope(m);
+  m.index.reserve_one();
+  ++m.ctx.clock;
+  // No idle page goes back during a capture: the release would have to wait for it anyway.
+  if (m.ctx.clock >= m.ctx.next_deadline && m.capture_windows == 0) m.implicit_cleanup();
+
+  std::uint32_t wait_budget_us = kFenceWaitBoundMicros;  // for the whole reservation
+  Route r = m.route(size, placement, wait_budget_us);
+  while (r.wait_for_fence) {
+    if (r.patient) {
+      m.wait_for_oldest_fence(scope);
+    } else {
+      m.wait_for_oldest_fence(scope, &wait_budget_us);
+    }
+    r = m.route(size, placement, wait_budget_us);
+  }
+  if (r.slice == nullptr && r.status == AllocStatus::out_of_memory) {
+    r = m.recover_from_oom(scope, size, placement);
+    if (r.slice != nullptr) {
+      ++m.oom_recoveries;
+    } else if (r.status == AllocStatus::out_of_memory) {
+      ++m.oom_failures;
+      if (m.options.log != LogLevel::off) {
+        const MemoryUsage u = m.usage();
+        const std::uint64_t idle = m.idle();
+        m.log(LogLevel::basic,
+              "out of device memory: requested " + std::to_string(size) + " B, in use " +
+                  std::to_string(u.bytes_in_use) + " B, reserved " +
+                  std::to_string(u.bytes_reserved) + " B, idle pages " + std::to_string(idle) +
+                  " B, free space inside used pages (too fragmented for this request) " +
+                  std::to_string(m.free_bytes() - idle) + " B, pending fence " +
+                  std::to_string(m.pending()) + " B");
+      }
+    }
+  }
+  if (r.slice == nullptr) return Reservation{0, r.error};
+  m.index.insert(r.slice->ptr, r.slice);
+  m.trace(LogEvent::Kind::allocate, size, r.slice->ptr, r.slice->page->pool->kind_name());
+  return Reservation{r.slice->ptr, Error{}, r.grew};
+}
+
+FreeOutcome MemoryManager::free(DevicePtr ptr) {
+  Impl& m = *impl_;
+  Impl::Scope scope(m);
+  Slice* slice = ptr == 0 ? nullptr : m.index.erase(ptr);
+  if (slice == nullptr) return m.classify(ptr);
+  m.recent_frees[m.recent_next] = ptr;
+  m.recent_next = (m.recent_next + 1) % kRecentFrees;
+  if (slice->pins > 0) {
+    slice->page->pool->to_held(slice);
+  } else {
+    m.retire(slice);
+  }
+  m.trace(LogEvent::Kind::free, 0, ptr, "");
+  m.finish_sync_frees(scope);
+  return FreeOutcome::freed;
+}
+
+std::uint64_t MemoryManager::live_size(DevicePtr ptr) const {
+  std::lock_guard lock(impl_->mutex);
+  const Slice* slice = impl_->index.find(ptr);
+  return slice == nullptr ? 0 : slice->requested;
+}
+
+void MemoryManager::set_mode(AllocationMode mode) {
+  std::lock_guard lock(impl_->mutex);
+  Impl& m = *impl_;
+  if (m.options.persistent == PersistentMode::disabled ||
+      m.options.persistent == PersistentMode::enforced)
+    return;
+  if (mode == AllocationMode::persistent) {
+    ++m.windows;
+  } else if (m.windows > 0) {
+    --m.windows;
+  }
+}
+
+void MemoryManager::set_capture_window(bool open) {
+  std::lock_guard lock(impl_->mutex);
+  Impl& m = *impl_;
+  if (open) {
+    ++m.capture_windows;
+  } else if (m.capture_windows > 0) {
+    --m.capture_windows;
+  }
+}
+
+Error MemoryManager::install_layout(const PoolLayout& layout) {
+  Impl& m = *impl_;
+  Impl::Scope scope(m);
+  // Pending slices still belong to the old pools: wait for their fences (a quiescent point,
+  // not the hot path), then return every idle page.
+  m.drain(scope);
+  m.cleanup_all(true);
+  std::uint64_t busy = 0;
+  for (const auto& pool : m.pools) busy += pool->usage().bytes_in_use + pool->pending_bytes();
+  if (busy > 0) return Error{ErrorKind::pools_in_use, busy};
+  m.build_pools(layout);
+  // A new layout is a new plan: its peaks start from what is held now.
+  m.ctx.totals.in_use_peak = m.ctx.totals.in_use;
+  m.ctx.totals.reserved_peak = m.ctx.totals.reserved;
+  return {};
+}
+
+void MemoryManager::cleanup(bool explicit_cleanup) {
+  Impl& m = *impl_;
+  Impl::Scope scope(m);
+  if (explicit_cleanup) m.close_epoch();
+  m.cleanup_all(explicit_cleanup);
+}
+
+bool MemoryManager::flush_releases(std::uint32_t max_microseconds) {
+  return impl_->device.flush_releases(max_microseconds);
+}
+
+MemoryUsage MemoryManager::memory_usage() const {
+  std::lock_guard lock(impl_->mutex);
+  return impl_->usage();
+}
+
+std::uint64_t MemoryManager::alignment() const { return impl_->ctx.alignment; }
+
+std::uint64_t MemoryManager::idle_bytes() const {
+  std::lock_guard lock(impl_->mutex);
+  return impl_->idle();
+}
+
+void MemoryManager::forget() {
+  Impl& m = *impl_;
+  Impl::Scope scope(m);
+  m.drop_everything();
+}
+
+void MemoryManager::set_stream_ordered(bool ordered) {
+  std::lock_guard lock(impl_->mutex);  // frees read the flag under this lock: a barrier
+  impl_->stream_ordered = ordered;
+}
+
+bool MemoryManager::stream_ordered() const {
+  std::lock_guard lock(impl_->mutex);
+  return impl_->stream_ordered;
+}
+
+void MemoryManager::set_frozen(bool frozen) {
+  std::lock_guard lock(impl_->mutex);
+  if (frozen) {
+    ++impl_->frozen;
+  } else if (impl_->frozen > 0) {
+    --impl_->frozen;
+  }
+}
+
+RetainedSlice MemoryManager::retain(DevicePtr ptr) {
+  std::lock_guard lock(impl_->mutex);
+  Slice* slice = ptr == 0 ? nullptr : impl_->index.find(ptr);
+  if (slice == nullptr) return {};
+  ++slice->pins;
+  return RetainedSlice{ptr, impl_->generation, slice};
+}
+
+bool MemoryManager::release_retained(const RetainedSlice& pin) {
+  Impl& m = *impl_;
+  Impl::Scope scope(m);
+  if (!pin || pin.generation != m.generation) return false;
+  Slice* slice = static_cast<Slice*>(pin.node);
+  if (slice->ptr != pin.ptr || slice->pins == 0) return false;
+  if (--slice->pins == 0 && slice->state == SliceState::held) m.retire(slice);
+  m.finish_sync_frees(scope);
+  return true;
+}
+
+std::uint64_t MemoryManager::prime(const CaptureProfile& profile) {
+  Impl& m = *impl_;
+  Impl::Scope scope(m);
+  // Slices a graph released just now wait for their fence: give the device a bounded time to
+  // pass it, so they count as free instead of being doubled (priming is rare: a capture begin).
+  m.close_epoch();
+  std::uint32_t budget = kPrimeWaitMicros;
+  while (m.persistent->pending_bytes() > 0 && budget > 0 && m.fences.any_closed())
+    m.wait_for_oldest_fence(scope, &budget);
+  std::uint64_t added = 0;
+  for (const auto& [size, count] : profile) {
+    if (size == 0 || size > kLargestRequest) continue;
+    for (std::uint64_t have = m.persistent->free_count(size); have < count; ++have) {
+      if (m.frozen != 0 || m.persistent->add_free(size) != AllocStatus::ok) return added;
+      added += align_up(size, m.ctx.alignment);
+    }
+  }
+  return added;
+}
+
+bool MemoryManager::reissue(const RetainedSlice& pin, std::uint64_t requested) {
+  Impl& m = *impl_;
+  Impl::Scope scope(m);
+  if (!pin || pin.generation != m.generation || requested == 0) return false;
+  Slice* slice = static_cast<Slice*>(pin.node);
+  if (slice->ptr != pin.ptr || slice->state != SliceState::held || requested > slice->size)
+    return false;
+  m.index.reserve_one();
+  slice->page->pool->reissue(slice, requested);
+  m.index.insert(slice->ptr, slice);
+  return true;
+}
+
+std::uint64_t MemoryManager::pinned_size(const RetainedSlice& pin) const {
+  std::lock_guard lock(impl_->mutex);
+  if (!pin || pin.generation != impl_->generation) return 0;
+  const Slice* slice = static_cast<const Slice*>(pin.node);
+  return slice->ptr == pin.ptr ? slice->size : 0;
+}
+
+bool MemoryManager::drain_fences() {
+  Impl& m = *impl_;
+  Impl::Scope scope(m);
+  return m.drain(scope);
+}
+
+std::uint64_t MemoryManager::fence_waits() const {
+  std::lock_guard lock(impl_->mutex);
+  return impl_->fence_waits;
+}
+
+std::uint64_t MemoryManager::fence_wait_timeouts() const {
+  std::lock_guard lock(impl_->mutex);
+  return impl_->fence_wait_timeouts;
+}
+
+}  // namespace poolcuda

@@ -1,0 +1,102 @@
+// The manager's lock scope and the work done at its end (Note [Outside the lock] in
+// memory_manager.cpp): pages handed back to the device just before the lock is released, log
+// lines written once it is, so that a slow stderr never stalls another thread's allocation.
+// Depends on manager_impl.h only.
+#include <cinttypes>
+#include <cstdio>
+
+#include "pools/manager_impl.h"
+
+namespace poolcuda {
+
+MemoryManager::Impl::Scope::Scope(Impl& m) : m_(m) { relock(); }
+
+MemoryManager::Impl::Scope::~Scope() {
+  if (locked_) unlock();
+}
+
+void MemoryManager::Impl::Scope::attach() {
+  m_.outbox = &box_;
+  m_.ctx.released = &box_.releases;
+}
+
+void MemoryManager::Impl::Scope::detach() {
+  m_.outbox = nullptr;
+  m_.ctx.released = nullptr;
+}
+
+void MemoryManager::Impl::Scope::relock() {
+  m_.mutex.lock();
+  locked_ = true;
+  attach();
+}
+
+void MemoryManager::Impl::Scope::unlock() {
+  detach();
+  // Still under the lock: a page given up must reach the device before any later forget()
+  // (a device reset), or it could be freed after the reset, when its address may already be a
+  // new page of these same pools. Device::release never blocks (Note [Outside the lock]).
+  for (const PageRelease& page : box_.releases) m_.device.release(page.base, page.size);
+  box_.releases.clear();
+  locked_ = false;
+  m_.mutex.unlock();
+  if (!box_.logs.empty()) {
+    m_.write_logs(box_.logs);
+    box_.logs.clear();
+  }
+}
+
+namespace {
+
+std::string hex(DevicePtr ptr) {
+  char buffer[24];
+  std::snprintf(buffer, sizeof buffer, "0x%" PRIx64, ptr);
+  return buffer;
+}
+
+}  // namespace
+
+void MemoryManager::Impl::write_logs(boost::container::small_vector<LogEvent, 2>& logs) {
+  for (LogEvent& event : logs) {
+    std::string line;
+    switch (event.kind) {
+      case LogEvent::Kind::text:
+        line = std::move(event.text);
+        break;
+      case LogEvent::Kind::allocate:
+        line = "allocate " + std::to_string(event.size) + " B -> " + hex(event.ptr) + " (" +
+               event.pool + ")";
+        break;
+      case LogEvent::Kind::free:
+        line = "free " + hex(event.ptr);
+        break;
+    }
+    if (options.log_sink) {
+      options.log_sink(event.level, line);
+    } else {
+      std::fprintf(stderr, "poolcuda: %s\n", line.c_str());
+    }
+  }
+}
+
+void MemoryManager::Impl::log(LogLevel level, std::string message) {
+  if (options.log == LogLevel::off || level > options.log || outbox == nullptr) return;
+  LogEvent event;
+  event.level = level;
+  event.text = std::move(message);
+  outbox->logs.push_back(std::move(event));
+}
+
+void MemoryManager::Impl::trace(LogEvent::Kind kind, std::uint64_t size, DevicePtr ptr,
+                                const char* pool) {
+  if (options.log != LogLevel::full || outbox == nullptr) return;
+  LogEvent event;
+  event.level = LogLevel::full;
+  event.kind = kind;
+  event.size = size;
+  event.ptr = ptr;
+  event.pool = pool;
+  outbox->logs.push_back(std::move(event));
+}
+
+}  // namespace poolcuda

@@ -1,0 +1,66 @@
+// Preload test: the per-device budget (limit:1G). cudaMemGetInfo shows the budget as the total
+// and what is left of it as free; 1 MiB allocations succeed up to exactly 1 GiB and the 1,025th
+// fails with cudaErrorMemoryAllocation (one log line says why); a request larger than the budget
+// is refused without reaching the driver; freeing makes room again. The device itself has more.
+#include <string>
+#include <vector>
+
+#include "check.h"
+
+namespace {
+
+int child() {
+  CHECK_CUDA(cudaFree(nullptr));
+  std::size_t free_bytes = 0, total = 0;
+  CHECK_CUDA(cudaMemGetInfo(&free_bytes, &total));
+  CHECK(total == (std::size_t{1} << 30));
+  CHECK(free_bytes <= total);
+
+  std::vector<void*> buffers;
+  for (int i = 0; i < 1024; ++i) {
+    void* ptr = nullptr;
+    const cudaError_t result = cudaMalloc(&ptr, 1 << 20);
+    CHECK_MSG(result == cudaSuccess,
+              "MiB " + std::to_string(i + 1) + " refused: " + preload_test::error_text(result));
+    buffers.push_back(ptr);
+  }
+  void* over = nullptr;
+  CHECK_RESULT(cudaMalloc(&over, 1 << 20), cudaErrorMemoryAllocation);
+  CHECK_RESULT(cudaGetLastError(), cudaErrorMemoryAllocation);
+  CHECK_CUDA(cudaMemGetInfo(&free_bytes, &total));
+  CHECK(free_bytes == 0);
+
+  // Larger than the whole budget: refused before the driver sees it.
+  const std::uint64_t mallocs =
+      preload_test::on_stand_in() ? preload_test::counter("cudaMalloc") : 0;
+  CHECK_RESULT(cudaMalloc(&over, std::size_t{2} << 30), cudaErrorMemoryAllocation);
+  cudaGetLastError();
+  if (preload_test::on_stand_in()) CHECK(preload_test::counter("cudaMalloc") == mallocs + 1);
+
+  // Room again after a free.
+  CHECK_CUDA(cudaFree(buffers.back()));
+  buffers.pop_back();
+  void* again = nullptr;
+  CHECK_CUDA(cudaMalloc(&again, 1 << 20));
+  buffers.push_back(again);
+  for (void* ptr : buffers) CHECK_CUDA(cudaFree(ptr));
+  std::printf("ok\n");
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  preload_test::require_preloaded();
+  if (argc > 1 && std::string(argv[1]) == "child") return child();
+  const preload_test::ChildResult result =
+      preload_test::run_self("child", {"POOLCUDA_CONF=limit:1G"});
+  std::printf("%s", result.output.c_str());
+  CHECK_MSG(result.status == 0, "child exited with " + std::to_string(result.status));
+  std::size_t lines = 0;
+  for (std::size_t at = result.output.find("exceed the budget"); at != std::string::npos;
+       at = result.output.find("exceed the budget", at + 1))
+    ++lines;
+  CHECK_MSG(lines == 1, std::to_string(lines) + " budget lines");
+  return 0;
+}

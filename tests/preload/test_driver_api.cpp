@@ -1,0 +1,100 @@
+// Preload test: a program linked with -lcuda only (no CUDA runtime in the process) calling
+// cuMemAlloc_v2 and friends directly.
+//  - In the device's primary context, allocations are pooled: the exit report shows exactly the
+//    pooled reservations this program made, a handful of page allocations and nothing passed
+//    through; data round-trips; a double free is refused with CUDA_ERROR_INVALID_VALUE.
+//  - In a context made with cuCtxCreate, allocations are the driver's (not one more pooled
+//    reservation), and a thread with no current context gets the driver's own answer.
+//  - The last cuDevicePrimaryCtxRelease and cuDevicePrimaryCtxReset destroy the context's memory:
+//    the pools forget theirs, so later allocations are valid memory (a stale pool would hand out
+//    freed addresses, which the stand-in refuses to copy to).
+// Runs on a GPU too (no stand-in check).
+#include <cuda.h>
+
+#include <cstring>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "exit_report.h"
+
+namespace {
+
+#define CHECK_CU(expr) CHECK_MSG((expr) == CUDA_SUCCESS, #expr)
+
+// The pooled allocations the child makes after its last reset; the report counts exactly these.
+constexpr int kPooled = 200 + 1;
+
+CUcontext retain_and_bind() {
+  CUcontext primary = nullptr;
+  CHECK_CU(cuDevicePrimaryCtxRetain(&primary, 0));
+  CHECK_CU(cuCtxSetCurrent(primary));
+  return primary;
+}
+
+// 200 allocate/write/read/free rounds of 64 KiB.
+void churn() {
+  std::vector<unsigned char> data(64 << 10), back(64 << 10);
+  for (int i = 0; i < 200; ++i) {
+    std::memset(data.data(), i & 0xff, data.size());
+    CUdeviceptr d = 0;
+    CHECK_CU(cuMemAlloc_v2(&d, data.size()));
+    CHECK_CU(cuMemcpyHtoD_v2(d, data.data(), data.size()));
+    CHECK_CU(cuMemcpyDtoH_v2(back.data(), d, back.size()));
+    CHECK(back == data);
+    CHECK_CU(cuMemFree_v2(d));
+  }
+}
+
+int child() {
+  CHECK_CU(cuInit(0));
+  CUcontext primary = retain_and_bind();
+  churn();
+  // The last release resets the primary context: its memory is gone.
+  CHECK_CU(cuDevicePrimaryCtxRelease_v2(0));
+  primary = retain_and_bind();
+  churn();
+  CHECK_CU(cuDevicePrimaryCtxReset_v2(0));
+  CHECK_CU(cuCtxSetCurrent(primary));
+  churn();  // the exit report counts from the last reset on: these 200 and what follows
+
+  // A context of the program's own: not pooled.
+  CUcontext own = nullptr;
+  CHECK_CU(cuCtxCreate(&own, nullptr, 0, 0));
+  std::vector<CUdeviceptr> theirs(10);
+  for (CUdeviceptr& d : theirs) CHECK_CU(cuMemAlloc_v2(&d, 4096));
+  for (CUdeviceptr d : theirs) CHECK_CU(cuMemFree_v2(d));
+  CHECK_CU(cuCtxDestroy_v2(own));
+  CHECK_CU(cuCtxSetCurrent(primary));
+
+  // No current context: the driver's answer, no guessed device.
+  std::thread([] {
+    CUdeviceptr d = 0;
+    CHECK(cuMemAlloc_v2(&d, 4096) == CUDA_ERROR_INVALID_CONTEXT);
+  }).join();
+
+  CUdeviceptr twice = 0;
+  CHECK_CU(cuMemAlloc_v2(&twice, 1000));
+  CHECK_CU(cuMemFree_v2(twice));
+  CHECK(cuMemFree_v2(twice) == CUDA_ERROR_INVALID_VALUE);
+  CHECK_CU(cuCtxSynchronize());
+  std::printf("child ok\n");
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc > 1 && std::string(argv[1]) == "child") return child();
+  Dl_info info{};
+  void* hook = ::dlsym(RTLD_DEFAULT, "cuMemAlloc_v2");
+  CHECK_MSG(hook != nullptr && ::dladdr(hook, &info) != 0 &&
+                std::strstr(info.dli_fname, "poolcuda") != nullptr,
+            "cuMemAlloc_v2 does not come from libpoolcuda.so; set LD_PRELOAD");
+  preload_test::ExitReport report = preload_test::run_with_exit_report("child");
+  CHECK(report.reservations == kPooled);
+  CHECK(report.device_allocs <= 10);
+  CHECK(report.forwarded_mallocs == 0);
+  std::printf("ok\n");
+  return 0;
+}

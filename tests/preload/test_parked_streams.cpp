@@ -1,0 +1,126 @@
+// Preload test: an allocation never blocks on a stream the program parked. A program may park
+// a stream on a host function that only it releases, later; the real cudaMalloc never waits on
+// streams, so under the library cudaMalloc must not either.
+//   release  The default layout's exclusive pool returns an idle page from inside cudaMalloc
+//            once its dealloc period expires; the real cudaFree of that page waits for every
+//            stream. With the legacy stream parked, 10,000 small allocations must still
+//            return, and the page reaches the driver once the stream moves again.
+//   oom      Memory freed before the park, needed by an allocation after it: the free fence
+//            must not queue behind the park (it is recorded at the free), so the allocation
+//            succeeds as the plain one does.
+// A watchdog fails the test instead of hanging; every gate opens by itself after ten seconds.
+#include <atomic>
+#include <chrono>
+#include <string>
+#include <thread>
+
+#include "check.h"
+
+namespace {
+
+using preload_test::Gate;
+using preload_test::wait_at_gate;
+
+// Fails the test if `done` is not set within `seconds`, opening the gate first so that a real
+// GPU is never left parked.
+std::thread watchdog(std::atomic<bool>& done, Gate& gate, int seconds, const char* what) {
+  return std::thread([&done, &gate, seconds, what] {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(seconds);
+    while (!done.load() && std::chrono::steady_clock::now() < deadline)
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    if (!done.load()) {
+      gate.open.store(true);
+      preload_test::fail(__FILE__, __LINE__, std::string(what) + " blocked on a parked stream");
+    }
+  });
+}
+
+void park_legacy_stream(Gate& gate) {
+  CHECK_CUDA(cudaLaunchHostFunc(cudaStreamLegacy, &wait_at_gate, &gate));
+  for (int i = 0; i < 10000 && !gate.entered.load(); ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  CHECK(gate.entered.load());
+}
+
+void release_case() {
+  void* big = nullptr;
+  CHECK_CUDA(cudaMalloc(&big, 64 << 20));  // the exclusive pool: a page of its own
+  CHECK_CUDA(cudaFree(big));
+  CHECK_CUDA(cudaDeviceSynchronize());
+  const std::uint64_t frees_before =
+      preload_test::on_stand_in() ? preload_test::counter("cudaFree") : 0;
+
+  Gate gate;
+  park_legacy_stream(gate);
+  std::atomic<bool> done{false};
+  std::thread dog = watchdog(done, gate, 5, "cudaMalloc");
+  // Past the dealloc period (10,000 reservations): the idle page is given up on the way.
+  for (int i = 0; i < 10100; ++i) {
+    void* small = nullptr;
+    CHECK_CUDA(cudaMalloc(&small, 4096));
+    CHECK_CUDA(cudaFree(small));
+  }
+  done.store(true);
+  dog.join();
+  gate.open.store(true);
+  CHECK_CUDA(cudaDeviceSynchronize());
+  if (preload_test::on_stand_in()) {
+    // The page reaches the driver once the stream moves again.
+    bool released = false;
+    for (int i = 0; i < 2000 && !released; ++i) {
+      released = preload_test::counter("cudaFree") > frees_before;
+      if (!released) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    CHECK_MSG(released, "the idle page never reached cudaFree");
+  }
+  std::printf("release: 10100 allocations with the legacy stream parked\n");
+}
+
+void oom_case() {
+  // Fill the device but for room for one 8 MiB buffer and a little more.
+  std::size_t free_bytes = 0, total = 0;
+  CHECK_CUDA(cudaMemGetInfo(&free_bytes, &total));
+  const std::size_t size = 8 << 20;
+  void* filler = nullptr;
+  CHECK_CUDA(cudaMalloc(&filler, free_bytes - 12 * (std::size_t{1} << 20)));
+  cudaStream_t stream = nullptr;
+  CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  void* first = nullptr;
+  CHECK_CUDA(cudaMalloc(&first, size));
+  CHECK_CUDA(cudaMemsetAsync(first, 1, 4096, stream));
+  CHECK_CUDA(cudaStreamSynchronize(stream));
+  // Let the fences of earlier frees age, so this free is fenced at once.
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  CHECK_CUDA(cudaFree(first));
+
+  Gate gate;
+  park_legacy_stream(gate);
+  std::atomic<bool> done{false};
+  std::thread dog = watchdog(done, gate, 5, "out-of-memory recovery");
+  void* second = nullptr;
+  const cudaError_t result = cudaMalloc(&second, size);
+  done.store(true);
+  dog.join();
+  gate.open.store(true);
+  CHECK_RESULT(result, cudaSuccess);
+  CHECK_CUDA(cudaDeviceSynchronize());
+  CHECK_CUDA(cudaMemset(second, 7, 4096));
+  CHECK(preload_test::device_bytes_equal(second, 4096, 7));
+  CHECK_CUDA(cudaFree(second));
+  CHECK_CUDA(cudaFree(filler));
+  CHECK_CUDA(cudaStreamDestroy(stream));
+  std::printf("oom: memory freed before the park was reused after it\n");
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  preload_test::require_preloaded();
+  CHECK(argc == 2);
+  CHECK_CUDA(cudaFree(nullptr));
+  const std::string which = argv[1];
+  if (which == "release") release_case();
+  else if (which == "oom") oom_case();
+  else preload_test::fail(__FILE__, __LINE__, "unknown case " + which);
+  return 0;
+}

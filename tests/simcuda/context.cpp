@@ -1,0 +1,143 @@
+// Driver initialization and contexts of the stand-in: the initialized flag the runtime and cuInit
+// share, one primary context per device with its reference count (held by the runtime once it
+// used the device, and by cuDevicePrimaryCtxRetain), contexts made by cuCtxCreate, each
+// thread's current context and the contexts below it (cuCtxCreate pushes, cuCtxDestroy pops),
+// and the device reset that a primary context's reset or last release performs. Depends only on
+// core.h.
+#include "core.h"
+
+#include <atomic>
+
+namespace poolcuda::sim {
+namespace {
+
+std::atomic<bool> g_driver_initialized{false};
+std::atomic<uint64_t> g_next_context_id{1};
+
+struct Primaries {
+  std::vector<Context> contexts;
+  std::vector<bool> runtime_holds;  // guarded by state_mutex()
+};
+
+Primaries& primaries() {
+  static auto* p = [] {
+    auto* v = new Primaries;  // never destroyed: worker threads outlive static destructors
+    v->contexts.resize(static_cast<size_t>(config().devices));
+    v->runtime_holds.resize(v->contexts.size());
+    for (size_t i = 0; i < v->contexts.size(); ++i) {
+      v->contexts[i].device = static_cast<int>(i);
+      v->contexts[i].id = g_next_context_id.fetch_add(1);
+      v->contexts[i].primary = true;
+    }
+    return v;
+  }();
+  return *p;
+}
+
+// The runtime takes its reference on a device's primary context once, the first time it binds it.
+void runtime_hold(int device) {
+  std::lock_guard lock(state_mutex());
+  Primaries& p = primaries();
+  if (p.runtime_holds[static_cast<size_t>(device)]) return;
+  p.runtime_holds[static_cast<size_t>(device)] = true;
+  ++p.contexts[static_cast<size_t>(device)].retains;
+}
+
+}  // namespace
+
+bool driver_initialized() { return g_driver_initialized.load(); }
+
+void set_driver_initialized() { g_driver_initialized.store(true); }
+
+Context* primary_context(int device) {
+  if (!valid_device(device)) return nullptr;
+  return &primaries().contexts[static_cast<size_t>(device)];
+}
+
+Context*& thread_context() {
+  thread_local Context* ctx = nullptr;
+  return ctx;
+}
+
+std::vector<Context*>& contexts_below() {
+  thread_local std::vector<Context*> below;
+  return below;
+}
+
+void runtime_touch() {
+  if (config().devices == 0) return;
+  set_driver_initialized();
+  // The runtime binds the current device's primary context to a thread that has none.
+  if (!thread_context()) runtime_bind(current_device());
+}
+
+void runtime_bind(int device) {
+  Context* ctx = primary_context(device);
+  if (!ctx) return;
+  set_driver_initialized();
+  runtime_hold(device);
+  thread_context() = ctx;
+}
+
+void primary_retain(int device) {
+  std::lock_guard lock(state_mutex());
+  ++primaries().contexts[static_cast<size_t>(device)].retains;
+}
+
+cudaError_t primary_release(int device) {
+  {
+    std::lock_guard lock(state_mutex());
+    Context& ctx = primaries().contexts[static_cast<size_t>(device)];
+    // CUDA_ERROR_INVALID_CONTEXT, in the runtime's numbering.
+    if (ctx.retains == 0) return cudaErrorDeviceUninitialized;
+    if (--ctx.retains > 0) return cudaSuccess;
+  }
+  device_reset(device);
+  return cudaSuccess;
+}
+
+bool primary_active(int device) {
+  std::lock_guard lock(state_mutex());
+  return primaries().contexts[static_cast<size_t>(device)].retains > 0;
+}
+
+Context* create_context(int device) {
+  // Kept for the process's life: a destroyed handle must stay safe to look at.
+  static auto* created = new std::vector<std::unique_ptr<Context>>;
+  auto ctx = std::make_unique<Context>();
+  ctx->device = device;
+  ctx->id = g_next_context_id.fetch_add(1);
+  std::lock_guard lock(state_mutex());
+  created->push_back(std::move(ctx));
+  return created->back().get();
+}
+
+cudaError_t destroy_context(Context* ctx) {
+  if (ctx->primary) {
+    device_reset(ctx->device);
+  } else {
+    std::lock_guard lock(state_mutex());
+    if (ctx->destroyed) return cudaErrorContextIsDestroyed;
+    ctx->destroyed = true;
+  }
+  if (thread_context() == ctx) {  // popped, as by cuCtxPopCurrent
+    std::vector<Context*>& below = contexts_below();
+    thread_context() = below.empty() ? nullptr : below.back();
+    if (!below.empty()) below.pop_back();
+    if (thread_context()) current_device() = thread_context()->device;
+  }
+  return cudaSuccess;
+}
+
+void device_reset(int device) {
+  {
+    std::lock_guard lock(state_mutex());
+    invalidate_device_captures_locked(device);
+  }
+  device_drain(device);
+  device_reset_streams(device);
+  device_reset_events(device);
+  mem_free_all(device);
+}
+
+}  // namespace poolcuda::sim

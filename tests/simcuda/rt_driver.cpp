@@ -1,0 +1,143 @@
+// The runtime stand-in's way to the driver stand-in (see rt_driver.h).
+//
+// Note [Static runtime]
+// nvcc links libcudart_static.a into a program by default. That runtime is part of the program:
+// its cudaMalloc is not a dynamic symbol anyone can interpose, and it reaches the driver only by
+// dlopen("libcuda.so.1") + dlsym(handle, "cuGetProcAddress_v2"), then one resolver call per entry
+// point by base name, CUDA version and stream flavour. The static archive of the stand-in
+// (libcudart_static_sim.a, the same rt_*.cpp built with SIMCUDA_STATIC_RUNTIME) does the same
+// for the calls an allocator cares about: cudaMalloc, cudaFree, cudaMallocManaged,
+// cudaMemGetInfo, the stream create/destroy calls and capture begin/end. Everything else calls
+// the shared core directly (the state the driver stand-in sees too). A test program linked with
+// the archive and not with libcudart.so.13 is therefore, to an interposer, exactly a program
+// built with nvcc's default static cudart.
+#include "rt_driver.h"
+
+#include <cuda.h>
+#include <dlfcn.h>
+
+namespace poolcuda::sim {
+namespace {
+
+using Resolver = CUresult (*)(const char*, void**, int, cuuint64_t,
+                              CUdriverProcAddressQueryResult*);
+
+Resolver resolver() {
+  static const Resolver resolve = [] {
+    void* lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);  // kept for the process's life
+    return lib ? reinterpret_cast<Resolver>(dlsym(lib, "cuGetProcAddress_v2")) : nullptr;
+  }();
+  return resolve;
+}
+
+// The driver's entry point for `name` at `version`, nullptr when there is none.
+template <typename Fn>
+Fn entry(const char* name, int version, bool per_thread = false) {
+  Resolver resolve = resolver();
+  void* fn = nullptr;
+  CUdriverProcAddressQueryResult status;
+  cuuint64_t flags = per_thread ? CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM
+                                : CU_GET_PROC_ADDRESS_LEGACY_STREAM;
+  if (!resolve || resolve(name, &fn, version, flags, &status) != CUDA_SUCCESS) return nullptr;
+  return reinterpret_cast<Fn>(fn);
+}
+
+// Resolved once per call site, as the real runtime resolves once per process.
+#define SIM_DRIVER(var, type, name, version, ...)                               \
+  static const auto var = entry<type>(name, version __VA_OPT__(, ) __VA_ARGS__); \
+  if (!var) return cudaErrorNotSupported
+
+cudaError_t as_rt(CUresult r) { return static_cast<cudaError_t>(r); }  // the codes coincide
+
+CUdeviceptr* as_dptr(void** p) { return reinterpret_cast<CUdeviceptr*>(p); }
+CUstream as_cu(cudaStream_t s) { return reinterpret_cast<CUstream>(s); }
+
+}  // namespace
+
+namespace rt {
+
+void load_driver() { resolver(); }
+
+cudaError_t driver_entry(const char* symbol, void** fn, unsigned version,
+                         unsigned long long flags, cudaDriverEntryPointQueryResult* status) {
+  if (!symbol || !fn) return cudaErrorInvalidValue;
+  *fn = nullptr;
+  if (flags & ~0x3ull) return cudaErrorInvalidValue;
+  Resolver resolve = resolver();
+  if (!resolve) return cudaErrorNotSupported;
+  CUdriverProcAddressQueryResult found = CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
+  CUresult rc = resolve(symbol, fn, static_cast<int>(version), flags, &found);
+  if (status) *status = static_cast<cudaDriverEntryPointQueryResult>(found);
+  if (rc == CUDA_SUCCESS) return cudaSuccess;
+  // Not found: reported through the status when the caller asked for it.
+  return status ? cudaSuccess : cudaErrorSymbolNotFound;
+}
+
+}  // namespace rt
+
+namespace via_driver {
+
+cudaError_t malloc(void** ptr, size_t size) {
+  if (!ptr) return cudaErrorInvalidValue;
+  if (size == 0) {  // cudaMalloc(&p, 0) succeeds with NULL and never reaches the driver
+    *ptr = nullptr;
+    return cudaSuccess;
+  }
+  SIM_DRIVER(alloc, decltype(&cuMemAlloc_v2), "cuMemAlloc", 3020);
+  return as_rt(alloc(as_dptr(ptr), size));
+}
+
+cudaError_t malloc_managed(void** ptr, size_t size, unsigned int flags) {
+  if (!ptr) return cudaErrorInvalidValue;
+  SIM_DRIVER(alloc, decltype(&cuMemAllocManaged), "cuMemAllocManaged", 6000);
+  return as_rt(alloc(as_dptr(ptr), size, flags));
+}
+
+cudaError_t free(void* ptr) {
+  if (!ptr) return cudaSuccess;  // cudaFree(NULL) only creates the context
+  SIM_DRIVER(release, decltype(&cuMemFree_v2), "cuMemFree", 3020);
+  return as_rt(release(reinterpret_cast<CUdeviceptr>(ptr)));
+}
+
+cudaError_t mem_get_info(size_t* free_bytes, size_t* total_bytes) {
+  SIM_DRIVER(info, decltype(&cuMemGetInfo_v2), "cuMemGetInfo", 3020);
+  return as_rt(info(free_bytes, total_bytes));
+}
+
+cudaError_t stream_create(cudaStream_t* stream, unsigned int flags) {
+  SIM_DRIVER(create, decltype(&cuStreamCreate), "cuStreamCreate", 2000);
+  return as_rt(create(reinterpret_cast<CUstream*>(stream), flags));
+}
+
+cudaError_t stream_create_with_priority(cudaStream_t* stream, unsigned int flags, int priority) {
+  SIM_DRIVER(create, decltype(&cuStreamCreateWithPriority), "cuStreamCreateWithPriority", 5050);
+  return as_rt(create(reinterpret_cast<CUstream*>(stream), flags, priority));
+}
+
+cudaError_t stream_destroy(cudaStream_t stream) {
+  SIM_DRIVER(destroy, decltype(&cuStreamDestroy_v2), "cuStreamDestroy", 4000);
+  return as_rt(destroy(as_cu(stream)));
+}
+
+cudaError_t begin_capture(cudaStream_t stream, cudaStreamCaptureMode mode, bool per_thread) {
+  using Begin = CUresult (*)(CUstream, CUstreamCaptureMode);
+  if (per_thread) {
+    SIM_DRIVER(begin, Begin, "cuStreamBeginCapture", 10010, true);
+    return as_rt(begin(as_cu(stream), static_cast<CUstreamCaptureMode>(mode)));
+  }
+  SIM_DRIVER(begin, Begin, "cuStreamBeginCapture", 10010);
+  return as_rt(begin(as_cu(stream), static_cast<CUstreamCaptureMode>(mode)));
+}
+
+cudaError_t end_capture(cudaStream_t stream, cudaGraph_t* graph, bool per_thread) {
+  using End = CUresult (*)(CUstream, CUgraph*);
+  if (per_thread) {
+    SIM_DRIVER(end, End, "cuStreamEndCapture", 10000, true);
+    return as_rt(end(as_cu(stream), reinterpret_cast<CUgraph*>(graph)));
+  }
+  SIM_DRIVER(end, End, "cuStreamEndCapture", 10000);
+  return as_rt(end(as_cu(stream), reinterpret_cast<CUgraph*>(graph)));
+}
+
+}  // namespace via_driver
+}  // namespace poolcuda::sim

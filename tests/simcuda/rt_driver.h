@@ -1,0 +1,35 @@
+// How the runtime stand-in reaches the driver stand-in: as the real runtime does, through
+// dlopen("libcuda.so.1"), dlsym(handle, "cuGetProcAddress_v2") and then that resolver for each
+// entry point, so an interposer on libcuda.so.1 sees every lookup. cudaGetDriverEntryPoint uses
+// it in both builds. In the static-runtime archive (SIMCUDA_STATIC_RUNTIME, see
+// Note [Static runtime] in rt_driver.cpp) the memory, memory-info, stream create/destroy and
+// capture begin/end entry points also go through it (the `via_driver` functions), exactly like a
+// program built with nvcc's default static cudart.
+#pragma once
+
+#include "rt_common.h"
+
+namespace poolcuda::sim::rt {
+
+// cudaGetDriverEntryPoint(ByVersion): the driver's resolver answers; `status` as the runtime
+// reports it.
+cudaError_t driver_entry(const char* symbol, void** fn, unsigned version,
+                         unsigned long long flags, cudaDriverEntryPointQueryResult* status);
+
+}  // namespace poolcuda::sim::rt
+
+// The static runtime's calls into the driver. Each returns the runtime's error code (the codes
+// coincide with the driver's), cudaErrorNotSupported when the driver cannot be reached.
+namespace poolcuda::sim::via_driver {
+
+cudaError_t malloc(void** ptr, size_t size);
+cudaError_t malloc_managed(void** ptr, size_t size, unsigned int flags);
+cudaError_t free(void* ptr);
+cudaError_t mem_get_info(size_t* free_bytes, size_t* total_bytes);
+cudaError_t stream_create(cudaStream_t* stream, unsigned int flags);
+cudaError_t stream_create_with_priority(cudaStream_t* stream, unsigned int flags, int priority);
+cudaError_t stream_destroy(cudaStream_t stream);
+cudaError_t begin_capture(cudaStream_t stream, cudaStreamCaptureMode mode, bool per_thread);
+cudaError_t end_capture(cudaStream_t stream, cudaGraph_t* graph, bool per_thread);
+
+}  // namespace poolcuda::sim::via_driver

@@ -1,0 +1,62 @@
+// The static-runtime archive (Note [Static runtime] in rt_driver.cpp): this program links
+// libcudart_static_sim.a instead of libcudart.so.13, as a program built with nvcc's default
+// static cudart does. Its runtime calls are its own (no dynamic cudaMalloc in the process), and
+// its memory calls reach the driver through the resolver, where the driver's counters see them;
+// after its first call the driver is initialized and the primary context current.
+// Stand-in only (suite standin): it is linked with the stand-in.
+#include <cuda.h>
+
+#include "sim_test.h"
+
+// The stand-in API is linked in (no dynamic symbol to look up): called directly.
+
+TEST_CASE("the static runtime reaches the driver through cuGetProcAddress only") {
+  CHECK(dlsym(RTLD_DEFAULT, "cudaMalloc") == nullptr);  // nothing to interpose
+  CUDA_OK(cudaFree(nullptr));
+  // No cuInit: the runtime's first call initialized the driver.
+  void* lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+  REQUIRE(lib != nullptr);  // loaded by the runtime, as the real static runtime does
+  auto resolve =
+      reinterpret_cast<decltype(&cuGetProcAddress_v2)>(dlsym(lib, "cuGetProcAddress_v2"));
+  void* fn = nullptr;
+  REQUIRE_EQ(resolve("cuCtxGetCurrent", &fn, 4000, 0, nullptr), CUDA_SUCCESS);
+  CUcontext ctx = nullptr;
+  CHECK_EQ(reinterpret_cast<decltype(&cuCtxGetCurrent)>(fn)(&ctx), CUDA_SUCCESS);
+  CHECK(ctx != nullptr);
+
+  simcuda_reset_counters();
+  void* p = nullptr;
+  CUDA_OK(cudaMalloc(&p, 1 << 20));
+  CUDA_OK(cudaMemset(p, 7, 1 << 20));
+  void* zero = &p;
+  CUDA_OK(cudaMalloc(&zero, 0));  // succeeds with NULL, never reaching the driver
+  CHECK_EQ(zero, nullptr);
+  CUDA_OK(cudaFree(p));
+  CHECK_EQ(cudaFree(p), cudaErrorInvalidValue);  // the driver's answer, the runtime's code
+  CHECK_EQ(cudaGetLastError(), cudaErrorInvalidValue);
+  CHECK_EQ(simcuda_counter("cudaMalloc"), 2u);
+  CHECK_EQ(simcuda_counter("cuMemAlloc"), 1u);
+  CHECK_EQ(simcuda_counter("cuMemFree"), 2u);
+
+  size_t free_bytes = 0, total_bytes = 0;
+  CUDA_OK(cudaMemGetInfo(&free_bytes, &total_bytes));
+  CHECK(free_bytes <= total_bytes);
+  void* managed = nullptr;
+  CUDA_OK(cudaMallocManaged(&managed, 4096, cudaMemAttachGlobal));
+  CUDA_OK(cudaFree(managed));
+  CHECK_EQ(simcuda_counter("cuMemFree"), 3u);
+
+  cudaStream_t stream = nullptr;
+  CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  CUDA_OK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  CUDA_OK(cudaStreamIsCapturing(stream, &status));
+  CHECK_EQ(status, cudaStreamCaptureStatusActive);
+  cudaGraph_t graph = nullptr;
+  CUDA_OK(cudaStreamEndCapture(stream, &graph));
+  CHECK(graph != nullptr);
+  CUDA_OK(cudaGraphDestroy(graph));
+  CUDA_OK(cudaStreamDestroy(stream));
+  CHECK_EQ(cudaStreamDestroy(stream), cudaErrorInvalidResourceHandle);
+  cudaGetLastError();
+}

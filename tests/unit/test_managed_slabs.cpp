@@ -1,0 +1,489 @@
+// ManagedSlabs over host memory (HostManagedBacking on a HostDevice): the bump-slab contract of
+// the second seed (capacity, disjoint aligned allocations, exhaustion, the chain cap's figures,
+// live counts, rewinds only when empty, issued_total, bad requests, zero on hand-out, concurrent
+// allocation), plus what pointers add (double free, interior pointers, lookups), free fences,
+// giving slabs back, device failures, forget() and the report.
+#include <doctest/doctest.h>
+
+#include <cstdio>
+
+#include <algorithm>
+#include <cstring>
+#include <random>
+#include <thread>
+#include <vector>
+
+#include "pools/host_managed_backing.h"
+#include "pools/managed_slabs.h"
+#include "pools/report.h"
+
+using namespace poolcuda;
+
+namespace {
+
+constexpr std::uint64_t kGranule = 512;
+
+// A HostDevice, the backing over it, and a chain of `max_slabs` slabs of `slab` bytes.
+struct Chain {
+  explicit Chain(std::uint64_t slab = 4 * KiB, std::uint32_t max_slabs = 4,
+                 std::uint64_t capacity = 256 * MiB, bool fences = true,
+                 std::uint32_t disuse = 8)
+      : device(capacity, kGranule), backing(device), slabs(backing, options(slab, max_slabs,
+                                                                             fences, disuse)) {}
+
+  static ManagedOptions options(std::uint64_t slab, std::uint32_t max_slabs, bool fences,
+                                std::uint32_t disuse) {
+    ManagedOptions o;
+    o.slab_size = slab;
+    o.granule = kGranule;
+    o.max_slabs = max_slabs;
+    o.fences = fences;
+    o.disuse_period = disuse;
+    return o;
+  }
+
+  DevicePtr allocate(std::uint64_t size, std::uint64_t alignment = kGranule) {
+    const ManagedAllocation a = slabs.allocate(size, alignment);
+    REQUIRE_MESSAGE(a.ptr != 0, describe(a.error));
+    return a.ptr;
+  }
+  ManagedReport report() const { return slabs.report(); }
+
+  HostDevice device;
+  HostManagedBacking backing;
+  ManagedSlabs slabs;
+};
+
+bool all_bytes(DevicePtr ptr, std::uint64_t size, unsigned char value) {
+  const auto* bytes = reinterpret_cast<const unsigned char*>(ptr);
+  return std::all_of(bytes, bytes + size, [&](unsigned char b) { return b == value; });
+}
+
+void fill(DevicePtr ptr, std::uint64_t size, unsigned char value) {
+  std::memset(reinterpret_cast<void*>(ptr), value, size);
+}
+
+}  // namespace
+
+TEST_SUITE("unit") {
+
+TEST_CASE("managed: allocate within capacity") {
+  Chain c(1 * KiB);
+  CHECK(c.slabs.slab_size() == 1 * KiB);
+  const DevicePtr a = c.allocate(100, 16);
+  CHECK(a % 16 == 0);
+  const ManagedReport r = c.report();
+  REQUIRE(r.slabs.size() == 1);
+  CHECK(r.slabs[0].capacity == 1 * KiB);
+  CHECK(r.slabs[0].base == a);
+  CHECK(r.live_allocations == 1);
+}
+
+TEST_CASE("managed: allocations are disjoint and aligned") {
+  Chain c(4 * KiB);
+  const DevicePtr a = c.allocate(100, 64);
+  const DevicePtr b = c.allocate(200, 64);
+  CHECK(b >= a + 100);
+  CHECK(a % 64 == 0);
+  CHECK(b % 64 == 0);
+  CHECK(a % kGranule == 0);  // every allocation starts on a granule
+  CHECK(b % kGranule == 0);
+}
+
+TEST_CASE("managed: exhaustion moves to a new slab") {
+  Chain c(1 * KiB);
+  const DevicePtr a = c.allocate(512);
+  const DevicePtr b = c.allocate(512);  // the first slab is full now
+  const DevicePtr d = c.allocate(512);
+  CHECK(b == a + 512);
+  const ManagedReport r = c.report();
+  REQUIRE(r.slabs.size() == 2);
+  CHECK(r.slabs[0].live == 2);
+  CHECK(r.slabs[1].live == 1);
+  CHECK(r.slabs[1].base == d);
+  CHECK(c.device.calls().allocate == 2);
+}
+
+TEST_CASE("managed: a full chain is too_large with the requested size and the limit") {
+  Chain c(1 * KiB, 2);
+  for (int i = 0; i < 4; ++i) c.allocate(400);
+  const ManagedAllocation full = c.slabs.allocate(1000, kGranule);
+  CHECK(full.ptr == 0);
+  CHECK(full.error == ManagedError{ManagedErrorKind::too_large, 1000, 2 * KiB});
+  CHECK(describe(full.error).find("requested 1000 B, limit 2048 B") != std::string::npos);
+  // Larger than a slab: the limit is the slab.
+  const ManagedAllocation huge = c.slabs.allocate(1 * KiB + 1, kGranule);
+  CHECK(huge.error == ManagedError{ManagedErrorKind::too_large, 1 * KiB + 1, 1 * KiB});
+  // Nothing changed.
+  CHECK(c.report().live_allocations == 4);
+  CHECK(c.report().slabs.size() == 2);
+}
+
+TEST_CASE("managed: free decrements live") {
+  Chain c;
+  const DevicePtr a = c.allocate(32);
+  CHECK(c.report().live_allocations == 1);
+  CHECK(c.slabs.free(a) == FreeOutcome::freed);
+  CHECK(c.report().live_allocations == 0);
+}
+
+TEST_CASE("managed: a slab rewinds only when nothing in it is live") {
+  Chain c(1 * KiB, 1);
+  const DevicePtr a = c.allocate(512);
+  const DevicePtr b = c.allocate(512);
+  CHECK(c.slabs.free(a) == FreeOutcome::freed);
+  CHECK(c.slabs.rewind_empty() == 0);  // b is live
+  CHECK(c.slabs.allocate(512, kGranule).error.kind == ManagedErrorKind::too_large);
+  CHECK(c.slabs.free(b) == FreeOutcome::freed);
+  CHECK(c.slabs.rewind_empty() == 1);
+  const ManagedReport r = c.report();
+  CHECK(r.slabs[0].bump == 0);  // the whole capacity is free again
+  CHECK(r.slabs[0].resets == 1);
+  CHECK(r.resets == 1);
+  CHECK(c.allocate(1 * KiB) == a);  // from the start of the slab, no new slab
+  CHECK(c.device.calls().allocate == 1);
+}
+
+TEST_CASE("managed: the allocation path rewinds an empty slab instead of growing") {
+  Chain c(1 * KiB, 4);
+  for (int round = 0; round < 50; ++round) {
+    CHECK(c.slabs.free(c.allocate(512)) == FreeOutcome::freed);
+  }
+  CHECK(c.device.calls().allocate == 1);
+  CHECK(c.report().resets == 24);  // two allocations per pass over the slab
+}
+
+TEST_CASE("managed: issued_total is sticky across rewinds") {
+  Chain c(1 * KiB);
+  const DevicePtr a = c.allocate(64);
+  const DevicePtr b = c.allocate(64);
+  c.slabs.free(a);
+  c.slabs.free(b);
+  CHECK(c.report().issued_total == 128);
+  CHECK(c.slabs.rewind_empty() == 1);
+  CHECK(c.report().issued_total == 128);
+  c.slabs.trim();
+  c.slabs.forget();
+  CHECK(c.report().issued_total == 128);
+}
+
+TEST_CASE("managed: bad requests are refused and change nothing") {
+  Chain c;
+  const ManagedError bad{ManagedErrorKind::bad_request, 8, kGranule};
+  CHECK(c.slabs.allocate(8, 0).error == bad);            // no alignment
+  CHECK(c.slabs.allocate(8, 3).error == bad);            // not a power of two
+  CHECK(c.slabs.allocate(8, 2 * kGranule).error == bad);  // above the granule
+  CHECK(c.slabs.allocate(8, std::uint64_t{1} << 63).error == bad);
+  CHECK(c.slabs.allocate(0, kGranule).error.kind == ManagedErrorKind::bad_request);
+  CHECK(c.report().slabs.empty());
+  CHECK(c.device.calls().total() == 0);  // not even the first slab
+}
+
+TEST_CASE("managed: writes are visible and stay within the allocation") {
+  Chain c;
+  const DevicePtr a = c.allocate(16, 8);
+  const DevicePtr b = c.allocate(16, 8);
+  auto* bytes = reinterpret_cast<unsigned char*>(a);
+  for (int i = 0; i < 16; ++i) bytes[i] = static_cast<unsigned char>(i);
+  for (int i = 0; i < 16; ++i) CHECK(bytes[i] == i);
+  CHECK(all_bytes(b, 16, 0));
+}
+
+TEST_CASE("managed: the first allocation of a fresh slab reads as zero without zeroing") {
+  Chain c(64 * KiB);
+  const DevicePtr a = c.allocate(4 * KiB);
+  CHECK(all_bytes(a, 4 * KiB, 0));
+  CHECK(c.backing.zero_calls() == 0);  // above the dirty mark: nothing to zero
+}
+
+TEST_CASE("managed: a recycled allocation reads as zero; only the recycled part is zeroed") {
+  Chain c(64 * KiB);
+  const DevicePtr a = c.allocate(4 * KiB);
+  fill(a, 4 * KiB, 0xab);
+  CHECK(c.slabs.free(a) == FreeOutcome::freed);
+  CHECK(c.slabs.rewind_empty() == 1);
+  CHECK(c.report().slabs[0].dirty == 4 * KiB);
+  const DevicePtr b = c.allocate(8 * KiB);  // the first half was handed out before
+  CHECK(b == a);
+  CHECK(all_bytes(b, 8 * KiB, 0));
+  CHECK(c.backing.zero_calls() == 1);
+  CHECK(c.backing.zero_bytes() == 4 * KiB);
+  // Only the requested bytes are zeroed, not the rest of their last granule.
+  fill(b, 8 * KiB, 0xcd);
+  c.slabs.free(b);
+  c.slabs.rewind_empty();
+  const DevicePtr d = c.allocate(100);
+  CHECK(all_bytes(d, 100, 0));
+  CHECK(c.backing.zero_bytes() == 4 * KiB + 100);
+}
+
+TEST_CASE("managed: 16 threads x 1000 concurrent allocations are disjoint with exact totals") {
+  constexpr int kThreads = 16;
+  constexpr int kIterations = 1000;
+  constexpr std::uint64_t kSize = 1000;  // two granules each
+  Chain c(kThreads * kIterations * 2 * kGranule, 1);
+  std::vector<std::vector<DevicePtr>> got(kThreads);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      for (int i = 0; i < kIterations; ++i) got[t].push_back(c.slabs.allocate(kSize, 8).ptr);
+    });
+  }
+  for (auto& thread : threads) thread.join();
+  std::vector<DevicePtr> all;
+  for (const auto& list : got) all.insert(all.end(), list.begin(), list.end());
+  REQUIRE(std::count(all.begin(), all.end(), DevicePtr{0}) == 0);
+  std::sort(all.begin(), all.end());
+  for (std::size_t i = 1; i < all.size(); ++i) REQUIRE(all[i - 1] + kSize <= all[i]);
+  ManagedReport r = c.report();
+  REQUIRE(r.slabs.size() == 1);
+  CHECK(r.slabs[0].bump == kThreads * kIterations * 2 * kGranule);  // no lost or doubled bump
+  CHECK(r.live_allocations == kThreads * kIterations);
+  CHECK(r.issued_total == kThreads * kIterations * kSize);
+  threads.clear();
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      for (DevicePtr p : got[t]) CHECK(c.slabs.free(p) == FreeOutcome::freed);
+    });
+  }
+  for (auto& thread : threads) thread.join();
+  CHECK(c.report().live_allocations == 0);
+}
+
+TEST_CASE("managed: threads churning across many small slabs never share a byte") {
+  constexpr int kThreads = 8;
+  Chain c(64 * KiB, 64);
+  std::atomic<int> failures{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      std::mt19937 random(static_cast<unsigned>(t));
+      std::vector<std::pair<DevicePtr, std::uint64_t>> window;
+      const auto mark = static_cast<unsigned char>(t + 1);
+      for (int i = 0; i < 3000; ++i) {
+        const std::uint64_t size = 1 + random() % (8 * KiB);
+        const ManagedAllocation a = c.slabs.allocate(size, kGranule);
+        if (a.ptr == 0 || !all_bytes(a.ptr, size, 0)) ++failures;
+        if (a.ptr == 0) continue;
+        fill(a.ptr, size, mark);
+        window.emplace_back(a.ptr, size);
+        if (window.size() > 8) {
+          auto [ptr, bytes] = window.front();
+          window.erase(window.begin());
+          if (!all_bytes(ptr, bytes, mark) || c.slabs.free(ptr) != FreeOutcome::freed) ++failures;
+        }
+      }
+      for (auto [ptr, bytes] : window) {
+        if (!all_bytes(ptr, bytes, mark) || c.slabs.free(ptr) != FreeOutcome::freed) ++failures;
+      }
+    });
+  }
+  for (auto& thread : threads) thread.join();
+  CHECK(failures.load() == 0);
+  const ManagedReport r = c.report();
+  CHECK(r.live_allocations == 0);
+  CHECK(r.resets > 0);
+  CHECK(r.slabs.size() <= 64);
+}
+
+TEST_CASE("managed: threads allocate on slabs of their own, share one when the chain is full") {
+  auto slab_of_each = [](Chain& c) {
+    DevicePtr got[2] = {0, 0};
+    for (int t = 0; t < 2; ++t) {  // new threads take consecutive lanes
+      std::thread([&, t] { got[t] = c.slabs.allocate(512, kGranule).ptr; }).join();
+    }
+    REQUIRE(got[0] != 0);
+    REQUIRE(got[1] != 0);
+    return std::pair{c.slabs.find(got[0]).slab, c.slabs.find(got[1]).slab};
+  };
+  Chain roomy(64 * KiB, 4);
+  auto [first, second] = slab_of_each(roomy);
+  CHECK(first != second);
+  CHECK(roomy.report().slabs.size() == 2);
+  Chain full(1 * KiB, 1);
+  auto [one, other] = slab_of_each(full);
+  CHECK(one == other);
+  CHECK(full.report().live_allocations == 2);
+}
+
+TEST_CASE("managed: double free and interior pointers are refused and change nothing") {
+  Chain c(64 * KiB);
+  const DevicePtr a = c.allocate(1000);
+  const DevicePtr b = c.allocate(100);
+  CHECK(c.slabs.free(a + 1) == FreeOutcome::interior_pointer);
+  CHECK(c.slabs.free(a + kGranule) == FreeOutcome::interior_pointer);  // inside, on a granule
+  CHECK(c.slabs.free(b + 8 * kGranule) == FreeOutcome::interior_pointer);  // never issued
+  CHECK(c.slabs.free(0x1000) == FreeOutcome::not_mine);
+  CHECK(c.report().live_allocations == 2);
+  CHECK(c.slabs.free(a) == FreeOutcome::freed);
+  CHECK(c.slabs.free(a) == FreeOutcome::double_free);
+  CHECK(c.report().live_allocations == 1);
+  CHECK(c.slabs.free(b) == FreeOutcome::freed);
+  CHECK(c.slabs.free(b) == FreeOutcome::double_free);
+  CHECK(c.report().live_allocations == 0);
+  // After a rewind the old start was never issued in this round.
+  CHECK(c.slabs.rewind_empty() == 1);
+  CHECK(c.slabs.free(b) == FreeOutcome::interior_pointer);
+}
+
+TEST_CASE("managed: find tells live allocations, free space and foreign pointers apart") {
+  Chain c(64 * KiB);
+  const DevicePtr a = c.allocate(1000);
+  const DevicePtr b = c.allocate(3000);
+  ManagedLookup in_b = c.slabs.find(b + 2999);
+  CHECK(in_b.kind == ManagedLookup::Kind::live);
+  CHECK(in_b.start == b);
+  CHECK(in_b.size == 3000);
+  CHECK(in_b.slab == a);
+  CHECK(in_b.slab_size == 64 * KiB);
+  CHECK(c.slabs.find(a).start == a);
+  CHECK(c.slabs.find(a + 1000).kind == ManagedLookup::Kind::free_space);  // padding after a
+  CHECK(c.slabs.find(b + 3000).kind == ManagedLookup::Kind::free_space);
+  CHECK(c.slabs.find(a + 60 * KiB).kind == ManagedLookup::Kind::free_space);
+  CHECK(c.slabs.find(a + 64 * KiB).kind == ManagedLookup::Kind::not_mine);
+  c.slabs.free(a);
+  CHECK(c.slabs.find(a + 10).kind == ManagedLookup::Kind::free_space);
+  CHECK(c.slabs.find(b).kind == ManagedLookup::Kind::live);
+}
+
+TEST_CASE("managed: an empty slab waits for its free fence; the chain grows meanwhile") {
+  Chain c(1 * KiB, 4);
+  c.device.set_fence_mode(HostDevice::FenceMode::manual);
+  c.slabs.free(c.allocate(1 * KiB));
+  const DevicePtr second = c.allocate(1 * KiB);  // the first slab's fence has not passed
+  CHECK(c.device.calls().allocate == 2);
+  CHECK(c.report().resets == 0);
+  c.slabs.free(second);
+  c.device.complete_fences();
+  // The first slab's fence has passed, so it rewinds; the second's was recorded just now.
+  c.allocate(1 * KiB);
+  CHECK(c.device.calls().allocate == 2);
+  CHECK(c.report().resets == 1);
+  CHECK(c.device.outstanding_fences() <= 1);  // each fence is destroyed with its rewind
+}
+
+TEST_CASE("managed: a lagging fence is waited for, within a bound, before the chain grows") {
+  Chain c(1 * KiB, 4);
+  c.device.set_fence_mode(HostDevice::FenceMode::on_wait);  // passes once waited on
+  for (int i = 0; i < 10; ++i) c.slabs.free(c.allocate(1 * KiB));
+  CHECK(c.device.calls().allocate == 1);
+  CHECK(c.device.calls().fence_wait_for == 9);
+  CHECK(c.report().resets == 9);
+}
+
+TEST_CASE("managed: no free fence under fences off, none while a capture is open") {
+  Chain off(1 * KiB, 4, 256 * MiB, /*fences=*/false);
+  off.device.set_fence_mode(HostDevice::FenceMode::manual);
+  for (int i = 0; i < 5; ++i) off.slabs.free(off.allocate(1 * KiB));
+  CHECK(off.device.calls().fence_record == 0);
+  CHECK(off.device.calls().allocate == 1);
+
+  Chain capture(1 * KiB, 4);
+  capture.device.set_capture_open(true);  // fence_record answers kNoFence
+  capture.slabs.free(capture.allocate(1 * KiB));
+  capture.slabs.free(capture.allocate(1 * KiB));
+  CHECK(capture.device.calls().allocate == 2);
+  capture.device.set_capture_open(false);
+  capture.allocate(1 * KiB);
+  CHECK(capture.device.calls().allocate == 2);
+  CHECK(capture.report().resets == 1);
+}
+
+TEST_CASE("managed: empty slabs go back after disuse and on trim, the current one stays") {
+  Chain c(1 * KiB, 8, 256 * MiB, true, /*disuse=*/3);
+  std::vector<DevicePtr> burst;
+  for (int i = 0; i < 8; ++i) burst.push_back(c.allocate(512));
+  CHECK(c.report().slabs.size() == 4);
+  for (DevicePtr p : burst) c.slabs.free(p);
+  for (int i = 0; i < 20; ++i) c.slabs.free(c.allocate(512));
+  CHECK(c.report().slabs.size() == 1);
+  CHECK(c.device.outstanding_allocations() == 1);
+  CHECK(c.report().slabs_released == 3);
+
+  Chain t(1 * KiB, 8);
+  burst.clear();
+  for (int i = 0; i < 6; ++i) burst.push_back(t.allocate(512));
+  t.slabs.free(burst[0]);  // the first slab still holds burst[1]
+  for (int i = 2; i < 6; ++i) t.slabs.free(burst[i]);
+  CHECK(t.slabs.trim() == 1);  // the second slab; the third is current
+  CHECK(t.report().slabs.size() == 2);
+  t.slabs.free(burst[1]);
+  CHECK(t.slabs.trim() == 1);
+  CHECK(t.device.outstanding_allocations() == 1);
+  CHECK(t.device.bad_releases() == 0);
+
+  // A trim waits for a fence that lags.
+  Chain lag(1 * KiB, 8);
+  lag.device.set_fence_mode(HostDevice::FenceMode::manual);  // passes when waited on
+  burst.clear();
+  for (int i = 0; i < 4; ++i) burst.push_back(lag.allocate(512));
+  for (DevicePtr p : burst) lag.slabs.free(p);
+  CHECK(lag.slabs.trim() == 1);
+  CHECK(lag.device.outstanding_allocations() == 1);
+}
+
+TEST_CASE("managed: device failures become errors that change nothing") {
+  Chain c(1 * KiB, 4);
+  c.device.fail_nth_allocation(1, AllocStatus::out_of_memory);
+  CHECK(c.slabs.allocate(100, kGranule).error ==
+        ManagedError{ManagedErrorKind::out_of_memory, 100, 1 * KiB});
+  c.device.fail_nth_allocation(1, AllocStatus::failed);
+  CHECK(c.slabs.allocate(100, kGranule).error.kind == ManagedErrorKind::device_error);
+  CHECK(c.report().slabs.empty());
+
+  // Zeroing fails: the allocation is refused and nothing is live.
+  const DevicePtr a = c.allocate(1 * KiB);
+  fill(a, 1 * KiB, 0x11);
+  c.slabs.free(a);
+  c.slabs.rewind_empty();
+  c.backing.fail_zeroing(true);
+  CHECK(c.slabs.allocate(100, kGranule).error.kind == ManagedErrorKind::device_error);
+  CHECK(c.report().live_allocations == 0);
+  c.backing.fail_zeroing(false);
+  const DevicePtr b = c.allocate(100);
+  CHECK(all_bytes(b, 100, 0));
+}
+
+TEST_CASE("managed: forget drops every slab without releasing it") {
+  Chain c(1 * KiB, 4);
+  const DevicePtr a = c.allocate(1 * KiB);
+  c.allocate(1 * KiB);
+  c.slabs.forget();
+  CHECK(c.report().slabs.empty());
+  CHECK(c.device.calls().release == 0);
+  CHECK(c.slabs.free(a) == FreeOutcome::not_mine);
+  CHECK(c.report().issued_total == 2 * KiB);
+  c.allocate(100);  // usable again, on a new slab
+  CHECK(c.device.calls().allocate == 3);
+}
+
+TEST_CASE("managed: the report section in text and JSON") {
+  Chain c(1 * KiB, 4);
+  const DevicePtr a = c.allocate(100);
+  c.allocate(600);
+  c.slabs.free(a);
+  const ManagedReport r = c.report();
+  CHECK(r.slab_size == 1 * KiB);
+  CHECK(r.max_slabs == 4);
+  CHECK(r.slabs_allocated == 2);
+  CHECK(r.live_allocations == 1);
+  CHECK(r.issued_total == 700);
+  ReportDocument doc;
+  doc.devices.push_back(ReportSection{"device", "device 0", {}, {}, {}});
+  doc.devices.back().sections.push_back(describe(r));
+  const std::string text = render(doc, ReportFormat::text);
+  CHECK(text.find("managed slabs: slab 1.00 KiB, live 1, issued 700 B, rewinds 0") !=
+        std::string::npos);
+  CHECK(text.find("base  capacity  handed out  live  rewinds") != std::string::npos);
+  CHECK(text.find("dirty") == std::string::npos);  // wide only
+  CHECK(render(doc, ReportFormat::wide).find("slabs allocated 2") != std::string::npos);
+  const std::string json = render(doc, ReportFormat::json);
+  CHECK(json.find("\"managed\":{\"slab_size\":1024,\"max_slabs\":4,\"live_allocations\":1,"
+                  "\"issued_total\":700,") != std::string::npos);
+  char base[80];
+  std::snprintf(base, sizeof base, "\"slabs\":[{\"base\":\"0x%llx\",\"capacity\":1024,",
+                static_cast<unsigned long long>(r.slabs.front().base));
+  CHECK(json.find(base) != std::string::npos);
+}
+
+}  // TEST_SUITE

@@ -1,0 +1,43 @@
+// check-conf's look at report_path: whether the library could write a report where the
+// configuration says. The parser checks only the grammar (config/ does no I/O); this looks at
+// the directory as the user running check-conf sees it, from its working directory. The library
+// itself never refuses to start over a report path: a report it cannot write is logged and lost.
+// Depends on config/ (expand_report_path) and POSIX only.
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "cli.h"
+#include "config/config.h"
+
+namespace poolcuda::cli {
+
+std::string report_path_problem(const std::string& pattern) {
+  if (pattern == "stderr") return {};
+  // The library writes a temporary file beside the report and renames it: the directory must
+  // exist and take new files. It creates no directory, so a directory named with %p or %n does
+  // not exist before the run.
+  const std::string path = expand_report_path(pattern, static_cast<long>(::getpid()), 1);
+  const auto slash = path.rfind('/');
+  const std::string directory =
+      slash == std::string::npos ? "." : slash == 0 ? "/" : path.substr(0, slash);
+  const auto pattern_slash = pattern.rfind('/');
+  const bool expands = pattern_slash != std::string::npos && pattern.find('%') < pattern_slash;
+  struct stat info {};
+  if (::stat(directory.c_str(), &info) != 0) {
+    return "directory '" + directory + "': " + std::strerror(errno) +
+           (expands ? " (%p and %n change per process and report, and the library creates no "
+                      "directory: keep them in the file name)"
+                    : " (the library creates no directory)");
+  }
+  if (!S_ISDIR(info.st_mode)) return "'" + directory + "' is not a directory";
+  if (::access(directory.c_str(), W_OK | X_OK) != 0)
+    return "directory '" + directory + "' does not take new files: " + std::strerror(errno);
+  if (::stat(path.c_str(), &info) == 0 && S_ISDIR(info.st_mode))
+    return "'" + path + "' is a directory, not a file";
+  return {};
+}
+
+}  // namespace poolcuda::cli

@@ -1,0 +1,175 @@
+// Inspecting a process through /proc before asking it anything (see target.h). The library
+// reads POOLCUDA_CONF once, when it loads, from the environment the process started with;
+// /proc/PID/environ holds exactly that environment. The readiness mark in /proc/PID/maps says
+// the library's handler is installed and its reporter thread listens; the signal masks in
+// /proc/PID/status say what the program does with the signal otherwise.
+//
+// Depends on config/config.h and interpose/channel_protocol.h.
+#include <dirent.h>
+#include <signal.h>
+
+#include <cerrno>
+#include <charconv>
+#include <cstring>
+#include <fstream>
+#include <iterator>
+#include <string_view>
+
+#include "config/config.h"
+#include "target.h"
+
+namespace poolcuda::cli {
+
+namespace {
+
+// Reads a whole /proc file; nothing (with errno kept) when it cannot be opened.
+std::optional<std::string> read_proc_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return std::nullopt;
+  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+}
+
+// Calls `line_fn` for each line of `text` separated by `separator`.
+template <typename Fn>
+void for_each_line(std::string_view text, char separator, Fn line_fn) {
+  while (!text.empty()) {
+    const auto end = text.find(separator);
+    line_fn(text.substr(0, end));
+    if (end == std::string_view::npos) break;
+    text.remove_prefix(end + 1);
+  }
+}
+
+std::string describe_errno(int error) {
+  if (error == EACCES || error == EPERM) {
+    return std::string(std::strerror(error)) + "; run as the process's user or as root";
+  }
+  return std::strerror(error);
+}
+
+// The mapped file of one /proc/PID/maps line (everything after the fifth field).
+std::string_view mapped_name(std::string_view line) {
+  const auto slash = line.find('/');
+  return slash == std::string_view::npos ? std::string_view() : line.substr(slash);
+}
+
+void read_maps(std::string_view maps, Target* target) {
+  for_each_line(maps, '\n', [target](std::string_view line) {
+    const std::string_view name = mapped_name(line);
+    const std::string_view base = name.substr(name.rfind('/') + 1);
+    if (base.starts_with("libpoolcuda.so")) target->library_mapped = true;
+    // "/memfd:poolcuda-ready.10 (deleted)"
+    const std::string prefix = "memfd:" + std::string(channel::kReadyMark);
+    if (base.starts_with(prefix)) {
+      const std::string_view number = base.substr(prefix.size());
+      int signal_number = 0;
+      std::from_chars(number.data(), number.data() + number.size(), signal_number);
+      if (signal_number > 0 && signal_number < 65) target->ready_signal = signal_number;
+    }
+  });
+}
+
+void read_status(std::string_view status, Target* target) {
+  for_each_line(status, '\n', [target](std::string_view line) {
+    std::uint64_t* mask = line.starts_with("SigCgt:")   ? &target->caught
+                          : line.starts_with("SigIgn:") ? &target->ignored
+                                                        : nullptr;
+    if (mask == nullptr) return;
+    line.remove_prefix(7);
+    while (!line.empty() && (line.front() == ' ' || line.front() == '\t')) line.remove_prefix(1);
+    std::from_chars(line.data(), line.data() + line.size(), *mask, 16);
+  });
+}
+
+long find_reporter_thread(const std::string& proc) {
+  DIR* tasks = ::opendir((proc + "/task").c_str());
+  if (tasks == nullptr) return 0;
+  long found = 0;
+  while (dirent* entry = ::readdir(tasks)) {
+    if (entry->d_name[0] == '.') continue;
+    const auto comm = read_proc_file(proc + "/task/" + entry->d_name + "/comm");
+    if (comm && std::string_view(*comm).substr(0, comm->find('\n')) == channel::kThreadName) {
+      found = std::strtol(entry->d_name, nullptr, 10);
+      break;
+    }
+  }
+  ::closedir(tasks);
+  return found;
+}
+
+std::string signal_name(int signal_number) {
+  if (signal_number == SIGUSR1) return "SIGUSR1";
+  if (signal_number == SIGUSR2) return "SIGUSR2";
+  return "signal " + std::to_string(signal_number);
+}
+
+bool has(std::uint64_t mask, int signal_number) {
+  return (mask >> (signal_number - 1) & 1) != 0;
+}
+
+}  // namespace
+
+std::optional<Target> inspect(long pid, std::string* error) {
+  const std::string proc = "/proc/" + std::to_string(pid);
+  Target target;
+  target.pid = pid;
+  const auto status = read_proc_file(proc + "/status");
+  if (!status) {
+    *error = errno == ENOENT ? "no process with PID " + std::to_string(pid)
+                             : "cannot read " + proc + "/status: " + describe_errno(errno);
+    return std::nullopt;
+  }
+  read_status(*status, &target);
+  const auto maps = read_proc_file(proc + "/maps");
+  const auto environ_block = maps ? read_proc_file(proc + "/environ") : std::nullopt;
+  if (!maps || !environ_block) {
+    *error = "cannot inspect process " + std::to_string(pid) + ": " + describe_errno(errno);
+    return std::nullopt;
+  }
+  read_maps(*maps, &target);
+  for_each_line(*environ_block, '\0', [&target](std::string_view entry) {
+    if (entry.starts_with("POOLCUDA_CONF=")) target.conf = std::string(entry.substr(14));
+  });
+  target.reporter_thread = find_reporter_thread(proc);
+  return target;
+}
+
+std::string refusal(const Target& target, int* signal_number) {
+  const std::string process = "process " + std::to_string(target.pid);
+  const std::string nothing = "; nothing was sent";
+  if (target.ready_signal == 0 && !target.library_mapped) {
+    return process + " has not loaded libpoolcuda.so, so it has no report (and the signal "
+                     "could kill it)" + nothing + ". Start it with 'poolcuda run -- PROGRAM'";
+  }
+  int signal = target.ready_signal;
+  if (signal == 0) {
+    const ParseResult parsed = parse_config(target.conf.value_or(""));
+    if (!parsed) {
+      return process + " has an invalid POOLCUDA_CONF (" + parsed.error.message() + ")" +
+             nothing;
+    }
+    if (parsed.config->report_signal == ReportSignal::none) {
+      return process + " runs with report_signal:none, so it does not answer requests" +
+             nothing + " (report_at_exit:1 writes a report when it exits)";
+    }
+    signal = parsed.config->report_signal == ReportSignal::usr1 ? SIGUSR1 : SIGUSR2;
+  }
+  const std::string name = signal_name(signal);
+  if (has(target.ignored, signal)) {
+    return process + " ignores " + name + ", so the library cannot answer on it" + nothing;
+  }
+  if (target.ready_signal == 0 && has(target.caught, signal)) {
+    return process + " has its own " + name + " handler, which the library leaves alone, so "
+                     "it cannot answer requests" + nothing +
+           " (report_at_exit:1 writes a report when it exits)";
+  }
+  if (target.ready_signal == 0 || !has(target.caught, signal)) {
+    return process + " has loaded libpoolcuda.so but is not ready to answer (the library is "
+                     "still loading, or this is a forked child or a second copy of the "
+                     "library)" + nothing + "; try again";
+  }
+  *signal_number = signal;
+  return {};
+}
+
+}  // namespace poolcuda::cli

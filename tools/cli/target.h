@@ -1,0 +1,47 @@
+// The CLI's side of talking to a running process: what /proc says about it (is the library
+// loaded and ready, which signal does it answer, does the program handle or ignore that signal
+// itself), whether it may be asked at all, and the request itself over the report channel
+// (Note [Report channel] in interpose/report_channel.cpp).
+//
+// Depends on config/config.h and interpose/channel_protocol.h.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "interpose/channel_protocol.h"
+
+namespace poolcuda::cli {
+
+struct Target {
+  long pid = 0;
+  bool library_mapped = false;     // a file named libpoolcuda.so* is mapped
+  int ready_signal = 0;            // the signal of the readiness mark; 0 when there is none
+  std::optional<std::string> conf; // POOLCUDA_CONF of the process's initial environment
+  std::uint64_t caught = 0;        // SigCgt of /proc/PID/status: bit n-1 for signal n
+  std::uint64_t ignored = 0;       // SigIgn
+  long reporter_thread = 0;        // the thread named poolcuda-report; 0 when none
+};
+
+// Reads /proc/PID. Nothing, with `error` set, when the process does not exist or cannot be
+// inspected by this user.
+std::optional<Target> inspect(long pid, std::string* error);
+
+// Why `target` must not be sent a request (nothing is sent then: a signal the library does not
+// handle could kill the process or trigger its own handler), or empty, with `signal_number`
+// set to the signal it answers.
+std::string refusal(const Target& target, int* signal_number);
+
+struct Answer {
+  bool answered = false;  // false: `text` says why no answer came
+  bool ok = false;        // the process's own verdict
+  std::string text;       // the reply's payload
+};
+
+// Sends `request` to the reporter thread and waits up to `timeout` for the reply.
+Answer ask(const Target& target, int signal_number, channel::Request request,
+           std::chrono::milliseconds timeout);
+
+}  // namespace poolcuda::cli
