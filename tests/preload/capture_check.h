@@ -79,8 +79,11 @@ inline int run_capture_child(const std::string& which, std::vector<std::string> 
   char dir[] = "/tmp/poolcuda-capture-XXXXXX";
   CHECK(mkdtemp(dir) != nullptr);
   std::string conf = "report_format:json,report_path:" + std::string(dir) + "/r-%n.json";
-  if (const char* extra = std::getenv("POOLCUDA_CONF"); extra != nullptr && *extra != '\0')
-    conf += "," + std::string(extra);
+  // Appended, not "," + std::string: GCC 12 at -O3 warns falsely (-Wrestrict) on that.
+  if (const char* extra = std::getenv("POOLCUDA_CONF"); extra != nullptr && *extra != '\0') {
+    conf += ',';
+    conf += extra;
+  }
   env.push_back("POOLCUDA_CONF=" + conf);
   env.push_back("CAPTURE_REPORT_DIR=" + std::string(dir));
   const ChildResult child = run_self(("child:" + which).c_str(), env);

@@ -82,7 +82,11 @@ std::optional<int> parse_options(std::string_view command, std::span<char* const
   }
   const std::optional<long> pid = parse_positive(*pid_text);
   if (!pid) {
-    print_error("'" + std::string(*pid_text) + "' is not a process ID (a positive integer)");
+    // Appended, not "'" + std::string: GCC 12 at -O3 warns falsely (-Wrestrict) on that.
+    std::string message(1, '\'');
+    message += *pid_text;
+    message += "' is not a process ID (a positive integer)";
+    print_error(message);
     return kExitUsage;
   }
   if (options->keep_stderr && (options->json || options->wide || options->to)) {

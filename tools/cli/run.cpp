@@ -98,7 +98,8 @@ std::string preload_list(const std::string& library) {
       const std::string_view entry = rest.substr(0, end);
       if (!entry.empty() && entry != library) {
         std::string& list = sanitizer_runtime(entry) ? front : back;
-        list += (list.empty() ? "" : ":") + std::string(entry);
+        if (!list.empty()) list += ':';
+        list += entry;
       }
       if (end == std::string_view::npos) break;
       rest.remove_prefix(end + 1);
