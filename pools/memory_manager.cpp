@@ -369,7 +369,8 @@ bool MemoryManager::Impl::drain(Scope& scope) {
 // idle pages have appeared again, recovery flushes and retries once more, at most
 // kOomExtraRounds times: each such round means another thread made progress, so a busy
 // neighbour delays the request a little instead of failing it, and a bounded number of rounds
-// keeps it from waiting on that neighbour forever.
+// keeps it from waiting on that neighbour forever. A flush that timed out (the driver's free
+// waits for a parked stream) ends the extra rounds: waiting again would only add its bound.
 Route MemoryManager::Impl::recover_from_oom(Scope& scope, std::uint64_t size,
                                             Placement placement) {
   // Everything that needs no wait first: close the open epoch, reap, return every idle page.
@@ -385,7 +386,8 @@ Route MemoryManager::Impl::recover_from_oom(Scope& scope, std::uint64_t size,
       scope.unlock();  // the pages go to the device
       // Read after this thread's pages went: a later change is another thread's.
       handed_before_flush = pages_handed.load(std::memory_order_acquire);
-      device.flush_releases(kReleaseFlushMicros);
+      // Pages stuck behind a parked stream stay stuck: no extra round waits for them again.
+      if (!device.flush_releases(kReleaseFlushMicros)) extra_rounds = kOomExtraRounds;
       scope.relock();
       flush = false;
     }
