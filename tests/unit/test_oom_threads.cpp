@@ -85,6 +85,14 @@ void fill_with_idle_pages(MemoryManager& manager) {
   CHECK(manager.memory_usage().bytes_reserved == 80 * MiB);
 }
 
+// Frees the one live slice, returns every page and checks that none is left on the device.
+void free_everything(MemoryManager& manager, QueuedReleaseDevice& device, DevicePtr live) {
+  manager.free(live);
+  manager.cleanup(true);
+  device.flush_releases(0);
+  CHECK(device.outstanding() == 0);
+}
+
 }  // namespace
 
 TEST_SUITE("unit") {
@@ -106,10 +114,7 @@ TEST_CASE("oom_recovery_waits_for_pages_another_thread_gave_up_meanwhile") {
   REQUIRE(r.ptr != 0);
   CHECK(manager.report().oom_recoveries == 1);
   CHECK(manager.report().oom_failures == 0);
-  manager.free(r.ptr);
-  manager.cleanup(true);
-  device.flush_releases(0);
-  CHECK(device.outstanding() == 0);
+  free_everything(manager, device, r.ptr);
 }
 
 TEST_CASE("oom_recovery_returns_idle_pages_another_thread_left_meanwhile") {
@@ -123,10 +128,7 @@ TEST_CASE("oom_recovery_returns_idle_pages_another_thread_left_meanwhile") {
   REQUIRE(r.ptr != 0);
   CHECK(manager.report().oom_recoveries == 1);
   CHECK(manager.memory_usage().bytes_reserved == 60 * MiB);
-  manager.free(r.ptr);
-  manager.cleanup(true);
-  device.flush_releases(0);
-  CHECK(device.outstanding() == 0);
+  free_everything(manager, device, r.ptr);
 }
 
 TEST_CASE("oom_recovery_fails_when_the_memory_is_really_in_use") {
