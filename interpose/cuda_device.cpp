@@ -92,7 +92,8 @@ AllocStatus CudaDevice::allocate(std::uint64_t size, DevicePtr* out) {
   // Over the budget looks like a full device: the pools trim and retry (Note [Budget]).
   if (!budget::charge(device_, size)) return AllocStatus::out_of_memory;
   void* ptr = nullptr;
-  cudaError_t result = own::cudaMalloc()(&ptr, static_cast<std::size_t>(size));
+  // Never through the runtime's last-error slot (Note [Quiet growth] in own_api.cpp).
+  cudaError_t result = own::quiet_malloc(&ptr, static_cast<std::size_t>(size));
   if (result == cudaSuccess) {
     *out = reinterpret_cast<DevicePtr>(ptr);
     return AllocStatus::ok;

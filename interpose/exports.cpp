@@ -36,6 +36,16 @@ POOLCUDA_EXPORT cudaError_t cudaFreeAsync_ptsz(void* ptr, cudaStream_t stream) {
   return pc::guarded([&] { return pc::hooks::free_async(ptr, stream, true); });
 }
 
+POOLCUDA_EXPORT cudaError_t cudaMallocAsync(void** ptr, size_t size, cudaStream_t stream) {
+  if (pc::bypass()) return pc::real::cudaMallocAsync()(ptr, size, stream);
+  return pc::guarded([&] { return pc::hooks::malloc_async(ptr, size, stream, false); });
+}
+
+POOLCUDA_EXPORT cudaError_t cudaMallocAsync_ptsz(void** ptr, size_t size, cudaStream_t stream) {
+  if (pc::bypass()) return pc::real::cudaMallocAsync_ptsz()(ptr, size, stream);
+  return pc::guarded([&] { return pc::hooks::malloc_async(ptr, size, stream, true); });
+}
+
 POOLCUDA_EXPORT cudaError_t cudaMemGetInfo(size_t* free_bytes, size_t* total_bytes) {
   if (pc::bypass()) return pc::real::cudaMemGetInfo()(free_bytes, total_bytes);
   return pc::guarded([&] { return pc::hooks::mem_get_info(free_bytes, total_bytes); });

@@ -124,6 +124,30 @@ cudaError_t free_async(void* ptr, cudaStream_t stream, bool per_thread) {
   }
 }
 
+// Note [Stream-ordered allocations]
+// cudaMallocAsync memory comes from the driver's stream-ordered pools, never from ours, but both
+// draw on the same device: idle pages our pools keep after the program's frees are memory
+// plain CUDA would have given back at those frees. So a cudaMallocAsync the driver refuses for
+// lack of memory gets the pools' idle pages back and is tried once more. The failed first try
+// left cudaErrorMemoryAllocation in the last-error slot (Note [Last error]), which a successful
+// retry must not show: a slot that was clean before is cleared again; a slot that held the
+// program's own error cannot be put back, so then the idle pages go back before the first try,
+// whose answer is final.
+cudaError_t malloc_async(void** ptr, std::size_t size, cudaStream_t stream, bool per_thread) {
+  auto real_call = [&] {
+    return per_thread ? real::cudaMallocAsync_ptsz()(ptr, size, stream)
+                      : real::cudaMallocAsync()(ptr, size, stream);
+  };
+  const int device = current_device();
+  const bool slot_clean = real::cudaPeekAtLastError()() == cudaSuccess;
+  if (!slot_clean) pooling::give_back_idle(device);
+  const cudaError_t result = real_call();
+  if (result != cudaErrorMemoryAllocation || !slot_clean) return result;
+  if (!pooling::give_back_idle(device)) return result;
+  real::cudaGetLastError()();
+  return real_call();
+}
+
 cudaError_t mem_get_info(std::size_t* free_bytes, std::size_t* total_bytes) {
   const cudaError_t result = real::cudaMemGetInfo()(free_bytes, total_bytes);
   if (result == cudaSuccess) pooling::adjust_memory_info(current_device(), free_bytes, total_bytes);

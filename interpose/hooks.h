@@ -16,6 +16,7 @@ namespace poolcuda::hooks {
 cudaError_t malloc(void** ptr, std::size_t size);
 cudaError_t free(void* ptr);
 cudaError_t free_async(void* ptr, cudaStream_t stream, bool per_thread);
+cudaError_t malloc_async(void** ptr, std::size_t size, cudaStream_t stream, bool per_thread);
 cudaError_t mem_get_info(std::size_t* free_bytes, std::size_t* total_bytes);
 cudaError_t device_reset();
 cudaError_t stream_create(cudaStream_t* stream);
@@ -57,6 +58,8 @@ void raise_out_of_memory();
   X(cudaFree)                               \
   X(cudaFreeAsync)                          \
   X(cudaFreeAsync_ptsz)                     \
+  X(cudaMallocAsync)                        \
+  X(cudaMallocAsync_ptsz)                   \
   X(cudaMallocManaged)                      \
   X(cudaStreamAttachMemAsync)               \
   X(cudaStreamAttachMemAsync_ptsz)          \

@@ -12,6 +12,22 @@
 // fails there, so CudaDevice does nothing). The driver has no last-error slot to protect.
 // Processes with a runtime keep using it, so their behaviour is exactly the runtime's.
 //
+// Note [Quiet growth]
+// The runtime's last-error slot holds the most recent error of any runtime call on the thread,
+// and no call can put an older value back: a failed runtime call replaces the program's pending
+// error for good. Out of memory is the normal failure of a pool's growth, and the manager then
+// gives idle pages back and retries, so the program's cudaMalloc can still succeed; plain CUDA
+// would have left the slot alone (a successful call never touches it). A clean slot is easy:
+// OwnCallScope clears what our call left there. A slot that holds the program's error is not,
+// so then growth asks the driver (cuMemAlloc), whose results never reach the runtime's slot, in
+// the context current on the thread. That is the context the runtime itself uses (its primary
+// context, or one the program made current), so the memory is what the runtime's cudaMalloc
+// would have given (cudaFree releases it alike) and out of memory has the same number. A thread
+// the runtime has not bound a context to yet gets one from cudaFree(NULL), the documented way
+// to initialize it, which succeeds on a working device. Whenever the driver's answer is
+// anything but success or out of memory (no context, another device's context, no driver
+// function), the runtime's cudaMalloc decides as before.
+//
 // Depends on real_cuda.h, real_driver.h and driver_context.h.
 #include "interpose/own_api.h"
 
@@ -33,6 +49,32 @@ bool through_runtime() {
     decided = choice.load(std::memory_order_acquire);
   }
   return decided == 1;
+}
+
+namespace {
+
+// The context the runtime uses on this thread, binding it first when there is none (Note [Quiet
+// growth]).
+driver::CurrentContext runtime_context() {
+  driver::CurrentContext current = driver::current_context();
+  if (current.handle != nullptr) return current;
+  if (real::cudaFree()(nullptr) != cudaSuccess) return current;
+  return driver::current_context();
+}
+
+}  // namespace
+
+cudaError_t quiet_malloc(void** ptr, std::size_t size) {
+  if (!through_runtime()) return via_driver::cudaMalloc(ptr, size);
+  int device = -1;
+  if (real::cudaPeekAtLastError()() != cudaSuccess && real::cudaGetDevice()(&device) == cudaSuccess &&
+      runtime_context().device == device) {
+    const CUresult result =
+        real_driver::cuMemAlloc_v2()(reinterpret_cast<CUdeviceptr*>(ptr), size);
+    if (result == CUDA_SUCCESS) return cudaSuccess;
+    if (result == CUDA_ERROR_OUT_OF_MEMORY) return cudaErrorMemoryAllocation;
+  }
+  return real::cudaMalloc()(ptr, size);
 }
 
 namespace via_driver {

@@ -10,6 +10,8 @@
 
 #include <cuda_runtime_api.h>
 
+#include <cstddef>
+
 #include "interpose/real_cuda.h"
 
 #define POOLCUDA_OWN_FUNCTIONS(X)        \
@@ -39,6 +41,10 @@ namespace poolcuda::own {
 
 // True when the library's own calls go through the CUDA runtime.
 bool through_runtime();
+
+// cudaMalloc on the library's behalf that never replaces an error the program left in the
+// runtime's last-error slot (Note [Quiet growth] in own_api.cpp).
+cudaError_t quiet_malloc(void** ptr, std::size_t size);
 
 // The same calls made with the driver (own_api.cpp).
 namespace via_driver {

@@ -8,7 +8,9 @@
 // in relaxed capture mode (a global-mode capture on another thread forbids "unsafe" calls on
 // ours), and an error it leaves in the runtime's last-error slot is cleared again when the slot
 // was clean before. (A slot already holding the program's error cannot be restored if one of
-// our calls replaced it; our calls fail only when the device itself is failing.) When the
+// our calls replaced it, so the one call that fails in normal operation, a pool's growth on a
+// full device, never goes through the slot: Note [Quiet growth] in own_api.cpp. The others fail
+// only when the device itself is failing.) When the
 // device cannot be made current, ok() is false: the calls would run on the wrong device, so
 // allocate answers `failed`, fence_record kNoFence, memory_info nothing and no tail is recorded.
 // The program's device is set back whenever a switch was attempted (a failed cudaSetDevice may

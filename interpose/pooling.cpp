@@ -154,6 +154,19 @@ void log_refused_free(const char* api, const void* ptr, const Freed& freed) {
              why);
 }
 
+bool give_back_idle(int device) {
+  // As long as out-of-memory recovery waits for its own pages to reach the driver.
+  constexpr std::uint32_t kGiveBackMicros = 200000;
+  MemoryManager* manager = device >= 0 ? Registry::instance().manager(device) : nullptr;
+  if (manager == nullptr) return false;
+  // The explicit cleanup first takes back what passed fences were keeping.
+  const std::uint64_t before = manager->memory_usage().bytes_reserved;
+  manager->cleanup(true);
+  if (manager->memory_usage().bytes_reserved == before) return false;
+  manager->flush_releases(kGiveBackMicros);
+  return true;
+}
+
 void adjust_memory_info(int device, std::size_t* free_bytes, std::size_t* total_bytes) {
   if (free_bytes == nullptr) return;
   MemoryManager* manager = Registry::instance().manager(device);

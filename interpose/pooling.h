@@ -54,6 +54,11 @@ Freed release(int device, const void* ptr);
 // Logs a refused free (double free, interior pointer, never allocated), naming `api`.
 void log_refused_free(const char* api, const void* ptr, const Freed& freed);
 
+// Gives every idle page of `device`'s pools (with what passed free fences kept) back to the
+// driver and waits, bounded, for them to get there (Note [Stream-ordered allocations] in
+// hooks.cpp). True when the pools gave any back.
+bool give_back_idle(int device);
+
 // cudaMemGetInfo/cuMemGetInfo: memgetinfo:pooled adds the idle pooled pages to *free_bytes; a
 // budget (limit) caps both numbers.
 void adjust_memory_info(int device, std::size_t* free_bytes, std::size_t* total_bytes);

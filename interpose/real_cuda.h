@@ -14,6 +14,7 @@
 // built for them.
 extern "C" {
 cudaError_t cudaFreeAsync_ptsz(void* devPtr, cudaStream_t hStream);
+cudaError_t cudaMallocAsync_ptsz(void** devPtr, size_t size, cudaStream_t hStream);
 cudaError_t cudaStreamBeginCapture_ptsz(cudaStream_t stream, cudaStreamCaptureMode mode);
 cudaError_t cudaStreamBeginCaptureToGraph_ptsz(cudaStream_t stream, cudaGraph_t graph,
                                                const cudaGraphNode_t* dependencies,
@@ -69,6 +70,8 @@ cudaError_t cudaMemPrefetchAsync_ptsz(const void* devPtr, size_t count,
   X(cudaPointerGetAttributes)               \
   X(cudaFreeAsync)                          \
   X(cudaFreeAsync_ptsz)                     \
+  X(cudaMallocAsync)                        \
+  X(cudaMallocAsync_ptsz)                   \
   X(cudaMemGetInfo)                         \
   X(cudaDeviceReset)                        \
   X(cudaDeviceSynchronize)                  \

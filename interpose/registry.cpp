@@ -157,6 +157,9 @@ std::vector<int> Registry::devices() const {
 }
 
 ManagerReport Registry::report(int device) const {
+  // Graphs already gone give their memory back first, so that neither the pools' numbers nor
+  // the capture section count it as pinned.
+  if (CapturePolicy* policy = capture(device)) policy->drain_releases();
   ManagerReport out = managers_[device].load(std::memory_order_acquire)->report();
   out.device = device;
   return out;
@@ -178,7 +181,6 @@ ReportDocument Registry::document(const ReportHeader& header,
       doc.devices[i].sections.push_back(std::move(*limit));
     // The capture part, once the device has seen a capture.
     if (CapturePolicy* policy = capture(managers[i].device)) {
-      policy->drain_releases();  // graphs already gone are not reported as holding memory
       const CaptureStats stats = policy->stats();
       if (stats.captures + stats.failed_captures + stats.open_captures != 0)
         doc.devices[i].sections.push_back(describe(stats));

@@ -253,8 +253,6 @@ void text_section(std::string& out, const ReportSection& section, std::size_t in
 }
 
 std::string render_text(const ReportDocument& d, ReportFormat format) {
-  // Appended piece by piece: GCC 12 at -O3 warns falsely (-Wrestrict) on a short literal +
-  // std::string.
   std::string out = "poolcuda report #" + std::to_string(d.header.sequence) + " (pid " +
                     std::to_string(d.header.pid) + ", " + d.header.reason + ")";
   if (d.header.unix_time != 0) {
@@ -265,9 +263,7 @@ std::string render_text(const ReportDocument& d, ReportFormat format) {
   out += text_duration(d.header.uptime_seconds);
   out += '\n';
   if (d.devices.empty()) {
-    out += "  ";
-    out += d.empty_note;
-    out += '\n';
+    out += "  " + d.empty_note + "\n";
     return out;
   }
   text_section(out, d.summary, 0, format);

@@ -93,8 +93,8 @@ stop_target() {
   background_pid=
 }
 
-keys="pools persistent free_fence report_signal report_format report_path report_at_exit log
-      managed managed_slab memgetinfo confirm"
+keys="pools persistent free_fence fence_slack report_signal report_format report_path
+      report_at_exit log capture_share limit managed managed_slab memgetinfo confirm"
 
 case "$case_name" in
 check-conf-good)

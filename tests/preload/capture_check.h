@@ -79,7 +79,6 @@ inline int run_capture_child(const std::string& which, std::vector<std::string> 
   char dir[] = "/tmp/poolcuda-capture-XXXXXX";
   CHECK(mkdtemp(dir) != nullptr);
   std::string conf = "report_format:json,report_path:" + std::string(dir) + "/r-%n.json";
-  // Appended, not "," + std::string: GCC 12 at -O3 warns falsely (-Wrestrict) on that.
   if (const char* extra = std::getenv("POOLCUDA_CONF"); extra != nullptr && *extra != '\0') {
     conf += ',';
     conf += extra;

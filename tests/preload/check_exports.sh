@@ -23,6 +23,7 @@ if "$nm_tool" -D --defined-only "$library" | awk '{print $3}' | grep -q '^dlsym@
   status=1
 fi
 for hooked in poolcuda_library_marker cudaMalloc cudaFree cudaFreeAsync cudaFreeAsync_ptsz cudaMemGetInfo cudaDeviceReset \
+              cudaMallocAsync cudaMallocAsync_ptsz \
               cudaStreamCreate cudaMallocManaged cudaStreamAttachMemAsync cudaMemAdvise \
               cudaMemPrefetchAsync cudaPointerGetAttributes \
               cudaStreamCreateWithFlags cudaStreamCreateWithPriority cudaStreamDestroy \

@@ -14,9 +14,7 @@ Worker::Worker(int id, Program& program, Recorder& recorder)
       random_(program.run.seed * 0x9e3779b97f4a7c15ull + static_cast<std::uint64_t>(id) * 7919u),
       live_bytes_(program.capacity.size(), 0) {
   for (int device = 0; device < static_cast<int>(program.capacity.size()); ++device) {
-    // Appended, not "@" + std::string: GCC 12 at -O3 warns falsely (-Wrestrict) on that.
-    std::string at(1, '@');
-    at += std::to_string(device);
+    const std::string at = std::string("@").append(std::to_string(device));
     streams_.push_back(Stream{device, StreamKind::legacy, cudaStreamLegacy, true, true,
                               "the legacy stream" + at});
     if (program.profile.streams) {

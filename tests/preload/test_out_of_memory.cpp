@@ -1,7 +1,8 @@
 // Preload test 6: out of memory. Memory the pools cached after frees (idle pages) is trimmed
 // when a request needs it, and the request succeeds without the program seeing any error. When
 // the device is really full, cudaMalloc answers cudaErrorMemoryAllocation and cudaGetLastError
-// reports it once, as with the real library; after frees, allocation works again.
+// reports it once, as with the real library; after frees, allocation works again. An error the
+// program left pending survives an allocation that recovered, as a successful call leaves it.
 // Sizes are fractions of the device, so the same program runs on the stand-in (run with a small
 // SIMCUDA_DEVICE_MEMORY) and on a GPU.
 #include <vector>
@@ -61,6 +62,14 @@ int main() {
   CHECK_CUDA(cudaMalloc(&half, total / 2));
   CHECK_CUDA(cudaFree(half));
   CHECK_CUDA(cudaGetLastError());
+
+  // The pools hold the freed memory again; the program leaves an error pending, and an
+  // allocation that needs the pools' memory back succeeds without replacing that error.
+  CHECK_RESULT(cudaMalloc(nullptr, 256), cudaErrorInvalidValue);
+  void* most = nullptr;
+  CHECK_CUDA(cudaMalloc(&most, total / 4 * 3));
+  CHECK_RESULT(cudaGetLastError(), cudaErrorInvalidValue);
+  CHECK_CUDA(cudaFree(most));
   std::printf("ok: %zu eighths fitted beside the half\n", filler.size());
   return 0;
 }

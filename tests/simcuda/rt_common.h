@@ -13,7 +13,9 @@ inline constexpr bool kStaticRuntime = true;
 inline constexpr bool kStaticRuntime = false;
 #endif
 
-// The static runtime's first call loads the driver library (rt_driver.cpp).
+// The runtime's first call loads the driver library (rt_driver.cpp), as the real runtime's
+// initialization does: a driver call made beside the runtime then sees the contexts the runtime
+// binds.
 void load_driver();
 
 }  // namespace poolcuda::sim::rt
@@ -21,7 +23,7 @@ void load_driver();
 // Binds the primary context and honours the sticky error, as every runtime call does.
 #define SIM_ENTER()                                                                   \
   do {                                                                                \
-    if (::poolcuda::sim::rt::kStaticRuntime) ::poolcuda::sim::rt::load_driver();      \
+    ::poolcuda::sim::rt::load_driver();                                               \
     ::poolcuda::sim::runtime_touch();                                                 \
     if (cudaError_t sticky_ = ::poolcuda::sim::sticky_error())                        \
       return ::poolcuda::sim::record_error(sticky_);                                  \

@@ -82,11 +82,8 @@ std::optional<int> parse_options(std::string_view command, std::span<char* const
   }
   const std::optional<long> pid = parse_positive(*pid_text);
   if (!pid) {
-    // Appended, not "'" + std::string: GCC 12 at -O3 warns falsely (-Wrestrict) on that.
-    std::string message(1, '\'');
-    message += *pid_text;
-    message += "' is not a process ID (a positive integer)";
-    print_error(message);
+    print_error(std::string("'").append(*pid_text).append(
+        "' is not a process ID (a positive integer)"));
     return kExitUsage;
   }
   if (options->keep_stderr && (options->json || options->wide || options->to)) {
