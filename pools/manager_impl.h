@@ -7,6 +7,7 @@
 #include <time.h>
 
 #include <array>
+#include <atomic>
 #include <chrono>
 #include <boost/container/small_vector.hpp>
 #include <memory>
@@ -37,6 +38,9 @@ inline constexpr std::uint32_t kPrimeWaitMicros = 20000;
 // synchronizes the device, which a parked stream can hold up forever).
 inline constexpr std::uint32_t kReleaseFlushMicros = 200000;
 
+// The most extra rounds out-of-memory recovery makes for pages other threads gave up meanwhile
+// (Note [Out of memory among threads] in memory_manager.cpp).
+inline constexpr int kOomExtraRounds = 16;
 
 // A cheap monotonic clock for the prompt-fence rule: the coarse clock costs a few nanoseconds
 // (its resolution, a few milliseconds, is all the rule needs).
@@ -183,6 +187,9 @@ struct MemoryManager::Impl {
   std::uint32_t frozen = 0;           // set_frozen() nesting: no page is taken from the device
   bool stream_ordered = false;        // free_fence:auto: frees return at once
   std::uint64_t generation = 1;  // bumped by forget(): invalidates RetainedSlice handles
+  // Pages ever handed to Device::release (counted under the lock as they go; read without it by
+  // out-of-memory recovery: Note [Out of memory among threads]).
+  std::atomic<std::uint64_t> pages_handed{0};
   std::uint64_t oom_recoveries = 0;
   std::uint64_t oom_failures = 0;
   std::uint64_t fence_waits = 0;  // waits for the bound on fence-pending bytes

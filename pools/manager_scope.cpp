@@ -37,6 +37,8 @@ void MemoryManager::Impl::Scope::unlock() {
   // (a device reset), or it could be freed after the reset, when its address may already be a
   // new page of these same pools. Device::release never blocks (Note [Outside the lock]).
   for (const PageRelease& page : box_.releases) m_.device.release(page.base, page.size);
+  if (!box_.releases.empty())
+    m_.pages_handed.fetch_add(box_.releases.size(), std::memory_order_release);
   box_.releases.clear();
   locked_ = false;
   m_.mutex.unlock();

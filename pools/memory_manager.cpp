@@ -413,6 +413,21 @@ bool MemoryManager::Impl::drain(Scope& scope) {
   return closed;
 }
 
+// Note [Out of memory among threads]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// Recovery returns the idle pages and waits for them to reach the driver with the lock
+// released, so other threads of the program go on meanwhile, and one retry after that is not
+// enough: another thread that ran out at the same time may have returned its own idle pages
+// (the bulk of the device) just after this thread's flush began, so they are still on their
+// way to the driver when this thread retries; or another thread may have grown into the memory
+// just returned and left new idle pages behind (exclusive pages of sizes no later request
+// takes). Both are memory the plain program would have had. So after a failed retry, while
+// other threads have given pages to the device since the last flush began (pages_handed) or
+// idle pages have appeared again, recovery flushes and retries once more, at most
+// kOomExtraRounds times: each such round means another thread made progress, so a busy
+// neighbour delays the request a little instead of failing it, and a bounded number of rounds
+// keeps it from waiting on that neighbour forever. A flush that timed out (the driver's free
+// waits for a parked stream) ends the extra rounds: waiting again would only add its bound.
 Route MemoryManager::Impl::recover_from_oom(Scope& scope, std::uint64_t size,
                                             Placement placement) {
   // A request no recovery can serve fails at once, as the real cudaMalloc does, without waiting
@@ -431,15 +446,29 @@ Route MemoryManager::Impl::recover_from_oom(Scope& scope, std::uint64_t size,
   // Pages given up earlier (by trims or dealloc periods) may still be on their way to the
   // driver too, so the first round flushes whether or not this one released anything.
   bool flush = true;
+  std::uint64_t handed_before_flush = 0;
+  int extra_rounds = 0;
   for (;;) {
     if (flush || scope.has_releases()) {
       scope.unlock();  // the pages go to the device
-      device.flush_releases(kReleaseFlushMicros);
+      // Read after this thread's pages went: a later change is another thread's.
+      handed_before_flush = pages_handed.load(std::memory_order_acquire);
+      // Pages stuck behind a parked stream stay stuck: no extra round waits for them again.
+      if (!device.flush_releases(kReleaseFlushMicros)) extra_rounds = kOomExtraRounds;
       scope.relock();
       flush = false;
     }
     Route r = route(size, placement, 0);
     if (r.slice != nullptr || r.status != AllocStatus::out_of_memory) return r;
+    // Other threads' pages, on their way or idle again (Note [Out of memory among threads]).
+    if (extra_rounds < kOomExtraRounds) {
+      ++extra_rounds;
+      if (cleanup_all(true) != 0) continue;  // released: the next round flushes
+      if (pages_handed.load(std::memory_order_acquire) != handed_before_flush) {
+        flush = true;
+        continue;
+      }
+    }
     // Then the fences, oldest first, retrying after each (Note [Free fences]).
     if (fences.open_count() != 0 && !fences.close(device)) return r;  // a capture is open
     if (!wait_for_oldest_fence(scope, deadline)) return r;

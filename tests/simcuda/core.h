@@ -90,6 +90,10 @@ void mem_free_all(int device);
 void mem_info(int device, size_t* free_bytes, size_t* total_bytes);
 uint64_t mem_live_allocations();
 uint64_t mem_live_bytes();
+// The most live_bytes reached since the last mem_reset_live_bytes_peak(), which sets it to the
+// current live_bytes.
+uint64_t mem_live_bytes_peak();
+void mem_reset_live_bytes_peak();
 // Copies and memsets (transfer.cpp) on stream s; `wait`: the synchronous forms, which wait for
 // the copy and are refused on a capturing stream. `what` names the call for the race detector.
 struct Stream;

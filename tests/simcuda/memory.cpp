@@ -8,6 +8,7 @@
 
 #include <sys/mman.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 
@@ -42,6 +43,7 @@ struct Memory {
   uint64_t next_id = 1;
   uint64_t live_count = 0;
   uint64_t live_bytes = 0;
+  uint64_t live_bytes_peak = 0;  // high-water mark of live_bytes since the last counter reset
   std::map<uintptr_t, std::pair<size_t, unsigned>> host;  // pinned host blocks
 };
 
@@ -147,6 +149,7 @@ cudaError_t mem_alloc(int device, size_t size, AllocKind kind, void** out, uint6
     a.used += round_up(size, kCharge);
     mem.live_count += 1;
     mem.live_bytes += size;
+    mem.live_bytes_peak = std::max(mem.live_bytes_peak, mem.live_bytes);
     if (id) *id = new_id;
     *out = reinterpret_cast<void*>(start);
     return cudaSuccess;
@@ -224,6 +227,18 @@ uint64_t mem_live_bytes() {
   Memory& mem = memory();
   std::lock_guard lock(mem.m);
   return mem.live_bytes;
+}
+
+uint64_t mem_live_bytes_peak() {
+  Memory& mem = memory();
+  std::lock_guard lock(mem.m);
+  return mem.live_bytes_peak;
+}
+
+void mem_reset_live_bytes_peak() {
+  Memory& mem = memory();
+  std::lock_guard lock(mem.m);
+  mem.live_bytes_peak = mem.live_bytes;
 }
 
 cudaError_t host_alloc(size_t size, unsigned flags, void** out) {

@@ -25,11 +25,12 @@ extern "C" {
  * "cudaDeviceSynchronize", "cudaMemPrefetchBatchAsync", "cudaMemDiscardBatchAsync",
  * "cudaMemDiscardAndPrefetchBatchAsync" (the last three with their _ptsz forms); races detected
  * so far for "races"; the current number and requested bytes of live device-memory allocations
- * (every kind, every device) for "live_allocations" and "live_bytes". Unknown names give
- * UINT64_MAX. */
+ * (every kind, every device) for "live_allocations" and "live_bytes"; the most "live_bytes"
+ * reached since the last reset for "live_bytes_peak". Unknown names give UINT64_MAX. */
 uint64_t simcuda_counter(const char* name);
 
-/* Sets every call counter and the race counter back to zero (live_* are current values). */
+/* Sets every call counter and the race counter back to zero, and "live_bytes_peak" to the current
+ * "live_bytes" (live_allocations and live_bytes are current values). */
 void simcuda_reset_counters(void);
 
 /* Enqueues on `stream` (a cudaStream_t; NULL is the legacy default stream) an operation that

@@ -149,6 +149,7 @@ uint64_t counter_value(const char* name) {
   if (!name) return UINT64_MAX;
   if (std::strcmp(name, "live_allocations") == 0) return mem_live_allocations();
   if (std::strcmp(name, "live_bytes") == 0) return mem_live_bytes();
+  if (std::strcmp(name, "live_bytes_peak") == 0) return mem_live_bytes_peak();
   for (size_t i = 0; i < kCounterNames.size(); ++i)
     if (std::strcmp(name, kCounterNames[i]) == 0) return g_counters[i].load();
   return UINT64_MAX;
@@ -156,6 +157,7 @@ uint64_t counter_value(const char* name) {
 
 void reset_counters() {
   for (auto& c : g_counters) c.store(0);
+  mem_reset_live_bytes_peak();
 }
 
 std::mutex& state_mutex() {

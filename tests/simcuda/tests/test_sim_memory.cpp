@@ -45,6 +45,29 @@ TEST_CASE("cudaMalloc: 256-byte aligned, distinct, not heap pointers, counted") 
   cudaGetLastError();
 }
 
+TEST_CASE("live_bytes_peak: the most live bytes since the last counter reset" * STAND_IN_ONLY) {
+  void* kept = nullptr;
+  CUDA_OK(cudaMalloc(&kept, 1000));
+  stand_in()->reset_counters();
+  const uint64_t base = counter("live_bytes");
+  CHECK_EQ(counter("live_bytes_peak"), base);  // a reset starts from what is live now
+  void* a = nullptr;
+  void* b = nullptr;
+  CUDA_OK(cudaMalloc(&a, 3000));
+  CUDA_OK(cudaMalloc(&b, 5000));
+  CUDA_OK(cudaFree(a));
+  void* c = nullptr;
+  CUDA_OK(cudaMalloc(&c, 2000));  // live drops to base + 7000 and stays below the peak
+  CHECK_EQ(counter("live_bytes"), base + 7000);
+  CHECK_EQ(counter("live_bytes_peak"), base + 8000);
+  CUDA_OK(cudaFree(b));
+  CUDA_OK(cudaFree(c));
+  CHECK_EQ(counter("live_bytes_peak"), base + 8000);  // frees never lower it
+  stand_in()->reset_counters();
+  CHECK_EQ(counter("live_bytes_peak"), base);
+  CUDA_OK(cudaFree(kept));
+}
+
 TEST_CASE("capacity: allocations beyond it fail with cudaErrorMemoryAllocation") {
   size_t free_bytes = 0, total = 0;
   CUDA_OK(cudaMemGetInfo(&free_bytes, &total));

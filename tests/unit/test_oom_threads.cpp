@@ -1,0 +1,147 @@
+// Out-of-memory recovery while another thread uses the same device (Note [Out of memory among
+// threads] in pools/memory_manager.cpp). Recovery gives idle pages back and waits for them to
+// reach the driver with the manager's lock released; these tests run the other thread exactly
+// inside that wait, over a device whose releases reach the driver only when flushed (as the
+// CUDA device's release thread does), so each interleaving is deterministic.
+#include <doctest/doctest.h>
+
+#include <deque>
+#include <functional>
+#include <mutex>
+#include <thread>
+#include <utility>
+
+#include "pools_test_util.h"
+
+using namespace poolcuda;
+using namespace poolcuda::test;
+
+namespace {
+
+// A HostDevice whose releases wait in a queue until flush_releases(), which returns the pages
+// queued before it began, then runs a hook once (the program's other thread, while the
+// recovering thread has let go of the lock).
+class QueuedReleaseDevice final : public Device {
+ public:
+  explicit QueuedReleaseDevice(std::uint64_t capacity) : inner_(capacity, 512) {}
+
+  AllocStatus allocate(std::uint64_t size, DevicePtr* out) override {
+    return inner_.allocate(size, out);
+  }
+  void release(DevicePtr ptr, std::uint64_t size) override {
+    std::lock_guard lock(m_);
+    queued_.emplace_back(ptr, size);
+  }
+  bool flush_releases(std::uint32_t) override {
+    std::function<void()> hook;
+    {
+      std::lock_guard lock(m_);
+      while (!queued_.empty()) {
+        inner_.release(queued_.front().first, queued_.front().second);
+        queued_.pop_front();
+      }
+      hook = std::exchange(on_flush_, nullptr);
+    }
+    if (hook) std::thread(hook).join();
+    return true;
+  }
+  DeviceMemoryInfo memory_info() override { return inner_.memory_info(); }
+  std::uint64_t alignment() const override { return inner_.alignment(); }
+  FenceHandle fence_record() override { return inner_.fence_record(); }
+  bool fence_passed(FenceHandle fence) override { return inner_.fence_passed(fence); }
+  void fence_wait(FenceHandle fence) override { inner_.fence_wait(fence); }
+  void fence_destroy(FenceHandle fence) override { inner_.fence_destroy(fence); }
+  void synchronize() override { inner_.synchronize(); }
+
+  void on_next_flush(std::function<void()> hook) {
+    std::lock_guard lock(m_);
+    on_flush_ = std::move(hook);
+  }
+  std::uint64_t outstanding() const { return inner_.outstanding_allocations(); }
+
+ private:
+  HostDevice inner_;
+  std::mutex m_;
+  std::deque<std::pair<DevicePtr, std::uint64_t>> queued_;
+  std::function<void()> on_flush_;
+};
+
+ManagerOptions exclusive_only() {
+  ManagerOptions o;
+  o.layout = custom({exclusive(128 * MiB)});
+  o.free_fence = FreeFence::none;  // no fence to wait for: recovery rests on the pages alone
+  o.log_sink = [](LogLevel, std::string_view) {};
+  return o;
+}
+
+// Fills the 100 MiB device with two idle 40 MiB pages, which a 60 MiB request cannot take.
+// CHECK, not REQUIRE: the hooks run it on a thread of their own.
+void fill_with_idle_pages(MemoryManager& manager) {
+  const DevicePtr a = manager.allocate(40 * MiB).ptr, b = manager.allocate(40 * MiB).ptr;
+  CHECK(a != 0);
+  CHECK(b != 0);
+  manager.free(a);
+  manager.free(b);
+  CHECK(manager.memory_usage().bytes_reserved == 80 * MiB);
+}
+
+// Frees the one live slice, returns every page and checks that none is left on the device.
+void free_everything(MemoryManager& manager, QueuedReleaseDevice& device, DevicePtr live) {
+  manager.free(live);
+  manager.cleanup(true);
+  device.flush_releases(0);
+  CHECK(device.outstanding() == 0);
+}
+
+}  // namespace
+
+TEST_SUITE("unit") {
+
+TEST_CASE("oom_recovery_waits_for_pages_another_thread_gave_up_meanwhile") {
+  QueuedReleaseDevice device(100 * MiB);
+  MemoryManager manager(device, exclusive_only());
+  fill_with_idle_pages(manager);
+  // While this thread's trimmed pages reach the driver, the other thread takes 90 MiB, frees it
+  // and trims: its page is on its way to the driver when this thread retries.
+  device.on_next_flush([&] {
+    const DevicePtr p = manager.allocate(90 * MiB).ptr;
+    CHECK(p != 0);
+    manager.free(p);
+    manager.cleanup(true);
+    CHECK(manager.memory_usage().bytes_reserved == 0);
+  });
+  const Reservation r = manager.allocate(60 * MiB);
+  REQUIRE(r.ptr != 0);
+  CHECK(manager.report().oom_recoveries == 1);
+  CHECK(manager.report().oom_failures == 0);
+  free_everything(manager, device, r.ptr);
+}
+
+TEST_CASE("oom_recovery_returns_idle_pages_another_thread_left_meanwhile") {
+  QueuedReleaseDevice device(100 * MiB);
+  MemoryManager manager(device, exclusive_only());
+  fill_with_idle_pages(manager);
+  // While this thread's trimmed pages reach the driver, the other thread fills the device
+  // again with idle pages this request cannot take.
+  device.on_next_flush([&] { fill_with_idle_pages(manager); });
+  const Reservation r = manager.allocate(60 * MiB);
+  REQUIRE(r.ptr != 0);
+  CHECK(manager.report().oom_recoveries == 1);
+  CHECK(manager.memory_usage().bytes_reserved == 60 * MiB);
+  free_everything(manager, device, r.ptr);
+}
+
+TEST_CASE("oom_recovery_fails_when_the_memory_is_really_in_use") {
+  // The extra rounds need another thread's progress: memory held live fails as before.
+  QueuedReleaseDevice device(100 * MiB);
+  MemoryManager manager(device, exclusive_only());
+  const DevicePtr held = manager.allocate(80 * MiB).ptr;
+  REQUIRE(held != 0);
+  const Reservation r = manager.allocate(60 * MiB);
+  CHECK(r.ptr == 0);
+  CHECK(r.error == Error{ErrorKind::out_of_memory, 60 * MiB});
+  CHECK(manager.report().oom_failures == 1);
+  manager.free(held);
+}
+
+}  // TEST_SUITE

@@ -1,0 +1,270 @@
+// The replay engine: one host thread per trace thread, one clock read per operation (the cost
+// of operation i is the time from the end of operation i-1 to the end of operation i, so the
+// loop's own bookkeeping is included once: harness_ns_per_pair() measures it), statistics after
+// the run, and the JSON of a result.
+#include "tools/bench/replay.h"
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <thread>
+
+#include "tools/bench/timer.h"
+
+namespace poolcuda::bench {
+namespace {
+
+struct Slot {
+  void* ptr = nullptr;
+  std::uint64_t size = 0;
+};
+
+// One thread's replay: its tables (sized before the clock starts), every operation's cost in
+// ticks, and where it stopped.
+struct ThreadRun {
+  explicit ThreadRun(const ThreadOps& thread) : slots(thread.slots), cost(thread.ops.size()) {}
+  std::vector<Slot> slots;
+  std::vector<std::uint64_t> cost;
+  std::size_t done = 0;  // operations completed
+  std::string error;
+};
+
+void run_thread(const ThreadOps& thread, std::size_t index, ReplayAllocator& allocator,
+                std::atomic<bool>& stop, ThreadRun& run) {
+  std::vector<Slot>& slots = run.slots;
+  const std::size_t n = thread.ops.size();
+  std::uint64_t previous = ticks();
+  std::size_t i = 0;
+  for (; i < n; ++i) {
+    if ((i & 1023) == 0 && stop.load(std::memory_order_relaxed)) {
+      run.error = "stopped: another thread failed";
+      break;
+    }
+    const Op& op = thread.ops[i];
+    if (op.kind == OpKind::allocate) {
+      void* p = allocator.allocate(op.size);
+      if (p == nullptr) {
+        run.error = "thread " + std::to_string(index) + ", operation " + std::to_string(i) +
+                    ": allocating " + std::to_string(op.size) + " bytes failed: " +
+                    allocator.failure();
+        break;
+      }
+      slots[op.slot] = {p, op.size};
+    } else if (op.kind == OpKind::release) {
+      if (!allocator.release(slots[op.slot].ptr, slots[op.slot].size)) {
+        run.error = "thread " + std::to_string(index) + ", operation " + std::to_string(i) +
+                    ": freeing " + std::to_string(slots[op.slot].size) + " bytes failed: " +
+                    allocator.failure();
+        break;
+      }
+    }
+    const std::uint64_t now = ticks();
+    run.cost[i] = now - previous;
+    previous = now;
+  }
+  run.done = i;
+  if (!run.error.empty()) stop.store(true);
+}
+
+double percentile(std::vector<std::uint64_t>& v, double q) {
+  if (v.empty()) return 0;
+  const std::size_t k =
+      std::min(v.size() - 1, static_cast<std::size_t>(q * static_cast<double>(v.size())));
+  std::nth_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(k), v.end());
+  return static_cast<double>(v[k]);
+}
+
+// Pair costs (allocation + its free) and per-phase step costs, from the completed operations.
+void summarize(const Trace& trace, const std::vector<ThreadRun>& runs, ReplayResult& result) {
+  const double scale = ns_per_tick();
+  std::vector<std::uint64_t> pairs;
+  struct PhaseCosts {
+    std::vector<std::uint64_t> steps;
+    std::uint64_t total = 0;
+  };
+  std::vector<PhaseCosts> phases(trace.phases.size());
+  for (std::size_t t = 0; t < runs.size(); ++t) {
+    const ThreadOps& thread = trace.threads[t];
+    std::vector<std::uint64_t> alloc_cost(thread.slots, 0);
+    std::size_t phase = trace.phases.size();  // none yet
+    std::uint64_t pending = 0;                // first half of a phase step
+    bool half = false;
+    for (std::size_t i = 0; i < runs[t].done; ++i) {
+      const Op& op = thread.ops[i];
+      const std::uint64_t c = runs[t].cost[i];
+      if (op.kind == OpKind::phase) {
+        phase = op.slot;
+        half = false;
+        continue;
+      }
+      if (op.kind == OpKind::allocate) {
+        alloc_cost[op.slot] = c;
+      } else {
+        pairs.push_back(alloc_cost[op.slot] + c);
+      }
+      if (phase < phases.size()) {
+        if (half) phases[phase].steps.push_back(pending + c);
+        phases[phase].total += c;
+        pending = c;
+        half = !half;
+      }
+    }
+  }
+  result.pairs = pairs.size();
+  if (!pairs.empty()) {
+    long double sum = 0;
+    for (std::uint64_t c : pairs) sum += c;
+    result.mean_ns = static_cast<double>(sum / pairs.size()) * scale;
+    result.median_ns = percentile(pairs, 0.5) * scale;
+    result.p99_ns = percentile(pairs, 0.99) * scale;
+  }
+  for (std::size_t p = 0; p < phases.size(); ++p) {
+    PhaseResult r;
+    r.name = trace.phases[p];
+    r.steps = phases[p].steps.size();
+    if (r.steps != 0) {
+      r.mean_ns = static_cast<double>(phases[p].total) / static_cast<double>(r.steps) * scale;
+      r.median_ns = percentile(phases[p].steps, 0.5) * scale;
+    }
+    result.phases.push_back(r);
+  }
+}
+
+class NullAllocator final : public ReplayAllocator {
+ public:
+  void* allocate(std::uint64_t) override { return &byte_; }
+  bool release(void*, std::uint64_t) override { return true; }
+  std::string failure() override { return {}; }
+  void reset_meters() override {}
+  Meters meters() override { return {}; }
+
+ private:
+  char byte_ = 0;
+};
+
+void append_number(std::string& out, const char* key, double value, bool integer = false) {
+  char buffer[96];
+  std::snprintf(buffer, sizeof buffer, integer ? ",\"%s\":%.0f" : ",\"%s\":%.1f", key, value);
+  out += buffer;
+}
+
+void append_optional(std::string& out, const char* key, const std::optional<std::uint64_t>& v) {
+  out += ",\"";
+  out += key;
+  out += "\":";
+  out += v ? std::to_string(*v) : "null";
+}
+
+std::string json_head(const std::string& trace, const std::string& allocator,
+                      const std::string& label, bool ok, const std::string& error) {
+  std::string out = "{\"trace\":" + json_string(trace) + ",\"allocator\":" +
+                    json_string(allocator) + ",\"label\":" + json_string(label) +
+                    ",\"status\":" + (ok ? "\"ok\"" : "\"failed\"");
+  if (!ok) out += ",\"error\":" + json_string(error);
+  return out;
+}
+
+}  // namespace
+
+ReplayResult replay(const Trace& trace, ReplayAllocator& allocator) {
+  ReplayResult result;
+  result.figures = figures(trace);
+  ns_per_tick();  // calibrate before the clock matters
+  std::vector<ThreadRun> runs(trace.threads.begin(), trace.threads.end());
+  std::atomic<bool> stop{false};
+  std::atomic<std::size_t> ready{0};
+  std::atomic<bool> go{false};
+  allocator.reset_meters();
+  using Clock = std::chrono::steady_clock;
+  Clock::time_point start;
+  if (trace.threads.size() == 1) {
+    start = Clock::now();
+    run_thread(trace.threads[0], 0, allocator, stop, runs[0]);
+  } else {
+    std::vector<std::thread> workers;
+    for (std::size_t t = 0; t < trace.threads.size(); ++t) {
+      workers.emplace_back([&, t] {
+        ready.fetch_add(1);
+        while (!go.load(std::memory_order_acquire)) std::this_thread::yield();
+        run_thread(trace.threads[t], t, allocator, stop, runs[t]);
+      });
+    }
+    while (ready.load() != workers.size()) std::this_thread::yield();
+    start = Clock::now();
+    go.store(true, std::memory_order_release);
+    for (std::thread& w : workers) w.join();
+  }
+  result.wall_seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  result.meters = allocator.meters();
+  for (const ThreadRun& run : runs) {
+    // The first real failure, not a thread that stopped because of it.
+    if (!run.error.empty() && (result.ok || result.error.rfind("stopped:", 0) == 0)) {
+      result.ok = false;
+      result.error = run.error;
+    }
+  }
+  summarize(trace, runs, result);
+  if (result.wall_seconds > 0) {
+    result.pairs_per_second = static_cast<double>(result.pairs) / result.wall_seconds;
+  }
+  return result;
+}
+
+std::unique_ptr<ReplayAllocator> make_null_allocator() {
+  return std::make_unique<NullAllocator>();
+}
+
+double harness_ns_per_pair() {
+  Trace trace;
+  trace.name = "harness";
+  trace.threads.resize(1);
+  trace.threads[0].slots = 1;
+  for (int i = 0; i < 20000; ++i) {
+    trace.threads[0].ops.push_back({OpKind::allocate, 0, 64});
+    trace.threads[0].ops.push_back({OpKind::release, 0, 0});
+  }
+  NullAllocator null;
+  return replay(trace, null).median_ns;
+}
+
+std::string result_json(const Trace& trace, const std::string& allocator,
+                        const std::string& label, const ReplayResult& r) {
+  std::string out = json_head(trace.name, allocator, label, r.ok, r.error);
+  out += ",\"threads\":" + std::to_string(trace.threads.size());
+  out += ",\"trace_pairs\":" + std::to_string(r.figures.pairs);
+  out += ",\"pairs\":" + std::to_string(r.pairs);
+  append_number(out, "median_ns", r.median_ns);
+  append_number(out, "p99_ns", r.p99_ns);
+  append_number(out, "mean_ns", r.mean_ns);
+  append_number(out, "pairs_per_second", r.pairs_per_second, true);
+  char wall[64];
+  std::snprintf(wall, sizeof wall, ",\"wall_seconds\":%.4f", r.wall_seconds);
+  out += wall;
+  out += ",\"peak_live_bytes\":" + std::to_string(r.figures.peak_live);
+  append_optional(out, "peak_reserved_bytes", r.meters.reserved_peak);
+  append_optional(out, "reserved_at_end_bytes", r.meters.reserved_now);
+  append_optional(out, "driver_allocs", r.meters.driver_allocs);
+  append_optional(out, "driver_frees", r.meters.driver_frees);
+  append_optional(out, "event_records", r.meters.event_records);
+  out += ",\"phases\":[";
+  for (std::size_t i = 0; i < r.phases.size(); ++i) {
+    const PhaseResult& p = r.phases[i];
+    out += (i ? ",{\"name\":" : "{\"name\":") + json_string(p.name);
+    out += ",\"steps\":" + std::to_string(p.steps);
+    append_number(out, "median_ns", p.median_ns);
+    append_number(out, "mean_ns", p.mean_ns);
+    out += "}";
+  }
+  out += "],\"timer\":";
+  out += json_string(tick_source());
+  append_number(out, "harness_ns_per_pair", harness_ns_per_pair());
+  return out + "}";
+}
+
+std::string setup_failure_json(const std::string& trace_name, const std::string& allocator,
+                               const std::string& label, const std::string& error) {
+  return json_head(trace_name, allocator, label, false, error) + "}";
+}
+
+}  // namespace poolcuda::bench
