@@ -12,13 +12,12 @@
 #include <chrono>
 #include <cstdint>
 #include <cstdlib>
-#include <fstream>
-#include <iterator>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "check.h"
+#include "signal_report.h"
 
 namespace preload_test {
 
@@ -42,18 +41,7 @@ inline std::uint64_t json_number(const std::string& text, std::size_t from,
 
 // Asks the library for a report (SIGUSR1) and reads its capture section.
 inline Held held_by_graphs() {
-  static int reports = 0;
-  const char* dir = std::getenv("CAPTURE_REPORT_DIR");
-  CHECK(dir != nullptr);
-  const std::string path = std::string(dir) + "/r-" + std::to_string(++reports) + ".json";
-  CHECK(raise(SIGUSR1) == 0);
-  std::string text;
-  for (int i = 0; i < 5000 && text.empty(); ++i) {
-    std::ifstream in(path);
-    if (in) text.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
-    if (text.empty()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  }
-  CHECK_MSG(!text.empty(), "no report at " + path);
+  const std::string text = signal_report("CAPTURE_REPORT_DIR");
   const std::size_t capture = text.find("\"capture\":{");
   if (capture == std::string::npos) return {};
   return Held{json_number(text, capture, "open_captures"), json_number(text, capture, "graphs"),

@@ -37,14 +37,13 @@
 
 #include <atomic>
 #include <chrono>
-#include <fstream>
-#include <iterator>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "check.h"
 #include "exit_report.h"
+#include "signal_report.h"
 
 // The per-thread-default-stream flavour, declared as a program built with
 // -DCUDA_API_PER_THREAD_DEFAULT_STREAM sees it (the plain header does not declare it).
@@ -65,21 +64,7 @@ bool expect_race = false;  // free_fence:none
 
 // ---- Reports -----------------------------------------------------------------------------------
 
-std::string report_now() {
-  static int reports = 0;
-  const char* dir = std::getenv("STREAM_ORDER_REPORTS");
-  CHECK(dir != nullptr);
-  const std::string path = std::string(dir) + "/r-" + std::to_string(++reports) + ".json";
-  CHECK(raise(SIGUSR1) == 0);
-  std::string text;
-  for (int i = 0; i < 5000 && text.empty(); ++i) {
-    std::ifstream in(path);
-    if (in) text.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
-    if (text.empty()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  }
-  CHECK_MSG(!text.empty(), "no report at " + path);
-  return text;
-}
+std::string report_now() { return preload_test::signal_report("STREAM_ORDER_REPORTS"); }
 
 // The word after "reuse": in the first device's section (device 0).
 std::string reuse_of(const std::string& report) {
