@@ -244,8 +244,10 @@ void text_section(std::string& out, const ReportSection& section, std::size_t in
   const std::string head = std::string(indent, ' ') + section.title;
   if (!items.empty()) {
     wrapped_line(out, head + ": ", items, indent);
-  } else if (!section.tables.empty() || !section.sections.empty()) {
-    out += head + ":\n";
+  } else if (!section.sections.empty() ||
+             std::any_of(section.tables.begin(), section.tables.end(),
+                         [](const ReportTable& t) { return !t.rows.empty(); })) {
+    out += head + ":\n";  // a heading over nothing (no live slice to list) is left out
   }
   for (const ReportTable& table : section.tables)
     if (!table.rows.empty()) text_table(out, table, indent + 2, format);

@@ -328,6 +328,21 @@ TEST_CASE("text_report_has_a_header_a_summary_and_one_aligned_row_per_pool") {
   for (const std::string& row : rows) CHECK_MESSAGE(row.size() <= 100, row);
 }
 
+TEST_CASE("text_report_lists_live_sizes_only_while_something_lives") {
+  Rig rig(preset(PoolPreset::subslices), 512, 1 * GiB);
+  const DevicePtr p = rig.reserve(3 * KiB);
+  REQUIRE(p != 0);
+  auto live_sizes_heading = [&] {
+    const std::string text = render_report(ReportHeader{77, 1, "request", 0, 1},
+                                           {rig.manager.report()}, ReportFormat::text);
+    return text.find("live slices by size") != std::string::npos;
+  };
+  CHECK(live_sizes_heading());
+  rig.manager.set_mode(AllocationMode::automatic);
+  rig.manager.free(p);
+  CHECK_FALSE(live_sizes_heading());  // no heading over an empty list
+}
+
 TEST_CASE("wide_text_adds_the_detail_columns") {
   Rig rig(custom({sliced(2048, 0, 512, 5000), exclusive(1 * GiB, 123456789)}), 32);
   REQUIRE(rig.reserve(100) != 0);
