@@ -406,6 +406,13 @@ ParseResult parse_config(std::string_view text) {
       continue;
     }
     const auto key = trim(text.substr(pos, stop - pos));
+    if (key.empty()) {  // ":5": the error shows the whole entry, not an empty key
+      const auto comma = text.find(',', stop);
+      const auto entry =
+          trim(text.substr(pos, comma == std::string_view::npos ? comma : comma - pos));
+      result.error = ConfigError{"", std::string(entry), "a key before the ':', " + valid_keys()};
+      return result;
+    }
     const Option* option = find_option(key);
     if (option == nullptr) {
       result.error = ConfigError{std::string(key), std::string(key), valid_keys()};

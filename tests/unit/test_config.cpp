@@ -310,7 +310,8 @@ TEST_CASE("error: unknown key lists the valid keys") {
   check_error("log:off,fence:sync", "fence", "fence", "one of the keys pools, persistent");
   const ConfigError error = parse_error("colour:blue");
   for (const auto& key : config_keys()) CHECK(contains(error.expected, key.key));
-  check_error(":off", "", "", "one of the keys");
+  check_error(":off", "", ":off", "a key before the ':', one of the keys");
+  check_error("log:off, :5,confirm:1", "", ":5", "a key before the ':'");
 }
 
 TEST_CASE("error: a bad keyword value") {
