@@ -12,8 +12,9 @@
 // pools' check cannot simply be held across the real free: it synchronizes the device, and
 // the pools' lock is the hot path's. So a foreign free, and only a foreign free, asks in this
 // order:
-//   1. register (a ticket; a free of a pointer already in flight waits for that free to end
-//      first, so that it sees what the driver holds after it);
+//   1. register (a ticket); a free of a pointer another thread is freeing right now is a
+//      double free, answered at once without a real call (waiting for the other could take as
+//      long as the device, where plain CUDA answers at once);
 //   2. ask the driver whether any allocation covers the pointer (cudaPointerGetAttributes,
 //      a query that never waits on the device); none: no real free;
 //   3. ask the pools again; then the release worker, whose pages are the library's until the
@@ -22,8 +23,8 @@
 //      free. Only then the real free.
 // A pool can take the address only once the driver has freed what was there. After step 2
 // saw it live and step 3 found it neither in the pools nor with the release worker, that is
-// this free (after which the pools may take it freely), a concurrent free of the same pointer
-// (ordered after this one by step 1), or a device reset. So a reset keeps the device's
+// this free (after which the pools may take it freely) or a device reset (a concurrent free of
+// the same pointer is refused in step 1). So a reset keeps the device's
 // manager frozen (no page taken from the driver; Note [Device reset] in pooling.cpp) until
 // every foreign free registered before its end has finished: thaw_after_foreign_frees. The
 // reset does not wait for them (such a free may wait on the device for long); the last of
@@ -38,7 +39,6 @@
 #include "interpose/foreign_frees.h"
 
 #include <algorithm>
-#include <condition_variable>
 #include <vector>
 
 #include "interpose/own_api.h"
@@ -64,7 +64,6 @@ struct Thaw {
 
 struct State {
   RankedMutex mutex{LockRank::foreign_free};  // a leaf: nothing is taken under it
-  std::condition_variable_any ended;     // a foreign free ended
   std::uint64_t next_ticket = 1;
   std::vector<InFlight> in_flight;
   std::vector<Thaw> thaws;
@@ -98,19 +97,17 @@ bool driver_knows(const void* ptr) {
 ForeignFree::ForeignFree(const void* ptr) : ptr_(ptr) {
   State& s = state();
   {
-    std::unique_lock<RankedMutex> hold(s.mutex);
-    s.ended.wait(hold, [&] {
-      return std::none_of(s.in_flight.begin(), s.in_flight.end(),
-                          [&](const InFlight& f) { return f.ptr == ptr; });
-    });
+    std::lock_guard<RankedMutex> hold(s.mutex);
+    duplicate_ = std::any_of(s.in_flight.begin(), s.in_flight.end(),
+                             [&](const InFlight& f) { return f.ptr == ptr; });
     ticket_ = s.next_ticket++;
     s.in_flight.push_back(InFlight{ticket_, ptr, false});
   }
-  driver_knew_ = driver_knows(ptr);
+  if (!duplicate_) driver_knew_ = driver_knows(ptr);
 }
 
 bool ForeignFree::may_free() const {
-  if (!driver_knew_ || ReleaseWorker::instance().owns(ptr_)) return false;
+  if (duplicate_ || !driver_knew_ || ReleaseWorker::instance().owns(ptr_)) return false;
   State& s = state();
   std::lock_guard<RankedMutex> hold(s.mutex);
   for (const InFlight& f : s.in_flight)
@@ -122,7 +119,6 @@ ForeignFree::~ForeignFree() {
   State& s = state();
   std::unique_lock<RankedMutex> hold(s.mutex);
   std::erase_if(s.in_flight, [&](const InFlight& f) { return f.ticket == ticket_; });
-  s.ended.notify_all();
   // One thaw at a time, each outside the leaf lock (set_frozen takes the manager's).
   for (;;) {
     const std::uint64_t low = s.low_water();

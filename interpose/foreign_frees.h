@@ -25,8 +25,8 @@ class ForeignFree {
   ForeignFree(const ForeignFree&) = delete;
   ForeignFree& operator=(const ForeignFree&) = delete;
 
-  // True when the real free may run: the driver knew an allocation at the pointer when the
-  // guard began, and it was not the library's (a page on its way back to the driver, or
+  // True when the real free may run: no other thread was freeing the same pointer when the
+  // guard began, the driver knew an allocation at it then, and it was not the library's (a page on its way back to the driver, or
   // returned to it since: the pointer is stale and the free could only hit whatever the driver
   // put there next).
   bool may_free() const;
@@ -34,6 +34,7 @@ class ForeignFree {
  private:
   std::uint64_t ticket_ = 0;
   const void* ptr_;
+  bool duplicate_ = false;  // another foreign free of ptr_ was in flight
   bool driver_knew_ = true;
 };
 

@@ -57,6 +57,20 @@ cudaError_t forward_malloc(int device, void** ptr, std::size_t size) {
   return cudaErrorMemoryAllocation;
 }
 
+bool capturing(cudaStream_t stream) {
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  return real::cudaStreamIsCapturing()(stream, &status) == cudaSuccess &&
+         status != cudaStreamCaptureStatusNone;
+}
+
+// Whether the driver has less than `size` free (a successful query leaves the last-error slot
+// alone; a failed one counts as short).
+bool driver_short_of(std::size_t size) {
+  std::size_t free_bytes = 0;
+  std::size_t total_bytes = 0;
+  return real::cudaMemGetInfo()(&free_bytes, &total_bytes) != cudaSuccess || free_bytes < size;
+}
+
 cudaError_t refuse_free(const char* api, void* ptr, const pooling::Freed& freed) {
   pooling::log_refused_free(api, ptr, freed);
   raise_invalid_value();
@@ -132,6 +146,14 @@ cudaError_t free_async(void* ptr, cudaStream_t stream, bool per_thread) {
     case FreeOutcome::freed:
       return cudaSuccess;
     case FreeOutcome::not_mine:
+      // A free captured into a graph may name a graph memory node's address, which only the
+      // graph knows until it runs: no driver query, no refusal (whose real call would break the
+      // capture); the real call decides.
+      if (capturing(per_thread && stream == nullptr ? cudaStreamPerThread : stream)) {
+        const cudaError_t result = real_call();
+        if (result == cudaSuccess) pooling::forwarded_free(device, ptr);
+        return result;
+      }
       return free_foreign("cudaFreeAsync", device, ptr, real_call);
     default:
       return refuse_free("cudaFreeAsync", ptr, freed);
@@ -145,8 +167,8 @@ cudaError_t free_async(void* ptr, cudaStream_t stream, bool per_thread) {
 // lack of memory gets the pools' idle pages back and is tried once more. The failed first try
 // left cudaErrorMemoryAllocation in the last-error slot (Note [Last error]), which a successful
 // retry must not show: a slot that was clean before is cleared again; a slot that held the
-// program's own error cannot be put back, so then the idle pages go back before the first try,
-// whose answer is final.
+// program's own error cannot be put back, so then the idle pages go back before the first try
+// (only when the driver has less free than the request), whose answer is final.
 cudaError_t malloc_async(void** ptr, std::size_t size, cudaStream_t stream, bool per_thread) {
   auto real_call = [&] {
     return per_thread ? real::cudaMallocAsync_ptsz()(ptr, size, stream)
@@ -154,7 +176,7 @@ cudaError_t malloc_async(void** ptr, std::size_t size, cudaStream_t stream, bool
   };
   const int device = current_device();
   const bool slot_clean = real::cudaPeekAtLastError()() == cudaSuccess;
-  if (!slot_clean) pooling::give_back_idle(device);
+  if (!slot_clean && driver_short_of(size)) pooling::give_back_idle(device);
   const cudaError_t result = real_call();
   if (result != cudaErrorMemoryAllocation || !slot_clean) return result;
   if (!pooling::give_back_idle(device)) return result;

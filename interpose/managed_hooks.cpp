@@ -99,8 +99,9 @@ cudaError_t forward_managed(int device, void** ptr, std::size_t size, unsigned i
 ManagedLookup find_managed(const void* ptr) {
   Registry& registry = Registry::instance();
   const auto address = reinterpret_cast<DevicePtr>(ptr);
-  const int current = current_device();
   ManagedLookup found;
+  if (registry.managed_bound() == 0) return found;  // no slab yet: not even a device query
+  const int current = current_device();
   if (ManagedSlabs* chain = registry.managed(current)) found = chain->find(address);
   for (int d = 0; found.kind == ManagedLookup::Kind::not_mine && d < registry.managed_bound();
        ++d) {

@@ -27,6 +27,15 @@ inline void watch(cudaStream_t stream, bool per_thread_flavour) {
     pc::stream_order::per_thread_stream_used();
 }
 
+// Records earlier frees' fences; a failure (a host allocation) must not cross the entry point,
+// and only costs the fence: the program's call goes on.
+inline void fence_before_host_work() {
+  (void)pc::guarded([] {
+    pc::pooling::fence_before_host_work();
+    return cudaSuccess;
+  });
+}
+
 }  // namespace
 
 #define POOLCUDA_WATCHED(name, flavour, stream_expr, params, args) \
@@ -41,7 +50,7 @@ inline void watch(cudaStream_t stream, bool per_thread_flavour) {
 #define POOLCUDA_HOST_WORK(name, flavour, stream_expr, params, args) \
   POOLCUDA_EXPORT cudaError_t name params {                        \
     watch(stream_expr, flavour);                                   \
-    if (!pc::bypass()) pc::pooling::fence_before_host_work();      \
+    if (!pc::bypass()) fence_before_host_work();                   \
     return pc::real::name() args;                                  \
   }
 

@@ -32,9 +32,9 @@ class FenceQueue {
     if (open_.tail != nullptr) open_.tail->next_pending = slice;
     else open_.head = slice;
     open_.tail = slice;
-    ++open_.count;
+    // Published once per epoch: host-work hooks read it without the lock on every launch.
+    if (open_.count++ == 0) open_published_.store(true, std::memory_order_relaxed);
     open_.bytes += slice->size;
-    open_published_.store(true, std::memory_order_relaxed);
   }
 
   std::uint32_t open_count() const { return open_.count; }

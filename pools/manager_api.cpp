@@ -126,7 +126,7 @@ Error MemoryManager::install_layout(const PoolLayout& layout) {
 void MemoryManager::cleanup(bool explicit_cleanup) {
   Impl& m = *impl_;
   Impl::Scope scope(m);
-  if (explicit_cleanup) m.close_epoch();
+  if (explicit_cleanup) m.close_and_reap();
   m.cleanup_all(explicit_cleanup);
 }
 

@@ -147,6 +147,8 @@ struct MemoryManager::Impl {
   Route recover_from_oom(Scope& scope, std::uint64_t size, Placement placement);
   void retire(Slice* slice);  // live/held -> pending or free, by the fence mode
   void close_epoch();
+  // close_epoch(), then takes back what fences passed earlier (cleanups, recovery).
+  void close_and_reap();
   bool drain(Scope& scope);
   void finish_sync_frees(Scope& scope);
   std::uint64_t cleanup_all(bool explicit_cleanup);

@@ -441,25 +441,36 @@ Route MemoryManager::Impl::recover_from_oom(Scope& scope, std::uint64_t size,
   const auto deadline = std::chrono::steady_clock::now() +
                         std::chrono::microseconds(options.recovery_fence_wait_micros);
   // Everything that needs no wait first: close the open epoch, reap, return every idle page.
-  close_epoch();
+  close_and_reap();
   cleanup_all(true);
   // Pages given up earlier (by trims or dealloc periods) may still be on their way to the
   // driver too, so the first round flushes whether or not this one released anything.
   bool flush = true;
+  bool stuck = false;  // a flush ran out: the driver's frees wait behind a parked stream
   std::uint64_t handed_before_flush = 0;
   int extra_rounds = 0;
   for (;;) {
-    if (flush || scope.has_releases()) {
+    if ((flush || scope.has_releases()) && !stuck) {
       scope.unlock();  // the pages go to the device
       // Read after this thread's pages went: a later change is another thread's.
       handed_before_flush = pages_handed.load(std::memory_order_acquire);
-      // Pages stuck behind a parked stream stay stuck: no extra round waits for them again.
-      if (!device.flush_releases(kReleaseFlushMicros)) extra_rounds = kOomExtraRounds;
+      // Pages stuck behind a parked stream stay stuck: no later round waits for them again.
+      if (!device.flush_releases(kReleaseFlushMicros)) {
+        stuck = true;
+        extra_rounds = kOomExtraRounds;
+      }
       scope.relock();
-      flush = false;
     }
+    flush = false;
     Route r = route(size, placement, 0);
-    if (r.slice != nullptr || r.status != AllocStatus::out_of_memory) return r;
+    if (r.slice != nullptr) return r;
+    if (r.wait_for_fence) {
+      // A capped pool full of fence-pending memory: the fence rounds below wait for it.
+      r = Route{};
+      r.status = AllocStatus::out_of_memory;
+      r.error = Error{ErrorKind::out_of_memory, size};
+    }
+    if (r.status != AllocStatus::out_of_memory) return r;
     // Other threads' pages, on their way or idle again (Note [Out of memory among threads]).
     if (extra_rounds < kOomExtraRounds) {
       ++extra_rounds;
@@ -535,6 +546,11 @@ void MemoryManager::Impl::close_epoch() {
     last_fence_nanos = coarse_nanos();
     fences.reap(device, kGiveBack);
   }
+}
+
+void MemoryManager::Impl::close_and_reap() {
+  close_epoch();
+  fences.reap(device, kGiveBack);  // fences that passed when there was no epoch to close
 }
 
 FreeOutcome MemoryManager::Impl::classify(DevicePtr ptr) const {
