@@ -3,9 +3,10 @@
 // (pools/host_device.*). Each method states its contract: preconditions, whether it may be
 // called while a graph capture is open on the device, and its thread-safety.
 //
-// Methods that cannot wait for the device are called with the owning MemoryManager's lock held;
-// those that can (release, fence waits, synchronize, flush_releases) are called without it, from
-// any thread, so those must be thread-safe. An implementation must never call back into the
+// Methods that cannot wait for the device are called with the owning MemoryManager's lock held
+// (release among them: it only hands the page to another thread); those that can (fence waits,
+// synchronize, flush_releases) are called without it, from any thread, so those must be
+// thread-safe. An implementation must never call back into the
 // manager (Note [Outside the lock] in memory_manager.cpp).
 #pragma once
 

@@ -44,7 +44,6 @@ class FenceQueue {
   // caller that sees true takes the lock and looks again).
   bool open_hint() const { return open_published_.load(std::memory_order_relaxed); }
   bool any_closed() const { return !closed_.empty(); }
-  std::uint64_t closed_epochs() const { return closed_.size(); }
 
   // Closes the open epoch with a fence. False when it is empty or the device refused a fence
   // (kNoFence: the epoch stays open and is retried at the next close).

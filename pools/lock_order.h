@@ -15,8 +15,9 @@
 // device:       a CudaDevice's event and release caches (interpose/cuda_device.cpp)
 // foreign free: the frees in flight that the pools do not own (interpose/foreign_frees.cpp)
 // Nothing that can wait for the device (a synchronizing cudaFree, an event synchronize, a fence
-// wait) runs while a lock at or below `manager` is held, except an out-of-memory recovery's
-// own bounded hand-off (Note [Outside the lock] in memory_manager.cpp).
+// wait) runs while a lock at or below `manager` is held (Note [Outside the lock] in
+// memory_manager.cpp), except that an allocation inside a capture window holds the capture
+// lock across the manager's allocation, whose out-of-memory recovery may wait, bounded.
 // In debug builds RankedMutex asserts the order on every acquisition, so a violation fails the
 // first test that takes the locks in the wrong order instead of deadlocking once in production.
 #pragma once

@@ -164,10 +164,6 @@ void MemoryManager::set_stream_ordered(bool ordered) {
   impl_->stream_ordered = ordered;
 }
 
-bool MemoryManager::stream_ordered() const {
-  std::lock_guard lock(impl_->mutex);
-  return impl_->stream_ordered;
-}
 
 void MemoryManager::set_frozen(bool frozen) {
   std::lock_guard lock(impl_->mutex);

@@ -71,7 +71,6 @@ struct LogEvent {
 struct Outbox {
   ReleaseList releases;
   boost::container::small_vector<LogEvent, 2> logs;
-  bool empty() const { return releases.empty() && logs.empty(); }
 };
 
 // What routing decided (memory_manager.cpp).

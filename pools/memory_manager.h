@@ -141,7 +141,6 @@ class MemoryManager {
   // fence; otherwise frees are fenced as under events. Starts false. Setting it false is a
   // barrier: it returns only once every free that saw it true has finished.
   void set_stream_ordered(bool ordered);
-  bool stream_ordered() const;
 
   // While frozen, no reservation takes a new page from the device (it fails with
   // ErrorKind::device_error instead, and the interposer passes the request to the driver): a

@@ -45,7 +45,7 @@ enum class ErrorKind : std::uint8_t {
   buffer_too_big,           // no pool accepts the size; value = requested size
   pool_capacity_exceeded,   // a capped pool is full; value = the pool's capacity
   pools_in_use,             // install_layout refused; value = bytes live in the dynamic pools
-  out_of_memory,            // the device refused even after trimming and one retry; value = size
+  out_of_memory,            // the device refused even after recovery; value = size
   device_error,             // the device failed for another reason; value = size
 };
 
