@@ -171,7 +171,10 @@ bool give_back_idle(int device) {
   // The explicit cleanup first takes back what passed fences were keeping.
   const std::uint64_t before = manager->memory_usage().bytes_reserved;
   manager->cleanup(true);
-  if (manager->memory_usage().bytes_reserved == before) return false;
+  // Pages given up earlier (a recovery, a trim) may still be on their way to the driver too.
+  if (manager->memory_usage().bytes_reserved == before &&
+      ReleaseWorker::instance().waiting_bytes(device) == 0)
+    return false;
   manager->flush_releases(kGiveBackMicros);
   return true;
 }
