@@ -53,7 +53,10 @@ ExclusivePool::ExclusivePool(PoolContext& ctx, std::uint64_t max_alloc_size,
 // tried). Sizes that differ by a few bytes share pages. Reuse takes the smallest free
 // page that fits, but never one larger than the request's class plus a quarter: an idle 8 GiB
 // scratch page must not serve a 100 MiB request (7.9 GiB of padding, and every further request
-// then needs a page of its own while the device is full), nor a 4 GiB one a 3 MiB request. A
+// then needs a page of its own while the device is full), nor a 4 GiB one a 3 MiB request. The
+// quarter is capped at 1/64 of the device: padding in a live page is the one memory recovery
+// cannot return, and a 12 GiB request on a 15 GiB idle page left a 16 GiB device 3 GiB short
+// of what the plain program had. A
 // page too large for every request stays idle until its dealloc period or a cleanup returns
 // it; out-of-memory recovery returns every idle page before it gives up, so such memory is
 // never lost to a later request that needs the device.
@@ -67,7 +70,8 @@ std::uint64_t ExclusivePool::page_size_for(std::uint64_t size) const {
 
 std::uint64_t ExclusivePool::largest_page_for(std::uint64_t size) const {
   const std::uint64_t page = page_size_for(size);
-  return page + page / 4;
+  const std::uint64_t device_share = ctx_.total_memory / 64;
+  return page + (device_share != 0 ? std::min(page / 4, device_share) : page / 4);
 }
 
 Slice* ExclusivePool::try_reserve(std::uint64_t size) {

@@ -100,6 +100,7 @@ struct PoolContext {
   explicit PoolContext(Device& d) : device(d), alignment(d.alignment()) {}
   Device& device;
   std::uint64_t alignment;
+  std::uint64_t total_memory = 0;     // the device's, as the driver reports it (0: unknown)
   NodeSlab<Slice> slices;
   NodeSlab<Page> pages;
   PageSet page_set;                   // every page of every pool, by address

@@ -466,6 +466,23 @@ TEST_CASE("exclusive_pages_are_size_classes_and_reuse_the_smallest_fit_within_a_
   CHECK(rig.manager.check_consistency().empty());
 }
 
+TEST_CASE("exclusive_reuse_padding_is_capped_at_a_64th_of_the_device") {
+  // On a 1 GiB device a reused page may carry at most 16 MiB of padding, though a quarter of
+  // the request's class would allow 100 MiB: the 500 MiB page is not handed to 400 MiB.
+  Rig rig(custom({exclusive(1 * GiB)}), 512, 1 * GiB, FreeFence::none);
+  const DevicePtr big = rig.reserve(500 * MiB);
+  REQUIRE(big != 0);
+  rig.manager.free(big);
+  const DevicePtr smaller = rig.reserve(400 * MiB);
+  CHECK(smaller != 0);
+  CHECK(smaller != big);
+  CHECK(rig.manager.memory_usage().bytes_padding == 0);
+  rig.manager.free(smaller);
+  // Within the cap it is reused: 490 MiB takes the 500 MiB page (10 MiB of padding).
+  CHECK(rig.reserve(490 * MiB) == big);
+  CHECK(rig.manager.check_consistency().empty());
+}
+
 TEST_CASE("a_rounded_page_that_does_not_fit_is_tried_at_the_exact_size") {
   // 5 MiB + 1 rounds to a 5.5 MiB page; with 5.25 MiB of device only the exact size fits.
   Rig rig(custom({exclusive(1 * GiB)}), 512, 5 * MiB + 256 * KiB, FreeFence::none);
