@@ -298,7 +298,10 @@ bool MemoryManager::Impl::wait_for_oldest_fence(Scope& scope,
 bool MemoryManager::Impl::beyond_reach(std::uint64_t size) {
   // In this order, a page that reaches the driver between the two reads is counted twice
   // rather than missed: the estimate errs towards trying.
-  const std::uint64_t releasing = device.releasing_bytes();
+  std::uint64_t releasing = device.releasing_bytes();
+  // Pages this scope released (a direct pool's reclaim, just now) go to the device at unlock.
+  if (outbox != nullptr)
+    for (const PageRelease& page : outbox->releases) releasing += page.size;
   const DeviceMemoryInfo info = device.memory_info();
   if (info.total_bytes == 0) return false;  // unknown: try everything
   const MemoryUsage u = usage();

@@ -81,4 +81,22 @@ TEST_CASE("host_work_fences_the_open_epoch_first_and_costs_nothing_without_one")
   CHECK(rig.manager.check_consistency().empty());
 }
 
+TEST_CASE("oom_recovery_counts_a_page_the_same_request_just_released") {
+  // A direct pool releases its idle allocations to make room under `reclaim` before it grows;
+  // until the lock is released that memory is neither reserved nor free with the device, and
+  // recovery must still count it as memory on its way back rather than fail at once.
+  Rig rig(custom({direct(16 * MiB)}), 512, 64 * MiB);
+  const DevicePtr first = rig.reserve(40 * MiB);
+  REQUIRE(first != 0);
+  rig.manager.free(first);
+  rig.device.complete_fences();
+  const DevicePtr second = rig.reserve(60 * MiB);  // fits once the idle 40 MiB are back
+  CHECK(second != 0);
+  CHECK(rig.device.outstanding_bytes() == 60 * MiB);
+  CHECK(rig.manager.report().oom_failures == 0);
+  rig.manager.free(second);
+  CHECK(rig.manager.drain_fences());
+  CHECK(rig.manager.check_consistency().empty());
+}
+
 }  // TEST_SUITE
