@@ -95,6 +95,8 @@ void raise_out_of_memory();
   X(cudaMemset_ptds)                        \
   X(cudaLaunchHostFunc)                     \
   X(cudaLaunchHostFunc_ptsz)                \
+  X(cudaStreamAddCallback)                  \
+  X(cudaStreamAddCallback_ptsz)             \
   X(cudaGraphLaunch)                        \
   X(cudaGraphLaunch_ptsz)                   \
   X(cudaEventRecord)                        \

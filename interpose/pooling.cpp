@@ -21,6 +21,9 @@
 // configuration.
 #include "interpose/pooling.h"
 
+#include <algorithm>
+#include <chrono>
+
 #include "interpose/budget.h"
 #include "interpose/foreign_frees.h"
 #include "interpose/lifecycle.h"
@@ -132,6 +135,20 @@ void fence_before_host_work() {
   const Registry& registry = Registry::instance();
   for (int device = 0; device < Registry::kMaxDevices; ++device) {
     if (MemoryManager* manager = registry.manager(device)) manager->fence_open_frees();
+  }
+}
+
+void give_back_before_park() {
+  const Registry& registry = Registry::instance();
+  using Clock = std::chrono::steady_clock;
+  const Clock::time_point deadline =
+      Clock::now() + std::chrono::microseconds(kParkGiveBackMicros);
+  for (int device = 0; device < Registry::kMaxDevices; ++device) {
+    MemoryManager* manager = registry.manager(device);
+    if (manager == nullptr) continue;
+    const auto left =
+        std::chrono::duration_cast<std::chrono::microseconds>(deadline - Clock::now()).count();
+    manager->give_back_before_park(static_cast<std::uint32_t>(std::max<std::int64_t>(left, 0)));
   }
 }
 

@@ -12,6 +12,7 @@
 #include <cuda_runtime_api.h>
 
 #include <cstddef>
+#include <cstdint>
 #include <functional>
 
 #include "pools/types.h"
@@ -72,6 +73,17 @@ int reset_device(int device, const std::function<int()>& real);
 // free-fence epoch is closed first (MemoryManager::fence_open_frees()). One atomic load per
 // device with pools when no free waits in an open epoch.
 void fence_before_host_work();
+
+// The most a host function waits for the pools' idle memory to reach the driver before it is
+// passed on: far above the time a device takes to finish the work queued before it, short
+// enough that a stream parked earlier (which holds the driver's frees) costs a call little.
+inline constexpr std::uint32_t kParkGiveBackMicros = 1000000;
+
+// The program is about to issue a host function (cudaLaunchHostFunc, cudaStreamAddCallback),
+// which may park its stream until the program releases it: every device's pools give their idle
+// memory back to the driver first, within kParkGiveBackMicros in all
+// (MemoryManager::give_back_before_park()).
+void give_back_before_park();
 
 // Streams enter the table when created (in a device's primary context) and leave it just before
 // the real destroy (Note [Destroyed streams] in cuda_device.cpp).

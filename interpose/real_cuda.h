@@ -45,6 +45,8 @@ cudaError_t cudaMemsetAsync_ptsz(void* devPtr, int value, size_t count, cudaStre
 cudaError_t cudaMemcpy_ptds(void* dst, const void* src, size_t count, cudaMemcpyKind kind);
 cudaError_t cudaMemset_ptds(void* devPtr, int value, size_t count);
 cudaError_t cudaLaunchHostFunc_ptsz(cudaStream_t stream, cudaHostFn_t fn, void* userData);
+cudaError_t cudaStreamAddCallback_ptsz(cudaStream_t stream, cudaStreamCallback_t callback,
+                                       void* userData, unsigned int flags);
 cudaError_t cudaGraphLaunch_ptsz(cudaGraphExec_t graphExec, cudaStream_t stream);
 cudaError_t cudaEventRecord_ptsz(cudaEvent_t event, cudaStream_t stream);
 cudaError_t cudaStreamWaitEvent_ptsz(cudaStream_t stream, cudaEvent_t event, unsigned int flags);
@@ -127,6 +129,8 @@ cudaError_t cudaMemDiscardAndPrefetchBatchAsync_ptsz(void** dptrs, size_t* sizes
   X(cudaMemset_ptds)                        \
   X(cudaLaunchHostFunc)                     \
   X(cudaLaunchHostFunc_ptsz)                \
+  X(cudaStreamAddCallback)                  \
+  X(cudaStreamAddCallback_ptsz)             \
   X(cudaGraphLaunch)                        \
   X(cudaGraphLaunch_ptsz)                   \
   X(cudaEventRecord_ptsz)                   \

@@ -4,7 +4,9 @@
 // records and waits (in both the legacy and the per-thread-default-stream flavours), device
 // switches, peer access and peer copies. Each costs two atomic loads when no device is ordered.
 //
-// Host functions and graph launches also record the free fences of earlier frees first.
+// Host functions and graph launches also record the free fences of earlier frees first; host
+// functions (cudaLaunchHostFunc, cudaStreamAddCallback) also get the pools' idle memory back to
+// the driver before they go on.
 //
 // Depends on stream_order.h, pooling.h, the real-function table and the re-entry guard.
 #include <cuda_runtime_api.h>
@@ -32,6 +34,15 @@ inline void watch(cudaStream_t stream, bool per_thread_flavour) {
 inline void fence_before_host_work() {
   (void)pc::guarded([] {
     pc::pooling::fence_before_host_work();
+    return cudaSuccess;
+  });
+}
+
+// Idle memory goes back to the driver before a host function, which may park its stream
+// (Note [Idle memory before a park] in pools/memory_manager.cpp).
+inline void give_back_before_park() {
+  (void)pc::guarded([] {
+    pc::pooling::give_back_before_park();
     return cudaSuccess;
   });
 }
@@ -103,10 +114,29 @@ POOLCUDA_WATCHED(cudaMemcpy_ptds, true, nullptr,
                  (dst, src, count, kind))
 POOLCUDA_WATCHED(cudaMemset_ptds, true, nullptr, (void* ptr, int value, size_t count),
                  (ptr, value, count))
-POOLCUDA_HOST_WORK(cudaLaunchHostFunc, false, stream,
-                   (cudaStream_t stream, cudaHostFn_t fn, void* data), (stream, fn, data))
-POOLCUDA_HOST_WORK(cudaLaunchHostFunc_ptsz, true, stream,
-                   (cudaStream_t stream, cudaHostFn_t fn, void* data), (stream, fn, data))
+// A host function: besides the fences, the pools' idle memory goes back first.
+#define POOLCUDA_HOST_FUNCTION(name, flavour, stream_expr, params, args) \
+  POOLCUDA_EXPORT cudaError_t name params {                            \
+    watch(stream_expr, flavour);                                       \
+    if (!pc::bypass()) {                                               \
+      fence_before_host_work();                                        \
+      give_back_before_park();                                         \
+    }                                                                  \
+    return pc::real::name() args;                                      \
+  }
+
+POOLCUDA_HOST_FUNCTION(cudaLaunchHostFunc, false, stream,
+                       (cudaStream_t stream, cudaHostFn_t fn, void* data), (stream, fn, data))
+POOLCUDA_HOST_FUNCTION(cudaLaunchHostFunc_ptsz, true, stream,
+                       (cudaStream_t stream, cudaHostFn_t fn, void* data), (stream, fn, data))
+POOLCUDA_HOST_FUNCTION(cudaStreamAddCallback, false, stream,
+                       (cudaStream_t stream, cudaStreamCallback_t callback, void* data,
+                        unsigned int flags),
+                       (stream, callback, data, flags))
+POOLCUDA_HOST_FUNCTION(cudaStreamAddCallback_ptsz, true, stream,
+                       (cudaStream_t stream, cudaStreamCallback_t callback, void* data,
+                        unsigned int flags),
+                       (stream, callback, data, flags))
 POOLCUDA_HOST_WORK(cudaGraphLaunch, false, stream, (cudaGraphExec_t exec, cudaStream_t stream),
                    (exec, stream))
 POOLCUDA_HOST_WORK(cudaGraphLaunch_ptsz, true, stream,
@@ -124,6 +154,7 @@ POOLCUDA_WATCHED(cudaStreamWaitEvent_ptsz, true, stream,
 
 #undef POOLCUDA_WATCHED
 #undef POOLCUDA_HOST_WORK
+#undef POOLCUDA_HOST_FUNCTION
 
 // Another device's work may read this one's memory: every device leaves ordered reuse.
 POOLCUDA_EXPORT cudaError_t cudaDeviceEnablePeerAccess(int peer, unsigned int flags) {

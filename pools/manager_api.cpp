@@ -137,6 +137,39 @@ void MemoryManager::fence_open_frees() {
   m.close_epoch();
 }
 
+bool MemoryManager::give_back_before_park(std::uint32_t max_microseconds) {
+  Impl& m = *impl_;
+  const auto deadline =
+      std::chrono::steady_clock::now() + std::chrono::microseconds(max_microseconds);
+  Impl::Scope scope(m);
+  if (m.frozen != 0) return true;
+  std::uint64_t on_their_way = m.device.releasing_bytes();
+  if (m.idle() == 0 && m.pending() == 0 && on_their_way == 0) return true;
+  if (m.device.capture_active()) return true;
+  m.close_and_reap();
+  // What an earlier call could not get past (a stream parked before it) has not moved: waiting
+  // again would only cost the bound once more.
+  on_their_way = m.device.releasing_bytes();
+  if (m.idle() == 0 && m.pending() == m.park_stuck.pending &&
+      on_their_way == m.park_stuck.releasing)
+    return m.pending() == 0 && on_their_way == 0;
+  ++m.park_give_backs;
+  while (m.pending() != 0 && m.wait_for_oldest_fence(scope, deadline)) {
+  }
+  m.cleanup_all(true);
+  const bool fences_passed = m.pending() == 0;
+  scope.unlock();  // the pages go to the device
+  const auto left = std::chrono::duration_cast<std::chrono::microseconds>(
+      deadline - std::chrono::steady_clock::now());
+  const bool flushed = m.device.flush_releases(
+      static_cast<std::uint32_t>(std::max<std::int64_t>(left.count(), 0)));
+  if (fences_passed && flushed) return true;
+  scope.relock();
+  ++m.park_give_back_timeouts;
+  m.park_stuck = {m.pending(), m.device.releasing_bytes()};
+  return false;
+}
+
 bool MemoryManager::flush_releases(std::uint32_t max_microseconds) {
   return impl_->device.flush_releases(max_microseconds);
 }

@@ -113,13 +113,26 @@
 //     fences, far above any fence that only waits for work the program issued before its
 //     frees, and kReleaseFlushMicros per flush for released pages to reach the driver. A
 //     stream parked in a way no hook sees (a kernel spinning on host memory, a driver-level
-//     host function or stream wait, cudaStreamAddCallback) can then cost an allocation the
+//     host function, callback or stream wait) can then cost an allocation the
 //     bound and fail it, where the real cudaMalloc would have succeeded, but never hang it.
-// Pages are another matter: returning an idle page goes through the real cudaFree, which
-// synchronizes the device, so while a stream is parked no idle page reaches the driver (the
-// flush expires), and a request that needs that memory fails where the plain run, whose frees
-// happened before the park, succeeds. No documented CUDA call returns cudaMalloc memory without
-// that synchronization.
+// Pages are another matter: see Note [Idle memory before a park].
+//
+// Note [Idle memory before a park]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// Returning an idle page goes through the real cudaFree, which synchronizes the device, so
+// while a stream is parked no page reaches the driver: recovery's flush expires, and a request
+// that needs the memory of idle pages fails where the plain run, whose frees reached the driver
+// before the park, succeeds. No documented CUDA call returns cudaMalloc memory without that
+// synchronization, so the pages must be back before the park begins: before a host function is
+// passed on, give_back_before_park() waits for the fences of freed memory, returns every idle
+// page and waits for the pages to reach the driver. That is the synchronization the plain run's
+// own frees made, paid once per host function instead of once per free, and only when the
+// pools hold something idle, fence-pending or on its way back; a program that launches host
+// functions without freeing in between pays nothing. The wait is bounded (a stream parked
+// earlier would hold it forever; the plain call would not wait at all): past the bound the host
+// function goes on and the remaining pages reach the driver when the device gets to them.
+// Graph launches, whose nodes may be host functions too, only close the open epoch: waiting for
+// the device before every launch would undo what graphs are for.
 //
 // Note [Exit]
 // ~~~~~~~~~~~

@@ -181,6 +181,16 @@ class MemoryManager {
   // when it holds none. During a capture the epoch stays open, as on every close.
   void fence_open_frees();
 
+  // The program is about to issue a host function, which may park its stream until the program
+  // itself releases it: every idle page goes back to the device, after waiting for the fences
+  // of freed memory so that it is idle too, and the call waits until those pages have reached
+  // the driver; all of it within `max_microseconds` (Note [Idle memory before a park] in
+  // memory_manager.cpp). Returns at once when the pools hold nothing idle, pending or on its way
+  // back, and does nothing while a capture is open or the manager is frozen. True when
+  // everything reached the driver in time.
+  // Reports count the calls that gave memory back and those that ran out of time.
+  bool give_back_before_park(std::uint32_t max_microseconds);
+
   // Closes the open free-fence epoch and waits (Device::fence_wait) for every closed one, so
   // every pending slice is free again. Blocks: never for the hot path. Returns false when the
   // open epoch could not be closed (the device refused a fence: a capture is open).

@@ -43,6 +43,7 @@ std::vector<ReportValue> pool_row(const std::string& index, const PoolReport& p)
 
 std::string_view group_title(std::string_view group) {
   if (group == "out_of_memory") return "out of memory";
+  if (group == "host_functions") return "before host functions";
   return group;
 }
 

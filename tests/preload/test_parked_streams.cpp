@@ -1,10 +1,13 @@
 // Preload test: an allocation never blocks on a stream the program parked. A program may park
 // a stream on a host function that only it releases, later; the real cudaMalloc never waits on
 // streams, so under the library cudaMalloc must not either.
-//   release  The default layout's exclusive pool returns an idle page from inside cudaMalloc
-//            once its dealloc period expires; the real cudaFree of that page waits for every
-//            stream. With the legacy stream parked, 10,000 small allocations must still
-//            return, and the page reaches the driver once the stream moves again.
+//   release  An idle page goes back to the driver before a host function parks the legacy
+//            stream (the real cudaFree of that page waits for every stream, so after the park
+//            it could not); with the stream parked, 10,000 small allocations must still return.
+//   give_back / give_back_callback  Half the device freed before the park (by
+//            cudaLaunchHostFunc, or cudaStreamAddCallback), three quarters of it allocated
+//            during it: the plain run's free reached the driver before the park, so the
+//            allocation succeeds there, and must under the library too.
 //   oom      Memory freed before the park, needed by an allocation after it: the free fence
 //            must not queue behind the park (it is recorded at the free), so the allocation
 //            succeeds as the plain one does.
@@ -37,8 +40,14 @@ std::thread watchdog(std::atomic<bool>& done, Gate& gate, int seconds, const cha
   });
 }
 
-void park_legacy_stream(Gate& gate) {
-  CHECK_CUDA(cudaLaunchHostFunc(cudaStreamLegacy, &wait_at_gate, &gate));
+void CUDART_CB callback_at_gate(cudaStream_t, cudaError_t, void* data) { wait_at_gate(data); }
+
+void park_legacy_stream(Gate& gate, bool callback = false) {
+  if (callback) {
+    CHECK_CUDA(cudaStreamAddCallback(cudaStreamLegacy, &callback_at_gate, &gate, 0));
+  } else {
+    CHECK_CUDA(cudaLaunchHostFunc(cudaStreamLegacy, &wait_at_gate, &gate));
+  }
   for (int i = 0; i < 10000 && !gate.entered.load(); ++i)
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   CHECK(gate.entered.load());
@@ -54,9 +63,13 @@ void release_case() {
 
   Gate gate;
   park_legacy_stream(gate);
+  // The page reached the driver before the host function was passed on.
+  if (preload_test::on_stand_in())
+    CHECK_MSG(preload_test::counter("cudaFree") > frees_before,
+              "the idle page was still pooled when the stream parked");
   std::atomic<bool> done{false};
   std::thread dog = watchdog(done, gate, 5, "cudaMalloc");
-  // Past the dealloc period (10,000 reservations): the idle page is given up on the way.
+  // Past the exclusive pool's dealloc period (10,000 reservations).
   for (int i = 0; i < 10100; ++i) {
     void* small = nullptr;
     CHECK_CUDA(cudaMalloc(&small, 4096));
@@ -66,16 +79,33 @@ void release_case() {
   dog.join();
   gate.open.store(true);
   CHECK_CUDA(cudaDeviceSynchronize());
-  if (preload_test::on_stand_in()) {
-    // The page reaches the driver once the stream moves again.
-    bool released = false;
-    for (int i = 0; i < 2000 && !released; ++i) {
-      released = preload_test::counter("cudaFree") > frees_before;
-      if (!released) std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    }
-    CHECK_MSG(released, "the idle page never reached cudaFree");
-  }
   std::printf("release: 10100 allocations with the legacy stream parked\n");
+}
+
+void give_back_case(bool callback) {
+  std::size_t free_bytes = 0, total = 0;
+  CHECK_CUDA(cudaMemGetInfo(&free_bytes, &total));
+  void* half = nullptr;
+  CHECK_CUDA(cudaMalloc(&half, free_bytes / 2));  // a page of its own
+  CHECK_CUDA(cudaMemset(half, 1, 4096));
+  CHECK_CUDA(cudaFree(half));
+
+  Gate gate;
+  park_legacy_stream(gate, callback);
+  std::atomic<bool> done{false};
+  std::thread dog = watchdog(done, gate, 5, "cudaMalloc");
+  void* most = nullptr;
+  const cudaError_t result = cudaMalloc(&most, free_bytes / 4 * 3);
+  done.store(true);
+  dog.join();
+  gate.open.store(true);
+  CHECK_RESULT(result, cudaSuccess);
+  CHECK_CUDA(cudaDeviceSynchronize());
+  CHECK_CUDA(cudaMemset(most, 7, 4096));
+  CHECK(preload_test::device_bytes_equal(most, 4096, 7));
+  CHECK_CUDA(cudaFree(most));
+  std::printf("%s: memory freed before the park was allocated during it\n",
+              callback ? "give_back_callback" : "give_back");
 }
 
 // `burst`: the free of the buffer needed later follows another free at once.
@@ -130,6 +160,8 @@ int main(int argc, char** argv) {
   if (which == "release") release_case();
   else if (which == "oom") oom_case(false);
   else if (which == "oom_burst") oom_case(true);
+  else if (which == "give_back") give_back_case(false);
+  else if (which == "give_back_callback") give_back_case(true);
   else preload_test::fail(__FILE__, __LINE__, "unknown case " + which);
   return 0;
 }
