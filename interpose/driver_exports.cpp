@@ -4,6 +4,9 @@
 // variant; everything else is one call into driver_hooks.cpp. The resolvers always map what the
 // real one found, whoever asks: the real runtime caches what it gets for the life of the process.
 //
+// Host functions and callbacks give the pools' idle memory back first, as the runtime's do
+// (Note [Idle memory before a park] in pools/memory_manager.cpp).
+//
 // Capture begin and end go through the same capture layer as the runtime's (hooks.h): a driver
 // capture opens and closes a capture window exactly like cudaStreamBeginCapture. The mode-less
 // cuStreamBeginCapture is a global-mode capture to the driver; the capture layer does not look
@@ -14,6 +17,7 @@
 #include "interpose/driver_variants.h"
 #include "interpose/exports_common.h"
 #include "interpose/hooks.h"
+#include "interpose/pooling.h"
 
 namespace pc = poolcuda;
 namespace dh = poolcuda::driver_hooks;
@@ -180,4 +184,40 @@ POOLCUDA_EXPORT CUresult cuStreamEndCapture(CUstream hStream, CUgraph* phGraph) 
 POOLCUDA_EXPORT CUresult cuStreamEndCapture_ptsz(CUstream hStream, CUgraph* phGraph) {
   return end_capture(hStream, true, phGraph,
                      [&] { return dr::cuStreamEndCapture_ptsz()(hStream, phGraph); });
+}
+
+namespace {
+
+template <typename Call>
+CUresult host_function(Call&& real) {
+  if (pc::bypass()) return real();
+  (void)pc::guarded([] {
+    pc::pooling::fence_before_host_work();
+    pc::pooling::give_back_before_park();
+    return CUDA_SUCCESS;
+  });
+  pc::InsideHook inside;
+  return real();
+}
+
+}  // namespace
+
+POOLCUDA_EXPORT CUresult cuLaunchHostFunc(CUstream hStream, CUhostFn fn, void* userData) {
+  return host_function([&] { return dr::cuLaunchHostFunc()(hStream, fn, userData); });
+}
+
+POOLCUDA_EXPORT CUresult cuLaunchHostFunc_ptsz(CUstream hStream, CUhostFn fn, void* userData) {
+  return host_function([&] { return dr::cuLaunchHostFunc_ptsz()(hStream, fn, userData); });
+}
+
+POOLCUDA_EXPORT CUresult cuStreamAddCallback(CUstream hStream, CUstreamCallback callback,
+                                             void* userData, unsigned int flags) {
+  return host_function(
+      [&] { return dr::cuStreamAddCallback()(hStream, callback, userData, flags); });
+}
+
+POOLCUDA_EXPORT CUresult cuStreamAddCallback_ptsz(CUstream hStream, CUstreamCallback callback,
+                                                  void* userData, unsigned int flags) {
+  return host_function(
+      [&] { return dr::cuStreamAddCallback_ptsz()(hStream, callback, userData, flags); });
 }

@@ -29,6 +29,9 @@ CUresult cuStreamBeginCaptureToGraph_ptsz(CUstream hStream, CUgraph hGraph,
                                           const CUgraphEdgeData* dependencyData,
                                           size_t numDependencies, CUstreamCaptureMode mode);
 CUresult cuStreamEndCapture_ptsz(CUstream hStream, CUgraph* phGraph);
+CUresult cuLaunchHostFunc_ptsz(CUstream hStream, CUhostFn fn, void* userData);
+CUresult cuStreamAddCallback_ptsz(CUstream hStream, CUstreamCallback callback, void* userData,
+                                  unsigned int flags);
 }
 
 // symbol, base name, version that introduced it, per-thread-default-stream flavour
@@ -55,7 +58,11 @@ CUresult cuStreamEndCapture_ptsz(CUstream hStream, CUgraph* phGraph);
   X(cuStreamBeginCaptureToGraph, "cuStreamBeginCaptureToGraph", 12030, false)          \
   X(cuStreamBeginCaptureToGraph_ptsz, "cuStreamBeginCaptureToGraph", 12030, true)      \
   X(cuStreamEndCapture, "cuStreamEndCapture", 10000, false)                            \
-  X(cuStreamEndCapture_ptsz, "cuStreamEndCapture", 10000, true)
+  X(cuStreamEndCapture_ptsz, "cuStreamEndCapture", 10000, true)                       \
+  X(cuLaunchHostFunc, "cuLaunchHostFunc", 10000, false)                                \
+  X(cuLaunchHostFunc_ptsz, "cuLaunchHostFunc", 10000, true)                            \
+  X(cuStreamAddCallback, "cuStreamAddCallback", 5000, false)                           \
+  X(cuStreamAddCallback_ptsz, "cuStreamAddCallback", 7000, true)
 
 namespace poolcuda::driver {
 

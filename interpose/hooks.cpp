@@ -163,8 +163,10 @@ cudaError_t free_async(void* ptr, cudaStream_t stream, bool per_thread) {
 // Note [Stream-ordered allocations]
 // cudaMallocAsync memory comes from the driver's stream-ordered pools, never from ours, but both
 // draw on the same device: idle pages our pools keep after the program's frees are memory
-// plain CUDA would have given back at those frees. So a cudaMallocAsync the driver refuses for
-// lack of memory gets the pools' idle pages back and is tried once more. The failed first try
+// plain CUDA would have given back at those frees, and so is memory still waiting for its free
+// fence. So a cudaMallocAsync the driver refuses for lack of memory gets everything the pools
+// keep for no live slice back (MemoryManager::give_back_all(): the fences waited for, bounded)
+// and is tried once more. The failed first try
 // left cudaErrorMemoryAllocation in the last-error slot (Note [Last error]), which a successful
 // retry must not show: a slot that was clean before is cleared again; a slot that held the
 // program's own error cannot be put back, so then the idle pages go back before the first try

@@ -148,7 +148,7 @@ void give_back_before_park() {
     if (manager == nullptr) continue;
     const auto left =
         std::chrono::duration_cast<std::chrono::microseconds>(deadline - Clock::now()).count();
-    manager->give_back_before_park(static_cast<std::uint32_t>(std::max<std::int64_t>(left, 0)));
+    manager->give_back_all(static_cast<std::uint32_t>(std::max<std::int64_t>(left, 0)));
   }
 }
 
@@ -184,16 +184,7 @@ bool give_back_idle(int device) {
   // As long as out-of-memory recovery waits for its own pages to reach the driver.
   constexpr std::uint32_t kGiveBackMicros = 200000;
   MemoryManager* manager = device >= 0 ? Registry::instance().manager(device) : nullptr;
-  if (manager == nullptr) return false;
-  // The explicit cleanup first takes back what passed fences were keeping.
-  const std::uint64_t before = manager->memory_usage().bytes_reserved;
-  manager->cleanup(true);
-  // Pages given up earlier (a recovery, a trim) may still be on their way to the driver too.
-  if (manager->memory_usage().bytes_reserved == before &&
-      ReleaseWorker::instance().waiting_bytes(device) == 0)
-    return false;
-  manager->flush_releases(kGiveBackMicros);
-  return true;
+  return manager != nullptr && manager->give_back_all(kGiveBackMicros) != GiveBack::nothing;
 }
 
 void adjust_memory_info(int device, std::size_t* free_bytes, std::size_t* total_bytes) {

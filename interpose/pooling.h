@@ -55,9 +55,10 @@ Freed release(int device, const void* ptr);
 // Logs a refused free (double free, interior pointer, never allocated), naming `api`.
 void log_refused_free(const char* api, const void* ptr, const Freed& freed);
 
-// Gives every idle page of `device`'s pools (with what passed free fences kept) back to the
-// driver and waits, bounded, for them to get there (Note [Stream-ordered allocations] in
-// hooks.cpp). True when the pools gave any back.
+// Gives everything `device`'s pools keep for no live slice back to the driver, waiting (200 ms
+// at most) for the fences of freed memory and for the pages to get there
+// (MemoryManager::give_back_all(); Note [Stream-ordered allocations] in hooks.cpp). True when
+// the pools had anything to give.
 bool give_back_idle(int device);
 
 // cudaMemGetInfo/cuMemGetInfo: memgetinfo:pooled adds the idle pooled pages to *free_bytes; a
@@ -82,7 +83,7 @@ inline constexpr std::uint32_t kParkGiveBackMicros = 1000000;
 // The program is about to issue a host function (cudaLaunchHostFunc, cudaStreamAddCallback),
 // which may park its stream until the program releases it: every device's pools give their idle
 // memory back to the driver first, within kParkGiveBackMicros in all
-// (MemoryManager::give_back_before_park()).
+// (MemoryManager::give_back_all()).
 void give_back_before_park();
 
 // Streams enter the table when created (in a device's primary context) and leave it just before

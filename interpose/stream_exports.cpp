@@ -114,14 +114,16 @@ POOLCUDA_WATCHED(cudaMemcpy_ptds, true, nullptr,
                  (dst, src, count, kind))
 POOLCUDA_WATCHED(cudaMemset_ptds, true, nullptr, (void* ptr, int value, size_t count),
                  (ptr, value, count))
-// A host function: besides the fences, the pools' idle memory goes back first.
+// A host function: besides the fences, the pools' idle memory goes back first. The real call
+// runs inside the guard: the runtime passes it to the driver's hooked cuLaunchHostFunc, which
+// must not do the same again.
 #define POOLCUDA_HOST_FUNCTION(name, flavour, stream_expr, params, args) \
   POOLCUDA_EXPORT cudaError_t name params {                            \
     watch(stream_expr, flavour);                                       \
-    if (!pc::bypass()) {                                               \
-      fence_before_host_work();                                        \
-      give_back_before_park();                                         \
-    }                                                                  \
+    if (pc::bypass()) return pc::real::name() args;                    \
+    fence_before_host_work();                                          \
+    give_back_before_park();                                           \
+    pc::InsideHook inside;                                             \
     return pc::real::name() args;                                      \
   }
 

@@ -137,23 +137,23 @@ void MemoryManager::fence_open_frees() {
   m.close_epoch();
 }
 
-bool MemoryManager::give_back_before_park(std::uint32_t max_microseconds) {
+GiveBack MemoryManager::give_back_all(std::uint32_t max_microseconds) {
   Impl& m = *impl_;
   const auto deadline =
       std::chrono::steady_clock::now() + std::chrono::microseconds(max_microseconds);
   Impl::Scope scope(m);
-  if (m.frozen != 0) return true;
+  if (m.frozen != 0) return GiveBack::nothing;
   std::uint64_t on_their_way = m.device.releasing_bytes();
-  if (m.idle() == 0 && m.pending() == 0 && on_their_way == 0) return true;
-  if (m.device.capture_active()) return true;
+  if (m.idle() == 0 && m.pending() == 0 && on_their_way == 0) return GiveBack::nothing;
+  if (m.device.capture_active()) return GiveBack::nothing;
   m.close_and_reap();
   // What an earlier call could not get past (a stream parked before it) has not moved: waiting
   // again would only cost the bound once more.
   on_their_way = m.device.releasing_bytes();
-  if (m.idle() == 0 && m.pending() == m.park_stuck.pending &&
-      on_their_way == m.park_stuck.releasing)
-    return m.pending() == 0 && on_their_way == 0;
-  ++m.park_give_backs;
+  if (m.idle() == 0 && m.pending() == m.give_back_stuck.pending &&
+      on_their_way == m.give_back_stuck.releasing)
+    return m.pending() == 0 && on_their_way == 0 ? GiveBack::nothing : GiveBack::timed_out;
+  ++m.give_backs;
   while (m.pending() != 0 && m.wait_for_oldest_fence(scope, deadline)) {
   }
   m.cleanup_all(true);
@@ -163,11 +163,11 @@ bool MemoryManager::give_back_before_park(std::uint32_t max_microseconds) {
       deadline - std::chrono::steady_clock::now());
   const bool flushed = m.device.flush_releases(
       static_cast<std::uint32_t>(std::max<std::int64_t>(left.count(), 0)));
-  if (fences_passed && flushed) return true;
+  if (fences_passed && flushed) return GiveBack::done;
   scope.relock();
-  ++m.park_give_back_timeouts;
-  m.park_stuck = {m.pending(), m.device.releasing_bytes()};
-  return false;
+  ++m.give_back_timeouts;
+  m.give_back_stuck = {m.pending(), m.device.releasing_bytes()};
+  return GiveBack::timed_out;
 }
 
 bool MemoryManager::flush_releases(std::uint32_t max_microseconds) {

@@ -196,13 +196,13 @@ struct MemoryManager::Impl {
   std::uint64_t fence_waits = 0;  // waits for the bound on fence-pending bytes
   std::uint64_t fence_wait_timeouts = 0;  // of those, the ones whose bound expired first
   double fence_wait_seconds = 0;          // time spent in those waits
-  std::uint64_t park_give_backs = 0;         // give_back_before_park() calls that gave memory back
-  std::uint64_t park_give_back_timeouts = 0;  // of those, the ones that ran out of time
+  std::uint64_t give_backs = 0;          // give_back_all() calls that gave memory back
+  std::uint64_t give_back_timeouts = 0;  // of those, the ones that ran out of time
   // What the last of those timeouts left pending and on its way to the driver.
   struct {
     std::uint64_t pending = 0;
     std::uint64_t releasing = 0;
-  } park_stuck;
+  } give_back_stuck;
 };
 
 }  // namespace poolcuda

@@ -46,8 +46,8 @@ ManagerReport MemoryManager::report() const {
   r.fence_waits = m.fence_waits;
   r.fence_wait_timeouts = m.fence_wait_timeouts;
   r.fence_wait_seconds = m.fence_wait_seconds;
-  r.park_give_backs = m.park_give_backs;
-  r.park_give_back_timeouts = m.park_give_back_timeouts;
+  r.give_backs = m.give_backs;
+  r.give_back_timeouts = m.give_back_timeouts;
   r.reuse = reuse_word(m.options.free_fence, m.stream_ordered);
   return r;
 }

@@ -113,7 +113,7 @@
 //     fences, far above any fence that only waits for work the program issued before its
 //     frees, and kReleaseFlushMicros per flush for released pages to reach the driver. A
 //     stream parked in a way no hook sees (a kernel spinning on host memory, a driver-level
-//     host function, callback or stream wait) can then cost an allocation the
+//     stream wait) can then cost an allocation the
 //     bound and fail it, where the real cudaMalloc would have succeeded, but never hang it.
 // Pages are another matter: see Note [Idle memory before a park].
 //
@@ -124,7 +124,7 @@
 // that needs the memory of idle pages fails where the plain run, whose frees reached the driver
 // before the park, succeeds. No documented CUDA call returns cudaMalloc memory without that
 // synchronization, so the pages must be back before the park begins: before a host function is
-// passed on, give_back_before_park() waits for the fences of freed memory, returns every idle
+// passed on, give_back_all() waits for the fences of freed memory, returns every idle
 // page and waits for the pages to reach the driver. That is the synchronization the plain run's
 // own frees made, paid once per host function instead of once per free, and only when the
 // pools hold something idle, fence-pending or on its way back; a program that launches host

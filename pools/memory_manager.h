@@ -28,6 +28,9 @@ enum class AllocationMode : std::uint8_t { automatic, persistent };
 // `persistent` forces the exact-fit persistent pool (memory for a graph capture).
 enum class Placement : std::uint8_t { automatic, persistent };
 
+// What MemoryManager::give_back_all() did.
+enum class GiveBack : std::uint8_t { nothing, done, timed_out };
+
 // Receives the manager's log lines (spill warnings, out-of-memory breakdowns, per-allocation
 // traces under log:full). Called after the manager's lock is released, from the thread whose
 // call produced the line.
@@ -181,15 +184,16 @@ class MemoryManager {
   // when it holds none. During a capture the epoch stays open, as on every close.
   void fence_open_frees();
 
-  // The program is about to issue a host function, which may park its stream until the program
-  // itself releases it: every idle page goes back to the device, after waiting for the fences
-  // of freed memory so that it is idle too, and the call waits until those pages have reached
-  // the driver; all of it within `max_microseconds` (Note [Idle memory before a park] in
-  // memory_manager.cpp). Returns at once when the pools hold nothing idle, pending or on its way
-  // back, and does nothing while a capture is open or the manager is frozen. True when
-  // everything reached the driver in time.
-  // Reports count the calls that gave memory back and those that ran out of time.
-  bool give_back_before_park(std::uint32_t max_microseconds);
+  // Everything the pools keep for no live slice goes back to the device and reaches the driver,
+  // within `max_microseconds`: the fences of freed memory are waited for so that it is idle too,
+  // every idle page is returned, and the call waits for the pages to reach the driver. For the
+  // moments the plain program's own frees would have given that memory back already: before a
+  // host function parks a stream (Note [Idle memory before a park] in memory_manager.cpp), and
+  // when the driver refuses a cudaMallocAsync. nothing: the pools held nothing idle, pending or
+  // on its way back (or a capture is open, or the manager is frozen). timed_out: the bound
+  // expired first, or an earlier call's did and nothing moved since (that call's wait is not
+  // repeated). Reports count the calls that gave memory back and those that timed out.
+  GiveBack give_back_all(std::uint32_t max_microseconds);
 
   // Closes the open free-fence epoch and waits (Device::fence_wait) for every closed one, so
   // every pending slice is free again. Blocks: never for the hot path. Returns false when the

@@ -43,7 +43,8 @@ std::vector<ReportValue> pool_row(const std::string& index, const PoolReport& p)
 
 std::string_view group_title(std::string_view group) {
   if (group == "out_of_memory") return "out of memory";
-  if (group == "host_functions") return "before host functions";
+  // Everything idle given back before host functions and refused cudaMallocAsync calls.
+  if (group == "given_back") return "all idle given back";
   return group;
 }
 

@@ -73,8 +73,8 @@ struct PoolReport {
   X(fences, fence_wait_seconds, "time waiting", seconds, normal)             \
   X(out_of_memory, oom_recoveries, "recovered", count, normal)               \
   X(out_of_memory, oom_failures, "failed", count, normal)                    \
-  X(host_functions, park_give_backs, "gave back", count, normal)             \
-  X(host_functions, park_give_back_timeouts, "at the time bound", count, normal)
+  X(given_back, give_backs, "times", count, normal)                          \
+  X(given_back, give_back_timeouts, "at the time bound", count, normal)
 
 // Live slices by requested size: bucket i holds sizes in (2^(i-1), 2^i].
 inline constexpr std::size_t kSizeBuckets = 64;

@@ -4,8 +4,9 @@
 //   release  An idle page goes back to the driver before a host function parks the legacy
 //            stream (the real cudaFree of that page waits for every stream, so after the park
 //            it could not); with the stream parked, 10,000 small allocations must still return.
-//   give_back / give_back_callback  Half the device freed before the park (by
-//            cudaLaunchHostFunc, or cudaStreamAddCallback), three quarters of it allocated
+//   give_back, give_back_callback, give_back_driver  Half the device freed before the park
+//            (by cudaLaunchHostFunc, cudaStreamAddCallback, or the driver's cuLaunchHostFunc
+//            reached through cudaGetDriverEntryPointByVersion), three quarters of it allocated
 //            during it: the plain run's free reached the driver before the park, so the
 //            allocation succeeds there, and must under the library too.
 //   oom      Memory freed before the park, needed by an allocation after it: the free fence
@@ -18,6 +19,8 @@
 #include <chrono>
 #include <string>
 #include <thread>
+
+#include <cuda.h>
 
 #include "check.h"
 
@@ -42,11 +45,26 @@ std::thread watchdog(std::atomic<bool>& done, Gate& gate, int seconds, const cha
 
 void CUDART_CB callback_at_gate(cudaStream_t, cudaError_t, void* data) { wait_at_gate(data); }
 
-void park_legacy_stream(Gate& gate, bool callback = false) {
-  if (callback) {
-    CHECK_CUDA(cudaStreamAddCallback(cudaStreamLegacy, &callback_at_gate, &gate, 0));
-  } else {
-    CHECK_CUDA(cudaLaunchHostFunc(cudaStreamLegacy, &wait_at_gate, &gate));
+enum class Park { host_function, callback, driver };
+
+void park_legacy_stream(Gate& gate, Park how = Park::host_function) {
+  switch (how) {
+    case Park::host_function:
+      CHECK_CUDA(cudaLaunchHostFunc(cudaStreamLegacy, &wait_at_gate, &gate));
+      break;
+    case Park::callback:
+      CHECK_CUDA(cudaStreamAddCallback(cudaStreamLegacy, &callback_at_gate, &gate, 0));
+      break;
+    case Park::driver: {
+      void* fn = nullptr;
+      cudaDriverEntryPointQueryResult status = cudaDriverEntryPointSymbolNotFound;
+      CHECK_CUDA(cudaGetDriverEntryPointByVersion("cuLaunchHostFunc", &fn, 10000,
+                                                  cudaEnableDefault, &status));
+      CHECK(status == cudaDriverEntryPointSuccess && fn != nullptr);
+      const auto launch = reinterpret_cast<decltype(&cuLaunchHostFunc)>(fn);
+      CHECK(launch(CU_STREAM_LEGACY, &wait_at_gate, &gate) == CUDA_SUCCESS);
+      break;
+    }
   }
   for (int i = 0; i < 10000 && !gate.entered.load(); ++i)
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
@@ -82,7 +100,7 @@ void release_case() {
   std::printf("release: 10100 allocations with the legacy stream parked\n");
 }
 
-void give_back_case(bool callback) {
+void give_back_case(Park how, const char* name) {
   std::size_t free_bytes = 0, total = 0;
   CHECK_CUDA(cudaMemGetInfo(&free_bytes, &total));
   void* half = nullptr;
@@ -91,7 +109,7 @@ void give_back_case(bool callback) {
   CHECK_CUDA(cudaFree(half));
 
   Gate gate;
-  park_legacy_stream(gate, callback);
+  park_legacy_stream(gate, how);
   std::atomic<bool> done{false};
   std::thread dog = watchdog(done, gate, 5, "cudaMalloc");
   void* most = nullptr;
@@ -104,8 +122,7 @@ void give_back_case(bool callback) {
   CHECK_CUDA(cudaMemset(most, 7, 4096));
   CHECK(preload_test::device_bytes_equal(most, 4096, 7));
   CHECK_CUDA(cudaFree(most));
-  std::printf("%s: memory freed before the park was allocated during it\n",
-              callback ? "give_back_callback" : "give_back");
+  std::printf("%s: memory freed before the park was allocated during it\n", name);
 }
 
 // `burst`: the free of the buffer needed later follows another free at once.
@@ -160,8 +177,9 @@ int main(int argc, char** argv) {
   if (which == "release") release_case();
   else if (which == "oom") oom_case(false);
   else if (which == "oom_burst") oom_case(true);
-  else if (which == "give_back") give_back_case(false);
-  else if (which == "give_back_callback") give_back_case(true);
+  else if (which == "give_back") give_back_case(Park::host_function, "give_back");
+  else if (which == "give_back_callback") give_back_case(Park::callback, "give_back_callback");
+  else if (which == "give_back_driver") give_back_case(Park::driver, "give_back_driver");
   else preload_test::fail(__FILE__, __LINE__, "unknown case " + which);
   return 0;
 }

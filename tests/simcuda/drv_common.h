@@ -63,6 +63,9 @@ CUresult cuStreamBeginCaptureToGraph_ptsz(CUstream stream, CUgraph graph,
 CUresult cuStreamEndCapture_ptsz(CUstream stream, CUgraph* graph);
 CUresult cuStreamIsCapturing_ptsz(CUstream stream, CUstreamCaptureStatus* status);
 CUresult cuGraphLaunch_ptsz(CUgraphExec exec, CUstream stream);
+CUresult cuLaunchHostFunc_ptsz(CUstream stream, CUhostFn fn, void* user_data);
+CUresult cuStreamAddCallback_ptsz(CUstream stream, CUstreamCallback callback, void* user_data,
+                                  unsigned int flags);
 CUresult cuMemAllocAsync_ptsz(CUdeviceptr* dptr, size_t bytesize, CUstream stream);
 CUresult cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream stream);
 CUresult cuMemsetD8_v2(CUdeviceptr dst, unsigned char value, size_t count);

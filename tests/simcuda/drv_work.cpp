@@ -1,7 +1,7 @@
 // The driver stand-in's entry points for work on a context: memory (allocation, free, memory
 // info, pitched, managed and stream-ordered allocation, copies and memsets, synchronous and on a
-// stream), streams (create, destroy, synchronize, query, wait for an event, their device) and
-// events, each with its per-thread-default-stream (_ptsz) flavour where the real driver has one.
+// stream), streams (create, destroy, synchronize, query, wait for an event, host functions and
+// callbacks, their device) and events, each with its per-thread-default-stream (_ptsz) flavour where the real driver has one.
 // Thin calls into the core, as the runtime's are. Capture and graphs are in drv_capture.cpp.
 #include <algorithm>
 
@@ -203,6 +203,27 @@ CUresult wait_event(CUstream stream, CUevent event, unsigned flags, bool per_thr
                                  reinterpret_cast<cudaEvent_t>(event), flags));
 }
 
+CUresult host_func(CUstream stream, CUhostFn fn, void* data, bool per_thread) {
+  if (CUresult r = guard(true)) return r;
+  if (!fn) return CUDA_ERROR_INVALID_VALUE;
+  Work w;
+  w.type = cudaGraphNodeTypeHost;
+  w.desc = "host function";
+  w.fn = [fn, data] { fn(data); };
+  return as_cu(submit(resolve_stream(rt(stream), per_thread), std::move(w)));
+}
+
+CUresult add_callback(CUstream stream, CUstreamCallback fn, void* data, unsigned flags,
+                      bool per_thread) {
+  if (CUresult r = guard(true)) return r;
+  if (!fn || flags != 0) return CUDA_ERROR_INVALID_VALUE;
+  Work w;
+  w.type = cudaGraphNodeTypeHost;
+  w.desc = "stream callback";
+  w.fn = [stream, fn, data] { fn(stream, as_cu(sticky_error()), data); };
+  return as_cu(submit(resolve_stream(rt(stream), per_thread), std::move(w)));
+}
+
 CUresult get_device(CUstream stream, CUdevice* device, bool per_thread) {
   if (CUresult r = guard(true)) return r;
   if (!device) return CUDA_ERROR_INVALID_VALUE;
@@ -236,6 +257,22 @@ CUresult cuStreamWaitEvent(CUstream hStream, CUevent hEvent, unsigned int Flags)
 }
 CUresult cuStreamWaitEvent_ptsz(CUstream hStream, CUevent hEvent, unsigned int Flags) {
   return wait_event(hStream, hEvent, Flags, true);
+}
+
+CUresult cuLaunchHostFunc(CUstream hStream, CUhostFn fn, void* userData) {
+  return host_func(hStream, fn, userData, false);
+}
+CUresult cuLaunchHostFunc_ptsz(CUstream hStream, CUhostFn fn, void* userData) {
+  return host_func(hStream, fn, userData, true);
+}
+
+CUresult cuStreamAddCallback(CUstream hStream, CUstreamCallback callback, void* userData,
+                             unsigned int flags) {
+  return add_callback(hStream, callback, userData, flags, false);
+}
+CUresult cuStreamAddCallback_ptsz(CUstream hStream, CUstreamCallback callback, void* userData,
+                                  unsigned int flags) {
+  return add_callback(hStream, callback, userData, flags, true);
 }
 
 CUresult cuStreamGetDevice(CUstream hStream, CUdevice* device) {

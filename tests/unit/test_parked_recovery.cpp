@@ -100,7 +100,7 @@ TEST_CASE("oom_recovery_counts_a_page_the_same_request_just_released") {
   CHECK(rig.manager.check_consistency().empty());
 }
 
-TEST_CASE("park_give_back_returns_idle_and_fence_pending_memory_before_a_host_function") {
+TEST_CASE("give_back_all_returns_idle_and_fence_pending_memory") {
   Rig rig(custom({sliced(1 * MiB), exclusive(32 * MiB)}), 512, 64 * MiB);
   rig.device.set_fence_mode(HostDevice::FenceMode::on_wait);
   const DevicePtr live = rig.reserve(1000);
@@ -111,24 +111,24 @@ TEST_CASE("park_give_back_returns_idle_and_fence_pending_memory_before_a_host_fu
   rig.device.complete_fences();
   rig.manager.cleanup(false);  // reaps: the 20 MiB page is idle
   rig.manager.free(pending);   // waits for a fence the device reaches once waited on
-  CHECK(rig.manager.give_back_before_park(1000000));
+  CHECK(rig.manager.give_back_all(1000000) == GiveBack::done);
   // Only the page of the live slice stays: what a park could otherwise hold back is with the
   // device again, as the plain program's frees were.
   CHECK(rig.device.outstanding_bytes() == 1 * MiB);
-  CHECK(rig.manager.report().park_give_backs == 1);
-  CHECK(rig.manager.report().park_give_back_timeouts == 0);
+  CHECK(rig.manager.report().give_backs == 1);
+  CHECK(rig.manager.report().give_back_timeouts == 0);
   // Nothing idle, pending or on its way: the next host function costs no device call.
   rig.device.forbid_calls(true);
-  CHECK(rig.manager.give_back_before_park(1000000));
+  CHECK(rig.manager.give_back_all(1000000) == GiveBack::nothing);
   CHECK(rig.device.forbidden_calls() == 0);
   rig.device.forbid_calls(false);
-  CHECK(rig.manager.report().park_give_backs == 1);
+  CHECK(rig.manager.report().give_backs == 1);
   rig.manager.free(live);
   CHECK(rig.manager.drain_fences());
   CHECK(rig.manager.check_consistency().empty());
 }
 
-TEST_CASE("park_give_back_behind_an_earlier_park_costs_its_bound_once") {
+TEST_CASE("give_back_all_behind_an_earlier_park_costs_its_bound_once") {
   Rig rig(custom({sliced(1 * MiB)}), 512, 16 * MiB);
   rig.device.set_fence_mode(HostDevice::FenceMode::parked);
   const DevicePtr a = rig.reserve(1 * MiB);
@@ -136,18 +136,18 @@ TEST_CASE("park_give_back_behind_an_earlier_park_costs_its_bound_once") {
   REQUIRE((a != 0 && b != 0));
   rig.manager.free(a);  // behind a stream parked earlier: its fence cannot pass
   const auto start = std::chrono::steady_clock::now();
-  CHECK_FALSE(rig.manager.give_back_before_park(50000));
+  CHECK(rig.manager.give_back_all(50000) == GiveBack::timed_out);
   const auto spent = std::chrono::steady_clock::now() - start;
   CHECK(spent >= std::chrono::milliseconds(40));
   CHECK(spent < std::chrono::seconds(5));
-  CHECK(rig.manager.report().park_give_back_timeouts == 1);
+  CHECK(rig.manager.report().give_back_timeouts == 1);
   // Nothing moved since: the next host function does not wait for it again.
   const std::uint64_t waits = rig.device.calls().fence_wait_for;
-  CHECK_FALSE(rig.manager.give_back_before_park(50000));
+  CHECK(rig.manager.give_back_all(50000) == GiveBack::timed_out);
   CHECK(rig.device.calls().fence_wait_for == waits);
-  CHECK(rig.manager.report().park_give_backs == 1);
+  CHECK(rig.manager.report().give_backs == 1);
   rig.device.complete_fences();  // the earlier park ends
-  CHECK(rig.manager.give_back_before_park(50000));
+  CHECK(rig.manager.give_back_all(50000) == GiveBack::done);
   CHECK(rig.device.outstanding_bytes() == 1 * MiB);
   rig.manager.free(b);
   rig.device.complete_fences();
@@ -155,17 +155,17 @@ TEST_CASE("park_give_back_behind_an_earlier_park_costs_its_bound_once") {
   CHECK(rig.manager.check_consistency().empty());
 }
 
-TEST_CASE("park_give_back_does_nothing_during_a_capture") {
+TEST_CASE("give_back_all_does_nothing_during_a_capture") {
   Rig rig(custom({sliced(1 * MiB)}), 512, 16 * MiB);
   const DevicePtr a = rig.reserve(1000);
   REQUIRE(a != 0);
   rig.manager.free(a);
   rig.manager.cleanup(false);
   rig.device.set_capture_open(true);
-  CHECK(rig.manager.give_back_before_park(1000000));
+  CHECK(rig.manager.give_back_all(1000000) == GiveBack::nothing);
   CHECK(rig.device.outstanding_bytes() == 1 * MiB);  // a release would invalidate the capture
   rig.device.set_capture_open(false);
-  CHECK(rig.manager.give_back_before_park(1000000));
+  CHECK(rig.manager.give_back_all(1000000) == GiveBack::done);
   CHECK(rig.device.outstanding_bytes() == 0);
   CHECK(rig.manager.check_consistency().empty());
 }
