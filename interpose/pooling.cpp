@@ -181,8 +181,8 @@ void log_refused_free(const char* api, const void* ptr, const Freed& freed) {
 }
 
 bool give_back_idle(int device) {
-  // As long as out-of-memory recovery waits for its own pages to reach the driver.
-  constexpr std::uint32_t kGiveBackMicros = 200000;
+  // As long as out-of-memory recovery waits (ManagerOptions::recovery_wait_micros).
+  constexpr std::uint32_t kGiveBackMicros = 10000000;
   MemoryManager* manager = device >= 0 ? Registry::instance().manager(device) : nullptr;
   return manager != nullptr && manager->give_back_all(kGiveBackMicros) != GiveBack::nothing;
 }

@@ -55,10 +55,10 @@ Freed release(int device, const void* ptr);
 // Logs a refused free (double free, interior pointer, never allocated), naming `api`.
 void log_refused_free(const char* api, const void* ptr, const Freed& freed);
 
-// Gives everything `device`'s pools keep for no live slice back to the driver, waiting (200 ms
-// at most) for the fences of freed memory and for the pages to get there
-// (MemoryManager::give_back_all(); Note [Stream-ordered allocations] in hooks.cpp). True when
-// the pools had anything to give.
+// Gives everything `device`'s pools keep for no live slice back to the driver, waiting (10 s
+// at most, as out-of-memory recovery) for the fences of freed memory and for the pages to get
+// there (MemoryManager::give_back_all(); Note [Stream-ordered allocations] in hooks.cpp). True
+// when the pools had anything to give.
 bool give_back_idle(int device);
 
 // cudaMemGetInfo/cuMemGetInfo: memgetinfo:pooled adds the idle pooled pages to *free_bytes; a

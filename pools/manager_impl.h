@@ -34,10 +34,6 @@ inline constexpr std::uint32_t kFenceWaitBoundMicros = 2000;
 // The most priming waits for the fences of persistent slices released just before a capture.
 inline constexpr std::uint32_t kPrimeWaitMicros = 20000;
 
-// The most out-of-memory recovery waits for released pages to reach the driver (their free
-// synchronizes the device, which a parked stream can hold up forever).
-inline constexpr std::uint32_t kReleaseFlushMicros = 200000;
-
 // The most extra rounds out-of-memory recovery makes for pages other threads gave up meanwhile
 // (Note [Out of memory among threads] in memory_manager.cpp).
 inline constexpr int kOomExtraRounds = 16;

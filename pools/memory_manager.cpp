@@ -89,8 +89,7 @@
 // changed everything meanwhile; a device reset (forget()) during the wait only makes the ticket
 // linger until it is given back. Since Device::release hands the page to another thread, even
 // the thread that trims never blocks on a parked stream; only out-of-memory recovery waits,
-// bounded by kReleaseFlushMicros, for those releases to reach the driver before it asks the
-// driver again. The lock order is in pools/lock_order.h.
+// bounded, for those releases to reach the driver before it asks the driver again. The lock order is in pools/lock_order.h.
 //
 // Note [Recovery and parked streams]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
@@ -109,9 +108,9 @@
 // (2) A request that even every byte the pools keep for no live slice, added to what the
 //     driver has free, could not serve fails at once, without closing, flushing or waiting
 //     (beyond_reach()): the real cudaMalloc fails at once too.
-// (3) The waits are bounded: at most options.recovery_fence_wait_micros (10 s) in all for
-//     fences, far above any fence that only waits for work the program issued before its
-//     frees, and kReleaseFlushMicros per flush for released pages to reach the driver. A
+// (3) The waits are bounded: at most options.recovery_wait_micros (10 s) in all, for fences
+//     and for released pages to reach the driver (their free waits for the device as the
+//     plain cudaFree did), far above any wait for work the program issued before its frees. A
 //     stream parked in a way no hook sees (a kernel spinning on host memory, a driver-level
 //     stream wait) can then cost an allocation the
 //     bound and fail it, where the real cudaMalloc would have succeeded, but never hang it.
@@ -456,7 +455,7 @@ Route MemoryManager::Impl::recover_from_oom(Scope& scope, std::uint64_t size,
     return r;
   }
   const auto deadline = std::chrono::steady_clock::now() +
-                        std::chrono::microseconds(options.recovery_fence_wait_micros);
+                        std::chrono::microseconds(options.recovery_wait_micros);
   // Everything that needs no wait first: close the open epoch, reap, return every idle page.
   close_and_reap();
   cleanup_all(true);
@@ -472,7 +471,10 @@ Route MemoryManager::Impl::recover_from_oom(Scope& scope, std::uint64_t size,
       // Read after this thread's pages went: a later change is another thread's.
       handed_before_flush = pages_handed.load(std::memory_order_acquire);
       // Pages stuck behind a parked stream stay stuck: no later round waits for them again.
-      if (!device.flush_releases(kReleaseFlushMicros)) {
+      const auto left = std::chrono::duration_cast<std::chrono::microseconds>(
+          deadline - std::chrono::steady_clock::now());
+      if (!device.flush_releases(
+              static_cast<std::uint32_t>(std::max<std::int64_t>(left.count(), 0)))) {
         stuck = true;
         extra_rounds = kOomExtraRounds;
       }
@@ -491,7 +493,9 @@ Route MemoryManager::Impl::recover_from_oom(Scope& scope, std::uint64_t size,
     // Other threads' pages, on their way or idle again (Note [Out of memory among threads]).
     if (extra_rounds < kOomExtraRounds) {
       ++extra_rounds;
-      if (cleanup_all(true) != 0) continue;  // released: the next round flushes
+      // Released now, or by the route itself (a fence passed meanwhile, and a direct pool
+      // returned the page it freed to make room): the next round flushes.
+      if (cleanup_all(true) != 0 || scope.has_releases()) continue;
       if (pages_handed.load(std::memory_order_acquire) != handed_before_flush) {
         flush = true;
         continue;

@@ -50,9 +50,10 @@ struct ManagerOptions {
   // A free records a fence at once when none was recorded for this long (Note [Free fences]);
   // tests that count epochs set it out of reach.
   std::uint64_t prompt_fence_nanos = 1000000;
-  // The most out-of-memory recovery waits for free fences, in all, before it gives up (Note
-  // [Recovery and parked streams]); tests of the bound set it short.
-  std::uint32_t recovery_fence_wait_micros = 10000000;
+  // The most out-of-memory recovery waits, in all, for free fences and for released pages to
+  // reach the driver, before it gives up (Note [Recovery and parked streams]); tests of the bound
+  // set it short.
+  std::uint32_t recovery_wait_micros = 10000000;
   LogLevel log = LogLevel::basic;
   LogSink log_sink;  // empty: write to stderr prefixed "poolcuda: "
 };

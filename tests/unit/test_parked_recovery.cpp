@@ -41,7 +41,7 @@ TEST_CASE("oom_recovery_waits_for_a_fence_behind_a_parked_stream_only_up_to_its_
   ManagerOptions options;
   options.layout = custom({sliced(1 * MiB)});
   options.free_fence = FreeFence::events;
-  options.recovery_fence_wait_micros = 50000;
+  options.recovery_wait_micros = 50000;
   options.log_sink = [](LogLevel, std::string_view) {};
   MemoryManager manager(device, options);
   const DevicePtr a = manager.allocate(1 * MiB).ptr;
@@ -98,6 +98,62 @@ TEST_CASE("oom_recovery_counts_a_page_the_same_request_just_released") {
   rig.manager.free(second);
   CHECK(rig.manager.drain_fences());
   CHECK(rig.manager.check_consistency().empty());
+}
+
+namespace {
+
+// A HostDevice whose fences all pass while releases are flushed: the device makes progress while
+// out-of-memory recovery waits for its pages.
+class ProgressDuringFlush final : public Device {
+ public:
+  explicit ProgressDuringFlush(HostDevice& inner) : inner_(inner) {}
+  AllocStatus allocate(std::uint64_t size, DevicePtr* out) override {
+    return inner_.allocate(size, out);
+  }
+  void release(DevicePtr ptr, std::uint64_t size) override { inner_.release(ptr, size); }
+  bool flush_releases(std::uint32_t) override {
+    inner_.complete_fences();
+    return true;
+  }
+  DeviceMemoryInfo memory_info() override { return inner_.memory_info(); }
+  std::uint64_t alignment() const override { return inner_.alignment(); }
+  FenceHandle fence_record() override { return inner_.fence_record(); }
+  bool fence_passed(FenceHandle fence) override { return inner_.fence_passed(fence); }
+  void fence_wait(FenceHandle fence) override { inner_.fence_wait(fence); }
+  bool fence_wait_for(FenceHandle fence, std::uint32_t us) override {
+    return inner_.fence_wait_for(fence, us);
+  }
+  void fence_destroy(FenceHandle fence) override { inner_.fence_destroy(fence); }
+  void synchronize() override { inner_.synchronize(); }
+
+ private:
+  HostDevice& inner_;
+};
+
+}  // namespace
+
+TEST_CASE("oom_recovery_flushes_a_page_its_own_retry_released") {
+  // The freed 40 MiB wait for a fence that passes only while recovery flushes; the retry after
+  // that flush reaps them, and the direct pool returns the page to make room under `reclaim`
+  // before it grows 48 MiB: that page must reach the device before recovery gives up.
+  HostDevice host(64 * MiB, 512);
+  host.set_fence_mode(HostDevice::FenceMode::manual);
+  ProgressDuringFlush device(host);
+  ManagerOptions options;
+  options.layout = custom({direct(16 * MiB)});
+  options.free_fence = FreeFence::events;
+  options.log_sink = [](LogLevel, std::string_view) {};
+  MemoryManager manager(device, options);
+  const DevicePtr first = manager.allocate(40 * MiB).ptr;
+  REQUIRE(first != 0);
+  manager.free(first);
+  const Reservation second = manager.allocate(48 * MiB);  // not an exact fit for that page
+  CHECK(second.ptr != 0);
+  CHECK(manager.report().oom_failures == 0);
+  manager.free(second.ptr);
+  host.complete_fences();
+  CHECK(manager.drain_fences());
+  CHECK(manager.check_consistency().empty());
 }
 
 TEST_CASE("give_back_all_returns_idle_and_fence_pending_memory") {
