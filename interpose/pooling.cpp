@@ -132,6 +132,7 @@ void forwarded_free(int device, const void* ptr) {
 }
 
 void fence_before_host_work() {
+  stream_order::host_work_issuing();  // Note [Leaving behind a park] in stream_order.cpp
   const Registry& registry = Registry::instance();
   for (int device = 0; device < Registry::kMaxDevices; ++device) {
     if (MemoryManager* manager = registry.manager(device)) manager->fence_open_frees();

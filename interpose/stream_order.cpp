@@ -55,11 +55,25 @@
 // copies there on per-thread streams, or on another device it made current there
 // (cuCtxSetCurrent), is not seen; such a program should run with free_fence:events.
 //
+// Note [Leaving behind a park]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// F need not cover all the work issued before t_x, only the old owners' work of memory freed
+// while the device was ordered, all issued before the last such free. That matters when the
+// program has parked L (or a blocking stream, which L then waits for) on a host function it
+// releases later: an F recorded after the park completes only after the park, and a stream
+// created during it would wait for it, so the program's cudaStreamSynchronize of a stream it
+// never used would hang where the plain call returns. So before host work (a host function, a
+// graph launch) an ordered device records an event on L, once per batch of frees (the
+// manager's free count), and leaving uses that event as F when no free came after it; otherwise
+// it records a new one as before. A free during the park would block the plain program in
+// cudaFree, so a working program makes none, and the event recorded before the park serves.
+//
 // Depends on the registry, the configuration and the real-function table.
 #include "interpose/stream_order.h"
 
 #include <atomic>
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 #include "interpose/lifecycle.h"
@@ -82,6 +96,10 @@ struct DeviceState {
   MemoryManager* manager = nullptr;
   int blocking = 0;      // blocking queues besides the legacy stream (created or per-thread)
   int non_blocking = 0;  // non-blocking streams created
+  // Recorded on L before host work, and the manager's free count then (Note [Leaving behind a
+  // park]).
+  cudaEvent_t before_host_work = nullptr;
+  std::uint64_t frees_then = 0;
 };
 
 // The event F of a device that left, while its work may still be running.
@@ -145,13 +163,21 @@ void leave(State& s, int device, const std::vector<cudaStream_t>& waiters) {
   d.manager->set_stream_ordered(false);  // a barrier: no free still judges it ordered
   OwnCallScope scope(device);
   if (!scope.ok()) return;
-  cudaEvent_t fence = nullptr;
-  if (own::cudaEventCreateWithFlags()(&fence, cudaEventDisableTiming) != cudaSuccess) {
-    // Without an event, wait for the device itself: the one safe way left.
-    own::cudaDeviceSynchronize()();
-    return;
+  cudaEvent_t fence = std::exchange(d.before_host_work, nullptr);
+  // No free since it was recorded: it covers every old owner's work (Note [Leaving behind a
+  // park]).
+  if (fence != nullptr && d.frees_then != d.manager->frees()) {
+    own::cudaEventDestroy()(fence);
+    fence = nullptr;
   }
-  own::cudaEventRecord()(fence, cudaStreamLegacy);
+  if (fence == nullptr) {
+    if (own::cudaEventCreateWithFlags()(&fence, cudaEventDisableTiming) != cudaSuccess) {
+      // Without an event, wait for the device itself: the one safe way left.
+      own::cudaDeviceSynchronize()();
+      return;
+    }
+    own::cudaEventRecord()(fence, cudaStreamLegacy);
+  }
   for (cudaStream_t waiter : waiters) own::cudaStreamWaitEvent()(waiter, fence, 0);
   s.pending.push_back(Fence{fence, device});
 }
@@ -215,6 +241,8 @@ void device_reset(int device) {
   if (!in_range(device)) return;
   State& s = state();
   std::lock_guard hold(s.mutex);
+  // The reset destroys the device's events.
+  s.devices[device].before_host_work = nullptr;
   if (s.pending.empty()) return;
   OwnCallScope scope(device);
   std::erase_if(s.pending, [device](const Fence& fence) {
@@ -281,6 +309,28 @@ void capture_beginning(int device) {
   if (!s.devices[device].ordered.load()) return;
   std::lock_guard hold(s.mutex);
   leave(s, device, {});
+}
+
+void host_work_issuing() {
+  State& s = state();
+  if (s.ordered_devices.load(std::memory_order_relaxed) == 0) return;
+  std::lock_guard hold(s.mutex);
+  for (int device = 0; device < kMaxDevices; ++device) {
+    DeviceState& d = s.devices[device];
+    if (!d.ordered.load()) continue;
+    const std::uint64_t frees = d.manager->frees();
+    if (d.before_host_work != nullptr && d.frees_then == frees) continue;  // still covers all
+    OwnCallScope scope(device);
+    if (!scope.ok()) continue;
+    if (d.before_host_work == nullptr &&
+        own::cudaEventCreateWithFlags()(&d.before_host_work, cudaEventDisableTiming) !=
+            cudaSuccess) {
+      d.before_host_work = nullptr;
+      continue;
+    }
+    own::cudaEventRecord()(d.before_host_work, cudaStreamLegacy);
+    d.frees_then = frees;
+  }
 }
 
 bool ordered(int device) { return in_range(device) && state().devices[device].ordered.load(); }

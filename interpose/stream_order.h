@@ -49,6 +49,10 @@ void devices_connected();
 // capture, so it leaves first (the move records on the legacy stream, which a capture forbids).
 void capture_beginning(int device);
 
+// The program is about to issue work that may park a stream on the host (a host function, a
+// graph launch): an ordered device records the event its leaving may use as its fence.
+void host_work_issuing();
+
 // Whether `device` reuses at once now (reports and tests).
 bool ordered(int device);
 

@@ -67,6 +67,7 @@ FreeOutcome MemoryManager::free(DevicePtr ptr) {
   if (slice == nullptr) return m.classify(ptr);
   m.recent_frees[m.recent_next] = ptr;
   m.recent_next = (m.recent_next + 1) % kRecentFrees;
+  m.frees.fetch_add(1, std::memory_order_relaxed);
   if (slice->pins > 0) {
     slice->page->pool->to_held(slice);
   } else {
@@ -168,6 +169,10 @@ GiveBack MemoryManager::give_back_all(std::uint32_t max_microseconds) {
   ++m.give_back_timeouts;
   m.give_back_stuck = {m.pending(), m.device.releasing_bytes()};
   return GiveBack::timed_out;
+}
+
+std::uint64_t MemoryManager::frees() const {
+  return impl_->frees.load(std::memory_order_relaxed);
 }
 
 bool MemoryManager::flush_releases(std::uint32_t max_microseconds) {

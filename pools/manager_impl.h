@@ -187,6 +187,7 @@ struct MemoryManager::Impl {
   // Pages ever handed to Device::release (counted under the lock as they go; read without it by
   // out-of-memory recovery: Note [Out of memory among threads]).
   std::atomic<std::uint64_t> pages_handed{0};
+  std::atomic<std::uint64_t> frees{0};  // pooled frees ever (counted under the lock)
   std::uint64_t oom_recoveries = 0;
   std::uint64_t oom_failures = 0;
   std::uint64_t fence_waits = 0;  // waits for the bound on fence-pending bytes

@@ -201,6 +201,10 @@ class MemoryManager {
   // open epoch could not be closed (the device refused a fence: a capture is open).
   bool drain_fences();
 
+  // How many pooled frees the manager has taken, ever; read without the lock (a later free may
+  // already be under way).
+  std::uint64_t frees() const;
+
   // Pages released by trimming may still be on their way to the driver (Device::release may
   // hand them to another thread): waits at most `max_microseconds` for them.
   bool flush_releases(std::uint32_t max_microseconds);

@@ -26,6 +26,12 @@
 //   driver        a stream is created with cuStreamCreate (from the runtime's driver resolver)
 //   capture       a capture begins on a blocking stream; the late stream is created inside the
 //                 capture, which must still end valid
+// Leaving behind a park:
+//   park          the old owner's write and the free come before the program parks the legacy
+//                 stream on a host function; a non-blocking stream created during the park
+//                 (the device leaves) writes the buffer and is synchronized: it must not wait
+//                 for the park, since no work it depends on lies behind it, and its write must
+//                 not race the old owner's
 // With the argument "expect-race" (run under free_fence:none), the same steps reuse without any
 // fence: the new owner's writes run while the old owner still writes, the race detector fires and
 // the data is the old owner's. That proves each case can fail.
@@ -341,6 +347,41 @@ void capture_case() {
   CHECK_CUDA(cudaStreamDestroy(capturing));
 }
 
+void park_case() {
+  const std::uint64_t races_before = races();
+  void* buffer = nullptr;
+  CHECK_CUDA(cudaMalloc(&buffer, kSize));
+  launch_write(cudaStreamLegacy, buffer, kSize, nullptr);  // the old owner, before the free
+  CHECK_CUDA(cudaFree(buffer));
+  expect_reuse("ordered");
+  Gate gate;
+  CHECK_CUDA(cudaLaunchHostFunc(cudaStreamLegacy, &wait_at_gate, &gate));
+  wait_entered(gate);
+  std::atomic<bool> done{false};
+  std::thread watchdog([&] {
+    for (int i = 0; i < 5000 && !done.load(); ++i)
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    if (!done.load()) gate.open.store(true);  // never leave a real GPU parked
+  });
+  const cudaStream_t late = create_stream(cudaStreamNonBlocking);  // the device leaves
+  void* again = nullptr;
+  CHECK_CUDA(cudaMalloc(&again, kSize));
+  CHECK_CUDA(cudaMemsetAsync(again, kNew[0], kSize, late));
+  const cudaError_t synced = cudaStreamSynchronize(late);
+  const bool before_gate = !gate.open.load();
+  done.store(true);
+  watchdog.join();
+  CHECK_RESULT(synced, cudaSuccess);
+  CHECK_MSG(before_gate, "cudaStreamSynchronize of the new stream waited for the park");
+  expect_reuse("fenced");
+  gate.open.store(true);
+  CHECK_CUDA(cudaDeviceSynchronize());
+  CHECK(preload_test::device_bytes_equal(again, kSize, kNew[0]));
+  CHECK_MSG(races() == races_before, "the new owner raced the old one");
+  CHECK_CUDA(cudaFree(again));
+  CHECK_CUDA(cudaStreamDestroy(late));
+}
+
 // ---- Parent ------------------------------------------------------------------------------------
 
 int run_child(const std::string& which) {
@@ -388,6 +429,7 @@ int main(int argc, char** argv) {
   else if (which == "peer") peer_case();
   else if (which == "driver") driver_case();
   else if (which == "capture") capture_case();
+  else if (which == "park") park_case();
   else preload_test::fail(__FILE__, __LINE__, "unknown case " + which);
   CHECK_CUDA(cudaGetLastError());
   std::printf("%s: ok\n", which.c_str());
