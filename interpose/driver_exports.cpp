@@ -192,8 +192,7 @@ template <typename Call>
 CUresult host_function(Call&& real) {
   if (pc::bypass()) return real();
   (void)pc::guarded([] {
-    pc::pooling::fence_before_host_work();
-    pc::pooling::give_back_before_park();
+    pc::pooling::before_host_function();
     return CUDA_SUCCESS;
   });
   pc::InsideHook inside;

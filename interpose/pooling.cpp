@@ -139,7 +139,8 @@ void fence_before_host_work() {
   }
 }
 
-void give_back_before_park() {
+void before_host_function() {
+  fence_before_host_work();
   const Registry& registry = Registry::instance();
   using Clock = std::chrono::steady_clock;
   const Clock::time_point deadline =

@@ -80,11 +80,11 @@ void fence_before_host_work();
 // enough that a stream parked earlier (which holds the driver's frees) costs a call little.
 inline constexpr std::uint32_t kParkGiveBackMicros = 1000000;
 
-// The program is about to issue a host function (cudaLaunchHostFunc, cudaStreamAddCallback),
-// which may park its stream until the program releases it: every device's pools give their idle
-// memory back to the driver first, within kParkGiveBackMicros in all
-// (MemoryManager::give_back_all()).
-void give_back_before_park();
+// The program is about to issue a host function (cudaLaunchHostFunc, cudaStreamAddCallback, or
+// the driver's), which may park its stream until the program releases it:
+// fence_before_host_work(), then every device's pools give their idle memory back to the
+// driver, within kParkGiveBackMicros in all (MemoryManager::give_back_all()).
+void before_host_function();
 
 // Streams enter the table when created (in a device's primary context) and leave it just before
 // the real destroy (Note [Destroyed streams] in cuda_device.cpp).

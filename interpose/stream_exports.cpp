@@ -40,9 +40,9 @@ inline void fence_before_host_work() {
 
 // Idle memory goes back to the driver before a host function, which may park its stream
 // (Note [Idle memory before a park] in pools/memory_manager.cpp).
-inline void give_back_before_park() {
+inline void before_host_function() {
   (void)pc::guarded([] {
-    pc::pooling::give_back_before_park();
+    pc::pooling::before_host_function();
     return cudaSuccess;
   });
 }
@@ -121,8 +121,7 @@ POOLCUDA_WATCHED(cudaMemset_ptds, true, nullptr, (void* ptr, int value, size_t c
   POOLCUDA_EXPORT cudaError_t name params {                            \
     watch(stream_expr, flavour);                                       \
     if (pc::bypass()) return pc::real::name() args;                    \
-    fence_before_host_work();                                          \
-    give_back_before_park();                                           \
+    before_host_function();                                            \
     pc::InsideHook inside;                                             \
     return pc::real::name() args;                                      \
   }
