@@ -241,10 +241,11 @@ void device_reset(int device) {
   if (!in_range(device)) return;
   State& s = state();
   std::lock_guard hold(s.mutex);
-  // The reset destroys the device's events.
-  s.devices[device].before_host_work = nullptr;
-  if (s.pending.empty()) return;
+  // Host work during the reset records no new one: the device's manager is frozen meanwhile.
+  const cudaEvent_t event = std::exchange(s.devices[device].before_host_work, nullptr);
+  if (event == nullptr && s.pending.empty()) return;
   OwnCallScope scope(device);
+  if (event != nullptr) own::cudaEventDestroy()(event);
   std::erase_if(s.pending, [device](const Fence& fence) {
     if (fence.device != device) return false;
     own::cudaEventDestroy()(fence.event);
@@ -317,7 +318,7 @@ void host_work_issuing() {
   std::lock_guard hold(s.mutex);
   for (int device = 0; device < kMaxDevices; ++device) {
     DeviceState& d = s.devices[device];
-    if (!d.ordered.load()) continue;
+    if (!d.ordered.load() || d.manager->frozen()) continue;  // frozen: a reset is under way
     const std::uint64_t frees = d.manager->frees();
     if (d.before_host_work != nullptr && d.frees_then == frees) continue;  // still covers all
     OwnCallScope scope(device);

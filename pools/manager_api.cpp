@@ -67,7 +67,6 @@ FreeOutcome MemoryManager::free(DevicePtr ptr) {
   if (slice == nullptr) return m.classify(ptr);
   m.recent_frees[m.recent_next] = ptr;
   m.recent_next = (m.recent_next + 1) % kRecentFrees;
-  m.frees.fetch_add(1, std::memory_order_relaxed);
   if (slice->pins > 0) {
     slice->page->pool->to_held(slice);
   } else {
@@ -144,31 +143,48 @@ GiveBack MemoryManager::give_back_all(std::uint32_t max_microseconds) {
       std::chrono::steady_clock::now() + std::chrono::microseconds(max_microseconds);
   Impl::Scope scope(m);
   if (m.frozen != 0) return GiveBack::nothing;
-  std::uint64_t on_their_way = m.device.releasing_bytes();
-  if (m.idle() == 0 && m.pending() == 0 && on_their_way == 0) return GiveBack::nothing;
+  if (m.idle() == 0 && m.pending() == 0 && m.device.releasing_bytes() == 0)
+    return GiveBack::nothing;
   if (m.device.capture_active()) return GiveBack::nothing;
   m.close_and_reap();
-  // What an earlier call could not get past (a stream parked before it) has not moved: waiting
-  // again would only cost the bound once more.
-  on_their_way = m.device.releasing_bytes();
-  if (m.idle() == 0 && m.pending() == m.give_back_stuck.pending &&
-      on_their_way == m.give_back_stuck.releasing)
-    return m.pending() == 0 && on_their_way == 0 ? GiveBack::nothing : GiveBack::timed_out;
+  // Nothing moved since an earlier call ran out of a bound at least this long (a stream parked
+  // before it holds the fences or the driver's frees): waiting again would only cost it again.
+  const Impl::GiveBackState now{m.pending(), m.device.releasing_bytes(),
+                                m.frees.load(std::memory_order_relaxed), max_microseconds};
+  if (m.idle() == 0 && m.give_back_stuck && m.give_back_stuck->same_as(now))
+    return GiveBack::timed_out;
   ++m.give_backs;
-  while (m.pending() != 0 && m.wait_for_oldest_fence(scope, deadline)) {
+  bool timed_out = false;
+  while (m.pending() != 0) {
+    // Frees other threads made while the lock was released wait in the open epoch.
+    if (!m.fences.any_closed()) m.close_epoch();
+    if (!m.fences.any_closed()) break;  // no fence could be recorded
+    if (!m.wait_for_oldest_fence(scope, deadline)) {
+      timed_out = true;
+      break;
+    }
   }
   m.cleanup_all(true);
-  const bool fences_passed = m.pending() == 0;
   scope.unlock();  // the pages go to the device
   const auto left = std::chrono::duration_cast<std::chrono::microseconds>(
       deadline - std::chrono::steady_clock::now());
   const bool flushed = m.device.flush_releases(
       static_cast<std::uint32_t>(std::max<std::int64_t>(left.count(), 0)));
-  if (fences_passed && flushed) return GiveBack::done;
   scope.relock();
+  if (!timed_out && flushed) {
+    m.give_back_stuck.reset();
+    return GiveBack::done;
+  }
   ++m.give_back_timeouts;
-  m.give_back_stuck = {m.pending(), m.device.releasing_bytes()};
+  m.give_back_stuck = Impl::GiveBackState{m.pending(), m.device.releasing_bytes(),
+                                          m.frees.load(std::memory_order_relaxed),
+                                          max_microseconds};
   return GiveBack::timed_out;
+}
+
+bool MemoryManager::frozen() const {
+  std::lock_guard lock(impl_->mutex);
+  return impl_->frozen != 0;
 }
 
 std::uint64_t MemoryManager::frees() const {

@@ -11,6 +11,7 @@
 #include <chrono>
 #include <boost/container/small_vector.hpp>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -187,7 +188,7 @@ struct MemoryManager::Impl {
   // Pages ever handed to Device::release (counted under the lock as they go; read without it by
   // out-of-memory recovery: Note [Out of memory among threads]).
   std::atomic<std::uint64_t> pages_handed{0};
-  std::atomic<std::uint64_t> frees{0};  // pooled frees ever (counted under the lock)
+  std::atomic<std::uint64_t> frees{0};  // slices retired ever (counted under the lock)
   std::uint64_t oom_recoveries = 0;
   std::uint64_t oom_failures = 0;
   std::uint64_t fence_waits = 0;  // waits for the bound on fence-pending bytes
@@ -195,11 +196,24 @@ struct MemoryManager::Impl {
   double fence_wait_seconds = 0;          // time spent in those waits
   std::uint64_t give_backs = 0;          // give_back_all() calls that gave memory back
   std::uint64_t give_back_timeouts = 0;  // of those, the ones that ran out of time
-  // What the last of those timeouts left pending and on its way to the driver.
-  struct {
+  // What the last of those timeouts left behind, while nothing moved since (Note [Idle memory
+  // before a park]): the bytes still pending and on their way to the driver, the slices retired
+  // so far, and the bound that ran out.
+  struct GiveBackState {
     std::uint64_t pending = 0;
     std::uint64_t releasing = 0;
-  } give_back_stuck;
+    std::uint64_t frees = 0;
+    std::uint32_t bound_us = 0;
+    // `now` finds the same memory in the same place, with a bound no longer than this one's.
+    bool same_as(const GiveBackState& now) const {
+      return now.pending == pending && now.releasing == releasing && now.frees == frees &&
+             now.bound_us <= bound_us;
+    }
+  };
+  std::optional<GiveBackState> give_back_stuck;
+  // Bytes on their way to the driver when a recovery's flush last ran out (cleared by a flush
+  // that completes): while that is still all there is on the way, recovery does not flush.
+  std::optional<std::uint64_t> flush_stuck_releasing;
 };
 
 }  // namespace poolcuda

@@ -89,7 +89,8 @@
 // changed everything meanwhile; a device reset (forget()) during the wait only makes the ticket
 // linger until it is given back. Since Device::release hands the page to another thread, even
 // the thread that trims never blocks on a parked stream; only out-of-memory recovery waits,
-// bounded, for those releases to reach the driver before it asks the driver again. The lock order is in pools/lock_order.h.
+// bounded, for those releases to reach the driver before it asks the driver again. The lock
+// order is in pools/lock_order.h.
 //
 // Note [Recovery and parked streams]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
@@ -456,15 +457,17 @@ Route MemoryManager::Impl::recover_from_oom(Scope& scope, std::uint64_t size,
   }
   const auto deadline = std::chrono::steady_clock::now() +
                         std::chrono::microseconds(options.recovery_wait_micros);
+  // A flush of an earlier recovery ran out and no page reached the driver since: the driver's
+  // frees still wait behind a parked stream, and waiting again would only cost the bound again.
+  bool stuck = flush_stuck_releasing && *flush_stuck_releasing == device.releasing_bytes();
   // Everything that needs no wait first: close the open epoch, reap, return every idle page.
   close_and_reap();
   cleanup_all(true);
   // Pages given up earlier (by trims or dealloc periods) may still be on their way to the
   // driver too, so the first round flushes whether or not this one released anything.
   bool flush = true;
-  bool stuck = false;  // a flush ran out: the driver's frees wait behind a parked stream
   std::uint64_t handed_before_flush = 0;
-  int extra_rounds = 0;
+  int extra_rounds = stuck ? kOomExtraRounds : 0;
   for (;;) {
     if ((flush || scope.has_releases()) && !stuck) {
       scope.unlock();  // the pages go to the device
@@ -473,12 +476,16 @@ Route MemoryManager::Impl::recover_from_oom(Scope& scope, std::uint64_t size,
       // Pages stuck behind a parked stream stay stuck: no later round waits for them again.
       const auto left = std::chrono::duration_cast<std::chrono::microseconds>(
           deadline - std::chrono::steady_clock::now());
-      if (!device.flush_releases(
-              static_cast<std::uint32_t>(std::max<std::int64_t>(left.count(), 0)))) {
+      const bool flushed = device.flush_releases(
+          static_cast<std::uint32_t>(std::max<std::int64_t>(left.count(), 0)));
+      scope.relock();
+      if (flushed) {
+        flush_stuck_releasing.reset();
+      } else {
         stuck = true;
         extra_rounds = kOomExtraRounds;
+        flush_stuck_releasing = device.releasing_bytes();
       }
-      scope.relock();
     }
     flush = false;
     Route r = route(size, placement, 0);
@@ -511,6 +518,7 @@ Route MemoryManager::Impl::recover_from_oom(Scope& scope, std::uint64_t size,
 // --- Free path -----------------------------------------------------------------------------------
 
 void MemoryManager::Impl::retire(Slice* slice) {
+  frees.fetch_add(1, std::memory_order_relaxed);
   Pool* pool = slice->page->pool;
   pool->to_pending(slice);
   FreeFence mode = options.free_fence;

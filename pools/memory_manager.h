@@ -201,8 +201,11 @@ class MemoryManager {
   // open epoch could not be closed (the device refused a fence: a capture is open).
   bool drain_fences();
 
-  // How many pooled frees the manager has taken, ever; read without the lock (a later free may
-  // already be under way).
+  // Whether set_frozen(true) is in force (a device reset is under way).
+  bool frozen() const;
+
+  // How many slices the manager has retired (freed, or released by their last pin), ever; read
+  // without the lock (a later free may already be under way).
   std::uint64_t frees() const;
 
   // Pages released by trimming may still be on their way to the driver (Device::release may

@@ -27,11 +27,11 @@
 //   capture       a capture begins on a blocking stream; the late stream is created inside the
 //                 capture, which must still end valid
 // Leaving behind a park:
-//   park          the old owner's write and the free come before the program parks the legacy
-//                 stream on a host function; a non-blocking stream created during the park
-//                 (the device leaves) writes the buffer and is synchronized: it must not wait
-//                 for the park, since no work it depends on lies behind it, and its write must
-//                 not race the old owner's
+//   park          the old owner's write (held back by a gate) and the free come before the
+//                 program parks the legacy stream on a host function; a non-blocking stream
+//                 created then (the device leaves) writes the buffer: the write must wait for
+//                 the old owner's, and once that is done the stream's synchronize must return
+//                 while the park goes on, since no work it depends on lies behind the park
 // With the argument "expect-race" (run under free_fence:none), the same steps reuse without any
 // fence: the new owner's writes run while the old owner still writes, the race detector fires and
 // the data is the old owner's. That proves each case can fail.
@@ -349,36 +349,44 @@ void capture_case() {
 
 void park_case() {
   const std::uint64_t races_before = races();
+  void* keeper = nullptr;  // keeps the page busy: the host function gives no page back
+  CHECK_CUDA(cudaMalloc(&keeper, kSize));
   void* buffer = nullptr;
   CHECK_CUDA(cudaMalloc(&buffer, kSize));
-  launch_write(cudaStreamLegacy, buffer, kSize, nullptr);  // the old owner, before the free
+  Gate old_write;
+  launch_write(cudaStreamLegacy, buffer, kSize, &old_write);  // the old owner, still writing
+  wait_entered(old_write);
   CHECK_CUDA(cudaFree(buffer));
   expect_reuse("ordered");
-  Gate gate;
-  CHECK_CUDA(cudaLaunchHostFunc(cudaStreamLegacy, &wait_at_gate, &gate));
-  wait_entered(gate);
+  Gate park;
+  CHECK_CUDA(cudaLaunchHostFunc(cudaStreamLegacy, &wait_at_gate, &park));
   std::atomic<bool> done{false};
   std::thread watchdog([&] {
     for (int i = 0; i < 5000 && !done.load(); ++i)
       std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    if (!done.load()) gate.open.store(true);  // never leave a real GPU parked
+    if (!done.load()) park.open.store(true);  // never leave a real GPU parked
   });
   const cudaStream_t late = create_stream(cudaStreamNonBlocking);  // the device leaves
   void* again = nullptr;
   CHECK_CUDA(cudaMalloc(&again, kSize));
   CHECK_CUDA(cudaMemsetAsync(again, kNew[0], kSize, late));
+  CHECK_RESULT(cudaStreamQuery(late), cudaErrorNotReady);  // behind the old owner's write
+  old_write.open.store(true);
+  wait_entered(park);
   const cudaError_t synced = cudaStreamSynchronize(late);
-  const bool before_gate = !gate.open.load();
+  const bool before_park_ended = !park.open.load();
   done.store(true);
   watchdog.join();
   CHECK_RESULT(synced, cudaSuccess);
-  CHECK_MSG(before_gate, "cudaStreamSynchronize of the new stream waited for the park");
+  CHECK_MSG(before_park_ended, "cudaStreamSynchronize of the new stream waited for the park");
   expect_reuse("fenced");
-  gate.open.store(true);
+  park.open.store(true);
   CHECK_CUDA(cudaDeviceSynchronize());
+  CHECK_MSG(again == buffer, "the freed slice should be reused");
   CHECK(preload_test::device_bytes_equal(again, kSize, kNew[0]));
   CHECK_MSG(races() == races_before, "the new owner raced the old one");
   CHECK_CUDA(cudaFree(again));
+  CHECK_CUDA(cudaFree(keeper));
   CHECK_CUDA(cudaStreamDestroy(late));
 }
 

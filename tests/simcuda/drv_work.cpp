@@ -1,7 +1,8 @@
 // The driver stand-in's entry points for work on a context: memory (allocation, free, memory
 // info, pitched, managed and stream-ordered allocation, copies and memsets, synchronous and on a
 // stream), streams (create, destroy, synchronize, query, wait for an event, host functions and
-// callbacks, their device) and events, each with its per-thread-default-stream (_ptsz) flavour where the real driver has one.
+// callbacks, their device) and events, each with its per-thread-default-stream (_ptsz) flavour
+// where the real driver has one.
 // Thin calls into the core, as the runtime's are. Capture and graphs are in drv_capture.cpp.
 #include <algorithm>
 

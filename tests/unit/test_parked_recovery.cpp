@@ -6,6 +6,9 @@
 #include <doctest/doctest.h>
 
 #include <chrono>
+#include <thread>
+#include <utility>
+#include <vector>
 
 #include "pools_test_util.h"
 
@@ -130,7 +133,74 @@ class ProgressDuringFlush final : public Device {
   HostDevice& inner_;
 };
 
+// A HostDevice whose released pages never reach it (its free waits behind a parked stream):
+// each flush runs out after at most 20 ms.
+class StuckReleases final : public Device {
+ public:
+  explicit StuckReleases(HostDevice& inner) : inner_(inner) {}
+  AllocStatus allocate(std::uint64_t size, DevicePtr* out) override {
+    return inner_.allocate(size, out);
+  }
+  void release(DevicePtr ptr, std::uint64_t size) override {
+    held_.push_back({ptr, size});
+    held_bytes_ += size;
+  }
+  bool flush_releases(std::uint32_t us) override {
+    ++flushes;
+    std::this_thread::sleep_for(std::chrono::microseconds(std::min<std::uint32_t>(us, 20000)));
+    return held_.empty();
+  }
+  std::uint64_t releasing_bytes() override { return held_bytes_; }
+  DeviceMemoryInfo memory_info() override { return inner_.memory_info(); }
+  std::uint64_t alignment() const override { return inner_.alignment(); }
+  FenceHandle fence_record() override { return inner_.fence_record(); }
+  bool fence_passed(FenceHandle fence) override { return inner_.fence_passed(fence); }
+  void fence_wait(FenceHandle fence) override { inner_.fence_wait(fence); }
+  bool fence_wait_for(FenceHandle fence, std::uint32_t us) override {
+    return inner_.fence_wait_for(fence, us);
+  }
+  void fence_destroy(FenceHandle fence) override { inner_.fence_destroy(fence); }
+  void synchronize() override { inner_.synchronize(); }
+  void unstick() {
+    for (const auto& [ptr, size] : held_) inner_.release(ptr, size);
+    held_.clear();
+    held_bytes_ = 0;
+  }
+  int flushes = 0;
+
+ private:
+  HostDevice& inner_;
+  std::vector<std::pair<DevicePtr, std::uint64_t>> held_;
+  std::uint64_t held_bytes_ = 0;
+};
+
 }  // namespace
+
+TEST_CASE("oom_recovery_does_not_wait_again_for_pages_still_stuck") {
+  HostDevice host(8 * MiB, 512);
+  StuckReleases device(host);
+  ManagerOptions options;
+  options.layout = custom({exclusive(8 * MiB)});
+  options.free_fence = FreeFence::none;
+  options.log_sink = [](LogLevel, std::string_view) {};
+  MemoryManager manager(device, options);
+  const DevicePtr big = manager.allocate(6 * MiB).ptr;
+  REQUIRE(big != 0);
+  manager.free(big);
+  // The idle page goes back but never arrives: the recovery's flush runs out.
+  CHECK(manager.allocate(7 * MiB).ptr == 0);
+  CHECK(device.flushes == 1);
+  // Nothing reached the driver since: the next recovery fails without flushing again.
+  CHECK(manager.allocate(7 * MiB).ptr == 0);
+  CHECK(device.flushes == 1);
+  device.unstick();  // the stream moves: the next recovery flushes, and succeeds
+  const DevicePtr after = manager.allocate(7 * MiB).ptr;
+  CHECK(after != 0);
+  manager.free(after);
+  manager.cleanup(true);
+  device.unstick();
+  CHECK(manager.check_consistency().empty());
+}
 
 TEST_CASE("oom_recovery_flushes_a_page_its_own_retry_released") {
   // The freed 40 MiB wait for a fence that passes only while recovery flushes; the retry after
@@ -202,6 +272,16 @@ TEST_CASE("give_back_all_behind_an_earlier_park_costs_its_bound_once") {
   CHECK(rig.manager.give_back_all(50000) == GiveBack::timed_out);
   CHECK(rig.device.calls().fence_wait_for == waits);
   CHECK(rig.manager.report().give_backs == 1);
+  // A longer bound, or a free since, is worth another wait.
+  CHECK(rig.manager.give_back_all(60000) == GiveBack::timed_out);
+  CHECK(rig.device.calls().fence_wait_for > waits);
+  const DevicePtr c = rig.reserve(512);
+  REQUIRE(c != 0);
+  rig.manager.free(c);
+  const std::uint64_t waits_before_free = rig.device.calls().fence_wait_for;
+  CHECK(rig.manager.give_back_all(50000) == GiveBack::timed_out);
+  CHECK(rig.device.calls().fence_wait_for > waits_before_free);
+  CHECK(rig.manager.report().give_backs == 3);
   rig.device.complete_fences();  // the earlier park ends
   CHECK(rig.manager.give_back_all(50000) == GiveBack::done);
   CHECK(rig.device.outstanding_bytes() == 1 * MiB);
