@@ -181,9 +181,8 @@ bool ReleaseWorker::flush(std::uint32_t max_microseconds) {
   State& s = state();
   std::unique_lock<RankedMutex> lock(s.mutex);
   const std::uint64_t target = s.next_ticket;
-  // Held-back pages are tried once more now; if they come back (a capture is still open),
-  // waiting longer would not release them.
-  const std::size_t retried = s.held_back.size();
+  // Held-back pages are tried once more now; once everything left comes back (a capture is
+  // still open, a reset under way), waiting longer would not release it.
   while (!s.held_back.empty()) {
     s.queue.push_back(s.held_back.front());
     s.held_back.pop_front();
@@ -191,7 +190,7 @@ bool ReleaseWorker::flush(std::uint32_t max_microseconds) {
   s.changed.notify_all();
   s.changed.wait_for(lock, std::chrono::microseconds(max_microseconds), [&] {
     return s.low_water() >= target ||
-           (retried != 0 && s.queue.empty() && s.in_flight == 0 && !s.held_back.empty());
+           (s.queue.empty() && s.in_flight == 0 && !s.held_back.empty());
   });
   return s.low_water() >= target;
 }
