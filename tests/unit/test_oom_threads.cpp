@@ -21,13 +21,11 @@ namespace {
 // A HostDevice whose releases wait in a queue until flush_releases(), which returns the pages
 // queued before it began, then runs a hook once (the program's other thread, while the
 // recovering thread has let go of the lock).
-class QueuedReleaseDevice final : public Device {
+class QueuedReleaseDevice final : public ForwardingDevice {
  public:
-  explicit QueuedReleaseDevice(std::uint64_t capacity) : inner_(capacity, 512) {}
+  explicit QueuedReleaseDevice(std::uint64_t capacity)
+      : ForwardingDevice(host_), host_(capacity, 512) {}  // host_ is used only after this
 
-  AllocStatus allocate(std::uint64_t size, DevicePtr* out) override {
-    return inner_.allocate(size, out);
-  }
   void release(DevicePtr ptr, std::uint64_t size) override {
     std::lock_guard lock(m_);
     queued_.emplace_back(ptr, size);
@@ -45,22 +43,15 @@ class QueuedReleaseDevice final : public Device {
     if (hook) std::thread(hook).join();
     return true;
   }
-  DeviceMemoryInfo memory_info() override { return inner_.memory_info(); }
-  std::uint64_t alignment() const override { return inner_.alignment(); }
-  FenceHandle fence_record() override { return inner_.fence_record(); }
-  bool fence_passed(FenceHandle fence) override { return inner_.fence_passed(fence); }
-  void fence_wait(FenceHandle fence) override { inner_.fence_wait(fence); }
-  void fence_destroy(FenceHandle fence) override { inner_.fence_destroy(fence); }
-  void synchronize() override { inner_.synchronize(); }
 
   void on_next_flush(std::function<void()> hook) {
     std::lock_guard lock(m_);
     on_flush_ = std::move(hook);
   }
-  std::uint64_t outstanding() const { return inner_.outstanding_allocations(); }
+  std::uint64_t outstanding() const { return host_.outstanding_allocations(); }
 
  private:
-  HostDevice inner_;
+  HostDevice host_;
   std::mutex m_;
   std::deque<std::pair<DevicePtr, std::uint64_t>> queued_;
   std::function<void()> on_flush_;

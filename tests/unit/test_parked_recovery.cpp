@@ -107,40 +107,20 @@ namespace {
 
 // A HostDevice whose fences all pass while releases are flushed: the device makes progress while
 // out-of-memory recovery waits for its pages.
-class ProgressDuringFlush final : public Device {
+class ProgressDuringFlush final : public ForwardingDevice {
  public:
-  explicit ProgressDuringFlush(HostDevice& inner) : inner_(inner) {}
-  AllocStatus allocate(std::uint64_t size, DevicePtr* out) override {
-    return inner_.allocate(size, out);
-  }
-  void release(DevicePtr ptr, std::uint64_t size) override { inner_.release(ptr, size); }
+  using ForwardingDevice::ForwardingDevice;
   bool flush_releases(std::uint32_t) override {
     inner_.complete_fences();
     return true;
   }
-  DeviceMemoryInfo memory_info() override { return inner_.memory_info(); }
-  std::uint64_t alignment() const override { return inner_.alignment(); }
-  FenceHandle fence_record() override { return inner_.fence_record(); }
-  bool fence_passed(FenceHandle fence) override { return inner_.fence_passed(fence); }
-  void fence_wait(FenceHandle fence) override { inner_.fence_wait(fence); }
-  bool fence_wait_for(FenceHandle fence, std::uint32_t us) override {
-    return inner_.fence_wait_for(fence, us);
-  }
-  void fence_destroy(FenceHandle fence) override { inner_.fence_destroy(fence); }
-  void synchronize() override { inner_.synchronize(); }
-
- private:
-  HostDevice& inner_;
 };
 
 // A HostDevice whose released pages never reach it (its free waits behind a parked stream):
 // each flush runs out after at most 20 ms.
-class StuckReleases final : public Device {
+class StuckReleases final : public ForwardingDevice {
  public:
-  explicit StuckReleases(HostDevice& inner) : inner_(inner) {}
-  AllocStatus allocate(std::uint64_t size, DevicePtr* out) override {
-    return inner_.allocate(size, out);
-  }
+  using ForwardingDevice::ForwardingDevice;
   void release(DevicePtr ptr, std::uint64_t size) override {
     held_.push_back({ptr, size});
     held_bytes_ += size;
@@ -151,16 +131,6 @@ class StuckReleases final : public Device {
     return held_.empty();
   }
   std::uint64_t releasing_bytes() override { return held_bytes_; }
-  DeviceMemoryInfo memory_info() override { return inner_.memory_info(); }
-  std::uint64_t alignment() const override { return inner_.alignment(); }
-  FenceHandle fence_record() override { return inner_.fence_record(); }
-  bool fence_passed(FenceHandle fence) override { return inner_.fence_passed(fence); }
-  void fence_wait(FenceHandle fence) override { inner_.fence_wait(fence); }
-  bool fence_wait_for(FenceHandle fence, std::uint32_t us) override {
-    return inner_.fence_wait_for(fence, us);
-  }
-  void fence_destroy(FenceHandle fence) override { inner_.fence_destroy(fence); }
-  void synchronize() override { inner_.synchronize(); }
   void unstick() {
     for (const auto& [ptr, size] : held_) inner_.release(ptr, size);
     held_.clear();
@@ -169,7 +139,6 @@ class StuckReleases final : public Device {
   int flushes = 0;
 
  private:
-  HostDevice& inner_;
   std::vector<std::pair<DevicePtr, std::uint64_t>> held_;
   std::uint64_t held_bytes_ = 0;
 };
