@@ -113,8 +113,8 @@
 //     and for released pages to reach the driver (their free waits for the device as the
 //     plain cudaFree did), far above any wait for work the program issued before its frees. A
 //     stream parked in a way no hook sees (a kernel spinning on host memory, a driver-level
-//     stream wait) can then cost an allocation the
-//     bound and fail it, where the real cudaMalloc would have succeeded, but never hang it.
+//     stream wait) can then cost an allocation the bound and fail it, where the real
+//     cudaMalloc would have succeeded, but never hang it.
 // Pages are another matter: see Note [Idle memory before a park].
 //
 // Note [Idle memory before a park]

@@ -56,10 +56,9 @@ ExclusivePool::ExclusivePool(PoolContext& ctx, std::uint64_t max_alloc_size,
 // then needs a page of its own while the device is full), nor a 4 GiB one a 3 MiB request. The
 // quarter is capped at 1/64 of the device: padding in a live page is the one memory recovery
 // cannot return, and a 12 GiB request on a 15 GiB idle page left a 16 GiB device 3 GiB short
-// of what the plain program had. A
-// page too large for every request stays idle until its dealloc period or a cleanup returns
-// it; out-of-memory recovery returns every idle page before it gives up, so such memory is
-// never lost to a later request that needs the device.
+// of what the plain program had. A page too large for every request stays idle until its
+// dealloc period or a cleanup returns it; out-of-memory recovery returns every idle page
+// before it gives up, so such memory is never lost to a later request that needs the device.
 std::uint64_t ExclusivePool::page_size_for(std::uint64_t size) const {
   const std::uint64_t eff = align_up(size, alignment());
   const std::uint64_t step = std::max<std::uint64_t>(
