@@ -213,9 +213,9 @@ TEST_CASE("oom_path_waits_on_pending_fences") {
   rig.device.set_fence_mode(HostDevice::FenceMode::on_wait);
   const DevicePtr a = rig.reserve(1 * MiB), b = rig.reserve(1 * MiB);
   rig.manager.free(a);
+  rig.manager.fence_open_frees();  // `a` alone in a closed epoch
   rig.manager.free(b);
-  // The first free was fenced at once (nothing was fenced for a while), the second joined the
-  // open epoch; the miss closes that one too. Neither fence has passed and the device is full:
+  // The miss closes `b`'s epoch too. Neither fence has passed and the device is full:
   // the OOM path waits for the oldest fence, trims the page it gave back and retries, which
   // succeeds, so it never waits for the second.
   const DevicePtr c = rig.reserve(512 * KiB);
@@ -230,19 +230,25 @@ TEST_CASE("a_free_after_a_quiet_spell_is_fenced_at_once") {
   // The program may park the device right after a free (a host function on a stream): a
   // fence recorded later would queue behind the park. So a free records a fence when none was
   // recorded for a while; a burst of frees then batches into the open epoch.
-  Rig rig(custom({sliced(64 * KiB)}));
-  rig.device.set_fence_mode(HostDevice::FenceMode::manual);
-  const DevicePtr a = rig.reserve(512), b = rig.reserve(512), c = rig.reserve(512);
-  REQUIRE(rig.manager.free(a) == FreeOutcome::freed);
-  CHECK(rig.device.calls().fence_record == 1);
-  REQUIRE(rig.manager.free(b) == FreeOutcome::freed);
-  CHECK(rig.device.calls().fence_record == 1);  // within the same millisecond: batched
-  std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  REQUIRE(rig.manager.free(c) == FreeOutcome::freed);
-  CHECK(rig.device.calls().fence_record == 2);
-  rig.device.complete_fences();
-  CHECK(rig.manager.drain_fences());
-  CHECK(rig.manager.check_consistency().empty());
+  HostDevice device(128 * MiB, 32);
+  device.set_fence_mode(HostDevice::FenceMode::manual);
+  ManagerOptions o;
+  o.layout = custom({sliced(64 * KiB)});
+  // Longer than the default 1 ms, so that two frees in a row fall within it even on a slow run.
+  o.prompt_fence_nanos = 200'000'000;
+  MemoryManager manager(device, o);
+  const DevicePtr a = manager.allocate(512).ptr, b = manager.allocate(512).ptr,
+                  c = manager.allocate(512).ptr;
+  REQUIRE(manager.free(a) == FreeOutcome::freed);
+  CHECK(device.calls().fence_record == 1);
+  REQUIRE(manager.free(b) == FreeOutcome::freed);
+  CHECK(device.calls().fence_record == 1);  // within the period: batched
+  std::this_thread::sleep_for(std::chrono::milliseconds(400));
+  REQUIRE(manager.free(c) == FreeOutcome::freed);
+  CHECK(device.calls().fence_record == 2);
+  device.complete_fences();
+  CHECK(manager.drain_fences());
+  CHECK(manager.check_consistency().empty());
 }
 
 TEST_CASE("oom_real_exhaustion_fails_cleanly_and_leaks_nothing") {
