@@ -150,6 +150,16 @@ std::uint64_t Pool::cleanup(bool explicit_cleanup) {
   return released;
 }
 
+std::uint64_t Pool::release_idle_pages(std::uint64_t min_age, std::uint64_t keep_bytes) {
+  std::uint64_t released = 0;
+  while (!idle_.empty() && idle_page_bytes_ > keep_bytes &&
+         ctx_.clock - idle_.front().idle_since >= min_age) {
+    released += idle_.front().size;
+    release_page(&idle_.front());
+  }
+  return released;
+}
+
 std::uint64_t Pool::deadline() const {
   if (!dealloc_period_ || idle_.empty()) return kNever;
   const std::uint64_t due = idle_.front().idle_since + *dealloc_period_;

@@ -147,6 +147,9 @@ class Pool {
   // Releases idle pages: all of them when `explicit_cleanup`, else those idle for at least the
   // dealloc period. Returns bytes released.
   std::uint64_t cleanup(bool explicit_cleanup);
+  // Releases idle pages idle for at least `min_age` reservations, oldest first, until at most
+  // `keep_bytes` of idle pages are left. Returns bytes released.
+  std::uint64_t release_idle_pages(std::uint64_t min_age, std::uint64_t keep_bytes);
   // Clock value at which this pool's oldest idle page expires, or kNever.
   std::uint64_t deadline() const;
 

@@ -456,19 +456,22 @@ TEST_CASE("exclusive_pages_are_size_classes_and_reuse_the_smallest_fit_within_a_
   CHECK(b_page == 5 * MiB);
   rig.manager.free(a);
   rig.manager.free(b);
-  // A free page serves a request up to a quarter above its class: 4.5 MiB takes the 5 MiB page.
-  CHECK(rig.reserve(4 * MiB + 512 * KiB) == b);
-  // But a page far larger than the request is never handed out: 3 MiB gets a page of its own
+  // A free page serves a request whose class is at least half of it: 2.25 MiB (a 2.25 MiB
+  // class) gets a page of its own, 2.5 MiB takes the 5 MiB page.
+  const DevicePtr below_half = rig.reserve(2 * MiB + 256 * KiB);
+  CHECK(below_half != b);
+  CHECK(rig.reserve(2 * MiB + 512 * KiB) == b);
+  // A page far larger than the request is never handed out: 3 MiB gets a page of its own
   // instead of the idle 100 MiB one.
   const DevicePtr c = rig.reserve(3 * MiB);
   CHECK(c != a);
-  CHECK(rig.manager.memory_usage().bytes_padding == 512 * KiB);
+  CHECK(rig.manager.memory_usage().bytes_padding == 2 * MiB + 512 * KiB);
   CHECK(rig.manager.check_consistency().empty());
 }
 
 TEST_CASE("exclusive_reuse_padding_is_capped_at_a_64th_of_the_device") {
-  // On a 1 GiB device a reused page may carry at most 16 MiB of padding, though a quarter of
-  // the request's class would allow 100 MiB: the 500 MiB page is not handed to 400 MiB.
+  // On a 1 GiB device a reused page may carry at most 16 MiB of padding, though twice the
+  // request's class would allow 400 MiB: the 500 MiB page is not handed to 400 MiB.
   Rig rig(custom({exclusive(1 * GiB)}), 512, 1 * GiB, FreeFence::none);
   const DevicePtr big = rig.reserve(500 * MiB);
   REQUIRE(big != 0);
@@ -481,6 +484,40 @@ TEST_CASE("exclusive_reuse_padding_is_capped_at_a_64th_of_the_device") {
   // Within the cap it is reused: 490 MiB takes the 500 MiB page (10 MiB of padding).
   CHECK(rig.reserve(490 * MiB) == big);
   CHECK(rig.manager.check_consistency().empty());
+}
+
+TEST_CASE("exclusive_growth_releases_pages_idle_for_500_reservations_beyond_a_quarter_of_use") {
+  for (const bool with_period : {true, false}) {
+    CAPTURE(with_period);
+    const std::optional<std::uint64_t> period =
+        with_period ? std::optional<std::uint64_t>(1000000) : std::nullopt;
+    Rig rig(custom({sliced(64 * KiB), exclusive(1 * GiB, period)}), 512, 1 * GiB,
+            FreeFence::none);
+    const DevicePtr live = rig.reserve(16 * MiB);  // a quarter of it may stay idle: 4 MiB
+    const DevicePtr old_page = rig.reserve(8 * MiB);
+    const DevicePtr young = rig.reserve(3 * MiB);  // too small for the 8 MiB page when freed
+    REQUIRE((live != 0 && old_page != 0 && young != 0));
+    rig.manager.free(old_page);
+    // A growth right away keeps the 8 MiB page: it was idle for too few reservations.
+    const DevicePtr other = rig.reserve(20 * MiB);
+    CHECK(rig.device.outstanding_bytes() == 47 * MiB);
+    rig.manager.free(other);
+    rig.manager.free(young);
+    for (int i = 0; i < 500; ++i) rig.manager.free(rig.reserve(512));
+    // Now each idle page is old enough. The next growth releases the oldest idle pages until
+    // what stays idle is at most a quarter of the bytes in use: the 8 MiB page and then the
+    // 20 MiB one; the 3 MiB page stays. Without a period the pool keeps its idle pages.
+    const DevicePtr grown = rig.reserve(48 * MiB);
+    REQUIRE(grown != 0);
+    if (with_period) {
+      CHECK(rig.device.outstanding_bytes() == 16 * MiB + 3 * MiB + 48 * MiB + 64 * KiB);
+      CHECK(rig.manager.free(old_page) == FreeOutcome::not_mine);  // its page is gone
+    } else {
+      CHECK(rig.device.outstanding_bytes() == 95 * MiB + 64 * KiB);
+    }
+    CHECK(rig.reserve(3 * MiB) == young);  // the page kept is reused
+    CHECK(rig.manager.check_consistency().empty());
+  }
 }
 
 TEST_CASE("a_rounded_page_that_does_not_fit_is_tried_at_the_exact_size") {
