@@ -156,6 +156,7 @@ std::uint64_t Pool::release_idle_pages(std::uint64_t min_age, std::uint64_t keep
          ctx_.clock - idle_.front().idle_since >= min_age) {
     released += idle_.front().size;
     release_page(&idle_.front());
+    ++stale_releases_;
   }
   return released;
 }
@@ -180,6 +181,7 @@ PoolReport Pool::report() const {
   r.reservations = reservations_;
   r.device_allocs = device_allocs_;
   r.device_releases = device_releases_;
+  r.stale_releases = stale_releases_;
   return r;
 }
 

@@ -195,6 +195,7 @@ class Pool {
   std::uint64_t reservations_ = 0;
   std::uint64_t device_allocs_ = 0;
   std::uint64_t device_releases_ = 0;
+  std::uint64_t stale_releases_ = 0;  // pages release_idle_pages() gave back
 };
 
 }  // namespace poolcuda

@@ -509,11 +509,14 @@ TEST_CASE("exclusive_growth_releases_pages_idle_for_500_reservations_beyond_a_qu
     // 20 MiB one; the 3 MiB page stays. Without a period the pool keeps its idle pages.
     const DevicePtr grown = rig.reserve(48 * MiB);
     REQUIRE(grown != 0);
+    const PoolReport exclusive_pool = rig.manager.report().dynamic.at(1);
     if (with_period) {
       CHECK(rig.device.outstanding_bytes() == 16 * MiB + 3 * MiB + 48 * MiB + 64 * KiB);
       CHECK(rig.manager.free(old_page) == FreeOutcome::not_mine);  // its page is gone
+      CHECK(exclusive_pool.stale_releases == 2);  // the report says why
     } else {
       CHECK(rig.device.outstanding_bytes() == 95 * MiB + 64 * KiB);
+      CHECK(exclusive_pool.stale_releases == 0);
     }
     CHECK(rig.reserve(3 * MiB) == young);  // the page kept is reused
     CHECK(rig.manager.check_consistency().empty());
