@@ -57,9 +57,15 @@ ExclusivePool::ExclusivePool(PoolContext& ctx, std::uint64_t max_alloc_size,
 // step (a training step's activations follow its sequence length) otherwise keep growing new
 // pages beside idle ones a little too small or too large; a class plus a quarter left the
 // bundled training trace at 2.55 times its live bytes, twice the class at 2.35, and the 64 MiB
-// random traces went from 1.54 and 1.68 to 1.40 and 1.46. The padding is capped at 1/64 of the
-// device: padding in a live page is the one memory recovery cannot return, and a 12 GiB request
-// on a 15 GiB idle page left a 16 GiB device 3 GiB short of what the plain program had. A page
+// random traces went from 1.54 and 1.68 to 1.40 and 1.46.
+// Padding in a live page is the one memory recovery cannot return, so it is bounded twice. Per
+// page, at 1/64 of the device: a 12 GiB request on a 15 GiB idle page left a 16 GiB device
+// 3 GiB short of what the plain program had. And in all: a page more than a quarter above the
+// class is taken only while the pool's padding stays within 1/16 of the device. Without that,
+// 260 MiB requests on idle 500 MiB pages would each waste 240 MiB, and a program filling a
+// 16 GiB device with them after freeing thirty such pages would get about half of what plain
+// CUDA gives. (A budget of 1/64 cost the 1 GiB random traces four times the driver
+// allocations; 1/16 keeps the gains above.) A page
 // too large for every request stays idle until its dealloc period, a growth (Note [Growing past
 // idle pages]) or a cleanup returns it; out-of-memory recovery returns every idle page before it
 // gives up, so such memory is never lost to a later request that needs the device.
@@ -80,6 +86,10 @@ std::uint64_t ExclusivePool::largest_page_for(std::uint64_t size) const {
 Slice* ExclusivePool::try_reserve(std::uint64_t size) {
   auto it = free_.lower_bound(align_up(size, alignment()), SizeKeyOrder{});
   if (it == free_.end() || it->size > largest_page_for(size)) return nullptr;
+  const std::uint64_t page = page_size_for(size);
+  if (it->size > page + page / 4 &&
+      usage_.bytes_padding + (it->size - size) > ctx_.total_memory / 16)
+    return nullptr;  // beyond a quarter: only within the pool's padding budget
   return hand_out(&*it, size);
 }
 
@@ -89,9 +99,12 @@ Slice* ExclusivePool::try_reserve(std::uint64_t size) {
 // the idle pages may be the wrong sizes for what the program asks now. Before it grows, an
 // exclusive pool with a dealloc period therefore releases its pages idle for at least
 // kStaleAfter reservations, oldest first, while its idle pages exceed a quarter of the bytes in
-// use on the device. Acting at growth, not at every free, keeps the pages of a steady loop: a
-// loop whose requests all find a page never grows, however long a page waits between its uses
-// (capping idle memory at every free made each pair of a random trace a driver allocation). The
+// use on the device (every pool's, the persistent one included). The released pages reach the
+// driver when the lock is released, after this growth: on a full device the growth still fails
+// first and recovery, which flushes them, retries it. Acting at growth, not at every free,
+// keeps the pages of a steady loop: a loop whose requests all find a page never grows, and its
+// pages stay until their period (capping idle memory at every free made each pair of a random
+// trace a driver allocation). The
 // age keeps the pages a burst of other sizes is about to reuse (8 × 16 MiB then 4 × 32 MiB,
 // repeated, reuses each page within 12 reservations and never releases one). On the bundled
 // traces (pools called directly, 16 GiB device) the training trace went from 2.35 to 1.22 times

@@ -4,6 +4,7 @@
 // Each test is named after the behaviour it ports.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cstring>
 
 #include "pools_test_util.h"
@@ -521,6 +522,43 @@ TEST_CASE("exclusive_growth_releases_pages_idle_for_500_reservations_beyond_a_qu
     CHECK(rig.reserve(3 * MiB) == young);  // the page kept is reused
     CHECK(rig.manager.check_consistency().empty());
   }
+}
+
+TEST_CASE("exclusive_growth_releases_a_page_idle_for_500_allocations_not_499") {
+  Rig rig(custom({sliced(64 * KiB), exclusive(1 * GiB, 1000000)}), 512, 1 * GiB,
+          FreeFence::none);
+  const DevicePtr live = rig.reserve(4 * MiB);  // a quarter: 1 MiB may stay idle
+  const DevicePtr idle = rig.reserve(8 * MiB);
+  REQUIRE((live != 0 && idle != 0));
+  rig.manager.free(idle);
+  for (int i = 0; i < 498; ++i) rig.manager.free(rig.reserve(512));
+  // The 499th allocation since the free grows the pool: the page is not stale yet.
+  REQUIRE(rig.reserve(20 * MiB) != 0);
+  CHECK(rig.manager.report().dynamic.at(1).stale_releases == 0);
+  // The 500th grows it again and releases the page.
+  REQUIRE(rig.reserve(24 * MiB) != 0);
+  CHECK(rig.manager.report().dynamic.at(1).stale_releases == 1);
+  CHECK(rig.manager.free(idle) == FreeOutcome::not_mine);
+  CHECK(rig.manager.check_consistency().empty());
+}
+
+TEST_CASE("exclusive_reuse_far_above_the_class_stops_at_a_16th_of_the_device_in_padding") {
+  // 1 GiB device: each reuse of a 30 MiB page by a 16 MiB request pads 14 MiB (within the
+  // page's cap of 16 MiB); four of them fit the pool's 64 MiB budget, the fifth would not, so
+  // it and the sixth get pages of their own and the device keeps what plain CUDA would have.
+  Rig rig(custom({exclusive(1 * GiB)}), 512, 1 * GiB, FreeFence::none);
+  std::vector<DevicePtr> big;
+  for (int i = 0; i < 6; ++i) big.push_back(rig.reserve(30 * MiB));
+  for (DevicePtr p : big) rig.manager.free(p);
+  int reused = 0;
+  for (int i = 0; i < 6; ++i) {
+    const DevicePtr p = rig.reserve(16 * MiB);
+    REQUIRE(p != 0);
+    reused += std::find(big.begin(), big.end(), p) != big.end();
+  }
+  CHECK(reused == 4);
+  CHECK(rig.manager.memory_usage().bytes_padding == 4 * 14 * MiB);
+  CHECK(rig.manager.check_consistency().empty());
 }
 
 TEST_CASE("a_rounded_page_that_does_not_fit_is_tried_at_the_exact_size") {
