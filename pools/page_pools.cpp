@@ -45,30 +45,29 @@ ExclusivePool::ExclusivePool(PoolContext& ctx, std::uint64_t max_alloc_size,
 
 // Note [Exclusive pages]
 // ~~~~~~~~~~~~~~~~~~~~~~
-// A page holds one request, so its waste is page size minus request. New pages get the
-// request's size class: the request rounded up to an eighth of its power of two, but never to
-// more than 2 MiB (so at most 12.5% over for small requests and 2 MiB for large ones, the
-// driver's own granularity for large allocations: a request that nearly fills the device still
-// fits as it would without the pools; and should the rounded page not fit, the exact size is
-// tried). Sizes that differ by a few bytes share pages. Reuse takes the smallest free page that
-// fits, but never one larger than twice the request's class: an idle 8 GiB scratch page must
-// not serve a 100 MiB request (7.9 GiB of padding, and every further request then needs a page
-// of its own while the device is full). Twice, not less: programs whose sizes vary from step to
-// step (a training step's activations follow its sequence length) otherwise keep growing new
-// pages beside idle ones a little too small or too large; a class plus a quarter left the
-// bundled training trace at 2.55 times its live bytes, twice the class at 2.35, and the 64 MiB
-// random traces went from 1.54 and 1.68 to 1.40 and 1.46.
+// A page holds one request, so its waste is page size minus request. New pages get the request's
+// size class: the request rounded up to an eighth of its power of two, but never to more than 2 MiB
+// (so at most 12.5% over for small requests and 2 MiB for large ones, the driver's own granularity
+// for large allocations: a request that nearly fills the device still fits as it would without the
+// pools; and should the rounded page not fit, the exact size is tried). Sizes that differ by a few
+// bytes share pages. Reuse takes the smallest free page that fits, but never one larger than twice
+// the request's class: an idle 8 GiB scratch page must not serve a 100 MiB request (7.9 GiB of
+// padding, and every further request then needs a page of its own while the device is full). Twice,
+// not less: programs whose sizes vary from step to step (a training step's activations follow its
+// sequence length) otherwise keep growing new pages beside idle ones a little too small or too
+// large; a class plus a quarter left the bundled training trace at 2.55 times its live bytes, twice
+// the class at 2.35, and the 64 MiB random traces went from 1.54 and 1.68 to 1.40 and 1.46.
 // Padding in a live page is the one memory recovery cannot return, so it is bounded twice. Per
-// page, at 1/64 of the device: a 12 GiB request on a 15 GiB idle page left a 16 GiB device
-// 3 GiB short of what the plain program had. And in all: a page more than a quarter above the
-// class is taken only while the pool's padding stays within 1/16 of the device. Without that,
-// 260 MiB requests on idle 500 MiB pages would each waste 240 MiB, and a program filling a
-// 16 GiB device with them after freeing thirty such pages would get about half of what plain
-// CUDA gives. (A budget of 1/64 cost the 1 GiB random traces four times the driver
-// allocations; 1/16 keeps the gains above.) A page
-// too large for every request stays idle until its dealloc period, a growth (Note [Growing past
-// idle pages]) or a cleanup returns it; out-of-memory recovery returns every idle page before it
-// gives up, so such memory is never lost to a later request that needs the device.
+// page, at 1/64 of the device: a 12 GiB request on a 15 GiB idle page left a 16 GiB device 3 GiB
+// short of what the plain program had. And in all: a page more than a quarter above the class is
+// taken only while the pool's padding stays within 1/16 of the device. Without that, 260 MiB
+// requests on idle 500 MiB pages would each waste 240 MiB, and a program filling a 16 GiB device
+// with them after freeing thirty such pages would get about half of what plain CUDA gives. (A
+// budget of 1/64 cost the 1 GiB random traces four times the driver allocations; 1/16 keeps the
+// gains above.) A page too large for every request stays idle until its dealloc period, a growth
+// (Note [Growing past idle pages]) or a cleanup returns it; out-of-memory recovery returns every
+// idle page before it gives up, so such memory is never lost to a later request that needs the
+// device.
 std::uint64_t ExclusivePool::page_size_for(std::uint64_t size) const {
   const std::uint64_t eff = align_up(size, alignment());
   const std::uint64_t step = std::max<std::uint64_t>(
@@ -95,22 +94,22 @@ Slice* ExclusivePool::try_reserve(std::uint64_t size) {
 
 // Note [Growing past idle pages]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
-// A pool grows only when none of its idle pages fits the request, so each growth is a sign that
-// the idle pages may be the wrong sizes for what the program asks now. Before it grows, an
-// exclusive pool with a dealloc period therefore releases its pages idle for at least
-// kStaleAfter reservations, oldest first, while its idle pages exceed a quarter of the bytes in
-// use on the device (every pool's, the persistent one included). The released pages reach the
-// driver when the lock is released, after this growth: on a full device the growth still fails
-// first and recovery, which flushes them, retries it. Acting at growth, not at every free,
-// keeps the pages of a steady loop: a loop whose requests all find a page never grows, and its
-// pages stay until their period (capping idle memory at every free made each pair of a random
-// trace a driver allocation). The
-// age keeps the pages a burst of other sizes is about to reuse (8 × 16 MiB then 4 × 32 MiB,
-// repeated, reuses each page within 12 reservations and never releases one). On the bundled
-// traces (pools called directly, 16 GiB device) the training trace went from 2.35 to 1.22 times
-// its live bytes with 0.061 driver allocations per pair instead of 0.011, LLM serving from 1.63
-// to 1.49, the 100k 64 MiB random trace from 1.46 to 1.40; an age of 1,000 gave 1.42 for
-// training, one of 0 made the 1 GiB random trace a driver allocation every other pair.
+// A pool grows only when none of its idle pages fits the request, so each growth is a sign that the
+// idle pages may be the wrong sizes for what the program asks now. Before it grows, an exclusive
+// pool with a dealloc period therefore releases its pages idle for at least kStaleAfter
+// reservations, oldest first, while its idle pages exceed a quarter of the bytes in use on the
+// device (every pool's, the persistent one included). The released pages reach the driver when the
+// lock is released, after this growth: on a full device the growth still fails first and recovery,
+// which flushes them, retries it. Acting at growth, not at every free, keeps the pages of a steady
+// loop: a loop whose requests all find a page never grows, and its pages stay until their period
+// (capping idle memory at every free made each pair of a random trace a driver allocation). The age
+// keeps the pages a burst of other sizes is about to reuse (8 × 16 MiB then 4 × 32 MiB, repeated,
+// reuses each page within 12 reservations and never releases one). On the bundled traces (pools
+// called directly, 16 GiB device, reuse up to twice the class) it took the training trace from 2.35
+// to 1.22 times its live bytes, with 0.061 driver allocations per pair instead of 0.011, LLM
+// serving from 1.63 to 1.49 (1.51 with the padding budget), the 100k 64 MiB random trace from 1.46
+// to 1.40; an age of 1,000 gave 1.42 for training, one of 0 made the 1 GiB random trace a driver
+// allocation every other pair.
 constexpr std::uint64_t kStaleAfter = 500;
 
 AllocStatus ExclusivePool::grow(std::uint64_t size, Slice** out) {

@@ -45,7 +45,7 @@ struct UnitStorage<Unit::ratio> {
   X(largest_free, "largest free", bytes, normal)          \
   X(reservations, "served", count, wide)                  \
   X(device_allocs, "allocs", count, wide)                 \
-  X(device_releases, "releases", count, wide)            \
+  X(device_releases, "releases", count, wide)             \
   X(stale_releases, "stale released", count, wide)
 
 struct PoolReport {
