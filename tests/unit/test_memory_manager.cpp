@@ -487,39 +487,39 @@ TEST_CASE("exclusive_reuse_padding_is_capped_at_a_64th_of_the_device") {
   CHECK(rig.manager.check_consistency().empty());
 }
 
-TEST_CASE("exclusive_growth_releases_pages_idle_for_500_reservations_beyond_a_quarter_of_use") {
+TEST_CASE("exclusive_growth_releases_pages_idle_for_500_reservations_beyond_an_eighth_of_use") {
   for (const bool with_period : {true, false}) {
     CAPTURE(with_period);
     const std::optional<std::uint64_t> period =
         with_period ? std::optional<std::uint64_t>(1000000) : std::nullopt;
     Rig rig(custom({sliced(64 * KiB), exclusive(1 * GiB, period)}), 512, 1 * GiB,
             FreeFence::none);
-    const DevicePtr live = rig.reserve(16 * MiB);  // a quarter of it may stay idle: 4 MiB
-    const DevicePtr old_page = rig.reserve(8 * MiB);
-    const DevicePtr young = rig.reserve(3 * MiB);  // too small for the 8 MiB page when freed
-    REQUIRE((live != 0 && old_page != 0 && young != 0));
-    rig.manager.free(old_page);
-    // A growth right away keeps the 8 MiB page: it was idle for too few reservations.
+    const DevicePtr live = rig.reserve(4 * MiB);
+    const DevicePtr a = rig.reserve(8 * MiB), b = rig.reserve(3 * MiB), c = rig.reserve(3 * MiB);
+    REQUIRE((live != 0 && a != 0 && b != 0 && c != 0));
+    rig.manager.free(a);  // idle from oldest to youngest: a, b, c
+    rig.manager.free(b);
+    rig.manager.free(c);
+    // A growth right away keeps them: they were idle for too few reservations.
     const DevicePtr other = rig.reserve(20 * MiB);
-    CHECK(rig.device.outstanding_bytes() == 47 * MiB);
-    rig.manager.free(other);
-    rig.manager.free(young);
+    REQUIRE(other != 0);
+    CHECK(rig.device.outstanding_bytes() == 38 * MiB);
     for (int i = 0; i < 500; ++i) rig.manager.free(rig.reserve(512));
-    // Now each idle page is old enough. The next growth releases the oldest idle pages until
-    // what stays idle is at most a quarter of the bytes in use: the 8 MiB page and then the
-    // 20 MiB one; the 3 MiB page stays. Without a period the pool keeps its idle pages.
+    // Now each idle page is old enough. With 24 MiB in use, 3 MiB may stay idle: the next growth
+    // releases `a`, then `b` (6 MiB idle is still too much), and keeps `c`. A quarter of the bytes
+    // in use would have kept `b` too. Without a period the pool keeps its idle pages.
     const DevicePtr grown = rig.reserve(48 * MiB);
     REQUIRE(grown != 0);
     const PoolReport exclusive_pool = rig.manager.report().dynamic.at(1);
     if (with_period) {
-      CHECK(rig.device.outstanding_bytes() == 16 * MiB + 3 * MiB + 48 * MiB + 64 * KiB);
-      CHECK(rig.manager.free(old_page) == FreeOutcome::not_mine);  // its page is gone
-      CHECK(exclusive_pool.stale_releases == 2);  // the report says why
+      CHECK(rig.device.outstanding_bytes() == 4 * MiB + 20 * MiB + 3 * MiB + 48 * MiB + 64 * KiB);
+      CHECK(rig.manager.free(a) == FreeOutcome::not_mine);  // its page is gone
+      CHECK(exclusive_pool.stale_releases == 2);             // the report says why
+      CHECK(rig.reserve(3 * MiB) == c);                      // the page kept is reused
     } else {
-      CHECK(rig.device.outstanding_bytes() == 95 * MiB + 64 * KiB);
+      CHECK(rig.device.outstanding_bytes() == 86 * MiB + 64 * KiB);
       CHECK(exclusive_pool.stale_releases == 0);
     }
-    CHECK(rig.reserve(3 * MiB) == young);  // the page kept is reused
     CHECK(rig.manager.check_consistency().empty());
   }
 }
@@ -527,7 +527,7 @@ TEST_CASE("exclusive_growth_releases_pages_idle_for_500_reservations_beyond_a_qu
 TEST_CASE("exclusive_growth_releases_a_page_idle_for_500_allocations_not_499") {
   Rig rig(custom({sliced(64 * KiB), exclusive(1 * GiB, 1000000)}), 512, 1 * GiB,
           FreeFence::none);
-  const DevicePtr live = rig.reserve(4 * MiB);  // a quarter: 1 MiB may stay idle
+  const DevicePtr live = rig.reserve(4 * MiB);  // an eighth: 512 KiB may stay idle
   const DevicePtr idle = rig.reserve(8 * MiB);
   REQUIRE((live != 0 && idle != 0));
   rig.manager.free(idle);
