@@ -17,10 +17,10 @@
 // timeout) fail with EINTR in that thread, exactly as for any handled signal (docs/reports.md).
 //
 // The readiness mark (channel_protocol.h) is a PROT_NONE mapping of an empty memfd, whose name
-// /proc/PID/maps shows; its descriptor is closed at once. The reporter thread publishes it once
-// it listens, and wakes at least once a second to check that the library's handler is still
-// the signal's disposition: a program that installs its own handler later, or resets the
-// signal, loses the mark within a second, and `poolcuda report` then refuses instead of
+// /proc/PID/maps shows; its descriptor is closed at once. The library publishes it as it starts
+// the reporter thread, which wakes at least once a second to check that the library's handler
+// is still the signal's disposition: a program that installs its own handler later, or resets
+// the signal, loses the mark within a second, and `poolcuda report` then refuses instead of
 // triggering the program's own handler; the mark comes back if the handler does.
 //
 // Depends on the report channel, the report writer, the library's threads, the log and the
@@ -161,8 +161,16 @@ void start_reporter(const Config& conf) {
   if (::sigaction(g_signal, &action, nullptr) != 0) return;
   g_installed = true;
 
+  // The mark is published here, before the reporter thread starts, not by that thread: here,
+  // in the library's constructor, no code of the program runs yet. A program whose main first
+  // closes every descriptor it did not open and reuses the numbers (closefrom, then a pipe)
+  // could otherwise lose its new descriptor to the close of the memfd, when the thread's
+  // memfd_create landed before the program's close and the library's close after its reuse.
+  publish_mark();
   // Note [Report signal]: the thread starts with every signal blocked.
   if (!start_library_thread(&reporter_main, nullptr, nullptr)) {
+    if (g_mark != nullptr) ::munmap(g_mark, kMarkBytes);
+    g_mark = nullptr;
     ::sigaction(g_signal, &g_previous, nullptr);
     g_installed = false;
     log_when_touched(LogLevel::basic, std::string("cannot start the reporter thread; ") +
