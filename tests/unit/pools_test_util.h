@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "pools/forwarding_device.h"
 #include "pools/host_device.h"
 #include "pools/memory_manager.h"
 
@@ -50,31 +51,6 @@ inline PoolLayout preset(PoolPreset which) {
   layout.preset = which;
   return layout;
 }
-
-// A Device that passes every call to a HostDevice: tests derive from it and override what their
-// device does differently (releases that lag, a device that moves on during a flush).
-class ForwardingDevice : public Device {
- public:
-  explicit ForwardingDevice(HostDevice& inner) : inner_(inner) {}
-  AllocStatus allocate(std::uint64_t size, DevicePtr* out) override {
-    return inner_.allocate(size, out);
-  }
-  void release(DevicePtr ptr, std::uint64_t size) override { inner_.release(ptr, size); }
-  DeviceMemoryInfo memory_info() override { return inner_.memory_info(); }
-  std::uint64_t alignment() const override { return inner_.alignment(); }
-  FenceHandle fence_record() override { return inner_.fence_record(); }
-  bool fence_passed(FenceHandle fence) override { return inner_.fence_passed(fence); }
-  void fence_wait(FenceHandle fence) override { inner_.fence_wait(fence); }
-  bool fence_wait_for(FenceHandle fence, std::uint32_t max_microseconds) override {
-    return inner_.fence_wait_for(fence, max_microseconds);
-  }
-  void fence_destroy(FenceHandle fence) override { inner_.fence_destroy(fence); }
-  void synchronize() override { inner_.synchronize(); }
-  bool capture_active() override { return inner_.capture_active(); }
-
- protected:
-  HostDevice& inner_;
-};
 
 struct LogLine {
   LogLevel level;

@@ -21,7 +21,7 @@ namespace {
 // A HostDevice whose releases wait in a queue until flush_releases(), which returns the pages
 // queued before it began, then runs a hook once (the program's other thread, while the
 // recovering thread has let go of the lock).
-class QueuedReleaseDevice final : public ForwardingDevice {
+class QueuedReleaseDevice final : public ForwardingDevice<HostDevice> {
  public:
   explicit QueuedReleaseDevice(std::uint64_t capacity)
       : ForwardingDevice(host_), host_(capacity, 512) {}  // host_ is used only after this

@@ -107,7 +107,7 @@ namespace {
 
 // A HostDevice whose fences all pass while releases are flushed: the device makes progress while
 // out-of-memory recovery waits for its pages.
-class ProgressDuringFlush final : public ForwardingDevice {
+class ProgressDuringFlush final : public ForwardingDevice<HostDevice> {
  public:
   using ForwardingDevice::ForwardingDevice;
   bool flush_releases(std::uint32_t) override {
@@ -118,7 +118,7 @@ class ProgressDuringFlush final : public ForwardingDevice {
 
 // A HostDevice whose released pages never reach it (its free waits behind a parked stream):
 // each flush runs out after at most 20 ms.
-class StuckReleases final : public ForwardingDevice {
+class StuckReleases final : public ForwardingDevice<HostDevice> {
  public:
   using ForwardingDevice::ForwardingDevice;
   void release(DevicePtr ptr, std::uint64_t size) override {

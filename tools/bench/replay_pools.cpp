@@ -10,6 +10,7 @@
 #include <atomic>
 #include <memory>
 
+#include "pools/forwarding_device.h"
 #include "pools/host_device.h"
 #include "pools/memory_manager.h"
 #include "tools/bench/replay_cli.h"
@@ -19,9 +20,9 @@ namespace {
 
 // Forwards every call to the device below and meters it. Atomic counters: a manager may call
 // release() without its lock, from any thread, while another thread allocates.
-class MeteredDevice final : public Device {
+class MeteredDevice final : public ForwardingDevice<> {
  public:
-  explicit MeteredDevice(Device& inner) : inner_(inner) {}
+  using ForwardingDevice::ForwardingDevice;
 
   AllocStatus allocate(std::uint64_t size, DevicePtr* out) override {
     const AllocStatus status = inner_.allocate(size, out);
@@ -39,21 +40,11 @@ class MeteredDevice final : public Device {
     releases_.fetch_add(1, std::memory_order_relaxed);
     held_.fetch_sub(size);
   }
-  DeviceMemoryInfo memory_info() override { return inner_.memory_info(); }
-  std::uint64_t alignment() const override { return inner_.alignment(); }
   FenceHandle fence_record() override {
     const FenceHandle fence = inner_.fence_record();
     if (fence != kNoFence) fence_records_.fetch_add(1, std::memory_order_relaxed);
     return fence;
   }
-  bool fence_passed(FenceHandle fence) override { return inner_.fence_passed(fence); }
-  void fence_wait(FenceHandle fence) override { inner_.fence_wait(fence); }
-  bool fence_wait_for(FenceHandle fence, std::uint32_t max_microseconds) override {
-    return inner_.fence_wait_for(fence, max_microseconds);
-  }
-  void fence_destroy(FenceHandle fence) override { inner_.fence_destroy(fence); }
-  void synchronize() override { inner_.synchronize(); }
-  bool capture_active() override { return inner_.capture_active(); }
 
   // Called while no other thread uses the device (before and after the replay).
   void reset() {
@@ -67,7 +58,6 @@ class MeteredDevice final : public Device {
   }
 
  private:
-  Device& inner_;
   std::atomic<std::uint64_t> allocs_{0}, releases_{0}, fence_records_{0};
   std::atomic<std::uint64_t> held_{0}, peak_{0};
 };

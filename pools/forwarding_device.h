@@ -1,0 +1,39 @@
+// ForwardingDevice: a Device that passes every call to another one. Test devices and the
+// benchmark's metering device derive from it and override only what they do differently
+// (releases that lag, a device that moves on during a flush, counters). `Inner` is the type the
+// derived class needs to reach (HostDevice for its test controls, or any Device).
+#pragma once
+
+#include "pools/device.h"
+
+namespace poolcuda {
+
+template <class Inner = Device>
+class ForwardingDevice : public Device {
+ public:
+  explicit ForwardingDevice(Inner& inner) : inner_(inner) {}
+  AllocStatus allocate(std::uint64_t size, DevicePtr* out) override {
+    return inner_.allocate(size, out);
+  }
+  void release(DevicePtr ptr, std::uint64_t size) override { inner_.release(ptr, size); }
+  bool flush_releases(std::uint32_t max_microseconds) override {
+    return inner_.flush_releases(max_microseconds);
+  }
+  std::uint64_t releasing_bytes() override { return inner_.releasing_bytes(); }
+  DeviceMemoryInfo memory_info() override { return inner_.memory_info(); }
+  std::uint64_t alignment() const override { return inner_.alignment(); }
+  FenceHandle fence_record() override { return inner_.fence_record(); }
+  bool fence_passed(FenceHandle fence) override { return inner_.fence_passed(fence); }
+  void fence_wait(FenceHandle fence) override { inner_.fence_wait(fence); }
+  bool fence_wait_for(FenceHandle fence, std::uint32_t max_microseconds) override {
+    return inner_.fence_wait_for(fence, max_microseconds);
+  }
+  void fence_destroy(FenceHandle fence) override { inner_.fence_destroy(fence); }
+  void synchronize() override { inner_.synchronize(); }
+  bool capture_active() override { return inner_.capture_active(); }
+
+ protected:
+  Inner& inner_;
+};
+
+}  // namespace poolcuda
