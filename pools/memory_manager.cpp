@@ -484,7 +484,9 @@ Route MemoryManager::Impl::recover_from_oom(Scope& scope, std::uint64_t size,
       } else {
         stuck = true;
         extra_rounds = kOomExtraRounds;
-        flush_stuck_releasing = device.releasing_bytes();
+        // Pages held back by an open capture reach the driver once it ends, not behind a
+        // parked stream: a recovery after the capture must wait for them again.
+        if (!device.capture_active()) flush_stuck_releasing = device.releasing_bytes();
       }
     }
     flush = false;

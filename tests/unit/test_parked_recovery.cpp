@@ -143,7 +143,56 @@ class StuckReleases final : public ForwardingDevice<HostDevice> {
   std::uint64_t held_bytes_ = 0;
 };
 
+// A HostDevice that holds released pages back while a capture is open, as the release worker
+// does, and gives them to the driver at the first flush after it.
+class CaptureHoldsReleases final : public ForwardingDevice<HostDevice> {
+ public:
+  using ForwardingDevice::ForwardingDevice;
+  void release(DevicePtr ptr, std::uint64_t size) override {
+    held_.push_back({ptr, size});
+    held_bytes_ += size;
+  }
+  bool flush_releases(std::uint32_t) override {
+    if (inner_.capture_active()) return held_.empty();
+    for (const auto& [ptr, size] : held_) inner_.release(ptr, size);
+    held_.clear();
+    held_bytes_ = 0;
+    return true;
+  }
+  std::uint64_t releasing_bytes() override { return held_bytes_; }
+
+ private:
+  std::vector<std::pair<DevicePtr, std::uint64_t>> held_;
+  std::uint64_t held_bytes_ = 0;
+};
+
 }  // namespace
+
+TEST_CASE("oom_recovery_after_a_capture_waits_for_the_pages_the_capture_held_back") {
+  HostDevice host(8 * MiB, 512);
+  CaptureHoldsReleases device(host);
+  ManagerOptions options;
+  options.layout = custom({exclusive(8 * MiB)});
+  options.free_fence = FreeFence::none;
+  options.log_sink = [](LogLevel, std::string_view) {};
+  MemoryManager manager(device, options);
+  const DevicePtr big = manager.allocate(6 * MiB).ptr;
+  REQUIRE(big != 0);
+  manager.free(big);
+  host.set_capture_open(true);
+  CHECK(manager.allocate(7 * MiB).ptr == 0);  // the idle page is held back until the end
+  host.set_capture_open(false);
+  // Still on its way when the next request comes: that recovery must flush it, not take the
+  // earlier refusal for a stream that never moves.
+  REQUIRE(device.releasing_bytes() == 6 * MiB);
+  const DevicePtr after = manager.allocate(7 * MiB).ptr;
+  CHECK(after != 0);
+  manager.free(after);
+  manager.cleanup(true);
+  device.flush_releases(0);
+  CHECK(host.outstanding_allocations() == 0);
+  CHECK(manager.check_consistency().empty());
+}
 
 TEST_CASE("oom_recovery_does_not_wait_again_for_pages_still_stuck") {
   HostDevice host(8 * MiB, 512);
