@@ -20,11 +20,17 @@ struct Slot {
   std::uint64_t size = 0;
 };
 
+// Slots kept empty on each side of a thread's table: two threads' small tables would otherwise
+// share a cache line, and every operation's write would move it between their cores.
+constexpr std::size_t kSlotPadding = 64 / sizeof(Slot);
+
 // One thread's replay: its tables (sized before the clock starts), every operation's cost in
 // ticks, and where it stopped.
 struct ThreadRun {
-  explicit ThreadRun(const ThreadOps& thread) : slots(thread.slots), cost(thread.ops.size()) {}
-  std::vector<Slot> slots;
+  explicit ThreadRun(const ThreadOps& thread)
+      : slot_storage(thread.slots + 2 * kSlotPadding), cost(thread.ops.size()) {}
+  std::vector<Slot> slot_storage;  // the table, padded
+  std::vector<Slot>::iterator slots_begin() { return slot_storage.begin() + kSlotPadding; }
   std::vector<std::uint64_t> cost;
   std::size_t done = 0;  // operations completed
   std::string error;
@@ -32,7 +38,7 @@ struct ThreadRun {
 
 void run_thread(const ThreadOps& thread, std::size_t index, ReplayAllocator& allocator,
                 std::atomic<bool>& stop, ThreadRun& run) {
-  std::vector<Slot>& slots = run.slots;
+  const auto slots = run.slots_begin();
   const std::size_t n = thread.ops.size();
   std::uint64_t previous = ticks();
   std::size_t i = 0;
