@@ -47,7 +47,11 @@ void runtime_hold(int device) {
 
 bool driver_initialized() { return g_driver_initialized.load(); }
 
-void set_driver_initialized() { g_driver_initialized.store(true); }
+// Called by every entry point: a store each time would move the flag's cache line between the
+// threads of a multi-threaded program on every call, a cost the real runtime does not have.
+void set_driver_initialized() {
+  if (!g_driver_initialized.load()) g_driver_initialized.store(true);
+}
 
 Context* primary_context(int device) {
   if (!valid_device(device)) return nullptr;
