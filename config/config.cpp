@@ -236,7 +236,7 @@ struct Option {
 // Config holds, rendered by the row's own describe function. constexpr (string views and
 // function pointers only): the table is constant-initialised, with no dynamic initialiser, so
 // parse_config works even when a hook runs before the library's static initialisers.
-constexpr std::array<Option, 15> kOptions = {{
+constexpr std::array<Option, 16> kOptions = {{
     {"pools", "the dynamic pools: a preset or a list of pools tried in order", &parse_pools_option,
      &describe_pools, &grammar_pools},
     POOLCUDA_WORD_OPTION("persistent", kPersistentWords, &Config::persistent,
@@ -247,6 +247,9 @@ constexpr std::array<Option, 15> kOptions = {{
      "freed bytes that may wait on fences before a reservation waits instead of growing a pool "
      "(or 1/8 of the bytes in use, if larger)",
      &parse_fence_slack, &describe_fence_slack, &grammar_size},
+    POOLCUDA_WORD_OPTION("thread_cache", kOnOffWords, &Config::thread_cache,
+                         "on: a thread reuses the small slices it freed for its next requests "
+                         "of the same size, without the pools' lock, while frees need no fence"),
     POOLCUDA_WORD_OPTION("report_signal", kSignalWords, &Config::report_signal,
                          "the signal that makes the process write a report"),
     POOLCUDA_WORD_OPTION("report_format", kFormatWords, &Config::report_format,

@@ -37,6 +37,8 @@ struct Config {
   // Bytes freed memory may hold while it waits for free fences before a reservation that
   // would grow a pool waits for the oldest fence instead; 0: always wait first.
   std::uint64_t fence_slack = 64 * MiB;
+  // Each thread reuses the small slices it freed for its next requests of the same size.
+  bool thread_cache = true;
   ReportSignal report_signal = ReportSignal::usr1;
   ReportFormat report_format = ReportFormat::text;
   std::string report_path = "stderr";  // or a path; %p = pid, %n = sequence number

@@ -67,6 +67,7 @@ MemoryManager* Registry::manager_or_create(int device) {
   options.persistent = conf.persistent;
   options.free_fence = conf.free_fence;
   options.fence_slack = conf.fence_slack;
+  options.thread_cache = conf.thread_cache;
   options.log = conf.log;
   options.log_sink = [](LogLevel level, std::string_view message) { log_line(level, message); };
   auto* manager = new MemoryManager(*cuda_device, options);

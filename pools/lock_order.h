@@ -14,6 +14,8 @@
 // stream table: the streams the program created (interpose/stream_table.cpp)
 // device:       a CudaDevice's event and release caches (interpose/cuda_device.cpp)
 // foreign free: the frees in flight that the pools do not own (interpose/foreign_frees.cpp)
+// A thread cache's spin lock (pools/thread_cache.h) is outside the ranks: a leaf, taken alone by
+// its owner thread or under `manager`, and nothing is taken while it is held.
 // Nothing that can wait for the device (a synchronizing cudaFree, an event synchronize, a fence
 // wait) runs while a lock at or below `manager` is held (Note [Outside the lock] in
 // memory_manager.cpp), except that an allocation inside a capture window holds the capture

@@ -19,6 +19,14 @@ Reservation MemoryManager::allocate(std::uint64_t size, Placement placement) {
   if (size == 0 || size > kLargestRequest)
     return Reservation{0, Error{ErrorKind::buffer_too_big, size}};
   Impl& m = *impl_;
+  // The calling thread's cache first, without the manager's lock (Note [Thread caches]).
+  if (size <= kThreadCacheSliceMax && placement == Placement::automatic &&
+      m.caches_open.load(std::memory_order_acquire)) {
+    if (ThreadCache* cache = find_thread_cache(m.id)) {
+      const DevicePtr ptr = cache->take(size, m.caches_open);
+      if (ptr != 0) return Reservation{ptr, Error{}, false};
+    }
+  }
   Impl::Scope scope(m);
   m.index.reserve_one();
   ++m.ctx.clock;
@@ -56,15 +64,28 @@ Reservation MemoryManager::allocate(std::uint64_t size, Placement placement) {
   }
   if (r.slice == nullptr) return Reservation{0, r.error};
   m.index.insert(r.slice->ptr, r.slice);
+  m.cache_new_slice(r.slice, placement);
   m.trace(LogEvent::Kind::allocate, size, r.slice->ptr, r.slice->page->pool->kind_name());
   return Reservation{r.slice->ptr, Error{}, r.grew};
 }
 
 FreeOutcome MemoryManager::free(DevicePtr ptr) {
   Impl& m = *impl_;
+  if (ptr != 0 && m.caches_open.load(std::memory_order_acquire)) {
+    if (ThreadCache* cache = find_thread_cache(m.id)) {
+      switch (cache->give(ptr, m.caches_open)) {
+        case ThreadCache::Give::parked: return FreeOutcome::freed;
+        case ThreadCache::Give::double_free: return FreeOutcome::double_free;
+        case ThreadCache::Give::not_here: break;
+      }
+    }
+  }
   Impl::Scope scope(m);
-  Slice* slice = ptr == 0 ? nullptr : m.index.erase(ptr);
+  Slice* slice = ptr == 0 ? nullptr : m.index.find(ptr);
   if (slice == nullptr) return m.classify(ptr);
+  // Parked in a thread's cache: the program freed it already.
+  if (slice->cache != nullptr && !m.uncache(slice)) return FreeOutcome::double_free;
+  m.index.erase(ptr);
   m.recent_frees[m.recent_next] = ptr;
   m.recent_next = (m.recent_next + 1) % kRecentFrees;
   if (slice->pins > 0) {
@@ -79,8 +100,9 @@ FreeOutcome MemoryManager::free(DevicePtr ptr) {
 
 std::uint64_t MemoryManager::live_size(DevicePtr ptr) const {
   std::lock_guard lock(impl_->mutex);
-  const Slice* slice = impl_->index.find(ptr);
-  return slice == nullptr ? 0 : slice->requested;
+  Slice* slice = impl_->index.find(ptr);
+  if (slice == nullptr || (slice->cache != nullptr && impl_->parked(slice))) return 0;
+  return slice->requested;
 }
 
 void MemoryManager::set_mode(AllocationMode mode) {
@@ -94,6 +116,7 @@ void MemoryManager::set_mode(AllocationMode mode) {
   } else if (m.windows > 0) {
     --m.windows;
   }
+  m.update_cache_gate();
 }
 
 void MemoryManager::set_capture_window(bool open) {
@@ -104,6 +127,7 @@ void MemoryManager::set_capture_window(bool open) {
   } else if (m.capture_windows > 0) {
     --m.capture_windows;
   }
+  m.update_cache_gate();
 }
 
 Error MemoryManager::install_layout(const PoolLayout& layout) {
@@ -111,6 +135,7 @@ Error MemoryManager::install_layout(const PoolLayout& layout) {
   Impl::Scope scope(m);
   // Pending slices still belong to the old pools: wait for their fences (a quiescent point,
   // not the hot path), then return every idle page.
+  m.flush_caches(false);
   m.drain(scope);
   m.cleanup_all(true);
   std::uint64_t busy = 0;
@@ -126,6 +151,7 @@ Error MemoryManager::install_layout(const PoolLayout& layout) {
 void MemoryManager::cleanup(bool explicit_cleanup) {
   Impl& m = *impl_;
   Impl::Scope scope(m);
+  m.flush_caches(false, !explicit_cleanup);
   if (explicit_cleanup) m.close_and_reap();
   m.cleanup_all(explicit_cleanup);
 }
@@ -143,6 +169,7 @@ GiveBack MemoryManager::give_back_all(std::uint32_t max_microseconds) {
       std::chrono::steady_clock::now() + std::chrono::microseconds(max_microseconds);
   Impl::Scope scope(m);
   if (m.frozen != 0) return GiveBack::nothing;
+  m.flush_caches(false);
   if (m.idle() == 0 && m.pending() == 0 && m.device.releasing_bytes() == 0)
     return GiveBack::nothing;
   if (m.device.capture_active()) return GiveBack::nothing;
@@ -188,7 +215,8 @@ bool MemoryManager::frozen() const {
 }
 
 std::uint64_t MemoryManager::frees() const {
-  return impl_->frees.load(std::memory_order_relaxed);
+  std::lock_guard lock(impl_->mutex);  // the list of caches
+  return impl_->frees.load(std::memory_order_relaxed) + impl_->parked_frees();
 }
 
 bool MemoryManager::flush_releases(std::uint32_t max_microseconds) {
@@ -197,7 +225,7 @@ bool MemoryManager::flush_releases(std::uint32_t max_microseconds) {
 
 MemoryUsage MemoryManager::memory_usage() const {
   std::lock_guard lock(impl_->mutex);
-  return impl_->usage();
+  return impl_->program_usage();
 }
 
 std::uint64_t MemoryManager::alignment() const { return impl_->ctx.alignment; }
@@ -216,6 +244,7 @@ void MemoryManager::forget() {
 void MemoryManager::set_stream_ordered(bool ordered) {
   std::lock_guard lock(impl_->mutex);  // frees read the flag under this lock: a barrier
   impl_->stream_ordered = ordered;
+  impl_->update_cache_gate();  // and the caches' frees read the gate under theirs
 }
 
 
@@ -226,12 +255,14 @@ void MemoryManager::set_frozen(bool frozen) {
   } else if (impl_->frozen > 0) {
     --impl_->frozen;
   }
+  impl_->update_cache_gate();
 }
 
 RetainedSlice MemoryManager::retain(DevicePtr ptr) {
   std::lock_guard lock(impl_->mutex);
   Slice* slice = ptr == 0 ? nullptr : impl_->index.find(ptr);
   if (slice == nullptr) return {};
+  if (slice->cache != nullptr && !impl_->uncache(slice)) return {};  // parked: freed
   ++slice->pins;
   return RetainedSlice{ptr, impl_->generation, slice};
 }

@@ -21,6 +21,7 @@
 #include "pools/page_pools.h"
 #include "pools/pool.h"
 #include "pools/slice_index.h"
+#include "pools/thread_cache.h"
 
 namespace poolcuda {
 
@@ -96,6 +97,7 @@ struct Route {
 
 struct MemoryManager::Impl {
   Impl(Device& d, const ManagerOptions& o);
+  ~Impl();
 
   // Holds the manager's lock and collects, in an Outbox, what must happen after it; the work
   // runs at unlock() and when the scope ends (manager_scope.cpp).
@@ -153,9 +155,32 @@ struct MemoryManager::Impl {
   bool recently_freed(DevicePtr ptr) const;
   void log(LogLevel level, std::string message);
   void trace(LogEvent::Kind kind, std::uint64_t size, DevicePtr ptr, const char* pool);
+  // --- manager_caches.cpp: the thread caches (Note [Thread caches]) ---------------------------
+  // Opens or closes the gate from the settings and state it depends on; closing flushes and
+  // unbinds every cache, and is a barrier for the owners' calls.
+  void update_cache_gate();
+  // A slice just reserved for the calling thread joins its cache, when it qualifies.
+  void cache_new_slice(Slice* slice, Placement placement);
+  // The slice of `ptr`, when it is in a cache: false if parked there (freed already); else it
+  // leaves the cache and is an ordinary live slice again.
+  bool uncache(Slice* slice);
+  // Whether a cached slice is parked (freed by the program).
+  bool parked(Slice* slice);
+  // Parked slices go back to their pools; `unbind`: live ones stop being cached too. `idle_only`:
+  // only caches no call used since the last such sweep.
+  void flush_caches(bool unbind, bool idle_only = false);
+  // Parked slices of `cache` not reused since the previous pass retire.
+  void expire_parked(ThreadCache& cache);
+  // A parked slice leaves the index and goes back to its pool at once, as the free that parked
+  // it would have done when it was made (the gate was open then); frees() counted it then.
+  void retire_parked(Slice* slice);
+  void fill_cache_report(ManagerReport& r) const;
+  std::uint64_t parked_frees() const;
+
   // manager_scope.cpp: the log lines of a scope, written outside the lock.
   void write_logs(boost::container::small_vector<LogEvent, 2>& logs);
-  MemoryUsage usage() const;
+  MemoryUsage usage() const;  // the pools' counters: parked slices are in use there
+  MemoryUsage program_usage() const;  // usage() without the parked slices (manager_caches.cpp)
   std::uint64_t pending() const;
   std::uint64_t idle() const;        // bytes of whole idle pages
   std::uint64_t free_bytes() const;  // every free byte, idle pages and holes in used pages
@@ -184,6 +209,12 @@ struct MemoryManager::Impl {
   std::uint64_t capture_windows = 0;  // open stream captures on the device
   std::uint32_t frozen = 0;           // set_frozen() nesting: no page is taken from the device
   bool stream_ordered = false;        // free_fence:auto: frees return at once
+  // Thread caches (Note [Thread caches]): this manager's id in the threads' tables, whether
+  // their calls may serve and park slices now, and every cache ever made (owners hold shared
+  // references too, so a cache outlives whichever goes first).
+  const std::uint64_t id = next_manager_id();
+  std::atomic<bool> caches_open{false};
+  std::vector<std::shared_ptr<ThreadCache>> caches;
   std::uint64_t generation = 1;  // bumped by forget(): invalidates RetainedSlice handles
   // Pages ever handed to Device::release (counted under the lock as they go; read without it by
   // out-of-memory recovery: Note [Out of memory among threads]).

@@ -30,7 +30,7 @@ ManagerReport MemoryManager::report() const {
   r.device = m.options.device_index;
   for (const auto& pool : m.pools) r.dynamic.push_back(pool->report());
   r.persistent = m.persistent->report();
-  const MemoryUsage usage = m.usage();
+  const MemoryUsage usage = m.program_usage();
   r.bytes_in_use = usage.bytes_in_use;
   r.slices = usage.number_allocs;
   r.bytes_padding = usage.bytes_padding;
@@ -49,6 +49,7 @@ ManagerReport MemoryManager::report() const {
   r.give_backs = m.give_backs;
   r.give_back_timeouts = m.give_back_timeouts;
   r.reuse = reuse_word(m.options.free_fence, m.stream_ordered);
+  m.fill_cache_report(r);
   return r;
 }
 
@@ -144,6 +145,26 @@ std::string MemoryManager::check_consistency() const {
   const MemoryUsage total = m.usage();
   if (m.ctx.totals.in_use != total.bytes_in_use || m.ctx.totals.reserved != total.bytes_reserved)
     return "the manager-wide totals differ from the pools' counters";
+  // Thread caches hold live, indexed slices that point back at them, and nothing else.
+  std::uint64_t cached = 0;
+  for (const auto& cache : m.caches) {
+    std::lock_guard hold(cache->lock);
+    std::uint64_t parked = 0;
+    for (std::size_t i = 0; i < cache->count(); ++i) {
+      const ThreadCache::Entry& e = cache->at(i);
+      if (e.slice->cache != cache.get() || e.slice->state != SliceState::live ||
+          m.index.find(e.ptr) != e.slice || e.slice->requested != e.requested ||
+          e.slice->size != e.size)
+        return "a thread cache holds a slice that does not match it";
+      if (e.parked) parked += e.size;
+    }
+    if (parked != cache->parked_bytes()) return "a thread cache's parked bytes are wrong";
+    cached += cache->count();
+  }
+  std::uint64_t marked = 0;
+  for (const Page& page : m.ctx.page_set)
+    for (const Slice& slice : page.slices) marked += slice.cache != nullptr;
+  if (marked != cached) return "slices marked cached that no thread cache holds";
   return {};
 }
 

@@ -164,6 +164,11 @@ MemoryManager::Impl::Impl(Device& d, const ManagerOptions& o)
   ctx.total_memory = total_memory;
   persistent = std::make_unique<PersistentPool>(ctx);
   build_pools(options.layout);
+  update_cache_gate();
+}
+
+MemoryManager::Impl::~Impl() {
+  for (const auto& cache : caches) cache->manager_gone.store(true, std::memory_order_release);
 }
 
 void MemoryManager::Impl::build_pools(const PoolLayout& layout) {
@@ -188,6 +193,10 @@ void MemoryManager::Impl::build_pools(const PoolLayout& layout) {
 }
 
 void MemoryManager::Impl::drop_everything() {
+  for (const auto& cache : caches) {
+    std::lock_guard hold(cache->lock);
+    cache->clear();
+  }
   fences.forget(device);
   index.clear();
   pools.clear();
@@ -406,6 +415,7 @@ restart:
 }
 
 void MemoryManager::Impl::implicit_cleanup() {
+  flush_caches(false, true);
   persistent->cleanup(false);
   std::uint64_t next = persistent->deadline();
   for (const auto& pool : pools) {
@@ -447,6 +457,7 @@ bool MemoryManager::Impl::drain(Scope& scope) {
 // waits for a parked stream) ends the extra rounds: waiting again would only add its bound.
 Route MemoryManager::Impl::recover_from_oom(Scope& scope, std::uint64_t size,
                                             Placement placement) {
+  flush_caches(false);  // parked slices are memory no one uses
   // A request no recovery can serve fails at once, as the real cudaMalloc does, without waiting
   // for anything (Note [Recovery and parked streams]).
   if (beyond_reach(size)) {

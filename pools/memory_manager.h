@@ -2,7 +2,8 @@
 // routes each reservation (persistent windows, the `persistent` setting, spill from a full
 // capped pool), indexes live slices by device pointer, applies free fences, trims idle pages
 // and recovers from out-of-memory. Thread-safe: every public method takes the manager's one
-// mutex; the interposer adds no lock of its own on the hot path.
+// mutex, except that allocate and free first try the calling thread's cache (Note [Thread
+// caches] in manager_caches.cpp); the interposer adds no lock of its own on the hot path.
 //
 // Depends on pools/ only; the Device it is given is the only way it reaches hardware.
 #pragma once
@@ -54,6 +55,9 @@ struct ManagerOptions {
   // reach the driver, before it gives up (Note [Recovery and parked streams]); tests of the bound
   // set it short.
   std::uint32_t recovery_wait_micros = 10000000;
+  // Each thread keeps a few freed small slices for its own next requests of the same size
+  // (Note [Thread caches] in manager_caches.cpp); only while frees need no fence.
+  bool thread_cache = false;
   LogLevel log = LogLevel::basic;
   LogSink log_sink;  // empty: write to stderr prefixed "poolcuda: "
 };
@@ -204,8 +208,8 @@ class MemoryManager {
   // Whether set_frozen(true) is in force (a device reset is under way).
   bool frozen() const;
 
-  // How many slices the manager has retired (freed, or released by their last pin), ever; read
-  // without the lock (a later free may already be under way).
+  // How many slices the program has freed (or released by their last pin), ever, parked ones
+  // included (Note [Thread caches]); a later free may already be under way.
   std::uint64_t frees() const;
 
   // Pages released by trimming may still be on their way to the driver (Device::release may

@@ -30,6 +30,7 @@ enum class SliceState : std::uint8_t { free, live, pending, held };
 
 class Pool;
 struct Page;
+class ThreadCache;
 
 struct Slice {
   bi::list_member_hook<FastLink> page_hook;  // neighbours in address order within the page
@@ -41,6 +42,8 @@ struct Slice {
   std::uint64_t requested = 0;  // live or held: the size the program asked for
   std::uint32_t pins = 0;
   SliceState state = SliceState::free;
+  // Live and held in a thread's cache (Note [Thread caches] in manager_caches.cpp).
+  ThreadCache* cache = nullptr;
 };
 
 using PageSlices =

@@ -45,6 +45,7 @@ std::string_view group_title(std::string_view group) {
   if (group == "out_of_memory") return "out of memory";
   // Everything idle given back before host functions and refused cudaMallocAsync calls.
   if (group == "given_back") return "all idle given back";
+  if (group == "thread_caches") return "thread caches";
   return group;
 }
 

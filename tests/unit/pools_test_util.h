@@ -63,12 +63,14 @@ struct LogLine {
 struct Rig {
   explicit Rig(const PoolLayout& layout, std::uint64_t alignment = 32,
                std::uint64_t capacity = 128 * MiB, FreeFence fence = FreeFence::events,
-               PersistentMode persistent = PersistentMode::enabled)
-      : device(capacity, alignment), manager(device, make_options(layout, fence, persistent)) {}
+               PersistentMode persistent = PersistentMode::enabled, bool thread_cache = false)
+      : device(capacity, alignment),
+        manager(device, make_options(layout, fence, persistent, thread_cache)) {}
 
   ManagerOptions make_options(const PoolLayout& layout, FreeFence fence,
-                              PersistentMode persistent) {
+                              PersistentMode persistent, bool thread_cache) {
     ManagerOptions o;
+    o.thread_cache = thread_cache;
     o.layout = layout;
     o.free_fence = fence;
     o.persistent = persistent;

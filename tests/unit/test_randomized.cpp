@@ -36,14 +36,15 @@ struct Scenario {
   std::uint64_t alignment;
   std::uint64_t capacity;
   int steps;
+  bool thread_cache = false;
 };
 
-std::uint64_t random_size(std::mt19937_64& rng) {
+std::uint64_t random_size(std::mt19937_64& rng, std::uint64_t shapes) {
   switch (rng() % 10) {
     case 0: case 1: case 2: case 3: return 1 + rng() % 4096;         // small
     case 4: case 5: case 6: return 4096 + rng() % (256 * KiB);       // medium
     case 7: case 8: return 256 * KiB + rng() % (2 * MiB);            // large
-    default: return 1 + rng() % 64 * 512;                            // recurring shapes
+    default: return 1 + rng() % shapes * 512;                        // recurring shapes
   }
 }
 
@@ -51,7 +52,7 @@ unsigned char tag_of(DevicePtr p) { return static_cast<unsigned char>((p >> 9) *
 
 void run_scenario(const Scenario& s, std::uint64_t seed) {
   INFO("scenario " << std::string(s.name));
-  Rig rig(s.layout, s.alignment, s.capacity, s.fence, s.persistent);
+  Rig rig(s.layout, s.alignment, s.capacity, s.fence, s.persistent, s.thread_cache);
   const bool manual = s.fence == FreeFence::events && seed % 2 == 0;
   if (manual) rig.device.set_fence_mode(HostDevice::FenceMode::manual);
   std::mt19937_64 rng(seed);
@@ -75,7 +76,8 @@ void run_scenario(const Scenario& s, std::uint64_t seed) {
     if (live.size() > 150 && op < 55 && op >= 40) op = 55 + op % 40;
     DevicePtr fresh = 0;
     if (op < 55) {
-      const std::uint64_t size = random_size(rng);
+      // Few recurring shapes with thread caches, so that sizes recur within a cache's reach.
+      const std::uint64_t size = random_size(rng, s.thread_cache ? 4 : 64);
       const Reservation r = rig.manager.allocate(size);
       if (r.ptr == 0) {
         // Only a full device or a full capped pool may refuse; nothing else changes.
@@ -118,7 +120,7 @@ void run_scenario(const Scenario& s, std::uint64_t seed) {
       rig.manager.cleanup(rng() % 4 == 0);
     } else if (op < 98) {
       if (manual) rig.device.complete_fences();
-    } else {
+    } else if (!s.thread_cache) {  // windows shut the caches: test_thread_cache covers that
       rig.manager.set_mode(rng() % 2 ? AllocationMode::persistent : AllocationMode::automatic);
     }
 
@@ -150,6 +152,7 @@ void run_scenario(const Scenario& s, std::uint64_t seed) {
     }
   }
 
+  if (s.thread_cache) CHECK(rig.manager.report().thread_cache_hits > 0);
   for (const auto& [p, size] : live) REQUIRE(rig.manager.free(p) == FreeOutcome::freed);
   REQUIRE(rig.manager.check_consistency() == "");
   CHECK(rig.manager.drain_fences());
@@ -180,6 +183,8 @@ TEST_CASE("randomized_reserve_free_against_a_reference_model") {
        FreeFence::sync, PersistentMode::disabled, 50, 64 * MiB, 30000},
       {"mixed/enforced", mixed, FreeFence::events, PersistentMode::enforced, 512, 64 * MiB,
        20000},
+      {"mixed/thread-cache", mixed, FreeFence::none, PersistentMode::enabled, 512, 48 * MiB,
+       30000, true},
   };
   std::uint64_t seed = 12345;
   int total = 0;
@@ -191,10 +196,15 @@ TEST_CASE("randomized_reserve_free_against_a_reference_model") {
 }
 
 TEST_CASE("four_threads_share_one_manager") {
+  bool cached = false;  // fenced frees
+  SUBCASE("fenced frees") {}
+  SUBCASE("unfenced frees through thread caches") { cached = true; }
   HostDevice device(512 * MiB, 512);
   ManagerOptions o;
   o.layout = preset(PoolPreset::subslices);
   o.fence_batch = 64;
+  o.thread_cache = cached;
+  o.free_fence = cached ? FreeFence::none : FreeFence::events;
   MemoryManager manager(device, o);
   std::atomic<int> errors{0};
   auto worker = [&](int id) {

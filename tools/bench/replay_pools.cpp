@@ -65,7 +65,10 @@ class MeteredDevice final : public ForwardingDevice<> {
 class PoolsAllocator final : public ReplayAllocator {
  public:
   explicit PoolsAllocator(std::uint64_t device_memory)
-      : host_(device_memory, 512), metered_(host_), manager_(metered_, ManagerOptions{}) {}
+      : host_(device_memory, 512), metered_(host_), manager_(metered_, options()) {
+    // What the library does for a program whose work is one ordered queue, as every trace's is.
+    manager_.set_stream_ordered(true);
+  }
 
   void* allocate(std::uint64_t size) override {
     const Reservation r = manager_.allocate(size);
@@ -89,6 +92,12 @@ class PoolsAllocator final : public ReplayAllocator {
   Meters meters() override { return metered_.meters(); }
 
  private:
+  static ManagerOptions options() {
+    ManagerOptions o;
+    o.thread_cache = true;  // the library's default
+    return o;
+  }
+
   HostDevice host_;
   MeteredDevice metered_;
   MemoryManager manager_;

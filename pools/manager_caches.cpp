@@ -1,0 +1,204 @@
+// The manager's side of the thread caches: the gate that says when caches may serve, how a
+// slice joins and leaves a cache, and the flushes that give parked slices back.
+//
+// Note [Thread caches]
+// ~~~~~~~~~~~~~~~~~~~~
+// Every manager call takes the manager's one lock. When two threads allocate at once, the lock
+// and the pools' state move between their cores and each sleeps on the other: two threads
+// together made fewer allocations per second than one. So each thread keeps, per manager, a
+// small cache of slices it was given (at most kThreadCacheSlots, each at most
+// kThreadCacheSliceMax). When the thread frees one, the slice is parked in the cache, without
+// the manager's lock; when the same thread next asks for exactly the same size, the parked
+// slice is handed out again, also without it. A parked slice stays live in its pool and in the
+// pointer index: the pools count it in use, and reports show it under "thread caches". Only an
+// exact size is reused, so every pool counter (bytes requested, padding, the live-size
+// histogram) stays exact.
+// The gate. Parking is a free whose slice is reusable at once, so caches serve only while the
+// manager's own free would return a slice at once: free_fence:none, or free_fence:auto while
+// the device's work is one ordered queue (Note [Stream-ordered reuse]). They also stay shut
+// while a capture or persistent window is open, under persistent:enforced and size_match (those
+// route every request by its size), while the manager is frozen, and under log:full (which
+// traces every call). Closing the gate stores false, then takes every cache's lock and empties
+// it: parked slices go back to their pools at once, as the frees that parked them would have
+// done when they were made (a device that leaves ordered reuse protects such memory by its
+// event F, Note [Stream-ordered reuse]), and live ones become ordinary live slices. An owner
+// reads the gate under its cache's lock, so once the close returns, no owner call that saw it
+// open is still running: set_stream_ordered(false) stays a barrier.
+// Bad frees. A pointer parked in a cache was freed: its second free is a double free, whether
+// the owner makes it (its cache finds the parked entry) or another thread does (the manager
+// finds the slice, marked cached, and asks its cache). A free from another thread of a cached
+// live slice takes the slice out of the cache first, then frees it as usual; live_size and
+// retain see a parked slice as freed.
+// Bounds. A cache parks at most kThreadCacheParkedMax bytes (a free past that takes the
+// manager's path). Parked slices go back to their pools at every explicit cleanup, at the start
+// of out-of-memory recovery, in give_back_all, before a layout change, and when the slot is
+// needed for a newer slice; an implicit cleanup empties the caches no call used since the one
+// before. When a thread exits its cache is orphaned, parked slices and all, and the next thread
+// that needs a cache adopts it, so caches number at most the threads alive at once. A forked
+// child never touches the pools (interpose/lifecycle.cpp).
+#include <new>
+
+#include "pools/manager_impl.h"
+
+namespace poolcuda {
+
+void MemoryManager::Impl::update_cache_gate() {
+  FreeFence mode = options.free_fence;
+  if (mode == FreeFence::automatic) mode = stream_ordered ? FreeFence::none : FreeFence::events;
+  const bool open = options.thread_cache && mode == FreeFence::none && capture_windows == 0 &&
+                    windows == 0 && frozen == 0 &&
+                    options.persistent != PersistentMode::enforced &&
+                    options.persistent != PersistentMode::size_match &&
+                    options.log != LogLevel::full;
+  if (caches_open.exchange(open, std::memory_order_acq_rel) && !open) flush_caches(true);
+}
+
+void MemoryManager::Impl::cache_new_slice(Slice* slice, Placement placement) {
+  if (!caches_open.load(std::memory_order_relaxed)) return;
+  ThreadCache* cache = find_thread_cache(id);
+  if (cache != nullptr && ++cache->manager_allocations % kThreadCacheExpiry == 0)
+    expire_parked(*cache);
+  if (placement != Placement::automatic || slice->size > kThreadCacheSliceMax ||
+      slice->pins != 0 || slice->page->pool == persistent.get())
+    return;
+  if (cache == nullptr) {
+    try {
+      std::shared_ptr<ThreadCache> mine;
+      for (const auto& c : caches) {
+        std::lock_guard hold(c->lock);
+        if (!c->orphaned) continue;
+        c->orphaned = false;
+        mine = c;
+        break;
+      }
+      const bool adopted = mine != nullptr;
+      if (!adopted) {
+        caches.reserve(caches.size() + 1);
+        mine = std::make_shared<ThreadCache>();
+      }
+      if (!bind_thread_cache(id, mine)) {  // the thread's table is full, or it is exiting
+        if (adopted) {
+          std::lock_guard hold(mine->lock);
+          mine->orphaned = true;
+        }
+        return;
+      }
+      if (!adopted) caches.push_back(mine);
+      cache = mine.get();
+    } catch (const std::bad_alloc&) {
+      return;  // no cache: the manager's path serves this thread
+    }
+  }
+  ThreadCache::Entry evicted;
+  {
+    std::lock_guard hold(cache->lock);
+    cache->used = true;
+    if (!cache->seen_before(slice->requested)) return;
+    evicted = cache->add(slice->ptr, slice, slice->requested, slice->size);
+  }
+  slice->cache = cache;
+  if (evicted.slice == nullptr) return;
+  evicted.slice->cache = nullptr;
+  if (evicted.parked) retire_parked(evicted.slice);
+}
+
+void MemoryManager::Impl::expire_parked(ThreadCache& cache) {
+  boost::container::small_vector<Slice*, kThreadCacheSlots> to_retire;
+  {
+    std::lock_guard hold(cache.lock);
+    for (std::size_t i = 0; i < cache.count();) {
+      ThreadCache::Entry& entry = cache.at(i);
+      if (entry.parked && entry.stale) {
+        to_retire.push_back(entry.slice);
+        entry.slice->cache = nullptr;
+        cache.remove(&entry);  // moves the last entry here
+        continue;
+      }
+      entry.stale = entry.parked;
+      ++i;
+    }
+  }
+  for (Slice* slice : to_retire) retire_parked(slice);
+}
+
+bool MemoryManager::Impl::uncache(Slice* slice) {
+  ThreadCache* cache = slice->cache;
+  std::lock_guard hold(cache->lock);
+  ThreadCache::Entry* entry = cache->find(slice->ptr);
+  if (entry != nullptr && entry->parked) return false;
+  if (entry != nullptr) cache->remove(entry);
+  slice->cache = nullptr;
+  return true;
+}
+
+bool MemoryManager::Impl::parked(Slice* slice) {
+  ThreadCache* cache = slice->cache;
+  std::lock_guard hold(cache->lock);
+  const ThreadCache::Entry* entry = cache->find(slice->ptr);
+  return entry != nullptr && entry->parked;
+}
+
+void MemoryManager::Impl::flush_caches(bool unbind, bool idle_only) {
+  boost::container::small_vector<Slice*, kThreadCacheSlots> to_retire;
+  for (const auto& cache : caches) {
+    {
+      std::lock_guard hold(cache->lock);
+      const bool was_used = std::exchange(cache->used, false);
+      if (idle_only && was_used) continue;
+      for (std::size_t i = 0; i < cache->count();) {
+        ThreadCache::Entry& entry = cache->at(i);
+        if (!entry.parked && !unbind) {
+          ++i;
+          continue;
+        }
+        if (entry.parked) to_retire.push_back(entry.slice);
+        entry.slice->cache = nullptr;
+        cache->remove(&entry);  // moves the last entry here
+      }
+    }
+    // Outside the cache's lock: a retire may record a fence.
+    for (Slice* slice : to_retire) retire_parked(slice);
+    to_retire.clear();
+  }
+}
+
+void MemoryManager::Impl::retire_parked(Slice* slice) {
+  index.erase(slice->ptr);
+  recent_frees[recent_next] = slice->ptr;
+  recent_next = (recent_next + 1) % kRecentFrees;
+  Pool* pool = slice->page->pool;
+  pool->to_pending(slice);
+  pool->give_back(slice);
+}
+
+void MemoryManager::Impl::fill_cache_report(ManagerReport& r) const {
+  for (const auto& cache : caches) {
+    std::lock_guard hold(cache->lock);
+    if (!cache->orphaned) ++r.thread_caches;
+    r.thread_parked_bytes += cache->parked_bytes();
+    r.thread_cache_hits += cache->hits;
+  }
+}
+
+MemoryUsage MemoryManager::Impl::program_usage() const {
+  MemoryUsage u = usage();
+  for (const auto& cache : caches) {
+    std::lock_guard hold(cache->lock);
+    for (std::size_t i = 0; i < cache->count(); ++i) {
+      const ThreadCache::Entry& e = cache->at(i);
+      if (!e.parked) continue;
+      u.number_allocs -= 1;
+      u.bytes_in_use -= e.requested;
+      u.bytes_padding -= e.size - e.requested;
+    }
+  }
+  return u;
+}
+
+std::uint64_t MemoryManager::Impl::parked_frees() const {
+  std::uint64_t n = 0;
+  for (const auto& cache : caches) n += cache->parked_frees.load(std::memory_order_relaxed);
+  return n;
+}
+
+}  // namespace poolcuda

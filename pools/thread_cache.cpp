@@ -1,0 +1,174 @@
+// ThreadCache and the thread-local table of caches (see thread_cache.h).
+#include "pools/thread_cache.h"
+
+#include <sched.h>
+
+#include <mutex>
+#include <utility>
+
+namespace poolcuda {
+
+void SpinLock::lock() {
+  for (;;) {
+    if (!held_.exchange(true, std::memory_order_acquire)) return;
+    for (int spins = 0; held_.load(std::memory_order_relaxed); ++spins) {
+      if (spins >= 64) sched_yield();  // the holder may be preempted on this very core
+    }
+  }
+}
+
+void ThreadCache::recompute_hints() {
+  std::uint64_t ptrs = 0;
+  std::uint64_t sizes = 0;
+  for (std::size_t i = 0; i < count_; ++i) {
+    ptrs |= bit(entries_[i].ptr);
+    if (entries_[i].parked) sizes |= bit(entries_[i].requested);
+  }
+  ptr_hint_.store(ptrs, std::memory_order_relaxed);
+  size_hint_.store(sizes, std::memory_order_relaxed);
+}
+
+DevicePtr ThreadCache::take(std::uint64_t size, const std::atomic<bool>& open) {
+  if ((size_hint_.load(std::memory_order_relaxed) & bit(size)) == 0) return 0;
+  std::lock_guard hold(lock);
+  if (!open.load(std::memory_order_relaxed)) return 0;
+  used = true;
+  for (std::size_t i = 0; i < count_; ++i) {
+    Entry& e = entries_[i];
+    if (!e.parked || e.requested != size) continue;
+    e.parked = false;
+    parked_bytes_ -= e.size;
+    ++hits;
+    return e.ptr;
+  }
+  recompute_hints();
+  return 0;
+}
+
+ThreadCache::Give ThreadCache::give(DevicePtr ptr, const std::atomic<bool>& open) {
+  if ((ptr_hint_.load(std::memory_order_relaxed) & bit(ptr)) == 0) return Give::not_here;
+  std::lock_guard hold(lock);
+  if (!open.load(std::memory_order_relaxed)) return Give::not_here;
+  used = true;
+  Entry* e = find(ptr);
+  if (e == nullptr) {
+    recompute_hints();
+    return Give::not_here;
+  }
+  if (e->parked) return Give::double_free;
+  if (parked_bytes_ + e->size > kThreadCacheParkedMax) return Give::not_here;
+  e->parked = true;
+  e->stale = false;
+  parked_bytes_ += e->size;
+  add_bit(size_hint_, e->requested);
+  parked_frees.fetch_add(1, std::memory_order_relaxed);
+  return Give::parked;
+}
+
+ThreadCache::Entry* ThreadCache::find(DevicePtr ptr) {
+  for (std::size_t i = 0; i < count_; ++i)
+    if (entries_[i].ptr == ptr) return &entries_[i];
+  return nullptr;
+}
+
+ThreadCache::Entry ThreadCache::add(DevicePtr ptr, Slice* slice, std::uint64_t requested,
+                                    std::uint64_t size) {
+  Entry evicted;
+  Entry* slot = nullptr;
+  if (count_ < entries_.size()) {
+    slot = &entries_[count_++];
+  } else {
+    // Round robin: an old entry goes, whether parked or live; a live one simply stops being
+    // cached, and its free takes the manager's path.
+    slot = &entries_[cursor_];
+    cursor_ = (cursor_ + 1) % entries_.size();
+    evicted = *slot;
+    if (evicted.parked) parked_bytes_ -= evicted.size;
+  }
+  *slot = Entry{ptr, slice, requested, size, false};
+  add_bit(ptr_hint_, ptr);
+  return evicted;
+}
+
+void ThreadCache::remove(Entry* entry) {
+  if (entry->parked) parked_bytes_ -= entry->size;
+  *entry = entries_[--count_];  // order does not matter
+  entries_[count_] = Entry{};
+  if (cursor_ >= count_) cursor_ = 0;
+}
+
+bool ThreadCache::seen_before(std::uint64_t requested) {
+  for (const std::uint64_t size : seen_)
+    if (size == requested) return true;
+  seen_[seen_next_] = requested;
+  seen_next_ = (seen_next_ + 1) % seen_.size();
+  return false;
+}
+
+void ThreadCache::clear() {
+  entries_.fill(Entry{});
+  count_ = 0;
+  ptr_hint_.store(0, std::memory_order_relaxed);
+  size_hint_.store(0, std::memory_order_relaxed);
+  cursor_ = 0;
+  parked_bytes_ = 0;
+}
+
+namespace {
+
+// A thread's caches, one per manager it used (few: one manager per device). A slot whose
+// manager is gone is reused. At thread exit every cache is marked orphaned, for adoption.
+struct CacheTable {
+  struct Slot {
+    std::uint64_t manager_id = 0;
+    std::shared_ptr<ThreadCache> cache;
+  };
+  std::array<Slot, 8> slots;
+
+  ~CacheTable() {
+    for (Slot& slot : slots) {
+      if (!slot.cache) continue;
+      std::lock_guard hold(slot.cache->lock);
+      slot.cache->orphaned = true;
+    }
+    exiting() = true;
+  }
+  // Trivially destructible, so still readable after the table is gone (a free from a later
+  // thread-exit destructor of the program must not bind a new cache that nothing would orphan).
+  static bool& exiting() {
+    static thread_local bool flag = false;
+    return flag;
+  }
+};
+
+CacheTable& table() {
+  static thread_local CacheTable t;
+  return t;
+}
+
+}  // namespace
+
+ThreadCache* find_thread_cache(std::uint64_t manager_id) {
+  if (CacheTable::exiting()) return nullptr;
+  for (CacheTable::Slot& slot : table().slots)
+    if (slot.manager_id == manager_id) return slot.cache.get();
+  return nullptr;
+}
+
+bool bind_thread_cache(std::uint64_t manager_id, std::shared_ptr<ThreadCache> cache) {
+  if (CacheTable::exiting()) return false;
+  for (CacheTable::Slot& slot : table().slots) {
+    if (slot.cache && !slot.cache->manager_gone.load(std::memory_order_acquire)) continue;
+    slot.manager_id = manager_id;
+    slot.cache = std::move(cache);
+    return true;
+  }
+  return false;
+}
+
+std::uint64_t next_manager_id() {
+  static std::atomic<std::uint64_t> next{1};
+  return next.fetch_add(1, std::memory_order_relaxed);
+}
+
+}  // namespace poolcuda

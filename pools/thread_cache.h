@@ -1,0 +1,131 @@
+// ThreadCache: one thread's small cache of slices of one MemoryManager, so that a thread that
+// frees and allocates the same size again does both without the manager's lock (Note [Thread
+// caches] in pools/manager_caches.cpp). Also the thread-local table that finds the calling
+// thread's cache of a manager. The cache's own lock is a leaf: its owner takes it on every
+// call, the manager (holding its own lock) takes it to flush, evict or check a slice; nothing
+// else is taken while it is held. Depends on types.h only (a Slice is an opaque pointer here).
+#pragma once
+
+#include <array>
+#include <atomic>
+#include <cstdint>
+#include <memory>
+
+#include "pools/types.h"
+
+namespace poolcuda {
+
+struct Slice;
+
+// Slots per cache, the largest slice a cache takes, and the most bytes its parked (freed,
+// not yet reused) slices may hold: bounds on what one thread can keep from the others.
+inline constexpr std::size_t kThreadCacheSlots = 16;
+inline constexpr std::uint64_t kThreadCacheSliceMax = MiB;
+inline constexpr std::uint64_t kThreadCacheParkedMax = 4 * MiB;
+inline constexpr std::uint64_t kThreadCacheExpiry = 32;
+
+// A test-and-test-and-set lock: the owner takes it uncontended on every call, so it must cost
+// one atomic exchange; the rare waiter is the manager flushing, and yields while it waits.
+class SpinLock {
+ public:
+  void lock();
+  void unlock() { held_.store(false, std::memory_order_release); }
+
+ private:
+  std::atomic<bool> held_{false};
+};
+
+// Cache-line aligned: two threads' caches side by side must not share a line.
+class alignas(64) ThreadCache {
+ public:
+  // One slice the cache holds: handed out to the program (live), or parked (freed by the
+  // program, reusable by the owner for the same request size). The slice stays live in its pool
+  // and in the manager's index either way.
+  struct Entry {
+    DevicePtr ptr = 0;
+    Slice* slice = nullptr;  // dereferenced only by the manager, under its lock
+    std::uint64_t requested = 0;
+    std::uint64_t size = 0;  // the slice's size: what parking it keeps from the pools
+    bool parked = false;
+    bool stale = false;  // parked, and not reused since the last expiry pass
+  };
+
+  enum class Give : std::uint8_t { parked, double_free, not_here };
+
+  // --- The owner thread, without the manager's lock ------------------------------------------
+  // `open` is the manager's gate, read under this cache's lock: a manager that closes the gate
+  // and then takes every cache's lock knows no call that saw it open is still running.
+
+  // A parked slice of exactly `size` requested bytes, handed out again; 0 when there is none.
+  DevicePtr take(std::uint64_t size, const std::atomic<bool>& open);
+
+  // Parks a slice this cache handed out. not_here: the pointer is not in this cache, or parking
+  // it would pass kThreadCacheParkedMax (the manager's free path takes it then).
+  Give give(DevicePtr ptr, const std::atomic<bool>& open);
+
+  // --- The manager, holding its own lock and this cache's --------------------------------------
+  SpinLock lock;
+  Entry* find(DevicePtr ptr);
+  // Adds a live slice; when every slot is taken, the slot at the eviction cursor is emptied
+  // first and its entry is returned (slice == nullptr when none was).
+  Entry add(DevicePtr ptr, Slice* slice, std::uint64_t requested, std::uint64_t size);
+  void remove(Entry* entry);
+  std::size_t count() const { return count_; }
+  Entry& at(std::size_t i) { return entries_[i]; }
+  std::uint64_t parked_bytes() const { return parked_bytes_; }
+  void clear();
+  // Whether `requested` went through the manager recently (it is remembered now if not): only
+  // a size seen twice joins the cache, so sizes that never repeat cost no parking.
+  bool seen_before(std::uint64_t requested);
+
+  // The owner's allocations that took the manager's path: every kThreadCacheExpiry of them,
+  // parked slices not reused since the previous pass go back (MemoryManager::Impl, under both
+  // locks), so a size that stopped recurring stops holding memory and slowing lookups.
+  std::uint64_t manager_allocations = 0;
+  // Set by the owner's calls, cleared by the manager's sweeps: a cache no call used between two
+  // sweeps gives its parked slices back.
+  bool used = false;
+  // The owner thread has exited; another thread may adopt the cache.
+  bool orphaned = false;
+  // Counters for reports, and frees parked (the manager's frees() adds them).
+  std::uint64_t hits = 0;
+  std::atomic<std::uint64_t> parked_frees{0};
+  // Set when the manager is destroyed: the thread-local table may reuse the slot.
+  std::atomic<bool> manager_gone{false};
+
+ private:
+  static std::uint64_t bit(std::uint64_t key) {
+    return std::uint64_t{1} << ((key * 0x9e3779b97f4a7c15u) >> 58);
+  }
+  static void add_bit(std::atomic<std::uint64_t>& hint, std::uint64_t key) {
+    hint.store(hint.load(std::memory_order_relaxed) | bit(key), std::memory_order_relaxed);
+  }
+  void recompute_hints();
+
+  std::array<Entry, kThreadCacheSlots> entries_{};
+  std::size_t count_ = 0;
+  // One bit per hashed pointer of every entry, and per hashed requested size of every parked
+  // one, read by the owner without the lock: a call whose bit is clear cannot match and skips
+  // the lock and the scan. Bits are set under the lock as entries come, and cleared only when
+  // a scan under the lock recomputes them, so a hint holds every bit it needs (a stale extra
+  // bit only costs a scan). A hint that missed one would only send the call the manager's way,
+  // which handles cached slices too.
+  std::atomic<std::uint64_t> ptr_hint_{0};
+  std::atomic<std::uint64_t> size_hint_{0};
+  std::size_t cursor_ = 0;
+  std::uint64_t parked_bytes_ = 0;
+  std::array<std::uint64_t, kThreadCacheSlots> seen_{};
+  std::size_t seen_next_ = 0;
+};
+
+// The calling thread's cache of the manager with this id, or nullptr.
+ThreadCache* find_thread_cache(std::uint64_t manager_id);
+
+// Makes `cache` the calling thread's cache of the manager with this id. False when the thread's
+// table is full of live managers' caches, or the thread is exiting.
+bool bind_thread_cache(std::uint64_t manager_id, std::shared_ptr<ThreadCache> cache);
+
+// A process-wide unique id for a new manager (never reused, unlike its address).
+std::uint64_t next_manager_id();
+
+}  // namespace poolcuda
