@@ -59,12 +59,13 @@ bool summary_requested() {
 
 // Peak memory, overhead, the allocation calls that never reached the driver, fence waits.
 std::string summary_line(const ManagerReport& m) {
-  std::uint64_t served = 0;
-  std::uint64_t live = 0;
+  // Requests a thread cache served count too; live slices are the program's (parked ones were
+  // freed).
+  std::uint64_t served = m.thread_cache_hits;
+  const std::uint64_t live = m.slices;
   std::uint64_t driver = 0;
   auto add = [&](const PoolReport& pool) {
     served += pool.reservations;
-    live += pool.slices;
     driver += pool.device_allocs + pool.device_releases;
   };
   for (const PoolReport& pool : m.dynamic) add(pool);

@@ -23,25 +23,29 @@ Reservation MemoryManager::allocate(std::uint64_t size, Placement placement) {
   if (size <= kThreadCacheSliceMax && placement == Placement::automatic &&
       m.caches_open.load(std::memory_order_acquire)) {
     if (ThreadCache* cache = find_thread_cache(m.id)) {
-      const DevicePtr ptr = cache->take(size, m.caches_open);
+      bool clock_due = false;
+      const DevicePtr ptr = cache->take(size, m.caches_open, &clock_due);
+      if (clock_due) m.advance_clock(kThreadCacheClockBatch);
       if (ptr != 0) return Reservation{ptr, Error{}, false};
     }
   }
   Impl::Scope scope(m);
   m.index.reserve_one();
-  ++m.ctx.clock;
-  // No idle page goes back during a capture: the release would have to wait for it anyway.
-  if (m.ctx.clock >= m.ctx.next_deadline && m.capture_windows == 0) m.implicit_cleanup();
+  m.tick(1);
 
   std::uint32_t wait_budget_us = kFenceWaitBoundMicros;  // for the whole reservation
-  Route r = m.route(size, placement, wait_budget_us);
-  while (r.wait_for_fence) {
-    if (r.patient) {
+  bool may_flush = true;  // once per reservation (Note [Releases before growth])
+  Route r = m.route(size, placement, wait_budget_us, may_flush);
+  while (r.wait_for_fence || r.flush_releases) {
+    if (r.flush_releases) {
+      may_flush = false;
+      m.flush_before_growth(scope, &wait_budget_us);
+    } else if (r.patient) {
       m.wait_for_oldest_fence(scope);
     } else {
       m.wait_for_oldest_fence(scope, &wait_budget_us);
     }
-    r = m.route(size, placement, wait_budget_us);
+    r = m.route(size, placement, wait_budget_us, may_flush);
   }
   if (r.slice == nullptr && r.status == AllocStatus::out_of_memory) {
     r = m.recover_from_oom(scope, size, placement);

@@ -10,9 +10,11 @@
 // kThreadCacheSliceMax). When the thread frees one, the slice is parked in the cache, without
 // the manager's lock; when the same thread next asks for exactly the same size, the parked
 // slice is handed out again, also without it. A parked slice stays live in its pool and in the
-// pointer index: the pools count it in use, and reports show it under "thread caches". Only an
-// exact size is reused, so every pool counter (bytes requested, padding, the live-size
-// histogram) stays exact.
+// pointer index: the pools count it in use, and reports show it under "thread caches" (the
+// program's totals, program_usage(), leave it out). Only an exact size is reused, so the pools'
+// byte counters (requested, padding, the live-size histogram) stay exact; a request a cache
+// serves is counted by its cache, not by the pool's `served`, and moves the reservation clock
+// in batches of kThreadCacheClockBatch, so dealloc periods and periodic cleanups still run.
 // The gate. Parking is a free whose slice is reusable at once, so caches serve only while the
 // manager's own free would return a slice at once: free_fence:none, or free_fence:auto while
 // the device's work is one ordered queue (Note [Stream-ordered reuse]). They also stay shut
@@ -31,8 +33,10 @@
 // retain see a parked slice as freed.
 // Bounds. A cache parks at most kThreadCacheParkedMax bytes (a free past that takes the
 // manager's path). Parked slices go back to their pools at every explicit cleanup, at the start
-// of out-of-memory recovery, in give_back_all, before a layout change, and when the slot is
-// needed for a newer slice; an implicit cleanup empties the caches no call used since the one
+// of out-of-memory recovery, before a capped pool refuses or spills (that pool's only), in
+// give_back_all, before a layout change, when the slot is needed for a newer slice, and when
+// not reused over one to two expiry passes (every kThreadCacheExpiry of the owner's requests
+// that reach the manager); an implicit cleanup empties the caches no call used since the one
 // before. When a thread exits its cache is orphaned, parked slices and all, and the next thread
 // that needs a cache adopts it, so caches number at most the threads alive at once. A forked
 // child never touches the pools (interpose/lifecycle.cpp).
@@ -121,6 +125,11 @@ void MemoryManager::Impl::expire_parked(ThreadCache& cache) {
   for (Slice* slice : to_retire) retire_parked(slice);
 }
 
+void MemoryManager::Impl::advance_clock(std::uint64_t reservations) {
+  Scope scope(*this);
+  tick(reservations);
+}
+
 bool MemoryManager::Impl::uncache(Slice* slice) {
   ThreadCache* cache = slice->cache;
   std::lock_guard hold(cache->lock);
@@ -138,16 +147,16 @@ bool MemoryManager::Impl::parked(Slice* slice) {
   return entry != nullptr && entry->parked;
 }
 
-void MemoryManager::Impl::flush_caches(bool unbind, bool idle_only) {
+std::size_t MemoryManager::Impl::flush_caches(bool unbind, bool idle_only, const Pool* only) {
   boost::container::small_vector<Slice*, kThreadCacheSlots> to_retire;
+  std::size_t retired = 0;
   for (const auto& cache : caches) {
     {
       std::lock_guard hold(cache->lock);
-      const bool was_used = std::exchange(cache->used, false);
-      if (idle_only && was_used) continue;
+      if (idle_only && std::exchange(cache->used, false)) continue;
       for (std::size_t i = 0; i < cache->count();) {
         ThreadCache::Entry& entry = cache->at(i);
-        if (!entry.parked && !unbind) {
+        if ((!entry.parked && !unbind) || (only != nullptr && entry.slice->page->pool != only)) {
           ++i;
           continue;
         }
@@ -156,10 +165,11 @@ void MemoryManager::Impl::flush_caches(bool unbind, bool idle_only) {
         cache->remove(&entry);  // moves the last entry here
       }
     }
-    // Outside the cache's lock: a retire may record a fence.
     for (Slice* slice : to_retire) retire_parked(slice);
+    retired += to_retire.size();
     to_retire.clear();
   }
+  return retired;
 }
 
 void MemoryManager::Impl::retire_parked(Slice* slice) {

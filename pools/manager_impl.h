@@ -78,6 +78,9 @@ struct Route {
   AllocStatus status = AllocStatus::ok;
   bool grew = false;
   bool wait_for_fence = false;  // over the fence bound: wait for the oldest fence, then route again
+  // Over the bound on pages on their way to the driver: wait for them to arrive, then route
+  // again (Note [Releases before growth] in memory_manager.cpp).
+  bool flush_releases = false;
   // A capped pool is full of memory that only waits for its fence: wait as the real cudaFree
   // would have, without a time bound (Note [Free fences]).
   bool patient = false;
@@ -85,6 +88,11 @@ struct Route {
   static Route served(Slice* slice) {
     Route r;
     r.slice = slice;
+    return r;
+  }
+  static Route flush() {
+    Route r;
+    r.flush_releases = true;
     return r;
   }
   static Route wait(bool patient = false) {
@@ -122,7 +130,15 @@ struct MemoryManager::Impl {
   // --- memory_manager.cpp --------------------------------------------------------------------
   void build_pools(const PoolLayout& layout);
   void drop_everything();  // forget(): no device call but fence_destroy
-  Route route(std::uint64_t size, Placement placement, std::uint32_t wait_budget_us);
+  // `may_flush`: a growth may first wait for released pages (once per reservation).
+  Route route(std::uint64_t size, Placement placement, std::uint32_t wait_budget_us,
+              bool may_flush = false);
+  // Bytes released and not yet with the driver: those the device still holds, and those this
+  // scope will hand it at unlock.
+  std::uint64_t releases_on_the_way() const;
+  // Waits (unlocked) at most *budget_us for released pages to reach the driver; takes the time
+  // spent from it.
+  void flush_before_growth(Scope& scope, std::uint32_t* budget_us);
   bool reclaim_on_miss(bool* refused);  // *refused: the open epoch could not be closed
   bool over_fence_bound() const;
   std::uint64_t fence_limit() const;     // the bound on fence-pending bytes
@@ -151,6 +167,14 @@ struct MemoryManager::Impl {
   void finish_sync_frees(Scope& scope);
   std::uint64_t cleanup_all(bool explicit_cleanup);
   void implicit_cleanup();
+  // The reservation clock moves by `reservations`; an implicit cleanup runs when one is due.
+  // No idle page goes back during a capture: the release would have to wait for it anyway.
+  void tick(std::uint64_t reservations) {
+    ctx.clock += reservations;
+    if (ctx.clock >= ctx.next_deadline && capture_windows == 0) implicit_cleanup();
+  }
+  // tick() for requests a thread cache served, under the manager's lock (manager_caches.cpp).
+  void advance_clock(std::uint64_t reservations);
   FreeOutcome classify(DevicePtr ptr) const;
   bool recently_freed(DevicePtr ptr) const;
   void log(LogLevel level, std::string message);
@@ -167,8 +191,9 @@ struct MemoryManager::Impl {
   // Whether a cached slice is parked (freed by the program).
   bool parked(Slice* slice);
   // Parked slices go back to their pools; `unbind`: live ones stop being cached too. `idle_only`:
-  // only caches no call used since the last such sweep.
-  void flush_caches(bool unbind, bool idle_only = false);
+  // only caches no call used since the last such sweep; `only`: only that pool's slices.
+  // Returns how many parked slices went back.
+  std::size_t flush_caches(bool unbind, bool idle_only = false, const Pool* only = nullptr);
   // Parked slices of `cache` not reused since the previous pass retire.
   void expire_parked(ThreadCache& cache);
   // A parked slice leaves the index and goes back to its pool at once, as the free that parked

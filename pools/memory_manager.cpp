@@ -317,6 +317,44 @@ bool MemoryManager::Impl::wait_for_oldest_fence(Scope& scope,
   return passed;
 }
 
+// Note [Releases before growth]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// Pages the pools give up reach the driver on another thread (the release worker: the driver's
+// free synchronizes the device, Note [Release worker]), so a pool can grow while pages it gave
+// up a moment earlier are still allocated: the driver then holds both. When pools trim and grow
+// faster than that thread frees, the backlog builds up until the device is full: replaying the
+// training trace through the library reserved 3.4 times its peak live bytes (the whole 16 GiB
+// stand-in device), against 1.24 when the same pools free synchronously. So a reservation that
+// must grow while more bytes are on their way to the driver than the fence bound (fence_slack or
+// an eighth of the bytes in use) first waits for them to arrive, with the lock released, at
+// most once and within the reservation's wait budget (kFenceWaitBoundMicros, shared with fence
+// waits), then routes again. A wait that runs out (a free behind a parked stream) is remembered
+// as recovery's flushes are (flush_stuck_releasing): until a page arrives, no growth waits
+// again. Hits never pay for it: only a growth reads the backlog.
+
+std::uint64_t MemoryManager::Impl::releases_on_the_way() const {
+  std::uint64_t bytes = device.releasing_bytes();
+  if (outbox != nullptr)
+    for (const PageRelease& page : outbox->releases) bytes += page.size;
+  return bytes;
+}
+
+void MemoryManager::Impl::flush_before_growth(Scope& scope, std::uint32_t* budget_us) {
+  using Clock = std::chrono::steady_clock;
+  const Clock::time_point start = Clock::now();
+  scope.unlock();  // hands this scope's releases to the device, then Note [Outside the lock]
+  const bool flushed = device.flush_releases(*budget_us);
+  scope.relock();
+  const auto spent = std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - start);
+  *budget_us = spent.count() < *budget_us ? *budget_us - static_cast<std::uint32_t>(spent.count())
+                                          : 0;
+  if (flushed) {
+    flush_stuck_releasing.reset();
+  } else if (!device.capture_active()) {
+    flush_stuck_releasing = device.releasing_bytes();
+  }
+}
+
 bool MemoryManager::Impl::beyond_reach(std::uint64_t size) {
   // In this order, a page that reaches the driver between the two reads is counted twice
   // rather than missed: the estimate errs towards trying.
@@ -332,7 +370,7 @@ bool MemoryManager::Impl::beyond_reach(std::uint64_t size) {
 }
 
 Route MemoryManager::Impl::route(std::uint64_t size, Placement placement,
-                                 std::uint32_t wait_budget_us) {
+                                 std::uint32_t wait_budget_us, bool may_flush) {
   const bool persistent_mode = placement == Placement::persistent || windows > 0 ||
                                capture_windows > 0 ||
                                options.persistent == PersistentMode::enforced;
@@ -353,6 +391,15 @@ Route MemoryManager::Impl::route(std::uint64_t size, Placement placement,
     return may_wait && !refused && fences.any_closed() && over_fence_bound() &&
            !device.capture_active();
   };
+  // While the pages on their way to the driver exceed the same bound, a growth waits for them
+  // first (Note [Releases before growth]).
+  auto should_flush = [&] {
+    if (!may_wait || !may_flush || device.capture_active()) return false;
+    const std::uint64_t on_the_way = releases_on_the_way();
+    // A flush that ran out with these very bytes on their way would only run out again.
+    return on_the_way > fence_limit() &&
+           !(flush_stuck_releasing && *flush_stuck_releasing == device.releasing_bytes());
+  };
 
 restart:
   if (persistent_mode || size_match) {
@@ -361,6 +408,7 @@ restart:
   if (persistent_mode || (size_match && persistent->has_size(size))) {
     if (reclaim()) goto restart;
     if (should_wait()) return Route::wait();
+    if (should_flush()) return Route::flush();
     r.status = frozen != 0 ? AllocStatus::failed : persistent->grow(size, &r.slice);
     r.grew = r.status == AllocStatus::ok;
     if (r.status != AllocStatus::ok)
@@ -376,6 +424,8 @@ restart:
     if (!pool.accepts(size)) continue;
     if (Slice* s = pool.try_reserve(size)) return Route::served(s);
     if (Error limit = pool.growth_limit(size)) {
+      // Or parked in thread caches: the program freed it (Note [Thread caches]).
+      if (flush_caches(false, false, &pool) != 0) goto restart;
       // Memory this pool holds may only be waiting for its fence (Note [Free fences]).
       if (pool.pending_bytes() > 0) {
         if (reclaim()) goto restart;
@@ -400,6 +450,7 @@ restart:
     }
     if (reclaim()) goto restart;
     if (should_wait()) return Route::wait();
+    if (should_flush()) return Route::flush();
     r.status = frozen != 0 ? AllocStatus::failed : pool.grow(size, &r.slice);
     r.grew = r.status == AllocStatus::ok;
     if (r.grew) return r;

@@ -209,7 +209,8 @@ class MemoryManager {
   bool frozen() const;
 
   // How many slices the program has freed (or released by their last pin), ever, parked ones
-  // included (Note [Thread caches]); a later free may already be under way.
+  // included (Note [Thread caches]); a later free may already be under way. Takes the lock (to
+  // read the caches): not for the hot path.
   std::uint64_t frees() const;
 
   // Pages released by trimming may still be on their way to the driver (Device::release may

@@ -28,7 +28,8 @@ void ThreadCache::recompute_hints() {
   size_hint_.store(sizes, std::memory_order_relaxed);
 }
 
-DevicePtr ThreadCache::take(std::uint64_t size, const std::atomic<bool>& open) {
+DevicePtr ThreadCache::take(std::uint64_t size, const std::atomic<bool>& open,
+                            bool* clock_due) {
   if ((size_hint_.load(std::memory_order_relaxed) & bit(size)) == 0) return 0;
   std::lock_guard hold(lock);
   if (!open.load(std::memory_order_relaxed)) return 0;
@@ -39,6 +40,10 @@ DevicePtr ThreadCache::take(std::uint64_t size, const std::atomic<bool>& open) {
     e.parked = false;
     parked_bytes_ -= e.size;
     ++hits;
+    if (++hits_unclocked == kThreadCacheClockBatch) {
+      hits_unclocked = 0;
+      *clock_due = true;
+    }
     return e.ptr;
   }
   recompute_hints();

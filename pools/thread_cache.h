@@ -23,6 +23,7 @@ inline constexpr std::size_t kThreadCacheSlots = 16;
 inline constexpr std::uint64_t kThreadCacheSliceMax = MiB;
 inline constexpr std::uint64_t kThreadCacheParkedMax = 4 * MiB;
 inline constexpr std::uint64_t kThreadCacheExpiry = 32;
+inline constexpr std::uint64_t kThreadCacheClockBatch = 64;
 
 // A test-and-test-and-set lock: the owner takes it uncontended on every call, so it must cost
 // one atomic exchange; the rare waiter is the manager flushing, and yields while it waits.
@@ -57,7 +58,9 @@ class alignas(64) ThreadCache {
   // and then takes every cache's lock knows no call that saw it open is still running.
 
   // A parked slice of exactly `size` requested bytes, handed out again; 0 when there is none.
-  DevicePtr take(std::uint64_t size, const std::atomic<bool>& open);
+  // Every kThreadCacheClockBatch hits, *clock_due is set: the caller adds them to the manager's
+  // reservation clock, which drives dealloc periods and periodic cleanups.
+  DevicePtr take(std::uint64_t size, const std::atomic<bool>& open, bool* clock_due);
 
   // Parks a slice this cache handed out. not_here: the pointer is not in this cache, or parking
   // it would pass kThreadCacheParkedMax (the manager's free path takes it then).
@@ -89,6 +92,7 @@ class alignas(64) ThreadCache {
   bool orphaned = false;
   // Counters for reports, and frees parked (the manager's frees() adds them).
   std::uint64_t hits = 0;
+  std::uint64_t hits_unclocked = 0;  // not yet added to the manager's clock
   std::atomic<std::uint64_t> parked_frees{0};
   // Set when the manager is destroyed: the thread-local table may reuse the slot.
   std::atomic<bool> manager_gone{false};

@@ -326,4 +326,96 @@ TEST_CASE("fence_epochs_close_by_bytes_before_the_batch_count") {
   rig.check_clean_exit();
 }
 
+
+// The bound on pages on their way to the driver (Note [Releases before growth]): a device whose
+// released pages arrive only when the manager flushes, as when the release worker lags.
+class LaggingReleases final : public ForwardingDevice<HostDevice> {
+ public:
+  using ForwardingDevice::ForwardingDevice;
+  AllocStatus allocate(std::uint64_t size, DevicePtr* out) override {
+    const AllocStatus status = inner_.allocate(size, out);
+    peak = std::max(peak, inner_.outstanding_bytes());
+    return status;
+  }
+  void release(DevicePtr ptr, std::uint64_t size) override {
+    held_.push_back({ptr, size});
+    held_bytes_ += size;
+  }
+  bool flush_releases(std::uint32_t) override {
+    ++flushes;
+    if (stuck) return held_.empty();
+    for (const auto& [ptr, size] : held_) inner_.release(ptr, size);
+    held_.clear();
+    held_bytes_ = 0;
+    return true;
+  }
+  std::uint64_t releasing_bytes() override { return held_bytes_; }
+  std::uint64_t peak = 0;
+  int flushes = 0;
+  bool stuck = false;
+
+ private:
+  std::vector<std::pair<DevicePtr, std::uint64_t>> held_;
+  std::uint64_t held_bytes_ = 0;
+};
+
+struct LagRig {
+  LagRig() : host(256 * MiB, 512), device(host), manager(device, options()) {}
+  static ManagerOptions options() {
+    ManagerOptions o = BoundRig::options(MiB, custom({exclusive(64 * MiB)}));
+    o.free_fence = FreeFence::none;
+    return o;
+  }
+  // A page of `size` is allocated, freed and given back: it is now on its way to the driver.
+  void give_back_a_page(std::uint64_t size) {
+    const DevicePtr p = manager.allocate(size).ptr;
+    REQUIRE(p != 0);
+    REQUIRE(manager.free(p) == FreeOutcome::freed);
+    manager.cleanup(true);
+    REQUIRE(device.releasing_bytes() == size);
+  }
+  HostDevice host;
+  LaggingReleases device;
+  MemoryManager manager;
+};
+
+TEST_CASE("a growth first waits for the pages on their way to the driver") {
+  LagRig rig;
+  rig.give_back_a_page(8 * MiB);
+  const int flushes = rig.device.flushes;
+  const DevicePtr p = rig.manager.allocate(8 * MiB).ptr;
+  REQUIRE(p != 0);
+  CHECK(rig.device.flushes == flushes + 1);
+  CHECK(rig.device.peak == 8 * MiB);  // never both pages at once
+  // Below the bound, a growth does not wait.
+  REQUIRE(rig.manager.free(p) == FreeOutcome::freed);
+  rig.manager.cleanup(true);
+  rig.device.flush_releases(0);
+  const DevicePtr small = rig.manager.allocate(512 * KiB).ptr;
+  REQUIRE(small != 0);
+  REQUIRE(rig.manager.free(small) == FreeOutcome::freed);
+  rig.manager.cleanup(true);
+  const int before = rig.device.flushes;
+  CHECK(rig.manager.allocate(8 * MiB).ptr != 0);
+  CHECK(rig.device.flushes == before);
+  CHECK(rig.manager.check_consistency().empty());
+}
+
+TEST_CASE("a wait for released pages that runs out is not repeated while nothing arrives") {
+  LagRig rig;
+  rig.give_back_a_page(8 * MiB);
+  rig.device.stuck = true;  // the free waits behind a parked stream
+  const int flushes = rig.device.flushes;
+  const DevicePtr first = rig.manager.allocate(8 * MiB).ptr;
+  CHECK(first != 0);  // it grew anyway, after the wait ran out
+  CHECK(rig.device.flushes == flushes + 1);
+  const DevicePtr second = rig.manager.allocate(8 * MiB).ptr;
+  CHECK(second != 0);
+  CHECK(rig.device.flushes == flushes + 1);  // the same bytes still on their way: no new wait
+  rig.device.stuck = false;
+  CHECK(rig.manager.free(first) == FreeOutcome::freed);
+  CHECK(rig.manager.free(second) == FreeOutcome::freed);
+  CHECK(rig.manager.check_consistency().empty());
+}
+
 }  // TEST_SUITE

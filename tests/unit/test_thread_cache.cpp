@@ -239,6 +239,31 @@ TEST_CASE("parked slices are given back: cleanup, out-of-memory recovery, expiry
   }
 }
 
+TEST_CASE("a capped pool takes back its parked slices before it refuses or spills") {
+  CacheRig rig(FreeFence::none, custom({sliced(MiB, MiB, MiB)}));
+  REQUIRE(rig.manager.free(rig.cached(512 * KiB)) == FreeOutcome::freed);
+  REQUIRE(rig.report().thread_parked_bytes == 512 * KiB);
+  const Reservation whole = rig.manager.allocate(MiB);
+  CHECK(whole.ptr != 0);
+  CHECK(rig.report().thread_parked_bytes == 0);
+  CHECK(rig.manager.check_consistency().empty());
+}
+
+TEST_CASE("requests a cache serves move the clock: idle pages still go back after their period") {
+  CacheRig rig(FreeFence::none, custom({sliced(2 * MiB, MiB), exclusive(64 * MiB, 10)}));
+  const DevicePtr big = rig.manager.allocate(32 * MiB).ptr;
+  REQUIRE(big != 0);
+  REQUIRE(rig.manager.free(big) == FreeOutcome::freed);
+  REQUIRE(rig.manager.free(rig.cached(64 * KiB)) == FreeOutcome::freed);
+  for (int i = 0; i < 1000; ++i) {
+    const DevicePtr p = rig.manager.allocate(64 * KiB).ptr;
+    REQUIRE(p != 0);
+    REQUIRE(rig.manager.free(p) == FreeOutcome::freed);
+  }
+  CHECK(rig.report().thread_cache_hits >= 999);
+  CHECK(rig.device.outstanding_bytes() < 32 * MiB);  // the idle 32 MiB page went back
+}
+
 TEST_CASE("log:full traces every call, so it shuts the caches") {
   HostDevice device(128 * MiB, 512);
   ManagerOptions o = cached_options();
