@@ -270,6 +270,10 @@ struct MemoryManager::Impl {
   // Bytes on their way to the driver when a recovery's flush last ran out (cleared by a flush
   // that completes): while that is still all there is on the way, recovery does not flush.
   std::optional<std::uint64_t> flush_stuck_releasing;
+  // The same for the short wait before a growth (Note [Releases before growth]). Kept apart:
+  // that wait's 2 ms may run out on a merely slow release thread, which must not stop recovery,
+  // whose bound is seconds, from waiting for the pages.
+  std::optional<std::uint64_t> growth_wait_stuck_releasing;
 };
 
 }  // namespace poolcuda

@@ -328,9 +328,10 @@ bool MemoryManager::Impl::wait_for_oldest_fence(Scope& scope,
 // must grow while more bytes are on their way to the driver than the fence bound (fence_slack or
 // an eighth of the bytes in use) first waits for them to arrive, with the lock released, at
 // most once and within the reservation's wait budget (kFenceWaitBoundMicros, shared with fence
-// waits), then routes again. A wait that runs out (a free behind a parked stream) is remembered
-// as recovery's flushes are (flush_stuck_releasing): until a page arrives, no growth waits
-// again. Hits never pay for it: only a growth reads the backlog.
+// waits), then routes again. A wait that runs out (a free behind a parked stream, or a release
+// thread slower than 2 ms) is remembered apart from recovery's (growth_wait_stuck_releasing):
+// until a page arrives no growth waits again, while out-of-memory recovery, whose bound is
+// seconds, still waits for those pages. Hits never pay for it: only a growth reads the backlog.
 
 std::uint64_t MemoryManager::Impl::releases_on_the_way() const {
   std::uint64_t bytes = device.releasing_bytes();
@@ -349,9 +350,9 @@ void MemoryManager::Impl::flush_before_growth(Scope& scope, std::uint32_t* budge
   *budget_us = spent.count() < *budget_us ? *budget_us - static_cast<std::uint32_t>(spent.count())
                                           : 0;
   if (flushed) {
-    flush_stuck_releasing.reset();
+    growth_wait_stuck_releasing.reset();
   } else if (!device.capture_active()) {
-    flush_stuck_releasing = device.releasing_bytes();
+    growth_wait_stuck_releasing = device.releasing_bytes();
   }
 }
 
@@ -398,7 +399,8 @@ Route MemoryManager::Impl::route(std::uint64_t size, Placement placement,
     const std::uint64_t on_the_way = releases_on_the_way();
     // A flush that ran out with these very bytes on their way would only run out again.
     return on_the_way > fence_limit() &&
-           !(flush_stuck_releasing && *flush_stuck_releasing == device.releasing_bytes());
+           !(growth_wait_stuck_releasing &&
+             *growth_wait_stuck_releasing == device.releasing_bytes());
   };
 
 restart:

@@ -341,9 +341,10 @@ class LaggingReleases final : public ForwardingDevice<HostDevice> {
     held_.push_back({ptr, size});
     held_bytes_ += size;
   }
-  bool flush_releases(std::uint32_t) override {
+  bool flush_releases(std::uint32_t max_microseconds) override {
     ++flushes;
-    if (stuck) return held_.empty();
+    // A growth waits at most 2 ms; out-of-memory recovery, seconds.
+    if (stuck || (slow && max_microseconds <= 2000)) return held_.empty();
     for (const auto& [ptr, size] : held_) inner_.release(ptr, size);
     held_.clear();
     held_bytes_ = 0;
@@ -352,7 +353,8 @@ class LaggingReleases final : public ForwardingDevice<HostDevice> {
   std::uint64_t releasing_bytes() override { return held_bytes_; }
   std::uint64_t peak = 0;
   int flushes = 0;
-  bool stuck = false;
+  bool stuck = false;  // the pages never arrive
+  bool slow = false;   // they arrive, but not within a growth's short wait
 
  private:
   std::vector<std::pair<DevicePtr, std::uint64_t>> held_;
@@ -360,7 +362,8 @@ class LaggingReleases final : public ForwardingDevice<HostDevice> {
 };
 
 struct LagRig {
-  LagRig() : host(256 * MiB, 512), device(host), manager(device, options()) {}
+  explicit LagRig(std::uint64_t capacity = 256 * MiB)
+      : host(capacity, 512), device(host), manager(device, options()) {}
   static ManagerOptions options() {
     ManagerOptions o = BoundRig::options(MiB, custom({exclusive(64 * MiB)}));
     o.free_fence = FreeFence::none;
@@ -418,4 +421,20 @@ TEST_CASE("a wait for released pages that runs out is not repeated while nothing
   CHECK(rig.manager.check_consistency().empty());
 }
 
+
+TEST_CASE("a growth's wait that runs out does not keep out-of-memory recovery from waiting") {
+  LagRig rig(16 * MiB);
+  rig.give_back_a_page(8 * MiB);
+  rig.device.slow = true;  // the release thread needs longer than a growth waits
+  const DevicePtr first = rig.manager.allocate(8 * MiB).ptr;
+  REQUIRE(first != 0);  // the growth's wait ran out; the device had room beside the old page
+  // No room now until the old page arrives: recovery must wait for it, not take the growth's
+  // short wait for a stream parked for good.
+  const DevicePtr second = rig.manager.allocate(8 * MiB).ptr;
+  CHECK(second != 0);
+  CHECK(rig.manager.report().oom_failures == 0);
+  CHECK(rig.manager.free(first) == FreeOutcome::freed);
+  CHECK(rig.manager.free(second) == FreeOutcome::freed);
+  CHECK(rig.manager.check_consistency().empty());
+}
 }  // TEST_SUITE
