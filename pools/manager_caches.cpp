@@ -184,7 +184,7 @@ void MemoryManager::Impl::retire_parked(Slice* slice) {
 void MemoryManager::Impl::fill_cache_report(ManagerReport& r) const {
   for (const auto& cache : caches) {
     std::lock_guard hold(cache->lock);
-    if (!cache->orphaned) ++r.thread_caches;
+    ++r.thread_caches;  // an exited thread's too: it waits for the next thread
     r.thread_parked_bytes += cache->parked_bytes();
     r.thread_cache_hits += cache->hits;
   }

@@ -95,7 +95,7 @@ void run_phase(int threads, int first_id, int rounds) {
 
 std::uint64_t reused(const std::string& report) {
   std::smatch match;
-  static const std::regex line("thread caches: threads [0-9]+, parked [^,]+, reused ([0-9]+)");
+  static const std::regex line("thread caches: caches [0-9]+, parked [^,]+, reused ([0-9]+)");
   CHECK_MSG(std::regex_search(report, match, line), "no thread caches line in:\n" + report);
   return std::stoull(match[1].str());
 }
