@@ -133,8 +133,17 @@ struct CacheTable {
   ~CacheTable() {
     for (Slot& slot : slots) {
       if (!slot.cache) continue;
-      std::lock_guard hold(slot.cache->lock);
-      slot.cache->orphaned = true;
+      // Bounded: in a child forked while another thread of the parent held this lock, nobody
+      // will ever release it, and a thread's exit must not hang on it. A cache left unmarked is
+      // never adopted; the flushes still give its parked slices back.
+      for (int attempt = 0; attempt < 1000; ++attempt) {
+        if (slot.cache->lock.try_lock()) {
+          slot.cache->orphaned = true;
+          slot.cache->lock.unlock();
+          break;
+        }
+        sched_yield();
+      }
     }
     exiting() = true;
   }

@@ -353,3 +353,18 @@ TEST_CASE("many threads, frees across threads: consistent, and everything comes 
   CHECK(rig.manager.memory_usage().bytes_in_use == 0);
   CHECK(rig.device.outstanding_bytes() == 0);
 }
+
+TEST_CASE("a thread's exit never waits without bound for its cache's lock") {
+  // As in a child forked while another thread of the parent held the lock: nobody releases it.
+  const auto cache = std::make_shared<ThreadCache>();
+  cache->lock.lock();
+  std::thread exiting([&] { REQUIRE(bind_thread_cache(next_manager_id(), cache)); });
+  exiting.join();  // its table's destructor gave up on the lock
+  cache->lock.unlock();
+  CHECK_FALSE(cache->orphaned);  // left for the flushes, never adopted
+  // With the lock free, an exiting thread marks its cache for adoption.
+  const auto free_cache = std::make_shared<ThreadCache>();
+  std::thread normal([&] { REQUIRE(bind_thread_cache(next_manager_id(), free_cache)); });
+  normal.join();
+  CHECK(free_cache->orphaned);
+}
