@@ -330,8 +330,11 @@ bool MemoryManager::Impl::wait_for_oldest_fence(Scope& scope,
 // most once and within the reservation's wait budget (kFenceWaitBoundMicros, shared with fence
 // waits), then routes again. A wait that runs out (a free behind a parked stream, or a release
 // thread slower than 2 ms) is remembered apart from recovery's (growth_wait_stuck_releasing):
-// until a page arrives no growth waits again, while out-of-memory recovery, whose bound is
-// seconds, still waits for those pages. Hits never pay for it: only a growth reads the backlog.
+// while no fewer of the device's bytes are on their way, no growth waits again, and
+// out-of-memory recovery, whose bound is seconds, still waits for those pages. The release
+// thread serves every device, so the wait is for all queued pages; a run-out while none of this
+// device's are queued is not remembered. Hits never pay for any of it: only a growth reads the
+// backlog, and it asks whether a capture is open only once the backlog is over the bound.
 
 std::uint64_t MemoryManager::Impl::releases_on_the_way() const {
   std::uint64_t bytes = device.releasing_bytes();
@@ -349,10 +352,13 @@ void MemoryManager::Impl::flush_before_growth(Scope& scope, std::uint32_t* budge
   const auto spent = std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - start);
   *budget_us = spent.count() < *budget_us ? *budget_us - static_cast<std::uint32_t>(spent.count())
                                           : 0;
+  // The release thread's flush waits for every device's pages: a run-out with none of this
+  // device's on the way says nothing about them, and is not remembered.
+  const std::uint64_t still = device.releasing_bytes();
   if (flushed) {
     growth_wait_stuck_releasing.reset();
-  } else if (!device.capture_active()) {
-    growth_wait_stuck_releasing = device.releasing_bytes();
+  } else if (still != 0 && !device.capture_active()) {
+    growth_wait_stuck_releasing = still;
   }
 }
 
@@ -395,12 +401,13 @@ Route MemoryManager::Impl::route(std::uint64_t size, Placement placement,
   // While the pages on their way to the driver exceed the same bound, a growth waits for them
   // first (Note [Releases before growth]).
   auto should_flush = [&] {
-    if (!may_wait || !may_flush || device.capture_active()) return false;
-    const std::uint64_t on_the_way = releases_on_the_way();
-    // A flush that ran out with these very bytes on their way would only run out again.
-    return on_the_way > fence_limit() &&
-           !(growth_wait_stuck_releasing &&
-             *growth_wait_stuck_releasing == device.releasing_bytes());
+    if (!may_wait || !may_flush || frozen != 0 || releases_on_the_way() <= fence_limit())
+      return false;
+    // A flush ran out with this device's pages on their way, and none of them arrived since (no
+    // fewer are on their way): waiting again would only run out again.
+    if (growth_wait_stuck_releasing && device.releasing_bytes() >= *growth_wait_stuck_releasing)
+      return false;
+    return !device.capture_active();  // last: it asks every stream of the device
   };
 
 restart:
@@ -549,8 +556,11 @@ Route MemoryManager::Impl::recover_from_oom(Scope& scope, std::uint64_t size,
         stuck = true;
         extra_rounds = kOomExtraRounds;
         // Pages held back by an open capture reach the driver once it ends, not behind a
-        // parked stream: a recovery after the capture must wait for them again.
-        if (!device.capture_active()) flush_stuck_releasing = device.releasing_bytes();
+        // parked stream: a recovery after the capture must wait for them again. And the flush
+        // waits for every device's pages: a run-out with none of this device's on the way says
+        // nothing about them.
+        const std::uint64_t still = device.releasing_bytes();
+        if (still != 0 && !device.capture_active()) flush_stuck_releasing = still;
       }
     }
     flush = false;

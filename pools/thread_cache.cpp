@@ -2,6 +2,7 @@
 #include "pools/thread_cache.h"
 
 #include <sched.h>
+#include <unistd.h>
 
 #include <mutex>
 #include <utility>
@@ -129,20 +130,16 @@ struct CacheTable {
     std::shared_ptr<ThreadCache> cache;
   };
   std::array<Slot, 8> slots;
+  pid_t process = ::getpid();  // a forked child's copy keeps its parent's
 
   ~CacheTable() {
-    for (Slot& slot : slots) {
-      if (!slot.cache) continue;
-      // Bounded: in a child forked while another thread of the parent held this lock, nobody
-      // will ever release it, and a thread's exit must not hang on it. A cache left unmarked is
-      // never adopted; the flushes still give its parked slices back.
-      for (int attempt = 0; attempt < 1000; ++attempt) {
-        if (slot.cache->lock.try_lock()) {
-          slot.cache->orphaned = true;
-          slot.cache->lock.unlock();
-          break;
-        }
-        sched_yield();
+    // In a child forked while another thread of the parent held a cache's lock, nobody will
+    // ever release it, and the child never uses the pools: its exit leaves the caches alone.
+    if (::getpid() == process) {
+      for (Slot& slot : slots) {
+        if (!slot.cache) continue;
+        std::lock_guard hold(slot.cache->lock);
+        slot.cache->orphaned = true;
       }
     }
     exiting() = true;
