@@ -52,6 +52,38 @@ inline PoolLayout preset(PoolPreset which) {
   return layout;
 }
 
+// A HostDevice whose released pages stay allocated until a flush lets them through, as pages
+// on their way to the driver on the release thread do. Each flush asks arrive() whether they
+// reach the driver now; the default says yes.
+class HeldReleases : public ForwardingDevice<HostDevice> {
+ public:
+  using ForwardingDevice::ForwardingDevice;
+  void release(DevicePtr ptr, std::uint64_t size) override {
+    held_.push_back({ptr, size});
+    held_bytes_ += size;
+  }
+  bool flush_releases(std::uint32_t max_microseconds) override {
+    ++flushes;
+    if (!arrive(max_microseconds)) return held_.empty();
+    deliver();
+    return true;
+  }
+  std::uint64_t releasing_bytes() override { return held_bytes_; }
+  void deliver() {  // every held page reaches the driver
+    for (const auto& [ptr, size] : held_) inner_.release(ptr, size);
+    held_.clear();
+    held_bytes_ = 0;
+  }
+  int flushes = 0;
+
+ protected:
+  virtual bool arrive(std::uint32_t /*max_microseconds*/) { return true; }
+
+ private:
+  std::vector<std::pair<DevicePtr, std::uint64_t>> held_;
+  std::uint64_t held_bytes_ = 0;
+};
+
 struct LogLine {
   LogLevel level;
   std::string text;

@@ -329,36 +329,23 @@ TEST_CASE("fence_epochs_close_by_bytes_before_the_batch_count") {
 
 // The bound on pages on their way to the driver (Note [Releases before growth]): a device whose
 // released pages arrive only when the manager flushes, as when the release worker lags.
-class LaggingReleases final : public ForwardingDevice<HostDevice> {
+class LaggingReleases final : public HeldReleases {
  public:
-  using ForwardingDevice::ForwardingDevice;
+  using HeldReleases::HeldReleases;
   AllocStatus allocate(std::uint64_t size, DevicePtr* out) override {
     const AllocStatus status = inner_.allocate(size, out);
     peak = std::max(peak, inner_.outstanding_bytes());
     return status;
   }
-  void release(DevicePtr ptr, std::uint64_t size) override {
-    held_.push_back({ptr, size});
-    held_bytes_ += size;
-  }
-  bool flush_releases(std::uint32_t max_microseconds) override {
-    ++flushes;
-    // A growth waits at most 2 ms; out-of-memory recovery, seconds.
-    if (stuck || (slow && max_microseconds <= 2000)) return held_.empty();
-    for (const auto& [ptr, size] : held_) inner_.release(ptr, size);
-    held_.clear();
-    held_bytes_ = 0;
-    return true;
-  }
-  std::uint64_t releasing_bytes() override { return held_bytes_; }
   std::uint64_t peak = 0;
-  int flushes = 0;
   bool stuck = false;  // the pages never arrive
   bool slow = false;   // they arrive, but not within a growth's short wait
 
- private:
-  std::vector<std::pair<DevicePtr, std::uint64_t>> held_;
-  std::uint64_t held_bytes_ = 0;
+ protected:
+  // A growth waits at most 2 ms; out-of-memory recovery, seconds.
+  bool arrive(std::uint32_t max_microseconds) override {
+    return !stuck && !(slow && max_microseconds <= 2000);
+  }
 };
 
 struct LagRig {

@@ -116,69 +116,52 @@ class ProgressDuringFlush final : public ForwardingDevice<HostDevice> {
   }
 };
 
-// A HostDevice whose released pages never reach it (its free waits behind a parked stream):
-// each flush runs out after at most 20 ms.
-class StuckReleases final : public ForwardingDevice<HostDevice> {
+// Released pages that never reach the driver (its free waits behind a parked stream): each
+// flush runs out after at most 20 ms.
+class StuckReleases final : public HeldReleases {
  public:
-  using ForwardingDevice::ForwardingDevice;
-  void release(DevicePtr ptr, std::uint64_t size) override {
-    held_.push_back({ptr, size});
-    held_bytes_ += size;
-  }
-  bool flush_releases(std::uint32_t us) override {
-    ++flushes;
+  using HeldReleases::HeldReleases;
+
+ protected:
+  bool arrive(std::uint32_t us) override {
     std::this_thread::sleep_for(std::chrono::microseconds(std::min<std::uint32_t>(us, 20000)));
-    return held_.empty();
+    return false;
   }
-  std::uint64_t releasing_bytes() override { return held_bytes_; }
-  void unstick() {
-    for (const auto& [ptr, size] : held_) inner_.release(ptr, size);
-    held_.clear();
-    held_bytes_ = 0;
-  }
-  int flushes = 0;
-
- private:
-  std::vector<std::pair<DevicePtr, std::uint64_t>> held_;
-  std::uint64_t held_bytes_ = 0;
 };
 
-// A HostDevice that holds released pages back while a capture is open, as the release worker
-// does, and gives them to the driver at the first flush after it.
-class CaptureHoldsReleases final : public ForwardingDevice<HostDevice> {
+// Released pages held back while a capture is open, as the release worker does, that reach the
+// driver at the first flush after it.
+class CaptureHoldsReleases final : public HeldReleases {
  public:
-  using ForwardingDevice::ForwardingDevice;
-  void release(DevicePtr ptr, std::uint64_t size) override {
-    held_.push_back({ptr, size});
-    held_bytes_ += size;
-  }
-  bool flush_releases(std::uint32_t) override {
-    if (inner_.capture_active()) return held_.empty();
-    for (const auto& [ptr, size] : held_) inner_.release(ptr, size);
-    held_.clear();
-    held_bytes_ = 0;
-    return true;
-  }
-  std::uint64_t releasing_bytes() override { return held_bytes_; }
+  using HeldReleases::HeldReleases;
 
- private:
-  std::vector<std::pair<DevicePtr, std::uint64_t>> held_;
-  std::uint64_t held_bytes_ = 0;
+ protected:
+  bool arrive(std::uint32_t) override { return !inner_.capture_active(); }
 };
+
+// One exclusive pool of 8 MiB, frees reused at once, log lines dropped.
+ManagerOptions exclusive_8mib() {
+  ManagerOptions options;
+  options.layout = custom({exclusive(8 * MiB)});
+  options.free_fence = FreeFence::none;
+  options.log_sink = [](LogLevel, std::string_view) {};
+  return options;
+}
+
+// A 6 MiB page allocated and freed: the pool keeps it idle, the device nearly full.
+void leave_an_idle_page(MemoryManager& manager) {
+  const DevicePtr big = manager.allocate(6 * MiB).ptr;
+  REQUIRE(big != 0);
+  REQUIRE(manager.free(big) == FreeOutcome::freed);
+}
 
 }  // namespace
 
 TEST_CASE("oom_recovery_after_a_capture_waits_for_the_pages_the_capture_held_back") {
   HostDevice host(8 * MiB, 512);
   CaptureHoldsReleases device(host);
-  ManagerOptions options;
-  options.layout = custom({exclusive(8 * MiB)});
-  options.free_fence = FreeFence::none;
-  options.log_sink = [](LogLevel, std::string_view) {};
-  MemoryManager manager(device, options);
-  const DevicePtr big = manager.allocate(6 * MiB).ptr;
-  REQUIRE(big != 0);
-  manager.free(big);
+  MemoryManager manager(device, exclusive_8mib());
+  leave_an_idle_page(manager);
   host.set_capture_open(true);
   CHECK(manager.allocate(7 * MiB).ptr == 0);  // the idle page is held back until the end
   host.set_capture_open(false);
@@ -197,26 +180,20 @@ TEST_CASE("oom_recovery_after_a_capture_waits_for_the_pages_the_capture_held_bac
 TEST_CASE("oom_recovery_does_not_wait_again_for_pages_still_stuck") {
   HostDevice host(8 * MiB, 512);
   StuckReleases device(host);
-  ManagerOptions options;
-  options.layout = custom({exclusive(8 * MiB)});
-  options.free_fence = FreeFence::none;
-  options.log_sink = [](LogLevel, std::string_view) {};
-  MemoryManager manager(device, options);
-  const DevicePtr big = manager.allocate(6 * MiB).ptr;
-  REQUIRE(big != 0);
-  manager.free(big);
+  MemoryManager manager(device, exclusive_8mib());
+  leave_an_idle_page(manager);
   // The idle page goes back but never arrives: the recovery's flush runs out.
   CHECK(manager.allocate(7 * MiB).ptr == 0);
   CHECK(device.flushes == 1);
   // Nothing reached the driver since: the next recovery fails without flushing again.
   CHECK(manager.allocate(7 * MiB).ptr == 0);
   CHECK(device.flushes == 1);
-  device.unstick();  // the stream moves: the next recovery flushes, and succeeds
+  device.deliver();  // the stream moves: the next recovery flushes, and succeeds
   const DevicePtr after = manager.allocate(7 * MiB).ptr;
   CHECK(after != 0);
   manager.free(after);
   manager.cleanup(true);
-  device.unstick();
+  device.deliver();
   CHECK(manager.check_consistency().empty());
 }
 
