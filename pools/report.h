@@ -75,7 +75,7 @@ struct PoolReport {
   X(out_of_memory, oom_recoveries, "recovered", count, normal)               \
   X(out_of_memory, oom_failures, "failed", count, normal)                    \
   X(given_back, give_backs, "times", count, normal)                          \
-  X(given_back, give_back_timeouts, "at the time bound", count, normal)     \
+  X(given_back, give_back_timeouts, "at the time bound", count, normal)      \
   X(thread_caches, thread_caches, "caches", count, normal)                   \
   X(thread_caches, thread_parked_bytes, "parked", bytes, normal)             \
   X(thread_caches, thread_cache_hits, "reused", count, normal)
