@@ -20,7 +20,11 @@
 //   3. ask the pools again; then the release worker, whose pages are the library's until the
 //      driver has them back: a page still with it, or returned to the driver since step 1
 //      (it marks the registered frees of that pointer), means the pointer is stale: no real
-//      free. Only then the real free.
+//      free. Only then the real free. The worker reads the next ticket just before the driver's
+//      free of a page, and only frees registered before that count as stale: the driver may
+//      hand the address to a new allocation as soon as its free is done, before the worker has
+//      marked anything or cleared its page, and a free of that new allocation (which registers
+//      after it was made, so after the driver's free began) is the program's own.
 // A pool can take the address only once the driver has freed what was there. After step 2
 // saw it live and step 3 found it neither in the pools nor with the release worker, that is
 // this free (after which the pools may take it freely) or a device reset (a concurrent free of
@@ -107,7 +111,7 @@ ForeignFree::ForeignFree(const void* ptr) : ptr_(ptr) {
 }
 
 bool ForeignFree::may_free() const {
-  if (duplicate_ || !driver_knew_ || ReleaseWorker::instance().owns(ptr_)) return false;
+  if (duplicate_ || !driver_knew_ || ReleaseWorker::instance().owns(ptr_, ticket_)) return false;
   State& s = state();
   std::lock_guard<RankedMutex> hold(s.mutex);
   for (const InFlight& f : s.in_flight)
@@ -133,11 +137,17 @@ ForeignFree::~ForeignFree() {
   }
 }
 
-void library_freed(const void* ptr) {
+std::uint64_t next_foreign_free_ticket() {
+  State& s = state();
+  std::lock_guard<RankedMutex> hold(s.mutex);
+  return s.next_ticket;
+}
+
+void library_freed(const void* ptr, std::uint64_t boundary) {
   State& s = state();
   std::lock_guard<RankedMutex> hold(s.mutex);
   for (InFlight& f : s.in_flight)
-    if (f.ptr == ptr) f.library_freed = true;
+    if (f.ptr == ptr && f.ticket < boundary) f.library_freed = true;
 }
 
 void thaw_after_foreign_frees(MemoryManager* manager) {

@@ -43,8 +43,14 @@ class ForeignFree {
 // the last of them.
 void thaw_after_foreign_frees(MemoryManager* manager);
 
+// The ticket the next foreign free will get. The release worker reads it just before the
+// driver's free of a page: a foreign free registered before that cannot name a new allocation
+// at the page's address, one registered after it may.
+std::uint64_t next_foreign_free_ticket();
+
 // The release worker returned the page at `ptr` to the driver: a foreign free of it in flight
+// that registered before `boundary` (next_foreign_free_ticket() read before the driver's free)
 // may not run (its driver query may have seen the library's page).
-void library_freed(const void* ptr);
+void library_freed(const void* ptr, std::uint64_t boundary);
 
 }  // namespace poolcuda

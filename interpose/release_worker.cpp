@@ -67,6 +67,7 @@ struct ReleaseWorker::State {
   int in_flight_device = -1;
   void* in_flight_ptr = nullptr;
   std::uint64_t in_flight_size = 0;
+  std::uint64_t in_flight_boundary = 0;  // next_foreign_free_ticket() before its driver free
   bool resetting[kMaxDevices] = {};
   bool started = false;
   std::function<bool(int)> capture_open = [](int) { return false; };
@@ -125,6 +126,8 @@ void* worker_main(void* arg) {
     s->in_flight_device = page.device;
     s->in_flight_ptr = page.ptr;
     s->in_flight_size = page.size;
+    s->in_flight_boundary = next_foreign_free_ticket();  // before the driver's free
+    const std::uint64_t boundary = s->in_flight_boundary;
     const std::function<bool(int)> capture_open = s->capture_open;
     lock.unlock();
     bool freed = false;
@@ -132,7 +135,7 @@ void* worker_main(void* arg) {
       OwnCallScope scope(page.device);
       if (scope.ok()) {
         const cudaError_t result = own::cudaFree()(page.ptr);
-        library_freed(page.ptr);  // still counted as ours (in flight) until after this
+        library_freed(page.ptr, boundary);  // still counted as ours (in flight) until after this
         freed = true;
         if (result != cudaSuccess)
           log_format(LogLevel::basic, "device %d: returning a page (%p) failed: CUDA error %d",
@@ -167,9 +170,10 @@ void ReleaseWorker::release(int device, void* ptr, std::uint64_t size) {
       s.started = false;
       Page page = s.queue.back();
       s.queue.pop_back();
+      const std::uint64_t boundary = next_foreign_free_ticket();  // before the driver's free
       OwnCallScope scope(page.device);
       if (scope.ok()) own::cudaFree()(page.ptr);
-      library_freed(page.ptr);  // the library lock is held: the page counts as ours till here
+      library_freed(page.ptr, boundary);  // the library lock is held: the page counts as ours
       return;
     }
     ::pthread_setname_np(thread, "poolcuda-free");
@@ -226,10 +230,10 @@ void ReleaseWorker::end_reset(int device) {
   s.changed.notify_all();
 }
 
-bool ReleaseWorker::owns(const void* ptr) const {
+bool ReleaseWorker::owns(const void* ptr, std::uint64_t ticket) const {
   State& s = state();
   std::lock_guard<RankedMutex> hold(s.mutex);
-  if (s.in_flight_ptr == ptr) return true;
+  if (s.in_flight_ptr == ptr && ticket < s.in_flight_boundary) return true;
   for (const Page& p : s.queue)
     if (p.ptr == ptr) return true;
   for (const Page& p : s.held_back)

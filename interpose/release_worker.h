@@ -40,9 +40,10 @@ class ReleaseWorker {
   void begin_reset(int device);
   void end_reset(int device);
 
-  // True while `ptr` is a page queued, held back or being freed: the library's memory, not the
-  // program's (Note [Foreign frees] in foreign_frees.cpp).
-  bool owns(const void* ptr) const;
+  // True while `ptr` is a page queued or held back, or being freed and the foreign free with
+  // `ticket` registered before that free began: the library's memory, not the program's (Note
+  // [Foreign frees] in foreign_frees.cpp).
+  bool owns(const void* ptr, std::uint64_t ticket) const;
 
   // Pages queued or held back now (reports and tests).
   std::uint64_t waiting() const;
