@@ -85,11 +85,14 @@ FreeOutcome MemoryManager::free(DevicePtr ptr) {
     }
   }
   Impl::Scope scope(m);
-  Slice* slice = ptr == 0 ? nullptr : m.index.find(ptr);
+  Slice* slice = ptr == 0 ? nullptr : m.index.erase(ptr);
   if (slice == nullptr) return m.classify(ptr);
-  // Parked in a thread's cache: the program freed it already.
-  if (slice->cache != nullptr && !m.uncache(slice)) return FreeOutcome::double_free;
-  m.index.erase(ptr);
+  // Parked in a thread's cache: the program freed it already, and nothing changes (the entry
+  // goes back where it was; the table just shrank, so this insert never grows it).
+  if (slice->cache != nullptr && !m.uncache(slice)) {
+    m.index.insert(ptr, slice);
+    return FreeOutcome::double_free;
+  }
   m.recent_frees[m.recent_next] = ptr;
   m.recent_next = (m.recent_next + 1) % kRecentFrees;
   if (slice->pins > 0) {

@@ -30,7 +30,6 @@ inline constexpr std::uint64_t kThreadCacheClockBatch = 64;
 class SpinLock {
  public:
   void lock();
-  bool try_lock() { return !held_.exchange(true, std::memory_order_acquire); }
   void unlock() { held_.store(false, std::memory_order_release); }
 
  private:
