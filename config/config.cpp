@@ -43,6 +43,9 @@ constexpr Word<MemGetInfoMode> kMemGetInfoWords[] = {{"pooled", MemGetInfoMode::
                                                      {"raw", MemGetInfoMode::raw}};
 constexpr Word<bool> kBitWords[] = {{"0", false}, {"1", true}};
 constexpr Word<bool> kOnOffWords[] = {{"on", true}, {"off", false}};
+// 0 stands for auto: the registry picks the count from the CPUs the process may use.
+constexpr Word<std::uint32_t> kShardWords[] = {
+    {"auto", 0}, {"1", 1}, {"2", 2}, {"3", 3}, {"4", 4}, {"5", 5}, {"6", 6}, {"7", 7}, {"8", 8}};
 
 template <auto& words>
 std::string word_grammar(std::string_view separator) {
@@ -236,7 +239,7 @@ struct Option {
 // Config holds, rendered by the row's own describe function. constexpr (string views and
 // function pointers only): the table is constant-initialised, with no dynamic initialiser, so
 // parse_config works even when a hook runs before the library's static initialisers.
-constexpr std::array<Option, 16> kOptions = {{
+constexpr std::array<Option, 17> kOptions = {{
     {"pools", "the dynamic pools: a preset or a list of pools tried in order", &parse_pools_option,
      &describe_pools, &grammar_pools},
     POOLCUDA_WORD_OPTION("persistent", kPersistentWords, &Config::persistent,
@@ -250,6 +253,9 @@ constexpr std::array<Option, 16> kOptions = {{
     POOLCUDA_WORD_OPTION("thread_cache", kOnOffWords, &Config::thread_cache,
                          "on: a thread reuses the small slices it freed for its next requests "
                          "of the same size, without the pools' lock, while frees need no fence"),
+    POOLCUDA_WORD_OPTION("shards", kShardWords, &Config::shards,
+                         "the most sets of pools per device; a thread that finds its set busy "
+                         "moves to another (auto: one per CPU, at most 4)"),
     POOLCUDA_WORD_OPTION("report_signal", kSignalWords, &Config::report_signal,
                          "the signal that makes the process write a report"),
     POOLCUDA_WORD_OPTION("report_format", kFormatWords, &Config::report_format,

@@ -39,6 +39,8 @@ struct Config {
   std::uint64_t fence_slack = 64 * MiB;
   // Each thread reuses the small slices it freed for its next requests of the same size.
   bool thread_cache = true;
+  // The most sets of pools per device that contending threads spread over; 0: auto.
+  std::uint32_t shards = 0;
   ReportSignal report_signal = ReportSignal::usr1;
   ReportFormat report_format = ReportFormat::text;
   std::string report_path = "stderr";  // or a path; %p = pid, %n = sequence number

@@ -7,6 +7,10 @@
 // Depends on pools/, the CUDA device, the log and the configuration.
 #include "interpose/registry.h"
 
+#include <sched.h>
+
+#include <algorithm>
+
 #include "interpose/lifecycle.h"
 #include "interpose/budget.h"
 #include "interpose/log.h"
@@ -18,6 +22,16 @@ namespace poolcuda {
 namespace {
 
 bool in_range(int device) { return device >= 0 && device < Registry::kMaxDevices; }
+
+// shards:auto: the first shard and one more per CPU the process may run on, at most 4 more
+// (Note [Shards] in pools/manager_shards.cpp: more threads than CPUs cannot all reserve at
+// once). One CPU: one shard.
+std::uint32_t auto_shards() {
+  cpu_set_t cpus;
+  CPU_ZERO(&cpus);
+  if (sched_getaffinity(0, sizeof cpus, &cpus) != 0 || CPU_COUNT(&cpus) <= 1) return 1;
+  return 1 + static_cast<std::uint32_t>(std::min(CPU_COUNT(&cpus), 4));
+}
 
 }  // namespace
 
@@ -68,6 +82,7 @@ MemoryManager* Registry::manager_or_create(int device) {
   options.free_fence = conf.free_fence;
   options.fence_slack = conf.fence_slack;
   options.thread_cache = conf.thread_cache;
+  options.shards = conf.shards != 0 ? conf.shards : auto_shards();
   options.log = conf.log;
   options.log_sink = [](LogLevel level, std::string_view message) { log_line(level, message); };
   auto* manager = new MemoryManager(*cuda_device, options);

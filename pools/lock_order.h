@@ -3,13 +3,14 @@
 // Note [Lock order]
 // ~~~~~~~~~~~~~~~~~
 // A thread may take a lock only while every lock it already holds has a lower rank:
-//     report -> registry -> stream order -> capture -> manager -> managed -> stream table -> device
-//     -> foreign free
+//     report -> registry -> stream order -> capture -> shards -> manager -> managed -> stream table
+//     -> device -> foreign free
 // report:       the reporter's serialisation of whole reports (interpose/reporter.cpp)
 // registry:     creation of a device's manager (interpose/registry.cpp)
 // stream order: the free_fence:auto state of every device (interpose/stream_order.cpp)
 // capture:      a device's capture policy: open captures, touched sets, pins (capture/)
-// manager:      a MemoryManager's state (pools/); the hot path takes this one only
+// shards:       a MemoryManager's device-wide state and the making of its shards (pools/)
+// manager:      one shard of a MemoryManager (pools/); the hot path takes this one only
 // managed:      a managed-memory slab chain's slow path
 // stream table: the streams the program created (interpose/stream_table.cpp)
 // device:       a CudaDevice's event and release caches (interpose/cuda_device.cpp)
@@ -35,11 +36,12 @@ enum class LockRank : std::uint8_t {
   registry = 1,
   stream_order = 2,
   capture = 3,
-  manager = 4,
-  managed = 5,
-  stream_table = 6,
-  device = 7,
-  foreign_free = 8,
+  shards = 4,
+  manager = 5,
+  managed = 6,
+  stream_table = 7,
+  device = 8,
+  foreign_free = 9,
 };
 
 class RankedMutex {
@@ -63,6 +65,11 @@ class RankedMutex {
     mark(false);
     mutex_.unlock();
   }
+  // A try-lock of a second lock of a rank this thread already holds (one shard's lock beside
+  // another's: Note [Shards] in pools/manager_shards.cpp); released by unlock_beside(), so the
+  // rank stays marked as held for the first.
+  bool try_lock_beside() { return mutex_.try_lock(); }
+  void unlock_beside() { mutex_.unlock(); }
 
  private:
 #ifndef NDEBUG

@@ -1,7 +1,8 @@
-// The public MemoryManager methods: each takes the manager's lock through a Scope (Note
-// [Outside the lock] in memory_manager.cpp) and calls into the routing, free-path and fence
-// logic of memory_manager.cpp. Reports and consistency checks are in manager_inspect.cpp.
-#include "pools/manager_impl.h"
+// The public MemoryManager methods: each finds the shard or shards it concerns (Note [Shards]
+// in manager_shards.cpp), takes each one's lock through a Scope (Note [Outside the lock] in
+// memory_manager.cpp) and calls into the routing, free-path and fence logic of
+// memory_manager.cpp. Reports and consistency checks are in manager_inspect.cpp.
+#include "pools/manager_shards.h"
 
 namespace poolcuda {
 
@@ -10,7 +11,7 @@ constexpr std::uint64_t kLargestRequest = std::uint64_t{1} << 62;  // 4 EiB
 }  // namespace
 
 MemoryManager::MemoryManager(Device& device, const ManagerOptions& options)
-    : impl_(std::make_unique<Impl>(device, options)) {}
+    : shards_(std::make_unique<Shards>(device, options)) {}
 
 MemoryManager::~MemoryManager() = default;
 
@@ -18,266 +19,412 @@ Reservation MemoryManager::allocate(std::uint64_t size, Placement placement) {
   // Zero, and sizes so large that aligning them would wrap around, are refused outright.
   if (size == 0 || size > kLargestRequest)
     return Reservation{0, Error{ErrorKind::buffer_too_big, size}};
-  Impl& m = *impl_;
-  // The calling thread's cache first, without the manager's lock (Note [Thread caches]).
-  if (size <= kThreadCacheSliceMax && placement == Placement::automatic &&
-      m.caches_open.load(std::memory_order_acquire)) {
-    if (ThreadCache* cache = find_thread_cache(m.id)) {
-      bool clock_due = false;
-      const DevicePtr ptr = cache->take(size, m.caches_open, &clock_due);
-      if (clock_due) m.advance_clock(kThreadCacheClockBatch);
-      if (ptr != 0) return Reservation{ptr, Error{}, false};
-    }
+  Shards& s = *shards_;
+  if (s.limit == 1) return s.at(0).reserve(size, placement, nullptr, false).reservation;
+  // The calling thread's own shard serves the requests whose pages are small next to the
+  // device's bytes in use; captures and persistent windows close the gate (Note [Shards]).
+  const bool own = placement == Placement::automatic && s.open.load(std::memory_order_relaxed) &&
+                   size <= s.sharded_max.load(std::memory_order_relaxed);
+  std::uint32_t k = own ? s.home() : 0;
+  Impl::Reserved r = s.at(k).reserve(size, placement, k == 0 ? nullptr : &s.open, own);
+  if (r.gate_closed) {
+    k = 0;
+    r = s.at(0).reserve(size, placement, nullptr, false);
+  } else if (own) {
+    s.note_sharing(k, r.shared);
   }
-  Impl::Scope scope(m);
-  m.index.reserve_one();
-  m.tick(1);
+  if (r.clock_crossed) s.sync_clocks(k, r.clock);
+  if (r.plan_due) s.plan();
+  return r.reservation;
+}
 
-  std::uint32_t wait_budget_us = kFenceWaitBoundMicros;  // for the whole reservation
-  bool may_flush = true;  // once per reservation (Note [Releases before growth])
-  Route r = m.route(size, placement, wait_budget_us, may_flush);
-  while (r.wait_for_fence || r.flush_releases) {
-    if (r.flush_releases) {
-      may_flush = false;
-      m.flush_before_growth(scope, &wait_budget_us);
-    } else if (r.patient) {
-      m.wait_for_oldest_fence(scope);
-    } else {
-      m.wait_for_oldest_fence(scope, &wait_budget_us);
-    }
-    r = m.route(size, placement, wait_budget_us, may_flush);
-  }
-  if (r.slice == nullptr && r.status == AllocStatus::out_of_memory) {
-    r = m.recover_from_oom(scope, size, placement);
-    if (r.slice != nullptr) {
-      ++m.oom_recoveries;
-    } else if (r.status == AllocStatus::out_of_memory) {
-      ++m.oom_failures;
-      if (m.options.log != LogLevel::off) {
-        const MemoryUsage u = m.usage();
-        const std::uint64_t idle = m.idle();
-        m.log(LogLevel::basic,
-              "out of device memory: requested " + std::to_string(size) + " B, in use " +
-                  std::to_string(u.bytes_in_use) + " B, reserved " +
-                  std::to_string(u.bytes_reserved) + " B, idle pages " + std::to_string(idle) +
-                  " B, free space inside used pages (too fragmented for this request) " +
-                  std::to_string(m.free_bytes() - idle) + " B, pending fence " +
-                  std::to_string(m.pending()) + " B");
+MemoryManager::Impl::Reserved MemoryManager::Impl::reserve(std::uint64_t size,
+                                                          Placement placement,
+                                                          const std::atomic<bool>* gate,
+                                                          bool home) {
+  Reserved out;
+  // The calling thread's cache first, without the shard's lock (Note [Thread caches]).
+  if (size <= kThreadCacheSliceMax && placement == Placement::automatic &&
+      caches_open.load(std::memory_order_acquire)) {
+    if (ThreadCache* cache = find_thread_cache(id)) {
+      bool clock_due = false;
+      const DevicePtr ptr = cache->take(size, caches_open, &clock_due);
+      if (clock_due) advance_clock(kThreadCacheClockBatch);
+      if (ptr != 0) {
+        out.reservation = Reservation{ptr, Error{}, false};
+        return out;
       }
     }
   }
-  if (r.slice == nullptr) return Reservation{0, r.error};
-  m.index.insert(r.slice->ptr, r.slice);
-  m.cache_new_slice(r.slice, placement);
-  m.trace(LogEvent::Kind::allocate, size, r.slice->ptr, r.slice->page->pool->kind_name());
-  return Reservation{r.slice->ptr, Error{}, r.grew};
+  Scope scope(*this);
+  if (gate != nullptr && !gate->load(std::memory_order_acquire)) {
+    out.gate_closed = true;
+    return out;
+  }
+  if (home) out.shared = last_reserver != nullptr && last_reserver != thread_token();
+  last_reserver = thread_token();
+  index.reserve_one();
+  const std::uint64_t clock_before = ctx.clock;
+  tick(1);
+  out.clock = ctx.clock;
+  out.clock_crossed = clock_before / kShardClockSync != ctx.clock / kShardClockSync;
+  out.plan_due = clock_before / kShardPlanEvery != ctx.clock / kShardPlanEvery;
+  if (out.plan_due || clock_before / kShardPublishEvery != ctx.clock / kShardPublishEvery)
+    in_use_published.store(ctx.totals.in_use, std::memory_order_relaxed);
+
+  std::uint32_t wait_budget_us = kFenceWaitBoundMicros;  // for the whole reservation
+  bool may_flush = true;  // once per reservation (Note [Releases before growth])
+  Route r = route(size, placement, wait_budget_us, may_flush);
+  while (r.wait_for_fence || r.flush_releases) {
+    if (r.flush_releases) {
+      may_flush = false;
+      flush_before_growth(scope, &wait_budget_us);
+    } else if (r.patient) {
+      wait_for_oldest_fence(scope);
+    } else {
+      wait_for_oldest_fence(scope, &wait_budget_us);
+    }
+    r = route(size, placement, wait_budget_us, may_flush);
+  }
+  if (r.slice == nullptr && r.status == AllocStatus::out_of_memory) {
+    r = recover_from_oom(scope, size, placement);
+    if (r.slice != nullptr) {
+      ++oom_recoveries;
+    } else if (r.status == AllocStatus::out_of_memory) {
+      ++oom_failures;
+      if (options.log != LogLevel::off) {
+        const MemoryUsage u = usage();
+        const std::uint64_t idle_now = idle();
+        log(LogLevel::basic,
+            "out of device memory: requested " + std::to_string(size) + " B, in use " +
+                std::to_string(u.bytes_in_use) + " B, reserved " +
+                std::to_string(u.bytes_reserved) + " B, idle pages " + std::to_string(idle_now) +
+                " B, free space inside used pages (too fragmented for this request) " +
+                std::to_string(free_bytes() - idle_now) + " B, pending fence " +
+                std::to_string(pending()) + " B");
+      }
+    }
+  }
+  if (r.slice == nullptr) {
+    out.reservation = Reservation{0, r.error};
+    return out;
+  }
+  index.insert(r.slice->ptr, r.slice);
+  cache_new_slice(r.slice, placement);
+  trace(LogEvent::Kind::allocate, size, r.slice->ptr, r.slice->page->pool->kind_name());
+  out.reservation = Reservation{r.slice->ptr, Error{}, r.grew};
+  return out;
 }
 
 FreeOutcome MemoryManager::free(DevicePtr ptr) {
-  Impl& m = *impl_;
-  if (ptr != 0 && m.caches_open.load(std::memory_order_acquire)) {
-    if (ThreadCache* cache = find_thread_cache(m.id)) {
-      switch (cache->give(ptr, m.caches_open)) {
+  Shards& s = *shards_;
+  const std::uint32_t n = s.count();
+  if (n == 1) return s.at(0).free_pointer(ptr);
+  // Each pointer lies in the pages of one shard at most: the calling thread's own first.
+  const std::uint32_t first = s.home() % n;
+  FreeOutcome outcome = s.at(first).free_pointer(ptr);
+  for (std::uint32_t k = 0; k < n && outcome == FreeOutcome::not_mine; ++k)
+    if (k != first) outcome = s.at(k).free_pointer(ptr);
+  return outcome;
+}
+
+FreeOutcome MemoryManager::Impl::free_pointer(DevicePtr ptr) {
+  if (ptr != 0 && caches_open.load(std::memory_order_acquire)) {
+    if (ThreadCache* cache = find_thread_cache(id)) {
+      switch (cache->give(ptr, caches_open)) {
         case ThreadCache::Give::parked: return FreeOutcome::freed;
         case ThreadCache::Give::double_free: return FreeOutcome::double_free;
         case ThreadCache::Give::not_here: break;
       }
     }
   }
-  Impl::Scope scope(m);
-  Slice* slice = ptr == 0 ? nullptr : m.index.erase(ptr);
-  if (slice == nullptr) return m.classify(ptr);
+  Scope scope(*this);
+  Slice* slice = ptr == 0 ? nullptr : index.erase(ptr);
+  if (slice == nullptr) return classify(ptr);
   // Parked in a thread's cache: the program freed it already, and nothing changes (the entry
   // goes back where it was; the table just shrank, so this insert never grows it).
-  if (slice->cache != nullptr && !m.uncache(slice)) {
-    m.index.insert(ptr, slice);
+  if (slice->cache != nullptr && !uncache(slice)) {
+    index.insert(ptr, slice);
     return FreeOutcome::double_free;
   }
-  m.recent_frees[m.recent_next] = ptr;
-  m.recent_next = (m.recent_next + 1) % kRecentFrees;
+  recent_frees[recent_next] = ptr;
+  recent_next = (recent_next + 1) % kRecentFrees;
   if (slice->pins > 0) {
     slice->page->pool->to_held(slice);
   } else {
-    m.retire(slice);
+    retire(slice);
   }
-  m.trace(LogEvent::Kind::free, 0, ptr, "");
-  m.finish_sync_frees(scope);
+  trace(LogEvent::Kind::free, 0, ptr, "");
+  finish_sync_frees(scope);
   return FreeOutcome::freed;
 }
 
 std::uint64_t MemoryManager::live_size(DevicePtr ptr) const {
-  std::lock_guard lock(impl_->mutex);
-  Slice* slice = impl_->index.find(ptr);
-  if (slice == nullptr || (slice->cache != nullptr && impl_->parked(slice))) return 0;
-  return slice->requested;
+  std::uint64_t size = 0;
+  shards_->each([&](Impl& m) {
+    std::lock_guard lock(m.mutex);
+    Slice* slice = m.index.find(ptr);
+    if (slice != nullptr && (slice->cache == nullptr || !m.parked(slice))) size = slice->requested;
+  });
+  return size;
 }
 
 void MemoryManager::set_mode(AllocationMode mode) {
-  std::lock_guard lock(impl_->mutex);
-  Impl& m = *impl_;
-  if (m.options.persistent == PersistentMode::disabled ||
-      m.options.persistent == PersistentMode::enforced)
+  Shards& s = *shards_;
+  if (s.options.persistent == PersistentMode::disabled ||
+      s.options.persistent == PersistentMode::enforced)
     return;
+  std::lock_guard control(s.control);
+  // A window's memory comes from the first shard: the gate closes before the window opens.
   if (mode == AllocationMode::persistent) {
-    ++m.windows;
-  } else if (m.windows > 0) {
-    --m.windows;
+    if (s.windows++ == 0) s.hold_gate(+1);
+  } else if (s.windows > 0) {
+    if (--s.windows == 0) s.hold_gate(-1);
+  } else {
+    return;
   }
-  m.update_cache_gate();
+  s.each([&](Impl& m) {
+    std::lock_guard lock(m.mutex);
+    m.windows = s.windows;
+    m.update_cache_gate();
+  });
 }
 
 void MemoryManager::set_capture_window(bool open) {
-  std::lock_guard lock(impl_->mutex);
-  Impl& m = *impl_;
+  Shards& s = *shards_;
+  std::lock_guard control(s.control);
   if (open) {
-    ++m.capture_windows;
-  } else if (m.capture_windows > 0) {
-    --m.capture_windows;
+    if (s.captures++ == 0) s.hold_gate(+1);
+  } else if (s.captures > 0) {
+    if (--s.captures == 0) s.hold_gate(-1);
+  } else {
+    return;
   }
-  m.update_cache_gate();
+  s.each([&](Impl& m) {
+    std::lock_guard lock(m.mutex);
+    m.capture_windows = s.captures;
+    m.update_cache_gate();
+  });
 }
 
 Error MemoryManager::install_layout(const PoolLayout& layout) {
-  Impl& m = *impl_;
-  Impl::Scope scope(m);
+  Shards& s = *shards_;
+  std::lock_guard control(s.control);
+  // No reservation enters a later shard until the layout is in place, so a later shard found
+  // empty stays empty while the first one is changed.
+  s.hold_gate(+1);
   // Pending slices still belong to the old pools: wait for their fences (a quiescent point,
   // not the hot path), then return every idle page.
-  m.flush_caches(false);
-  m.drain(scope);
-  m.cleanup_all(true);
+  const auto empty_out = [](Impl& m, Impl::Scope& scope) {
+    m.flush_caches(false);
+    m.drain(scope);
+    m.cleanup_all(true);
+    std::uint64_t busy = 0;
+    for (const auto& pool : m.pools) busy += pool->usage().bytes_in_use + pool->pending_bytes();
+    return busy;
+  };
+  const auto rebuild = [&](Impl& m) {
+    m.build_pools(layout);
+    // A new layout is a new plan: its peaks start from what is held now.
+    m.ctx.totals.in_use_peak = m.ctx.totals.in_use;
+    m.ctx.totals.reserved_peak = m.ctx.totals.reserved;
+  };
   std::uint64_t busy = 0;
-  for (const auto& pool : m.pools) busy += pool->usage().bytes_in_use + pool->pending_bytes();
-  if (busy > 0) return Error{ErrorKind::pools_in_use, busy};
-  m.build_pools(layout);
-  // A new layout is a new plan: its peaks start from what is held now.
-  m.ctx.totals.in_use_peak = m.ctx.totals.in_use;
-  m.ctx.totals.reserved_peak = m.ctx.totals.reserved;
+  for (std::uint32_t k = 1; k < s.count(); ++k) {
+    Impl::Scope scope(s.at(k));
+    busy += empty_out(s.at(k), scope);
+  }
+  if (busy == 0) {
+    Impl::Scope scope(s.at(0));
+    busy = empty_out(s.at(0), scope);
+    if (busy == 0) rebuild(s.at(0));
+  }
+  if (busy > 0) {
+    s.hold_gate(-1);
+    return Error{ErrorKind::pools_in_use, busy};
+  }
+  for (std::uint32_t k = 1; k < s.count(); ++k) {
+    std::lock_guard lock(s.at(k).mutex);
+    rebuild(s.at(k));
+  }
+  const bool was_capped = s.capped;
+  s.options.layout = layout;  // for shards made later
+  s.plan_layout(layout);
+  s.capped = layout_capped(layout);
+  // While a layout has a capped pool, one shard takes every reservation (its cap is the
+  // device's): the hold taken above stays for it.
+  if (!(s.capped && !was_capped)) s.hold_gate(-1);
+  if (was_capped && !s.capped) s.hold_gate(-1);
   return {};
 }
 
 void MemoryManager::cleanup(bool explicit_cleanup) {
-  Impl& m = *impl_;
-  Impl::Scope scope(m);
-  m.flush_caches(false, !explicit_cleanup);
-  if (explicit_cleanup) m.close_and_reap();
-  m.cleanup_all(explicit_cleanup);
+  shards_->each([&](Impl& m) {
+    Impl::Scope scope(m);
+    m.flush_caches(false, !explicit_cleanup);
+    if (explicit_cleanup) m.close_and_reap();
+    m.cleanup_all(explicit_cleanup);
+  });
 }
 
 void MemoryManager::fence_open_frees() {
-  Impl& m = *impl_;
-  if (!m.fences.open_hint()) return;
-  Impl::Scope scope(m);
-  m.close_epoch();
+  shards_->each([](Impl& m) {
+    if (!m.fences.open_hint()) return;
+    Impl::Scope scope(m);
+    m.close_epoch();
+  });
 }
 
 GiveBack MemoryManager::give_back_all(std::uint32_t max_microseconds) {
-  Impl& m = *impl_;
   const auto deadline =
       std::chrono::steady_clock::now() + std::chrono::microseconds(max_microseconds);
-  Impl::Scope scope(m);
-  if (m.frozen != 0) return GiveBack::nothing;
-  m.flush_caches(false);
-  if (m.idle() == 0 && m.pending() == 0 && m.device.releasing_bytes() == 0)
-    return GiveBack::nothing;
-  if (m.device.capture_active()) return GiveBack::nothing;
-  m.close_and_reap();
+  GiveBack result = GiveBack::nothing;
+  shards_->each([&](Impl& m) {
+    const auto left = std::chrono::duration_cast<std::chrono::microseconds>(
+        deadline - std::chrono::steady_clock::now());
+    const GiveBack one =
+        m.give_back(static_cast<std::uint32_t>(std::max<std::int64_t>(left.count(), 0)));
+    result = std::max(result, one);  // timed_out over done over nothing
+  });
+  return result;
+}
+
+GiveBack MemoryManager::Impl::give_back(std::uint32_t max_microseconds) {
+  const auto deadline =
+      std::chrono::steady_clock::now() + std::chrono::microseconds(max_microseconds);
+  Scope scope(*this);
+  if (frozen != 0) return GiveBack::nothing;
+  flush_caches(false);
+  if (idle() == 0 && pending() == 0 && device.releasing_bytes() == 0) return GiveBack::nothing;
+  if (device.capture_active()) return GiveBack::nothing;
+  close_and_reap();
   // Nothing moved since an earlier call ran out of a bound at least this long (a stream parked
   // before it holds the fences or the driver's frees): waiting again would only cost it again.
-  const Impl::GiveBackState now{m.pending(), m.device.releasing_bytes(),
-                                m.frees.load(std::memory_order_relaxed), max_microseconds};
-  if (m.idle() == 0 && m.give_back_stuck && m.give_back_stuck->same_as(now))
-    return GiveBack::timed_out;
-  ++m.give_backs;
+  const GiveBackState now{pending(), device.releasing_bytes(),
+                          frees.load(std::memory_order_relaxed), max_microseconds};
+  if (idle() == 0 && give_back_stuck && give_back_stuck->same_as(now)) return GiveBack::timed_out;
+  ++give_backs;
   bool timed_out = false;
-  while (m.pending() != 0) {
+  while (pending() != 0) {
     // Frees other threads made while the lock was released wait in the open epoch.
-    if (!m.fences.any_closed()) m.close_epoch();
-    if (!m.fences.any_closed()) break;  // no fence could be recorded
-    if (!m.wait_for_oldest_fence(scope, deadline)) {
+    if (!fences.any_closed()) close_epoch();
+    if (!fences.any_closed()) break;  // no fence could be recorded
+    if (!wait_for_oldest_fence(scope, deadline)) {
       timed_out = true;
       break;
     }
   }
-  m.cleanup_all(true);
+  cleanup_all(true);
   scope.unlock();  // the pages go to the device
   const auto left = std::chrono::duration_cast<std::chrono::microseconds>(
       deadline - std::chrono::steady_clock::now());
-  const bool flushed = m.device.flush_releases(
+  const bool flushed = device.flush_releases(
       static_cast<std::uint32_t>(std::max<std::int64_t>(left.count(), 0)));
   scope.relock();
   if (!timed_out && flushed) {
-    m.give_back_stuck.reset();
+    give_back_stuck.reset();
     return GiveBack::done;
   }
-  ++m.give_back_timeouts;
-  m.give_back_stuck = Impl::GiveBackState{m.pending(), m.device.releasing_bytes(),
-                                          m.frees.load(std::memory_order_relaxed),
-                                          max_microseconds};
+  ++give_back_timeouts;
+  give_back_stuck = GiveBackState{pending(), device.releasing_bytes(),
+                                  frees.load(std::memory_order_relaxed), max_microseconds};
   return GiveBack::timed_out;
 }
 
 bool MemoryManager::frozen() const {
-  std::lock_guard lock(impl_->mutex);
-  return impl_->frozen != 0;
+  Impl& first = shards_->at(0);
+  std::lock_guard lock(first.mutex);
+  return first.frozen != 0;
 }
 
 std::uint64_t MemoryManager::frees() const {
-  std::lock_guard lock(impl_->mutex);  // the list of caches
-  return impl_->frees.load(std::memory_order_relaxed) + impl_->parked_frees();
+  std::uint64_t n = 0;
+  shards_->each([&](Impl& m) {
+    std::lock_guard lock(m.mutex);  // the list of caches
+    n += m.frees.load(std::memory_order_relaxed) + m.parked_frees();
+  });
+  return n;
 }
 
 bool MemoryManager::flush_releases(std::uint32_t max_microseconds) {
-  return impl_->device.flush_releases(max_microseconds);
+  return shards_->device.flush_releases(max_microseconds);
 }
 
 MemoryUsage MemoryManager::memory_usage() const {
-  std::lock_guard lock(impl_->mutex);
-  return impl_->program_usage();
+  MemoryUsage total;
+  shards_->each([&](Impl& m) {
+    std::lock_guard lock(m.mutex);
+    total += m.program_usage();
+  });
+  return total;
 }
 
-std::uint64_t MemoryManager::alignment() const { return impl_->ctx.alignment; }
+std::uint64_t MemoryManager::alignment() const { return shards_->at(0).ctx.alignment; }
 
 std::uint64_t MemoryManager::idle_bytes() const {
-  std::lock_guard lock(impl_->mutex);
-  return impl_->idle();
+  std::uint64_t idle = 0;
+  shards_->each([&](Impl& m) {
+    std::lock_guard lock(m.mutex);
+    idle += m.idle();
+  });
+  return idle;
 }
 
 void MemoryManager::forget() {
-  Impl& m = *impl_;
-  Impl::Scope scope(m);
-  m.drop_everything();
+  shards_->each([](Impl& m) {
+    Impl::Scope scope(m);
+    m.drop_everything();
+  });
 }
 
 void MemoryManager::set_stream_ordered(bool ordered) {
-  std::lock_guard lock(impl_->mutex);  // frees read the flag under this lock: a barrier
-  impl_->stream_ordered = ordered;
-  impl_->update_cache_gate();  // and the caches' frees read the gate under theirs
+  Shards& s = *shards_;
+  std::lock_guard control(s.control);
+  s.stream_ordered = ordered;
+  s.each([&](Impl& m) {
+    std::lock_guard lock(m.mutex);  // frees read the flag under this lock: a barrier
+    m.stream_ordered = ordered;
+    m.update_cache_gate();  // and the caches' frees read the gate under theirs
+  });
 }
 
-
 void MemoryManager::set_frozen(bool frozen) {
-  std::lock_guard lock(impl_->mutex);
+  Shards& s = *shards_;
+  std::lock_guard control(s.control);
   if (frozen) {
-    ++impl_->frozen;
-  } else if (impl_->frozen > 0) {
-    --impl_->frozen;
+    ++s.frozen;
+  } else if (s.frozen > 0) {
+    --s.frozen;
   }
-  impl_->update_cache_gate();
+  s.each([&](Impl& m) {
+    std::lock_guard lock(m.mutex);
+    m.frozen = s.frozen;
+    m.update_cache_gate();
+  });
 }
 
 RetainedSlice MemoryManager::retain(DevicePtr ptr) {
-  std::lock_guard lock(impl_->mutex);
-  Slice* slice = ptr == 0 ? nullptr : impl_->index.find(ptr);
-  if (slice == nullptr) return {};
-  if (slice->cache != nullptr && !impl_->uncache(slice)) return {};  // parked: freed
-  ++slice->pins;
-  return RetainedSlice{ptr, impl_->generation, slice};
+  RetainedSlice pin;
+  if (ptr == 0) return pin;
+  const std::uint32_t n = shards_->count();
+  for (std::uint32_t k = 0; k < n && !pin; ++k) {
+    Impl& m = shards_->at(k);
+    std::lock_guard lock(m.mutex);
+    Slice* slice = m.index.find(ptr);
+    if (slice == nullptr) continue;
+    if (slice->cache != nullptr && !m.uncache(slice)) return {};  // parked: freed
+    ++slice->pins;
+    pin = RetainedSlice{ptr, m.generation, slice, k};
+  }
+  return pin;
 }
 
 bool MemoryManager::release_retained(const RetainedSlice& pin) {
-  Impl& m = *impl_;
+  Impl* shard = shards_->pinned(pin);
+  if (shard == nullptr) return false;
+  Impl& m = *shard;
   Impl::Scope scope(m);
-  if (!pin || pin.generation != m.generation) return false;
+  if (pin.generation != m.generation) return false;
   Slice* slice = static_cast<Slice*>(pin.node);
   if (slice->ptr != pin.ptr || slice->pins == 0) return false;
   if (--slice->pins == 0 && slice->state == SliceState::held) m.retire(slice);
@@ -286,7 +433,8 @@ bool MemoryManager::release_retained(const RetainedSlice& pin) {
 }
 
 std::uint64_t MemoryManager::prime(const CaptureProfile& profile) {
-  Impl& m = *impl_;
+  // A capture's reservations come from the first shard (its gate is closed meanwhile).
+  Impl& m = shards_->at(0);
   Impl::Scope scope(m);
   // Slices a graph released just now wait for their fence: give the device a bounded time to
   // pass it, so they count as free instead of being doubled (priming is rare: a capture begin).
@@ -306,9 +454,11 @@ std::uint64_t MemoryManager::prime(const CaptureProfile& profile) {
 }
 
 bool MemoryManager::reissue(const RetainedSlice& pin, std::uint64_t requested) {
-  Impl& m = *impl_;
+  Impl* shard = shards_->pinned(pin);
+  if (shard == nullptr || requested == 0) return false;
+  Impl& m = *shard;
   Impl::Scope scope(m);
-  if (!pin || pin.generation != m.generation || requested == 0) return false;
+  if (pin.generation != m.generation) return false;
   Slice* slice = static_cast<Slice*>(pin.node);
   if (slice->ptr != pin.ptr || slice->state != SliceState::held || requested > slice->size)
     return false;
@@ -319,26 +469,39 @@ bool MemoryManager::reissue(const RetainedSlice& pin, std::uint64_t requested) {
 }
 
 std::uint64_t MemoryManager::pinned_size(const RetainedSlice& pin) const {
-  std::lock_guard lock(impl_->mutex);
-  if (!pin || pin.generation != impl_->generation) return 0;
+  Impl* shard = shards_->pinned(pin);
+  if (shard == nullptr) return 0;
+  std::lock_guard lock(shard->mutex);
+  if (pin.generation != shard->generation) return 0;
   const Slice* slice = static_cast<const Slice*>(pin.node);
   return slice->ptr == pin.ptr ? slice->size : 0;
 }
 
 bool MemoryManager::drain_fences() {
-  Impl& m = *impl_;
-  Impl::Scope scope(m);
-  return m.drain(scope);
+  bool closed = true;
+  shards_->each([&](Impl& m) {
+    Impl::Scope scope(m);
+    closed = m.drain(scope) && closed;
+  });
+  return closed;
 }
 
 std::uint64_t MemoryManager::fence_waits() const {
-  std::lock_guard lock(impl_->mutex);
-  return impl_->fence_waits;
+  std::uint64_t n = 0;
+  shards_->each([&](Impl& m) {
+    std::lock_guard lock(m.mutex);
+    n += m.fence_waits;
+  });
+  return n;
 }
 
 std::uint64_t MemoryManager::fence_wait_timeouts() const {
-  std::lock_guard lock(impl_->mutex);
-  return impl_->fence_wait_timeouts;
+  std::uint64_t n = 0;
+  shards_->each([&](Impl& m) {
+    std::lock_guard lock(m.mutex);
+    n += m.fence_wait_timeouts;
+  });
+  return n;
 }
 
 }  // namespace poolcuda

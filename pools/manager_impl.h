@@ -49,6 +49,12 @@ inline std::uint64_t coarse_nanos() {
          static_cast<std::uint64_t>(now.tv_nsec);
 }
 
+// An address unique to the calling thread among those alive (Note [Shards]).
+inline const void* thread_token() {
+  static thread_local char token;
+  return &token;
+}
+
 // How many recently freed addresses are remembered to tell a double free from a pointer that
 // was never handed out (the error path only scans them).
 inline constexpr std::size_t kRecentFrees = 1024;
@@ -127,6 +133,24 @@ struct MemoryManager::Impl {
     bool locked_ = false;
   };
 
+  // --- manager_api.cpp: one shard's part of allocate and free (Note [Shards]) ----------------
+  struct Reserved {
+    Reservation reservation;
+    bool gate_closed = false;  // `gate` was closed under the lock: reserve in the first shard
+    bool shared = false;       // another thread reserved from this shard last
+    std::uint64_t clock = 0;   // the reservation clock after this reservation
+    bool clock_crossed = false;  // ... which crossed a multiple of kShardClockSync
+    bool plan_due = false;       // ... or of kShardPlanEvery
+  };
+  // `gate`: for a shard other than the first, the shards' gate, read under this shard's lock.
+  // `home`: the shard is the calling thread's home, chosen for it (sharing is tracked).
+  Reserved reserve(std::uint64_t size, Placement placement, const std::atomic<bool>* gate,
+                   bool home);
+  // Frees `ptr` when it lies in this shard's pages; not_mine (nothing changed) otherwise.
+  FreeOutcome free_pointer(DevicePtr ptr);
+  // give_back_all() for this shard.
+  GiveBack give_back(std::uint32_t max_microseconds);
+
   // --- memory_manager.cpp --------------------------------------------------------------------
   void build_pools(const PoolLayout& layout);
   void drop_everything();  // forget(): no device call but fence_destroy
@@ -200,6 +224,10 @@ struct MemoryManager::Impl {
   // it would have done when it was made (the gate was open then); frees() counted it then.
   void retire_parked(Slice* slice);
   void fill_cache_report(ManagerReport& r) const;
+  // manager_inspect.cpp: this shard's report and consistency check (the first under its lock,
+  // held by the caller; the second takes it).
+  ManagerReport snapshot() const;
+  std::string check_consistency() const;
   std::uint64_t parked_frees() const;
 
   // manager_scope.cpp: the log lines of a scope, written outside the lock.
@@ -212,6 +240,18 @@ struct MemoryManager::Impl {
 
   Device& device;
   ManagerOptions options;
+  // The shards this one belongs to and its place among them (Note [Shards]): out-of-memory
+  // recovery asks the others for their idle memory.
+  Shards* shards = nullptr;
+  std::uint32_t shard_index = 0;
+  // The thread that reserved last (its thread_token()), or nullptr (Note [Shards]).
+  const void* last_reserver = nullptr;
+  // The bytes in use, as of one of the last kShardPublishEvery reservations, for the shards'
+  // plan (Note [Shards]).
+  std::atomic<std::uint64_t> in_use_published{0};
+  // Bytes of whole idle pages as the last scope left them: a shard that needs a page tries
+  // only the shards that have some.
+  std::atomic<std::uint64_t> idle_published{0};
   std::uint64_t total_memory = 0;
   mutable RankedMutex mutex{LockRank::manager};
   Outbox* outbox = nullptr;  // set while a Scope holds the lock

@@ -2,10 +2,11 @@
 // elsewhere by report.cpp), and the test inspections pages() and check_consistency(), which
 // walk every page and slice and cross-check them with the free sets, the pointer index, the
 // pending epochs and the counters.
+#include <algorithm>
 #include <map>
 #include <string>
 
-#include "pools/manager_impl.h"
+#include "pools/manager_shards.h"
 
 namespace poolcuda {
 
@@ -21,13 +22,51 @@ const char* reuse_word(FreeFence mode, bool stream_ordered) {
   return "fenced";
 }
 
+// Adds one shard's pool figures to another's: the shards share the layout, so the settings
+// echoed are the same; the largest free block is the largest of either.
+void add_pool(PoolReport& total, const PoolReport& shard) {
+  const std::uint64_t largest = std::max(total.largest_free, shard.largest_free);
+#define POOLCUDA_ADD(member, label, unit, detail) total.member += shard.member;
+  POOLCUDA_POOL_NUMBERS(POOLCUDA_ADD)
+#undef POOLCUDA_ADD
+  total.page_size = shard.page_size;
+  total.max_slice_size = shard.max_slice_size;
+  total.cap = shard.cap;
+  total.largest_free = largest;
+}
+
 }  // namespace
 
 ManagerReport MemoryManager::report() const {
-  std::lock_guard lock(impl_->mutex);
-  const Impl& m = *impl_;
+  ManagerReport r;
+  bool first = true;
+  shards_->each([&](const Impl& m) {
+    std::lock_guard lock(m.mutex);
+    const ManagerReport one = m.snapshot();
+    if (first) {
+      r = one;
+      first = false;
+      return;
+    }
+    for (std::size_t i = 0; i < r.dynamic.size() && i < one.dynamic.size(); ++i)
+      add_pool(r.dynamic[i], one.dynamic[i]);
+    add_pool(r.persistent, one.persistent);
+    for (std::size_t b = 0; b < kSizeBuckets; ++b) {
+      r.live_sizes.slices[b] += one.live_sizes.slices[b];
+      r.live_sizes.bytes[b] += one.live_sizes.bytes[b];
+    }
+#define POOLCUDA_ADD(group, member, label, unit, detail) r.member += one.member;
+    POOLCUDA_MANAGER_NUMBERS(POOLCUDA_ADD)
+#undef POOLCUDA_ADD
+  });
+  return r;
+}
+
+ManagerReport MemoryManager::Impl::snapshot() const {
+  const Impl& m = *this;
   ManagerReport r;
   r.device = m.options.device_index;
+  r.shards = 1;
   for (const auto& pool : m.pools) r.dynamic.push_back(pool->report());
   r.persistent = m.persistent->report();
   const MemoryUsage usage = m.program_usage();
@@ -54,16 +93,32 @@ ManagerReport MemoryManager::report() const {
 }
 
 std::vector<PageView> MemoryManager::pages() const {
-  std::lock_guard lock(impl_->mutex);
   std::vector<PageView> out;
-  out.reserve(impl_->ctx.page_set.size());
-  for (const Page& page : impl_->ctx.page_set) out.push_back(PageView{page.base, page.size});
+  shards_->each([&](const Impl& m) {
+    std::lock_guard lock(m.mutex);
+    for (const Page& page : m.ctx.page_set) out.push_back(PageView{page.base, page.size});
+  });
+  std::sort(out.begin(), out.end(),
+            [](const PageView& a, const PageView& b) { return a.base < b.base; });
   return out;
 }
 
 std::string MemoryManager::check_consistency() const {
-  std::lock_guard lock(impl_->mutex);
-  const Impl& m = *impl_;
+  std::string breach;
+  std::uint32_t k = 0;
+  shards_->each([&](const Impl& m) {
+    if (breach.empty()) {
+      breach = m.check_consistency();
+      if (!breach.empty() && shards_->count() > 1) breach = "shard " + std::to_string(k) + ": " + breach;
+    }
+    ++k;
+  });
+  return breach;
+}
+
+std::string MemoryManager::Impl::check_consistency() const {
+  std::lock_guard lock(mutex);
+  const Impl& m = *this;
   struct Sums {
     MemoryUsage usage;
     std::uint64_t pending = 0;

@@ -40,6 +40,9 @@ void MemoryManager::Impl::Scope::unlock() {
   if (!box_.releases.empty())
     m_.pages_handed.fetch_add(box_.releases.size(), std::memory_order_release);
   box_.releases.clear();
+  // For shards that need a page (Note [Shards]): a store to a line of this shard's own.
+  if (m_.idle_published.load(std::memory_order_relaxed) != m_.ctx.idle_page_bytes)
+    m_.idle_published.store(m_.ctx.idle_page_bytes, std::memory_order_relaxed);
   locked_ = false;
   m_.mutex.unlock();
   if (!box_.logs.empty()) {

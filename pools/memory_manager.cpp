@@ -148,7 +148,7 @@
 
 #include "pools/options.h"
 #include "pools/layout.h"
-#include "pools/manager_impl.h"
+#include "pools/manager_shards.h"
 #include "pools/sliced_pool.h"
 
 namespace poolcuda {
@@ -518,6 +518,12 @@ bool MemoryManager::Impl::drain(Scope& scope) {
 Route MemoryManager::Impl::recover_from_oom(Scope& scope, std::uint64_t size,
                                             Placement placement) {
   flush_caches(false);  // parked slices are memory no one uses
+  // And so is what the other shards keep for no live slice (Note [Shards]).
+  if (shards != nullptr && shards->count() > 1) {
+    scope.unlock();
+    shards->trim_others(shard_index);
+    scope.relock();
+  }
   // A request no recovery can serve fails at once, as the real cudaMalloc does, without waiting
   // for anything (Note [Recovery and parked streams]).
   if (beyond_reach(size)) {

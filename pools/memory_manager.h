@@ -1,8 +1,9 @@
 // The per-device MemoryManager: owns the dynamic pools and the persistent pool of one device,
 // routes each reservation (persistent windows, the `persistent` setting, spill from a full
 // capped pool), indexes live slices by device pointer, applies free fences, trims idle pages
-// and recovers from out-of-memory. Thread-safe: every public method takes the manager's one
-// mutex, except that allocate and free first try the calling thread's cache (Note [Thread
+// and recovers from out-of-memory. Thread-safe: the pools are split into shards, each with its
+// own lock, and threads that contend for one shard move to another (Note [Shards] in
+// manager_shards.cpp); allocate and free first try the calling thread's cache (Note [Thread
 // caches] in manager_caches.cpp); the interposer adds no lock of its own on the hot path.
 //
 // Depends on pools/ only; the Device it is given is the only way it reaches hardware.
@@ -28,6 +29,9 @@ enum class AllocationMode : std::uint8_t { automatic, persistent };
 // Where one reservation must come from: `automatic` routes by the settings and open windows;
 // `persistent` forces the exact-fit persistent pool (memory for a graph capture).
 enum class Placement : std::uint8_t { automatic, persistent };
+
+// The most shards a manager's pools split into (ManagerOptions::shards).
+inline constexpr std::uint32_t kMaxShards = 8;
 
 // What MemoryManager::give_back_all() did.
 enum class GiveBack : std::uint8_t { nothing, done, timed_out };
@@ -58,6 +62,10 @@ struct ManagerOptions {
   // Each thread keeps a few freed small slices for its own next requests of the same size
   // (Note [Thread caches] in manager_caches.cpp); only while frees need no fence.
   bool thread_cache = false;
+  // The most shards the pools split into (1 to kMaxShards): threads that contend for one move
+  // to another (Note [Shards] in manager_shards.cpp). A layout with a capped pool keeps one, so
+  // that the cap holds for the whole device.
+  std::uint32_t shards = 1;
   LogLevel log = LogLevel::basic;
   LogSink log_sink;  // empty: write to stderr prefixed "poolcuda: "
 };
@@ -67,6 +75,7 @@ struct RetainedSlice {
   DevicePtr ptr = 0;
   std::uint64_t generation = 0;
   void* node = nullptr;
+  std::uint32_t shard = 0;
   explicit operator bool() const { return ptr != 0; }
 };
 
@@ -234,8 +243,9 @@ class MemoryManager {
   std::string check_consistency() const;
 
  private:
-  struct Impl;
-  std::unique_ptr<Impl> impl_;
+  struct Impl;    // one shard
+  struct Shards;  // the shards and what routes between them
+  std::unique_ptr<Shards> shards_;
 };
 
 }  // namespace poolcuda

@@ -23,9 +23,10 @@ Slice* PagePool::exact(std::uint64_t eff) {
   return it != free_.end() && it->size == eff ? &*it : nullptr;
 }
 
-AllocStatus PagePool::grow_page(std::uint64_t page_size, std::uint64_t size, Slice** out) {
+AllocStatus PagePool::grow_page(std::uint64_t page_size, std::uint64_t size, Slice** out,
+                                std::uint64_t max_page) {
   Page* page = nullptr;
-  const AllocStatus status = new_page(page_size, &page);
+  const AllocStatus status = new_page(page_size, &page, max_page);
   if (status != AllocStatus::ok) return status;
   Slice* slice = &page->slices.front();
   mark_live(slice, size);
@@ -118,7 +119,9 @@ AllocStatus ExclusivePool::grow(std::uint64_t size, Slice** out) {
   if (dealloc_period_)
     release_idle_pages(std::min(kStaleAfter, *dealloc_period_), ctx_.totals.in_use / 8);
   const std::uint64_t page = page_size_for(size);
-  const AllocStatus status = grow_page(page, size, out);
+  // Another shard's idle page serves if this pool would take it from its own free pages
+  // without the padding budget (try_reserve).
+  const AllocStatus status = grow_page(page, size, out, page + page / 4);
   const std::uint64_t exact = align_up(size, alignment());
   if (status != AllocStatus::out_of_memory || page == exact) return status;
   return grow_page(exact, size, out);

@@ -23,8 +23,10 @@ class PagePool : public Pool {
  protected:
   // Takes a page's slice out of the free set and hands it out.
   Slice* hand_out(Slice* slice, std::uint64_t size);
-  // Allocates a page of `page_size` and hands its slice out for `size`.
-  AllocStatus grow_page(std::uint64_t page_size, std::uint64_t size, Slice** out);
+  // Allocates a page of `page_size` (or takes another shard's idle one of up to `max_page`) and
+  // hands its slice out for `size`.
+  AllocStatus grow_page(std::uint64_t page_size, std::uint64_t size, Slice** out,
+                        std::uint64_t max_page = 0);
   // The free slice of exactly `eff` bytes, or nullptr.
   Slice* exact(std::uint64_t eff);
 

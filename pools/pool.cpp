@@ -14,10 +14,16 @@ Pool::~Pool() = default;
 
 Error Pool::growth_limit(std::uint64_t) const { return {}; }
 
-AllocStatus Pool::new_page(std::uint64_t size, Page** out) {
+AllocStatus Pool::new_page(std::uint64_t size, Page** out, std::uint64_t max_size) {
   DevicePtr base = 0;
-  const AllocStatus status = ctx_.device.allocate(size, &base);
-  if (status != AllocStatus::ok) return status;
+  if (ctx_.borrow_page != nullptr &&
+      ctx_.borrow_page(ctx_.borrow_owner, size, std::max(size, max_size), &base, &size)) {
+    ++pages_borrowed_;
+  } else {
+    const AllocStatus status = ctx_.device.allocate(size, &base);
+    if (status != AllocStatus::ok) return status;
+    ++device_allocs_;
+  }
   Page* page = ctx_.pages.create();
   page->pool = this;
   page->base = base;
@@ -29,7 +35,6 @@ AllocStatus Pool::new_page(std::uint64_t size, Page** out) {
   page->slices.push_back(*slice);
   ctx_.page_set.insert(*page);
   make_idle(page);  // idle until its first slice goes live (mark_live)
-  ++device_allocs_;
   ++pages_;
   usage_.bytes_reserved += size;
   ctx_.totals.reserved += size;
@@ -41,6 +46,28 @@ AllocStatus Pool::new_page(std::uint64_t size, Page** out) {
 }
 
 void Pool::release_page(Page* page) {
+  ctx_.released->push_back(PageRelease{page->base, page->size});
+  ++device_releases_;
+  drop_page(page);
+}
+
+bool Pool::hand_over_idle(std::uint64_t min_size, std::uint64_t max_size, DevicePtr* base,
+                          std::uint64_t* size) {
+  // The oldest idle pages first, as a trim would release them; a bounded walk.
+  int looked = 0;
+  for (Page& page : idle_) {
+    if (++looked > 64) break;
+    if (page.size < min_size || page.size > max_size) continue;
+    *base = page.base;
+    *size = page.size;
+    ++pages_lent_;
+    drop_page(&page);
+    return true;
+  }
+  return false;
+}
+
+void Pool::drop_page(Page* page) {
   on_release(page);
   make_busy(page);
   ctx_.page_set.erase(ctx_.page_set.iterator_to(*page));
@@ -49,8 +76,6 @@ void Pool::release_page(Page* page) {
     page->slices.pop_front();
     ctx_.slices.destroy(&slice);
   }
-  ctx_.released->push_back(PageRelease{page->base, page->size});
-  ++device_releases_;
   --pages_;
   usage_.bytes_reserved -= page->size;
   ctx_.totals.reserved -= page->size;
@@ -77,11 +102,13 @@ void Pool::make_idle(Page* page) {
   page->idle_since = ctx_.clock;
   idle_.push_back(*page);
   idle_page_bytes_ += page->size;
+  ctx_.idle_page_bytes += page->size;
 }
 
 void Pool::make_busy(Page* page) {
   idle_.erase(idle_.iterator_to(*page));
   idle_page_bytes_ -= page->size;
+  ctx_.idle_page_bytes -= page->size;
 }
 
 void Pool::to_held(Slice* slice) { slice->state = SliceState::held; }
@@ -182,6 +209,8 @@ PoolReport Pool::report() const {
   r.device_allocs = device_allocs_;
   r.device_releases = device_releases_;
   r.stale_releases = stale_releases_;
+  r.pages_borrowed = pages_borrowed_;
+  r.pages_lent = pages_lent_;
   return r;
 }
 

@@ -108,7 +108,13 @@ struct PoolContext {
   NodeSlab<Page> pages;
   PageSet page_set;                   // every page of every pool, by address
   ReleaseList* released = nullptr;    // where release_page() puts pages; set under the lock
+  // Takes another shard's idle page of `min_size` to `max_size` bytes, without a device call,
+  // for a new page; sets *base and *size (Note [Shards] in manager_shards.cpp).
+  bool (*borrow_page)(void* owner, std::uint64_t min_size, std::uint64_t max_size,
+                      DevicePtr* base, std::uint64_t* size) = nullptr;
+  void* borrow_owner = nullptr;
   std::uint64_t clock = 0;            // reservations so far (the dealloc-period clock)
+  std::uint64_t idle_page_bytes = 0;  // whole idle pages in every pool
   std::uint64_t next_deadline = kNever;  // earliest clock at which an idle page expires
   // Bytes in use and reserved across every pool, with their high-water marks: the manager-wide
   // peaks an operator compares (peak reserved / peak in use is the pools' overhead), and the
@@ -153,6 +159,10 @@ class Pool {
   // Releases idle pages idle for at least `min_age` reservations, oldest first, until at most
   // `keep_bytes` of idle pages are left. Returns bytes released.
   std::uint64_t release_idle_pages(std::uint64_t min_age, std::uint64_t keep_bytes);
+  // An idle page of `min_size` to `max_size` bytes leaves the pool without a device call, for
+  // another shard of the manager to take (PoolContext::borrow_page); false when there is none.
+  bool hand_over_idle(std::uint64_t min_size, std::uint64_t max_size, DevicePtr* base,
+                      std::uint64_t* size);
   // Clock value at which this pool's oldest idle page expires, or kNever.
   std::uint64_t deadline() const;
 
@@ -170,8 +180,9 @@ class Pool {
 
  protected:
   // Allocates and registers a page holding one free slice that covers it. The slice is not in
-  // any free set yet.
-  AllocStatus new_page(std::uint64_t size, Page** out);
+  // any free set yet. Another shard's idle page of `size` to `max_size` bytes (at least `size`)
+  // may serve instead of the device.
+  AllocStatus new_page(std::uint64_t size, Page** out, std::uint64_t max_size = 0);
   // Hands `slice` (already out of every free set) to the program.
   void mark_live(Slice* slice, std::uint64_t requested);
 
@@ -181,6 +192,7 @@ class Pool {
   virtual std::uint64_t largest_free() const = 0;
 
   void release_page(Page* page);
+  void drop_page(Page* page);  // release_page() without the release: the page's nodes go
   // A page enters or leaves the idle list (busy dropped to 0 / a slice went live).
   void make_idle(Page* page);
   void make_busy(Page* page);
@@ -199,6 +211,8 @@ class Pool {
   std::uint64_t device_allocs_ = 0;
   std::uint64_t device_releases_ = 0;
   std::uint64_t stale_releases_ = 0;  // pages release_idle_pages() gave back
+  std::uint64_t pages_borrowed_ = 0;  // pages taken from other shards instead of the device
+  std::uint64_t pages_lent_ = 0;      // idle pages handed to other shards
 };
 
 }  // namespace poolcuda

@@ -46,7 +46,9 @@ struct UnitStorage<Unit::ratio> {
   X(reservations, "served", count, wide)                  \
   X(device_allocs, "allocs", count, wide)                 \
   X(device_releases, "releases", count, wide)             \
-  X(stale_releases, "stale released", count, wide)
+  X(stale_releases, "stale released", count, wide)        \
+  X(pages_borrowed, "borrowed", count, wide)              \
+  X(pages_lent, "lent", count, wide)
 
 struct PoolReport {
   std::string kind;   // "sliced", "exclusive", "direct", "persistent"
@@ -78,7 +80,8 @@ struct PoolReport {
   X(given_back, give_back_timeouts, "at the time bound", count, normal)      \
   X(thread_caches, thread_caches, "caches", count, normal)                   \
   X(thread_caches, thread_parked_bytes, "parked", bytes, normal)             \
-  X(thread_caches, thread_cache_hits, "reused", count, normal)
+  X(thread_caches, thread_cache_hits, "reused", count, normal)               \
+  X(shards, shards, "made", count, normal)
 
 // Live slices by requested size: bucket i holds sizes in (2^(i-1), 2^i].
 inline constexpr std::size_t kSizeBuckets = 64;

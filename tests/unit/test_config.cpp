@@ -62,6 +62,7 @@ TEST_CASE("empty and blank configurations give the defaults") {
   CHECK(defaults.free_fence == FreeFence::automatic);
   CHECK(defaults.fence_slack == 64 * MiB);
   CHECK(defaults.thread_cache);
+  CHECK(defaults.shards == 0);
   CHECK(defaults.report_signal == ReportSignal::usr1);
   CHECK(defaults.report_format == ReportFormat::text);
   CHECK(defaults.report_path == "stderr");
@@ -73,7 +74,7 @@ TEST_CASE("empty and blank configurations give the defaults") {
   CHECK_FALSE(defaults.confirm);
   CHECK(describe_config(defaults) ==
         "pools:subslices,persistent:enabled,free_fence:auto,fence_slack:64MiB,"
-        "thread_cache:on,report_signal:USR1,"
+        "thread_cache:on,shards:auto,report_signal:USR1,"
         "report_format:text,report_path:stderr,report_at_exit:0,log:basic,capture_share:off,"
         "limit:none,managed:on,"
         "managed_slab:64MiB,memgetinfo:pooled,confirm:0");
@@ -90,6 +91,9 @@ TEST_CASE("every keyword value of every key") {
   CHECK(parse_ok("free_fence:none").free_fence == FreeFence::none);
   CHECK(parse_ok("thread_cache:on").thread_cache);
   CHECK_FALSE(parse_ok("thread_cache:off").thread_cache);
+  CHECK(parse_ok("shards:auto").shards == 0);
+  CHECK(parse_ok("shards:1").shards == 1);
+  CHECK(parse_ok("shards:8").shards == 8);
   CHECK(parse_ok("report_signal:USR1").report_signal == ReportSignal::usr1);
   CHECK(parse_ok("report_signal:USR2").report_signal == ReportSignal::usr2);
   CHECK(parse_ok("report_signal:none").report_signal == ReportSignal::none);
@@ -276,7 +280,7 @@ TEST_CASE("the option table lists every key once with its default") {
   const auto keys = config_keys();
   const std::vector<std::string_view> names = {
       "pools",         "persistent",     "free_fence", "fence_slack",   "thread_cache",
-      "report_signal", "report_format",  "report_path", "report_at_exit", "log",
+      "shards",        "report_signal",  "report_format", "report_path", "report_at_exit", "log",
       "capture_share", "limit",          "managed",     "managed_slab",  "memgetinfo",
       "confirm"};
   REQUIRE(keys.size() == names.size());
@@ -328,6 +332,8 @@ TEST_CASE("error: a bad keyword value") {
   check_error("log:verbose", "log", "verbose", "one of off, basic, full");
   check_error("managed:1", "managed", "1", "one of on, off");
   check_error("thread_cache:yes", "thread_cache", "yes", "one of on, off");
+  check_error("shards:16", "shards", "16", "one of auto, 1, 2, 3, 4, 5, 6, 7, 8");
+  check_error("shards:0", "shards", "0", "one of auto, 1, 2, 3, 4, 5, 6, 7, 8");
   check_error("memgetinfo:both", "memgetinfo", "both", "one of pooled, raw");
   check_error("confirm:", "confirm", "", "one of 0, 1");
   check_error("pools:sliced", "pools", "sliced", "subslices, exclusive, or a list");

@@ -7,7 +7,9 @@
 // trace. No CUDA anywhere.
 //
 //   poolcuda_replay_pools [--allocator pools|harness] [--label TEXT] [--device-memory SIZE] TRACE
+#include <algorithm>
 #include <atomic>
+#include <thread>
 #include <memory>
 
 #include "pools/forwarding_device.h"
@@ -94,7 +96,9 @@ class PoolsAllocator final : public ReplayAllocator {
  private:
   static ManagerOptions options() {
     ManagerOptions o;
-    o.thread_cache = true;  // the library's default
+    o.thread_cache = true;  // the library's defaults
+    const unsigned cpus = std::thread::hardware_concurrency();
+    o.shards = cpus <= 1 ? 1 : 1 + std::min(cpus, 4u);
     return o;
   }
 

@@ -1,0 +1,266 @@
+// The shards of a MemoryManager: which shard a thread reserves from, when a thread moves and
+// a new shard is made, which requests a thread's own shard serves, the gate that keeps
+// captures, persistent windows, capped layouts and layout changes on the first shard, the idle
+// pages shards lend each other, the clocks they share, and what one shard's out-of-memory
+// recovery takes from the others.
+//
+// Note [Shards]
+// ~~~~~~~~~~~~~
+// Thread caches (Note [Thread caches]) serve threads that reuse sizes; sizes that do not repeat
+// still reach the pools, and with one lock two threads took turns: each pair moved the lock and
+// the pools' state (free sets, index, slices) between their cores, and two threads made fewer
+// pairs per second than one. The lock was rarely found held (1.5% of reservations on a random
+// trace): the cost is the state moving, so contention cannot tell when to split. So a manager's
+// pools are split into shards: each shard is a whole set of pools (MemoryManager::Impl, with its
+// own lock, pages, index, fences and caches) over the same Device, and every thread has a home.
+// Which shard. A thread starts at the first. Each shard remembers the thread that reserved from
+// it last; a reservation of the calling thread in its home is shared when another thread
+// reserved there since. A shared reservation within kShardWindow of the thread's reservations
+// after another shared one moves the thread to a later shard (1 to options.shards - 1, taken in
+// turn, so two threads that move at once part), made then if new. The thread that moves forgets
+// its last reservation in the shard it leaves, so the one that stays does not move as well. A
+// program with one allocating thread never makes a second shard; a thread that reserves now and
+// then beside a busy one moves itself after two reservations, and the busy one stays.
+// Which requests. Each shard holds a partly used page of every pool it serves, so a request
+// comes from the thread's own shard only when the pages of the pool that serves it are at most
+// a kShardPageShare-th of the device's bytes in use (plan(), redone every kShardPlanEvery
+// reservations from what each shard published every kShardPublishEvery); larger requests come
+// from the first shard, whose lock the threads then share for them.
+// Frees. A pointer lies in the pages of one shard at most, and each shard's pages and index
+// are its own: a free tries the calling thread's home shard first, then the others, and the
+// first shard whose pages hold the pointer decides (freed, or the bad-free classification of
+// Note [Thread caches] and classify()). So a thread may free what another allocated, as with
+// one shard; it costs one more lock per shard tried.
+// The gate. Shards other than the first take reservations only while the gate is open. It
+// closes while a stream capture or a persistent window is open (the capture policy primes and
+// pins the first shard's persistent pool: a capture's reservations must find that memory),
+// while the layout has a capped pool (a cap holds for the device only if one shard takes every
+// reservation), and while a layout is installed. A later shard reads the gate under its own
+// lock, and closing it takes every later shard's lock once after storing false, so when the
+// close returns no reservation that saw it open is still under way there; the reservation that
+// finds it closed goes to the first shard. Frees, pins and cleanups reach every shard whatever
+// the gate says, and the device-wide settings (stream order, freezes, captures, windows) are
+// set in every shard under the `shards` lock, which also makes new shards, so a new shard starts
+// from them; no shard is made while the gate is closed.
+// Idle pages. A shard that must grow takes, instead of a new page from the device, an idle page
+// of a size its pool can use from another shard (borrow_page, called from Pool::new_page under
+// the growing shard's lock). Two shards that borrow from each other at once must not wait for
+// each other, so the other shard's lock is only tried, kBorrowTries times, and a shard whose
+// published idle bytes are too few is not tried at all. Without this, pages one thread freed sat
+// idle in its shard while the other thread's shard grew: the 64 MiB random traces with two
+// threads reserved 1.65 times their live bytes instead of 1.38.
+// Clocks. Dealloc periods count reservations, and each shard has its own clock: a shard no
+// thread calls home any more would never see its idle pages expire. Each time a shard's clock
+// crosses a multiple of kShardClockSync, every other shard whose clock is behind catches up
+// with it and runs the cleanups that come due.
+// Out of memory. A shard's recovery first asks the other shards for everything they keep for
+// no live slice (their give_back, within half the recovery bound), then recovers as before,
+// so memory idle in one shard is never the reason another shard's reservation fails.
+// What else a shard costs. The fence bound and a direct pool's reclaim threshold are per shard.
+// Reports add the shards up (their peaks are the sum of each shard's peak: at least the
+// device's true peak).
+#include <algorithm>
+#include <limits>
+#include <new>
+
+#include "pools/layout.h"
+#include "pools/manager_shards.h"
+
+namespace poolcuda {
+
+namespace {
+
+// The calling thread's home shard (the same index for every manager), and how many of its
+// reservations since the last one that found another thread's before it (kShardWindow: none
+// lately).
+struct ShardHome {
+  std::uint32_t index = 0;
+  std::uint32_t since_shared = kShardWindow;
+};
+thread_local ShardHome tls_home;
+
+}  // namespace
+
+bool layout_capped(const PoolLayout& layout) {
+  return std::any_of(layout.custom.begin(), layout.custom.end(),
+                     [](const PoolSpec& spec) { return spec.cap.has_value(); });
+}
+
+MemoryManager::Shards::Shards(Device& d, const ManagerOptions& o)
+    : device(d), options(o), limit(std::clamp<std::uint32_t>(o.shards, 1, kMaxShards)) {
+  shard[0] = std::make_unique<Impl>(d, o);
+  shard[0]->shards = this;
+  shard[0]->ctx.borrow_page = &borrow_page;
+  shard[0]->ctx.borrow_owner = shard[0].get();
+  capped = layout_capped(o.layout);
+  plan_layout(o.layout);
+  if (capped) {
+    gate_holds = 1;
+    open.store(false, std::memory_order_relaxed);
+  }
+}
+
+std::uint32_t MemoryManager::Shards::home() const {
+  const std::uint32_t n = count();
+  const std::uint32_t k = tls_home.index;
+  return k < n ? k : k % n;
+}
+
+void MemoryManager::Shards::note_sharing(std::uint32_t k, bool shared) {
+  ShardHome& t = tls_home;
+  if (!shared) {
+    if (t.since_shared < kShardWindow) ++t.since_shared;
+    return;
+  }
+  const bool move = t.since_shared < kShardWindow;
+  t.since_shared = 0;
+  if (!move) return;
+  // Threads move to the later shards, taking them in turn, so that threads that find their
+  // shard shared at once part; the first shard keeps the requests too large for the others.
+  const std::uint32_t next = 1 + moves.fetch_add(1, std::memory_order_relaxed) % (limit - 1);
+  if (next == k) return;
+  if (next >= count() && !make_shards(next + 1)) return;  // the thread stays where it is
+  t.index = next;
+  // The thread that stays must not see this one's last reservation as sharing, or both move.
+  Impl& left = *shard[k];
+  std::lock_guard hold(left.mutex);
+  if (left.last_reserver == thread_token()) left.last_reserver = nullptr;
+}
+
+bool MemoryManager::Shards::make_shards(std::uint32_t n) {
+  std::lock_guard hold(control);
+  // While the gate is closed, no new shard: it would have to start inside a window or capture.
+  if (gate_holds != 0) return false;
+  for (std::uint32_t j = count(); j < n; ++j) {
+    try {
+      auto fresh = std::make_unique<Impl>(device, options);
+      fresh->shards = this;
+      fresh->shard_index = j;
+      fresh->ctx.borrow_page = &borrow_page;
+      fresh->ctx.borrow_owner = fresh.get();
+      fresh->stream_ordered = stream_ordered;
+      fresh->frozen = frozen;
+      fresh->update_cache_gate();
+      {
+        // Its clock starts where the first shard's is, so its pages age with the device's.
+        std::lock_guard first(shard[0]->mutex);
+        fresh->ctx.clock = shard[0]->ctx.clock;
+      }
+      shard[j] = std::move(fresh);
+    } catch (const std::bad_alloc&) {
+      return false;
+    }
+    made.store(j + 1, std::memory_order_release);
+  }
+  return true;
+}
+
+void MemoryManager::Shards::hold_gate(int delta) {
+  if (delta > 0) {
+    if (gate_holds++ != 0) return;
+    open.store(false, std::memory_order_release);
+    // Every later shard's lock once: a reservation that saw the gate open has left it.
+    for (std::uint32_t k = 1; k < count(); ++k) {
+      shard[k]->mutex.lock();
+      shard[k]->mutex.unlock();
+    }
+  } else if (gate_holds > 0 && --gate_holds == 0) {
+    open.store(true, std::memory_order_release);
+  }
+}
+
+void MemoryManager::Shards::plan_layout(const PoolLayout& layout) {
+  pools_plan.clear();
+  const Impl& first = *shard[0];
+  for (const PoolSpec& spec : resolve_layout(layout, first.total_memory, first.ctx.alignment)) {
+    switch (spec.kind) {
+      case PoolKind::sliced:
+        pools_plan.push_back({spec.max_slice_size, spec.page_size});
+        break;
+      case PoolKind::exclusive:
+        pools_plan.push_back({spec.max_alloc_size, 0});
+        break;
+      case PoolKind::direct:
+        pools_plan.push_back({std::numeric_limits<std::uint64_t>::max(), 0});
+        break;
+    }
+  }
+}
+
+void MemoryManager::Shards::plan() {
+  std::uint64_t in_use = 0;
+  const std::uint32_t n = count();
+  for (std::uint32_t k = 0; k < n; ++k)
+    in_use += shard[k]->in_use_published.load(std::memory_order_relaxed);
+  const std::uint64_t largest_page = in_use / kShardPageShare;
+  std::uint64_t largest = 0;
+  std::lock_guard hold(control);
+  for (const PlannedPool& pool : pools_plan) {
+    if (pool.page == 0) {  // pages sized by their requests
+      largest = std::max(largest, std::min(pool.max_request, largest_page));
+      break;
+    }
+    if (pool.page > largest_page) break;
+    largest = pool.max_request;
+  }
+  sharded_max.store(largest, std::memory_order_relaxed);
+}
+
+void MemoryManager::Shards::sync_clocks(std::uint32_t k, std::uint64_t clock) {
+  const std::uint32_t n = count();
+  for (std::uint32_t j = 0; j < n; ++j) {
+    if (j == k) continue;
+    Impl& m = *shard[j];
+    Impl::Scope scope(m);
+    if (m.ctx.clock < clock) m.tick(clock - m.ctx.clock);
+  }
+}
+
+bool MemoryManager::Shards::borrow_page(void* owner, std::uint64_t min_size,
+                                        std::uint64_t max_size, DevicePtr* base,
+                                        std::uint64_t* size) {
+  Impl& self = *static_cast<Impl*>(owner);
+  Shards& s = *self.shards;
+  const std::uint32_t n = s.count();
+  for (std::uint32_t j = 0; j < n; ++j) {
+    if (j == self.shard_index) continue;
+    Impl& other = *s.shard[j];
+    if (other.idle_published.load(std::memory_order_relaxed) < min_size) continue;
+    // Under this shard's lock: a shard that stays busy is passed over rather than waited for,
+    // so two shards that borrow from each other at once never wait on each other. Its calls are
+    // short: a few tries usually find it free.
+    bool locked = false;
+    for (int tries = 0; tries < kBorrowTries && !(locked = other.mutex.try_lock_beside()); ++tries)
+      for (int spin = 0; spin < 32; ++spin) std::atomic_signal_fence(std::memory_order_seq_cst);
+    if (!locked) continue;
+    bool found = false;
+    for (const auto& pool : other.pools) {
+      if (pool->hand_over_idle(min_size, max_size, base, size)) {
+        found = true;
+        break;
+      }
+    }
+    other.mutex.unlock_beside();
+    if (found) return true;
+  }
+  return false;
+}
+
+bool MemoryManager::Shards::trim_others(std::uint32_t k) {
+  const std::uint32_t n = count();
+  if (n == 1) return false;
+  const auto deadline = std::chrono::steady_clock::now() +
+                        std::chrono::microseconds(options.recovery_wait_micros / 2);
+  bool gave = false;
+  for (std::uint32_t j = 0; j < n; ++j) {
+    if (j == k) continue;
+    const auto left = std::chrono::duration_cast<std::chrono::microseconds>(
+        deadline - std::chrono::steady_clock::now());
+    const GiveBack result =
+        shard[j]->give_back(static_cast<std::uint32_t>(std::max<std::int64_t>(left.count(), 0)));
+    gave = gave || result != GiveBack::nothing;
+  }
+  return gave;
+}
+
+}  // namespace poolcuda

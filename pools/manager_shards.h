@@ -1,0 +1,119 @@
+// The MemoryManager's shards: the array of per-shard states (MemoryManager::Impl), the gate
+// that says when a reservation may use a shard other than the first, the device-wide state a
+// shard made later must start from, and which shard the calling thread calls home (Note
+// [Shards] in manager_shards.cpp). Not a public header: manager_api.cpp, manager_inspect.cpp
+// and manager_shards.cpp include it.
+#pragma once
+
+#include <array>
+#include <atomic>
+#include <memory>
+#include <vector>
+
+#include "pools/manager_impl.h"
+
+namespace poolcuda {
+
+// A shard's reservation clock is shared with the others each time it crosses a multiple of
+// this many reservations (Note [Shards]: dealloc periods of a shard no thread uses any more).
+inline constexpr std::uint64_t kShardClockSync = 4096;
+
+// Each shard publishes its bytes in use every kShardPublishEvery reservations, and the shards'
+// plan (which requests a thread's own shard may serve) is redone every kShardPlanEvery.
+inline constexpr std::uint64_t kShardPublishEvery = 64;
+inline constexpr std::uint64_t kShardPlanEvery = 256;
+
+// A request may come from the calling thread's own shard only when the pages of the pool that
+// serves it are at most the device's bytes in use divided by this: every shard holds a partly
+// used page of each pool it serves, and that cost stays a small share of the memory in use.
+inline constexpr std::uint64_t kShardPageShare = 32;
+
+// How many times a shard that needs a page tries another shard's lock for an idle one.
+inline constexpr int kBorrowTries = 16;
+
+// A reservation is shared when another thread reserved from the shard since the calling
+// thread's previous reservation there. A thread moves to another shard at a shared reservation
+// that comes within kShardWindow of its own reservations after another shared one. Threads that
+// share a lock run in turns of a few calls each, so two busy threads part within a few turns;
+// a thread that reserves now and then beside a busy one moves itself after two calls, and the
+// busy one, which sees it rarely, stays.
+inline constexpr std::uint32_t kShardWindow = 16;
+
+// Whether a layout has a capped pool.
+bool layout_capped(const PoolLayout& layout);
+
+struct MemoryManager::Shards {
+  Shards(Device& d, const ManagerOptions& o);
+
+  // The shards made so far; never fewer than one, never destroyed before the manager.
+  std::uint32_t count() const { return made.load(std::memory_order_acquire); }
+  Impl& at(std::uint32_t k) const { return *shard[k]; }
+  template <class F>
+  void each(F&& f) const {
+    const std::uint32_t n = count();
+    for (std::uint32_t k = 0; k < n; ++k) f(*shard[k]);
+  }
+
+  // The shard a reservation of the calling thread tries first.
+  std::uint32_t home() const;
+  // Records whether another thread reserved from shard k before the calling thread's last
+  // reservation there; once its score says the shard is shared, the thread moves to the next
+  // shard, made here if it is new.
+  void note_sharing(std::uint32_t k, bool shared);
+  // Makes shards until there are n; false when none may be made now (the gate is closed) or
+  // memory ran out.
+  bool make_shards(std::uint32_t n);
+  // Closes (delta > 0) or reopens (delta < 0) the gate for one more or one fewer reason; a
+  // close returns only once no reservation that saw the gate open is still in a later shard.
+  void hold_gate(int delta);
+  // Redoes the plan: the largest request a thread's own shard may serve, from the layout's
+  // pools and the bytes the shards last published in use.
+  void plan();
+  // Shards other than `k` whose reservation clock is behind `clock` catch up with it, and run
+  // the implicit cleanups that come due.
+  void sync_clocks(std::uint32_t k, std::uint64_t clock);
+  // The shard a pin was taken in, or nullptr for an empty pin.
+  Impl* pinned(const RetainedSlice& pin) const {
+    return pin && pin.shard < count() ? shard[pin.shard].get() : nullptr;
+  }
+  // PoolContext::borrow_page of every shard (`owner` is the shard): another shard's idle page
+  // of `min_size` to `max_size` bytes, taken without a device call, when one is not busy and
+  // has one.
+  static bool borrow_page(void* owner, std::uint64_t min_size, std::uint64_t max_size,
+                          DevicePtr* base, std::uint64_t* size);
+  // Out-of-memory in shard k: the other shards give back what they hold for no live slice.
+  // True when they had something to give.
+  bool trim_others(std::uint32_t k);
+
+  Device& device;
+  ManagerOptions options;  // its layout: the one installed last (under `control`)
+  const std::uint32_t limit;  // the most shards this manager makes
+  std::array<std::unique_ptr<Impl>, kMaxShards> shard;
+  std::atomic<std::uint32_t> made{1};
+  std::atomic<std::uint32_t> moves{0};  // threads moved so far: each move takes the next shard
+  // The largest request a thread's own shard may serve (Note [Shards]); larger ones come from
+  // the first shard.
+  std::atomic<std::uint64_t> sharded_max{0};
+  // The layout's dynamic pools in routing order: the largest request each accepts and its page
+  // size (0: each page is sized by its request). Under `control`.
+  struct PlannedPool {
+    std::uint64_t max_request = 0;
+    std::uint64_t page = 0;
+  };
+  std::vector<PlannedPool> pools_plan;
+  // Lays out pools_plan for `layout`.
+  void plan_layout(const PoolLayout& layout);
+  // Reservations may use shards other than the first; read under the later shard's lock.
+  std::atomic<bool> open{true};
+  // Serialises changes of the device-wide state below, and the making of shards, so that a new
+  // shard starts from that state and no change misses it.
+  mutable RankedMutex control{LockRank::shards};
+  std::uint32_t gate_holds = 0;  // reasons the gate is closed (each counted once)
+  std::uint32_t windows = 0;     // open persistent windows
+  std::uint32_t captures = 0;    // open stream captures
+  bool capped = false;           // the layout has a capped pool
+  bool stream_ordered = false;   // the last set_stream_ordered
+  std::uint32_t frozen = 0;      // set_frozen nesting
+};
+
+}  // namespace poolcuda

@@ -1,0 +1,404 @@
+// Shards (Note [Shards] in pools/manager_shards.cpp): threads that keep reserving from one
+// shard part, each pointer can be freed from any thread, captures, windows, capped layouts and
+// layout changes keep to the first shard, one shard's out-of-memory takes the others' idle
+// memory, and a shard nobody uses still ages its idle pages.
+//
+// Every thread that reserves here is a fresh Worker: a thread's home shard outlives a manager.
+#include <condition_variable>
+#include <functional>
+#include <mutex>
+#include <random>
+#include <thread>
+#include <vector>
+
+#include <doctest/doctest.h>
+#include "pools/host_device.h"
+#include "pools/memory_manager.h"
+#include "tests/unit/pools_test_util.h"
+
+using namespace poolcuda;
+using namespace poolcuda::test;
+
+namespace {
+
+// A thread that runs the jobs it is given, one at a time, while the caller waits.
+class Worker {
+ public:
+  Worker() : thread_([this] { loop(); }) {}
+  ~Worker() {
+    run([this] { stop_ = true; });
+    thread_.join();
+  }
+  Worker(const Worker&) = delete;
+  Worker& operator=(const Worker&) = delete;
+
+  void run(std::function<void()> job) {
+    std::unique_lock lock(mutex_);
+    job_ = std::move(job);
+    changed_.notify_all();
+    changed_.wait(lock, [this] { return !job_; });
+  }
+
+ private:
+  void loop() {
+    std::unique_lock lock(mutex_);
+    while (!stop_) {
+      changed_.wait(lock, [this] { return static_cast<bool>(job_); });
+      job_();
+      job_ = nullptr;
+      changed_.notify_all();
+    }
+  }
+
+  std::mutex mutex_;
+  std::condition_variable changed_;
+  std::function<void()> job_;
+  bool stop_ = false;
+  std::thread thread_;
+};
+
+ManagerOptions shard_options(const PoolLayout& layout = custom({sliced(2 * MiB, MiB)}),
+                             FreeFence fence = FreeFence::none) {
+  ManagerOptions o;
+  o.layout = layout;
+  o.free_fence = fence;
+  o.shards = 2;
+  o.prompt_fence_nanos = std::uint64_t{1} << 63;
+  return o;
+}
+
+struct ShardRig {
+  explicit ShardRig(const ManagerOptions& options, std::uint64_t capacity = 256 * MiB)
+      : device(capacity, 512), manager(device, options) {}
+
+  DevicePtr reserve_on(Worker& w, std::uint64_t size) {
+    DevicePtr p = 0;
+    w.run([&] { p = manager.allocate(size).ptr; });
+    REQUIRE(p != 0);
+    return p;
+  }
+
+  // A thread's own shard serves only requests whose pages are small next to the bytes in use
+  // (a 32nd), and the plan is redone every few hundred reservations: w holds 64 MiB, then
+  // makes enough reservations for the plan to see them.
+  void warm(Worker& w) {
+    w.run([&] {
+      for (int i = 0; i < 64; ++i) ballast.push_back(manager.allocate(MiB).ptr);
+      for (int i = 0; i < 300; ++i) REQUIRE(manager.free(manager.allocate(KiB).ptr) == FreeOutcome::freed);
+    });
+  }
+
+  void drop_ballast() {
+    for (const DevicePtr p : ballast) REQUIRE(manager.free(p) == FreeOutcome::freed);
+    ballast.clear();
+  }
+
+  // a and b take turns reserving, as two busy threads do, until they part; every pointer is
+  // freed again. Returns how many turns it took.
+  int part(Worker& a, Worker& b) {
+    if (ballast.empty()) warm(a);
+    std::vector<DevicePtr> kept;
+    int turns = 0;
+    while (manager.report().shards < 2 && turns < 64) {
+      kept.push_back(reserve_on(a, KiB));
+      kept.push_back(reserve_on(b, KiB));
+      ++turns;
+    }
+    for (const DevicePtr p : kept) REQUIRE(manager.free(p) == FreeOutcome::freed);
+    return turns;
+  }
+
+  // The shard a live pointer belongs to.
+  std::uint32_t shard_of(DevicePtr p) {
+    const RetainedSlice pin = manager.retain(p);
+    REQUIRE(pin);
+    REQUIRE(manager.release_retained(pin));
+    return pin.shard;
+  }
+
+  HostDevice device;
+  MemoryManager manager;
+  std::vector<DevicePtr> ballast;
+};
+
+}  // namespace
+
+TEST_CASE("a thread that reserves alone never makes a second shard") {
+  ShardRig rig(shard_options());
+  Worker a;
+  a.run([&] {
+    std::mt19937_64 rng(7);
+    std::vector<DevicePtr> live;
+    for (int i = 0; i < 20000; ++i) {
+      if (live.size() < 64 && (live.empty() || rng() % 2 == 0)) {
+        live.push_back(rig.manager.allocate(1 + rng() % MiB).ptr);
+      } else {
+        const std::size_t at = rng() % live.size();
+        CHECK(rig.manager.free(live[at]) == FreeOutcome::freed);
+        live[at] = live.back();
+        live.pop_back();
+      }
+    }
+    for (const DevicePtr p : live) CHECK(rig.manager.free(p) == FreeOutcome::freed);
+  });
+  CHECK(rig.manager.report().shards == 1);
+  CHECK(rig.manager.check_consistency().empty());
+}
+
+TEST_CASE("two threads that keep taking turns part within a few turns, and stay parted") {
+  ShardRig rig(shard_options());
+  Worker a, b;
+  CHECK(rig.part(a, b) <= 3);
+  CHECK(rig.manager.report().shards == 2);
+  std::vector<DevicePtr> of_a, of_b;
+  for (int i = 0; i < 32; ++i) {
+    of_a.push_back(rig.reserve_on(a, KiB));
+    of_b.push_back(rig.reserve_on(b, KiB));
+  }
+  CHECK(rig.manager.report().shards == 2);
+  const std::uint32_t home_a = rig.shard_of(of_a.back());
+  const std::uint32_t home_b = rig.shard_of(of_b.back());
+  CHECK(home_a != home_b);
+  // Once parted, neither moves again: each one's later pointers stay in its shard.
+  for (int i = 16; i < 32; ++i) {
+    CHECK(rig.shard_of(of_a[i]) == home_a);
+    CHECK(rig.shard_of(of_b[i]) == home_b);
+  }
+  const MemoryUsage u = rig.manager.memory_usage();
+  CHECK(u.number_allocs == 64 + 64);
+  CHECK(u.bytes_in_use == 64 * KiB + 64 * MiB);
+  CHECK(rig.manager.report().slices == 64 + 64);
+  CHECK(rig.manager.check_consistency().empty());
+}
+
+TEST_CASE("a thread that reserves now and then beside a busy one moves; the busy one stays") {
+  ShardRig rig(shard_options());
+  Worker busy, occasional;
+  rig.warm(busy);
+  std::vector<DevicePtr> of_busy, of_occasional;
+  for (int round = 0; round < 8; ++round) {
+    for (int i = 0; i < 100; ++i) {
+      of_busy.push_back(rig.reserve_on(busy, KiB));
+      if (of_busy.size() > 16) {
+        REQUIRE(rig.manager.free(of_busy.front()) == FreeOutcome::freed);
+        of_busy.erase(of_busy.begin());
+      }
+    }
+    of_occasional.push_back(rig.reserve_on(occasional, KiB));
+  }
+  CHECK(rig.shard_of(of_busy.back()) == 0);
+  CHECK(rig.shard_of(of_occasional.back()) == 1);
+  CHECK(rig.manager.report().shards == 2);
+}
+
+TEST_CASE("any thread frees any shard's pointer, and bad frees are told apart as with one") {
+  ShardRig rig(shard_options());
+  Worker a, b;
+  rig.part(a, b);
+  const DevicePtr p = rig.reserve_on(b, 4 * KiB);
+  const DevicePtr q = rig.reserve_on(a, 4 * KiB);
+  REQUIRE(rig.shard_of(p) != rig.shard_of(q));
+  a.run([&] {
+    CHECK(rig.manager.live_size(p) == 4 * KiB);
+    CHECK(rig.manager.free(p + 512) == FreeOutcome::interior_pointer);
+    CHECK(rig.manager.free(p) == FreeOutcome::freed);
+    CHECK(rig.manager.free(p) == FreeOutcome::double_free);
+    CHECK(rig.manager.live_size(p) == 0);
+    CHECK(rig.manager.free(0x10) == FreeOutcome::not_mine);
+  });
+  b.run([&] { CHECK(rig.manager.free(q) == FreeOutcome::freed); });
+  rig.drop_ballast();
+  CHECK(rig.manager.memory_usage().number_allocs == 0);
+  CHECK(rig.manager.check_consistency().empty());
+}
+
+TEST_CASE("captures and persistent windows reserve from the first shard, whoever asks") {
+  ShardRig rig(shard_options());
+  Worker a, b;
+  rig.part(a, b);
+  // The worker that moved is the one whose pointers are not in the first shard.
+  Worker& moved = rig.shard_of(rig.reserve_on(a, KiB)) != 0 ? a : b;
+  REQUIRE(rig.shard_of(rig.reserve_on(moved, KiB)) != 0);
+  rig.manager.set_capture_window(true);
+  CHECK(rig.shard_of(rig.reserve_on(moved, 8 * KiB)) == 0);
+  rig.manager.set_capture_window(false);
+  CHECK(rig.shard_of(rig.reserve_on(moved, KiB)) != 0);
+  rig.manager.set_mode(AllocationMode::persistent);
+  CHECK(rig.shard_of(rig.reserve_on(moved, 8 * KiB)) == 0);
+  rig.manager.set_mode(AllocationMode::automatic);
+  CHECK(rig.shard_of(rig.reserve_on(moved, KiB)) != 0);
+  CHECK(rig.manager.check_consistency().empty());
+}
+
+TEST_CASE("a layout with a capped pool keeps one shard, so the cap holds for the device") {
+  ShardRig rig(shard_options(custom({sliced(2 * MiB, MiB, 128 * MiB)})));
+  Worker a, b;
+  CHECK(rig.part(a, b) == 64);  // they never part
+  CHECK(rig.manager.report().shards == 1);
+}
+
+TEST_CASE("a shard that grows takes another shard's idle pages before the device's") {
+  ShardRig rig(shard_options());
+  Worker a, b;
+  rig.part(a, b);
+  Worker& moved = rig.shard_of(rig.reserve_on(a, KiB)) != 0 ? a : b;
+  Worker& stayed = &moved == &a ? b : a;
+  // The thread that moved fills its shard with pages and frees them: they stay there, idle.
+  std::vector<DevicePtr> held;
+  for (int i = 0; i < 40; ++i) held.push_back(rig.reserve_on(moved, MiB));
+  REQUIRE(rig.shard_of(held.back()) != 0);
+  moved.run([&] {
+    for (const DevicePtr p : held) CHECK(rig.manager.free(p) == FreeOutcome::freed);
+  });
+  const std::uint64_t reserved = rig.manager.memory_usage().bytes_reserved;
+  const std::uint64_t device_allocs = rig.device.calls().allocate;
+  held.clear();
+  for (int i = 0; i < 40; ++i) held.push_back(rig.reserve_on(stayed, MiB));
+  CHECK(rig.shard_of(held.back()) == 0);
+  CHECK(rig.device.calls().allocate == device_allocs);
+  CHECK(rig.manager.memory_usage().bytes_reserved == reserved);
+  const PoolReport pool = rig.manager.report().dynamic[0];
+  CHECK(pool.pages_borrowed >= 19);
+  CHECK(pool.pages_lent == pool.pages_borrowed);
+  for (const DevicePtr p : held) CHECK(rig.manager.free(p) == FreeOutcome::freed);
+  CHECK(rig.manager.check_consistency().empty());
+}
+
+TEST_CASE("out of memory in one shard takes the idle memory of the others first") {
+  // The moved thread's idle pages are 2 MiB ones in its shard; 8 MiB requests come from the
+  // first shard (their pages are large next to the bytes in use), and no shard holds such a
+  // page idle.
+  ShardRig rig(shard_options(custom({sliced(2 * MiB, MiB), sliced(8 * MiB, 8 * MiB)})),
+               160 * MiB);
+  Worker a, b;
+  rig.part(a, b);
+  Worker& moved = rig.shard_of(rig.reserve_on(a, KiB)) != 0 ? a : b;
+  std::vector<DevicePtr> held;
+  for (int i = 0; i < 64; ++i) held.push_back(rig.reserve_on(moved, MiB));
+  REQUIRE(rig.shard_of(held.back()) != 0);
+  moved.run([&] {
+    for (const DevicePtr p : held) CHECK(rig.manager.free(p) == FreeOutcome::freed);
+  });
+  REQUIRE(rig.manager.idle_bytes() >= 64 * MiB);
+  held.clear();
+  for (int i = 0; i < 6; ++i) held.push_back(rig.reserve_on(moved, 8 * MiB));
+  CHECK(rig.shard_of(held.back()) == 0);
+  CHECK(rig.manager.report().oom_recoveries >= 1);
+  CHECK(rig.manager.report().oom_failures == 0);
+  for (const DevicePtr p : held) CHECK(rig.manager.free(p) == FreeOutcome::freed);
+  CHECK(rig.manager.check_consistency().empty());
+}
+
+TEST_CASE("a layout change waits for every shard to be empty and reaches every shard") {
+  ShardRig rig(shard_options());
+  Worker a, b;
+  rig.part(a, b);
+  const DevicePtr p = rig.reserve_on(b, KiB);
+  const DevicePtr q = rig.reserve_on(a, KiB);
+  const std::uint32_t home_b = rig.shard_of(p);
+  const PoolLayout two = custom({sliced(2 * MiB, 64 * KiB), sliced(8 * MiB, 2 * MiB)});
+  CHECK(rig.manager.install_layout(two).kind == ErrorKind::pools_in_use);
+  CHECK(rig.manager.free(q) == FreeOutcome::freed);
+  CHECK(rig.manager.install_layout(two).kind == ErrorKind::pools_in_use);  // p is live
+  CHECK(rig.manager.free(p) == FreeOutcome::freed);
+  CHECK(rig.manager.install_layout(two).kind == ErrorKind::pools_in_use);  // the ballast
+  rig.drop_ballast();
+  CHECK_FALSE(rig.manager.install_layout(two));
+  CHECK(rig.manager.report().dynamic.size() == 2);
+  // The gate opened again: b still reserves from its own shard, under the new layout.
+  rig.warm(a);
+  CHECK(rig.shard_of(rig.reserve_on(b, KiB)) == home_b);
+  CHECK(rig.manager.report().dynamic[1].bytes_in_use == 64 * MiB);
+  CHECK(rig.manager.check_consistency().empty());
+}
+
+TEST_CASE("idle pages of a shard no thread uses any more still expire") {
+  ShardRig rig(shard_options(custom({sliced(2 * MiB, MiB, std::nullopt, 100)})));
+  Worker a, b;
+  rig.part(a, b);
+  std::vector<DevicePtr> held;
+  for (int i = 0; i < 6; ++i) held.push_back(rig.reserve_on(b, MiB));
+  b.run([&] {
+    for (const DevicePtr p : held) CHECK(rig.manager.free(p) == FreeOutcome::freed);
+  });
+  const std::size_t pages_before = rig.manager.pages().size();
+  REQUIRE(pages_before >= 3);
+  a.run([&] {
+    for (int i = 0; i < 20000; ++i) {
+      const DevicePtr p = rig.manager.allocate(KiB).ptr;
+      REQUIRE(rig.manager.free(p) == FreeOutcome::freed);
+    }
+  });
+  CHECK(rig.manager.pages().size() <= 33);  // the ballast's 32 and a's own page at most
+}
+
+TEST_CASE("a shard made later starts from the device's settings") {
+  ManagerOptions o = shard_options(custom({sliced(2 * MiB, MiB)}), FreeFence::automatic);
+  o.thread_cache = true;
+  ShardRig rig(o);
+  rig.manager.set_stream_ordered(true);  // before the second shard exists
+  Worker a, b;
+  rig.part(a, b);
+  Worker& moved = rig.shard_of(rig.reserve_on(a, KiB)) != 0 ? a : b;
+  const std::uint64_t hits = rig.manager.report().thread_cache_hits;
+  moved.run([&] {
+    for (int i = 0; i < 20; ++i) {
+      const DevicePtr p = rig.manager.allocate(3 * KiB).ptr;
+      REQUIRE(p != 0);
+      REQUIRE(rig.manager.free(p) == FreeOutcome::freed);
+    }
+  });
+  // Its frees need no fence there either: its cache serves it.
+  CHECK(rig.manager.report().thread_cache_hits >= hits + 15);
+  CHECK(rig.manager.report().pending_fence_bytes == 0);
+}
+
+TEST_CASE("four threads reserving and freeing each other's pointers leave the shards whole") {
+  ManagerOptions o = shard_options(preset(PoolPreset::subslices), FreeFence::events);
+  o.shards = 4;
+  o.thread_cache = true;
+  ShardRig rig(o, 4ull << 30);
+  std::mutex handoff_mutex;
+  std::vector<DevicePtr> handoff;  // pointers one thread leaves for another to free
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&, t] {
+      std::mt19937_64 rng(100 + t);
+      std::vector<DevicePtr> live;
+      for (int i = 0; i < 4000; ++i) {
+        const auto step = rng() % 8;
+        if (live.empty() || (step < 4 && live.size() < 64)) {
+          const DevicePtr p = rig.manager.allocate(1 + rng() % (4 * MiB)).ptr;
+          REQUIRE(p != 0);
+          live.push_back(p);
+        } else if (step < 6) {
+          REQUIRE(rig.manager.free(live.back()) == FreeOutcome::freed);
+          live.pop_back();
+        } else if (step == 6) {
+          std::lock_guard hold(handoff_mutex);
+          handoff.push_back(live.back());
+          live.pop_back();
+        } else {
+          DevicePtr p = 0;
+          {
+            std::lock_guard hold(handoff_mutex);
+            if (!handoff.empty()) {
+              p = handoff.back();
+              handoff.pop_back();
+            }
+          }
+          if (p != 0) REQUIRE(rig.manager.free(p) == FreeOutcome::freed);
+        }
+        if (i % 1000 == 0) rig.manager.cleanup(false);
+      }
+      for (const DevicePtr p : live) REQUIRE(rig.manager.free(p) == FreeOutcome::freed);
+    });
+  }
+  for (auto& thread : threads) thread.join();
+  for (const DevicePtr p : handoff) CHECK(rig.manager.free(p) == FreeOutcome::freed);
+  CHECK(rig.manager.memory_usage().number_allocs == 0);
+  CHECK(rig.manager.check_consistency().empty());
+  CHECK(rig.manager.drain_fences());
+  rig.manager.cleanup(true);
+  CHECK(rig.manager.memory_usage().bytes_reserved == 0);
+}
