@@ -20,28 +20,32 @@ Reservation MemoryManager::allocate(std::uint64_t size, Placement placement) {
   if (size == 0 || size > kLargestRequest)
     return Reservation{0, Error{ErrorKind::buffer_too_big, size}};
   Shards& s = *shards_;
-  if (s.limit == 1) return s.at(0).reserve(size, placement, nullptr, false).reservation;
+  if (s.limit == 1) return s.at(0).reserve(size, placement, nullptr, false, true).reservation;
   // The calling thread's own shard serves the requests whose pages are small next to the
   // device's bytes in use; captures and persistent windows close the gate (Note [Shards]).
   const bool own = placement == Placement::automatic && s.open.load(std::memory_order_relaxed) &&
                    size <= s.sharded_max.load(std::memory_order_relaxed);
   std::uint32_t k = own ? s.home() : 0;
-  Impl::Reserved r = s.at(k).reserve(size, placement, k == 0 ? nullptr : &s.open, own);
+  Impl::Reserved r = s.at(k).reserve(size, placement, k == 0 ? nullptr : &s.open, own, k == 0);
   if (r.gate_closed) {
     k = 0;
-    r = s.at(0).reserve(size, placement, nullptr, false);
+    r = s.at(0).reserve(size, placement, nullptr, false, true);
   } else if (own) {
     s.note_sharing(k, r.shared);
   }
   if (r.clock_crossed) s.sync_clocks(k, r.clock);
   if (r.plan_due) s.plan();
+  // Out of memory in the thread's own shard: the first may still have room in its used pages
+  // (the others' idle memory is already back with the driver).
+  if (k != 0 && r.reservation.ptr == 0 && r.reservation.error.kind == ErrorKind::out_of_memory)
+    r = s.at(0).reserve(size, placement, nullptr, false, true);
   return r.reservation;
 }
 
 MemoryManager::Impl::Reserved MemoryManager::Impl::reserve(std::uint64_t size,
                                                           Placement placement,
                                                           const std::atomic<bool>* gate,
-                                                          bool home) {
+                                                          bool home, bool last_try) {
   Reserved out;
   // The calling thread's cache first, without the shard's lock (Note [Thread caches]).
   if (size <= kThreadCacheSliceMax && placement == Placement::automatic &&
@@ -90,7 +94,7 @@ MemoryManager::Impl::Reserved MemoryManager::Impl::reserve(std::uint64_t size,
     r = recover_from_oom(scope, size, placement);
     if (r.slice != nullptr) {
       ++oom_recoveries;
-    } else if (r.status == AllocStatus::out_of_memory) {
+    } else if (r.status == AllocStatus::out_of_memory && last_try) {
       ++oom_failures;
       if (options.log != LogLevel::off) {
         const MemoryUsage u = usage();
@@ -104,6 +108,16 @@ MemoryManager::Impl::Reserved MemoryManager::Impl::reserve(std::uint64_t size,
                 std::to_string(pending()) + " B");
       }
     }
+  }
+  // The waits above released the lock: the gate may have closed meanwhile, and nothing may
+  // enter a later shard once it has (Note [Shards]). The slice goes back unused.
+  if (gate != nullptr && !gate->load(std::memory_order_acquire)) {
+    if (r.slice != nullptr) {
+      r.slice->page->pool->to_pending(r.slice);
+      r.slice->page->pool->give_back(r.slice);
+    }
+    out.gate_closed = true;
+    return out;
   }
   if (r.slice == nullptr) {
     out.reservation = Reservation{0, r.error};
@@ -120,12 +134,18 @@ FreeOutcome MemoryManager::free(DevicePtr ptr) {
   Shards& s = *shards_;
   const std::uint32_t n = s.count();
   if (n == 1) return s.at(0).free_pointer(ptr);
-  // Each pointer lies in the pages of one shard at most: the calling thread's own first.
+  // Each pointer lies in the pages of one shard at most: the calling thread's own first. A page
+  // lent meanwhile from a shard not tried yet to one tried already is looked for again.
   const std::uint32_t first = s.home() % n;
-  FreeOutcome outcome = s.at(first).free_pointer(ptr);
-  for (std::uint32_t k = 0; k < n && outcome == FreeOutcome::not_mine; ++k)
-    if (k != first) outcome = s.at(k).free_pointer(ptr);
-  return outcome;
+  for (;;) {
+    const std::uint64_t moves = s.pages_moved.load(std::memory_order_acquire);
+    FreeOutcome outcome = s.at(first).free_pointer(ptr);
+    for (std::uint32_t k = 0; k < n && outcome == FreeOutcome::not_mine; ++k)
+      if (k != first) outcome = s.at(k).free_pointer(ptr);
+    if (outcome != FreeOutcome::not_mine ||
+        s.pages_moved.load(std::memory_order_acquire) == moves)
+      return outcome;
+  }
 }
 
 FreeOutcome MemoryManager::Impl::free_pointer(DevicePtr ptr) {
@@ -211,7 +231,8 @@ Error MemoryManager::install_layout(const PoolLayout& layout) {
   Shards& s = *shards_;
   std::lock_guard control(s.control);
   // No reservation enters a later shard until the layout is in place, so a later shard found
-  // empty stays empty while the first one is changed.
+  // empty stays empty (the pages a reservation under way took meanwhile are idle, and go back
+  // just before the shard's pools are replaced).
   s.hold_gate(+1);
   // Pending slices still belong to the old pools: wait for their fences (a quiescent point,
   // not the hot path), then return every idle page.
@@ -244,8 +265,10 @@ Error MemoryManager::install_layout(const PoolLayout& layout) {
     return Error{ErrorKind::pools_in_use, busy};
   }
   for (std::uint32_t k = 1; k < s.count(); ++k) {
-    std::lock_guard lock(s.at(k).mutex);
-    rebuild(s.at(k));
+    Impl& m = s.at(k);
+    Impl::Scope scope(m);
+    m.cleanup_all(true);
+    rebuild(m);
   }
   const bool was_capped = s.capped;
   s.options.layout = layout;  // for shards made later

@@ -144,8 +144,10 @@ struct MemoryManager::Impl {
   };
   // `gate`: for a shard other than the first, the shards' gate, read under this shard's lock.
   // `home`: the shard is the calling thread's home, chosen for it (sharing is tracked).
+  // `last_try`: no other shard will be tried, so an out-of-memory failure is counted and
+  // logged here.
   Reserved reserve(std::uint64_t size, Placement placement, const std::atomic<bool>* gate,
-                   bool home);
+                   bool home, bool last_try);
   // Frees `ptr` when it lies in this shard's pages; not_mine (nothing changed) otherwise.
   FreeOutcome free_pointer(DevicePtr ptr);
   // give_back_all() for this shard.
@@ -181,7 +183,10 @@ struct MemoryManager::Impl {
   bool wait_for_oldest_fence(Scope& scope, std::chrono::steady_clock::time_point deadline);
   // Whether `size` bytes exceed what the device could give even once every page the pools hold
   // for no live slice were back with the driver: then no recovery step can help.
-  bool beyond_reach(std::uint64_t size);
+  // `elsewhere`: bytes the other shards hold for no request.
+  bool beyond_reach(std::uint64_t size, std::uint64_t elsewhere = 0);
+  // Pages ever handed to Device::release by every shard (Note [Out of memory among threads]).
+  std::uint64_t pages_handed_everywhere() const;
   Route recover_from_oom(Scope& scope, std::uint64_t size, Placement placement);
   void retire(Slice* slice);  // live/held -> pending or free, by the fence mode
   void close_epoch();
@@ -249,9 +254,12 @@ struct MemoryManager::Impl {
   // The bytes in use, as of one of the last kShardPublishEvery reservations, for the shards'
   // plan (Note [Shards]).
   std::atomic<std::uint64_t> in_use_published{0};
-  // Bytes of whole idle pages as the last scope left them: a shard that needs a page tries
-  // only the shards that have some.
+  // Bytes of whole idle pages of the dynamic pools (those a shard lends), and bytes reserved for
+  // no request, as the last scope left them: a shard that needs a page tries only the shards
+  // that have some, and out-of-memory recovery counts them before it asks for them.
   std::atomic<std::uint64_t> idle_published{0};
+  std::atomic<std::uint64_t> unused_published{0};
+  void publish_idle();  // under the lock
   std::uint64_t total_memory = 0;
   mutable RankedMutex mutex{LockRank::manager};
   Outbox* outbox = nullptr;  // set while a Scope holds the lock

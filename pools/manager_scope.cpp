@@ -40,15 +40,23 @@ void MemoryManager::Impl::Scope::unlock() {
   if (!box_.releases.empty())
     m_.pages_handed.fetch_add(box_.releases.size(), std::memory_order_release);
   box_.releases.clear();
-  // For shards that need a page (Note [Shards]): a store to a line of this shard's own.
-  if (m_.idle_published.load(std::memory_order_relaxed) != m_.ctx.idle_page_bytes)
-    m_.idle_published.store(m_.ctx.idle_page_bytes, std::memory_order_relaxed);
+  m_.publish_idle();
   locked_ = false;
   m_.mutex.unlock();
   if (!box_.logs.empty()) {
     m_.write_logs(box_.logs);
     box_.logs.clear();
   }
+}
+
+void MemoryManager::Impl::publish_idle() {
+  // For the other shards (Note [Shards]): stores to lines of this shard's own, only on change.
+  const std::uint64_t lendable = ctx.idle_page_bytes - persistent->idle_page_bytes();
+  if (idle_published.load(std::memory_order_relaxed) != lendable)
+    idle_published.store(lendable, std::memory_order_relaxed);
+  const std::uint64_t unused = ctx.totals.reserved - ctx.totals.in_use;
+  if (unused_published.load(std::memory_order_relaxed) != unused)
+    unused_published.store(unused, std::memory_order_relaxed);
 }
 
 namespace {

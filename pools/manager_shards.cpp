@@ -87,7 +87,13 @@ bool layout_capped(const PoolLayout& layout) {
 }
 
 MemoryManager::Shards::Shards(Device& d, const ManagerOptions& o)
-    : device(d), options(o), limit(std::clamp<std::uint32_t>(o.shards, 1, kMaxShards)) {
+    : device(d),
+      options(o),
+      // Under persistent:enforced and size-match every request is the persistent pool's, whose
+      // exact-fit pages (and primed captures) one shard must hold.
+      limit(o.persistent == PersistentMode::enforced || o.persistent == PersistentMode::size_match
+                ? 1
+                : std::clamp<std::uint32_t>(o.shards, 1, kMaxShards)) {
   shard[0] = std::make_unique<Impl>(d, o);
   shard[0]->shards = this;
   shard[0]->ctx.borrow_page = &borrow_page;
@@ -128,7 +134,9 @@ void MemoryManager::Shards::note_sharing(std::uint32_t k, bool shared) {
 }
 
 bool MemoryManager::Shards::make_shards(std::uint32_t n) {
-  std::lock_guard hold(control);
+  // Tried, not waited for, as in plan(): the thread stays and moves at a later chance.
+  if (!control.try_lock()) return false;
+  std::lock_guard hold(control, std::adopt_lock);
   // While the gate is closed, no new shard: it would have to start inside a window or capture.
   if (gate_holds != 0) return false;
   for (std::uint32_t j = count(); j < n; ++j) {
@@ -194,7 +202,10 @@ void MemoryManager::Shards::plan() {
     in_use += shard[k]->in_use_published.load(std::memory_order_relaxed);
   const std::uint64_t largest_page = in_use / kShardPageShare;
   std::uint64_t largest = 0;
-  std::lock_guard hold(control);
+  // Tried, not waited for: a layout change may hold it across fence waits, and the next plan
+  // comes soon.
+  if (!control.try_lock()) return;
+  std::lock_guard hold(control, std::adopt_lock);
   for (const PlannedPool& pool : pools_plan) {
     if (pool.page == 0) {  // pages sized by their requests
       largest = std::max(largest, std::min(pool.max_request, largest_page));
@@ -240,10 +251,22 @@ bool MemoryManager::Shards::borrow_page(void* owner, std::uint64_t min_size,
         break;
       }
     }
+    if (found) {
+      other.publish_idle();
+      s.pages_moved.fetch_add(1, std::memory_order_release);
+    }
     other.mutex.unlock_beside();
     if (found) return true;
   }
   return false;
+}
+
+std::uint64_t MemoryManager::Shards::unused_elsewhere(std::uint32_t k) const {
+  std::uint64_t n = 0;
+  const std::uint32_t count_now = count();
+  for (std::uint32_t j = 0; j < count_now; ++j)
+    if (j != k) n += shard[j]->unused_published.load(std::memory_order_relaxed);
+  return n;
 }
 
 bool MemoryManager::Shards::trim_others(std::uint32_t k) {

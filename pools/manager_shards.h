@@ -81,6 +81,8 @@ struct MemoryManager::Shards {
   // has one.
   static bool borrow_page(void* owner, std::uint64_t min_size, std::uint64_t max_size,
                           DevicePtr* base, std::uint64_t* size);
+  // Bytes the shards other than k last published as reserved for no request.
+  std::uint64_t unused_elsewhere(std::uint32_t k) const;
   // Out-of-memory in shard k: the other shards give back what they hold for no live slice.
   // True when they had something to give.
   bool trim_others(std::uint32_t k);
@@ -91,6 +93,7 @@ struct MemoryManager::Shards {
   std::array<std::unique_ptr<Impl>, kMaxShards> shard;
   std::atomic<std::uint32_t> made{1};
   std::atomic<std::uint32_t> moves{0};  // threads moved so far: each move takes the next shard
+  std::atomic<std::uint64_t> pages_moved{0};  // idle pages lent from one shard to another
   // The largest request a thread's own shard may serve (Note [Shards]); larger ones come from
   // the first shard.
   std::atomic<std::uint64_t> sharded_max{0};

@@ -362,7 +362,7 @@ void MemoryManager::Impl::flush_before_growth(Scope& scope, std::uint32_t* budge
   }
 }
 
-bool MemoryManager::Impl::beyond_reach(std::uint64_t size) {
+bool MemoryManager::Impl::beyond_reach(std::uint64_t size, std::uint64_t elsewhere) {
   // In this order, a page that reaches the driver between the two reads is counted twice
   // rather than missed: the estimate errs towards trying.
   std::uint64_t releasing = device.releasing_bytes();
@@ -373,7 +373,14 @@ bool MemoryManager::Impl::beyond_reach(std::uint64_t size) {
   if (info.total_bytes == 0) return false;  // unknown: try everything
   const MemoryUsage u = usage();
   const std::uint64_t unused = u.bytes_reserved - u.bytes_in_use - u.bytes_padding;
-  return size > info.free_bytes + releasing + unused;
+  return size > info.free_bytes + releasing + unused + elsewhere;
+}
+
+std::uint64_t MemoryManager::Impl::pages_handed_everywhere() const {
+  if (shards == nullptr) return pages_handed.load(std::memory_order_acquire);
+  std::uint64_t n = 0;
+  shards->each([&](const Impl& m) { n += m.pages_handed.load(std::memory_order_acquire); });
+  return n;
 }
 
 Route MemoryManager::Impl::route(std::uint64_t size, Placement placement,
@@ -518,8 +525,10 @@ bool MemoryManager::Impl::drain(Scope& scope) {
 Route MemoryManager::Impl::recover_from_oom(Scope& scope, std::uint64_t size,
                                             Placement placement) {
   flush_caches(false);  // parked slices are memory no one uses
-  // And so is what the other shards keep for no live slice (Note [Shards]).
-  if (shards != nullptr && shards->count() > 1) {
+  // And so is what the other shards keep for no live slice (Note [Shards]), unless even all of
+  // that could not serve the request: then the rule below fails it at once, without a wait.
+  if (shards != nullptr && shards->count() > 1 &&
+      !beyond_reach(size, shards->unused_elsewhere(shard_index))) {
     scope.unlock();
     shards->trim_others(shard_index);
     scope.relock();
@@ -549,7 +558,7 @@ Route MemoryManager::Impl::recover_from_oom(Scope& scope, std::uint64_t size,
     if ((flush || scope.has_releases()) && !stuck) {
       scope.unlock();  // the pages go to the device
       // Read after this thread's pages went: a later change is another thread's.
-      handed_before_flush = pages_handed.load(std::memory_order_acquire);
+      handed_before_flush = pages_handed_everywhere();
       // Pages stuck behind a parked stream stay stuck: no later round waits for them again.
       const auto left = std::chrono::duration_cast<std::chrono::microseconds>(
           deadline - std::chrono::steady_clock::now());
@@ -585,7 +594,7 @@ Route MemoryManager::Impl::recover_from_oom(Scope& scope, std::uint64_t size,
       // Released now, or by the route itself (a fence passed meanwhile, and a direct pool
       // returned the page it freed to make room): the next round flushes.
       if (cleanup_all(true) != 0 || scope.has_releases()) continue;
-      if (pages_handed.load(std::memory_order_acquire) != handed_before_flush) {
+      if (pages_handed_everywhere() != handed_before_flush) {
         flush = true;
         continue;
       }

@@ -129,7 +129,7 @@ struct CacheTable {
     std::uint64_t manager_id = 0;
     std::shared_ptr<ThreadCache> cache;
   };
-  std::array<Slot, 8> slots;
+  std::array<Slot, 16> slots;  // a manager per device, and per shard of it
   pid_t process = ::getpid();  // a forked child's copy keeps its parent's
 
   ~CacheTable() {

@@ -289,6 +289,49 @@ TEST_CASE("out of memory in one shard takes the idle memory of the others first"
   CHECK(rig.manager.check_consistency().empty());
 }
 
+TEST_CASE("out of memory in a thread's own shard is served from room in the first") {
+  // The first shard holds the ballast, 32 pages; the device has room for few more.
+  ShardRig rig(shard_options(), 72 * MiB);
+  Worker a, b;
+  rig.part(a, b);
+  Worker& moved = rig.shard_of(rig.reserve_on(a, KiB)) != 0 ? a : b;
+  // A hole in one of the first shard's pages, the one room left once the device is full.
+  REQUIRE(rig.manager.free(rig.ballast.back()) == FreeOutcome::freed);
+  rig.ballast.pop_back();
+  bool served_by_first = false;
+  std::vector<DevicePtr> held;
+  for (int i = 0; i < 16; ++i) {
+    DevicePtr p = 0;
+    moved.run([&] { p = rig.manager.allocate(MiB).ptr; });
+    if (p == 0) break;
+    held.push_back(p);
+    served_by_first = served_by_first || rig.shard_of(p) == 0;
+  }
+  CHECK(served_by_first);
+  CHECK(held.size() < 16);  // the device did fill up
+  for (const DevicePtr p : held) CHECK(rig.manager.free(p) == FreeOutcome::freed);
+  CHECK(rig.manager.report().oom_failures == 1);  // one failure counted, not one per shard
+  CHECK(rig.manager.check_consistency().empty());
+}
+
+TEST_CASE("a request beyond every shard's reach fails at once, taking nothing from the others") {
+  ShardRig rig(shard_options(custom({sliced(2 * MiB, MiB), exclusive(4 * GiB)})));
+  Worker a, b;
+  rig.part(a, b);
+  Worker& moved = rig.shard_of(rig.reserve_on(a, KiB)) != 0 ? a : b;
+  std::vector<DevicePtr> held;
+  for (int i = 0; i < 8; ++i) held.push_back(rig.reserve_on(moved, MiB));
+  moved.run([&] {
+    for (const DevicePtr p : held) CHECK(rig.manager.free(p) == FreeOutcome::freed);
+  });
+  const std::uint64_t idle = rig.manager.idle_bytes();
+  REQUIRE(idle >= 8 * MiB);
+  const Reservation r = rig.manager.allocate(GiB);  // the device has 256 MiB
+  CHECK(r.ptr == 0);
+  CHECK(r.error.kind == ErrorKind::out_of_memory);
+  CHECK(rig.manager.idle_bytes() == idle);
+}
+
 TEST_CASE("a layout change waits for every shard to be empty and reaches every shard") {
   ShardRig rig(shard_options());
   Worker a, b;
