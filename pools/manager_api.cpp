@@ -24,7 +24,8 @@ Reservation MemoryManager::allocate(std::uint64_t size, Placement placement) {
   // The calling thread's own shard serves the requests whose pages are small next to the
   // device's bytes in use; captures and persistent windows close the gate (Note [Shards]).
   const bool own = placement == Placement::automatic && s.open.load(std::memory_order_relaxed) &&
-                   size <= s.sharded_max.load(std::memory_order_relaxed);
+                   (size <= s.sharded_max.load(std::memory_order_relaxed) ||
+                    size > s.sharded_above.load(std::memory_order_relaxed));
   std::uint32_t k = own ? s.home() : 0;
   Impl::Reserved r = s.at(k).reserve(size, placement, k == 0 ? nullptr : &s.open, own, k == 0);
   if (r.gate_closed) {

@@ -21,11 +21,13 @@
 // its last reservation in the shard it leaves, so the one that stays does not move as well. A
 // program with one allocating thread never makes a second shard; a thread that reserves now and
 // then beside a busy one moves itself after two reservations, and the busy one stays.
-// Which requests. Each shard holds a partly used page of every pool it serves, so a request
-// comes from the thread's own shard only when the pages of the pool that serves it are at most
-// a kShardPageShare-th of the device's bytes in use (plan(), redone every kShardPlanEvery
-// reservations from what each shard published every kShardPublishEvery); larger requests come
-// from the first shard, whose lock the threads then share for them.
+// Which requests. Each shard holds a partly used page of every sliced pool it serves, so a
+// request a sliced pool serves comes from the thread's own shard only when that pool's pages
+// are at most a kShardPageShare-th of the device's bytes in use (plan(), redone every
+// kShardPlanEvery reservations from what each shard published every kShardPublishEvery);
+// larger ones come from the first shard, whose lock the threads then share for them. The pools
+// at the end of the layout with a page per request (exclusive, direct) leave no partly used
+// page, only idle ones, which shards lend: their requests always come from the thread's own.
 // Frees. A pointer lies in the pages of one shard at most, and each shard's pages and index
 // are its own: a free tries the calling thread's home shard first, then the others, and the
 // first shard whose pages hold the pointer decides (freed, or the bad-free classification of
@@ -193,6 +195,15 @@ void MemoryManager::Shards::plan_layout(const PoolLayout& layout) {
         break;
     }
   }
+  // The pools at the end whose pages are sized by their requests: a shard holds no partly used
+  // page of those, only idle ones, which it lends; every request they serve may come from the
+  // thread's own shard.
+  std::size_t tail = pools_plan.size();
+  while (tail > 0 && pools_plan[tail - 1].page == 0) --tail;
+  sharded_above.store(tail == pools_plan.size() ? std::numeric_limits<std::uint64_t>::max()
+                      : tail == 0               ? 0
+                                                : pools_plan[tail - 1].max_request,
+                      std::memory_order_relaxed);
 }
 
 void MemoryManager::Shards::plan() {
@@ -207,11 +218,7 @@ void MemoryManager::Shards::plan() {
   if (!control.try_lock()) return;
   std::lock_guard hold(control, std::adopt_lock);
   for (const PlannedPool& pool : pools_plan) {
-    if (pool.page == 0) {  // pages sized by their requests
-      largest = std::max(largest, std::min(pool.max_request, largest_page));
-      break;
-    }
-    if (pool.page > largest_page) break;
+    if (pool.page == 0 || pool.page > largest_page) break;
     largest = pool.max_request;
   }
   sharded_max.store(largest, std::memory_order_relaxed);

@@ -7,6 +7,7 @@
 
 #include <array>
 #include <atomic>
+#include <limits>
 #include <memory>
 #include <vector>
 
@@ -66,8 +67,8 @@ struct MemoryManager::Shards {
   // Closes (delta > 0) or reopens (delta < 0) the gate for one more or one fewer reason; a
   // close returns only once no reservation that saw the gate open is still in a later shard.
   void hold_gate(int delta);
-  // Redoes the plan: the largest request a thread's own shard may serve, from the layout's
-  // pools and the bytes the shards last published in use.
+  // Redoes the plan: sharded_max, from the layout's pools and the bytes the shards last
+  // published in use.
   void plan();
   // Shards other than `k` whose reservation clock is behind `clock` catch up with it, and run
   // the implicit cleanups that come due.
@@ -94,9 +95,11 @@ struct MemoryManager::Shards {
   std::atomic<std::uint32_t> made{1};
   std::atomic<std::uint32_t> moves{0};  // threads moved so far: each move takes the next shard
   std::atomic<std::uint64_t> pages_moved{0};  // idle pages lent from one shard to another
-  // The largest request a thread's own shard may serve (Note [Shards]); larger ones come from
-  // the first shard.
+  // A thread's own shard serves requests up to sharded_max (pools whose pages are small next to
+  // the bytes in use) and above sharded_above (pools with a page per request); the others come
+  // from the first shard (Note [Shards]).
   std::atomic<std::uint64_t> sharded_max{0};
+  std::atomic<std::uint64_t> sharded_above{std::numeric_limits<std::uint64_t>::max()};
   // The layout's dynamic pools in routing order: the largest request each accepts and its page
   // size (0: each page is sized by its request). Under `control`.
   struct PlannedPool {
@@ -104,7 +107,7 @@ struct MemoryManager::Shards {
     std::uint64_t page = 0;
   };
   std::vector<PlannedPool> pools_plan;
-  // Lays out pools_plan for `layout`.
+  // Lays out pools_plan and sharded_above for `layout`.
   void plan_layout(const PoolLayout& layout);
   // Reservations may use shards other than the first; read under the later shard's lock.
   std::atomic<bool> open{true};

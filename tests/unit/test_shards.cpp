@@ -191,6 +191,19 @@ TEST_CASE("a thread that reserves now and then beside a busy one moves; the busy
   CHECK(rig.manager.report().shards == 2);
 }
 
+TEST_CASE("a thread's own shard serves small pages' requests and every page-per-request one") {
+  ShardRig rig(shard_options(custom({sliced(2 * MiB, MiB), sliced(64 * MiB, 16 * MiB),
+                                     exclusive(4 * GiB)})));
+  Worker a, b;
+  rig.part(a, b);
+  Worker& moved = rig.shard_of(rig.reserve_on(a, KiB)) != 0 ? a : b;
+  // 64 MiB in use: 2 MiB pages are small enough, 64 MiB ones are not; exclusive pages are
+  // sized by their requests, so no shard holds one partly used.
+  CHECK(rig.shard_of(rig.reserve_on(moved, MiB)) != 0);
+  CHECK(rig.shard_of(rig.reserve_on(moved, 8 * MiB)) == 0);
+  CHECK(rig.shard_of(rig.reserve_on(moved, 32 * MiB)) != 0);
+}
+
 TEST_CASE("any thread frees any shard's pointer, and bad frees are told apart as with one") {
   ShardRig rig(shard_options());
   Worker a, b;
