@@ -5,7 +5,7 @@
 #include <cinttypes>
 #include <cstdio>
 
-#include "pools/manager_impl.h"
+#include "pools/manager_shards.h"
 
 namespace poolcuda {
 
@@ -50,7 +50,10 @@ void MemoryManager::Impl::Scope::unlock() {
 }
 
 void MemoryManager::Impl::publish_idle() {
-  // For the other shards (Note [Shards]): stores to lines of this shard's own, only on change.
+  // For the other shards (Note [Shards]): stores to lines of this shard's own, only on change,
+  // and only once there are others (a shard made later finds this one's figures at its first
+  // need: this shard publishes at every unlock from then on).
+  if (shards == nullptr || shards->count() == 1) return;
   const std::uint64_t lendable = ctx.idle_page_bytes - persistent->idle_page_bytes();
   if (idle_published.load(std::memory_order_relaxed) != lendable)
     idle_published.store(lendable, std::memory_order_relaxed);
