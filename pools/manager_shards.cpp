@@ -57,7 +57,9 @@
 // with it and runs the cleanups that come due.
 // Out of memory. A shard's recovery first asks the other shards for everything they keep for
 // no live slice (their give_back, within half the recovery bound), then recovers as before,
-// so memory idle in one shard is never the reason another shard's reservation fails.
+// asking again while they grow new idle pages (Note [Out of memory among threads]), so memory
+// idle in one shard is never the reason another shard's reservation fails; a request that
+// still fails in the thread's own shard is tried in the first, whose used pages may have room.
 // What else a shard costs. The fence bound and a direct pool's reclaim threshold are per shard.
 // Reports add the shards up (their peaks are the sum of each shard's peak: at least the
 // device's true peak).

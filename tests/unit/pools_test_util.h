@@ -1,8 +1,12 @@
-// Helpers shared by the pools unit tests: pool specs in one line, and a manager over a
-// HostDevice whose log lines are captured for assertions.
+// Helpers shared by the pools unit tests: pool specs in one line, a manager over a
+// HostDevice whose log lines are captured for assertions, and a thread that runs jobs on call.
 #pragma once
 
+#include <condition_variable>
+#include <functional>
+#include <mutex>
 #include <optional>
+#include <thread>
 #include <string>
 #include <vector>
 
@@ -127,6 +131,43 @@ struct Rig {
   std::vector<LogLine> logs;
   HostDevice device;
   MemoryManager manager;
+};
+
+// A thread that runs the jobs it is given, one at a time, while the caller waits: the same
+// thread each time, so that it keeps its shard (Note [Shards]).
+class Worker {
+ public:
+  Worker() : thread_([this] { loop(); }) {}
+  ~Worker() {
+    run([this] { stop_ = true; });
+    thread_.join();
+  }
+  Worker(const Worker&) = delete;
+  Worker& operator=(const Worker&) = delete;
+
+  void run(std::function<void()> job) {
+    std::unique_lock lock(mutex_);
+    job_ = std::move(job);
+    changed_.notify_all();
+    changed_.wait(lock, [this] { return !job_; });
+  }
+
+ private:
+  void loop() {
+    std::unique_lock lock(mutex_);
+    while (!stop_) {
+      changed_.wait(lock, [this] { return static_cast<bool>(job_); });
+      job_();
+      job_ = nullptr;
+      changed_.notify_all();
+    }
+  }
+
+  std::mutex mutex_;
+  std::condition_variable changed_;
+  std::function<void()> job_;
+  bool stop_ = false;
+  std::thread thread_;
 };
 
 }  // namespace poolcuda::test

@@ -122,6 +122,32 @@ TEST_CASE("oom_recovery_returns_idle_pages_another_thread_left_meanwhile") {
   free_everything(manager, device, r.ptr);
 }
 
+TEST_CASE("oom_recovery_returns_idle_pages_another_shard_left_meanwhile") {
+  // Two threads in shards of their own (Note [Shards]): a's recovery asks b's shard for its idle
+  // pages; while they reach the driver, b fills the device again with idle pages in its shard,
+  // which a's later rounds ask for once more.
+  QueuedReleaseDevice device(100 * MiB);
+  ManagerOptions o = exclusive_only();
+  o.shards = 2;
+  MemoryManager manager(device, o);
+  Worker a, b;
+  for (int turn = 0; turn < 8; ++turn) {  // taking turns, they part
+    a.run([&] { manager.free(manager.allocate(KiB).ptr); });
+    b.run([&] { manager.free(manager.allocate(KiB).ptr); });
+  }
+  REQUIRE(manager.report().shards == 2);
+  manager.cleanup(true);
+  device.flush_releases(0);
+  b.run([&] { fill_with_idle_pages(manager); });
+  device.on_next_flush([&] { b.run([&] { fill_with_idle_pages(manager); }); });
+  Reservation r;
+  a.run([&] { r = manager.allocate(60 * MiB); });
+  REQUIRE(r.ptr != 0);
+  CHECK(manager.report().oom_failures == 0);
+  CHECK(manager.memory_usage().bytes_reserved == 60 * MiB);
+  free_everything(manager, device, r.ptr);
+}
+
 TEST_CASE("oom_recovery_fails_when_the_memory_is_really_in_use") {
   // The extra rounds need another thread's progress: memory held live fails as before.
   QueuedReleaseDevice device(100 * MiB);

@@ -4,8 +4,6 @@
 // memory, and a shard nobody uses still ages its idle pages.
 //
 // Every thread that reserves here is a fresh Worker: a thread's home shard outlives a manager.
-#include <condition_variable>
-#include <functional>
 #include <mutex>
 #include <random>
 #include <thread>
@@ -21,42 +19,6 @@ using namespace poolcuda::test;
 
 namespace {
 
-// A thread that runs the jobs it is given, one at a time, while the caller waits.
-class Worker {
- public:
-  Worker() : thread_([this] { loop(); }) {}
-  ~Worker() {
-    run([this] { stop_ = true; });
-    thread_.join();
-  }
-  Worker(const Worker&) = delete;
-  Worker& operator=(const Worker&) = delete;
-
-  void run(std::function<void()> job) {
-    std::unique_lock lock(mutex_);
-    job_ = std::move(job);
-    changed_.notify_all();
-    changed_.wait(lock, [this] { return !job_; });
-  }
-
- private:
-  void loop() {
-    std::unique_lock lock(mutex_);
-    while (!stop_) {
-      changed_.wait(lock, [this] { return static_cast<bool>(job_); });
-      job_();
-      job_ = nullptr;
-      changed_.notify_all();
-    }
-  }
-
-  std::mutex mutex_;
-  std::condition_variable changed_;
-  std::function<void()> job_;
-  bool stop_ = false;
-  std::thread thread_;
-};
-
 ManagerOptions shard_options(const PoolLayout& layout = custom({sliced(2 * MiB, MiB)}),
                              FreeFence fence = FreeFence::none) {
   ManagerOptions o;
@@ -64,6 +26,7 @@ ManagerOptions shard_options(const PoolLayout& layout = custom({sliced(2 * MiB, 
   o.free_fence = fence;
   o.shards = 2;
   o.prompt_fence_nanos = std::uint64_t{1} << 63;
+  o.log_sink = [](LogLevel, std::string_view) {};  // the out-of-memory cases log
   return o;
 }
 
