@@ -120,8 +120,10 @@ AllocStatus ExclusivePool::grow(std::uint64_t size, Slice** out) {
     release_idle_pages(std::min(kStaleAfter, *dealloc_period_), ctx_.totals.in_use / 8);
   const std::uint64_t page = page_size_for(size);
   // Another shard's idle page serves if this pool would take it from its own free pages
-  // without the padding budget (try_reserve).
-  const AllocStatus status = grow_page(page, size, out, page + page / 4);
+  // (try_reserve): beyond a quarter above the class only within the padding budget.
+  const std::uint64_t widest = largest_page_for(size);
+  const bool budget = usage_.bytes_padding + (widest - size) <= ctx_.total_memory / 16;
+  const AllocStatus status = grow_page(page, size, out, budget ? widest : page + page / 4);
   const std::uint64_t exact = align_up(size, alignment());
   if (status != AllocStatus::out_of_memory || page == exact) return status;
   return grow_page(exact, size, out);
