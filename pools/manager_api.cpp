@@ -20,34 +20,47 @@ Reservation MemoryManager::allocate(std::uint64_t size, Placement placement) {
   if (size == 0 || size > kLargestRequest)
     return Reservation{0, Error{ErrorKind::buffer_too_big, size}};
   Shards& s = *shards_;
-  if (s.limit == 1) return s.at(0).reserve(size, placement, nullptr, false, true).reservation;
+  if (s.limit == 1) {
+    Impl::ReserveNotes notes;
+    return s.at(0).reserve(size, placement, nullptr, nullptr, false, true, notes);
+  }
+  return s.allocate(size, placement);
+}
+
+Reservation MemoryManager::Shards::allocate(std::uint64_t size, Placement placement) {
+  Shards& s = *this;
   // The calling thread's own shard serves the requests whose pages are small next to the
   // device's bytes in use; captures and persistent windows close the gate (Note [Shards]).
   const bool own = placement == Placement::automatic && s.open.load(std::memory_order_relaxed) &&
                    (size <= s.sharded_max.load(std::memory_order_relaxed) ||
                     size > s.sharded_above.load(std::memory_order_relaxed));
-  std::uint32_t k = own ? s.home() : 0;
-  Impl::Reserved r = s.at(k).reserve(size, placement, k == 0 ? nullptr : &s.open, own, k == 0);
-  if (r.gate_closed) {
+  ShardHome& thread = this_thread_home();
+  std::uint32_t k = own ? s.home(thread) : 0;
+  // One Reservation, returned by name on every path: it is built where the caller wants it
+  // (copying it out of a callee's frame cost a store-forwarding stall per call).
+  Impl::ReserveNotes notes;
+  Reservation r =
+      s.at(k).reserve(size, placement, k == 0 ? nullptr : &s.open, &thread, own, k == 0, notes);
+  if (notes.cached) return r;  // no shard was locked: nothing to note
+  if (notes.gate_closed) {
     k = 0;
-    r = s.at(0).reserve(size, placement, nullptr, false, true);
+    notes = {};
+    r = s.at(0).reserve(size, placement, nullptr, &thread, false, true, notes);
   } else if (own) {
-    s.note_sharing(k, r.shared);
+    s.note_sharing(thread, k, notes.shared);
   }
-  if (r.clock_crossed) s.sync_clocks(k, r.clock);
-  if (r.plan_due) s.plan();
+  if (notes.clock_crossed) s.sync_clocks(k, notes.clock);
+  if (notes.plan_due) s.plan();
   // Out of memory in the thread's own shard: the first may still have room in its used pages
   // (the others' idle memory is already back with the driver).
-  if (k != 0 && r.reservation.ptr == 0 && r.reservation.error.kind == ErrorKind::out_of_memory)
-    r = s.at(0).reserve(size, placement, nullptr, false, true);
-  return r.reservation;
+  if (k != 0 && r.ptr == 0 && r.error.kind == ErrorKind::out_of_memory)
+    r = s.at(0).reserve(size, placement, nullptr, &thread, false, true, notes);
+  return r;
 }
 
-MemoryManager::Impl::Reserved MemoryManager::Impl::reserve(std::uint64_t size,
-                                                          Placement placement,
-                                                          const std::atomic<bool>* gate,
-                                                          bool home, bool last_try) {
-  Reserved out;
+Reservation MemoryManager::Impl::reserve(std::uint64_t size, Placement placement,
+                                         const std::atomic<bool>* gate, const ShardHome* thread,
+                                         bool home, bool last_try, ReserveNotes& out) {
   // The calling thread's cache first, without the shard's lock (Note [Thread caches]).
   if (size <= kThreadCacheSliceMax && placement == Placement::automatic &&
       caches_open.load(std::memory_order_acquire)) {
@@ -56,18 +69,20 @@ MemoryManager::Impl::Reserved MemoryManager::Impl::reserve(std::uint64_t size,
       const DevicePtr ptr = cache->take(size, caches_open, &clock_due);
       if (clock_due) advance_clock(kThreadCacheClockBatch);
       if (ptr != 0) {
-        out.reservation = Reservation{ptr, Error{}, false};
-        return out;
+        out.cached = true;
+        return Reservation{ptr, Error{}, false};
       }
     }
   }
   Scope scope(*this);
   if (gate != nullptr && !gate->load(std::memory_order_acquire)) {
     out.gate_closed = true;
-    return out;
+    return {};
   }
-  if (home) out.shared = last_reserver != nullptr && last_reserver != thread_token();
-  last_reserver = thread_token();
+  if (thread != nullptr) {
+    if (home) out.shared = last_reserver != nullptr && last_reserver != thread;
+    last_reserver = thread;
+  }
   index.reserve_one();
   const std::uint64_t clock_before = ctx.clock;
   tick(1);
@@ -118,17 +133,13 @@ MemoryManager::Impl::Reserved MemoryManager::Impl::reserve(std::uint64_t size,
       r.slice->page->pool->give_back(r.slice);
     }
     out.gate_closed = true;
-    return out;
+    return {};
   }
-  if (r.slice == nullptr) {
-    out.reservation = Reservation{0, r.error};
-    return out;
-  }
+  if (r.slice == nullptr) return Reservation{0, r.error};
   index.insert(r.slice->ptr, r.slice);
   cache_new_slice(r.slice, placement);
   trace(LogEvent::Kind::allocate, size, r.slice->ptr, r.slice->page->pool->kind_name());
-  out.reservation = Reservation{r.slice->ptr, Error{}, r.grew};
-  return out;
+  return Reservation{r.slice->ptr, Error{}, r.grew};
 }
 
 FreeOutcome MemoryManager::free(DevicePtr ptr) {
@@ -137,7 +148,7 @@ FreeOutcome MemoryManager::free(DevicePtr ptr) {
   if (n == 1) return s.at(0).free_pointer(ptr);
   // Each pointer lies in the pages of one shard at most: the calling thread's own first. A page
   // lent meanwhile from a shard not tried yet to one tried already is looked for again.
-  const std::uint32_t first = s.home() % n;
+  const std::uint32_t first = s.home(this_thread_home()) % n;
   for (;;) {
     const std::uint64_t moves = s.pages_moved.load(std::memory_order_acquire);
     FreeOutcome outcome = s.at(first).free_pointer(ptr);

@@ -49,11 +49,8 @@ inline std::uint64_t coarse_nanos() {
          static_cast<std::uint64_t>(now.tv_nsec);
 }
 
-// An address unique to the calling thread among those alive (Note [Shards]).
-inline const void* thread_token() {
-  static thread_local char token;
-  return &token;
-}
+// A thread's place among a manager's shards (manager_shards.h).
+struct ShardHome;
 
 // How many recently freed addresses are remembered to tell a double free from a pointer that
 // was never handed out (the error path only scans them).
@@ -134,20 +131,21 @@ struct MemoryManager::Impl {
   };
 
   // --- manager_api.cpp: one shard's part of allocate and free (Note [Shards]) ----------------
-  struct Reserved {
-    Reservation reservation;
+  // What a shard's reservation tells the caller besides the Reservation itself.
+  struct ReserveNotes {
+    bool cached = false;       // the thread's cache served it, without the shard's lock
     bool gate_closed = false;  // `gate` was closed under the lock: reserve in the first shard
     bool shared = false;       // another thread reserved from this shard last
-    std::uint64_t clock = 0;   // the reservation clock after this reservation
-    bool clock_crossed = false;  // ... which crossed a multiple of kShardClockSync
+    bool clock_crossed = false;  // the clock crossed a multiple of kShardClockSync
     bool plan_due = false;       // ... or of kShardPlanEvery
+    std::uint64_t clock = 0;     // the reservation clock after this reservation
   };
   // `gate`: for a shard other than the first, the shards' gate, read under this shard's lock.
-  // `home`: the shard is the calling thread's home, chosen for it (sharing is tracked).
-  // `last_try`: no other shard will be tried, so an out-of-memory failure is counted and
-  // logged here.
-  Reserved reserve(std::uint64_t size, Placement placement, const std::atomic<bool>* gate,
-                   bool home, bool last_try);
+  // `thread`: the calling thread's ShardHome, or nullptr with one shard; `home`: the shard is
+  // that thread's home, chosen for it (sharing is tracked). `last_try`: no other shard will be
+  // tried, so an out-of-memory failure is counted and logged here.
+  Reservation reserve(std::uint64_t size, Placement placement, const std::atomic<bool>* gate,
+                      const ShardHome* thread, bool home, bool last_try, ReserveNotes& notes);
   // Frees `ptr` when it lies in this shard's pages; not_mine (nothing changed) otherwise.
   FreeOutcome free_pointer(DevicePtr ptr);
   // give_back_all() for this shard.
@@ -249,7 +247,7 @@ struct MemoryManager::Impl {
   // recovery asks the others for their idle memory.
   Shards* shards = nullptr;
   std::uint32_t shard_index = 0;
-  // The thread that reserved last (its thread_token()), or nullptr (Note [Shards]).
+  // The thread that reserved last (its ShardHome's address), or nullptr (Note [Shards]).
   const void* last_reserver = nullptr;
   // The bytes in use, as of one of the last kShardPublishEvery reservations, for the shards'
   // plan (Note [Shards]).

@@ -40,7 +40,7 @@ void MemoryManager::Impl::Scope::unlock() {
   if (!box_.releases.empty())
     m_.pages_handed.fetch_add(box_.releases.size(), std::memory_order_release);
   box_.releases.clear();
-  m_.publish_idle();
+  if (m_.shards != nullptr && m_.shards->count() > 1) m_.publish_idle();
   locked_ = false;
   m_.mutex.unlock();
   if (!box_.logs.empty()) {
@@ -50,10 +50,9 @@ void MemoryManager::Impl::Scope::unlock() {
 }
 
 void MemoryManager::Impl::publish_idle() {
-  // For the other shards (Note [Shards]): stores to lines of this shard's own, only on change,
-  // and only once there are others (a shard made later finds this one's figures at its first
-  // need: this shard publishes at every unlock from then on).
-  if (shards == nullptr || shards->count() == 1) return;
+  // For the other shards (Note [Shards]): stores to lines of this shard's own, only on change.
+  // Scopes publish only once there are others (a shard made later finds this one's figures at
+  // its first need: this shard publishes at every unlock from then on).
   const std::uint64_t lendable = ctx.idle_page_bytes - persistent->idle_page_bytes();
   if (idle_published.load(std::memory_order_relaxed) != lendable)
     idle_published.store(lendable, std::memory_order_relaxed);

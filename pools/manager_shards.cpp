@@ -72,18 +72,6 @@
 
 namespace poolcuda {
 
-namespace {
-
-// The calling thread's home shard (the same index for every manager), and how many of its
-// reservations since the last one that found another thread's before it (kShardWindow: none
-// lately).
-struct ShardHome {
-  std::uint32_t index = 0;
-  std::uint32_t since_shared = kShardWindow;
-};
-thread_local ShardHome tls_home;
-
-}  // namespace
 
 bool layout_capped(const PoolLayout& layout) {
   return std::any_of(layout.custom.begin(), layout.custom.end(),
@@ -110,14 +98,8 @@ MemoryManager::Shards::Shards(Device& d, const ManagerOptions& o)
   }
 }
 
-std::uint32_t MemoryManager::Shards::home() const {
-  const std::uint32_t n = count();
-  const std::uint32_t k = tls_home.index;
-  return k < n ? k : k % n;
-}
 
-void MemoryManager::Shards::note_sharing(std::uint32_t k, bool shared) {
-  ShardHome& t = tls_home;
+void MemoryManager::Shards::note_sharing(ShardHome& t, std::uint32_t k, bool shared) {
   if (!shared) {
     if (t.since_shared < kShardWindow) ++t.since_shared;
     return;
@@ -134,7 +116,7 @@ void MemoryManager::Shards::note_sharing(std::uint32_t k, bool shared) {
   // The thread that stays must not see this one's last reservation as sharing, or both move.
   Impl& left = *shard[k];
   std::lock_guard hold(left.mutex);
-  if (left.last_reserver == thread_token()) left.last_reserver = nullptr;
+  if (left.last_reserver == &t) left.last_reserver = nullptr;
 }
 
 bool MemoryManager::Shards::make_shards(std::uint32_t n) {

@@ -43,6 +43,22 @@ inline constexpr std::uint32_t kShardWindow = 16;
 // Whether a layout has a capped pool.
 bool layout_capped(const PoolLayout& layout);
 
+// The calling thread's home shard (the same index for every manager), and how many of its
+// reservations since the last one that found another thread's before it (kShardWindow: none
+// lately). Its address tells the thread from the others.
+struct ShardHome {
+  std::uint32_t index = 0;
+  std::uint32_t since_shared = kShardWindow;
+};
+
+// The calling thread's ShardHome: one thread-local lookup, done once per call. Initial-exec:
+// the library is loaded with the program (LD_PRELOAD), so these few bytes sit in the static
+// thread-local block and cost no __tls_get_addr call.
+inline ShardHome& this_thread_home() {
+  static thread_local ShardHome home __attribute__((tls_model("initial-exec")));
+  return home;
+}
+
 struct MemoryManager::Shards {
   Shards(Device& d, const ManagerOptions& o);
 
@@ -55,12 +71,17 @@ struct MemoryManager::Shards {
     for (std::uint32_t k = 0; k < n; ++k) f(*shard[k]);
   }
 
-  // The shard a reservation of the calling thread tries first.
-  std::uint32_t home() const;
+  // MemoryManager::allocate with more than one shard possible (manager_api.cpp).
+  Reservation allocate(std::uint64_t size, Placement placement);
+  // The shard a reservation of thread `t` tries first.
+  std::uint32_t home(const ShardHome& t) const {
+    const std::uint32_t n = count();
+    return t.index < n ? t.index : t.index % n;
+  }
   // Records whether another thread reserved from shard k before the calling thread's last
   // reservation there; once its score says the shard is shared, the thread moves to the next
   // shard, made here if it is new.
-  void note_sharing(std::uint32_t k, bool shared);
+  void note_sharing(ShardHome& t, std::uint32_t k, bool shared);
   // Makes shards until there are n; false when none may be made now (the gate is closed) or
   // memory ran out.
   bool make_shards(std::uint32_t n);
