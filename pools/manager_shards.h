@@ -1,8 +1,8 @@
 // The MemoryManager's shards: the array of per-shard states (MemoryManager::Impl), the gate
 // that says when a reservation may use a shard other than the first, the device-wide state a
 // shard made later must start from, and which shard the calling thread calls home (Note
-// [Shards] in manager_shards.cpp). Not a public header: manager_api.cpp, manager_inspect.cpp
-// and manager_shards.cpp include it.
+// [Shards] in manager_shards.cpp). Not a public header: only the manager's own files include
+// it.
 #pragma once
 
 #include <array>
@@ -24,9 +24,9 @@ inline constexpr std::uint64_t kShardClockSync = 4096;
 inline constexpr std::uint64_t kShardPublishEvery = 64;
 inline constexpr std::uint64_t kShardPlanEvery = 256;
 
-// A request may come from the calling thread's own shard only when the pages of the pool that
-// serves it are at most the device's bytes in use divided by this: every shard holds a partly
-// used page of each pool it serves, and that cost stays a small share of the memory in use.
+// A sliced pool's request may come from the calling thread's own shard only when the pool's
+// pages are at most the device's bytes in use divided by this: every shard holds a partly used
+// page of each sliced pool it serves, and that cost stays a small share of the memory in use.
 inline constexpr std::uint64_t kShardPageShare = 32;
 
 // How many times a shard that needs a page tries another shard's lock for an idle one.
@@ -78,15 +78,16 @@ struct MemoryManager::Shards {
     const std::uint32_t n = count();
     return t.index < n ? t.index : t.index % n;
   }
-  // Records whether another thread reserved from shard k before the calling thread's last
-  // reservation there; once its score says the shard is shared, the thread moves to the next
-  // shard, made here if it is new.
+  // Records whether another thread reserved from shard k since thread t's previous reservation
+  // there; at the second such reservation within kShardWindow, t moves to a later shard, made
+  // here if it is new.
   void note_sharing(ShardHome& t, std::uint32_t k, bool shared);
-  // Makes shards until there are n; false when none may be made now (the gate is closed) or
-  // memory ran out.
+  // Makes shards until there are n; false when none may be made now (the gate is closed, or
+  // another thread holds `control`) or memory ran out.
   bool make_shards(std::uint32_t n);
   // Closes (delta > 0) or reopens (delta < 0) the gate for one more or one fewer reason; a
-  // close returns only once no reservation that saw the gate open is still in a later shard.
+  // close returns only once no reservation that saw the gate open still holds a later shard's
+  // lock (one waiting with the lock released checks again before it keeps its slice).
   void hold_gate(int delta);
   // Redoes the plan: sharded_max, from the layout's pools and the bytes the shards last
   // published in use.
