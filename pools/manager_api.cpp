@@ -38,9 +38,13 @@ Reservation MemoryManager::Shards::allocate(std::uint64_t size, Placement placem
   std::uint32_t k = own ? s.home(thread) : 0;
   // One Reservation, returned by name on every path: it is built where the caller wants it
   // (copying it out of a callee's frame cost a store-forwarding stall per call).
+  // Out of memory in the thread's own shard tries the first, when the request is a sliced
+  // pool's: the first shard's used pages may still have room (every other shard's idle memory
+  // is already back with the driver, and a page-per-request pool has no room inside pages).
+  const bool fallback = k != 0 && size <= s.sharded_max.load(std::memory_order_relaxed);
   Impl::ReserveNotes notes;
-  Reservation r =
-      s.at(k).reserve(size, placement, k == 0 ? nullptr : &s.open, &thread, own, k == 0, notes);
+  Reservation r = s.at(k).reserve(size, placement, k == 0 ? nullptr : &s.open, &thread, own,
+                                  !fallback, notes);
   if (notes.cached) return r;  // no shard was locked: nothing to note
   if (notes.gate_closed) {
     k = 0;
@@ -51,10 +55,11 @@ Reservation MemoryManager::Shards::allocate(std::uint64_t size, Placement placem
   }
   if (notes.clock_crossed) s.sync_clocks(k, notes.clock);
   if (notes.plan_due) s.plan();
-  // Out of memory in the thread's own shard: the first may still have room in its used pages
-  // (the others' idle memory is already back with the driver).
-  if (k != 0 && r.ptr == 0 && r.error.kind == ErrorKind::out_of_memory)
+  if (fallback && r.ptr == 0 && r.error.kind == ErrorKind::out_of_memory) {
+    notes = {};
+    notes.quick = true;  // recovery ran already: routing only, without waits
     r = s.at(0).reserve(size, placement, nullptr, &thread, false, true, notes);
+  }
   return r;
 }
 
@@ -92,8 +97,8 @@ Reservation MemoryManager::Impl::reserve(std::uint64_t size, Placement placement
   if (out.plan_due || clock_before / kShardPublishEvery != ctx.clock / kShardPublishEvery)
     in_use_published.store(ctx.totals.in_use, std::memory_order_relaxed);
 
-  std::uint32_t wait_budget_us = kFenceWaitBoundMicros;  // for the whole reservation
-  bool may_flush = true;  // once per reservation (Note [Releases before growth])
+  std::uint32_t wait_budget_us = out.quick ? 0 : kFenceWaitBoundMicros;  // for the whole reservation
+  bool may_flush = !out.quick;  // once per reservation (Note [Releases before growth])
   Route r = route(size, placement, wait_budget_us, may_flush);
   while (r.wait_for_fence || r.flush_releases) {
     if (r.flush_releases) {
@@ -106,23 +111,27 @@ Reservation MemoryManager::Impl::reserve(std::uint64_t size, Placement placement
     }
     r = route(size, placement, wait_budget_us, may_flush);
   }
-  if (r.slice == nullptr && r.status == AllocStatus::out_of_memory) {
+  if (r.slice == nullptr && r.status == AllocStatus::out_of_memory && !out.quick) {
     r = recover_from_oom(scope, size, placement);
-    if (r.slice != nullptr) {
-      ++oom_recoveries;
-    } else if (r.status == AllocStatus::out_of_memory && last_try) {
-      ++oom_failures;
-      if (options.log != LogLevel::off) {
-        const MemoryUsage u = usage();
-        const std::uint64_t idle_now = idle();
-        log(LogLevel::basic,
-            "out of device memory: requested " + std::to_string(size) + " B, in use " +
-                std::to_string(u.bytes_in_use) + " B, reserved " +
-                std::to_string(u.bytes_reserved) + " B, idle pages " + std::to_string(idle_now) +
-                " B, free space inside used pages (too fragmented for this request) " +
-                std::to_string(free_bytes() - idle_now) + " B, pending fence " +
-                std::to_string(pending()) + " B");
-      }
+    if (r.slice != nullptr) ++oom_recoveries;
+  }
+  if (r.slice == nullptr && r.status == AllocStatus::out_of_memory && last_try) {
+    ++oom_failures;
+    if (options.log != LogLevel::off) {
+      const MemoryUsage u = usage();
+      const std::uint64_t idle_now = idle();
+      // With shards, these are the last shard tried; the report has the others.
+      const std::uint32_t n = shards == nullptr ? 1 : shards->count();
+      log(LogLevel::basic,
+          "out of device memory: requested " + std::to_string(size) + " B" +
+              (n > 1 ? "; in shard " + std::to_string(shard_index) + " of " +
+                           std::to_string(n) + ":"
+                     : ",") +
+              " in use " + std::to_string(u.bytes_in_use) + " B, reserved " +
+              std::to_string(u.bytes_reserved) + " B, idle pages " + std::to_string(idle_now) +
+              " B, free space inside used pages (too fragmented for this request) " +
+              std::to_string(free_bytes() - idle_now) + " B, pending fence " +
+              std::to_string(pending()) + " B");
     }
   }
   // The waits above released the lock: the gate may have closed meanwhile, and nothing may
@@ -145,16 +154,22 @@ Reservation MemoryManager::Impl::reserve(std::uint64_t size, Placement placement
 FreeOutcome MemoryManager::free(DevicePtr ptr) {
   Shards& s = *shards_;
   const std::uint32_t n = s.count();
-  if (n == 1) return s.at(0).free_pointer(ptr);
+  if (n == 1) {
+    // A shard made meanwhile may have taken the pointer's page: then look in every shard.
+    const FreeOutcome outcome = s.at(0).free_pointer(ptr);
+    if (outcome != FreeOutcome::not_mine || s.count() == 1) return outcome;
+  }
   // Each pointer lies in the pages of one shard at most: the calling thread's own first. A page
   // lent meanwhile from a shard not tried yet to one tried already is looked for again.
-  const std::uint32_t first = s.home(this_thread_home()) % n;
-  for (;;) {
+  const std::uint32_t first = s.home(this_thread_home()) % s.count();
+  for (int pass = 1;; ++pass) {
     const std::uint64_t moves = s.pages_moved.load(std::memory_order_acquire);
+    const std::uint32_t shards_now = s.count();  // one made meanwhile may hold a lent page
     FreeOutcome outcome = s.at(first).free_pointer(ptr);
-    for (std::uint32_t k = 0; k < n && outcome == FreeOutcome::not_mine; ++k)
+    for (std::uint32_t k = 0; k < shards_now && outcome == FreeOutcome::not_mine; ++k)
       if (k != first) outcome = s.at(k).free_pointer(ptr);
-    if (outcome != FreeOutcome::not_mine ||
+    // A few passes: each one needs another page lent during it.
+    if (outcome != FreeOutcome::not_mine || pass == 4 ||
         s.pages_moved.load(std::memory_order_acquire) == moves)
       return outcome;
   }

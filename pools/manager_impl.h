@@ -131,8 +131,10 @@ struct MemoryManager::Impl {
   };
 
   // --- manager_api.cpp: one shard's part of allocate and free (Note [Shards]) ----------------
-  // What a shard's reservation tells the caller besides the Reservation itself.
+  // What a shard's reservation tells the caller besides the Reservation itself; `quick` is the
+  // caller's: route only, without waits or out-of-memory recovery.
   struct ReserveNotes {
+    bool quick = false;
     bool cached = false;       // the thread's cache served it, without the shard's lock
     bool gate_closed = false;  // `gate` was closed under the lock: reserve in the first shard
     bool shared = false;       // another thread reserved from this shard last

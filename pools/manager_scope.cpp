@@ -56,7 +56,7 @@ void MemoryManager::Impl::publish_idle() {
   const std::uint64_t lendable = ctx.idle_page_bytes - persistent->idle_page_bytes();
   if (idle_published.load(std::memory_order_relaxed) != lendable)
     idle_published.store(lendable, std::memory_order_relaxed);
-  const std::uint64_t unused = ctx.totals.reserved - ctx.totals.in_use;
+  const std::uint64_t unused = ctx.totals.reserved - ctx.totals.in_use - ctx.totals.padding;
   if (unused_published.load(std::memory_order_relaxed) != unused)
     unused_published.store(unused, std::memory_order_relaxed);
 }

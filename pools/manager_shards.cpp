@@ -55,11 +55,15 @@
 // thread calls home any more would never see its idle pages expire. Each time a shard's clock
 // crosses a multiple of kShardClockSync, every other shard whose clock is behind catches up
 // with it and runs the cleanups that come due.
-// Out of memory. A shard's recovery first asks the other shards for everything they keep for
-// no live slice (their give_back, within half the recovery bound), then recovers as before,
-// asking again while they grow new idle pages (Note [Out of memory among threads]), so memory
-// idle in one shard is never the reason another shard's reservation fails; a request that
-// still fails in the thread's own shard is tried in the first, whose used pages may have room.
+// Out of memory. A shard's recovery counts what the other shards hold unused before it declares
+// a request out of reach; then they give back their idle pages and parked slices without
+// waiting (trim_others: the pages reach the driver through this recovery's own flush), again
+// in each extra round while they grow new idle pages (Note [Out of memory among threads]), and
+// once this shard's fences are all waited for, their fence-pending memory is waited for too
+// (drain_others), all within the one recovery bound. So memory idle or freed in one shard is
+// never the reason another shard's reservation fails. A sliced pool's request that still fails
+// in the thread's own shard is routed once more in the first, without waits: the first shard's
+// used pages may have room.
 // What else a shard costs. The fence bound and a direct pool's reclaim threshold are per shard.
 // Reports add the shards up (their peaks are the sum of each shard's peak: at least the
 // device's true peak).
@@ -90,6 +94,7 @@ MemoryManager::Shards::Shards(Device& d, const ManagerOptions& o)
   shard[0]->shards = this;
   shard[0]->ctx.borrow_page = &borrow_page;
   shard[0]->ctx.borrow_owner = shard[0].get();
+  shard[0]->ctx.shards_made = &made;
   capped = layout_capped(o.layout);
   plan_layout(o.layout);
   if (capped) {
@@ -132,13 +137,16 @@ bool MemoryManager::Shards::make_shards(std::uint32_t n) {
       fresh->shard_index = j;
       fresh->ctx.borrow_page = &borrow_page;
       fresh->ctx.borrow_owner = fresh.get();
+      fresh->ctx.shards_made = &made;
       fresh->stream_ordered = stream_ordered;
       fresh->frozen = frozen;
       fresh->update_cache_gate();
       {
-        // Its clock starts where the first shard's is, so its pages age with the device's.
+        // Its clock starts where the first shard's is, so its pages age with the device's; and
+        // the first shard's idle and unused bytes are published now, as its later scopes will.
         std::lock_guard first(shard[0]->mutex);
         fresh->ctx.clock = shard[0]->ctx.clock;
+        shard[0]->publish_idle();
       }
       shard[j] = std::move(fresh);
     } catch (const std::bad_alloc&) {
@@ -182,12 +190,16 @@ void MemoryManager::Shards::plan_layout(const PoolLayout& layout) {
   // The pools at the end whose pages are sized by their requests: a shard holds no partly used
   // page of those, only idle ones, which it lends; every request they serve may come from the
   // thread's own shard.
+  // A custom layout need not be sorted: every request a pool before the tail takes stays below.
   std::size_t tail = pools_plan.size();
   while (tail > 0 && pools_plan[tail - 1].page == 0) --tail;
+  std::uint64_t below = 0;
+  for (std::size_t i = 0; i < tail; ++i) below = std::max(below, pools_plan[i].max_request);
   sharded_above.store(tail == pools_plan.size() ? std::numeric_limits<std::uint64_t>::max()
-                      : tail == 0               ? 0
-                                                : pools_plan[tail - 1].max_request,
+                                                : below,
                       std::memory_order_relaxed);
+  // The plan for the sliced pools starts over with the next plan().
+  sharded_max.store(0, std::memory_order_relaxed);
 }
 
 void MemoryManager::Shards::plan() {
@@ -262,17 +274,34 @@ std::uint64_t MemoryManager::Shards::unused_elsewhere(std::uint32_t k) const {
 
 bool MemoryManager::Shards::trim_others(std::uint32_t k) {
   const std::uint32_t n = count();
-  if (n == 1) return false;
-  const auto deadline = std::chrono::steady_clock::now() +
-                        std::chrono::microseconds(options.recovery_wait_micros / 2);
   bool gave = false;
   for (std::uint32_t j = 0; j < n; ++j) {
     if (j == k) continue;
-    const auto left = std::chrono::duration_cast<std::chrono::microseconds>(
-        deadline - std::chrono::steady_clock::now());
-    const GiveBack result =
-        shard[j]->give_back(static_cast<std::uint32_t>(std::max<std::int64_t>(left.count(), 0)));
-    gave = gave || result != GiveBack::nothing;
+    // Nothing waits here: the pages go to the device as the scope ends, and the recovering
+    // shard's own flush waits for them, within its bound.
+    Impl& m = *shard[j];
+    Impl::Scope scope(m);
+    if (m.frozen != 0) continue;
+    const bool parked = m.flush_caches(false) != 0;
+    m.close_and_reap();
+    gave = m.cleanup_all(true) != 0 || parked || gave;
+  }
+  return gave;
+}
+
+bool MemoryManager::Shards::drain_others(std::uint32_t k,
+                                         std::chrono::steady_clock::time_point deadline) {
+  const std::uint32_t n = count();
+  bool gave = false;
+  for (std::uint32_t j = 0; j < n; ++j) {
+    if (j == k) continue;
+    Impl& m = *shard[j];
+    Impl::Scope scope(m);
+    if (m.frozen != 0 || m.pending() == 0) continue;
+    if (!m.fences.any_closed()) m.close_epoch();
+    while (m.pending() != 0 && m.fences.any_closed() && m.wait_for_oldest_fence(scope, deadline))
+      gave = true;
+    m.cleanup_all(true);
   }
   return gave;
 }

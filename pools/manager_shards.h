@@ -7,6 +7,7 @@
 
 #include <array>
 #include <atomic>
+#include <chrono>
 #include <limits>
 #include <memory>
 #include <vector>
@@ -106,9 +107,12 @@ struct MemoryManager::Shards {
                           DevicePtr* base, std::uint64_t* size);
   // Bytes the shards other than k last published as reserved for no request.
   std::uint64_t unused_elsewhere(std::uint32_t k) const;
-  // Out-of-memory in shard k: the other shards give back what they hold for no live slice.
-  // True when they had something to give.
+  // Out-of-memory in shard k: the other shards give back their idle pages and parked slices,
+  // without waiting for anything. True when they gave some.
   bool trim_others(std::uint32_t k);
+  // Then their memory waiting on fences: waits for their oldest fences until `deadline` and
+  // gives back what came free. True when a fence passed.
+  bool drain_others(std::uint32_t k, std::chrono::steady_clock::time_point deadline);
 
   Device& device;
   ManagerOptions options;  // its layout: the one installed last (under `control`)

@@ -522,16 +522,16 @@ bool MemoryManager::Impl::drain(Scope& scope) {
 // neighbour delays the request a little instead of failing it, and a bounded number of rounds
 // keeps it from waiting on that neighbour forever. A flush that timed out (the driver's free
 // waits for a parked stream) ends the extra rounds: waiting again would only add its bound.
-// With shards (Note [Shards]) the neighbour's idle pages are in its own shard: recovery asks the
-// other shards for them first, counts what they hold unused before it declares a request out of
-// reach, and asks again in each extra round while they have grown new idle pages meanwhile (two
-// threads of the 1 GiB random trace failed a 1 GiB request in two runs of six without that, on
-// a 16 GiB device holding 6.4 GiB live).
+// With shards (Note [Shards]) the neighbour's idle pages are in its own shard: recovery counts
+// what the other shards hold unused before it declares a request out of reach, asks them for
+// their idle pages first, and again in each extra round while they have grown new idle pages
+// meanwhile (two threads of the 1 GiB random trace failed a 1 GiB request in two runs of six
+// without that, on a 16 GiB device holding 6.4 GiB live); their fence-pending memory is waited
+// for after this shard's own, within the same bound.
 Route MemoryManager::Impl::recover_from_oom(Scope& scope, std::uint64_t size,
                                             Placement placement) {
   flush_caches(false);  // parked slices are memory no one uses
-  // And so is what the other shards keep for no live slice (Note [Shards]), unless even all of
-  // that could not serve the request: then the rule below fails it at once, without a wait.
+  // And so is what the other shards keep for no live slice (Note [Shards]).
   const bool sharded = shards != nullptr && shards->count() > 1;
   const auto elsewhere = [&] { return sharded ? shards->unused_elsewhere(shard_index) : 0; };
   const auto trim_others = [&] {
@@ -540,16 +540,24 @@ Route MemoryManager::Impl::recover_from_oom(Scope& scope, std::uint64_t size,
     scope.relock();
     return gave;
   };
-  if (sharded && !beyond_reach(size, elsewhere())) trim_others();
+  // Their memory waiting on fences, within this recovery's bound.
+  const auto drain_others = [&](std::chrono::steady_clock::time_point deadline) {
+    scope.unlock();
+    const bool passed = shards->drain_others(shard_index, deadline);
+    scope.relock();
+    return passed;
+  };
   // A request no recovery can serve fails at once, as the real cudaMalloc does, without waiting
-  // for anything (Note [Recovery and parked streams]). Another shard may have grown again
-  // meanwhile: what it holds unused still counts.
+  // for anything (Note [Recovery and parked streams]); with shards, what the others hold unused
+  // counts too, and they give it back without waiting (its way to the driver is this
+  // recovery's flush below).
   if (beyond_reach(size, elsewhere())) {
     Route r;
     r.status = AllocStatus::out_of_memory;
     r.error = Error{ErrorKind::out_of_memory, size};
     return r;
   }
+  if (sharded) trim_others();
   const auto deadline = std::chrono::steady_clock::now() +
                         std::chrono::microseconds(options.recovery_wait_micros);
   // A flush of an earlier recovery ran out and no page reached the driver since: the driver's
@@ -608,11 +616,19 @@ Route MemoryManager::Impl::recover_from_oom(Scope& scope, std::uint64_t size,
         continue;
       }
       // Another shard grew and left idle pages again since it gave back.
-      if (sharded && trim_others()) continue;
+      if (sharded && trim_others()) {
+        flush = true;
+        continue;
+      }
     }
-    // Then the fences, oldest first, retrying after each (Note [Free fences]).
+    // Then the fences, oldest first, retrying after each (Note [Free fences]); this shard's,
+    // then the other shards'.
     if (fences.open_count() != 0 && !fences.close(device)) return r;  // a capture is open
-    if (!wait_for_oldest_fence(scope, deadline)) return r;
+    if (!wait_for_oldest_fence(scope, deadline)) {
+      if (!sharded || stuck || !drain_others(deadline)) return r;
+      flush = true;
+      continue;
+    }
     cleanup_all(true);
   }
 }

@@ -65,7 +65,8 @@ ExclusivePool::ExclusivePool(PoolContext& ctx, std::uint64_t max_alloc_size,
 // requests on idle 500 MiB pages would each waste 240 MiB, and a program filling a 16 GiB device
 // with them after freeing thirty such pages would get about half of what plain CUDA gives. (A
 // budget of 1/64 cost the 1 GiB random traces four times the driver allocations; 1/16 keeps the
-// gains above.) A page too large for every request stays idle until its dealloc period, a growth
+// gains above.) With shards (Note [Shards]) each shard's pool gets its share of that budget, so
+// it still holds for the device. A page too large for every request stays idle until its dealloc period, a growth
 // (Note [Growing past idle pages]) or a cleanup returns it; out-of-memory recovery returns every
 // idle page before it gives up, so such memory is never lost to a later request that needs the
 // device.
@@ -88,7 +89,7 @@ Slice* ExclusivePool::try_reserve(std::uint64_t size) {
   if (it == free_.end() || it->size > largest_page_for(size)) return nullptr;
   const std::uint64_t page = page_size_for(size);
   if (it->size > page + page / 4 &&
-      usage_.bytes_padding + (it->size - size) > ctx_.total_memory / 16)
+      usage_.bytes_padding + (it->size - size) > ctx_.total_memory / 16 / ctx_.shares())
     return nullptr;  // beyond a quarter: only within the pool's padding budget
   return hand_out(&*it, size);
 }
@@ -122,7 +123,8 @@ AllocStatus ExclusivePool::grow(std::uint64_t size, Slice** out) {
   // Another shard's idle page serves if this pool would take it from its own free pages
   // (try_reserve): beyond a quarter above the class only within the padding budget.
   const std::uint64_t widest = largest_page_for(size);
-  const bool budget = usage_.bytes_padding + (widest - size) <= ctx_.total_memory / 16;
+  const bool budget =
+      usage_.bytes_padding + (widest - size) <= ctx_.total_memory / 16 / ctx_.shares();
   const AllocStatus status = grow_page(page, size, out, budget ? widest : page + page / 4);
   const std::uint64_t exact = align_up(size, alignment());
   if (status != AllocStatus::out_of_memory || page == exact) return status;

@@ -95,6 +95,7 @@ void Pool::mark_live(Slice* slice, std::uint64_t requested) {
   ctx_.totals.live_sizes.bytes[bucket] += requested;
   ctx_.totals.in_use_peak = std::max(ctx_.totals.in_use_peak, ctx_.totals.in_use);
   usage_.bytes_padding += slice->size - requested;
+  ctx_.totals.padding += slice->size - requested;
   ++reservations_;
 }
 
@@ -117,6 +118,7 @@ void Pool::reissue(Slice* slice, std::uint64_t requested) {
   // A held slice still counts as in use under its old request; swap in the new one.
   usage_.bytes_in_use -= slice->requested;
   usage_.bytes_padding -= slice->size - slice->requested;
+  ctx_.totals.padding -= slice->size - slice->requested;
   ctx_.totals.in_use -= slice->requested;
   std::size_t bucket = SizeHistogram::bucket(slice->requested);
   ctx_.totals.live_sizes.slices[bucket] -= 1;
@@ -125,6 +127,7 @@ void Pool::reissue(Slice* slice, std::uint64_t requested) {
   slice->state = SliceState::live;
   usage_.bytes_in_use += requested;
   usage_.bytes_padding += slice->size - requested;
+  ctx_.totals.padding += slice->size - requested;
   ctx_.totals.in_use += requested;
   ctx_.totals.in_use_peak = std::max(ctx_.totals.in_use_peak, ctx_.totals.in_use);
   bucket = SizeHistogram::bucket(requested);
@@ -141,6 +144,7 @@ void Pool::to_pending(Slice* slice) {
   ctx_.totals.live_sizes.slices[bucket] -= 1;
   ctx_.totals.live_sizes.bytes[bucket] -= slice->requested;
   usage_.bytes_padding -= slice->size - slice->requested;
+  ctx_.totals.padding -= slice->size - slice->requested;
   pending_bytes_ += slice->size;
   slice->state = SliceState::pending;
 }

@@ -9,6 +9,7 @@
 #include <boost/container/small_vector.hpp>
 #include <boost/intrusive/list.hpp>
 #include <boost/intrusive/set.hpp>
+#include <atomic>
 #include <cstdint>
 #include <limits>
 #include <optional>
@@ -113,6 +114,12 @@ struct PoolContext {
   bool (*borrow_page)(void* owner, std::uint64_t min_size, std::uint64_t max_size,
                       DevicePtr* base, std::uint64_t* size) = nullptr;
   void* borrow_owner = nullptr;
+  // The shards the manager has made (Note [Shards]): budgets meant for the device are split
+  // between them. Unset: one.
+  const std::atomic<std::uint32_t>* shards_made = nullptr;
+  std::uint32_t shares() const {
+    return shards_made == nullptr ? 1 : shards_made->load(std::memory_order_relaxed);
+  }
   std::uint64_t clock = 0;            // reservations so far (the dealloc-period clock)
   std::uint64_t idle_page_bytes = 0;  // whole idle pages in every pool
   std::uint64_t next_deadline = kNever;  // earliest clock at which an idle page expires
@@ -121,6 +128,7 @@ struct PoolContext {
   // live slices by size.
   struct Totals {
     std::uint64_t in_use = 0;
+    std::uint64_t padding = 0;
     std::uint64_t in_use_peak = 0;
     std::uint64_t reserved = 0;
     std::uint64_t reserved_peak = 0;

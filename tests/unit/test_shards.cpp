@@ -290,6 +290,31 @@ TEST_CASE("out of memory in a thread's own shard is served from room in the firs
   CHECK(rig.manager.check_consistency().empty());
 }
 
+TEST_CASE("out of memory waits for the fences of memory another shard's thread freed") {
+  // Frees wait for their fences here (a device behind the host): what b freed is pending in its
+  // shard when a runs out, and comes free only once a's recovery waits for b's fences.
+  ManagerOptions o = shard_options(custom({sliced(2 * MiB, MiB), exclusive(4 * GiB)}),
+                                   FreeFence::events);
+  ShardRig rig(o, 128 * MiB);
+  Worker a, b;
+  rig.part(a, b);
+  Worker& moved = rig.shard_of(rig.reserve_on(a, KiB)) != 0 ? a : b;
+  Worker& stayed = &moved == &a ? b : a;
+  REQUIRE(rig.manager.drain_fences());  // no shard has a fence of its own to wait for now
+  rig.device.set_fence_mode(HostDevice::FenceMode::on_wait);
+  std::vector<DevicePtr> held;
+  for (int i = 0; i < 2; ++i) held.push_back(rig.reserve_on(moved, 24 * MiB));
+  REQUIRE(rig.shard_of(held.back()) != 0);
+  moved.run([&] {
+    for (const DevicePtr p : held) CHECK(rig.manager.free(p) == FreeOutcome::freed);
+  });
+  REQUIRE(rig.manager.report().pending_fence_bytes >= 48 * MiB);
+  const DevicePtr big = rig.reserve_on(stayed, 40 * MiB);
+  CHECK(big != 0);
+  CHECK(rig.manager.report().oom_failures == 0);
+  CHECK(rig.manager.check_consistency().empty());
+}
+
 TEST_CASE("a request beyond every shard's reach fails at once, taking nothing from the others") {
   ShardRig rig(shard_options(custom({sliced(2 * MiB, MiB), exclusive(4 * GiB)})));
   Worker a, b;
