@@ -57,8 +57,9 @@
 // with it and runs the cleanups that come due.
 // Out of memory. A shard's recovery counts what the other shards hold unused before it declares
 // a request out of reach; then they give back their idle pages and parked slices without
-// waiting (trim_others: the pages reach the driver through this recovery's own flush), again
-// in each extra round while they grow new idle pages (Note [Out of memory among threads]), and
+// waiting (trim_others), and the recovering shard waits for those pages to reach the driver,
+// again in each extra round while they grow new idle pages (Note [Out of memory among
+// threads]), and
 // once this shard's fences are all waited for, their fence-pending memory is waited for too
 // (drain_others), all within the one recovery bound. So memory idle or freed in one shard is
 // never the reason another shard's reservation fails. A sliced pool's request that still fails
@@ -278,7 +279,7 @@ bool MemoryManager::Shards::trim_others(std::uint32_t k) {
   for (std::uint32_t j = 0; j < n; ++j) {
     if (j == k) continue;
     // Nothing waits here: the pages go to the device as the scope ends, and the recovering
-    // shard's own flush waits for them, within its bound.
+    // shard waits for them, within its own bound.
     Impl& m = *shard[j];
     Impl::Scope scope(m);
     if (m.frozen != 0) continue;

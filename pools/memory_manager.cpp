@@ -527,16 +527,27 @@ bool MemoryManager::Impl::drain(Scope& scope) {
 // their idle pages first, and again in each extra round while they have grown new idle pages
 // meanwhile (two threads of the 1 GiB random trace failed a 1 GiB request in two runs of six
 // without that, on a 16 GiB device holding 6.4 GiB live); their fence-pending memory is waited
-// for after this shard's own, within the same bound.
+// for after this shard's own, within the same bound. And while pages are still on their way to
+// the driver when everything else is done, recovery flushes and retries until the bound: two
+// threads recovering at once hand each other's idle pages over, and through the library the
+// release thread had 11 GiB of them in flight when a 1 GiB request gave up.
 Route MemoryManager::Impl::recover_from_oom(Scope& scope, std::uint64_t size,
                                             Placement placement) {
   flush_caches(false);  // parked slices are memory no one uses
-  // And so is what the other shards keep for no live slice (Note [Shards]).
+  const auto deadline = std::chrono::steady_clock::now() +
+                        std::chrono::microseconds(options.recovery_wait_micros);
+  // And so is what the other shards keep for no live slice (Note [Shards]): their idle pages
+  // go to the driver, and this shard waits for them to arrive, within its bound.
   const bool sharded = shards != nullptr && shards->count() > 1;
   const auto elsewhere = [&] { return sharded ? shards->unused_elsewhere(shard_index) : 0; };
   const auto trim_others = [&] {
     scope.unlock();
     const bool gave = shards->trim_others(shard_index);
+    if (gave && !flush_stuck_releasing) {
+      const auto left = std::chrono::duration_cast<std::chrono::microseconds>(
+          deadline - std::chrono::steady_clock::now());
+      device.flush_releases(static_cast<std::uint32_t>(std::max<std::int64_t>(left.count(), 0)));
+    }
     scope.relock();
     return gave;
   };
@@ -549,8 +560,7 @@ Route MemoryManager::Impl::recover_from_oom(Scope& scope, std::uint64_t size,
   };
   // A request no recovery can serve fails at once, as the real cudaMalloc does, without waiting
   // for anything (Note [Recovery and parked streams]); with shards, what the others hold unused
-  // counts too, and they give it back without waiting (its way to the driver is this
-  // recovery's flush below).
+  // counts too.
   if (beyond_reach(size, elsewhere())) {
     Route r;
     r.status = AllocStatus::out_of_memory;
@@ -558,8 +568,6 @@ Route MemoryManager::Impl::recover_from_oom(Scope& scope, std::uint64_t size,
     return r;
   }
   if (sharded) trim_others();
-  const auto deadline = std::chrono::steady_clock::now() +
-                        std::chrono::microseconds(options.recovery_wait_micros);
   // A flush of an earlier recovery ran out and no page reached the driver since: the driver's
   // frees still wait behind a parked stream, and waiting again would only cost the bound again.
   bool stuck = flush_stuck_releasing && *flush_stuck_releasing == device.releasing_bytes();
@@ -625,7 +633,15 @@ Route MemoryManager::Impl::recover_from_oom(Scope& scope, std::uint64_t size,
     // then the other shards'.
     if (fences.open_count() != 0 && !fences.close(device)) return r;  // a capture is open
     if (!wait_for_oldest_fence(scope, deadline)) {
-      if (!sharded || stuck || !drain_others(deadline)) return r;
+      if (sharded && !stuck && drain_others(deadline)) {
+        flush = true;
+        continue;
+      }
+      // Pages other threads gave up meanwhile are still on their way to the driver (with shards,
+      // both threads' recoveries hand each other's idle pages over): wait for them while the
+      // bound lasts, as long as flushes complete.
+      if (stuck || device.releasing_bytes() == 0 || std::chrono::steady_clock::now() >= deadline)
+        return r;
       flush = true;
       continue;
     }
