@@ -2,8 +2,8 @@
 // routes each reservation (persistent windows, the `persistent` setting, spill from a full
 // capped pool), indexes live slices by device pointer, applies free fences, trims idle pages
 // and recovers from out-of-memory. Thread-safe: the pools are split into shards, each with its
-// own lock, and threads that contend for one shard move to another (Note [Shards] in
-// manager_shards.cpp); allocate and free first try the calling thread's cache (Note [Thread
+// own lock, and threads that keep reserving beside each other move to shards of their own (Note
+// [Shards] in manager_shards.cpp); allocate and free first try the calling thread's cache (Note [Thread
 // caches] in manager_caches.cpp); the interposer adds no lock of its own on the hot path.
 //
 // Depends on pools/ only; the Device it is given is the only way it reaches hardware.
@@ -62,9 +62,9 @@ struct ManagerOptions {
   // Each thread keeps a few freed small slices for its own next requests of the same size
   // (Note [Thread caches] in manager_caches.cpp); only while frees need no fence.
   bool thread_cache = false;
-  // The most shards the pools split into (1 to kMaxShards): threads that contend for one move
-  // to another (Note [Shards] in manager_shards.cpp). A layout with a capped pool keeps one, so
-  // that the cap holds for the whole device.
+  // The most shards the pools split into (1 to kMaxShards): threads that keep reserving beside
+  // each other move to shards of their own (Note [Shards] in manager_shards.cpp). A layout with
+  // a capped pool, persistent:enforced and size-match keep one.
   std::uint32_t shards = 1;
   LogLevel log = LogLevel::basic;
   LogSink log_sink;  // empty: write to stderr prefixed "poolcuda: "
