@@ -97,7 +97,8 @@ Reservation MemoryManager::Impl::reserve(std::uint64_t size, Placement placement
   if (out.plan_due || clock_before / kShardPublishEvery != ctx.clock / kShardPublishEvery)
     in_use_published.store(ctx.totals.in_use, std::memory_order_relaxed);
 
-  std::uint32_t wait_budget_us = out.quick ? 0 : kFenceWaitBoundMicros;  // for the whole reservation
+  // For the whole reservation.
+  std::uint32_t wait_budget_us = out.quick ? 0 : kFenceWaitBoundMicros;
   bool may_flush = !out.quick;  // once per reservation (Note [Releases before growth])
   Route r = route(size, placement, wait_budget_us, may_flush);
   while (r.wait_for_fence || r.flush_releases) {
@@ -223,13 +224,7 @@ void MemoryManager::set_mode(AllocationMode mode) {
     return;
   std::lock_guard control(s.control);
   // A window's memory comes from the first shard: the gate closes before the window opens.
-  if (mode == AllocationMode::persistent) {
-    if (s.windows++ == 0) s.hold_gate(+1);
-  } else if (s.windows > 0) {
-    if (--s.windows == 0) s.hold_gate(-1);
-  } else {
-    return;
-  }
+  if (!s.nest(s.windows, mode == AllocationMode::persistent)) return;
   s.each([&](Impl& m) {
     std::lock_guard lock(m.mutex);
     m.windows = s.windows;
@@ -240,13 +235,7 @@ void MemoryManager::set_mode(AllocationMode mode) {
 void MemoryManager::set_capture_window(bool open) {
   Shards& s = *shards_;
   std::lock_guard control(s.control);
-  if (open) {
-    if (s.captures++ == 0) s.hold_gate(+1);
-  } else if (s.captures > 0) {
-    if (--s.captures == 0) s.hold_gate(-1);
-  } else {
-    return;
-  }
+  if (!s.nest(s.captures, open)) return;
   s.each([&](Impl& m) {
     std::lock_guard lock(m.mutex);
     m.capture_windows = s.captures;

@@ -39,8 +39,8 @@
 // that reach the manager); an implicit cleanup empties the caches no call used since the one
 // before. When a thread exits its cache is orphaned, parked slices and all, and the next thread
 // that needs a cache adopts it, so caches number at most the threads alive at once. A forked
-// child never touches the pools (interpose/lifecycle.cpp); its exiting thread gives up on a cache
-// lock another thread of the parent held at the fork, after a bounded number of tries.
+// child never touches the pools (interpose/lifecycle.cpp), and its exiting thread leaves the
+// caches alone (another thread of the parent may have held a cache's lock at the fork).
 #include <new>
 
 #include "pools/manager_impl.h"

@@ -109,7 +109,8 @@ std::string MemoryManager::check_consistency() const {
   shards_->each([&](const Impl& m) {
     if (breach.empty()) {
       breach = m.check_consistency();
-      if (!breach.empty() && shards_->count() > 1) breach = "shard " + std::to_string(k) + ": " + breach;
+      if (!breach.empty() && shards_->count() > 1)
+        breach = "shard " + std::to_string(k) + ": " + breach;
     }
     ++k;
   });

@@ -222,15 +222,11 @@ void MemoryManager::Shards::plan() {
 }
 
 void MemoryManager::Shards::sync_clocks(std::uint32_t k, std::uint64_t clock) {
-  const std::uint32_t n = count();
-  for (std::uint32_t j = 0; j < n; ++j) {
-    if (j == k) continue;
-    Impl& m = *shard[j];
+  others(k, [&](Impl& m) {
     Impl::Scope scope(m);
     if (m.ctx.clock < clock) m.tick(clock - m.ctx.clock);
-  }
+  });
 }
-
 bool MemoryManager::Shards::borrow_page(void* owner, std::uint64_t min_size,
                                         std::uint64_t max_size, DevicePtr* base,
                                         std::uint64_t* size) {
@@ -267,44 +263,33 @@ bool MemoryManager::Shards::borrow_page(void* owner, std::uint64_t min_size,
 
 std::uint64_t MemoryManager::Shards::unused_elsewhere(std::uint32_t k) const {
   std::uint64_t n = 0;
-  const std::uint32_t count_now = count();
-  for (std::uint32_t j = 0; j < count_now; ++j)
-    if (j != k) n += shard[j]->unused_published.load(std::memory_order_relaxed);
+  others(k, [&](Impl& m) { n += m.unused_published.load(std::memory_order_relaxed); });
   return n;
 }
-
 bool MemoryManager::Shards::trim_others(std::uint32_t k) {
-  const std::uint32_t n = count();
   bool gave = false;
-  for (std::uint32_t j = 0; j < n; ++j) {
-    if (j == k) continue;
+  others(k, [&](Impl& m) {
     // Nothing waits here: the pages go to the device as the scope ends, and the recovering
     // shard waits for them, within its own bound.
-    Impl& m = *shard[j];
     Impl::Scope scope(m);
-    if (m.frozen != 0) continue;
+    if (m.frozen != 0) return;
     const bool parked = m.flush_caches(false) != 0;
     m.close_and_reap();
     gave = m.cleanup_all(true) != 0 || parked || gave;
-  }
+  });
   return gave;
 }
-
 bool MemoryManager::Shards::drain_others(std::uint32_t k,
                                          std::chrono::steady_clock::time_point deadline) {
-  const std::uint32_t n = count();
-  bool gave = false;
-  for (std::uint32_t j = 0; j < n; ++j) {
-    if (j == k) continue;
-    Impl& m = *shard[j];
+  bool passed = false;
+  others(k, [&](Impl& m) {
     Impl::Scope scope(m);
-    if (m.frozen != 0 || m.pending() == 0) continue;
+    if (m.frozen != 0 || m.pending() == 0) return;
     if (!m.fences.any_closed()) m.close_epoch();
     while (m.pending() != 0 && m.fences.any_closed() && m.wait_for_oldest_fence(scope, deadline))
-      gave = true;
+      passed = true;
     m.cleanup_all(true);
-  }
-  return gave;
+  });
+  return passed;
 }
-
 }  // namespace poolcuda

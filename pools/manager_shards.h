@@ -71,6 +71,25 @@ struct MemoryManager::Shards {
     const std::uint32_t n = count();
     for (std::uint32_t k = 0; k < n; ++k) f(*shard[k]);
   }
+  // f for every shard made but the k-th.
+  template <class F>
+  void others(std::uint32_t k, F&& f) const {
+    const std::uint32_t n = count();
+    for (std::uint32_t j = 0; j < n; ++j)
+      if (j != k) f(*shard[j]);
+  }
+  // The nesting count of a kind of window (persistent windows, captures) opens (`open`) or
+  // closes one; the gate is held while any is open. False when closing with none open.
+  bool nest(std::uint32_t& windows_open, bool open) {
+    if (open) {
+      if (windows_open++ == 0) hold_gate(+1);
+    } else if (windows_open > 0) {
+      if (--windows_open == 0) hold_gate(-1);
+    } else {
+      return false;
+    }
+    return true;
+  }
 
   // MemoryManager::allocate with more than one shard possible (manager_api.cpp).
   Reservation allocate(std::uint64_t size, Placement placement);

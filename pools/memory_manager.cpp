@@ -552,7 +552,7 @@ Route MemoryManager::Impl::recover_from_oom(Scope& scope, std::uint64_t size,
     return gave;
   };
   // Their memory waiting on fences, within this recovery's bound.
-  const auto drain_others = [&](std::chrono::steady_clock::time_point deadline) {
+  const auto drain_others = [&] {
     scope.unlock();
     const bool passed = shards->drain_others(shard_index, deadline);
     scope.relock();
@@ -633,7 +633,7 @@ Route MemoryManager::Impl::recover_from_oom(Scope& scope, std::uint64_t size,
     // then the other shards'.
     if (fences.open_count() != 0 && !fences.close(device)) return r;  // a capture is open
     if (!wait_for_oldest_fence(scope, deadline)) {
-      if (sharded && !stuck && drain_others(deadline)) {
+      if (sharded && !stuck && drain_others()) {
         flush = true;
         continue;
       }

@@ -3,8 +3,9 @@
 // capped pool), indexes live slices by device pointer, applies free fences, trims idle pages
 // and recovers from out-of-memory. Thread-safe: the pools are split into shards, each with its
 // own lock, and threads that keep reserving beside each other move to shards of their own (Note
-// [Shards] in manager_shards.cpp); allocate and free first try the calling thread's cache (Note [Thread
-// caches] in manager_caches.cpp); the interposer adds no lock of its own on the hot path.
+// [Shards] in manager_shards.cpp); allocate and free first try the calling thread's cache
+// (Note [Thread caches] in manager_caches.cpp); the interposer adds no lock of its own on the
+// hot path.
 //
 // Depends on pools/ only; the Device it is given is the only way it reaches hardware.
 #pragma once

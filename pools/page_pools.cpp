@@ -66,10 +66,10 @@ ExclusivePool::ExclusivePool(PoolContext& ctx, std::uint64_t max_alloc_size,
 // with them after freeing thirty such pages would get about half of what plain CUDA gives. (A
 // budget of 1/64 cost the 1 GiB random traces four times the driver allocations; 1/16 keeps the
 // gains above.) With shards (Note [Shards]) each shard's pool gets its share of that budget, so
-// it still holds for the device. A page too large for every request stays idle until its dealloc period, a growth
-// (Note [Growing past idle pages]) or a cleanup returns it; out-of-memory recovery returns every
-// idle page before it gives up, so such memory is never lost to a later request that needs the
-// device.
+// it still holds for the device. A page too large for every request stays idle until its
+// dealloc period, a growth (Note [Growing past idle pages]) or a cleanup returns it;
+// out-of-memory recovery returns every idle page before it gives up, so such memory is never
+// lost to a later request that needs the device.
 std::uint64_t ExclusivePool::page_size_for(std::uint64_t size) const {
   const std::uint64_t eff = align_up(size, alignment());
   const std::uint64_t step = std::max<std::uint64_t>(

@@ -47,7 +47,8 @@ struct ShardRig {
   void warm(Worker& w) {
     w.run([&] {
       for (int i = 0; i < 64; ++i) ballast.push_back(manager.allocate(MiB).ptr);
-      for (int i = 0; i < 300; ++i) REQUIRE(manager.free(manager.allocate(KiB).ptr) == FreeOutcome::freed);
+      for (int i = 0; i < 300; ++i)
+        REQUIRE(manager.free(manager.allocate(KiB).ptr) == FreeOutcome::freed);
     });
   }
 
