@@ -35,10 +35,6 @@ constexpr const char* kNames[kSlots] = {
 #undef POOLCUDA_NAME
 };
 
-// nullptr: not looked up yet; &g_missing: looked up and found nowhere (Note [Missing functions]).
-std::atomic<void*> g_slots[kSlots];
-char g_missing;
-
 void* lookup(const char* name) {
   if (void* address = dl::real_dlsym(RTLD_NEXT, name)) return address;
   static constexpr const char* kSonames[] = {"libcudart.so.13", "libcudart.so.12",
@@ -55,8 +51,14 @@ void* lookup(const char* name) {
 
 }  // namespace
 
-void* resolve(Slot slot) {
-  auto& entry = g_slots[static_cast<int>(slot)];
+namespace detail {
+std::atomic<void*> g_slots[kSlots];
+char g_missing;
+}  // namespace detail
+
+void* resolve_first(Slot slot) {
+  using detail::g_missing;
+  auto& entry = detail::g_slots[static_cast<int>(slot)];
   void* address = entry.load(std::memory_order_acquire);
   if (address == nullptr) {
     const char* name = kNames[static_cast<int>(slot)];

@@ -10,6 +10,8 @@
 
 #include <cuda_runtime_api.h>
 
+#include <atomic>
+
 // The per-thread-default-stream variants, which the CUDA header declares only when a program is
 // built for them.
 extern "C" {
@@ -178,9 +180,22 @@ enum class Slot : int {
       count
 };
 
+namespace detail {
+// nullptr: not looked up yet; &g_missing: looked up and found nowhere (Note [Missing functions]).
+extern std::atomic<void*> g_slots[static_cast<int>(Slot::count)];
+extern char g_missing;
+}  // namespace detail
+
+// resolve() when the slot may not be looked up yet: looks it up and records the answer.
+void* resolve_first(Slot slot);
+
 // The resolved address for `slot`, or nullptr when the symbol exists nowhere (decided by the
-// first lookup, see Note [Missing functions] in real_cuda.cpp).
-void* resolve(Slot slot);
+// first lookup, see Note [Missing functions] in real_cuda.cpp). Inline: every hook calls it.
+inline void* resolve(Slot slot) {
+  void* address = detail::g_slots[static_cast<int>(slot)].load(std::memory_order_acquire);
+  if (address == nullptr) return resolve_first(slot);
+  return address == &detail::g_missing ? nullptr : address;
+}
 
 // resolve() for the slot named `name`; nullptr when `name` has no slot.
 void* resolve_by_name(const char* name);

@@ -148,7 +148,7 @@ Reservation MemoryManager::Impl::reserve(std::uint64_t size, Placement placement
   if (r.slice == nullptr) return Reservation{0, r.error};
   index.insert(r.slice->ptr, r.slice);
   cache_new_slice(r.slice, placement);
-  trace(LogEvent::Kind::allocate, size, r.slice->ptr, r.slice->page->pool->kind_name());
+  trace(LogEvent::Kind::allocate, size, r.slice->ptr, r.slice->page->pool);
   return Reservation{r.slice->ptr, Error{}, r.grew};
 }
 
@@ -202,7 +202,7 @@ FreeOutcome MemoryManager::Impl::free_pointer(DevicePtr ptr) {
   } else {
     retire(slice);
   }
-  trace(LogEvent::Kind::free, 0, ptr, "");
+  trace(LogEvent::Kind::free, 0, ptr, nullptr);
   finish_sync_frees(scope);
   return FreeOutcome::freed;
 }

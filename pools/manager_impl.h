@@ -207,7 +207,8 @@ struct MemoryManager::Impl {
   FreeOutcome classify(DevicePtr ptr) const;
   bool recently_freed(DevicePtr ptr) const;
   void log(LogLevel level, std::string message);
-  void trace(LogEvent::Kind kind, std::uint64_t size, DevicePtr ptr, const char* pool);
+  // A log:full event; `pool` (the allocation's, or nullptr) is named only then.
+  void trace(LogEvent::Kind kind, std::uint64_t size, DevicePtr ptr, const Pool* pool);
   // --- manager_caches.cpp: the thread caches (Note [Thread caches]) ---------------------------
   // Opens or closes the gate from the settings and state it depends on; closing flushes and
   // unbinds every cache, and is a barrier for the owners' calls.

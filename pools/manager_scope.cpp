@@ -103,14 +103,14 @@ void MemoryManager::Impl::log(LogLevel level, std::string message) {
 }
 
 void MemoryManager::Impl::trace(LogEvent::Kind kind, std::uint64_t size, DevicePtr ptr,
-                                const char* pool) {
+                                const Pool* pool) {
   if (options.log != LogLevel::full || outbox == nullptr) return;
   LogEvent event;
   event.level = LogLevel::full;
   event.kind = kind;
   event.size = size;
   event.ptr = ptr;
-  event.pool = pool;
+  event.pool = pool != nullptr ? pool->kind_name() : "";
   outbox->logs.push_back(std::move(event));
 }
 

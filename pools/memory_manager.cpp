@@ -652,7 +652,8 @@ Route MemoryManager::Impl::recover_from_oom(Scope& scope, std::uint64_t size,
 // --- Free path -----------------------------------------------------------------------------------
 
 void MemoryManager::Impl::retire(Slice* slice) {
-  frees.fetch_add(1, std::memory_order_relaxed);
+  // Written only under the lock: a plain increment, not a locked one, on every free.
+  frees.store(frees.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
   Pool* pool = slice->page->pool;
   pool->to_pending(slice);
   FreeFence mode = options.free_fence;

@@ -67,7 +67,8 @@ ThreadCache::Give ThreadCache::give(DevicePtr ptr, const std::atomic<bool>& open
   e->stale = false;
   parked_bytes_ += e->size;
   add_bit(size_hint_, e->requested);
-  parked_frees.fetch_add(1, std::memory_order_relaxed);
+  // Written only here, under the lock: a plain increment, not a locked one, on the hit path.
+  parked_frees.store(parked_frees.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
   return Give::parked;
 }
 
@@ -122,6 +123,17 @@ void ThreadCache::clear() {
 
 namespace {
 
+// The last lookup's answer, in a plain initial-exec thread-local: every manager call asks, and
+// a thread almost always asks about the same manager, so the answer costs one load instead of
+// a call into the dynamic loader's thread-local lookup and a scan of the table. Manager ids are
+// never reused (next_manager_id), so an answer about a gone manager is never asked for again;
+// bind_thread_cache() updates it, and the table's destruction clears it (id 0 is no manager's).
+struct LastLookup {
+  std::uint64_t manager_id = 0;
+  ThreadCache* cache = nullptr;
+};
+__attribute__((tls_model("initial-exec"))) thread_local LastLookup t_last;
+
 // A thread's caches, one per manager it used (few: one manager per device). A slot whose
 // manager is gone is reused. At thread exit every cache is marked orphaned, for adoption.
 struct CacheTable {
@@ -143,11 +155,12 @@ struct CacheTable {
       }
     }
     exiting() = true;
+    t_last = LastLookup{};
   }
   // Trivially destructible, so still readable after the table is gone (a free from a later
   // thread-exit destructor of the program must not bind a new cache that nothing would orphan).
   static bool& exiting() {
-    static thread_local bool flag = false;
+    static thread_local bool flag __attribute__((tls_model("initial-exec"))) = false;
     return flag;
   }
 };
@@ -160,10 +173,16 @@ CacheTable& table() {
 }  // namespace
 
 ThreadCache* find_thread_cache(std::uint64_t manager_id) {
+  if (t_last.manager_id == manager_id) return t_last.cache;
   if (CacheTable::exiting()) return nullptr;
-  for (CacheTable::Slot& slot : table().slots)
-    if (slot.manager_id == manager_id) return slot.cache.get();
-  return nullptr;
+  ThreadCache* found = nullptr;
+  for (CacheTable::Slot& slot : table().slots) {
+    if (slot.manager_id != manager_id) continue;
+    found = slot.cache.get();
+    break;
+  }
+  t_last = LastLookup{manager_id, found};
+  return found;
 }
 
 bool bind_thread_cache(std::uint64_t manager_id, std::shared_ptr<ThreadCache> cache) {
@@ -172,6 +191,7 @@ bool bind_thread_cache(std::uint64_t manager_id, std::shared_ptr<ThreadCache> ca
     if (slot.cache && !slot.cache->manager_gone.load(std::memory_order_acquire)) continue;
     slot.manager_id = manager_id;
     slot.cache = std::move(cache);
+    t_last = LastLookup{manager_id, slot.cache.get()};
     return true;
   }
   return false;
