@@ -1,6 +1,6 @@
 // ExclusivePool, PersistentPool and DirectPool: one slice per page, so a free slice is a free
-// page and there is nothing to split or coalesce. The free set orders pages by (size, address):
-// smallest-fit and exact-fit are both one lower_bound.
+// page and there is nothing to split or coalesce. The free set bins pages by size (Note [Free
+// bins]): a near-smallest fit is a look at one bin and a bit search, an exact fit a scan of one.
 #include "pools/page_pools.h"
 
 #include <algorithm>
@@ -13,15 +13,12 @@ PagePool::~PagePool() { free_.clear(); }
 
 Slice* PagePool::hand_out(Slice* slice, std::uint64_t size) {
   if (slice == nullptr) return nullptr;
-  free_.erase(free_.iterator_to(*slice));
+  free_.erase(*slice);
   mark_live(slice, size);
   return slice;
 }
 
-Slice* PagePool::exact(std::uint64_t eff) {
-  auto it = free_.lower_bound(eff, SizeKeyOrder{});
-  return it != free_.end() && it->size == eff ? &*it : nullptr;
-}
+Slice* PagePool::exact(std::uint64_t eff) { return free_.exact(eff); }
 
 AllocStatus PagePool::grow_page(std::uint64_t page_size, std::uint64_t size, Slice** out,
                                 std::uint64_t max_page) {
@@ -34,9 +31,9 @@ AllocStatus PagePool::grow_page(std::uint64_t page_size, std::uint64_t size, Sli
   return AllocStatus::ok;
 }
 
-void PagePool::on_release(Page* page) { free_.erase(free_.iterator_to(page->slices.front())); }
+void PagePool::on_release(Page* page) { free_.erase(page->slices.front()); }
 
-std::uint64_t PagePool::largest_free() const { return free_.empty() ? 0 : free_.rbegin()->size; }
+std::uint64_t PagePool::largest_free() const { return free_.largest(); }
 
 // --- ExclusivePool -----------------------------------------------------------------------------
 
@@ -51,9 +48,10 @@ ExclusivePool::ExclusivePool(PoolContext& ctx, std::uint64_t max_alloc_size,
 // (so at most 12.5% over for small requests and 2 MiB for large ones, the driver's own granularity
 // for large allocations: a request that nearly fills the device still fits as it would without the
 // pools; and should the rounded page not fit, the exact size is tried). Sizes that differ by a few
-// bytes share pages. Reuse takes the smallest free page that fits, but never one larger than twice
-// the request's class: an idle 8 GiB scratch page must not serve a 100 MiB request (7.9 GiB of
-// padding, and every further request then needs a page of its own while the device is full). Twice,
+// bytes share pages. Reuse takes the smallest free page that fits (to within a bin: Note [Free
+// bins]), but never one larger than twice the request's class: an idle 8 GiB scratch page must
+// not serve a 100 MiB request (7.9 GiB of padding, and every further request then needs a page of
+// its own while the device is full). Twice,
 // not less: programs whose sizes vary from step to step (a training step's activations follow its
 // sequence length) otherwise keep growing new pages beside idle ones a little too small or too
 // large; a class plus a quarter left the bundled training trace at 2.55 times its live bytes, twice
@@ -85,13 +83,13 @@ std::uint64_t ExclusivePool::largest_page_for(std::uint64_t size) const {
 }
 
 Slice* ExclusivePool::try_reserve(std::uint64_t size) {
-  auto it = free_.lower_bound(align_up(size, alignment()), SizeKeyOrder{});
-  if (it == free_.end() || it->size > largest_page_for(size)) return nullptr;
+  Slice* free_page = free_.fit(align_up(size, alignment()));
+  if (free_page == nullptr || free_page->size > largest_page_for(size)) return nullptr;
   const std::uint64_t page = page_size_for(size);
-  if (it->size > page + page / 4 &&
-      usage_.bytes_padding + (it->size - size) > ctx_.total_memory / 16 / ctx_.shares())
+  if (free_page->size > page + page / 4 &&
+      usage_.bytes_padding + (free_page->size - size) > ctx_.total_memory / 16 / ctx_.shares())
     return nullptr;  // beyond a quarter: only within the pool's padding budget
-  return hand_out(&*it, size);
+  return hand_out(free_page, size);
 }
 
 // Note [Growing past idle pages]
@@ -158,10 +156,7 @@ bool PersistentPool::has_size(std::uint64_t size) const { return sizes_.count(ef
 
 std::uint64_t PersistentPool::free_count(std::uint64_t size) const {
   const std::uint64_t e = eff(size);
-  std::uint64_t count = 0;
-  for (auto it = free_.lower_bound(e, SizeKeyOrder{}); it != free_.end() && it->size == e; ++it)
-    ++count;
-  return count;
+  return free_.count_exact(e);
 }
 
 AllocStatus PersistentPool::add_free(std::uint64_t size) {

@@ -1,5 +1,5 @@
 // The structures every pool shares: Slice and Page nodes with Boost.Intrusive hooks, the
-// size-ordered free set, the address-ordered page set, the per-manager PoolContext (device,
+// size-binned free set, the address-ordered page set, the per-manager PoolContext (device,
 // node slabs, reservation clock), and the Pool base class that owns page bookkeeping, usage
 // counters and idle-page release. The concrete pools (sliced_pool.h, page_pools.h) only decide
 // where a request goes inside their pages. Nothing here locks: the MemoryManager's mutex covers
@@ -16,6 +16,7 @@
 #include <string>
 
 #include "pools/device.h"
+#include "pools/free_bins.h"
 #include "pools/report.h"
 #include "pools/slab.h"
 #include "pools/types.h"
@@ -35,7 +36,8 @@ class ThreadCache;
 
 struct Slice {
   bi::list_member_hook<FastLink> page_hook;  // neighbours in address order within the page
-  bi::set_member_hook<FastLink> free_hook;   // the pool's size-ordered free set
+  Slice* free_prev = nullptr;                // the pool's free bins (free_bins.h)
+  Slice* free_next = nullptr;
   Slice* next_pending = nullptr;             // the free-fence epoch chain
   Page* page = nullptr;
   DevicePtr ptr = 0;
@@ -51,19 +53,8 @@ using PageSlices =
     bi::list<Slice, bi::member_hook<Slice, bi::list_member_hook<FastLink>, &Slice::page_hook>,
              bi::constant_time_size<false>>;
 
-// Free slices ordered by (size, address): best fit is one lower_bound.
-struct SliceOrder {
-  bool operator()(const Slice& a, const Slice& b) const {
-    return a.size < b.size || (a.size == b.size && a.ptr < b.ptr);
-  }
-};
-struct SizeKeyOrder {  // compares a slice with a bare size, as (size, 0)
-  bool operator()(const Slice& a, std::uint64_t size) const { return a.size < size; }
-  bool operator()(std::uint64_t size, const Slice& a) const { return size < a.size; }
-};
-using FreeSet =
-    bi::set<Slice, bi::member_hook<Slice, bi::set_member_hook<FastLink>, &Slice::free_hook>,
-            bi::compare<SliceOrder>, bi::constant_time_size<true>>;
+// A pool's free slices, binned by size (Note [Free bins] in free_bins.h).
+using FreeSet = FreeBins<Slice>;
 
 // One device allocation. Its slices tile it exactly, in address order.
 struct Page {

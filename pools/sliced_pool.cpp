@@ -1,5 +1,6 @@
 // SlicedPool. Invariants: the slices of a page tile it in address order; no two free slices
 // are adjacent (free coalesces at once); every free slice is in free_ and nothing else is.
+// A reserve takes a free slice that fits (Note [Free bins]) and serves from its top.
 // A page whose slices are all free is a single free slice and sits in the idle list.
 #include "pools/sliced_pool.h"
 
@@ -21,32 +22,15 @@ SlicedPool::SlicedPool(PoolContext& ctx, std::uint64_t page_size, std::uint64_t 
 
 SlicedPool::~SlicedPool() { free_.clear(); }
 
-// Changes a free slice's key in the free set, in place when its neighbours in the set still
-// order around the new key (the common case: one large free remainder per page), else by
-// erase + insert. Saves two tree operations on most reserves and frees.
+// Changes a free slice's address and size; it moves between bins only when its bin changes.
 void SlicedPool::rekey(Slice* slice, DevicePtr ptr, std::uint64_t size) {
-  auto it = free_.iterator_to(*slice);
-  const auto before = [&](const Slice& other) {  // other < (size, ptr)
-    return other.size < size || (other.size == size && other.ptr < ptr);
-  };
-  const bool prev_ok = it == free_.begin() || before(*std::prev(it));
-  const auto next = std::next(it);
-  const bool next_ok = next == free_.end() || !before(*next);
-  if (prev_ok && next_ok) {
-    slice->ptr = ptr;
-    slice->size = size;
-    return;
-  }
-  free_.erase(it);
-  slice->ptr = ptr;
-  slice->size = size;
-  free_.insert(*slice);
+  free_.resize(*slice, size, [ptr](Slice& s) { s.ptr = ptr; });
 }
 
 Slice* SlicedPool::carve(Slice* slice, std::uint64_t size) {
   const std::uint64_t eff = align_up(size, alignment());
   if (slice->size == eff) {
-    free_.erase(free_.iterator_to(*slice));
+    free_.erase(*slice);
     mark_live(slice, size);
     return slice;
   }
@@ -64,9 +48,8 @@ Slice* SlicedPool::carve(Slice* slice, std::uint64_t size) {
 
 Slice* SlicedPool::try_reserve(std::uint64_t size) {
   const std::uint64_t eff = align_up(size, alignment());
-  auto it = free_.lower_bound(eff, SizeKeyOrder{});
-  if (it == free_.end()) return nullptr;
-  return carve(&*it, size);
+  Slice* slice = free_.fit(eff);
+  return slice == nullptr ? nullptr : carve(slice, size);
 }
 
 Error SlicedPool::growth_limit(std::uint64_t size) const {
@@ -99,7 +82,7 @@ void SlicedPool::on_free(Slice* slice) {
     std::uint64_t size = prev->size + slice->size;
     if (next != nullptr) {
       size += next->size;
-      free_.erase(free_.iterator_to(*next));
+      free_.erase(*next);
       list.erase(list.iterator_to(*next));
       ctx_.slices.destroy(next);
     }
@@ -118,11 +101,11 @@ void SlicedPool::on_free(Slice* slice) {
 
 void SlicedPool::on_release(Page* page) {
   // An idle page is exactly one free slice.
-  free_.erase(free_.iterator_to(page->slices.front()));
+  free_.erase(page->slices.front());
 }
 
 std::uint64_t SlicedPool::largest_free() const {
-  return free_.empty() ? 0 : free_.rbegin()->size;
+  return free_.largest();
 }
 
 PoolReport SlicedPool::describe() const {

@@ -1,4 +1,4 @@
-// SlicedPool: pages of one size carved into slices. Best fit from a size-ordered free set,
+// SlicedPool: pages of one size carved into slices. Near-best fit from size-binned free lists,
 // split on reserve, coalesce with free neighbours on free; an optional cap bounds the bytes the
 // pool may reserve. Depends on pool.h (and options.h for format_size) only.
 #pragma once

@@ -1,0 +1,170 @@
+// FreeBins<Node>: a pool's free slices, binned by size, with a bitmap of the bins that hold any.
+// Inserting, removing and resizing a slice touch its list neighbours only; finding one that fits
+// looks at a few slices of one bin and searches the bitmap. Only an exact-size lookup, and a fit
+// that finds nothing above its own bin, read a whole bin. A Node has `size` (bytes, > 0) and the
+// links `free_prev` and `free_next`, which only this set writes. Not thread-safe: the owning
+// manager's lock covers it. Depends on nothing in poolcuda.
+//
+// Note [Free bins]
+// ~~~~~~~~~~~~~~~~
+// The free set used to be a tree ordered by (size, address): best fit was one lower_bound, but
+// every reserve and free walked 2·log2(n) nodes scattered over the node slab, and with many free
+// fragments those walks were most of a pair's cost (a third of the pools' time on the 100k-buffer
+// random trace of sizes up to 1 MiB; half at a million live slices). Here a size falls in one of
+// 32 bins per power of two (sizes below 64 have a bin each), and each bin is a list, newest
+// first. A request looks at the first kOwnBinScan slices of its own bin, whose sizes lie within
+// 1/32 of its own but may be smaller, and takes the first that fits. Otherwise the first slice of
+// the next bin up that holds any serves: everything there fits, and is at most 1/32 above the
+// smallest slice there. With nothing above, the rest of the own bin is searched, so a slice that
+// fits is never missed. Among equal sizes the most recently freed slice serves, not the lowest
+// address. Measured on the bundled traces with the pools called directly (release build, 2-core
+// Xeon), median ns per pair with the tree → with the bins: 100k buffers up to 1 MiB 530 → 261,
+// a million live slices 2,500 → 1,004, 10k buffers up to 64 MiB 199 → 122, up to 1 GiB 183 → 111,
+// 8 × 16 MiB then 4 × 32 MiB 89 → 77; peak reserved ÷ peak live moved by at most 0.01 on each of
+// the fourteen traces measured.
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+
+namespace poolcuda {
+
+template <typename Node>
+class FreeBins {
+ public:
+  static constexpr int kSubBins = 32;  // bins per power of two
+  static constexpr int kBins = 64 * kSubBins;
+  static constexpr int kOwnBinScan = 8;
+
+  FreeBins() = default;
+  FreeBins(const FreeBins&) = delete;
+  FreeBins& operator=(const FreeBins&) = delete;
+
+  std::size_t size() const { return count_; }
+  bool empty() const { return count_ == 0; }
+
+  void insert(Node& node) {
+    const int b = bin(node.size);
+    Node* head = heads_[b];
+    node.free_prev = nullptr;
+    node.free_next = head;
+    if (head != nullptr) head->free_prev = &node;
+    heads_[b] = &node;
+    words_[b >> 6] |= std::uint64_t{1} << (b & 63);
+    summary_ |= std::uint32_t{1} << (b >> 6);
+    ++count_;
+  }
+
+  void erase(Node& node) {
+    const int b = bin(node.size);
+    if (node.free_prev != nullptr) {
+      node.free_prev->free_next = node.free_next;
+    } else {
+      heads_[b] = node.free_next;
+      if (node.free_next == nullptr) mark_empty(b);
+    }
+    if (node.free_next != nullptr) node.free_next->free_prev = node.free_prev;
+    node.free_prev = node.free_next = nullptr;
+    --count_;
+  }
+
+  // Gives a free node a new size (and whatever else `update` changes), moving it only when
+  // its bin changes.
+  template <typename Update>
+  void resize(Node& node, std::uint64_t new_size, Update&& update) {
+    if (bin(new_size) == bin(node.size)) {
+      update(node);
+      node.size = new_size;
+      return;
+    }
+    erase(node);
+    update(node);
+    node.size = new_size;
+    insert(node);
+  }
+
+  // A free node of at least `size` bytes, close to the smallest (Note [Free bins]); nullptr
+  // when none is that large.
+  Node* fit(std::uint64_t size) const {
+    const int own = bin(size);
+    Node* n = heads_[own];
+    for (int scanned = 0; n != nullptr && scanned < kOwnBinScan; n = n->free_next, ++scanned)
+      if (n->size >= size) return n;
+    const int above = next_nonempty(own + 1);
+    if (above >= 0) return heads_[above];
+    // Nothing larger anywhere else: the rest of the own bin is the last chance, and a slice
+    // that fits must never be missed (the pool would grow, or fail, beside it).
+    for (; n != nullptr; n = n->free_next)
+      if (n->size >= size) return n;
+    return nullptr;
+  }
+
+  // A free node of exactly `size` bytes, or nullptr.
+  Node* exact(std::uint64_t size) const {
+    for (Node* n = heads_[bin(size)]; n != nullptr; n = n->free_next)
+      if (n->size == size) return n;
+    return nullptr;
+  }
+
+  // Free nodes of exactly `size` bytes.
+  std::size_t count_exact(std::uint64_t size) const {
+    std::size_t count = 0;
+    for (Node* n = heads_[bin(size)]; n != nullptr; n = n->free_next) count += n->size == size;
+    return count;
+  }
+
+  // The size of the largest free node, 0 when there is none (a scan of the top bin).
+  std::uint64_t largest() const {
+    if (summary_ == 0) return 0;
+    const int w = 31 - __builtin_clz(summary_);
+    const int b = w * 64 + 63 - __builtin_clzll(words_[w]);
+    std::uint64_t largest = 0;
+    for (Node* n = heads_[b]; n != nullptr; n = n->free_next)
+      if (n->size > largest) largest = n->size;
+    return largest;
+  }
+
+  // Forgets every node (their nodes are dropped by their owner).
+  void clear() {
+    heads_.fill(nullptr);
+    words_.fill(0);
+    summary_ = 0;
+    count_ = 0;
+  }
+
+  // The bin of `size`: below 64, the size itself (sizes are multiples of the alignment, so
+  // these are rare); above, 32 per power of two.
+  static int bin(std::uint64_t size) {
+    if (size < 2 * kSubBins) return static_cast<int>(size);
+    const int top = 63 - __builtin_clzll(size);  // >= 6
+    const int sub = static_cast<int>((size >> (top - 5)) & (kSubBins - 1));
+    return (top - 4) * kSubBins + sub;  // top 6 -> 64.., top 63 -> 1888..1919
+  }
+
+ private:
+  void mark_empty(int b) {
+    words_[b >> 6] &= ~(std::uint64_t{1} << (b & 63));
+    if (words_[b >> 6] == 0) summary_ &= ~(std::uint32_t{1} << (b >> 6));
+  }
+
+  // The first non-empty bin at or after `from`, or -1.
+  int next_nonempty(int from) const {
+    if (from >= kBins) return -1;
+    int w = from >> 6;
+    const std::uint64_t here = words_[w] & (~std::uint64_t{0} << (from & 63));
+    if (here != 0) return w * 64 + __builtin_ctzll(here);
+    if (w == 31) return -1;
+    const std::uint32_t later = summary_ & (~std::uint32_t{0} << (w + 1));
+    if (later == 0) return -1;
+    w = __builtin_ctz(later);
+    return w * 64 + __builtin_ctzll(words_[w]);
+  }
+
+  std::array<Node*, kBins> heads_{};
+  std::array<std::uint64_t, kBins / 64> words_{};
+  std::uint32_t summary_ = 0;
+  std::size_t count_ = 0;
+};
+
+}  // namespace poolcuda
