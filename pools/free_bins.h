@@ -84,19 +84,26 @@ class FreeBins {
     insert(node);
   }
 
-  // A free node of at least `size` bytes, close to the smallest (Note [Free bins]); nullptr
-  // when none is that large.
-  Node* fit(std::uint64_t size) const {
+  // A free node of `size` to `max_size` bytes, close to the smallest that fits (Note [Free
+  // bins]); nullptr only when there is none.
+  Node* fit(std::uint64_t size, std::uint64_t max_size = ~std::uint64_t{0}) const {
+    const auto fits = [&](const Node* n) { return n->size >= size && n->size <= max_size; };
     const int own = bin(size);
     Node* n = heads_[own];
     for (int scanned = 0; n != nullptr && scanned < kOwnBinScan; n = n->free_next, ++scanned)
-      if (n->size >= size) return n;
+      if (fits(n)) return n;
     const int above = next_nonempty(own + 1);
-    if (above >= 0) return heads_[above];
-    // Nothing larger anywhere else: the rest of the own bin is the last chance, and a slice
-    // that fits must never be missed (the pool would grow, or fail, beside it).
+    if (above >= 0) {
+      if (heads_[above]->size <= max_size) return heads_[above];
+      // The first node above is too large; a smaller one of its bin may not be (every bin
+      // further up is larger still).
+      for (Node* m = heads_[above]->free_next; m != nullptr; m = m->free_next)
+        if (m->size <= max_size) return m;
+    }
+    // The rest of the own bin is the last chance: a node that fits must never be missed (the
+    // pool would grow, or fail, beside it).
     for (; n != nullptr; n = n->free_next)
-      if (n->size >= size) return n;
+      if (fits(n)) return n;
     return nullptr;
   }
 
@@ -123,6 +130,24 @@ class FreeBins {
     for (Node* n = heads_[b]; n != nullptr; n = n->free_next)
       if (n->size > largest) largest = n->size;
     return largest;
+  }
+
+  // Whether every node sits in the bin of its size with consistent links, the bitmap marks
+  // exactly the bins that hold any, and the count is right (consistency checks; O(n)).
+  bool consistent() const {
+    std::size_t seen = 0;
+    std::uint32_t summary = 0;
+    for (int b = 0; b < kBins; ++b) {
+      const bool marked = (words_[b >> 6] >> (b & 63)) & 1;
+      if (marked != (heads_[b] != nullptr)) return false;
+      if (words_[b >> 6] != 0) summary |= std::uint32_t{1} << (b >> 6);
+      const Node* prev = nullptr;
+      for (const Node* n = heads_[b]; n != nullptr; prev = n, n = n->free_next) {
+        if (bin(n->size) != b || n->free_prev != prev) return false;
+        if (++seen > count_) return false;
+      }
+    }
+    return seen == count_ && summary == summary_;
   }
 
   // Forgets every node (their nodes are dropped by their owner).

@@ -83,13 +83,17 @@ std::uint64_t ExclusivePool::largest_page_for(std::uint64_t size) const {
 }
 
 Slice* ExclusivePool::try_reserve(std::uint64_t size) {
-  Slice* free_page = free_.fit(align_up(size, alignment()));
-  if (free_page == nullptr || free_page->size > largest_page_for(size)) return nullptr;
+  // The largest page this request may take: beyond a quarter above its class, only within the
+  // pool's padding budget.
   const std::uint64_t page = page_size_for(size);
-  if (free_page->size > page + page / 4 &&
-      usage_.bytes_padding + (free_page->size - size) > ctx_.total_memory / 16 / ctx_.shares())
-    return nullptr;  // beyond a quarter: only within the pool's padding budget
-  return hand_out(free_page, size);
+  const std::uint64_t quarter = page + page / 4;
+  std::uint64_t max_page = largest_page_for(size);
+  if (max_page > quarter) {
+    const std::uint64_t budget = ctx_.total_memory / 16 / ctx_.shares();
+    const std::uint64_t room = usage_.bytes_padding < budget ? budget - usage_.bytes_padding : 0;
+    max_page = std::max(quarter, std::min(max_page, size + room));
+  }
+  return hand_out(free_.fit(align_up(size, alignment()), max_page), size);
 }
 
 // Note [Growing past idle pages]
@@ -121,8 +125,10 @@ constexpr std::uint64_t kStaleAfter = 500;
 // 16 MiB, whose idle pages are reused within a few hundred allocations, reserved 2.05 times its
 // peak live bytes. So before it grows, an exclusive pool with a dealloc period also releases idle
 // pages, oldest first and whatever their age, while the bytes reserved in the manager (the new
-// page included) would pass a quarter above the highest bytes in use it has seen. Each page
-// released may cost a driver allocation later, when its size is asked again, so the bound holds
+// page included) would pass a quarter above the highest bytes in use it has seen (this request's
+// included), even when the other pools hold so much that all of them cannot bring the bytes
+// within it: stopping there left the ring at 1.62. Each page released may cost a driver
+// allocation later, when its size is asked again, so the bound holds
 // only within a budget of growths: one per kTrimGrowthEvery reservations, saved up to
 // kTrimGrowthBurst (a token bucket that starts full: every growth spends a token, and the bound
 // applies while one is left). The ring then reserved 1.48 times its live bytes, for a driver
@@ -135,9 +141,11 @@ constexpr std::uint64_t kStaleAfter = 500;
 constexpr std::uint64_t kTrimGrowthEvery = 64;
 constexpr std::uint64_t kTrimGrowthBurst = 64;
 
-void ExclusivePool::trim_to_peak(std::uint64_t page) {
+void ExclusivePool::trim_to_peak(std::uint64_t size, std::uint64_t page) {
   if (growth_tokens_at_ > ctx_.clock + kTrimGrowthEvery * (kTrimGrowthBurst - 1)) return;
-  const std::uint64_t bound = ctx_.totals.in_use_high + ctx_.totals.in_use_high / 4;
+  // The peak this request is about to make counts already.
+  const std::uint64_t high = std::max(ctx_.totals.in_use_high, ctx_.totals.in_use + size);
+  const std::uint64_t bound = high + high / 4;
   while (!idle_.empty() && ctx_.totals.reserved + page > bound) {
     release_page(&idle_.front());
     ++stale_releases_;
@@ -148,7 +156,7 @@ AllocStatus ExclusivePool::grow(std::uint64_t size, Slice** out) {
   const std::uint64_t page = page_size_for(size);
   if (dealloc_period_) {
     release_idle_pages(std::min(kStaleAfter, *dealloc_period_), ctx_.totals.in_use / 8);
-    trim_to_peak(page);
+    trim_to_peak(size, page);
   }
   // Spends a token: the clock at which the bucket is full again moves a period on. A program
   // that grows faster than the budget owes at most two buckets' worth.

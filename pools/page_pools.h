@@ -19,6 +19,7 @@ class PagePool : public Pool {
   using Pool::Pool;
   ~PagePool() override;
   std::size_t free_slices() const override { return free_.size(); }
+  bool free_set_consistent() const override { return free_.consistent(); }
 
  protected:
   // Takes a page's slice out of the free set and hands it out.
@@ -53,10 +54,10 @@ class ExclusivePool final : public PagePool {
   std::uint64_t largest_page_for(std::uint64_t size) const;
 
  private:
-  // Before a growth of `page` bytes: idle pages go, oldest first, while the reserved bytes would
-  // pass a quarter above the highest bytes in use, if growths have been rare lately (Note
-  // [Idle pages within the peak]).
-  void trim_to_peak(std::uint64_t page);
+  // Before a growth of `page` bytes for `size`: idle pages go, oldest first, while the reserved
+  // bytes would pass a quarter above the highest bytes in use, if growths have been rare lately
+  // (Note [Idle pages within the peak]).
+  void trim_to_peak(std::uint64_t size, std::uint64_t page);
 
   std::uint64_t max_alloc_size_;
   // The growth budget of trim_to_peak(), a token bucket: the clock at which it is full again

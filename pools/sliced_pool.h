@@ -24,6 +24,7 @@ class SlicedPool final : public Pool {
 
   std::uint64_t page_size() const { return page_size_; }
   std::size_t free_slices() const override { return free_.size(); }
+  bool free_set_consistent() const override { return free_.consistent(); }
 
  protected:
   void on_free(Slice* slice) override;

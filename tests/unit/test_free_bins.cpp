@@ -71,6 +71,33 @@ TEST_CASE("free_bins_fit_finds_a_node_that_fits_past_a_full_scan_of_smaller_ones
   CHECK(bins.fit(request) == &big);
 }
 
+TEST_CASE("free_bins_fit_within_a_largest_size") {
+  // A caller that may take nothing above `max_size`: a node that fits the range is found even
+  // when the first one of the next bin up is too large, or lies past the own bin's scan.
+  Bins bins;
+  std::vector<Node> nodes(Bins::kOwnBinScan + 3);
+  const std::uint64_t request = (128 + 1) << 20;  // in the bin of 128..132 MiB
+  Node& fits = nodes[0];
+  fits.size = 130 << 20;
+  bins.insert(fits);  // last in its bin's list
+  for (std::size_t i = 1; i <= Bins::kOwnBinScan; ++i) {
+    nodes[i].size = std::uint64_t{128} << 20;
+    bins.insert(nodes[i]);
+  }
+  Node& above_small = nodes[Bins::kOwnBinScan + 1];
+  Node& above_large = nodes[Bins::kOwnBinScan + 2];
+  above_small.size = std::uint64_t{133} << 20;
+  above_large.size = std::uint64_t{135} << 20;
+  REQUIRE(Bins::bin(above_small.size) == Bins::bin(above_large.size));
+  bins.insert(above_small);
+  bins.insert(above_large);  // the head of the bin above
+  CHECK(bins.fit(request) == &above_large);  // no limit: the next bin's first
+  CHECK(bins.fit(request, std::uint64_t{134} << 20) == &above_small);  // further in that bin
+  CHECK(bins.fit(request, std::uint64_t{131} << 20) == &fits);  // past the own bin's scan
+  CHECK(bins.fit(request, std::uint64_t{129} << 20) == nullptr);
+  CHECK(bins.consistent());
+}
+
 TEST_CASE("free_bins_exact_count_largest_and_resize") {
   Bins bins;
   std::vector<Node> nodes(6);
@@ -95,6 +122,7 @@ TEST_CASE("free_bins_exact_count_largest_and_resize") {
   CHECK(bins.largest() == (1 << 20) + 1024);
   CHECK(bins.exact(512) == &nodes[5]);
   CHECK(bins.size() == 6);
+  CHECK(bins.consistent());
 
   for (Node& n : nodes) bins.erase(n);
   CHECK(bins.empty());
@@ -153,7 +181,9 @@ TEST_CASE("free_bins_match_a_reference_under_random_operations") {
       }
     }
     REQUIRE(bins.size() == in_set);
+    if (step % 1000 == 0) REQUIRE(bins.consistent());
   }
+  CHECK(bins.consistent());
   std::uint64_t largest = 0;
   for (const Node& n : nodes)
     if (n.in_set) largest = std::max(largest, n.size);

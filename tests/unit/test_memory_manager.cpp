@@ -470,6 +470,25 @@ TEST_CASE("exclusive_pages_are_size_classes_and_reuse_the_smallest_fit_within_a_
   CHECK(rig.manager.check_consistency().empty());
 }
 
+TEST_CASE("exclusive_reuse_finds_a_page_that_fits_behind_smaller_and_too_large_ones") {
+  // In the bin of 129 MiB (bins of 4 MiB there), eight idle 128 MiB pages come first, too small;
+  // the first page of the next bin up (200 MiB) is larger than a 129 MiB request may take
+  // (130 + 64 MiB). The idle 130 MiB page further down the own bin must still serve.
+  Rig rig(custom({sliced(64 * KiB), exclusive(4 * GiB)}), 512, 4 * GiB, FreeFence::none);
+  const DevicePtr fits = rig.reserve(130 * MiB);
+  std::vector<DevicePtr> small;
+  for (int i = 0; i < 8; ++i) small.push_back(rig.reserve(128 * MiB));
+  const DevicePtr huge = rig.reserve(200 * MiB);
+  REQUIRE((fits != 0 && huge != 0));
+  rig.manager.free(fits);
+  for (const DevicePtr p : small) rig.manager.free(p);  // newest first: they lead the bin
+  rig.manager.free(huge);
+  const std::uint64_t before = rig.device.outstanding_bytes();
+  CHECK(rig.reserve(129 * MiB) == fits);
+  CHECK(rig.device.outstanding_bytes() == before);
+  CHECK(rig.manager.check_consistency().empty());
+}
+
 TEST_CASE("exclusive_reuse_padding_is_capped_at_a_64th_of_the_device") {
   // On a 1 GiB device a reused page may carry at most 16 MiB of padding, though twice the
   // request's class would allow 400 MiB: the 500 MiB page is not handed to 400 MiB.
