@@ -118,50 +118,10 @@ Slice* ExclusivePool::try_reserve(std::uint64_t size) {
 // training; keeping none gained nothing more (1.35 and 1.20).
 constexpr std::uint64_t kStaleAfter = 500;
 
-// Note [Idle pages within the peak]
-// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
-// Stale pages (above) go only once idle for hundreds of reservations, so a program that cycles
-// through many sizes kept idle pages of all of them: a ring of 16 buffers log-uniform in 512 B to
-// 16 MiB, whose idle pages are reused within a few hundred allocations, reserved 2.05 times its
-// peak live bytes. So before it grows, an exclusive pool with a dealloc period also releases idle
-// pages, oldest first and whatever their age, while the bytes reserved in the manager (the new
-// page included) would pass a quarter above the highest bytes in use it has seen (this request's
-// included), even when the other pools hold so much that all of them cannot bring the bytes
-// within it: stopping there left the ring at 1.62. Each page released may cost a driver
-// allocation later, when its size is asked again, so the bound holds
-// only within a budget of growths: one per kTrimGrowthEvery reservations, saved up to
-// kTrimGrowthBurst (a token bucket that starts full: every growth spends a token, and the bound
-// applies while one is left). The ring then reserved 1.48 times its live bytes, for a driver
-// allocation every 150 reservations instead of every 2,500; four other seeds of it went from
-// 1.67-2.38 to 1.39-1.84 (the rest is mostly the sliced pools' pages and padding in reused
-// pages). Random sizes up to 1 GiB, where a page is a twelfth of the live bytes, would need a
-// driver allocation every other reservation to stay within the bound; they grow once in 11
-// reservations by themselves, so their budget is spent and they keep their idle pages (released
-// by out-of-memory recovery when the device fills).
-constexpr std::uint64_t kTrimGrowthEvery = 64;
-constexpr std::uint64_t kTrimGrowthBurst = 64;
-
-void ExclusivePool::trim_to_peak(std::uint64_t size, std::uint64_t page) {
-  if (growth_tokens_at_ > ctx_.clock + kTrimGrowthEvery * (kTrimGrowthBurst - 1)) return;
-  // The peak this request is about to make counts already.
-  const std::uint64_t high = std::max(ctx_.totals.in_use_high, ctx_.totals.in_use + size);
-  const std::uint64_t bound = high + high / 4;
-  while (!idle_.empty() && ctx_.totals.reserved + page > bound) {
-    release_page(&idle_.front());
-    ++stale_releases_;
-  }
-}
-
 AllocStatus ExclusivePool::grow(std::uint64_t size, Slice** out) {
-  const std::uint64_t page = page_size_for(size);
-  if (dealloc_period_) {
+  if (dealloc_period_)
     release_idle_pages(std::min(kStaleAfter, *dealloc_period_), ctx_.totals.in_use / 8);
-    trim_to_peak(size, page);
-  }
-  // Spends a token: the clock at which the bucket is full again moves a period on. A program
-  // that grows faster than the budget owes at most two buckets' worth.
-  growth_tokens_at_ = std::min(std::max(growth_tokens_at_, ctx_.clock) + kTrimGrowthEvery,
-                               ctx_.clock + 2 * kTrimGrowthEvery * kTrimGrowthBurst);
+  const std::uint64_t page = page_size_for(size);
   // Another shard's idle page serves if this pool would take it from its own free pages
   // (try_reserve): beyond a quarter above the class only within the padding budget.
   const std::uint64_t widest = largest_page_for(size);

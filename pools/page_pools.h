@@ -54,15 +54,7 @@ class ExclusivePool final : public PagePool {
   std::uint64_t largest_page_for(std::uint64_t size) const;
 
  private:
-  // Before a growth of `page` bytes for `size`: idle pages go, oldest first, while the reserved
-  // bytes would pass a quarter above the highest bytes in use, if growths have been rare lately
-  // (Note [Idle pages within the peak]).
-  void trim_to_peak(std::uint64_t size, std::uint64_t page);
-
   std::uint64_t max_alloc_size_;
-  // The growth budget of trim_to_peak(), a token bucket: the clock at which it is full again
-  // (it starts full).
-  std::uint64_t growth_tokens_at_ = 0;
 };
 
 class PersistentPool final : public PagePool {

@@ -94,7 +94,6 @@ void Pool::mark_live(Slice* slice, std::uint64_t requested) {
   ctx_.totals.live_sizes.slices[bucket] += 1;
   ctx_.totals.live_sizes.bytes[bucket] += requested;
   ctx_.totals.in_use_peak = std::max(ctx_.totals.in_use_peak, ctx_.totals.in_use);
-  ctx_.totals.in_use_high = std::max(ctx_.totals.in_use_high, ctx_.totals.in_use);
   usage_.bytes_padding += slice->size - requested;
   ctx_.totals.padding += slice->size - requested;
   ++reservations_;
@@ -131,7 +130,6 @@ void Pool::reissue(Slice* slice, std::uint64_t requested) {
   ctx_.totals.padding += slice->size - requested;
   ctx_.totals.in_use += requested;
   ctx_.totals.in_use_peak = std::max(ctx_.totals.in_use_peak, ctx_.totals.in_use);
-  ctx_.totals.in_use_high = std::max(ctx_.totals.in_use_high, ctx_.totals.in_use);
   bucket = SizeHistogram::bucket(requested);
   ctx_.totals.live_sizes.slices[bucket] += 1;
   ctx_.totals.live_sizes.bytes[bucket] += requested;

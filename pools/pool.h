@@ -121,7 +121,6 @@ struct PoolContext {
     std::uint64_t in_use = 0;
     std::uint64_t padding = 0;
     std::uint64_t in_use_peak = 0;
-    std::uint64_t in_use_high = 0;  // in_use_peak, but never reset (a bound, not a report)
     std::uint64_t reserved = 0;
     std::uint64_t reserved_peak = 0;
     SizeHistogram live_sizes;

@@ -506,76 +506,6 @@ TEST_CASE("exclusive_reuse_padding_is_capped_at_a_64th_of_the_device") {
   CHECK(rig.manager.check_consistency().empty());
 }
 
-namespace {
-
-// Makes `bytes` the most the program has had in use, and leaves nothing reserved.
-void raise_peak(Rig& rig, std::uint64_t bytes) {
-  REQUIRE(rig.manager.free(rig.reserve(bytes)) == FreeOutcome::freed);
-  rig.manager.cleanup(true);
-  REQUIRE(rig.device.outstanding_bytes() == 0);
-}
-
-}  // namespace
-
-TEST_CASE("exclusive_growth_keeps_reserved_within_a_quarter_above_the_peak_in_use") {
-  for (const bool with_period : {true, false}) {
-    CAPTURE(with_period);
-    const std::optional<std::uint64_t> period =
-        with_period ? std::optional<std::uint64_t>(1000000) : std::nullopt;
-    Rig rig(custom({sliced(64 * KiB), exclusive(1 * GiB, period)}), 512, 1 * GiB,
-            FreeFence::none);
-    // 40 MiB in use at the peak: the pools may hold 50 MiB.
-    const DevicePtr a = rig.reserve(16 * MiB), b = rig.reserve(12 * MiB);
-    const DevicePtr c = rig.reserve(8 * MiB), live = rig.reserve(4 * MiB);
-    REQUIRE((a != 0 && b != 0 && c != 0 && live != 0));
-    rig.manager.free(a);  // idle from oldest to youngest: a, b, c
-    rig.manager.free(b);
-    rig.manager.free(c);
-    // 20 MiB fits no idle page: 40 + 20 would pass 50, so the growth first releases the oldest
-    // idle pages, whatever their age, until it fits: `a` is enough (44 MiB with the new page).
-    const DevicePtr grown = rig.reserve(20 * MiB);
-    REQUIRE(grown != 0);
-    const PoolReport exclusive_pool = rig.manager.report().dynamic.at(1);
-    if (with_period) {
-      CHECK(rig.device.outstanding_bytes() == 12 * MiB + 8 * MiB + 4 * MiB + 20 * MiB);
-      CHECK(exclusive_pool.stale_releases == 1);
-      CHECK(rig.manager.free(a) == FreeOutcome::not_mine);  // its page is gone
-      CHECK(rig.reserve(12 * MiB) == b);                     // the pages kept are reused
-      CHECK(rig.reserve(8 * MiB) == c);
-    } else {
-      // Without a period the pool keeps its idle pages.
-      CHECK(rig.device.outstanding_bytes() == 60 * MiB);
-      CHECK(exclusive_pool.stale_releases == 0);
-    }
-    CHECK(rig.manager.check_consistency().empty());
-  }
-}
-
-TEST_CASE("exclusive_growth_past_its_budget_keeps_idle_pages_above_the_peak_bound") {
-  // The bound spends at most one growth per 64 allocations, saved up to 64 (Note [Idle pages
-  // within the peak]). Here nearly every allocation grows the pool: the budget runs out, and
-  // from then on idle pages stay even above the bound.
-  Rig rig(custom({sliced(64 * KiB), exclusive(1 * GiB, 1000000)}), 512, 1 * GiB,
-          FreeFence::none);
-  REQUIRE(rig.reserve(4 * MiB) != 0);
-  // Each step allocates a size larger than every idle page, then frees the previous one.
-  std::uint64_t stale_early = 0, stale_late = 0;
-  DevicePtr previous = 0;
-  for (int k = 0; k < 128; ++k) {
-    const DevicePtr p = rig.reserve(4 * MiB + static_cast<std::uint64_t>(k) * 512 * KiB);
-    REQUIRE(p != 0);
-    if (previous != 0) rig.manager.free(previous);
-    previous = p;
-    if (k == 63) stale_early = rig.manager.report().dynamic.at(1).stale_releases;
-    if (k == 111) stale_late = rig.manager.report().dynamic.at(1).stale_releases;
-  }
-  CHECK(stale_early > 0);  // while the budget lasted, idle pages went
-  CHECK(rig.manager.report().dynamic.at(1).stale_releases == stale_late);  // then none did
-  // 4 + 67.5 MiB in use now (at most 4 + 67 + 67.5 at the peak), far more reserved.
-  CHECK(rig.device.outstanding_bytes() > 2 * (4 * MiB + 135 * MiB));
-  CHECK(rig.manager.check_consistency().empty());
-}
-
 TEST_CASE("exclusive_growth_releases_pages_idle_for_500_reservations_beyond_an_eighth_of_use") {
   for (const bool with_period : {true, false}) {
     CAPTURE(with_period);
@@ -583,7 +513,6 @@ TEST_CASE("exclusive_growth_releases_pages_idle_for_500_reservations_beyond_an_e
         with_period ? std::optional<std::uint64_t>(1000000) : std::nullopt;
     Rig rig(custom({sliced(64 * KiB), exclusive(1 * GiB, period)}), 512, 1 * GiB,
             FreeFence::none);
-    raise_peak(rig, 200 * MiB);  // only the stale rule, not the peak bound, applies below
     const DevicePtr live = rig.reserve(4 * MiB);
     const DevicePtr a = rig.reserve(8 * MiB), b = rig.reserve(3 * MiB), c = rig.reserve(3 * MiB);
     REQUIRE((live != 0 && a != 0 && b != 0 && c != 0));
@@ -617,7 +546,6 @@ TEST_CASE("exclusive_growth_releases_pages_idle_for_500_reservations_beyond_an_e
 TEST_CASE("exclusive_growth_releases_a_page_idle_for_500_allocations_not_499") {
   Rig rig(custom({sliced(64 * KiB), exclusive(1 * GiB, 1000000)}), 512, 1 * GiB,
           FreeFence::none);
-  raise_peak(rig, 200 * MiB);  // only the stale rule, not the peak bound, applies below
   const DevicePtr live = rig.reserve(4 * MiB);  // an eighth: 512 KiB may stay idle
   const DevicePtr idle = rig.reserve(8 * MiB);
   REQUIRE((live != 0 && idle != 0));
