@@ -20,8 +20,8 @@
 // address. Measured on the bundled traces with the pools called directly (release build, 2-core
 // Xeon), median ns per pair with the tree → with the bins: 100k buffers up to 1 MiB 530 → 261,
 // a million live slices 2,500 → 1,004, 10k buffers up to 64 MiB 199 → 122, up to 1 GiB 183 → 111,
-// 8 × 16 MiB then 4 × 32 MiB 89 → 77; peak reserved ÷ peak live moved by at most 0.01 on each of
-// the fourteen traces measured.
+// 8 × 16 MiB then 4 × 32 MiB 89 → 77; peak reserved ÷ peak live moved by at most 0.02 on each of
+// the fifteen one-thread traces of scripts/bench.
 #pragma once
 
 #include <array>
