@@ -100,9 +100,13 @@ Reservation MemoryManager::Impl::reserve(std::uint64_t size, Placement placement
   // For the whole reservation.
   std::uint32_t wait_budget_us = out.quick ? 0 : kFenceWaitBoundMicros;
   bool may_flush = !out.quick;  // once per reservation (Note [Releases before growth])
-  Route r = route(size, placement, wait_budget_us, may_flush);
-  while (r.wait_for_fence || r.flush_releases) {
-    if (r.flush_releases) {
+  bool may_wait_recovery = !out.quick;  // once too (Note [Growth during a recovery])
+  Route r = route(size, placement, wait_budget_us, may_flush, may_wait_recovery);
+  while (r.wait_for_fence || r.flush_releases || r.wait_for_recovery) {
+    if (r.wait_for_recovery) {
+      may_wait_recovery = false;
+      wait_for_recoveries(scope);
+    } else if (r.flush_releases) {
       may_flush = false;
       flush_before_growth(scope, &wait_budget_us);
     } else if (r.patient) {
@@ -110,7 +114,7 @@ Reservation MemoryManager::Impl::reserve(std::uint64_t size, Placement placement
     } else {
       wait_for_oldest_fence(scope, &wait_budget_us);
     }
-    r = route(size, placement, wait_budget_us, may_flush);
+    r = route(size, placement, wait_budget_us, may_flush, may_wait_recovery);
   }
   if (r.slice == nullptr && r.status == AllocStatus::out_of_memory && !out.quick) {
     r = recover_from_oom(scope, size, placement);
@@ -160,9 +164,12 @@ FreeOutcome MemoryManager::free(DevicePtr ptr) {
     const FreeOutcome outcome = s.at(0).free_pointer(ptr);
     if (outcome != FreeOutcome::not_mine || s.count() == 1) return outcome;
   }
-  // Each pointer lies in the pages of one shard at most: the calling thread's own first. A page
-  // lent meanwhile from a shard not tried yet to one tried already is looked for again.
-  const std::uint32_t first = s.home(this_thread_home()) % s.count();
+  // Each pointer lies in the pages of one shard at most: the calling thread's own first. Only
+  // idle pages are lent, so a live pointer's page never moves; but a bad free (a second free of
+  // a pointer whose page went idle) must still be told apart by the shard that holds the page,
+  // never passed to the driver as not ours: a page lent meanwhile from a shard not tried yet to
+  // one tried already is looked for again.
+  const std::uint32_t first = s.home(this_thread_home());  // shards are never unmade
   for (int pass = 1;; ++pass) {
     const std::uint64_t moves = s.pages_moved.load(std::memory_order_acquire);
     const std::uint32_t shards_now = s.count();  // one made meanwhile may hold a lent page

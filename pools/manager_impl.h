@@ -39,6 +39,9 @@ inline constexpr std::uint32_t kPrimeWaitMicros = 20000;
 // The most extra rounds out-of-memory recovery makes for pages other threads gave up meanwhile
 // (Note [Out of memory among threads] in memory_manager.cpp).
 inline constexpr int kOomExtraRounds = 16;
+// The longest a growth waits for another thread's out-of-memory recovery (Note [Growth during
+// a recovery] in memory_manager.cpp).
+inline constexpr std::uint32_t kRecoveryGrowthWaitMicros = 20000;
 
 // A cheap monotonic clock for the prompt-fence rule: the coarse clock costs a few nanoseconds
 // (its resolution, a few milliseconds, is all the rule needs).
@@ -87,6 +90,9 @@ struct Route {
   // A capped pool is full of memory that only waits for its fence: wait as the real cudaFree
   // would have, without a time bound (Note [Free fences]).
   bool patient = false;
+  // Another thread is recovering from out of memory: let it finish before growing (Note
+  // [Growth during a recovery] in memory_manager.cpp), then route again.
+  bool wait_for_recovery = false;
 
   static Route served(Slice* slice) {
     Route r;
@@ -96,6 +102,11 @@ struct Route {
   static Route flush() {
     Route r;
     r.flush_releases = true;
+    return r;
+  }
+  static Route after_recovery() {
+    Route r;
+    r.wait_for_recovery = true;
     return r;
   }
   static Route wait(bool patient = false) {
@@ -156,9 +167,13 @@ struct MemoryManager::Impl {
   // --- memory_manager.cpp --------------------------------------------------------------------
   void build_pools(const PoolLayout& layout);
   void drop_everything();  // forget(): no device call but fence_destroy
-  // `may_flush`: a growth may first wait for released pages (once per reservation).
+  // `may_flush`: a growth may first wait for released pages (once per reservation);
+  // `may_wait_recovery`: for another thread's out-of-memory recovery (once per reservation).
   Route route(std::uint64_t size, Placement placement, std::uint32_t wait_budget_us,
-              bool may_flush = false);
+              bool may_flush = false, bool may_wait_recovery = false);
+  // Waits (unlocked, within the recovery bound) until no out-of-memory recovery of this device
+  // is under way (Note [Growth during a recovery]).
+  void wait_for_recoveries(Scope& scope);
   // Bytes released and not yet with the driver: those the device still holds, and those this
   // scope will hand it at unlock.
   std::uint64_t releases_on_the_way() const;
@@ -295,6 +310,7 @@ struct MemoryManager::Impl {
   std::atomic<std::uint64_t> pages_handed{0};
   std::atomic<std::uint64_t> frees{0};  // slices retired ever (counted under the lock)
   std::uint64_t oom_recoveries = 0;
+  std::uint64_t oom_growth_waits = 0;  // growths that waited for a recovery (wait_for_recoveries)
   std::uint64_t oom_failures = 0;
   std::uint64_t fence_waits = 0;  // waits for the bound on fence-pending bytes
   std::uint64_t fence_wait_timeouts = 0;  // of those, the ones whose bound expired first
@@ -316,10 +332,8 @@ struct MemoryManager::Impl {
     }
   };
   std::optional<GiveBackState> give_back_stuck;
-  // Bytes on their way to the driver when a recovery's flush last ran out (cleared by a flush
-  // that completes): while that is still all there is on the way, recovery does not flush.
-  std::optional<std::uint64_t> flush_stuck_releasing;
-  // The same for the short wait before a growth (Note [Releases before growth]). Kept apart:
+  // The bytes on their way to the driver when a recovery's flush last ran out are the device's:
+  // Shards::flush_stuck_releasing. The same for the short wait before a growth (Note [Releases before growth]). Kept apart:
   // that wait's 2 ms may run out on a merely slow release thread, which must not stop recovery,
   // whose bound is seconds, from waiting for the pages.
   std::optional<std::uint64_t> growth_wait_stuck_releasing;

@@ -79,6 +79,7 @@ ManagerReport MemoryManager::Impl::snapshot() const {
   r.hole_bytes = m.free_bytes() - r.idle_bytes;
   r.oom_recoveries = m.oom_recoveries;
   r.oom_failures = m.oom_failures;
+  r.oom_growth_waits = m.oom_growth_waits;
   r.bytes_in_use_peak = m.ctx.totals.in_use_peak;
   r.bytes_reserved_peak = m.ctx.totals.reserved_peak;
   r.live_sizes = m.ctx.totals.live_sizes;

@@ -140,6 +140,13 @@ struct MemoryManager::Shards {
   std::atomic<std::uint32_t> made{1};
   std::atomic<std::uint32_t> moves{0};  // threads moved so far: each move takes the next shard
   std::atomic<std::uint64_t> pages_moved{0};  // idle pages lent from one shard to another
+  // Out-of-memory recoveries under way in any shard (Note [Growth during a recovery]).
+  std::atomic<std::uint32_t> recovering{0};
+  // Bytes on their way to the driver when a recovery's flush last ran out, 0 when none (cleared
+  // by a flush that completes): while that is still all there is on the way, no shard's
+  // recovery flushes, so a parked stream costs the device's recoveries its bound once, not once
+  // per shard.
+  std::atomic<std::uint64_t> flush_stuck_releasing{0};
   // A thread's own shard serves requests up to sharded_max (pools whose pages are small next to
   // the bytes in use) and above sharded_above (pools with a page per request); the others come
   // from the first shard (Note [Shards]).

@@ -144,6 +144,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <thread>
 #include <cstdio>
 
 #include "pools/options.h"
@@ -384,7 +385,8 @@ std::uint64_t MemoryManager::Impl::pages_handed_everywhere() const {
 }
 
 Route MemoryManager::Impl::route(std::uint64_t size, Placement placement,
-                                 std::uint32_t wait_budget_us, bool may_flush) {
+                                 std::uint32_t wait_budget_us, bool may_flush,
+                                 bool may_wait_recovery) {
   const bool persistent_mode = placement == Placement::persistent || windows > 0 ||
                                capture_windows > 0 ||
                                options.persistent == PersistentMode::enforced;
@@ -416,6 +418,12 @@ Route MemoryManager::Impl::route(std::uint64_t size, Placement placement,
       return false;
     return !device.capture_active();  // last: it asks every stream of the device
   };
+  // Another thread's out-of-memory recovery is under way: a growth now would take the memory
+  // it is giving back (Note [Growth during a recovery]).
+  auto should_let_recover = [&] {
+    return may_wait_recovery && may_wait && shards != nullptr &&
+           shards->recovering.load(std::memory_order_acquire) != 0;
+  };
 
 restart:
   if (persistent_mode || size_match) {
@@ -425,6 +433,7 @@ restart:
     if (reclaim()) goto restart;
     if (should_wait()) return Route::wait();
     if (should_flush()) return Route::flush();
+    if (should_let_recover()) return Route::after_recovery();
     r.status = frozen != 0 ? AllocStatus::failed : persistent->grow(size, &r.slice);
     r.grew = r.status == AllocStatus::ok;
     if (r.status != AllocStatus::ok)
@@ -467,6 +476,7 @@ restart:
     if (reclaim()) goto restart;
     if (should_wait()) return Route::wait();
     if (should_flush()) return Route::flush();
+    if (should_let_recover()) return Route::after_recovery();
     r.status = frozen != 0 ? AllocStatus::failed : pool.grow(size, &r.slice);
     r.grew = r.status == AllocStatus::ok;
     if (r.grew) return r;
@@ -528,11 +538,39 @@ bool MemoryManager::Impl::drain(Scope& scope) {
 // meanwhile (two threads of the 1 GiB random trace failed a 1 GiB request in two runs of six
 // without that, on a 16 GiB device holding 6.4 GiB live); their fence-pending memory is waited
 // for after this shard's own, within the same bound. And while pages are still on their way to
-// the driver when everything else is done, recovery flushes and retries until the bound: two
-// threads recovering at once hand each other's idle pages over, and through the library the
-// release thread had 11 GiB of them in flight when a 1 GiB request gave up.
+// the driver when everything else is done, recovery flushes and retries, up to kOomExtraRounds
+// times within the bound: two threads recovering at once hand each other's idle pages over, and
+// through the library the release thread had 11 GiB of them in flight when a 1 GiB request gave
+// up.
+// Note [Growth during a recovery]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// Recovery gives idle pages back to the driver and routes again once they have arrived; the
+// lock is released meanwhile. Another thread that grew a pool in that window took the memory
+// being given back, and when its pages went idle again it held them while the recovery gave
+// up: two threads of random sizes up to 1 GiB on a 16 GiB device (6.4 GiB live at most) failed
+// a 1 GiB request in about one run in fifty, the other shard holding 11 GiB of idle pages
+// (plain CUDA never fails it: a free returns the memory). So while a recovery of the device is
+// under way (Shards::recovering, in any shard), a reservation that would grow a pool first
+// waits for it to end, unlocked, at most kRecoveryGrowthWaitMicros and once per reservation,
+// then routes again: its request may fit what the recovery left, or grow as before. A recovery
+// counts only while it gives memory back and routes again, not while it waits for fences or
+// finds its pages stuck behind a parked stream. Reuse of free memory never waits, nor does
+// anything in a capture window, nor a recovery's own routing.
 Route MemoryManager::Impl::recover_from_oom(Scope& scope, std::uint64_t size,
                                             Placement placement) {
+  // Counted among the device's recoveries while it gives memory back and routes again, not
+  // while it waits for fences or behind a parked stream (Note [Growth during a recovery]).
+  struct Counted {
+    std::atomic<std::uint32_t>* n;
+    explicit Counted(std::atomic<std::uint32_t>* c) : n(c) {
+      if (n != nullptr) n->fetch_add(1, std::memory_order_acq_rel);
+    }
+    ~Counted() { done(); }
+    void done() {
+      if (n != nullptr) n->fetch_sub(1, std::memory_order_acq_rel);
+      n = nullptr;
+    }
+  } counted(shards != nullptr ? &shards->recovering : nullptr);
   flush_caches(false);  // parked slices are memory no one uses
   const auto deadline = std::chrono::steady_clock::now() +
                         std::chrono::microseconds(options.recovery_wait_micros);
@@ -543,7 +581,7 @@ Route MemoryManager::Impl::recover_from_oom(Scope& scope, std::uint64_t size,
   const auto trim_others = [&] {
     scope.unlock();
     const bool gave = shards->trim_others(shard_index);
-    if (gave && !flush_stuck_releasing) {
+    if (gave && shards->flush_stuck_releasing.load(std::memory_order_relaxed) == 0) {
       const auto left = std::chrono::duration_cast<std::chrono::microseconds>(
           deadline - std::chrono::steady_clock::now());
       device.flush_releases(static_cast<std::uint32_t>(std::max<std::int64_t>(left.count(), 0)));
@@ -570,7 +608,9 @@ Route MemoryManager::Impl::recover_from_oom(Scope& scope, std::uint64_t size,
   if (sharded) trim_others();
   // A flush of an earlier recovery ran out and no page reached the driver since: the driver's
   // frees still wait behind a parked stream, and waiting again would only cost the bound again.
-  bool stuck = flush_stuck_releasing && *flush_stuck_releasing == device.releasing_bytes();
+  const std::uint64_t stuck_at = shards->flush_stuck_releasing.load(std::memory_order_relaxed);
+  bool stuck = stuck_at != 0 && stuck_at == device.releasing_bytes();
+  if (stuck) counted.done();
   // Everything that needs no wait first: close the open epoch, reap, return every idle page.
   close_and_reap();
   cleanup_all(true);
@@ -579,6 +619,7 @@ Route MemoryManager::Impl::recover_from_oom(Scope& scope, std::uint64_t size,
   bool flush = true;
   std::uint64_t handed_before_flush = 0;
   int extra_rounds = stuck ? kOomExtraRounds : 0;
+  int arrival_rounds = 0;  // the last step's rounds: a neighbour releasing without end
   for (;;) {
     if ((flush || scope.has_releases()) && !stuck) {
       scope.unlock();  // the pages go to the device
@@ -591,16 +632,18 @@ Route MemoryManager::Impl::recover_from_oom(Scope& scope, std::uint64_t size,
           static_cast<std::uint32_t>(std::max<std::int64_t>(left.count(), 0)));
       scope.relock();
       if (flushed) {
-        flush_stuck_releasing.reset();
+        shards->flush_stuck_releasing.store(0, std::memory_order_relaxed);
       } else {
         stuck = true;
+        counted.done();
         extra_rounds = kOomExtraRounds;
         // Pages held back by an open capture reach the driver once it ends, not behind a
         // parked stream: a recovery after the capture must wait for them again. And the flush
         // waits for every device's pages: a run-out with none of this device's on the way says
         // nothing about them.
         const std::uint64_t still = device.releasing_bytes();
-        if (still != 0 && !device.capture_active()) flush_stuck_releasing = still;
+        if (still != 0 && !device.capture_active())
+          shards->flush_stuck_releasing.store(still, std::memory_order_relaxed);
       }
     }
     flush = false;
@@ -630,7 +673,8 @@ Route MemoryManager::Impl::recover_from_oom(Scope& scope, std::uint64_t size,
       }
     }
     // Then the fences, oldest first, retrying after each (Note [Free fences]); this shard's,
-    // then the other shards'.
+    // then the other shards'. Waits that may last: others grow meanwhile as before.
+    counted.done();
     if (fences.open_count() != 0 && !fences.close(device)) return r;  // a capture is open
     if (!wait_for_oldest_fence(scope, deadline)) {
       if (sharded && !stuck && drain_others()) {
@@ -639,14 +683,31 @@ Route MemoryManager::Impl::recover_from_oom(Scope& scope, std::uint64_t size,
       }
       // Pages other threads gave up meanwhile are still on their way to the driver (with shards,
       // both threads' recoveries hand each other's idle pages over): wait for them while the
-      // bound lasts, as long as flushes complete.
-      if (stuck || device.releasing_bytes() == 0 || std::chrono::steady_clock::now() >= deadline)
+      // bound lasts, as long as flushes complete, for at most kOomExtraRounds flushes: a
+      // neighbour that always has a page on its way must not keep a request the device cannot
+      // serve spinning until the bound.
+      if (stuck || device.releasing_bytes() == 0 ||
+          std::chrono::steady_clock::now() >= deadline || ++arrival_rounds > kOomExtraRounds)
         return r;
       flush = true;
       continue;
     }
     cleanup_all(true);
   }
+}
+
+void MemoryManager::Impl::wait_for_recoveries(Scope& scope) {
+  // A recovery's give-back and retry take a flush of released pages; one stuck behind a parked
+  // stream must not hold other threads' growths for long.
+  const auto deadline = std::chrono::steady_clock::now() +
+                        std::chrono::microseconds(std::min(options.recovery_wait_micros,
+                                                           kRecoveryGrowthWaitMicros));
+  ++oom_growth_waits;
+  scope.unlock();
+  while (shards->recovering.load(std::memory_order_acquire) != 0 &&
+         std::chrono::steady_clock::now() < deadline)
+    std::this_thread::yield();
+  scope.relock();
 }
 
 // --- Free path -----------------------------------------------------------------------------------

@@ -82,18 +82,19 @@ std::uint64_t ExclusivePool::largest_page_for(std::uint64_t size) const {
   return page + (device_share != 0 ? std::min(page, device_share) : page);
 }
 
-Slice* ExclusivePool::try_reserve(std::uint64_t size) {
-  // The largest page this request may take: beyond a quarter above its class, only within the
-  // pool's padding budget.
+std::uint64_t ExclusivePool::largest_reusable(std::uint64_t size) const {
   const std::uint64_t page = page_size_for(size);
   const std::uint64_t quarter = page + page / 4;
-  std::uint64_t max_page = largest_page_for(size);
-  if (max_page > quarter) {
-    const std::uint64_t budget = ctx_.total_memory / 16 / ctx_.shares();
-    const std::uint64_t room = usage_.bytes_padding < budget ? budget - usage_.bytes_padding : 0;
-    max_page = std::max(quarter, std::min(max_page, size + room));
-  }
-  return hand_out(free_.fit(align_up(size, alignment()), max_page), size);
+  const std::uint64_t widest = largest_page_for(size);
+  if (widest <= quarter) return widest;
+  // Beyond a quarter above the class, only within the pool's padding budget.
+  const std::uint64_t budget = ctx_.total_memory / 16 / ctx_.shares();
+  const std::uint64_t room = usage_.bytes_padding < budget ? budget - usage_.bytes_padding : 0;
+  return std::max(quarter, std::min(widest, size + room));
+}
+
+Slice* ExclusivePool::try_reserve(std::uint64_t size) {
+  return hand_out(free_.fit(align_up(size, alignment()), largest_reusable(size)), size);
 }
 
 // Note [Growing past idle pages]
@@ -122,12 +123,8 @@ AllocStatus ExclusivePool::grow(std::uint64_t size, Slice** out) {
   if (dealloc_period_)
     release_idle_pages(std::min(kStaleAfter, *dealloc_period_), ctx_.totals.in_use / 8);
   const std::uint64_t page = page_size_for(size);
-  // Another shard's idle page serves if this pool would take it from its own free pages
-  // (try_reserve): beyond a quarter above the class only within the padding budget.
-  const std::uint64_t widest = largest_page_for(size);
-  const bool budget =
-      usage_.bytes_padding + (widest - size) <= ctx_.total_memory / 16 / ctx_.shares();
-  const AllocStatus status = grow_page(page, size, out, budget ? widest : page + page / 4);
+  // Another shard's idle page serves if this pool would take it from its own free pages.
+  const AllocStatus status = grow_page(page, size, out, largest_reusable(size));
   const std::uint64_t exact = align_up(size, alignment());
   if (status != AllocStatus::out_of_memory || page == exact) return status;
   return grow_page(exact, size, out);

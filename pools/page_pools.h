@@ -50,10 +50,15 @@ class ExclusivePool final : public PagePool {
 
   // The page a new request of `size` gets: its size class (Note [Exclusive pages]).
   std::uint64_t page_size_for(std::uint64_t size) const;
-  // The largest free page a request of `size` may take.
-  std::uint64_t largest_page_for(std::uint64_t size) const;
 
  private:
+  // The largest free page a request of `size` may take.
+  std::uint64_t largest_page_for(std::uint64_t size) const;
+  // largest_page_for(), lowered to what the pool's padding budget still allows (at least a
+  // quarter above the class): the largest page the pool reuses for `size` now, its own or
+  // another shard's.
+  std::uint64_t largest_reusable(std::uint64_t size) const;
+
   std::uint64_t max_alloc_size_;
 };
 

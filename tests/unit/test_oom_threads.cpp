@@ -93,7 +93,10 @@ TEST_CASE("oom_recovery_waits_for_pages_another_thread_gave_up_meanwhile") {
   MemoryManager manager(device, exclusive_only());
   fill_with_idle_pages(manager);
   // While this thread's trimmed pages reach the driver, the other thread takes 90 MiB, frees it
-  // and trims: its page is on its way to the driver when this thread retries.
+  // and trims: its page is on its way to the driver when this thread retries. Its growth first
+  // waits for the recovery (Note [Growth during a recovery]); here the recovery waits for that
+  // very thread, so the wait runs out and the growth goes on.
+  CHECK(manager.report().oom_growth_waits == 0);
   device.on_next_flush([&] {
     const DevicePtr p = manager.allocate(90 * MiB).ptr;
     CHECK(p != 0);
@@ -105,6 +108,12 @@ TEST_CASE("oom_recovery_waits_for_pages_another_thread_gave_up_meanwhile") {
   REQUIRE(r.ptr != 0);
   CHECK(manager.report().oom_recoveries == 1);
   CHECK(manager.report().oom_failures == 0);
+  CHECK(manager.report().oom_growth_waits == 1);
+  // With no recovery under way, a growth does not wait.
+  const DevicePtr more = manager.allocate(20 * MiB).ptr;
+  CHECK(more != 0);
+  CHECK(manager.report().oom_growth_waits == 1);
+  manager.free(more);
   free_everything(manager, device, r.ptr);
 }
 
@@ -159,6 +168,37 @@ TEST_CASE("oom_recovery_fails_when_the_memory_is_really_in_use") {
   CHECK(r.error == Error{ErrorKind::out_of_memory, 60 * MiB});
   CHECK(manager.report().oom_failures == 1);
   manager.free(held);
+}
+
+TEST_CASE("oom_recovery_does_not_spin_on_a_neighbour_that_always_has_pages_on_their_way") {
+  // Another user of the device always has 2 MiB on its way to the driver: every flush returns
+  // (what was queued before it arrived), yet the bytes on their way never reach 0. A request
+  // the device cannot serve gives up after a bounded number of flushes, not at the time bound
+  // after millions of them.
+  class Neighbour final : public ForwardingDevice<HostDevice> {
+   public:
+    Neighbour() : ForwardingDevice(host_), host_(100 * MiB, 512) {}
+    bool flush_releases(std::uint32_t) override {
+      ++flushes;
+      return true;
+    }
+    std::uint64_t releasing_bytes() override { return 2 * MiB; }
+    int flushes = 0;
+
+   private:
+    HostDevice host_;
+  } device;
+  ManagerOptions options = exclusive_only();
+  options.shards = 1;
+  MemoryManager manager(device, options);
+  const DevicePtr live = manager.allocate(90 * MiB).ptr;
+  REQUIRE(live != 0);
+  // 10 MiB free and 2 MiB on their way: within reach, so recovery runs, and then fails.
+  const Reservation r = manager.allocate(11 * MiB);
+  CHECK(r.ptr == 0);
+  CHECK(r.error == Error{ErrorKind::out_of_memory, 11 * MiB});
+  CHECK(device.flushes <= 40);  // a few dozen; the time bound allowed millions
+  manager.free(live);
 }
 
 }  // TEST_SUITE
