@@ -113,6 +113,10 @@ std::uint64_t CudaDevice::releasing_bytes() {
   return ReleaseWorker::instance().waiting_bytes(device_);
 }
 
+std::uint64_t CudaDevice::release_in_flight() {
+  return ReleaseWorker::instance().in_flight();
+}
+
 bool CudaDevice::flush_releases(std::uint32_t max_microseconds) {
   return ReleaseWorker::instance().flush(max_microseconds);
 }

@@ -36,6 +36,7 @@ class CudaDevice final : public Device {
   void release(DevicePtr ptr, std::uint64_t size) override;
   bool flush_releases(std::uint32_t max_microseconds) override;
   std::uint64_t releasing_bytes() override;
+  std::uint64_t release_in_flight() override;
   DeviceMemoryInfo memory_info() override;
   std::uint64_t alignment() const override { return kAlignment; }
   FenceHandle fence_record() override;

@@ -256,4 +256,10 @@ std::uint64_t ReleaseWorker::waiting_bytes(int device) const {
   return bytes;
 }
 
+std::uint64_t ReleaseWorker::in_flight() const {
+  State& s = state();
+  std::lock_guard<RankedMutex> hold(s.mutex);
+  return s.in_flight;
+}
+
 }  // namespace poolcuda

@@ -51,6 +51,10 @@ class ReleaseWorker {
   // Bytes of `device` queued, held back or being freed now: memory the driver will get back.
   std::uint64_t waiting_bytes(int device) const;
 
+  // The ticket of the page inside the driver's free now (every page queued gets a new one), or
+  // 0 when none is.
+  std::uint64_t in_flight() const;
+
   struct State;  // release_worker.cpp
 
  private:

@@ -66,6 +66,12 @@ class Device {
   // counts them as memory the device will get back). The default: releases are synchronous.
   virtual std::uint64_t releasing_bytes() { return 0; }
 
+  // The release inside the driver's free now, as a number no other release has, or 0 when none
+  // is. A wait for releases that runs out reads it to tell a release thread stuck behind a
+  // parked stream (the same release before and after the wait) from one that is merely slow (it
+  // moved on, or never got a core to start). The default: releases are synchronous.
+  virtual std::uint64_t release_in_flight() { return 0; }
+
   // Free and total memory of the device as the driver sees it (pooled idle bytes count as used).
   // During capture: allowed.
   virtual DeviceMemoryInfo memory_info() = 0;

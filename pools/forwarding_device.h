@@ -20,6 +20,7 @@ class ForwardingDevice : public Device {
     return inner_.flush_releases(max_microseconds);
   }
   std::uint64_t releasing_bytes() override { return inner_.releasing_bytes(); }
+  std::uint64_t release_in_flight() override { return inner_.release_in_flight(); }
   DeviceMemoryInfo memory_info() override { return inner_.memory_info(); }
   std::uint64_t alignment() const override { return inner_.alignment(); }
   FenceHandle fence_record() override { return inner_.fence_record(); }

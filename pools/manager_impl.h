@@ -42,6 +42,9 @@ inline constexpr int kOomExtraRounds = 16;
 // The longest a growth waits for another thread's out-of-memory recovery (Note [Growth during
 // a recovery] in memory_manager.cpp).
 inline constexpr std::uint32_t kRecoveryGrowthWaitMicros = 20000;
+// How long one release must stay inside the driver's free, seen by growths' waits that ran out,
+// before they stop waiting for it (Note [Releases before growth] in memory_manager.cpp).
+inline constexpr std::uint32_t kStuckReleaseMicros = 50000;
 
 // A cheap monotonic clock for the prompt-fence rule: the coarse clock costs a few nanoseconds
 // (its resolution, a few milliseconds, is all the rule needs).
@@ -333,10 +336,17 @@ struct MemoryManager::Impl {
   };
   std::optional<GiveBackState> give_back_stuck;
   // The bytes on their way to the driver when a recovery's flush last ran out are the device's:
-  // Shards::flush_stuck_releasing. The same for the short wait before a growth (Note [Releases before growth]). Kept apart:
-  // that wait's 2 ms may run out on a merely slow release thread, which must not stop recovery,
-  // whose bound is seconds, from waiting for the pages.
-  std::optional<std::uint64_t> growth_wait_stuck_releasing;
+  // Shards::flush_stuck_releasing. Kept apart from it, for the short waits before a growth
+  // (Note [Releases before growth]), whose 2 ms must not stop recovery, whose bound is seconds,
+  // from waiting: the release inside the driver's free through the last wait that ran out, when
+  // that wait's first run-out with it inside began, and whether that is long enough ago to call
+  // it stuck.
+  struct StuckRelease {
+    std::uint64_t release = 0;
+    std::chrono::steady_clock::time_point since;
+    bool stuck = false;
+  };
+  std::optional<StuckRelease> growth_wait_stuck;
 };
 
 }  // namespace poolcuda

@@ -329,13 +329,19 @@ bool MemoryManager::Impl::wait_for_oldest_fence(Scope& scope,
 // must grow while more bytes are on their way to the driver than the fence bound (fence_slack or
 // an eighth of the bytes in use) first waits for them to arrive, with the lock released, at
 // most once and within the reservation's wait budget (kFenceWaitBoundMicros, shared with fence
-// waits), then routes again. A wait that runs out (a free behind a parked stream, or a release
-// thread slower than 2 ms) is remembered apart from recovery's (growth_wait_stuck_releasing):
-// while no fewer of the device's bytes are on their way, no growth waits again, and
-// out-of-memory recovery, whose bound is seconds, still waits for those pages. The release
-// thread serves every device, so the wait is for all queued pages; a run-out while none of this
-// device's are queued is not remembered. Hits never pay for any of it: only a growth reads the
-// backlog, and it asks whether a capture is open only once the backlog is over the bound.
+// waits), then routes again. Once waits that ran out have seen one release inside the driver's
+// free for kStuckReleaseMicros (a free behind a parked stream), no growth waits again while it
+// is still inside; this is remembered apart from recovery's (growth_wait_stuck), so
+// out-of-memory recovery, whose bound is seconds, still waits for those pages. Any shorter
+// run-out is not remembered: the release thread moved on, never got a core, or lost it in the
+// middle of a free, as on a machine whose cores the program keeps busy, and the next growth
+// waits again, which gives it one. (Remembering every run-out until fewer bytes were on their
+// way stopped all waits under such load, and the backlog grew again: with two threads spinning
+// beside it the training trace reached 3.2 times its peak live bytes; remembering any run-out
+// with one release inside throughout, 2.0.) The release thread serves every device, so the wait is for all queued
+// pages; a run-out while none of this device's are queued is not remembered. Hits never pay for
+// any of it: only a growth reads the backlog, and it asks whether a capture is open only once
+// the backlog is over the bound.
 
 std::uint64_t MemoryManager::Impl::releases_on_the_way() const {
   std::uint64_t bytes = device.releasing_bytes();
@@ -348,19 +354,23 @@ void MemoryManager::Impl::flush_before_growth(Scope& scope, std::uint32_t* budge
   using Clock = std::chrono::steady_clock;
   const Clock::time_point start = Clock::now();
   scope.unlock();  // hands this scope's releases to the device, then Note [Outside the lock]
+  const std::uint64_t in_flight = device.release_in_flight();
   const bool flushed = device.flush_releases(*budget_us);
+  const bool held = !flushed && in_flight != 0 && device.release_in_flight() == in_flight;
   scope.relock();
   const auto spent = std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - start);
   *budget_us = spent.count() < *budget_us ? *budget_us - static_cast<std::uint32_t>(spent.count())
                                           : 0;
   // The release thread's flush waits for every device's pages: a run-out with none of this
   // device's on the way says nothing about them, and is not remembered.
-  const std::uint64_t still = device.releasing_bytes();
-  if (flushed) {
-    growth_wait_stuck_releasing.reset();
-  } else if (still != 0 && !device.capture_active()) {
-    growth_wait_stuck_releasing = still;
+  if (!held || device.releasing_bytes() == 0 || device.capture_active()) {
+    growth_wait_stuck.reset();
+    return;
   }
+  if (!growth_wait_stuck || growth_wait_stuck->release != in_flight)
+    growth_wait_stuck = StuckRelease{in_flight, start, false};
+  growth_wait_stuck->stuck =
+      Clock::now() - growth_wait_stuck->since >= std::chrono::microseconds(kStuckReleaseMicros);
 }
 
 bool MemoryManager::Impl::beyond_reach(std::uint64_t size, std::uint64_t elsewhere) {
@@ -412,9 +422,10 @@ Route MemoryManager::Impl::route(std::uint64_t size, Placement placement,
   auto should_flush = [&] {
     if (!may_wait || !may_flush || frozen != 0 || releases_on_the_way() <= fence_limit())
       return false;
-    // A flush ran out with this device's pages on their way, and none of them arrived since (no
-    // fewer are on their way): waiting again would only run out again.
-    if (growth_wait_stuck_releasing && device.releasing_bytes() >= *growth_wait_stuck_releasing)
+    // Waits ran out while one release stayed inside the driver's free for kStuckReleaseMicros,
+    // and it still is: waiting again would only run out again.
+    if (growth_wait_stuck && growth_wait_stuck->stuck &&
+        device.release_in_flight() == growth_wait_stuck->release)
       return false;
     return !device.capture_active();  // last: it asks every stream of the device
   };

@@ -74,14 +74,18 @@ class HeldReleases : public ForwardingDevice<HostDevice> {
   }
   std::uint64_t releasing_bytes() override { return held_bytes_; }
   void deliver() {  // every held page reaches the driver
-    for (const auto& [ptr, size] : held_) inner_.release(ptr, size);
-    held_.clear();
-    held_bytes_ = 0;
+    while (!held_.empty()) deliver_oldest();
   }
   int flushes = 0;
 
  protected:
   virtual bool arrive(std::uint32_t /*max_microseconds*/) { return true; }
+  void deliver_oldest() {
+    const auto [ptr, size] = held_.front();
+    held_.erase(held_.begin());
+    inner_.release(ptr, size);
+    held_bytes_ -= size;
+  }
 
  private:
   std::vector<std::pair<DevicePtr, std::uint64_t>> held_;

@@ -12,6 +12,7 @@
 #include <chrono>
 #include <thread>
 
+#include "pools/manager_impl.h"
 #include "pools_test_util.h"
 
 using namespace poolcuda;
@@ -338,12 +339,19 @@ class LaggingReleases final : public HeldReleases {
     return status;
   }
   std::uint64_t peak = 0;
-  bool stuck = false;  // the pages never arrive
-  bool slow = false;   // they arrive, but not within a growth's short wait
+  bool stuck = false;    // the pages never arrive: the first one's free never returns
+  bool slow = false;     // they arrive, but not within a growth's short wait
+  bool trickle = false;  // one page arrives during each wait, the others later
+  std::uint64_t release_in_flight() override { return stuck && releasing_bytes() != 0 ? 1 : 0; }
 
  protected:
   // A growth waits at most 2 ms; out-of-memory recovery, seconds.
   bool arrive(std::uint32_t max_microseconds) override {
+    if (stuck) std::this_thread::sleep_for(std::chrono::microseconds(max_microseconds));
+    if (trickle && !stuck && releasing_bytes() != 0) {
+      deliver_oldest();
+      return false;
+    }
     return !stuck && !(slow && max_microseconds <= 2000);
   }
 };
@@ -391,23 +399,71 @@ TEST_CASE("a growth first waits for the pages on their way to the driver") {
   CHECK(rig.manager.check_consistency().empty());
 }
 
-TEST_CASE("a wait for released pages that runs out is not repeated while nothing arrives") {
+TEST_CASE("growths stop waiting for released pages once the same free stays stuck") {
   LagRig rig;
   rig.give_back_a_page(8 * MiB);
-  rig.device.stuck = true;  // the free waits behind a parked stream
+  rig.device.stuck = true;  // the free waits behind a parked stream; each wait runs out in full
+  const int flushes = rig.device.flushes;
+  std::vector<DevicePtr> grown;
+  for (int i = 0; i < 60; ++i) {
+    // Each growth has the stuck page on its way, over the bound: it waits until it knows.
+    const DevicePtr p = rig.manager.allocate(MiB + static_cast<std::uint64_t>(i) * 64 * KiB).ptr;
+    REQUIRE(p != 0);  // it grew anyway, after the wait ran out
+    grown.push_back(p);
+  }
+  // At most kStuckReleaseMicros of 2 ms waits (and one more, on a slow machine's clock), then
+  // none: the same free is still inside.
+  const int waits = rig.device.flushes - flushes;
+  CHECK(waits >= 2);
+  CHECK(waits <= static_cast<int>(kStuckReleaseMicros / kFenceWaitBoundMicros) + 1);
+  CHECK(waits < 60);
+  rig.device.stuck = false;
+  for (DevicePtr p : grown) CHECK(rig.manager.free(p) == FreeOutcome::freed);
+  CHECK(rig.manager.check_consistency().empty());
+}
+
+TEST_CASE("a wait for released pages that runs out while pages arrive is repeated") {
+  // The release thread is slow, not stuck (the program keeps the cores busy): each growth's
+  // wait lets one page through. Every growth must keep waiting, or the backlog grows unchecked.
+  LagRig rig;
+  DevicePtr given[3];
+  for (DevicePtr& p : given) p = rig.manager.allocate(8 * MiB).ptr;
+  for (DevicePtr p : given) REQUIRE(rig.manager.free(p) == FreeOutcome::freed);
+  rig.manager.cleanup(true);
+  REQUIRE(rig.device.releasing_bytes() == 24 * MiB);
+  rig.device.trickle = true;
   const int flushes = rig.device.flushes;
   const DevicePtr first = rig.manager.allocate(8 * MiB).ptr;
-  CHECK(first != 0);  // it grew anyway, after the wait ran out
+  CHECK(first != 0);
   CHECK(rig.device.flushes == flushes + 1);
+  CHECK(rig.device.releasing_bytes() == 16 * MiB);
   const DevicePtr second = rig.manager.allocate(8 * MiB).ptr;
   CHECK(second != 0);
-  CHECK(rig.device.flushes == flushes + 1);  // the same bytes still on their way: no new wait
-  rig.device.stuck = false;
+  CHECK(rig.device.flushes == flushes + 2);  // waited again: a page arrived during the last
+  CHECK(rig.device.releasing_bytes() == 8 * MiB);
+  CHECK(rig.device.peak <= 40 * MiB);
   CHECK(rig.manager.free(first) == FreeOutcome::freed);
   CHECK(rig.manager.free(second) == FreeOutcome::freed);
   CHECK(rig.manager.check_consistency().empty());
 }
 
+TEST_CASE("a wait that runs out before the release thread starts a page is repeated") {
+  // The release thread never got a core during the wait: nothing is stuck, so the next growth
+  // waits again (and gives it one) instead of growing beside an ever longer backlog.
+  LagRig rig;
+  rig.give_back_a_page(8 * MiB);
+  rig.device.slow = true;
+  const int flushes = rig.device.flushes;
+  const DevicePtr first = rig.manager.allocate(8 * MiB).ptr;
+  CHECK(first != 0);
+  const DevicePtr second = rig.manager.allocate(8 * MiB).ptr;
+  CHECK(second != 0);
+  CHECK(rig.device.flushes == flushes + 2);
+  rig.device.slow = false;
+  CHECK(rig.manager.free(first) == FreeOutcome::freed);
+  CHECK(rig.manager.free(second) == FreeOutcome::freed);
+  CHECK(rig.manager.check_consistency().empty());
+}
 
 TEST_CASE("a growth's wait that runs out does not keep out-of-memory recovery from waiting") {
   LagRig rig(16 * MiB);
