@@ -329,19 +329,18 @@ bool MemoryManager::Impl::wait_for_oldest_fence(Scope& scope,
 // must grow while more bytes are on their way to the driver than the fence bound (fence_slack or
 // an eighth of the bytes in use) first waits for them to arrive, with the lock released, at
 // most once and within the reservation's wait budget (kFenceWaitBoundMicros, shared with fence
-// waits), then routes again. Once waits that ran out have seen one release inside the driver's
-// free for kStuckReleaseMicros (a free behind a parked stream), no growth waits again while it
-// is still inside; this is remembered apart from recovery's (growth_wait_stuck), so
-// out-of-memory recovery, whose bound is seconds, still waits for those pages. Any shorter
-// run-out is not remembered: the release thread moved on, never got a core, or lost it in the
-// middle of a free, as on a machine whose cores the program keeps busy, and the next growth
-// waits again, which gives it one. (Remembering every run-out until fewer bytes were on their
-// way stopped all waits under such load, and the backlog grew again: with two threads spinning
-// beside it the training trace reached 3.2 times its peak live bytes; remembering any run-out
-// with one release inside throughout, 2.0.) The release thread serves every device, so the wait is for all queued
-// pages; a run-out while none of this device's are queued is not remembered. Hits never pay for
-// any of it: only a growth reads the backlog, and it asks whether a capture is open only once
-// the backlog is over the bound.
+// waits), then routes again. Once waits that ran out have seen one release inside the driver's free
+// for kStuckReleaseMicros (a free behind a parked stream), no growth waits again while it is still
+// inside; this is remembered apart from recovery's (growth_wait_stuck), so out-of-memory recovery,
+// whose bound is seconds, still waits for those pages. Any shorter run-out is not remembered: the
+// release thread moved on, never got a core, or lost it in the middle of a free, as on a machine
+// whose cores the program keeps busy, and the next growth waits again, which gives it one.
+// (Remembering every run-out until fewer bytes were on their way stopped all waits under such load,
+// and the backlog grew again: with two threads spinning beside it the training trace reached 3.2
+// times its peak live bytes; remembering any run-out with one release inside throughout, 2.0.) The
+// release thread serves every device, so the wait is for all queued pages; a run-out while none of
+// this device's are queued is not remembered. Hits never pay for any of it: only a growth reads the
+// backlog, and it asks whether a capture is open only once the backlog is over the bound.
 
 std::uint64_t MemoryManager::Impl::releases_on_the_way() const {
   std::uint64_t bytes = device.releasing_bytes();
