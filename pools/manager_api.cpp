@@ -120,6 +120,17 @@ Reservation MemoryManager::Impl::reserve(std::uint64_t size, Placement placement
     r = recover_from_oom(scope, size, placement);
     if (r.slice != nullptr) ++oom_recoveries;
   }
+  // The waits above released the lock: the gate may have closed meanwhile, and nothing may
+  // enter a later shard once it has (Note [Shards]). The slice goes back unused; a failure is
+  // not one yet, since the first shard tries next.
+  if (gate != nullptr && !gate->load(std::memory_order_acquire)) {
+    if (r.slice != nullptr) {
+      r.slice->page->pool->to_pending(r.slice);
+      r.slice->page->pool->give_back(r.slice);
+    }
+    out.gate_closed = true;
+    return {};
+  }
   if (r.slice == nullptr && r.status == AllocStatus::out_of_memory && last_try) {
     ++oom_failures;
     if (options.log != LogLevel::off) {
@@ -138,16 +149,6 @@ Reservation MemoryManager::Impl::reserve(std::uint64_t size, Placement placement
               std::to_string(free_bytes() - idle_now) + " B, pending fence " +
               std::to_string(pending()) + " B");
     }
-  }
-  // The waits above released the lock: the gate may have closed meanwhile, and nothing may
-  // enter a later shard once it has (Note [Shards]). The slice goes back unused.
-  if (gate != nullptr && !gate->load(std::memory_order_acquire)) {
-    if (r.slice != nullptr) {
-      r.slice->page->pool->to_pending(r.slice);
-      r.slice->page->pool->give_back(r.slice);
-    }
-    out.gate_closed = true;
-    return {};
   }
   if (r.slice == nullptr) return Reservation{0, r.error};
   index.insert(r.slice->ptr, r.slice);
