@@ -22,6 +22,7 @@
 #include "interpose/foreign_frees.h"
 #include "interpose/pooling.h"
 #include "interpose/real_cuda.h"
+#include "interpose/registry.h"
 
 namespace poolcuda::hooks {
 
@@ -113,17 +114,20 @@ cudaError_t malloc(void** ptr, std::size_t size) {
 }
 
 cudaError_t free(void* ptr) {
-  const int device = current_device();
   if (ptr == nullptr) {
-    pooling::forwarded_free(device, ptr);
+    pooling::forwarded_free(current_device(), ptr);
     return real::cudaFree()(ptr);
   }
-  const pooling::Freed freed = pooling::release(device, ptr);
+  // Every device's pools are searched before a pointer is called foreign, so the first device
+  // searched only saves time: with one device in use, the runtime is not asked which is current.
+  const int sole = Registry::instance().sole_device();
+  const pooling::Freed freed = pooling::release(sole >= 0 ? sole : current_device(), ptr);
   switch (freed.outcome) {
     case FreeOutcome::freed:
       return cudaSuccess;
     case FreeOutcome::not_mine:
-      return free_foreign("cudaFree", device, ptr, [&] { return real::cudaFree()(ptr); });
+      return free_foreign("cudaFree", current_device(), ptr,
+                          [&] { return real::cudaFree()(ptr); });
     default:
       return refuse_free("cudaFree", ptr, freed);
   }

@@ -100,6 +100,7 @@ MemoryManager* Registry::manager_or_create(int device) {
   captures_[device].store(capture, std::memory_order_release);
   // Published last: whoever finds the manager finds the device and the capture policy too.
   managers_[device].store(manager, std::memory_order_release);
+  sole_device_.store(devices().size() == 1 ? device : -1, std::memory_order_release);
   stream_order::device_added(device, *manager);
   log_format(LogLevel::full, "device %d: pools created (%llu bytes of device memory)", device,
              static_cast<unsigned long long>(cuda_device->total_bytes()));

@@ -82,6 +82,9 @@ class Registry {
 
   // The devices that have a manager, in order.
   std::vector<int> devices() const;
+  // The device with a manager when exactly one has one, else -1. One atomic load: a free can
+  // search that device's pools first without asking the runtime which device is current.
+  int sole_device() const { return sole_device_.load(std::memory_order_acquire); }
 
   // A snapshot of one device's manager (takes its lock). `device` must be one devices() listed.
   ManagerReport report(int device) const;
@@ -101,6 +104,7 @@ class Registry {
   std::atomic<ManagedSlabs*> managed_[kMaxDevices] = {};
   std::atomic<CudaManagedBacking*> managed_backings_[kMaxDevices] = {};
   std::atomic<int> managed_bound_{0};
+  std::atomic<int> sole_device_{-1};  // -1 until the first manager, and again from the second
   std::atomic<int> managed_supported_{-1};  // -1: not asked yet; else every_device_concurrent
   std::atomic<bool> logged_[static_cast<int>(Once::count)][kMaxDevices] = {};
   RankedMutex create_mutex_{LockRank::registry};
