@@ -41,13 +41,14 @@ Reservation MemoryManager::Shards::allocate(std::uint64_t size, Placement placem
   // Out of memory in the thread's own shard tries the first, when the request is a sliced
   // pool's: the first shard's used pages may still have room (every other shard's idle memory
   // is already back with the driver, and a page-per-request pool has no room inside pages).
-  const bool fallback = k != 0 && size <= s.sharded_max.load(std::memory_order_relaxed);
+  bool fallback = k != 0 && size <= s.sharded_max.load(std::memory_order_relaxed);
   Impl::ReserveNotes notes;
   Reservation r = s.at(k).reserve(size, placement, k == 0 ? nullptr : &s.open, &thread, own,
                                   !fallback, notes);
   if (notes.cached) return r;  // no shard was locked: nothing to note
   if (notes.gate_closed) {
     k = 0;
+    fallback = false;  // this is the first shard's try, and its last
     notes = {};
     r = s.at(0).reserve(size, placement, nullptr, &thread, false, true, notes);
   } else if (own) {

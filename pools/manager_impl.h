@@ -338,8 +338,8 @@ struct MemoryManager::Impl {
   // The bytes on their way to the driver when a recovery's flush last ran out are the device's:
   // Shards::flush_stuck_releasing. Kept apart from it, for the short waits before a growth
   // (Note [Releases before growth]), whose 2 ms must not stop recovery, whose bound is seconds,
-  // from waiting: the release inside the driver's free through the last wait that ran out, when
-  // that wait's first run-out with it inside began, and whether that is long enough ago to call
+  // from waiting: the release inside the driver's free when the last wait that ran out began,
+  // when the first such wait with it inside began, and whether that is long enough ago to call
   // it stuck.
   struct StuckRelease {
     std::uint64_t release = 0;

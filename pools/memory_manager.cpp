@@ -355,14 +355,13 @@ void MemoryManager::Impl::flush_before_growth(Scope& scope, std::uint32_t* budge
   scope.unlock();  // hands this scope's releases to the device, then Note [Outside the lock]
   const std::uint64_t in_flight = device.release_in_flight();
   const bool flushed = device.flush_releases(*budget_us);
-  const bool held = !flushed && in_flight != 0 && device.release_in_flight() == in_flight;
   scope.relock();
   const auto spent = std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - start);
   *budget_us = spent.count() < *budget_us ? *budget_us - static_cast<std::uint32_t>(spent.count())
                                           : 0;
   // The release thread's flush waits for every device's pages: a run-out with none of this
   // device's on the way says nothing about them, and is not remembered.
-  if (!held || device.releasing_bytes() == 0 || device.capture_active()) {
+  if (flushed || in_flight == 0 || device.releasing_bytes() == 0 || device.capture_active()) {
     growth_wait_stuck.reset();
     return;
   }

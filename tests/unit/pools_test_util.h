@@ -77,6 +77,7 @@ class HeldReleases : public ForwardingDevice<HostDevice> {
     while (!held_.empty()) deliver_oldest();
   }
   int flushes = 0;
+  int delivered = 0;  // pages that reached the driver
 
  protected:
   virtual bool arrive(std::uint32_t /*max_microseconds*/) { return true; }
@@ -85,6 +86,7 @@ class HeldReleases : public ForwardingDevice<HostDevice> {
     held_.erase(held_.begin());
     inner_.release(ptr, size);
     held_bytes_ -= size;
+    ++delivered;
   }
 
  private:
