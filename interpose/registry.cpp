@@ -8,6 +8,7 @@
 #include "interpose/registry.h"
 
 #include <sched.h>
+#include <unistd.h>
 
 #include <algorithm>
 
@@ -25,12 +26,20 @@ bool in_range(int device) { return device >= 0 && device < Registry::kMaxDevices
 
 // shards:auto: the first shard and one more per CPU the process may run on, at most 4 more
 // (Note [Shards] in pools/manager_shards.cpp: more threads than CPUs cannot all reserve at
-// once). One CPU: one shard.
-std::uint32_t auto_shards() {
+// once). One CPU: one shard. Linux keeps a CPU mask per thread, and the pools are made on the
+// thread of the device's first allocation, which may be pinned to one CPU while the others are
+// not (a pinned loader thread, an OpenMP binding): so the mask with more CPUs of that thread's
+// and the main thread's counts.
+int allowed_cpus(pid_t thread) {
   cpu_set_t cpus;
   CPU_ZERO(&cpus);
-  if (sched_getaffinity(0, sizeof cpus, &cpus) != 0 || CPU_COUNT(&cpus) <= 1) return 1;
-  return 1 + static_cast<std::uint32_t>(std::min(CPU_COUNT(&cpus), 4));
+  return sched_getaffinity(thread, sizeof cpus, &cpus) == 0 ? CPU_COUNT(&cpus) : 0;
+}
+
+std::uint32_t auto_shards() {
+  const int cpus = std::max(allowed_cpus(0), allowed_cpus(::getpid()));
+  if (cpus <= 1) return 1;
+  return 1 + static_cast<std::uint32_t>(std::min(cpus, 4));
 }
 
 }  // namespace
