@@ -22,8 +22,6 @@ namespace poolcuda {
 
 namespace {
 
-bool in_range(int device) { return device >= 0 && device < Registry::kMaxDevices; }
-
 // shards:auto: the first shard and one more per CPU the process may run on, at most 4 more
 // (Note [Shards] in pools/manager_shards.cpp: more threads than CPUs cannot all reserve at
 // once). One CPU: one shard. Linux keeps a CPU mask per thread, and the pools are made on the
@@ -44,30 +42,8 @@ std::uint32_t auto_shards() {
 
 }  // namespace
 
-Registry& Registry::instance() {
-  // Allocated once and never deleted: late frees after exit handlers still find it.
-  static Registry* registry = new Registry;
-  return *registry;
-}
-
-MemoryManager* Registry::manager(int device) const {
+MemoryManager* Registry::create_manager(int device) {
   if (!in_range(device)) return nullptr;
-  return managers_[device].load(std::memory_order_acquire);
-}
-
-CudaDevice* Registry::device(int device) const {
-  if (!in_range(device)) return nullptr;
-  return devices_[device].load(std::memory_order_acquire);
-}
-
-CapturePolicy* Registry::capture(int device) const {
-  if (!in_range(device)) return nullptr;
-  return captures_[device].load(std::memory_order_acquire);
-}
-
-MemoryManager* Registry::manager_or_create(int device) {
-  if (!in_range(device)) return nullptr;
-  if (MemoryManager* existing = managers_[device].load(std::memory_order_acquire)) return existing;
 
   std::lock_guard<RankedMutex> hold(create_mutex_);
   if (MemoryManager* existing = managers_[device].load(std::memory_order_relaxed)) return existing;
@@ -114,11 +90,6 @@ MemoryManager* Registry::manager_or_create(int device) {
   log_format(LogLevel::full, "device %d: pools created (%llu bytes of device memory)", device,
              static_cast<unsigned long long>(cuda_device->total_bytes()));
   return manager;
-}
-
-ManagedSlabs* Registry::managed(int device) const {
-  if (!in_range(device)) return nullptr;
-  return managed_[device].load(std::memory_order_acquire);
 }
 
 ManagedSlabs* Registry::managed_or_create(int device) {

@@ -40,24 +40,39 @@ class Registry {
  public:
   static constexpr int kMaxDevices = 64;
 
-  // The one registry of the process (allocated once, never destroyed).
-  static Registry& instance();
+  // The one registry of the process (allocated once, never destroyed: late frees after exit
+  // handlers still find it). The lookups below are inline: every hooked call makes several.
+  static Registry& instance() {
+    static Registry* registry = new Registry;
+    return *registry;
+  }
 
   // The device's manager, or nullptr when it has none yet (or `device` is out of range).
-  MemoryManager* manager(int device) const;
-  CudaDevice* device(int device) const;
+  MemoryManager* manager(int device) const {
+    return in_range(device) ? managers_[device].load(std::memory_order_acquire) : nullptr;
+  }
+  CudaDevice* device(int device) const {
+    return in_range(device) ? devices_[device].load(std::memory_order_acquire) : nullptr;
+  }
   // The device's capture policy; exists exactly when its manager does.
-  CapturePolicy* capture(int device) const;
+  CapturePolicy* capture(int device) const {
+    return in_range(device) ? captures_[device].load(std::memory_order_acquire) : nullptr;
+  }
 
   // The device's manager, created now if needed with the configured layout and options.
   // nullptr when the device cannot be used (its memory size cannot be read): the caller passes
   // the call through, the next call tries again, and the failure is logged once per device.
-  MemoryManager* manager_or_create(int device);
+  MemoryManager* manager_or_create(int device) {
+    if (MemoryManager* existing = manager(device)) return existing;
+    return create_manager(device);
+  }
 
   StreamTable& streams() { return streams_; }
 
   // The device's managed-memory chain, or nullptr when it has none.
-  ManagedSlabs* managed(int device) const;
+  ManagedSlabs* managed(int device) const {
+    return in_range(device) ? managed_[device].load(std::memory_order_acquire) : nullptr;
+  }
   // The chain, created now if needed (with the device's manager) with the configured slab
   // size. nullptr when managed memory passes through: managed:off, the device cannot be used,
   // or not every device has concurrent managed access (logged once).
@@ -96,6 +111,8 @@ class Registry {
 
  private:
   Registry() = default;
+  static bool in_range(int device) { return device >= 0 && device < kMaxDevices; }
+  MemoryManager* create_manager(int device);  // manager_or_create's slow path
 
   std::atomic<MemoryManager*> managers_[kMaxDevices] = {};
   std::atomic<CudaDevice*> devices_[kMaxDevices] = {};
