@@ -198,7 +198,10 @@ ReplayResult replay(const Trace& trace, ReplayAllocator& allocator) {
     for (std::size_t t = 0; t < n; ++t) {
       workers.emplace_back([&, t] {
         ready.fetch_add(1, std::memory_order_acq_rel);
-        while (ready.load(std::memory_order_acquire) != n) {
+        // Yields now and then: with fewer cores than threads, a pure spin would hold the core
+        // the last thread needs to arrive.
+        for (int spins = 1; ready.load(std::memory_order_acquire) != n; ++spins) {
+          if (spins % 64 == 0) std::this_thread::yield();
         }
         starts[t] = Clock::now();
         run_thread(trace.threads[t], t, allocator, stop, runs[t]);
