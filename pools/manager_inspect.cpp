@@ -59,6 +59,7 @@ ManagerReport MemoryManager::report() const {
     POOLCUDA_MANAGER_NUMBERS(POOLCUDA_ADD)
 #undef POOLCUDA_ADD
   });
+  r.shard_limit = shards_->limit;  // the manager's, not a sum (shards:auto resolved)
   return r;
 }
 

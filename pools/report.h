@@ -82,7 +82,8 @@ struct PoolReport {
   X(thread_caches, thread_caches, "caches", count, normal)                   \
   X(thread_caches, thread_parked_bytes, "parked", bytes, normal)             \
   X(thread_caches, thread_cache_hits, "reused", count, normal)               \
-  X(shards, shards, "made", count, normal)
+  X(shards, shards, "made", count, normal)                                   \
+  X(shards, shard_limit, "at most", count, normal)
 
 // Live slices by requested size: bucket i holds sizes in (2^(i-1), 2^i].
 inline constexpr std::size_t kSizeBuckets = 64;

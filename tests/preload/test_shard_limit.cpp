@@ -3,7 +3,8 @@
 // thread pinned to one CPU (a pinned data loader, an OpenMP or MPI binding) must still let its
 // other threads spread over shards. A child allocates first on a pinned thread, then two
 // threads take turns allocating, so that every allocation of each finds one of the other's
-// before it: one of them must move to a shard of its own, which its exit report shows.
+// before it: one of them must move to a shard of its own. The exit report shows both the shards
+// made and the most the device may make.
 #include <pthread.h>
 #include <sched.h>
 
@@ -59,11 +60,14 @@ int child() {
   return 0;
 }
 
-// The device's "shards" figure in a JSON report: {"shards":{"shards":N}}.
-std::uint64_t shards_made(const std::string& json) {
-  const std::string needle = "\"shards\":{\"shards\":";
-  const std::size_t at = json.find(needle);
-  CHECK_MSG(at != std::string::npos, "no shards figure in the report:\n" + json);
+// A figure of the device's "shards" object in a JSON report:
+// {"shards":{"shards":MADE,"shard_limit":LIMIT}}.
+std::uint64_t shards_figure(const std::string& json, const std::string& key) {
+  const std::size_t object = json.find("\"shards\":{");
+  CHECK_MSG(object != std::string::npos, "no shards object in the report:\n" + json);
+  const std::string needle = "\"" + key + "\":";
+  const std::size_t at = json.find(needle, object + 10);
+  CHECK_MSG(at != std::string::npos, "no " + key + " in the report's shards:\n" + json);
   return std::stoull(json.substr(at + needle.size()));
 }
 
@@ -78,8 +82,11 @@ int main(int argc, char** argv) {
     return 77;
   }
   const preload_test::ExitReport report = preload_test::run_with_exit_report("child");
-  const std::uint64_t made = shards_made(report.json);
-  std::printf("shards made: %llu\n", static_cast<unsigned long long>(made));
+  const std::uint64_t made = shards_figure(report.json, "shards");
+  const std::uint64_t limit = shards_figure(report.json, "shard_limit");
+  std::printf("shards made: %llu, at most %llu\n", static_cast<unsigned long long>(made),
+              static_cast<unsigned long long>(limit));
+  CHECK(limit >= 2);  // the CPUs the process may run on, not the pinned thread's one
   CHECK(made >= 2);
   std::printf("ok\n");
   return 0;
