@@ -26,8 +26,9 @@ namespace {
 // (Note [Shards] in pools/manager_shards.cpp: more threads than CPUs cannot all reserve at
 // once). One CPU: one shard. Linux keeps a CPU mask per thread, and the pools are made on the
 // thread of the device's first allocation, which may be pinned to one CPU while the others are
-// not (a pinned loader thread, an OpenMP binding): so the mask with more CPUs of that thread's
-// and the main thread's counts.
+// not (a pinned data-loading thread): so the larger of that thread's mask and the main thread's
+// counts. When neither can be read (a mask wider than cpu_set_t's 1024 CPUs, a filtered system
+// call), the CPUs online do.
 int allowed_cpus(pid_t thread) {
   cpu_set_t cpus;
   CPU_ZERO(&cpus);
@@ -35,7 +36,8 @@ int allowed_cpus(pid_t thread) {
 }
 
 std::uint32_t auto_shards() {
-  const int cpus = std::max(allowed_cpus(0), allowed_cpus(::getpid()));
+  int cpus = std::max(allowed_cpus(0), allowed_cpus(::getpid()));
+  if (cpus == 0) cpus = static_cast<int>(std::max<long>(::sysconf(_SC_NPROCESSORS_ONLN), 1));
   if (cpus <= 1) return 1;
   return 1 + static_cast<std::uint32_t>(std::min(cpus, 4));
 }

@@ -59,7 +59,9 @@ ManagerReport MemoryManager::report() const {
     POOLCUDA_MANAGER_NUMBERS(POOLCUDA_ADD)
 #undef POOLCUDA_ADD
   });
-  r.shard_limit = shards_->limit;  // the manager's, not a sum (shards:auto resolved)
+  // The manager's, not a sum: shards:auto resolved, and one while a capped pool keeps the gate
+  // shut for good (Note [Shards]).
+  r.shard_limit = shards_->capped ? 1 : shards_->limit;
   return r;
 }
 

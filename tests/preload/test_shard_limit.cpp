@@ -1,7 +1,7 @@
 // Preload test: shards:auto counts the CPUs the process may run on, not those of the thread that
 // happens to make the device's first allocation. A program whose first cudaMalloc comes from a
-// thread pinned to one CPU (a pinned data loader, an OpenMP or MPI binding) must still let its
-// other threads spread over shards. A child allocates first on a pinned thread, then two
+// thread pinned to one CPU (a pinned data-loading thread) must still let its other threads
+// spread over shards. A child allocates first on a pinned thread, then two
 // threads take turns allocating, so that every allocation of each finds one of the other's
 // before it: one of them must move to a shard of its own. The exit report shows both the shards
 // made and the most the device may make.

@@ -200,7 +200,7 @@ ReplayResult replay(const Trace& trace, ReplayAllocator& allocator) {
         ready.fetch_add(1, std::memory_order_acq_rel);
         // Yields now and then: with fewer cores than threads, a pure spin would hold the core
         // the last thread needs to arrive.
-        for (int spins = 1; ready.load(std::memory_order_acquire) != n; ++spins) {
+        for (unsigned spins = 1; ready.load(std::memory_order_acquire) != n; ++spins) {
           if (spins % 64 == 0) std::this_thread::yield();
         }
         starts[t] = Clock::now();
