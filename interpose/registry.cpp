@@ -7,10 +7,12 @@
 // Depends on pools/, the CUDA device, the log and the configuration.
 #include "interpose/registry.h"
 
+#include <dirent.h>
 #include <sched.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdlib>
 
 #include "interpose/lifecycle.h"
 #include "interpose/budget.h"
@@ -24,22 +26,36 @@ namespace {
 
 // shards:auto: the first shard and one more per CPU the process may run on, at most 4 more
 // (Note [Shards] in pools/manager_shards.cpp: more threads than CPUs cannot all reserve at
-// once). One CPU: one shard. Linux keeps a CPU mask per thread, and the pools are made on the
-// thread of the device's first allocation, which may be pinned to one CPU while the others are
-// not (a pinned data-loading thread): so the larger of that thread's mask and the main thread's
-// counts. When neither can be read (a mask wider than cpu_set_t's 1024 CPUs, a filtered system
-// call), the CPUs online do.
-int allowed_cpus(pid_t thread) {
+// once). One CPU: one shard. Linux keeps a CPU mask per thread, and a program may pin each of
+// its threads to a CPU of its own (a pinned data-loading thread, an OpenMP binding), so the
+// CPUs are the union of every thread's mask now: the calling thread's, the main thread's and
+// those /proc/self/task lists. When no mask can be read (a mask wider than cpu_set_t's 1024
+// CPUs, a filtered system call), the CPUs online count.
+bool add_mask(pid_t thread, cpu_set_t* all) {
   cpu_set_t cpus;
   CPU_ZERO(&cpus);
-  return sched_getaffinity(thread, sizeof cpus, &cpus) == 0 ? CPU_COUNT(&cpus) : 0;
+  if (sched_getaffinity(thread, sizeof cpus, &cpus) != 0) return false;
+  CPU_OR(all, all, &cpus);
+  return true;
 }
 
 std::uint32_t auto_shards() {
-  int cpus = std::max(allowed_cpus(0), allowed_cpus(::getpid()));
-  if (cpus == 0) cpus = static_cast<int>(std::max<long>(::sysconf(_SC_NPROCESSORS_ONLN), 1));
+  cpu_set_t all;
+  CPU_ZERO(&all);
+  bool read = add_mask(0, &all);
+  read = add_mask(::getpid(), &all) || read;
+  if (DIR* tasks = ::opendir("/proc/self/task")) {
+    while (const dirent* task = ::readdir(tasks)) {
+      char* end = nullptr;
+      const long tid = std::strtol(task->d_name, &end, 10);
+      if (end != task->d_name && *end == '\0' && tid > 0)
+        read = add_mask(static_cast<pid_t>(tid), &all) || read;  // one that exited: skipped
+    }
+    ::closedir(tasks);
+  }
+  long cpus = read ? CPU_COUNT(&all) : ::sysconf(_SC_NPROCESSORS_ONLN);
   if (cpus <= 1) return 1;
-  return 1 + static_cast<std::uint32_t>(std::min(cpus, 4));
+  return 1 + static_cast<std::uint32_t>(std::min(cpus, 4L));
 }
 
 }  // namespace

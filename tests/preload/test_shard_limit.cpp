@@ -1,14 +1,16 @@
 // Preload test: shards:auto counts the CPUs the process may run on, not those of the thread that
 // happens to make the device's first allocation. A program whose first cudaMalloc comes from a
-// thread pinned to one CPU (a pinned data-loading thread) must still let its other threads
-// spread over shards. A child allocates first on a pinned thread, then two
-// threads take turns allocating, so that every allocation of each finds one of the other's
-// before it: one of them must move to a shard of its own. The exit report shows both the shards
-// made and the most the device may make.
+// thread pinned to one CPU must still let its other threads spread over shards (child), and so
+// must one that pins every thread to a CPU of its own, the main thread included (child:all):
+// the CPUs are those of all its threads, even one that never allocates. In each child two threads then take turns allocating,
+// so that every allocation of each finds one of the other's before it: one of them must move to
+// a shard of its own. The exit report shows both the shards made and the most the device may
+// make.
 #include <pthread.h>
 #include <sched.h>
 
 #include <atomic>
+#include <chrono>
 #include <string>
 #include <thread>
 #include <vector>
@@ -27,17 +29,29 @@ int allowed_cpus(cpu_set_t* set) {
   return CPU_COUNT(set);
 }
 
-int child() {
-  std::thread pinned([] {
-    cpu_set_t set;
-    CHECK(allowed_cpus(&set) >= 1);
-    int first = 0;
-    while (!CPU_ISSET(first, &set)) ++first;
-    CPU_ZERO(&set);
-    CPU_SET(first, &set);
-    CHECK(pthread_setaffinity_np(pthread_self(), sizeof set, &set) == 0);
+// The `nth` CPU (from 0) the process may run on.
+int nth_cpu(int nth) {
+  cpu_set_t set;
+  CHECK(allowed_cpus(&set) > nth);
+  for (int cpu = 0;; ++cpu) {
+    if (CPU_ISSET(cpu, &set) && nth-- == 0) return cpu;
+  }
+}
+
+void pin_to(int cpu) {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  CPU_SET(cpu, &set);
+  CHECK(pthread_setaffinity_np(pthread_self(), sizeof set, &set) == 0);
+}
+
+// The first allocation, on a thread pinned to `cpu`: the device's pools are made there. Then
+// two threads take turns.
+int child(int first_cpu) {
+  std::thread pinned([first_cpu] {
+    pin_to(first_cpu);
     void* p = nullptr;
-    CHECK_CUDA(cudaMalloc(&p, kSize));  // the device's pools are made on this thread
+    CHECK_CUDA(cudaMalloc(&p, kSize));
     CHECK_CUDA(cudaFree(p));
   });
   pinned.join();
@@ -71,23 +85,46 @@ std::uint64_t shards_figure(const std::string& json, const std::string& key) {
   return std::stoull(json.substr(at + needle.size()));
 }
 
+void check_child(const char* argument) {
+  const preload_test::ExitReport report = preload_test::run_with_exit_report(argument);
+  const std::uint64_t made = shards_figure(report.json, "shards");
+  const std::uint64_t limit = shards_figure(report.json, "shard_limit");
+  std::printf("%s: shards made %llu, at most %llu\n", argument,
+              static_cast<unsigned long long>(made), static_cast<unsigned long long>(limit));
+  CHECK(limit >= 2);  // the CPUs the process may run on, not the pinned thread's one
+  CHECK(made >= 2);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc > 1 && std::string(argv[1]) == "child") return child();
+  if (argc > 1 && std::string(argv[1]) == "child") return child(nth_cpu(0));
+  if (argc > 1 && std::string(argv[1]) == "child:all") {
+    // Every thread on one CPU of its own: the main thread and the first allocation's on the
+    // first, a thread that only waits on the second. Only the latter's mask shows a second CPU.
+    const int first = nth_cpu(0), second = nth_cpu(1);
+    std::atomic<bool> done{false};
+    std::atomic<bool> pinned{false};
+    std::thread bystander([&] {
+      pin_to(second);
+      pinned.store(true);
+      while (!done.load()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    });
+    while (!pinned.load()) std::this_thread::yield();
+    pin_to(first);  // the main thread (and the threads it starts)
+    const int result = child(first);
+    done.store(true);
+    bystander.join();
+    return result;
+  }
   preload_test::require_preloaded();
   cpu_set_t set;
   if (allowed_cpus(&set) < 2) {
     std::printf("skipped: the process may run on one CPU, where shards:auto makes one shard\n");
     return 77;
   }
-  const preload_test::ExitReport report = preload_test::run_with_exit_report("child");
-  const std::uint64_t made = shards_figure(report.json, "shards");
-  const std::uint64_t limit = shards_figure(report.json, "shard_limit");
-  std::printf("shards made: %llu, at most %llu\n", static_cast<unsigned long long>(made),
-              static_cast<unsigned long long>(limit));
-  CHECK(limit >= 2);  // the CPUs the process may run on, not the pinned thread's one
-  CHECK(made >= 2);
+  check_child("child");
+  check_child("child:all");
   std::printf("ok\n");
   return 0;
 }
