@@ -53,7 +53,7 @@ std::uint32_t auto_shards() {
     }
     ::closedir(tasks);
   }
-  long cpus = read ? CPU_COUNT(&all) : ::sysconf(_SC_NPROCESSORS_ONLN);
+  const long cpus = read ? CPU_COUNT(&all) : ::sysconf(_SC_NPROCESSORS_ONLN);
   if (cpus <= 1) return 1;
   return 1 + static_cast<std::uint32_t>(std::min(cpus, 4L));
 }

@@ -265,7 +265,7 @@ struct MemoryManager::Impl {
   Device& device;
   ManagerOptions options;
   // The shards this one belongs to and its place among them (Note [Shards]): out-of-memory
-  // recovery asks the others for their idle memory.
+  // recovery asks the others for their idle memory. Set by Shards as it makes the shard.
   Shards* shards = nullptr;
   std::uint32_t shard_index = 0;
   // The thread that reserved last (its ShardHome's address), or nullptr (Note [Shards]).

@@ -430,7 +430,7 @@ Route MemoryManager::Impl::route(std::uint64_t size, Placement placement,
   // Another thread's out-of-memory recovery is under way: a growth now would take the memory
   // it is giving back (Note [Growth during a recovery]).
   auto should_let_recover = [&] {
-    return may_wait_recovery && may_wait && shards != nullptr &&
+    return may_wait_recovery && may_wait &&
            shards->recovering.load(std::memory_order_acquire) != 0;
   };
 
@@ -571,21 +571,21 @@ Route MemoryManager::Impl::recover_from_oom(Scope& scope, std::uint64_t size,
   // while it waits for fences or behind a parked stream (Note [Growth during a recovery]).
   struct Counted {
     std::atomic<std::uint32_t>* n;
-    explicit Counted(std::atomic<std::uint32_t>* c) : n(c) {
-      if (n != nullptr) n->fetch_add(1, std::memory_order_acq_rel);
+    explicit Counted(std::atomic<std::uint32_t>& c) : n(&c) {
+      n->fetch_add(1, std::memory_order_acq_rel);
     }
     ~Counted() { done(); }
     void done() {
       if (n != nullptr) n->fetch_sub(1, std::memory_order_acq_rel);
       n = nullptr;
     }
-  } counted(shards != nullptr ? &shards->recovering : nullptr);
+  } counted(shards->recovering);
   flush_caches(false);  // parked slices are memory no one uses
   const auto deadline = std::chrono::steady_clock::now() +
                         std::chrono::microseconds(options.recovery_wait_micros);
   // And so is what the other shards keep for no live slice (Note [Shards]): their idle pages
   // go to the driver, and this shard waits for them to arrive, within its bound.
-  const bool sharded = shards != nullptr && shards->count() > 1;
+  const bool sharded = shards->count() > 1;
   const auto elsewhere = [&] { return sharded ? shards->unused_elsewhere(shard_index) : 0; };
   const auto trim_others = [&] {
     scope.unlock();
