@@ -251,11 +251,11 @@ constexpr std::array<Option, 17> kOptions = {{
      "(or 1/8 of the bytes in use, if larger)",
      &parse_fence_slack, &describe_fence_slack, &grammar_size},
     POOLCUDA_WORD_OPTION("thread_cache", kOnOffWords, &Config::thread_cache,
-                         "on: a thread reuses the small slices it freed for its next requests "
+                         "on: a thread reuses the slices it freed for its next requests "
                          "of the same size, without the pools' lock, while frees need no fence"),
     POOLCUDA_WORD_OPTION("shards", kShardWords, &Config::shards,
                          "the most sets of pools per device; a thread that finds its set busy "
-                         "moves to another (auto: one per CPU, at most 4)"),
+                         "moves to another (auto: one more than the CPUs, at most 5)"),
     POOLCUDA_WORD_OPTION("report_signal", kSignalWords, &Config::report_signal,
                          "the signal that makes the process write a report"),
     POOLCUDA_WORD_OPTION("report_format", kFormatWords, &Config::report_format,

@@ -37,7 +37,7 @@ struct Config {
   // Bytes freed memory may hold while it waits for free fences before a reservation that
   // would grow a pool waits for the oldest fence instead; 0: always wait first.
   std::uint64_t fence_slack = 64 * MiB;
-  // Each thread reuses the small slices it freed for its next requests of the same size.
+  // Each thread reuses the slices it freed for its next requests of the same size.
   bool thread_cache = true;
   // The most sets of pools per device that contending threads spread over; 0: auto.
   std::uint32_t shards = 0;

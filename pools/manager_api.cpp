@@ -68,12 +68,11 @@ Reservation MemoryManager::Impl::reserve(std::uint64_t size, Placement placement
                                          const std::atomic<bool>* gate, const ShardHome* thread,
                                          bool home, bool last_try, ReserveNotes& out) {
   // The calling thread's cache first, without the shard's lock (Note [Thread caches]).
-  if (size <= kThreadCacheSliceMax && placement == Placement::automatic &&
-      caches_open.load(std::memory_order_acquire)) {
+  if (placement == Placement::automatic && caches_open.load(std::memory_order_acquire)) {
     if (ThreadCache* cache = find_thread_cache(id)) {
       bool clock_due = false;
       const DevicePtr ptr = cache->take(size, caches_open, &clock_due);
-      if (clock_due) advance_clock(kThreadCacheClockBatch);
+      if (clock_due) advance_clock(kThreadCacheClockBatch, *cache);
       if (ptr != 0) {
         out.cached = true;
         return Reservation{ptr, Error{}, false};
@@ -413,7 +412,7 @@ std::uint64_t MemoryManager::idle_bytes() const {
   std::uint64_t idle = 0;
   shards_->each([&](Impl& m) {
     std::lock_guard lock(m.mutex);
-    idle += m.idle();
+    idle += m.idle() + m.parked_page_bytes();
   });
   return idle;
 }

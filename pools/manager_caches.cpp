@@ -5,11 +5,12 @@
 // ~~~~~~~~~~~~~~~~~~~~
 // Every manager call takes the manager's one lock. When two threads allocate at once, the lock
 // and the pools' state move between their cores and each sleeps on the other: two threads
-// together made fewer allocations per second than one. So each thread keeps, per manager, a
-// small cache of slices it was given (at most kThreadCacheSlots, each at most
-// kThreadCacheSliceMax). When the thread frees one, the slice is parked in the cache, without
-// the manager's lock; when the same thread next asks for exactly the same size, the parked
-// slice is handed out again, also without it. A parked slice stays live in its pool and in the
+// together made fewer allocations per second than one. Even alone, the lock's two atomic
+// operations per call were a third of a pooled pair's cost. So each thread keeps, per manager,
+// a small cache of slices it was given (at most kThreadCacheSlots, of any size). When the
+// thread frees one, the slice is parked in the cache, without the manager's lock; when the same
+// thread next asks for exactly the same size, the parked slice is handed out again, also
+// without it. A parked slice stays live in its pool and in the
 // pointer index: the pools count it in use, and reports show it under "thread caches" (the
 // program's totals, program_usage(), leave it out). Only an exact size is reused, so the pools'
 // byte counters (requested, padding, the live-size histogram) stay exact; a request a cache
@@ -31,17 +32,27 @@
 // finds the slice, marked cached, and asks its cache). A free from another thread of a cached
 // live slice takes the slice out of the cache first, then frees it as usual; live_size and
 // retain see a parked slice as freed.
-// Bounds. A cache parks at most kThreadCacheParkedMax bytes (a free past that takes the
-// manager's path). Parked slices go back to their pools at every explicit cleanup, at the start
-// of out-of-memory recovery, before a capped pool refuses or spills (that pool's only), in
-// give_back_all, before a layout change, when the slot is needed for a newer slice, and when
-// not reused over one to two expiry passes (every kThreadCacheExpiry of the owner's requests
-// that reach the manager); an implicit cleanup empties the caches no call used since the one
-// before. When a thread exits its cache is orphaned, parked slices and all, and the next thread
-// that needs a cache adopts it, so caches number at most the threads alive at once. A forked
-// child never touches the pools (interpose/lifecycle.cpp), and its exiting thread leaves the
-// caches alone (another thread of the parent may have held a cache's lock at the fork).
+// Bounds. A cache parks at most thread_cache_parked_max() bytes, a 64th of the device (a free
+// past that takes the manager's path; a larger slice never joins). Parked memory must never
+// make the device grow or look fuller than it is: before a pool grows, and before a capped
+// pool refuses or spills, the pool's parked slices go back to it (a growth then happens only
+// when the plain program's freed memory could not serve it either); a shard that borrows
+// another's idle pages empties that shard's caches first, and out-of-memory recovery every
+// shard's, before it counts what they hold unused (Note [Shards]); cudaMemGetInfo counts
+// pages that only parked slices keep as free (parked_page_bytes). Parked slices also go back
+// at every explicit cleanup, in give_back_all, before a layout change, when the slot is needed
+// for a newer slice, and when not reused over one to two expiry passes (one every
+// kThreadCacheExpiry of the owner's requests that reach the manager, and one every
+// kThreadCacheClockBatch of those its cache serves); an implicit cleanup, and a sweep every
+// kThreadCacheSweepEvery reservations, empty the caches no call used since the one before, so
+// a page a quiet thread parked still reaches its pool's dealloc period. When a thread exits its
+// cache is orphaned, parked slices and all, and the next thread that needs a cache adopts it,
+// so caches number at most the threads alive at once. A forked child never touches the pools
+// (interpose/lifecycle.cpp), and its exiting thread leaves the caches alone (another thread of
+// the parent may have held a cache's lock at the fork).
+#include <algorithm>
 #include <new>
+#include <vector>
 
 #include "pools/manager_impl.h"
 
@@ -63,8 +74,9 @@ void MemoryManager::Impl::cache_new_slice(Slice* slice, Placement placement) {
   ThreadCache* cache = find_thread_cache(id);
   if (cache != nullptr && ++cache->manager_allocations % kThreadCacheExpiry == 0)
     expire_parked(*cache);
-  if (placement != Placement::automatic || slice->size > kThreadCacheSliceMax ||
-      slice->pins != 0 || slice->page->pool == persistent.get())
+  // A slice larger than a cache may park would only take a slot from others.
+  if (placement != Placement::automatic || slice->pins != 0 ||
+      slice->page->pool == persistent.get() || slice->size > thread_cache_parked_max(total_memory))
     return;
   if (cache == nullptr) {
     try {
@@ -79,7 +91,8 @@ void MemoryManager::Impl::cache_new_slice(Slice* slice, Placement placement) {
       const bool adopted = mine != nullptr;
       if (!adopted) {
         caches.reserve(caches.size() + 1);
-        mine = std::make_shared<ThreadCache>();
+        mine = std::make_shared<ThreadCache>(thread_cache_parked_max(total_memory),
+                                             &may_have_parked);
       }
       if (!bind_thread_cache(id, mine)) {  // the thread's table is full, or it is exiting
         if (adopted) {
@@ -94,11 +107,12 @@ void MemoryManager::Impl::cache_new_slice(Slice* slice, Placement placement) {
       return;  // no cache: the manager's path serves this thread
     }
   }
+  // A size seen for the first time is only remembered: random sizes cost no cache lock.
+  if (!cache->seen_before(slice->requested)) return;
   ThreadCache::Entry evicted;
   {
     std::lock_guard hold(cache->lock);
     cache->used = true;
-    if (!cache->seen_before(slice->requested)) return;
     evicted = cache->add(slice->ptr, slice, slice->requested, slice->size);
   }
   slice->cache = cache;
@@ -126,9 +140,17 @@ void MemoryManager::Impl::expire_parked(ThreadCache& cache) {
   for (Slice* slice : to_retire) retire_parked(slice);
 }
 
-void MemoryManager::Impl::advance_clock(std::uint64_t reservations) {
+void MemoryManager::Impl::sweep_caches() {
+  next_cache_sweep = ctx.clock + kThreadCacheSweepEvery;
+  if (!caches.empty()) flush_caches(false, true);
+}
+
+void MemoryManager::Impl::advance_clock(std::uint64_t reservations, ThreadCache& cache) {
   Scope scope(*this);
   tick(reservations);
+  // Requests the cache serves count towards expiry too: a thread whose every request hits its
+  // cache still gives back a size it stopped asking for.
+  expire_parked(cache);
 }
 
 bool MemoryManager::Impl::uncache(Slice* slice) {
@@ -151,6 +173,8 @@ bool MemoryManager::Impl::parked(Slice* slice) {
 std::size_t MemoryManager::Impl::flush_caches(bool unbind, bool idle_only, const Pool* only) {
   boost::container::small_vector<Slice*, kThreadCacheSlots> to_retire;
   std::size_t retired = 0;
+  // Emptying every cache: cleared first, so an owner that parks meanwhile sets it again.
+  if (!idle_only && only == nullptr) may_have_parked.store(false, std::memory_order_relaxed);
   for (const auto& cache : caches) {
     {
       std::lock_guard hold(cache->lock);
@@ -189,6 +213,28 @@ void MemoryManager::Impl::fill_cache_report(ManagerReport& r) const {
     r.thread_parked_bytes += cache->parked_bytes();
     r.thread_cache_hits += cache->hits;
   }
+}
+
+std::uint64_t MemoryManager::Impl::parked_page_bytes() const {
+  std::vector<const Page*> pages;
+  try {
+    for (const auto& cache : caches) {
+      std::lock_guard hold(cache->lock);
+      for (std::size_t i = 0; i < cache->count(); ++i)
+        if (cache->at(i).parked) pages.push_back(cache->at(i).slice->page);
+    }
+  } catch (const std::bad_alloc&) {
+    return 0;  // too little host memory to count them: report them used, as before parking
+  }
+  std::sort(pages.begin(), pages.end());
+  std::uint64_t bytes = 0;
+  for (std::size_t i = 0; i < pages.size();) {
+    std::size_t j = i;
+    while (j < pages.size() && pages[j] == pages[i]) ++j;
+    if (pages[i]->busy == j - i) bytes += pages[i]->size;
+    i = j;
+  }
+  return bytes;
 }
 
 MemoryUsage MemoryManager::Impl::program_usage() const {

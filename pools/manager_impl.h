@@ -219,9 +219,11 @@ struct MemoryManager::Impl {
   void tick(std::uint64_t reservations) {
     ctx.clock += reservations;
     if (ctx.clock >= ctx.next_deadline && capture_windows == 0) implicit_cleanup();
+    if (ctx.clock >= next_cache_sweep) sweep_caches();
   }
-  // tick() for requests a thread cache served, under the manager's lock (manager_caches.cpp).
-  void advance_clock(std::uint64_t reservations);
+  // tick() for requests `cache` served, under the manager's lock, then an expiry pass over
+  // the cache (manager_caches.cpp).
+  void advance_clock(std::uint64_t reservations, ThreadCache& cache);
   FreeOutcome classify(DevicePtr ptr) const;
   bool recently_freed(DevicePtr ptr) const;
   void log(LogLevel level, std::string message);
@@ -244,10 +246,16 @@ struct MemoryManager::Impl {
   std::size_t flush_caches(bool unbind, bool idle_only = false, const Pool* only = nullptr);
   // Parked slices of `cache` not reused since the previous pass retire.
   void expire_parked(ThreadCache& cache);
+  // Every kThreadCacheSweepEvery reservations: caches no call used since the last sweep give
+  // their parked slices back, so a quiet thread's freed pages still reach their pool's period.
+  void sweep_caches();
+  std::uint64_t next_cache_sweep = kThreadCacheSweepEvery;
   // A parked slice leaves the index and goes back to its pool at once, as the free that parked
   // it would have done when it was made (the gate was open then); frees() counted it then.
   void retire_parked(Slice* slice);
   void fill_cache_report(ManagerReport& r) const;
+  // Bytes of the pages whose every busy slice is parked: idle but for the caches.
+  std::uint64_t parked_page_bytes() const;
   // manager_inspect.cpp: this shard's report and consistency check (the first under its lock,
   // held by the caller; the second takes it).
   ManagerReport snapshot() const;
@@ -278,6 +286,9 @@ struct MemoryManager::Impl {
   // that have some, and out-of-memory recovery counts them before it asks for them.
   std::atomic<std::uint64_t> idle_published{0};
   std::atomic<std::uint64_t> unused_published{0};
+  // Set by a cache's owner when it parks a slice, cleared when flush_caches empties every cache:
+  // another shard that needs a page tries this one then (Note [Shards]).
+  std::atomic<bool> may_have_parked{false};
   void publish_idle();  // under the lock
   std::uint64_t total_memory = 0;
   mutable RankedMutex mutex{LockRank::manager};

@@ -48,19 +48,20 @@
 // of a size its pool can use from another shard (borrow_page, called from Pool::new_page under
 // the growing shard's lock). Two shards that borrow from each other at once must not wait for
 // each other, so the other shard's lock is only tried, kBorrowTries times, and a shard whose
-// published idle bytes are too few is not tried at all. Without this, pages one thread freed sat
-// idle in its shard while the other thread's shard grew: the 64 MiB random traces with two
-// threads reserved 1.65 times their live bytes instead of 1.38.
+// published idle bytes are too few, and whose thread caches parked nothing since they were
+// last emptied, is not tried at all; a shard tried gives back its parked slices first. Without
+// this, pages one thread freed sat idle in its shard while the other thread's shard grew: the
+// 64 MiB random traces with two threads reserved 1.65 times their live bytes instead of 1.38.
 // Clocks. Dealloc periods count reservations, and each shard has its own clock: a shard no
 // thread calls home any more would never see its idle pages expire. Each time a shard's clock
 // crosses a multiple of kShardClockSync, every other shard whose clock is behind catches up
 // with it and runs the cleanups that come due.
-// Out of memory. A shard's recovery counts what the other shards hold unused before it declares
-// a request out of reach; then they give back their idle pages and parked slices without
-// waiting (trim_others), and the recovering shard waits for those pages to reach the driver,
-// again in each extra round while they grow new idle pages (Note [Out of memory among
-// threads]), and
-// once this shard's fences are all waited for, their fence-pending memory is waited for too
+// Out of memory. A shard's recovery has the other shards' thread caches give back their parked
+// slices (unpark_others) and counts what the other shards hold unused before it declares a
+// request out of reach; then they give back their idle pages without waiting (trim_others),
+// and the recovering shard waits for those pages to reach the driver, again in each extra
+// round while they grow new idle pages (Note [Out of memory among threads]), and once this
+// shard's fences are all waited for, their fence-pending memory is waited for too
 // (drain_others), all within the one recovery bound. So memory idle or freed in one shard is
 // never the reason another shard's reservation fails. A sliced pool's request that still fails
 // in the thread's own shard is routed once more in the first, without waits: the first shard's
@@ -236,7 +237,8 @@ bool MemoryManager::Shards::borrow_page(void* owner, std::uint64_t min_size,
   for (std::uint32_t j = 0; j < n; ++j) {
     if (j == self.shard_index) continue;
     Impl& other = *s.shard[j];
-    if (other.idle_published.load(std::memory_order_relaxed) < min_size) continue;
+    const bool parked = other.may_have_parked.load(std::memory_order_relaxed);
+    if (!parked && other.idle_published.load(std::memory_order_relaxed) < min_size) continue;
     // Under this shard's lock: a shard that stays busy is passed over rather than waited for,
     // so two shards that borrow from each other at once never wait on each other. Its calls are
     // short: a few tries usually find it free.
@@ -244,6 +246,9 @@ bool MemoryManager::Shards::borrow_page(void* owner, std::uint64_t min_size,
     for (int tries = 0; tries < kBorrowTries && !(locked = other.mutex.try_lock_beside()); ++tries)
       for (int spin = 0; spin < 32; ++spin) std::atomic_signal_fence(std::memory_order_seq_cst);
     if (!locked) continue;
+    // Pages that only parked slices keep are the program's freed memory too (Note [Thread
+    // caches]): they go back to their pools first, so they can be lent.
+    const bool unparked = parked && other.flush_caches(false) != 0;
     bool found = false;
     for (const auto& pool : other.pools) {
       if (pool->hand_over_idle(min_size, max_size, base, size)) {
@@ -251,10 +256,8 @@ bool MemoryManager::Shards::borrow_page(void* owner, std::uint64_t min_size,
         break;
       }
     }
-    if (found) {
-      other.publish_idle();
-      s.pages_moved.fetch_add(1, std::memory_order_release);
-    }
+    if (found || unparked) other.publish_idle();
+    if (found) s.pages_moved.fetch_add(1, std::memory_order_release);
     other.mutex.unlock_beside();
     if (found) return true;
   }
@@ -265,6 +268,14 @@ std::uint64_t MemoryManager::Shards::unused_elsewhere(std::uint32_t k) const {
   std::uint64_t n = 0;
   others(k, [&](Impl& m) { n += m.unused_published.load(std::memory_order_relaxed); });
   return n;
+}
+bool MemoryManager::Shards::unpark_others(std::uint32_t k) {
+  bool gave = false;
+  others(k, [&](Impl& m) {
+    Impl::Scope scope(m);  // its unlock publishes what came back as unused
+    gave = m.flush_caches(false) != 0 || gave;
+  });
+  return gave;
 }
 bool MemoryManager::Shards::trim_others(std::uint32_t k) {
   bool gave = false;

@@ -126,8 +126,11 @@ struct MemoryManager::Shards {
                           DevicePtr* base, std::uint64_t* size);
   // Bytes the shards other than k last published as reserved for no request.
   std::uint64_t unused_elsewhere(std::uint32_t k) const;
-  // Out-of-memory in shard k: the other shards give back their idle pages and parked slices,
-  // without waiting for anything. True when they gave some.
+  // Out-of-memory in shard k: the other shards' thread caches give back their parked slices,
+  // so that what those shards hold unused counts them. True when they gave some.
+  bool unpark_others(std::uint32_t k);
+  // Then the other shards give back their idle pages and parked slices, without waiting for
+  // anything. True when they gave some.
   bool trim_others(std::uint32_t k);
   // Then their memory waiting on fences: waits for their oldest fences until `deadline` and
   // gives back what came free. True when a fence passed.

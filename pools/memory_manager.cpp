@@ -402,6 +402,7 @@ Route MemoryManager::Impl::route(std::uint64_t size, Placement placement,
   const bool may_wait = wait_budget_us > 0 && capture_windows == 0;
   bool reclaimed = false;
   bool refused = false;
+  bool unparked = false;
   Route r;
   // Before any growth (Note [Free fences]): the first miss closes the open epoch and reaps
   // passed fences; when memory came back, routing starts over. Returns true to start over.
@@ -481,6 +482,12 @@ restart:
       }
       capacity = limit;
       continue;
+    }
+    // The program freed what thread caches park here: the pool takes it back before it grows
+    // (Note [Thread caches]).
+    if (!unparked) {
+      unparked = true;
+      if (flush_caches(false, false, &pool) != 0) goto restart;
     }
     if (reclaim()) goto restart;
     if (should_wait()) return Route::wait();
@@ -607,7 +614,12 @@ Route MemoryManager::Impl::recover_from_oom(Scope& scope, std::uint64_t size,
   };
   // A request no recovery can serve fails at once, as the real cudaMalloc does, without waiting
   // for anything (Note [Recovery and parked streams]); with shards, what the others hold unused
-  // counts too.
+  // counts too, their parked slices included.
+  if (sharded) {
+    scope.unlock();
+    shards->unpark_others(shard_index);
+    scope.relock();
+  }
   if (beyond_reach(size, elsewhere())) {
     Route r;
     r.status = AllocStatus::out_of_memory;

@@ -60,7 +60,7 @@ struct ManagerOptions {
   // reach the driver, before it gives up (Note [Recovery and parked streams]); tests of the bound
   // set it short.
   std::uint32_t recovery_wait_micros = 10000000;
-  // Each thread keeps a few freed small slices for its own next requests of the same size
+  // Each thread keeps a few freed slices for its own next requests of the same size
   // (Note [Thread caches] in manager_caches.cpp); only while frees need no fence.
   bool thread_cache = false;
   // The most shards the pools split into (1 to kMaxShards): threads that keep reserving beside
@@ -140,8 +140,9 @@ class MemoryManager {
   // The alignment of every slice (the device's; constant).
   std::uint64_t alignment() const;
 
-  // Bytes the pools hold that no one uses and no fence protects: what cudaMemGetInfo may add to
-  // "free" under memgetinfo:pooled.
+  // Bytes of whole pages that no one uses and no fence protects, counting pages that only
+  // thread caches' parked slices keep: what cudaMemGetInfo may add to "free" under
+  // memgetinfo:pooled.
   std::uint64_t idle_bytes() const;
 
   ManagerReport report() const;

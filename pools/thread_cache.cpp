@@ -29,9 +29,8 @@ void ThreadCache::recompute_hints() {
   size_hint_.store(sizes, std::memory_order_relaxed);
 }
 
-DevicePtr ThreadCache::take(std::uint64_t size, const std::atomic<bool>& open,
-                            bool* clock_due) {
-  if ((size_hint_.load(std::memory_order_relaxed) & bit(size)) == 0) return 0;
+DevicePtr ThreadCache::take_locked(std::uint64_t size, const std::atomic<bool>& open,
+                                   bool* clock_due) {
   std::lock_guard hold(lock);
   if (!open.load(std::memory_order_relaxed)) return 0;
   used = true;
@@ -51,8 +50,7 @@ DevicePtr ThreadCache::take(std::uint64_t size, const std::atomic<bool>& open,
   return 0;
 }
 
-ThreadCache::Give ThreadCache::give(DevicePtr ptr, const std::atomic<bool>& open) {
-  if ((ptr_hint_.load(std::memory_order_relaxed) & bit(ptr)) == 0) return Give::not_here;
+ThreadCache::Give ThreadCache::give_locked(DevicePtr ptr, const std::atomic<bool>& open) {
   std::lock_guard hold(lock);
   if (!open.load(std::memory_order_relaxed)) return Give::not_here;
   used = true;
@@ -62,11 +60,13 @@ ThreadCache::Give ThreadCache::give(DevicePtr ptr, const std::atomic<bool>& open
     return Give::not_here;
   }
   if (e->parked) return Give::double_free;
-  if (parked_bytes_ + e->size > kThreadCacheParkedMax) return Give::not_here;
+  if (parked_bytes_ + e->size > parked_max_) return Give::not_here;
   e->parked = true;
   e->stale = false;
   parked_bytes_ += e->size;
   add_bit(size_hint_, e->requested);
+  if (parked_flag_ != nullptr && !parked_flag_->load(std::memory_order_relaxed))
+    parked_flag_->store(true, std::memory_order_relaxed);
   // Written only here, under the lock: a plain increment, not a locked one, on the hit path.
   parked_frees.store(parked_frees.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
   return Give::parked;
@@ -104,14 +104,6 @@ void ThreadCache::remove(Entry* entry) {
   if (cursor_ >= count_) cursor_ = 0;
 }
 
-bool ThreadCache::seen_before(std::uint64_t requested) {
-  for (const std::uint64_t size : seen_)
-    if (size == requested) return true;
-  seen_[seen_next_] = requested;
-  seen_next_ = (seen_next_ + 1) % seen_.size();
-  return false;
-}
-
 void ThreadCache::clear() {
   entries_.fill(Entry{});
   count_ = 0;
@@ -121,18 +113,10 @@ void ThreadCache::clear() {
   parked_bytes_ = 0;
 }
 
-namespace {
+constinit __attribute__((tls_model("initial-exec"))) thread_local LastCacheLookup
+    t_last_cache_lookup;
 
-// The last lookup's answer, in a plain initial-exec thread-local: every manager call asks, and
-// a thread almost always asks about the same manager, so the answer costs one load instead of
-// a call into the dynamic loader's thread-local lookup and a scan of the table. Manager ids are
-// never reused (next_manager_id), so an answer about a gone manager is never asked for again;
-// bind_thread_cache() updates it, and the table's destruction clears it (id 0 is no manager's).
-struct LastLookup {
-  std::uint64_t manager_id = 0;
-  ThreadCache* cache = nullptr;
-};
-__attribute__((tls_model("initial-exec"))) thread_local LastLookup t_last;
+namespace {
 
 // A thread's caches, one per manager it used (few: one manager per device). A slot whose
 // manager is gone is reused. At thread exit every cache is marked orphaned, for adoption.
@@ -155,7 +139,7 @@ struct CacheTable {
       }
     }
     exiting() = true;
-    t_last = LastLookup{};
+    t_last_cache_lookup = LastCacheLookup{};
   }
   // Trivially destructible, so still readable after the table is gone (a free from a later
   // thread-exit destructor of the program must not bind a new cache that nothing would orphan).
@@ -172,8 +156,7 @@ CacheTable& table() {
 
 }  // namespace
 
-ThreadCache* find_thread_cache(std::uint64_t manager_id) {
-  if (t_last.manager_id == manager_id) return t_last.cache;
+ThreadCache* find_thread_cache_slow(std::uint64_t manager_id) {
   if (CacheTable::exiting()) return nullptr;
   ThreadCache* found = nullptr;
   for (CacheTable::Slot& slot : table().slots) {
@@ -181,7 +164,7 @@ ThreadCache* find_thread_cache(std::uint64_t manager_id) {
     found = slot.cache.get();
     break;
   }
-  t_last = LastLookup{manager_id, found};
+  t_last_cache_lookup = LastCacheLookup{manager_id, found};
   return found;
 }
 
@@ -191,7 +174,7 @@ bool bind_thread_cache(std::uint64_t manager_id, std::shared_ptr<ThreadCache> ca
     if (slot.cache && !slot.cache->manager_gone.load(std::memory_order_acquire)) continue;
     slot.manager_id = manager_id;
     slot.cache = std::move(cache);
-    t_last = LastLookup{manager_id, slot.cache.get()};
+    t_last_cache_lookup = LastCacheLookup{manager_id, slot.cache.get()};
     return true;
   }
   return false;

@@ -43,12 +43,13 @@ struct ShardRig {
 
   // A thread's own shard serves only requests whose pages are small next to the bytes in use
   // (a 32nd), and the plan is redone every few hundred reservations: w holds 64 MiB, then
-  // makes enough reservations for the plan to see them.
+  // makes enough reservations for the plan to see them (of sizes that differ: a thread cache's
+  // hits reserve nothing from the shard).
   void warm(Worker& w) {
     w.run([&] {
       for (int i = 0; i < 64; ++i) ballast.push_back(manager.allocate(MiB).ptr);
-      for (int i = 0; i < 300; ++i)
-        REQUIRE(manager.free(manager.allocate(KiB).ptr) == FreeOutcome::freed);
+      for (std::uint64_t i = 0; i < 300; ++i)
+        REQUIRE(manager.free(manager.allocate(KiB + 512 * i).ptr) == FreeOutcome::freed);
     });
   }
 
@@ -241,6 +242,72 @@ TEST_CASE("a shard that grows takes another shard's idle pages before the device
   CHECK(pool.pages_lent == pool.pages_borrowed);
   for (const DevicePtr p : held) CHECK(rig.manager.free(p) == FreeOutcome::freed);
   CHECK(rig.manager.check_consistency().empty());
+}
+
+TEST_CASE("a shard that grows takes a page another shard's thread cache parked") {
+  ManagerOptions o = shard_options(custom({sliced(2 * MiB, MiB), exclusive(4 * GiB)}));
+  o.thread_cache = true;
+  ShardRig rig(o, 4 * GiB);
+  Worker a, b;
+  rig.part(a, b);
+  Worker& moved = rig.shard_of(rig.reserve_on(a, KiB)) != 0 ? a : b;
+  Worker& stayed = &moved == &a ? b : a;
+  // The moved thread's own shard serves its requests for exclusive pages (a pin takes a slice
+  // out of its cache: this one is never cached).
+  const DevicePtr probe = rig.reserve_on(moved, 40 * MiB);
+  REQUIRE(rig.shard_of(probe) != 0);
+  REQUIRE(rig.manager.free(probe) == FreeOutcome::freed);
+  // Its second 16 MiB page joins its cache, and its free parks it there.
+  DevicePtr parked = 0;
+  moved.run([&] {
+    REQUIRE(rig.manager.free(rig.manager.allocate(16 * MiB).ptr) == FreeOutcome::freed);
+    parked = rig.manager.allocate(16 * MiB).ptr;
+    REQUIRE(rig.manager.free(parked) == FreeOutcome::freed);
+  });
+  REQUIRE(rig.manager.report().thread_parked_bytes == 16 * MiB);
+  const std::uint64_t device_allocs = rig.device.calls().allocate;
+  const DevicePtr p = rig.reserve_on(stayed, 16 * MiB);
+  CHECK(p == parked);
+  CHECK(rig.shard_of(p) == 0);
+  CHECK(rig.device.calls().allocate == device_allocs);
+  CHECK(rig.manager.report().thread_parked_bytes == 0);
+  CHECK(rig.manager.free(p) == FreeOutcome::freed);
+  CHECK(rig.manager.check_consistency().empty());
+}
+
+TEST_CASE("out of memory in one shard counts the slices other shards' thread caches parked") {
+  // One thread parks a 16 MiB page in its shard; the other fills the device with sizes that
+  // never join a cache. It gets exactly as many as when nothing is cached: the shard that grows
+  // empties the other's caches to borrow, and its recovery does too.
+  const auto served = [](bool caches) {
+    ManagerOptions o = shard_options(custom({sliced(2 * MiB, MiB), exclusive(4 * GiB)}));
+    o.thread_cache = caches;
+    ShardRig rig(o, GiB);
+    Worker a, b;
+    rig.part(a, b);
+    Worker& moved = rig.shard_of(rig.reserve_on(a, KiB)) != 0 ? a : b;
+    Worker& stayed = &moved == &a ? b : a;
+    moved.run([&] {
+      for (int i = 0; i < 2; ++i)
+        REQUIRE(rig.manager.free(rig.manager.allocate(16 * MiB).ptr) == FreeOutcome::freed);
+    });
+    REQUIRE(rig.manager.report().thread_parked_bytes == (caches ? 16 * MiB : 0));
+    std::vector<DevicePtr> held;
+    stayed.run([&] {
+      for (std::uint64_t i = 0; i < 200; ++i) {
+        const DevicePtr p = rig.manager.allocate(16 * MiB + 4 * KiB * i).ptr;
+        if (p == 0) break;
+        held.push_back(p);
+      }
+      for (const DevicePtr p : held) REQUIRE(rig.manager.free(p) == FreeOutcome::freed);
+    });
+    CHECK(rig.manager.report().thread_parked_bytes == 0);
+    CHECK(rig.manager.check_consistency().empty());
+    return held.size();
+  };
+  const std::size_t plain = served(false);
+  CHECK(plain > 40);
+  CHECK(served(true) == plain);
 }
 
 TEST_CASE("out of memory in one shard takes the idle memory of the others first") {

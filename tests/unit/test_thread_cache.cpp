@@ -1,4 +1,4 @@
-// Thread caches (Note [Thread caches] in pools/manager_caches.cpp): a thread's freed small slice
+// Thread caches (Note [Thread caches] in pools/manager_caches.cpp): a thread's freed slice
 // comes back for its next request of the same size; parked slices count as freed for every
 // check of a pointer; the gate shuts them whenever a free must wait for a fence; and parked
 // memory goes back whenever the pools need it.
@@ -182,21 +182,83 @@ TEST_CASE("capture and persistent windows shut the caches") {
   CHECK(rig.report().persistent.slices == 1);  // the window's request went where it must
 }
 
-TEST_CASE("a cache parks at most kThreadCacheParkedMax bytes") {
+TEST_CASE("a cache parks at most a 64th of the device, and at least 4 MiB") {
+  CHECK(thread_cache_parked_max(0) == 4 * MiB);  // device memory unknown
+  CHECK(thread_cache_parked_max(128 * MiB) == 4 * MiB);
+  CHECK(thread_cache_parked_max(16 * GiB) == 256 * MiB);
   CacheRig rig(FreeFence::none, custom({sliced(4 * MiB, 2 * MiB)}));
   std::vector<DevicePtr> live;
   for (int i = 0; i < 8; ++i) live.push_back(rig.manager.allocate(MiB).ptr);
   for (const DevicePtr p : live) REQUIRE(rig.manager.free(p) == FreeOutcome::freed);
   const ManagerReport r = rig.report();
-  CHECK(r.thread_parked_bytes == kThreadCacheParkedMax);
+  CHECK(r.thread_parked_bytes == 4 * MiB);
   // The program holds nothing; its pool still holds the parked slices.
   CHECK(r.bytes_in_use == 0);
   CHECK(rig.manager.memory_usage().number_allocs == 0);
-  CHECK(r.dynamic.at(0).bytes_in_use == kThreadCacheParkedMax);
-  // Larger slices never join a cache.
-  const DevicePtr big = rig.cached(MiB + 512);
+  CHECK(r.dynamic.at(0).bytes_in_use == 4 * MiB);
+}
+
+TEST_CASE("a large page comes back through the cache too, without the pools") {
+  CacheRig rig(FreeFence::none, custom({sliced(2 * MiB, MiB), exclusive(GiB)}), 4 * GiB);
+  const DevicePtr p = rig.cached(48 * MiB);
+  const std::uint64_t allocs = rig.device.calls().allocate;
+  REQUIRE(rig.manager.free(p) == FreeOutcome::freed);
+  CHECK(rig.report().thread_parked_bytes == 48 * MiB);
+  CHECK(rig.manager.allocate(48 * MiB).ptr == p);
+  CHECK(rig.report().thread_cache_hits == 1);
+  CHECK(rig.device.calls().allocate == allocs);
+  // Past the bound (a 64th of 4 GiB: 64 MiB) a free takes the pools' path.
+  const DevicePtr q = rig.cached(32 * MiB);
+  REQUIRE(rig.manager.free(p) == FreeOutcome::freed);
+  REQUIRE(rig.manager.free(q) == FreeOutcome::freed);
+  CHECK(rig.report().thread_parked_bytes == 48 * MiB);
+  CHECK(rig.manager.check_consistency().empty());
+}
+
+TEST_CASE("a pool takes back its parked slices before it grows") {
+  SUBCASE("a request of another size that the parked page fits") {
+    CacheRig rig(FreeFence::none, custom({exclusive(GiB)}), 4 * GiB);
+    const DevicePtr p = rig.cached(32 * MiB);
+    REQUIRE(rig.manager.free(p) == FreeOutcome::freed);
+    const std::uint64_t allocs = rig.device.calls().allocate;
+    CHECK(rig.manager.allocate(20 * MiB).ptr == p);  // within twice its class: reused
+    CHECK(rig.device.calls().allocate == allocs);
+    CHECK(rig.report().thread_parked_bytes == 0);
+    CHECK(rig.manager.check_consistency().empty());
+  }
+  SUBCASE("another thread's request of the same size") {
+    CacheRig rig(FreeFence::none, custom({exclusive(GiB)}), 4 * GiB);
+    const DevicePtr p = rig.cached(16 * MiB);
+    REQUIRE(rig.manager.free(p) == FreeOutcome::freed);
+    const std::uint64_t allocs = rig.device.calls().allocate;
+    DevicePtr from_thread = 0;
+    run_thread([&] { from_thread = rig.manager.allocate(16 * MiB).ptr; });
+    CHECK(from_thread == p);
+    CHECK(rig.device.calls().allocate == allocs);
+    CHECK(rig.manager.check_consistency().empty());
+  }
+  SUBCASE("a parked slice of another pool stays") {
+    CacheRig rig(FreeFence::none, custom({sliced(2 * MiB, MiB), exclusive(GiB)}), 4 * GiB);
+    REQUIRE(rig.manager.free(rig.cached(64 * KiB)) == FreeOutcome::freed);
+    REQUIRE(rig.manager.allocate(16 * MiB).ptr != 0);
+    CHECK(rig.report().thread_parked_bytes == 64 * KiB);
+  }
+}
+
+TEST_CASE("pages that only parked slices keep count as idle for cudaMemGetInfo") {
+  CacheRig rig(FreeFence::none, custom({sliced(2 * MiB, MiB), exclusive(GiB)}), 4 * GiB);
+  const DevicePtr big = rig.cached(16 * MiB);
+  const DevicePtr small = rig.cached(64 * KiB);
+  const DevicePtr neighbour = rig.manager.allocate(64 * KiB + 512).ptr;  // same 2 MiB page
+  REQUIRE(neighbour != 0);
+  const std::uint64_t idle_before = rig.manager.idle_bytes();
   REQUIRE(rig.manager.free(big) == FreeOutcome::freed);
-  CHECK(rig.report().thread_parked_bytes == kThreadCacheParkedMax);
+  REQUIRE(rig.manager.free(small) == FreeOutcome::freed);
+  REQUIRE(rig.report().thread_parked_bytes == 16 * MiB + 64 * KiB);
+  // The 16 MiB page is idle but for the cache; the 2 MiB page still holds a live slice.
+  CHECK(rig.manager.idle_bytes() == idle_before + 16 * MiB);
+  REQUIRE(rig.manager.free(neighbour) == FreeOutcome::freed);
+  CHECK(rig.manager.idle_bytes() == idle_before + 16 * MiB + 2 * MiB);
 }
 
 TEST_CASE("parked slices are given back: cleanup, out-of-memory recovery, expiry, forget") {
@@ -233,6 +295,19 @@ TEST_CASE("parked slices are given back: cleanup, out-of-memory recovery, expiry
     CHECK(rig.manager.memory_usage().bytes_in_use == requested);  // the parked slice is free
     for (const DevicePtr q : others) CHECK(rig.manager.free(q) == FreeOutcome::freed);
   }
+  SUBCASE("a size that stops recurring expires while the cache serves others") {
+    CacheRig rig(FreeFence::none, custom({sliced(2 * MiB, MiB), exclusive(GiB)}), 4 * GiB);
+    REQUIRE(rig.manager.free(rig.cached(16 * MiB)) == FreeOutcome::freed);
+    const DevicePtr p = rig.cached(64 * KiB);
+    const std::uint64_t manager_path = rig.report().thread_cache_hits;
+    for (std::uint64_t i = 0; i < 3 * kThreadCacheClockBatch; ++i) {
+      REQUIRE(rig.manager.free(p) == FreeOutcome::freed);
+      REQUIRE(rig.manager.allocate(64 * KiB).ptr == p);
+    }
+    CHECK(rig.report().thread_cache_hits == manager_path + 3 * kThreadCacheClockBatch);
+    CHECK(rig.report().thread_parked_bytes == 0);  // the 16 MiB page went back to its pool
+    CHECK(rig.manager.idle_bytes() >= 16 * MiB);
+  }
   SUBCASE("forget drops them with everything else") {
     CacheRig rig;
     REQUIRE(rig.manager.free(rig.cached(64 * KiB)) == FreeOutcome::freed);
@@ -267,6 +342,23 @@ TEST_CASE("requests a cache serves move the clock: idle pages still go back afte
   }
   CHECK(rig.report().thread_cache_hits >= 999);
   CHECK(rig.device.outstanding_bytes() < 32 * MiB);  // the idle 32 MiB page went back
+}
+
+TEST_CASE("a quiet thread's parked page still goes back after its pool's period") {
+  CacheRig rig(FreeFence::none, custom({sliced(2 * MiB, MiB), exclusive(GiB, 1000)}), 4 * GiB);
+  Worker quiet;
+  quiet.run([&] {
+    for (int i = 0; i < 2; ++i)
+      REQUIRE(rig.manager.free(rig.manager.allocate(32 * MiB).ptr) == FreeOutcome::freed);
+  });
+  REQUIRE(rig.report().thread_parked_bytes == 32 * MiB);
+  // This thread's sizes never repeat within its cache's memory: each reaches the pools.
+  for (std::uint64_t i = 0; i < 4000; ++i) {
+    const DevicePtr p = rig.manager.allocate(KiB + 512 * (i % 97)).ptr;
+    REQUIRE(rig.manager.free(p) == FreeOutcome::freed);
+  }
+  CHECK(rig.report().thread_parked_bytes < 32 * MiB);
+  CHECK(rig.device.outstanding_bytes() < 32 * MiB);  // the page went back to the device
 }
 
 TEST_CASE("log:full traces every call, so it shuts the caches") {
