@@ -34,11 +34,14 @@
 // retain see a parked slice as freed.
 // Bounds. A cache parks at most thread_cache_parked_max() bytes, a 64th of the device (a free
 // past that takes the manager's path; a larger slice never joins). Parked memory must never
-// make the device grow or look fuller than it is: before a pool grows, and before a capped
-// pool refuses or spills, the pool's parked slices go back to it (a growth then happens only
-// when the plain program's freed memory could not serve it either); a shard that borrows
-// another's idle pages empties that shard's caches first, and out-of-memory recovery every
-// shard's, before it counts what they hold unused (Note [Shards]); cudaMemGetInfo counts
+// make the device run out or look fuller than it is, and other threads' parked memory must not
+// make it grow: before a pool grows, the slices other threads' caches park from it go back to
+// it, and before a capped pool refuses or spills, every cache's; a shard that borrows another's
+// idle pages first sweeps that shard's caches, and out-of-memory recovery empties every
+// shard's, before it counts what they hold unused (Note [Shards]). The growing thread's own
+// parked slices stay: they are its working set, and taking one for a request of another size
+// (an exclusive page serves up to twice its class) only made its next request of that size
+// miss and take another, a cycle that kept a two-thread burst from its caches; cudaMemGetInfo counts
 // pages that only parked slices keep as free (parked_page_bytes). Parked slices also go back
 // at every explicit cleanup, in give_back_all, before a layout change, when the slot is needed
 // for a newer slice, and when not reused over one to two expiry passes (one every
@@ -170,12 +173,15 @@ bool MemoryManager::Impl::parked(Slice* slice) {
   return entry != nullptr && entry->parked;
 }
 
-std::size_t MemoryManager::Impl::flush_caches(bool unbind, bool idle_only, const Pool* only) {
+std::size_t MemoryManager::Impl::flush_caches(bool unbind, bool idle_only, const Pool* only,
+                                              const ThreadCache* skip) {
   boost::container::small_vector<Slice*, kThreadCacheSlots> to_retire;
   std::size_t retired = 0;
   // Emptying every cache: cleared first, so an owner that parks meanwhile sets it again.
-  if (!idle_only && only == nullptr) may_have_parked.store(false, std::memory_order_relaxed);
+  if (!idle_only && only == nullptr && skip == nullptr)
+    may_have_parked.store(false, std::memory_order_relaxed);
   for (const auto& cache : caches) {
+    if (cache.get() == skip) continue;
     {
       std::lock_guard hold(cache->lock);
       if (idle_only && std::exchange(cache->used, false)) continue;

@@ -241,9 +241,10 @@ struct MemoryManager::Impl {
   // Whether a cached slice is parked (freed by the program).
   bool parked(Slice* slice);
   // Parked slices go back to their pools; `unbind`: live ones stop being cached too. `idle_only`:
-  // only caches no call used since the last such sweep; `only`: only that pool's slices.
-  // Returns how many parked slices went back.
-  std::size_t flush_caches(bool unbind, bool idle_only = false, const Pool* only = nullptr);
+  // only caches no call used since the last such sweep; `only`: only that pool's slices; `skip`:
+  // not that cache's. Returns how many parked slices went back.
+  std::size_t flush_caches(bool unbind, bool idle_only = false, const Pool* only = nullptr,
+                           const ThreadCache* skip = nullptr);
   // Parked slices of `cache` not reused since the previous pass retire.
   void expire_parked(ThreadCache& cache);
   // Every kThreadCacheSweepEvery reservations: caches no call used since the last sweep give

@@ -483,11 +483,11 @@ restart:
       capacity = limit;
       continue;
     }
-    // The program freed what thread caches park here: the pool takes it back before it grows
-    // (Note [Thread caches]).
+    // The program freed what other threads' caches park here: the pool takes it back before it
+    // grows (Note [Thread caches]).
     if (!unparked) {
       unparked = true;
-      if (flush_caches(false, false, &pool) != 0) goto restart;
+      if (flush_caches(false, false, &pool, find_thread_cache(id)) != 0) goto restart;
     }
     if (reclaim()) goto restart;
     if (should_wait()) return Route::wait();

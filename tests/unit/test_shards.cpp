@@ -244,7 +244,7 @@ TEST_CASE("a shard that grows takes another shard's idle pages before the device
   CHECK(rig.manager.check_consistency().empty());
 }
 
-TEST_CASE("a shard that grows takes a page another shard's thread cache parked") {
+TEST_CASE("a shard that grows takes a page a quiet thread's cache parked in another shard") {
   ManagerOptions o = shard_options(custom({sliced(2 * MiB, MiB), exclusive(4 * GiB)}));
   o.thread_cache = true;
   ShardRig rig(o, 4 * GiB);
@@ -266,12 +266,19 @@ TEST_CASE("a shard that grows takes a page another shard's thread cache parked")
   });
   REQUIRE(rig.manager.report().thread_parked_bytes == 16 * MiB);
   const std::uint64_t device_allocs = rig.device.calls().allocate;
+  // A first growth finds the cache used since the last sweep: it keeps its page.
+  const DevicePtr larger = rig.reserve_on(stayed, 96 * MiB);
+  CHECK(larger != parked);
+  CHECK(rig.device.calls().allocate == device_allocs + 1);
+  CHECK(rig.manager.report().thread_parked_bytes == 16 * MiB);
+  // The moved thread made no call since: the next growth borrows the page it parked.
   const DevicePtr p = rig.reserve_on(stayed, 16 * MiB);
   CHECK(p == parked);
   CHECK(rig.shard_of(p) == 0);
-  CHECK(rig.device.calls().allocate == device_allocs);
+  CHECK(rig.device.calls().allocate == device_allocs + 1);
   CHECK(rig.manager.report().thread_parked_bytes == 0);
   CHECK(rig.manager.free(p) == FreeOutcome::freed);
+  CHECK(rig.manager.free(larger) == FreeOutcome::freed);
   CHECK(rig.manager.check_consistency().empty());
 }
 

@@ -215,15 +215,29 @@ TEST_CASE("a large page comes back through the cache too, without the pools") {
   CHECK(rig.manager.check_consistency().empty());
 }
 
-TEST_CASE("a pool takes back its parked slices before it grows") {
-  SUBCASE("a request of another size that the parked page fits") {
+TEST_CASE("a pool takes back other threads' parked slices before it grows") {
+  SUBCASE("another thread's request of another size that the parked page fits") {
     CacheRig rig(FreeFence::none, custom({exclusive(GiB)}), 4 * GiB);
     const DevicePtr p = rig.cached(32 * MiB);
     REQUIRE(rig.manager.free(p) == FreeOutcome::freed);
     const std::uint64_t allocs = rig.device.calls().allocate;
-    CHECK(rig.manager.allocate(20 * MiB).ptr == p);  // within twice its class: reused
+    DevicePtr from_thread = 0;
+    run_thread([&] { from_thread = rig.manager.allocate(20 * MiB).ptr; });
+    CHECK(from_thread == p);  // within twice its class: reused
     CHECK(rig.device.calls().allocate == allocs);
     CHECK(rig.report().thread_parked_bytes == 0);
+    CHECK(rig.manager.check_consistency().empty());
+  }
+  SUBCASE("the caller's own parked slices stay: they are its working set") {
+    CacheRig rig(FreeFence::none, custom({exclusive(GiB)}), 4 * GiB);
+    const DevicePtr p = rig.cached(32 * MiB);
+    REQUIRE(rig.manager.free(p) == FreeOutcome::freed);
+    const std::uint64_t allocs = rig.device.calls().allocate;
+    const DevicePtr q = rig.manager.allocate(20 * MiB).ptr;
+    CHECK(q != p);
+    CHECK(rig.device.calls().allocate == allocs + 1);
+    CHECK(rig.manager.allocate(32 * MiB).ptr == p);  // still there for its own size
+    CHECK(rig.manager.free(q) == FreeOutcome::freed);
     CHECK(rig.manager.check_consistency().empty());
   }
   SUBCASE("another thread's request of the same size") {
