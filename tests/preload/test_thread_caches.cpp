@@ -1,10 +1,11 @@
 // Preload test: thread caches through the library (docs/pools.md, "Thread caches"). Four
-// threads allocate and free a few recurring sizes on the legacy stream (so the device is
-// ordered and the caches serve), hand every seventh buffer to the next thread to free, and
-// free some pointers twice. Each buffer carries its owner's tag, checked before every free, and
-// a shared interval map proves no two live buffers overlap; a second phase of new threads
-// adopts the caches the first phase left. The parent runs this twice as a child: with caches
-// (the exit report must show requests they served) and with thread_cache:off (none).
+// threads allocate and free a few recurring sizes, small and large, on the legacy stream (so
+// the device is ordered and the caches serve), hand every seventh buffer to the next thread to
+// free, and free some pointers twice. Each buffer carries its owner's tag, checked before every
+// free, and a shared interval map proves no two live buffers overlap; a second phase of new
+// threads adopts the caches the first phase left. First, cudaMemGetInfo must count a parked
+// buffer's page as free. The parent runs this twice as a child: with caches (the exit report
+// must show requests they served) and with thread_cache:off (none).
 #include <cstdio>
 #include <cstring>
 #include <deque>
@@ -19,7 +20,9 @@
 
 namespace {
 
-constexpr std::size_t kSizes[] = {4096, 65536, 200000};
+// The last is an exclusive page of its own, at most a 64th of the 1 GiB device: cached too.
+constexpr std::size_t kSizes[] = {4096, 65536, 200000, 12 << 20};
+constexpr std::size_t kSizeCount = sizeof kSizes / sizeof kSizes[0];
 constexpr std::size_t kProbe = 64;  // the tagged prefix of each buffer
 
 struct Owned {
@@ -56,7 +59,7 @@ void release(const Owned& owned) {
 void worker(int id, int rounds) {
   const auto tag = static_cast<unsigned char>(0x40 + id);
   for (int i = 0; i < rounds; ++i) {
-    const std::size_t size = kSizes[static_cast<std::size_t>(i + id) % 3];
+    const std::size_t size = kSizes[static_cast<std::size_t>(i + id) % kSizeCount];
     Owned mine{nullptr, tag};
     {
       std::shared_lock<std::shared_mutex> allocating(g_allocating);
@@ -108,6 +111,21 @@ int main(int argc, char** argv) {
   if (argc > 1 && std::string(argv[1]) == "child") {
     preload_test::require_preloaded();
     CHECK_CUDA(cudaFree(nullptr));
+    // A page that only a parked buffer keeps is free memory to cudaMemGetInfo, as the idle page
+    // it would be without the cache.
+    std::size_t free_before = 0;
+    std::size_t total = 0;
+    CHECK_CUDA(cudaMemGetInfo(&free_before, &total));
+    for (int i = 0; i < 3; ++i) {
+      void* big = nullptr;
+      CHECK_CUDA(cudaMalloc(&big, kSizes[kSizeCount - 1]));
+      CHECK_CUDA(cudaFree(big));
+    }
+    std::size_t free_parked = 0;
+    CHECK_CUDA(cudaMemGetInfo(&free_parked, &total));
+    CHECK_MSG(free_parked == free_before, "cudaMemGetInfo: " + std::to_string(free_before) +
+                                              " B free before, " + std::to_string(free_parked) +
+                                              " B with the buffer freed");
     run_phase(4, 0, 3000);
     run_phase(2, 4, 1000);  // new threads adopt the caches the first four left
     for (const Owned& owned : g_handoff) release(owned);
