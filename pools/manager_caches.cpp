@@ -6,16 +6,16 @@
 // Every manager call takes the manager's one lock. When two threads allocate at once, the lock
 // and the pools' state move between their cores and each sleeps on the other: two threads
 // together made fewer allocations per second than one. Even alone, the lock's two atomic
-// operations per call were a third of a pooled pair's cost. So each thread keeps, per manager,
-// a small cache of slices it was given (at most kThreadCacheSlots, of any size). When the
-// thread frees one, the slice is parked in the cache, without the manager's lock; when the same
-// thread next asks for exactly the same size, the parked slice is handed out again, also
-// without it. A parked slice stays live in its pool and in the
-// pointer index: the pools count it in use, and reports show it under "thread caches" (the
-// program's totals, program_usage(), leave it out). Only an exact size is reused, so the pools'
-// byte counters (requested, padding, the live-size histogram) stay exact; a request a cache
-// serves is counted by its cache, not by the pool's `served`, and moves the reservation clock
-// in batches of kThreadCacheClockBatch, so dealloc periods and periodic cleanups still run.
+// operations per call were a third of a pooled pair's cost. So each thread keeps, per manager, a
+// small cache of slices it was given (at most kThreadCacheSlots, of any size). When the thread
+// frees one, the slice is parked in the cache, without the manager's lock; when the same thread
+// next asks for exactly the same size, the parked slice is handed out again, also without it. A
+// parked slice stays live in its pool and in the pointer index: the pools count it in use, and
+// reports show it under "thread caches" (the program's totals, program_usage(), leave it out).
+// Only an exact size is reused, so the pools' byte counters (requested, padding, the live-size
+// histogram) stay exact; a request a cache serves is counted by its cache, not by the pool's
+// `served`, and moves the reservation clock in batches of kThreadCacheClockBatch, so dealloc
+// periods and periodic cleanups still run.
 // The gate. Parking is a free whose slice is reusable at once, so caches serve only while the
 // manager's own free would return a slice at once: free_fence:none, or free_fence:auto while
 // the device's work is one ordered queue (Note [Stream-ordered reuse]). They also stay shut
@@ -33,26 +33,26 @@
 // live slice takes the slice out of the cache first, then frees it as usual; live_size and
 // retain see a parked slice as freed.
 // Bounds. A cache parks at most thread_cache_parked_max() bytes, a 64th of the device (a free
-// past that takes the manager's path; a larger slice never joins). Parked memory must never
-// make the device run out or look fuller than it is, and other threads' parked memory must not
-// make it grow: before a pool grows, the slices other threads' caches park from it go back to
-// it, and before a capped pool refuses or spills, every cache's; a shard that borrows another's
-// idle pages first sweeps that shard's caches, and out-of-memory recovery empties every
-// shard's, before it counts what they hold unused (Note [Shards]). The growing thread's own
-// parked slices stay: they are its working set, and taking one for a request of another size
-// (an exclusive page serves up to twice its class) only made its next request of that size
-// miss and take another, a cycle that kept a two-thread burst from its caches; cudaMemGetInfo counts
-// pages that only parked slices keep as free (parked_page_bytes). Parked slices also go back
-// at every explicit cleanup, in give_back_all, before a layout change, when the slot is needed
-// for a newer slice, and when not reused over one to two expiry passes (one every
-// kThreadCacheExpiry of the owner's requests that reach the manager, and one every
-// kThreadCacheClockBatch of those its cache serves); an implicit cleanup, and a sweep every
-// kThreadCacheSweepEvery reservations, empty the caches no call used since the one before, so
-// a page a quiet thread parked still reaches its pool's dealloc period. When a thread exits its
-// cache is orphaned, parked slices and all, and the next thread that needs a cache adopts it,
-// so caches number at most the threads alive at once. A forked child never touches the pools
-// (interpose/lifecycle.cpp), and its exiting thread leaves the caches alone (another thread of
-// the parent may have held a cache's lock at the fork).
+// past that takes the manager's path; a larger slice never joins). Parked memory must never make
+// the device run out or look fuller than it is, and other threads' parked memory must not make
+// it grow: before a pool grows, the slices other threads' caches park from it go back to it, and
+// before a capped pool refuses or spills, every cache's; a shard that borrows another's idle
+// pages first sweeps that shard's caches, and out-of-memory recovery empties every shard's,
+// before it counts what they hold unused (Note [Shards]). The growing thread's own parked slices
+// stay: they are its working set, and taking one for a request of another size (an exclusive
+// page serves up to twice its class) only made its next request of that size miss and take
+// another, a cycle that kept a two-thread burst from its caches; cudaMemGetInfo counts pages
+// that only parked slices keep as free (parked_page_bytes). Parked slices also go back at every
+// explicit cleanup, in give_back_all, before a layout change, when the slot is needed for a
+// newer slice, and when not reused over one to two expiry passes (one every kThreadCacheExpiry
+// of the owner's requests that reach the manager, and one every kThreadCacheClockBatch of those
+// its cache serves); an implicit cleanup, and a sweep every kThreadCacheSweepEvery reservations,
+// empty the caches no call used since the one before, so a page a quiet thread parked still
+// reaches its pool's dealloc period. When a thread exits its cache is orphaned, parked slices
+// and all, and the next thread that needs a cache adopts it, so caches number at most the
+// threads alive at once. A forked child never touches the pools (interpose/lifecycle.cpp), and
+// its exiting thread leaves the caches alone (another thread of the parent may have held a
+// cache's lock at the fork).
 #include <algorithm>
 #include <new>
 #include <vector>
