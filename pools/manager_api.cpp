@@ -308,7 +308,7 @@ Error MemoryManager::install_layout(const PoolLayout& layout) {
 void MemoryManager::cleanup(bool explicit_cleanup) {
   shards_->each([&](Impl& m) {
     Impl::Scope scope(m);
-    m.flush_caches(false, !explicit_cleanup);
+    m.flush_caches(false, explicit_cleanup ? CacheFlush::every : CacheFlush::unused);
     if (explicit_cleanup) m.close_and_reap();
     m.cleanup_all(explicit_cleanup);
   });

@@ -34,25 +34,29 @@
 // retain see a parked slice as freed.
 // Bounds. A cache parks at most thread_cache_parked_max() bytes, a 64th of the device (a free
 // past that takes the manager's path; a larger slice never joins). Parked memory must never make
-// the device run out or look fuller than it is, and other threads' parked memory must not make
-// it grow: before a pool grows, the slices other threads' caches park from it go back to it, and
-// before a capped pool refuses or spills, every cache's; a shard that borrows another's idle
-// pages first sweeps that shard's caches, and out-of-memory recovery empties every shard's,
-// before it counts what they hold unused (Note [Shards]). The growing thread's own parked slices
-// stay: they are its working set, and taking one for a request of another size (an exclusive
-// page serves up to twice its class) only made its next request of that size miss and take
-// another, a cycle that kept a two-thread burst from its caches; cudaMemGetInfo counts pages
-// that only parked slices keep as free (parked_page_bytes). Parked slices also go back at every
-// explicit cleanup, in give_back_all, before a layout change, when the slot is needed for a
-// newer slice, and when not reused over one to two expiry passes (one every kThreadCacheExpiry
-// of the owner's requests that reach the manager, and one every kThreadCacheClockBatch of those
-// its cache serves); an implicit cleanup, and a sweep every kThreadCacheSweepEvery reservations,
-// empty the caches no call used since the one before, so a page a quiet thread parked still
-// reaches its pool's dealloc period. When a thread exits its cache is orphaned, parked slices
-// and all, and the next thread that needs a cache adopts it, so caches number at most the
-// threads alive at once. A forked child never touches the pools (interpose/lifecycle.cpp), and
-// its exiting thread leaves the caches alone (another thread of the parent may have held a
-// cache's lock at the fork).
+// the device run out or look fuller than it is, and grows it only by what busy caches keep:
+// before a pool grows, the slices caches park from it go back to it, but for those the growing
+// thread's own cache reused since its last expiry pass (not stale): they are its working set,
+// and taking one for a request of another size (an exclusive page serves up to twice its class)
+// only made its next request of that size miss and take another, a cycle that kept a
+// two-thread burst from its caches. Those go back too when the growth finds the device full,
+// and for a direct pool (its reclaim bound counts them). Before a capped pool refuses or spills,
+// every cache's go back; a shard that borrows another's idle pages first empties that shard's
+// caches no call used since the last sweep (a busy one's pages lent away would only be
+// borrowed back), and out-of-memory recovery empties every shard's, before it counts what they
+// hold unused (Note [Shards]). cudaMemGetInfo counts pages that only parked slices keep as free
+// (parked_page_bytes). Parked slices also go back at every explicit cleanup, in give_back_all,
+// before a layout change, when the slot is needed for a newer slice, and when not reused over
+// one to two expiry passes (one every kThreadCacheExpiry of the owner's requests that reach the
+// manager, and one every kThreadCacheClockBatch of those its cache serves). A sweep every
+// kThreadCacheSweepEvery reservations empties the caches no call used since the sweep before
+// and clears the others' marks of use; implicit cleanups empty the unused ones without
+// clearing marks (they come at every reservation under short periods, and clearing there made
+// a busy cache look quiet), so a page a quiet thread parked still reaches its pool's period.
+// When a thread exits its cache is orphaned, parked slices and all, and the next thread that
+// needs a cache adopts it, so caches number at most the threads alive at once. A forked child
+// never touches the pools (interpose/lifecycle.cpp), and its exiting thread leaves the caches
+// alone (another thread of the parent may have held a cache's lock at the fork).
 #include <algorithm>
 #include <new>
 #include <vector>
@@ -145,7 +149,7 @@ void MemoryManager::Impl::expire_parked(ThreadCache& cache) {
 
 void MemoryManager::Impl::sweep_caches() {
   next_cache_sweep = ctx.clock + kThreadCacheSweepEvery;
-  if (!caches.empty()) flush_caches(false, true);
+  if (!caches.empty()) flush_caches(false, CacheFlush::sweep);
 }
 
 void MemoryManager::Impl::advance_clock(std::uint64_t reservations, ThreadCache& cache) {
@@ -173,21 +177,26 @@ bool MemoryManager::Impl::parked(Slice* slice) {
   return entry != nullptr && entry->parked;
 }
 
-std::size_t MemoryManager::Impl::flush_caches(bool unbind, bool idle_only, const Pool* only,
-                                              const ThreadCache* skip) {
+std::size_t MemoryManager::Impl::flush_caches(bool unbind, CacheFlush which, const Pool* only,
+                                              const ThreadCache* keep_fresh) {
   boost::container::small_vector<Slice*, kThreadCacheSlots> to_retire;
   std::size_t retired = 0;
-  // Emptying every cache: cleared first, so an owner that parks meanwhile sets it again.
-  if (!idle_only && only == nullptr && skip == nullptr)
-    may_have_parked.store(false, std::memory_order_relaxed);
+  // Cleared first and set again at the end if anything stays parked, so an owner that parks
+  // meanwhile leaves it set.
+  may_have_parked.store(false, std::memory_order_relaxed);
+  bool parked_left = false;
   for (const auto& cache : caches) {
-    if (cache.get() == skip) continue;
     {
       std::lock_guard hold(cache->lock);
-      if (idle_only && std::exchange(cache->used, false)) continue;
-      for (std::size_t i = 0; i < cache->count();) {
+      const bool in_use = which == CacheFlush::sweep   ? std::exchange(cache->used, false)
+                          : which == CacheFlush::unused ? cache->used
+                                                        : false;
+      for (std::size_t i = 0; !in_use && i < cache->count();) {
         ThreadCache::Entry& entry = cache->at(i);
-        if ((!entry.parked && !unbind) || (only != nullptr && entry.slice->page->pool != only)) {
+        const bool kept = (!entry.parked && !unbind) ||
+                          (only != nullptr && entry.slice->page->pool != only) ||
+                          (cache.get() == keep_fresh && entry.parked && !entry.stale && !unbind);
+        if (kept) {
           ++i;
           continue;
         }
@@ -195,11 +204,13 @@ std::size_t MemoryManager::Impl::flush_caches(bool unbind, bool idle_only, const
         entry.slice->cache = nullptr;
         cache->remove(&entry);  // moves the last entry here
       }
+      parked_left = parked_left || cache->parked_bytes() != 0;
     }
     for (Slice* slice : to_retire) retire_parked(slice);
     retired += to_retire.size();
     to_retire.clear();
   }
+  if (parked_left) may_have_parked.store(true, std::memory_order_relaxed);
   return retired;
 }
 

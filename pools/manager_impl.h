@@ -120,6 +120,13 @@ struct Route {
   }
 };
 
+// Which thread caches flush_caches() empties.
+enum class CacheFlush : std::uint8_t {
+  every,   // all of them
+  unused,  // those no call used since the last sweep (Note [Thread caches])
+  sweep,   // the same, and the sweep itself: the others' marks of use are cleared
+};
+
 struct MemoryManager::Impl {
   Impl(Device& d, const ManagerOptions& o);
   ~Impl();
@@ -240,15 +247,17 @@ struct MemoryManager::Impl {
   bool uncache(Slice* slice);
   // Whether a cached slice is parked (freed by the program).
   bool parked(Slice* slice);
-  // Parked slices go back to their pools; `unbind`: live ones stop being cached too. `idle_only`:
-  // only caches no call used since the last such sweep; `only`: only that pool's slices; `skip`:
-  // not that cache's. Returns how many parked slices went back.
-  std::size_t flush_caches(bool unbind, bool idle_only = false, const Pool* only = nullptr,
-                           const ThreadCache* skip = nullptr);
+  // Parked slices go back to their pools; `unbind`: live ones stop being cached too. `which`:
+  // every cache, or only those no call used since the last sweep; `only`: only that pool's
+  // slices; `keep_fresh`: that cache keeps the parked slices reused since its last expiry pass.
+  // Returns how many parked slices went back.
+  std::size_t flush_caches(bool unbind, CacheFlush which = CacheFlush::every,
+                           const Pool* only = nullptr, const ThreadCache* keep_fresh = nullptr);
   // Parked slices of `cache` not reused since the previous pass retire.
   void expire_parked(ThreadCache& cache);
   // Every kThreadCacheSweepEvery reservations: caches no call used since the last sweep give
-  // their parked slices back, so a quiet thread's freed pages still reach their pool's period.
+  // their parked slices back, so a quiet thread's freed pages still reach their pool's period;
+  // the others start a new period of use.
   void sweep_caches();
   std::uint64_t next_cache_sweep = kThreadCacheSweepEvery;
   // A parked slice leaves the index and goes back to its pool at once, as the free that parked

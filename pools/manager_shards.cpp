@@ -251,7 +251,7 @@ bool MemoryManager::Shards::borrow_page(void* owner, std::uint64_t min_size,
     // caches]): the caches no call used since the last sweep give them back first, so they can
     // be lent. A cache in use keeps them: lending its pages away would only send its thread to
     // borrow them back, each flush undoing the last.
-    const bool unparked = parked && other.flush_caches(false, true) != 0;
+    const bool unparked = parked && other.flush_caches(false, CacheFlush::unused) != 0;
     bool found = false;
     for (const auto& pool : other.pools) {
       if (pool->hand_over_idle(min_size, max_size, base, size)) {

@@ -144,6 +144,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <string_view>
 #include <thread>
 #include <cstdio>
 
@@ -403,6 +404,7 @@ Route MemoryManager::Impl::route(std::uint64_t size, Placement placement,
   bool reclaimed = false;
   bool refused = false;
   bool unparked = false;
+  bool unparked_own = false;
   Route r;
   // Before any growth (Note [Free fences]): the first miss closes the open epoch and reaps
   // passed fences; when memory came back, routing starts over. Returns true to start over.
@@ -460,7 +462,7 @@ restart:
     if (Slice* s = pool.try_reserve(size)) return Route::served(s);
     if (Error limit = pool.growth_limit(size)) {
       // Or parked in thread caches: the program freed it (Note [Thread caches]).
-      if (flush_caches(false, false, &pool) != 0) goto restart;
+      if (flush_caches(false, CacheFlush::every, &pool) != 0) goto restart;
       // Memory this pool holds may only be waiting for its fence (Note [Free fences]).
       if (pool.pending_bytes() > 0) {
         if (reclaim()) goto restart;
@@ -483,11 +485,15 @@ restart:
       capacity = limit;
       continue;
     }
-    // The program freed what other threads' caches park here: the pool takes it back before it
-    // grows (Note [Thread caches]).
+    // The program freed what thread caches park here: the pool takes it back before it grows,
+    // all but the slices this thread's cache reused lately (Note [Thread caches]); a direct
+    // pool takes them all, to stay within its reclaim bound.
     if (!unparked) {
       unparked = true;
-      if (flush_caches(false, false, &pool, find_thread_cache(id)) != 0) goto restart;
+      const bool direct = std::string_view(pool.kind_name()) == "direct";
+      if (flush_caches(false, CacheFlush::every, &pool,
+                       direct ? nullptr : find_thread_cache(id)) != 0)
+        goto restart;
     }
     if (reclaim()) goto restart;
     if (should_wait()) return Route::wait();
@@ -496,6 +502,11 @@ restart:
     r.status = frozen != 0 ? AllocStatus::failed : pool.grow(size, &r.slice);
     r.grew = r.status == AllocStatus::ok;
     if (r.grew) return r;
+    // The device is full: this thread's own parked slices are memory the plain program freed.
+    if (r.status == AllocStatus::out_of_memory && !unparked_own) {
+      unparked_own = true;
+      if (flush_caches(false, CacheFlush::every, &pool) != 0) goto restart;
+    }
     // A spill already in hand says more (the plan was short) than the failure behind it.
     r.error = capacity ? capacity
                        : Error{r.status == AllocStatus::out_of_memory ? ErrorKind::out_of_memory
@@ -508,7 +519,7 @@ restart:
 }
 
 void MemoryManager::Impl::implicit_cleanup() {
-  flush_caches(false, true);
+  flush_caches(false, CacheFlush::unused);
   persistent->cleanup(false);
   std::uint64_t next = persistent->deadline();
   for (const auto& pool : pools) {

@@ -271,7 +271,13 @@ TEST_CASE("a shard that grows takes a page a quiet thread's cache parked in anot
   CHECK(larger != parked);
   CHECK(rig.device.calls().allocate == device_allocs + 1);
   CHECK(rig.manager.report().thread_parked_bytes == 16 * MiB);
-  // The moved thread made no call since: the next growth borrows the page it parked.
+  // Two sweeps of its shard later, the moved thread having made no call since, the page is
+  // lent. That shard's clock follows this one's every 4,096 reservations (kShardClockSync, in
+  // sizes that differ: no cache serves them), and each catch-up sweeps.
+  stayed.run([&] {
+    for (std::uint64_t i = 0; i < 3 * 4096; ++i)
+      REQUIRE(rig.manager.free(rig.manager.allocate(KiB + 64 * i).ptr) == FreeOutcome::freed);
+  });
   const DevicePtr p = rig.reserve_on(stayed, 16 * MiB);
   CHECK(p == parked);
   CHECK(rig.shard_of(p) == 0);

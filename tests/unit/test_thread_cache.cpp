@@ -228,7 +228,7 @@ TEST_CASE("a pool takes back other threads' parked slices before it grows") {
     CHECK(rig.report().thread_parked_bytes == 0);
     CHECK(rig.manager.check_consistency().empty());
   }
-  SUBCASE("the caller's own parked slices stay: they are its working set") {
+  SUBCASE("the caller's own parked slices reused lately stay: they are its working set") {
     CacheRig rig(FreeFence::none, custom({exclusive(GiB)}), 4 * GiB);
     const DevicePtr p = rig.cached(32 * MiB);
     REQUIRE(rig.manager.free(p) == FreeOutcome::freed);
@@ -238,6 +238,48 @@ TEST_CASE("a pool takes back other threads' parked slices before it grows") {
     CHECK(rig.device.calls().allocate == allocs + 1);
     CHECK(rig.manager.allocate(32 * MiB).ptr == p);  // still there for its own size
     CHECK(rig.manager.free(q) == FreeOutcome::freed);
+    CHECK(rig.manager.check_consistency().empty());
+  }
+  SUBCASE("the caller's own parked slices not reused since an expiry pass go back") {
+    CacheRig rig(FreeFence::none, custom({sliced(2 * MiB, MiB), exclusive(GiB)}), 4 * GiB);
+    const DevicePtr p = rig.cached(32 * MiB);
+    REQUIRE(rig.manager.free(p) == FreeOutcome::freed);
+    // One expiry pass (kThreadCacheExpiry requests that reach the pools) marks it unused.
+    std::vector<DevicePtr> others;
+    for (std::uint64_t i = 0; i < kThreadCacheExpiry; ++i)
+      others.push_back(rig.manager.allocate(KiB * (i + 1)).ptr);
+    REQUIRE(rig.report().thread_parked_bytes == 32 * MiB);
+    const std::uint64_t allocs = rig.device.calls().allocate;
+    CHECK(rig.manager.allocate(20 * MiB).ptr == p);
+    CHECK(rig.device.calls().allocate == allocs);
+    for (const DevicePtr q : others) CHECK(rig.manager.free(q) == FreeOutcome::freed);
+    CHECK(rig.manager.check_consistency().empty());
+  }
+  SUBCASE("on a full device the caller's own parked page serves, without out-of-memory "
+          "recovery") {
+    CacheRig rig(FreeFence::none, custom({exclusive(4 * GiB)}), 4 * GiB);
+    const DevicePtr p = rig.cached(32 * MiB);
+    REQUIRE(rig.manager.free(p) == FreeOutcome::freed);
+    REQUIRE(rig.report().thread_parked_bytes == 32 * MiB);
+    const DevicePtr filler = rig.manager.allocate(4 * GiB - 40 * MiB).ptr;  // 8 MiB left
+    REQUIRE(filler != 0);
+    CHECK(rig.manager.allocate(20 * MiB).ptr == p);
+    CHECK(rig.report().oom_recoveries == 0);
+    CHECK(rig.report().thread_parked_bytes == 0);
+    CHECK(rig.manager.free(filler) == FreeOutcome::freed);
+    CHECK(rig.manager.check_consistency().empty());
+  }
+  SUBCASE("a direct pool takes them all back, to stay within its reclaim bound") {
+    CacheRig rig(FreeFence::none, custom({direct(64 * MiB)}), 4 * GiB);
+    std::vector<DevicePtr> parked;
+    for (const std::uint64_t size : {20 * MiB, 21 * MiB, 22 * MiB})
+      parked.push_back(rig.cached(size));
+    for (const DevicePtr q : parked) REQUIRE(rig.manager.free(q) == FreeOutcome::freed);
+    REQUIRE(rig.report().thread_parked_bytes >= 63 * MiB);
+    const DevicePtr big = rig.manager.allocate(40 * MiB).ptr;
+    REQUIRE(big != 0);
+    CHECK(rig.manager.memory_usage().bytes_reserved <= 64 * MiB);
+    CHECK(rig.manager.free(big) == FreeOutcome::freed);
     CHECK(rig.manager.check_consistency().empty());
   }
   SUBCASE("another thread's request of the same size") {
@@ -373,6 +415,27 @@ TEST_CASE("a quiet thread's parked page still goes back after its pool's period"
   }
   CHECK(rig.report().thread_parked_bytes < 32 * MiB);
   CHECK(rig.device.outstanding_bytes() < 32 * MiB);  // the page went back to the device
+}
+
+TEST_CASE("a busy thread keeps its cache through other threads' cleanups") {
+  // The other thread's pages go idle at each free and their period is 1: each of its
+  // reservations runs an implicit cleanup.
+  CacheRig rig(FreeFence::none, custom({sliced(2 * MiB, MiB), exclusive(GiB, 1)}));
+  const DevicePtr p = rig.cached(64 * KiB);
+  REQUIRE(rig.manager.free(p) == FreeOutcome::freed);
+  Worker other;
+  const std::uint64_t hits = rig.report().thread_cache_hits;
+  for (std::uint64_t i = 0; i < 3000; ++i) {
+    other.run([&] {
+      for (int k = 0; k < 2; ++k) {
+        const DevicePtr q = rig.manager.allocate(4 * MiB + 512 * ((i * 2 + k) % 997)).ptr;
+        REQUIRE(rig.manager.free(q) == FreeOutcome::freed);
+      }
+    });
+    REQUIRE(rig.manager.allocate(64 * KiB).ptr == p);
+    REQUIRE(rig.manager.free(p) == FreeOutcome::freed);
+  }
+  CHECK(rig.report().thread_cache_hits == hits + 3000);
 }
 
 TEST_CASE("log:full traces every call, so it shuts the caches") {
