@@ -45,7 +45,10 @@ Reservation MemoryManager::Shards::allocate(std::uint64_t size, Placement placem
   Impl::ReserveNotes notes;
   Reservation r = s.at(k).reserve(size, placement, k == 0 ? nullptr : &s.open, &thread, own,
                                   !fallback, notes);
-  if (notes.cached) return r;  // no shard was locked: nothing to note
+  if (notes.cached) {  // no shard was locked: nothing to note but the clock
+    if (notes.clock_crossed) s.sync_clocks(k, notes.clock);
+    return r;
+  }
   if (notes.gate_closed) {
     k = 0;
     fallback = false;  // this is the first shard's try, and its last
@@ -72,7 +75,13 @@ Reservation MemoryManager::Impl::reserve(std::uint64_t size, Placement placement
     if (ThreadCache* cache = find_thread_cache(id)) {
       bool clock_due = false;
       const DevicePtr ptr = cache->take(size, caches_open, &clock_due);
-      if (clock_due) advance_clock(kThreadCacheClockBatch, *cache);
+      if (clock_due) {
+        // Reported like a reservation's: a shard whose threads only hit their caches must still
+        // bring the other shards' clocks along (their sweeps and periods run on them).
+        out.clock = advance_clock(kThreadCacheClockBatch, *cache);
+        out.clock_crossed = (out.clock - kThreadCacheClockBatch) / kShardClockSync !=
+                            out.clock / kShardClockSync;
+      }
       if (ptr != 0) {
         out.cached = true;
         return Reservation{ptr, Error{}, false};

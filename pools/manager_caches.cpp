@@ -36,7 +36,7 @@
 // past that takes the manager's path; a larger slice never joins). Parked memory must never make
 // the device run out or look fuller than it is, and grows it only by what busy caches keep:
 // before a pool grows, the slices caches park from it go back to it, but for those the growing
-// thread's own cache reused since its last expiry pass (not stale): they are its working set,
+// thread's own cache parked or reused since its last expiry pass (not stale): its working set,
 // and taking one for a request of another size (an exclusive page serves up to twice its class)
 // only made its next request of that size miss and take another, a cycle that kept a
 // two-thread burst from its caches. Those go back too when the growth finds the device full,
@@ -152,12 +152,14 @@ void MemoryManager::Impl::sweep_caches() {
   if (!caches.empty()) flush_caches(false, CacheFlush::sweep);
 }
 
-void MemoryManager::Impl::advance_clock(std::uint64_t reservations, ThreadCache& cache) {
+std::uint64_t MemoryManager::Impl::advance_clock(std::uint64_t reservations,
+                                                 ThreadCache& cache) {
   Scope scope(*this);
   tick(reservations);
   // Requests the cache serves count towards expiry too: a thread whose every request hits its
   // cache still gives back a size it stopped asking for.
   expire_parked(cache);
+  return ctx.clock;
 }
 
 bool MemoryManager::Impl::uncache(Slice* slice) {

@@ -229,8 +229,8 @@ struct MemoryManager::Impl {
     if (ctx.clock >= next_cache_sweep) sweep_caches();
   }
   // tick() for requests `cache` served, under the manager's lock, then an expiry pass over
-  // the cache (manager_caches.cpp).
-  void advance_clock(std::uint64_t reservations, ThreadCache& cache);
+  // the cache (manager_caches.cpp). Returns the clock.
+  std::uint64_t advance_clock(std::uint64_t reservations, ThreadCache& cache);
   FreeOutcome classify(DevicePtr ptr) const;
   bool recently_freed(DevicePtr ptr) const;
   void log(LogLevel level, std::string message);
@@ -249,7 +249,8 @@ struct MemoryManager::Impl {
   bool parked(Slice* slice);
   // Parked slices go back to their pools; `unbind`: live ones stop being cached too. `which`:
   // every cache, or only those no call used since the last sweep; `only`: only that pool's
-  // slices; `keep_fresh`: that cache keeps the parked slices reused since its last expiry pass.
+  // slices; `keep_fresh`: that cache keeps the slices parked or reused since its last expiry
+  // pass.
   // Returns how many parked slices went back.
   std::size_t flush_caches(bool unbind, CacheFlush which = CacheFlush::every,
                            const Pool* only = nullptr, const ThreadCache* keep_fresh = nullptr);

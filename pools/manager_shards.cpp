@@ -55,8 +55,9 @@
 // 64 MiB random traces with two threads reserved 1.65 times their live bytes instead of 1.38.
 // Clocks. Dealloc periods count reservations, and each shard has its own clock: a shard no
 // thread calls home any more would never see its idle pages expire. Each time a shard's clock
-// crosses a multiple of kShardClockSync, every other shard whose clock is behind catches up
-// with it and runs the cleanups that come due.
+// crosses a multiple of kShardClockSync (its reservations move it, and 64 at a time the requests
+// its threads' caches serve), every other shard whose clock is behind catches up with it and
+// runs the cleanups and cache sweeps that come due.
 // Out of memory. A shard's recovery has the other shards' thread caches give back their parked
 // slices (unpark_others) and counts what the other shards hold unused before it declares a
 // request out of reach; then they give back their idle pages without waiting (trim_others),
