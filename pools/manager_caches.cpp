@@ -149,7 +149,7 @@ void MemoryManager::Impl::expire_parked(ThreadCache& cache) {
 
 void MemoryManager::Impl::sweep_caches() {
   next_cache_sweep = ctx.clock + kThreadCacheSweepEvery;
-  if (!caches.empty()) flush_caches(false, CacheFlush::sweep);
+  flush_caches(false, CacheFlush::sweep);
 }
 
 std::uint64_t MemoryManager::Impl::advance_clock(std::uint64_t reservations,
@@ -181,6 +181,7 @@ bool MemoryManager::Impl::parked(Slice* slice) {
 
 std::size_t MemoryManager::Impl::flush_caches(bool unbind, CacheFlush which, const Pool* only,
                                               const ThreadCache* keep_fresh) {
+  if (caches.empty()) return 0;
   boost::container::small_vector<Slice*, kThreadCacheSlots> to_retire;
   std::size_t retired = 0;
   // Cleared first and set again at the end if anything stays parked, so an owner that parks

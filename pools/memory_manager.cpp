@@ -144,7 +144,6 @@
 
 #include <algorithm>
 #include <chrono>
-#include <string_view>
 #include <thread>
 #include <cstdio>
 
@@ -486,13 +485,12 @@ restart:
       continue;
     }
     // The program freed what thread caches park here: the pool takes it back before it grows,
-    // all but the slices this thread's cache reused lately (Note [Thread caches]); a direct
-    // pool takes them all, to stay within its reclaim bound.
+    // all but the slices this thread's cache parked or reused lately (Note [Thread caches]),
+    // unless a reclaim bound counts those too.
     if (!unparked) {
       unparked = true;
-      const bool direct = std::string_view(pool.kind_name()) == "direct";
       if (flush_caches(false, CacheFlush::every, &pool,
-                       direct ? nullptr : find_thread_cache(id)) != 0)
+                       pool.has_reclaim_bound() ? nullptr : find_thread_cache(id)) != 0)
         goto restart;
     }
     if (reclaim()) goto restart;
@@ -625,8 +623,8 @@ Route MemoryManager::Impl::recover_from_oom(Scope& scope, std::uint64_t size,
   };
   // A request no recovery can serve fails at once, as the real cudaMalloc does, without waiting
   // for anything (Note [Recovery and parked streams]); with shards, what the others hold unused
-  // counts too, their parked slices included.
-  if (sharded) {
+  // counts too, their parked slices included (not asked for a request larger than the device).
+  if (sharded && (total_memory == 0 || size <= total_memory)) {
     scope.unlock();
     shards->unpark_others(shard_index);
     scope.relock();

@@ -92,6 +92,7 @@ class DirectPool final : public PagePool {
       reclaim_at_(reclaim_at) {}
   bool accepts(std::uint64_t) const override { return true; }
   const char* kind_name() const override { return "direct"; }
+  bool has_reclaim_bound() const override { return true; }
   Slice* try_reserve(std::uint64_t size) override {
     return hand_out(exact(align_up(size, alignment())), size);
   }

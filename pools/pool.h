@@ -140,6 +140,9 @@ class Pool {
   virtual Slice* try_reserve(std::uint64_t size) = 0;
   // Why growing for `size` is not allowed (a cap), or none. No device call.
   virtual Error growth_limit(std::uint64_t size) const;
+  // Whether a growth keeps the pool's reserved bytes under a bound (a direct pool's reclaim):
+  // every slice thread caches park from it counts then (Note [Thread caches]).
+  virtual bool has_reclaim_bound() const { return false; }
   // Allocates a page from the device and serves `size` from it.
   virtual AllocStatus grow(std::uint64_t size, Slice** out) = 0;
   virtual PoolReport describe() const = 0;  // kind, shape, notes; counters filled by report()
