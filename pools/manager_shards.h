@@ -26,8 +26,8 @@ inline constexpr std::uint64_t kShardPublishEvery = 64;
 inline constexpr std::uint64_t kShardPlanEvery = 256;
 
 // A sliced pool's request may come from the calling thread's own shard only when the pool's
-// pages are at most the device's bytes in use divided by this: every shard holds a partly used
-// page of each sliced pool it serves, and that cost stays a small share of the memory in use.
+// pages are at most the most bytes the device has had in use divided by this: every shard holds a
+// partly used page of each sliced pool it serves, and that cost stays a small share of the peak.
 inline constexpr std::uint64_t kShardPageShare = 32;
 
 // How many times a shard that needs a page tries another shard's lock for an idle one.
@@ -109,8 +109,8 @@ struct MemoryManager::Shards {
   // close returns only once no reservation that saw the gate open still holds a later shard's
   // lock (one waiting with the lock released checks again before it keeps its slice).
   void hold_gate(int delta);
-  // Redoes the plan: sharded_max, from the layout's pools and the bytes the shards last
-  // published in use.
+  // Redoes the plan: sharded_max, from the layout's pools and the most bytes the shards' last
+  // published figures have added up to.
   void plan();
   // Shards other than `k` whose reservation clock is behind `clock` catch up with it, and run
   // the implicit cleanups that come due.
@@ -151,7 +151,7 @@ struct MemoryManager::Shards {
   // per shard.
   std::atomic<std::uint64_t> flush_stuck_releasing{0};
   // A thread's own shard serves requests up to sharded_max (pools whose pages are small next to
-  // the bytes in use) and above sharded_above (pools with a page per request); the others come
+  // the most bytes in use) and above sharded_above (pools with a page per request); the others come
   // from the first shard (Note [Shards]).
   std::atomic<std::uint64_t> sharded_max{0};
   std::atomic<std::uint64_t> sharded_above{std::numeric_limits<std::uint64_t>::max()};
@@ -162,6 +162,7 @@ struct MemoryManager::Shards {
     std::uint64_t page = 0;
   };
   std::vector<PlannedPool> pools_plan;
+  std::uint64_t planned_peak = 0;  // the most bytes in use any plan() saw; under `control`
   // Lays out pools_plan and sharded_above for `layout`.
   void plan_layout(const PoolLayout& layout);
   // Reservations may use shards other than the first; read under the later shard's lock.

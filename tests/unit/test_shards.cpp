@@ -41,8 +41,8 @@ struct ShardRig {
     return p;
   }
 
-  // A thread's own shard serves only requests whose pages are small next to the bytes in use
-  // (a 32nd), and the plan is redone every few hundred reservations: w holds 64 MiB, then
+  // A thread's own shard serves only requests whose pages are small next to the most bytes in
+  // use (a 32nd), and the plan is redone every few hundred reservations: w holds 64 MiB, then
   // makes enough reservations for the plan to see them (of sizes that differ: a thread cache's
   // hits reserve nothing from the shard).
   void warm(Worker& w) {
@@ -169,6 +169,26 @@ TEST_CASE("a thread's own shard serves small pages' requests and every page-per-
   CHECK(rig.shard_of(rig.reserve_on(moved, MiB)) != 0);
   CHECK(rig.shard_of(rig.reserve_on(moved, 8 * MiB)) == 0);
   CHECK(rig.shard_of(rig.reserve_on(moved, 32 * MiB)) != 0);
+}
+
+TEST_CASE("the plan follows the most bytes in use, not the bytes in use now") {
+  ShardRig rig(shard_options());
+  Worker a, b;
+  rig.part(a, b);
+  const bool a_moved = rig.shard_of(rig.reserve_on(a, KiB)) != 0;
+  Worker& moved = a_moved ? a : b;
+  Worker& stayed = a_moved ? b : a;
+  // The 64 MiB the plan saw go back, and both threads reserve until every shard has published
+  // its bytes in use and the plan has been redone: a 2 MiB page is more than a 32nd of what is
+  // in use now, but a small share of what the program has had in use.
+  rig.drop_ballast();
+  for (Worker* w : {&stayed, &moved, &stayed}) {
+    w->run([&] {
+      for (std::uint64_t i = 0; i < 300; ++i)
+        REQUIRE(rig.manager.free(rig.manager.allocate(KiB + 512 * i).ptr) == FreeOutcome::freed);
+    });
+  }
+  CHECK(rig.shard_of(rig.reserve_on(moved, KiB)) != 0);
 }
 
 TEST_CASE("any thread frees any shard's pointer, and bad frees are told apart as with one") {
