@@ -53,6 +53,13 @@ POOLCUDA_EXPORT CUresult cuMemGetInfo_v2(size_t* free, size_t* total) {
   return pc::guarded([&] { return dh::mem_get_info(free, total); });
 }
 
+// A handle of a slice inside a pooled page would open the wrong bytes (Note [IPC handles] in
+// pooling.cpp).
+POOLCUDA_EXPORT CUresult cuIpcGetMemHandle(CUipcMemHandle* pHandle, CUdeviceptr dptr) {
+  if (pc::bypass()) return dr::cuIpcGetMemHandle()(pHandle, dptr);
+  return pc::guarded([&] { return dh::ipc_get_mem_handle(pHandle, dptr); });
+}
+
 // Pitched allocations are not pooled: recognised, passed through.
 POOLCUDA_EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr* dptr, size_t* pPitch,
                                             size_t WidthInBytes, size_t Height,

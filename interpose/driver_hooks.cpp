@@ -98,6 +98,12 @@ CUresult mem_get_info(std::size_t* free_bytes, std::size_t* total_bytes) {
   return result;
 }
 
+CUresult ipc_get_mem_handle(CUipcMemHandle* handle, CUdeviceptr dptr) {
+  if (!pooling::ipc_exportable("cuIpcGetMemHandle", as_pointer(dptr)))
+    return CUDA_ERROR_INVALID_VALUE;
+  return driver_real::cuIpcGetMemHandle()(handle, dptr);
+}
+
 namespace {
 
 // Streams of a primary context join the stream table; the memory of other contexts is not

@@ -16,6 +16,7 @@ namespace poolcuda::driver_hooks {
 CUresult mem_alloc(CUdeviceptr* dptr, std::size_t size);
 CUresult mem_free(CUdeviceptr dptr);
 CUresult mem_get_info(std::size_t* free_bytes, std::size_t* total_bytes);
+CUresult ipc_get_mem_handle(CUipcMemHandle* handle, CUdeviceptr dptr);
 CUresult stream_create(CUstream* stream, unsigned int flags);
 CUresult stream_create_with_priority(CUstream* stream, unsigned int flags, int priority);
 CUresult stream_destroy(CUstream stream);

@@ -41,6 +41,7 @@ CUresult cuStreamAddCallback_ptsz(CUstream hStream, CUstreamCallback callback, v
   X(cuMemAlloc_v2, "cuMemAlloc", 3020, false)                                          \
   X(cuMemFree_v2, "cuMemFree", 3020, false)                                            \
   X(cuMemGetInfo_v2, "cuMemGetInfo", 3020, false)                                      \
+  X(cuIpcGetMemHandle, "cuIpcGetMemHandle", 4010, false)                               \
   X(cuMemAllocPitch_v2, "cuMemAllocPitch", 3020, false)                                \
   X(cuMemAllocManaged, "cuMemAllocManaged", 6000, false)                               \
   X(cuStreamCreate, "cuStreamCreate", 2000, false)                                     \

@@ -26,6 +26,11 @@ POOLCUDA_EXPORT cudaError_t cudaFree(void* ptr) {
   return pc::guarded([&] { return pc::hooks::free(ptr); });
 }
 
+POOLCUDA_EXPORT cudaError_t cudaIpcGetMemHandle(cudaIpcMemHandle_t* handle, void* devPtr) {
+  if (pc::bypass()) return pc::real::cudaIpcGetMemHandle()(handle, devPtr);
+  return pc::guarded([&] { return pc::hooks::ipc_get_mem_handle(handle, devPtr); });
+}
+
 POOLCUDA_EXPORT cudaError_t cudaFreeAsync(void* ptr, cudaStream_t stream) {
   if (pc::bypass()) return pc::real::cudaFreeAsync()(ptr, stream);
   return pc::guarded([&] { return pc::hooks::free_async(ptr, stream, false); });

@@ -196,6 +196,15 @@ cudaError_t mem_get_info(std::size_t* free_bytes, std::size_t* total_bytes) {
   return result;
 }
 
+cudaError_t ipc_get_mem_handle(cudaIpcMemHandle_t* handle, void* ptr) {
+  // Note [IPC handles] in pooling.cpp.
+  if (!pooling::ipc_exportable("cudaIpcGetMemHandle", ptr)) {
+    raise_invalid_value();
+    return cudaErrorInvalidValue;
+  }
+  return real::cudaIpcGetMemHandle()(handle, ptr);
+}
+
 cudaError_t device_reset() {
   return static_cast<cudaError_t>(
       pooling::reset_device(current_device(), [] { return real::cudaDeviceReset()(); }));

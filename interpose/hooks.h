@@ -18,6 +18,7 @@ cudaError_t free(void* ptr);
 cudaError_t free_async(void* ptr, cudaStream_t stream, bool per_thread);
 cudaError_t malloc_async(void** ptr, std::size_t size, cudaStream_t stream, bool per_thread);
 cudaError_t mem_get_info(std::size_t* free_bytes, std::size_t* total_bytes);
+cudaError_t ipc_get_mem_handle(cudaIpcMemHandle_t* handle, void* ptr);
 cudaError_t device_reset();
 cudaError_t stream_create(cudaStream_t* stream);
 cudaError_t stream_create_with_flags(cudaStream_t* stream, unsigned int flags);
@@ -73,6 +74,7 @@ void raise_out_of_memory();
   X(cudaMemDiscardAndPrefetchBatchAsync)    \
   X(cudaMemDiscardAndPrefetchBatchAsync_ptsz) \
   X(cudaPointerGetAttributes)               \
+  X(cudaIpcGetMemHandle)                    \
   X(cudaStreamBeginCapture)                 \
   X(cudaStreamBeginCapture_ptsz)            \
   X(cudaStreamBeginCaptureToGraph)          \

@@ -17,6 +17,22 @@
 // (its address may already belong to someone else), the device's event caches drop every event
 // from before the reset, its captures are over, and nothing is charged to its budget any more.
 //
+// Note [IPC handles]
+// ~~~~~~~~~~~~~~~~~~
+// cudaIpcGetMemHandle and cuIpcGetMemHandle take the base of an allocation and make a handle of
+// the driver's allocation around it; the process that opens the handle gets a pointer to that
+// allocation's start. A pooled allocation is a slice of a page, and the driver knows only the
+// page: for a slice that does not start its page (a sliced pool carves from the top of free
+// space, so almost none does) the other process would get the page's start, and read and write
+// other bytes than the exporter means, with no error anywhere. So the library refuses such a
+// handle with cudaErrorInvalidValue (CUDA_ERROR_INVALID_VALUE) and a log line that says which
+// layout gives every allocation a page of its own. A handle of a page's start passes: that is
+// how libraries that export (base, offset) pairs work, asking cuMemGetAddressRange for the base
+// (the page) first; so does a handle of an allocation that starts its page (exclusive and
+// direct pools, and the persistent pool), which the other process opens at the right place.
+// Pointers in no pooled page (managed memory, memory the pools passed through) go to the driver
+// unchanged.
+//
 // Depends on the registry, the capture policy, the budget, stream order, the log and the
 // configuration.
 #include "interpose/pooling.h"
@@ -31,6 +47,7 @@
 #include "interpose/registry.h"
 #include "interpose/release_worker.h"
 #include "interpose/stream_order.h"
+#include "pools/options.h"
 
 namespace poolcuda::pooling {
 
@@ -182,6 +199,34 @@ void log_refused_free(const char* api, const void* ptr, const Freed& freed) {
                         : "lies in pooled free memory but was never handed out";
   log_format(LogLevel::basic, "%s(%p) on device %d: %s; nothing changed", api, ptr, freed.owner,
              why);
+}
+
+bool ipc_exportable(const char* api, const void* ptr) {
+  const Registry& registry = Registry::instance();
+  const auto address = reinterpret_cast<DevicePtr>(ptr);
+  for (int device = 0; device < Registry::kMaxDevices; ++device) {
+    MemoryManager* manager = registry.manager(device);
+    if (manager == nullptr) continue;
+    const PointerPlace place = manager->locate(address);
+    if (!place.pooled) continue;
+    if (address == place.page_base || place.allocation == place.page_base) return true;
+    if (place.allocation == 0) {
+      log_format(LogLevel::basic,
+                 "%s(%p) on device %d refused: the pointer lies in pooled memory that is not "
+                 "allocated; nothing changed",
+                 api, ptr, device);
+    } else {
+      log_format(LogLevel::basic,
+                 "%s(%p) on device %d refused: the allocation starts %s into a pooled page of "
+                 "%s, and a process that opened the handle would get the page's start instead; "
+                 "nothing changed. Allocations shared through IPC handles need a page of their "
+                 "own: POOLCUDA_CONF=pools:exclusive gives every allocation one",
+                 api, ptr, device, format_size(place.allocation - place.page_base).c_str(),
+                 format_size(place.page_size).c_str());
+    }
+    return false;
+  }
+  return true;
 }
 
 bool give_back_idle(int device) {

@@ -55,6 +55,12 @@ Freed release(int device, const void* ptr);
 // Logs a refused free (double free, interior pointer, never allocated), naming `api`.
 void log_refused_free(const char* api, const void* ptr, const Freed& freed);
 
+// Whether an IPC handle of `ptr` made by the driver would let another process open the memory
+// the program means (Note [IPC handles] in pooling.cpp): true for a pointer outside the pools'
+// pages, and for one in a page whose live allocation starts the page. False (logged, naming
+// `api`) for any other pointer in a pooled page.
+bool ipc_exportable(const char* api, const void* ptr);
+
 // Gives everything `device`'s pools keep for no live slice back to the driver, waiting (10 s
 // at most, as out-of-memory recovery) for the fences of freed memory and for the pages to get
 // there (MemoryManager::give_back_all(); Note [Stream-ordered allocations] in hooks.cpp). True

@@ -90,6 +90,7 @@ cudaError_t cudaMemDiscardAndPrefetchBatchAsync_ptsz(void** dptrs, size_t* sizes
   X(cudaMemDiscardAndPrefetchBatchAsync)    \
   X(cudaMemDiscardAndPrefetchBatchAsync_ptsz) \
   X(cudaPointerGetAttributes)               \
+  X(cudaIpcGetMemHandle)                    \
   X(cudaFreeAsync)                          \
   X(cudaFreeAsync_ptsz)                     \
   X(cudaMallocAsync)                        \

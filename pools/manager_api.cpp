@@ -234,6 +234,27 @@ std::uint64_t MemoryManager::live_size(DevicePtr ptr) const {
   return size;
 }
 
+PointerPlace MemoryManager::locate(DevicePtr ptr) const {
+  PointerPlace place;
+  shards_->each([&](Impl& m) {
+    if (place.pooled) return;
+    std::lock_guard lock(m.mutex);
+    auto it = m.ctx.page_set.upper_bound(ptr, PageOrder{});
+    if (it == m.ctx.page_set.begin()) return;
+    --it;
+    if (ptr >= it->base + it->size) return;
+    place = PointerPlace{true, it->base, it->size, 0};
+    // Not a hot path: a walk of one page's slices.
+    for (Slice& s : it->slices) {
+      if (ptr < s.ptr || ptr >= s.ptr + s.size) continue;
+      if (s.state == SliceState::live && (s.cache == nullptr || !m.parked(&s)))
+        place.allocation = s.ptr;
+      break;
+    }
+  });
+  return place;
+}
+
 void MemoryManager::set_mode(AllocationMode mode) {
   Shards& s = *shards_;
   if (s.options.persistent == PersistentMode::disabled ||

@@ -86,6 +86,14 @@ struct PageView {
   std::uint64_t size = 0;
 };
 
+// Where a pointer lies in a manager's pages (MemoryManager::locate).
+struct PointerPlace {
+  bool pooled = false;       // in one of the manager's pages; the rest is 0 when not
+  DevicePtr page_base = 0;   // the page: the device allocation the driver knows
+  std::uint64_t page_size = 0;
+  DevicePtr allocation = 0;  // the start of the live allocation holding the pointer, 0 if none
+};
+
 struct Reservation {
   DevicePtr ptr = 0;
   Error error;        // set when ptr == 0
@@ -117,6 +125,10 @@ class MemoryManager {
 
   // The requested size of the live slice starting at `ptr`, or 0 when there is none.
   std::uint64_t live_size(DevicePtr ptr) const;
+
+  // The page that holds `ptr` (start or inside) and the live allocation there, if any; a slice
+  // parked in a thread cache is freed memory, not an allocation.
+  PointerPlace locate(DevicePtr ptr) const;
 
   // Persistent windows nest: persistent opens one, automatic closes one. Ignored under the
   // `disabled` and `enforced` settings.

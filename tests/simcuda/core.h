@@ -82,6 +82,10 @@ cudaError_t mem_alloc(int device, size_t size, AllocKind kind, void** out, uint6
 cudaError_t mem_free(const void* ptr, uint64_t id = 0, AllocInfo* freed = nullptr);
 // Finds the live allocation containing ptr (interior pointers included).
 bool mem_find(const void* ptr, AllocInfo* out);
+// An IPC handle of the device allocation holding `ptr` (start or inside): "simipc" and NUL
+// padding in bytes 0-7, the allocation's base in 8-15 and its id in 16-23, zeros after. False
+// when `ptr` is in no device allocation (managed memory included).
+bool mem_ipc_handle(const void* ptr, unsigned char handle[64]);
 // True if ptr lies in some device's reserved address range (live or not).
 bool mem_in_device_range(const void* ptr, int* device = nullptr);
 // Checks that [ptr, ptr+n) is usable: device-range pointers must lie inside one live allocation.

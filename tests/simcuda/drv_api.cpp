@@ -226,6 +226,8 @@ const Entry kEntries[] = {
     {"cuMemFree", 3020, false, SIM_FN(cuMemFree_v2)},
     {"cuMemGetInfo", 2000, false, SIM_FN(cuMemGetInfo)},
     {"cuMemGetInfo", 3020, false, SIM_FN(cuMemGetInfo_v2)},
+    {"cuIpcGetMemHandle", 4010, false, SIM_FN(cuIpcGetMemHandle)},
+    {"cuMemGetAddressRange", 3020, false, SIM_FN(cuMemGetAddressRange_v2)},
     {"cuMemAllocPitch", 2000, false, SIM_FN(cuMemAllocPitch)},
     {"cuMemAllocPitch", 3020, false, SIM_FN(cuMemAllocPitch_v2)},
     {"cuMemAllocManaged", 6000, false, SIM_FN(cuMemAllocManaged)},

@@ -98,6 +98,23 @@ CUresult cuMemGetInfo_v2(size_t* free, size_t* total) {
   return CUDA_SUCCESS;
 }
 
+CUresult cuMemGetAddressRange_v2(CUdeviceptr* base, size_t* size, CUdeviceptr d) {
+  if (CUresult r = guard(true)) return r;
+  AllocInfo info;
+  if (!mem_find(ptr(d), &info)) return CUDA_ERROR_NOT_FOUND;
+  if (base) *base = static_cast<CUdeviceptr>(info.base);
+  if (size) *size = info.size;
+  return CUDA_SUCCESS;
+}
+
+CUresult cuIpcGetMemHandle(CUipcMemHandle* handle, CUdeviceptr d) {
+  if (CUresult r = guard(true)) return r;
+  if (!handle) return CUDA_ERROR_INVALID_VALUE;
+  return mem_ipc_handle(ptr(d), reinterpret_cast<unsigned char*>(handle->reserved))
+             ? CUDA_SUCCESS
+             : CUDA_ERROR_INVALID_VALUE;
+}
+
 CUresult cuMemAllocAsync(CUdeviceptr* dptr_out, size_t bytesize, CUstream hStream) {
   return alloc_async(dptr_out, bytesize, hStream, false);
 }

@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 
 namespace poolcuda::sim {
 namespace {
@@ -181,6 +182,17 @@ bool mem_find(const void* ptr, AllocInfo* out) {
   const auto* live = find_live(*a, reinterpret_cast<uintptr_t>(ptr));
   if (!live) return false;
   if (out) *out = AllocInfo{live->first, live->second.size, device, live->second.kind, live->second.id};
+  return true;
+}
+
+bool mem_ipc_handle(const void* ptr, unsigned char handle[64]) {
+  AllocInfo info;
+  if (!mem_find(ptr, &info) || info.kind != AllocKind::device) return false;
+  std::memset(handle, 0, 64);
+  std::memcpy(handle, "simipc", 6);
+  const uint64_t base = info.base;
+  std::memcpy(handle + 8, &base, sizeof base);
+  std::memcpy(handle + 16, &info.id, sizeof info.id);
   return true;
 }
 

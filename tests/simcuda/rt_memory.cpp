@@ -161,6 +161,14 @@ cudaError_t cudaMemsetAsync_ptsz(void* devPtr, int value, size_t count, cudaStre
                      "cudaMemsetAsync"));
 }
 
+cudaError_t cudaIpcGetMemHandle(cudaIpcMemHandle_t* handle, void* devPtr) {
+  SIM_ENTER();
+  if (!handle) SIM_RETURN(cudaErrorInvalidValue);
+  SIM_RETURN(mem_ipc_handle(devPtr, reinterpret_cast<unsigned char*>(handle->reserved))
+                 ? cudaSuccess
+                 : cudaErrorInvalidValue);
+}
+
 cudaError_t cudaPointerGetAttributes(cudaPointerAttributes* attributes, const void* ptr) {
   SIM_ENTER();
   if (!attributes) SIM_RETURN(cudaErrorInvalidValue);

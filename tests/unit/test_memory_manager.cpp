@@ -49,6 +49,33 @@ TEST_CASE("find_unknown_pointer_returns_not_found") {
   CHECK(rig.manager.live_size(live) == 512);
 }
 
+TEST_CASE("locate_names_the_page_and_the_live_allocation_holding_a_pointer") {
+  Rig rig(custom({sliced(2048), exclusive(GiB)}));
+  const DevicePtr a = rig.reserve(512);
+  const DevicePtr b = rig.reserve(512);
+  const std::vector<PageView> pages = rig.manager.pages();
+  REQUIRE(pages.size() == 1);
+  // Slices are carved from the top of the free space: neither starts the page.
+  for (const DevicePtr p : {a, b, a + 100}) {
+    const PointerPlace place = rig.manager.locate(p);
+    CHECK(place.pooled);
+    CHECK(place.page_base == pages[0].base);
+    CHECK(place.page_size == pages[0].size);
+    CHECK(place.allocation == (p == b ? b : a));
+    CHECK(place.allocation != place.page_base);
+  }
+  // Free space in a page: pooled, no allocation.
+  CHECK(rig.manager.locate(pages[0].base).pooled);
+  CHECK(rig.manager.locate(pages[0].base).allocation == 0);
+  REQUIRE(rig.manager.free(b) == FreeOutcome::freed);
+  CHECK(rig.manager.locate(b).allocation == 0);
+  // A page-per-request pool's allocation starts its page.
+  const DevicePtr big = rig.reserve(4096);
+  CHECK(rig.manager.locate(big).allocation == big);
+  CHECK(rig.manager.locate(big + 4000).page_base == big);
+  CHECK_FALSE(rig.manager.locate(0).pooled);
+}
+
 TEST_CASE("test_memory_usage") {
   Rig rig(custom({exclusive(512)}));
   DevicePtr a = rig.reserve(100);

@@ -2,6 +2,7 @@
 // allocation, and stream capture in every variant and flavour (the first cuStreamBeginCapture
 // without a mode, _v2, _ptsz, capture into a caller's graph), with the graphs launched through
 // the driver. The handles are the runtime's: runtime calls accept them.
+#include <cstring>
 #include <vector>
 
 #include "driver_test.h"
@@ -114,6 +115,39 @@ TEST_CASE("cuMemAllocPitch pads each row") {
   CUDA_OK(cudaMemset(reinterpret_cast<void*>(d), 0, pitch * 8));
   CHECK_EQ(pitched(&d, &pitch, 1000, 8, 3), CUDA_ERROR_INVALID_VALUE);
   CUDA_OK(cudaFree(reinterpret_cast<void*>(d)));
+}
+
+TEST_CASE("address ranges and IPC handles name the allocation around a pointer") {
+  CUDA_OK(cudaFree(nullptr));
+  auto range = driver().get<decltype(&cuMemGetAddressRange_v2)>("cuMemGetAddressRange", 3020);
+  auto ipc = driver().get<decltype(&cuIpcGetMemHandle)>("cuIpcGetMemHandle", 4010);
+  void* buffer = nullptr;
+  CUDA_OK(cudaMalloc(&buffer, 5000));
+  const auto base = reinterpret_cast<CUdeviceptr>(buffer);
+  CUdeviceptr found = 0;
+  size_t size = 0;
+  REQUIRE_EQ(range(&found, &size, base + 4000), CUDA_SUCCESS);
+  CHECK_EQ(found, base);
+  CHECK(size >= 5000);
+  CUipcMemHandle handle{};
+  cudaIpcMemHandle_t runtime_handle{};
+  REQUIRE_EQ(ipc(&handle, base + 100), CUDA_SUCCESS);
+  CUDA_OK(cudaIpcGetMemHandle(&runtime_handle, buffer));
+  if (stand_in()) {
+    // The stand-in's handle: "simipc", then the allocation's base.
+    CHECK_EQ(std::memcmp(handle.reserved, "simipc", 6), 0);
+    CUdeviceptr named = 0;
+    std::memcpy(&named, handle.reserved + 8, sizeof named);
+    CHECK_EQ(named, base);
+    CHECK_EQ(std::memcmp(handle.reserved, runtime_handle.reserved, 24), 0);
+    void* managed = nullptr;
+    CUDA_OK(cudaMallocManaged(&managed, 4096));
+    CHECK_EQ(ipc(&handle, reinterpret_cast<CUdeviceptr>(managed)), CUDA_ERROR_INVALID_VALUE);
+    CUDA_OK(cudaFree(managed));
+  }
+  CUDA_OK(cudaFree(buffer));
+  CHECK_EQ(range(&found, &size, base), CUDA_ERROR_NOT_FOUND);
+  CHECK_EQ(ipc(&handle, base), CUDA_ERROR_INVALID_VALUE);
 }
 
 TEST_CASE("capture through the driver: every variant and flavour") {
