@@ -12,7 +12,8 @@
 // later, since no pool owns it. A capped pool that is full with nothing behind it, and a request
 // over the device's budget, are deliberate limits: such a refusal has no real call to mirror,
 // so it raises cudaErrorMemoryAllocation in the slot with a real cudaMalloc of a size no device
-// has. A refused cudaFree raises cudaErrorInvalidValue the same way.
+// has. A refused cudaFree, and a refused cudaIpcGetMemHandle (Note [IPC handles] in
+// pooling.cpp), raise cudaErrorInvalidValue the same way.
 //
 // Depends on the shared pooling core, the driver hooks (for the resolvers) and the
 // real-function table.

@@ -57,8 +57,8 @@ void log_refused_free(const char* api, const void* ptr, const Freed& freed);
 
 // Whether an IPC handle of `ptr` made by the driver would let another process open the memory
 // the program means (Note [IPC handles] in pooling.cpp): true for a pointer outside the pools'
-// pages, and for one in a page whose live allocation starts the page. False (logged, naming
-// `api`) for any other pointer in a pooled page.
+// pages, for a page's start, and for a pointer in a page whose live allocation starts the page.
+// False (logged, naming `api`) for any other pointer in a pooled page.
 bool ipc_exportable(const char* api, const void* ptr);
 
 // Gives everything `device`'s pools keep for no live slice back to the driver, waiting (10 s

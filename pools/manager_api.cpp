@@ -448,10 +448,15 @@ std::uint64_t MemoryManager::idle_bytes() const {
 }
 
 void MemoryManager::forget() {
-  shards_->each([](Impl& m) {
+  Shards& s = *shards_;
+  s.each([](Impl& m) {
     Impl::Scope scope(m);
     m.drop_everything();
   });
+  // The program's memory is gone: the plan starts over from what it holds next.
+  std::lock_guard control(s.control);
+  s.planned_peak = 0;
+  s.sharded_max.store(0, std::memory_order_relaxed);
 }
 
 void MemoryManager::set_stream_ordered(bool ordered) {

@@ -289,8 +289,8 @@ struct MemoryManager::Impl {
   std::uint32_t shard_index = 0;
   // The thread that reserved last (its ShardHome's address), or nullptr (Note [Shards]).
   const void* last_reserver = nullptr;
-  // The bytes in use, as of one of the last kShardPublishEvery reservations, for the shards'
-  // plan (Note [Shards]).
+  // The bytes in use, for the shards' plan (Note [Shards]): as the last scope left them once
+  // there are other shards, and as of one of the last kShardPublishEvery reservations before.
   std::atomic<std::uint64_t> in_use_published{0};
   // Bytes of whole idle pages of the dynamic pools (those a shard lends), and bytes reserved for
   // no request, as the last scope left them: a shard that needs a page tries only the shards
@@ -300,7 +300,7 @@ struct MemoryManager::Impl {
   // Set by a cache's owner when it parks a slice, cleared when flush_caches empties every cache:
   // another shard that needs a page tries this one then (Note [Shards]).
   std::atomic<bool> may_have_parked{false};
-  void publish_idle();  // under the lock
+  void publish_figures();  // the figures above, under the lock
   std::uint64_t total_memory = 0;
   mutable RankedMutex mutex{LockRank::manager};
   Outbox* outbox = nullptr;  // set while a Scope holds the lock

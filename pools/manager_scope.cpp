@@ -40,7 +40,7 @@ void MemoryManager::Impl::Scope::unlock() {
   if (!box_.releases.empty())
     m_.pages_handed.fetch_add(box_.releases.size(), std::memory_order_release);
   box_.releases.clear();
-  if (m_.shards != nullptr && m_.shards->count() > 1) m_.publish_idle();
+  if (m_.shards != nullptr && m_.shards->count() > 1) m_.publish_figures();
   locked_ = false;
   m_.mutex.unlock();
   if (!box_.logs.empty()) {
@@ -49,7 +49,7 @@ void MemoryManager::Impl::Scope::unlock() {
   }
 }
 
-void MemoryManager::Impl::publish_idle() {
+void MemoryManager::Impl::publish_figures() {
   // For the other shards (Note [Shards]): stores to lines of this shard's own, only on change.
   // Scopes publish only once there are others (a shard made later finds this one's figures at
   // its first need: this shard publishes at every unlock from then on).
@@ -59,6 +59,9 @@ void MemoryManager::Impl::publish_idle() {
   const std::uint64_t unused = ctx.totals.reserved - ctx.totals.in_use - ctx.totals.padding;
   if (unused_published.load(std::memory_order_relaxed) != unused)
     unused_published.store(unused, std::memory_order_relaxed);
+  // Frees too: a shard its threads left must not show the plan bytes it no longer has in use.
+  if (in_use_published.load(std::memory_order_relaxed) != ctx.totals.in_use)
+    in_use_published.store(ctx.totals.in_use, std::memory_order_relaxed);
 }
 
 namespace {

@@ -23,14 +23,16 @@
 // then beside a busy one moves itself after two reservations, and the busy one stays.
 // Which requests. Each shard holds a partly used page of every sliced pool it serves, so a
 // request a sliced pool serves comes from the thread's own shard only when that pool's pages
-// are at most a kShardPageShare-th of the most bytes the device has had in use (plan(), redone
-// every kShardPlanEvery reservations from what each shard published every kShardPublishEvery);
-// larger ones come from the first shard, whose lock the threads then share for them. The most,
-// not the bytes in use now: what a partly used page costs is weighed against the program's peak,
-// and a program whose use swings (a ring of buffers of random sizes) otherwise sent its threads
-// to the first shard's lock whenever its use dipped: 16 buffers each of two threads, 512 B to
-// 16 MiB, kept 2 MiB pages in the first shard most of the time (2.1M pairs per second against
-// 3.3M now, with the same 1.46 times the bytes in use reserved). The pools
+// are at most a kShardPageShare-th of the most bytes the device has had in use since its layout
+// was installed or its memory forgotten (plan(), redone every kShardPlanEvery reservations from
+// what each shard published); larger ones come from the first shard, whose lock the threads
+// then share for them. The most, not the bytes in use now: what a partly used page costs is
+// weighed against the program's peak, and a program whose use swings (a ring of buffers of
+// random sizes) otherwise sent its threads to the first shard's lock whenever its use dipped:
+// 16 buffers each of two threads, 512 B to 16 MiB, kept 2 MiB pages in the first shard most of
+// the time (2.1M pairs per second, against 3.1M to 3.4M now in medians of eight runs, with the
+// same 1.45 times the bytes in use reserved). A peak that fades by a 64th a plan kept less of
+// that (2.6M). The pools
 // at the end of the layout with a page per request (exclusive, direct) leave no partly used
 // page, only idle ones, which shards lend: their requests always come from the thread's own.
 // Frees. A pointer lies in the pages of one shard at most, and each shard's pages and index
@@ -155,7 +157,7 @@ bool MemoryManager::Shards::make_shards(std::uint32_t n) {
         // the first shard's idle and unused bytes are published now, as its later scopes will.
         std::lock_guard first(shard[0]->mutex);
         fresh->ctx.clock = shard[0]->ctx.clock;
-        shard[0]->publish_idle();
+        shard[0]->publish_figures();
       }
       shard[j] = std::move(fresh);
     } catch (const std::bad_alloc&) {
@@ -207,8 +209,9 @@ void MemoryManager::Shards::plan_layout(const PoolLayout& layout) {
   sharded_above.store(tail == pools_plan.size() ? std::numeric_limits<std::uint64_t>::max()
                                                 : below,
                       std::memory_order_relaxed);
-  // The plan for the sliced pools starts over with the next plan().
+  // The plan for the sliced pools starts over with the next plan(), from what is held then.
   sharded_max.store(0, std::memory_order_relaxed);
+  planned_peak = 0;
 }
 
 void MemoryManager::Shards::plan() {
@@ -266,7 +269,7 @@ bool MemoryManager::Shards::borrow_page(void* owner, std::uint64_t min_size,
         break;
       }
     }
-    if (found || unparked) other.publish_idle();
+    if (found || unparked) other.publish_figures();
     if (found) s.pages_moved.fetch_add(1, std::memory_order_release);
     other.mutex.unlock_beside();
     if (found) return true;

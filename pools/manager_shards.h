@@ -20,8 +20,9 @@ namespace poolcuda {
 // this many reservations (Note [Shards]: dealloc periods of a shard no thread uses any more).
 inline constexpr std::uint64_t kShardClockSync = 4096;
 
-// Each shard publishes its bytes in use every kShardPublishEvery reservations, and the shards'
-// plan (which requests a thread's own shard may serve) is redone every kShardPlanEvery.
+// Each shard publishes its bytes in use every kShardPublishEvery reservations (and at every
+// unlock once there are other shards), and the shards' plan (which requests a thread's own
+// shard may serve) is redone every kShardPlanEvery.
 inline constexpr std::uint64_t kShardPublishEvery = 64;
 inline constexpr std::uint64_t kShardPlanEvery = 256;
 
@@ -162,7 +163,9 @@ struct MemoryManager::Shards {
     std::uint64_t page = 0;
   };
   std::vector<PlannedPool> pools_plan;
-  std::uint64_t planned_peak = 0;  // the most bytes in use any plan() saw; under `control`
+  // The most bytes in use plan() saw since the layout was installed or forget(); under
+  // `control`.
+  std::uint64_t planned_peak = 0;
   // Lays out pools_plan and sharded_above for `layout`.
   void plan_layout(const PoolLayout& layout);
   // Reservations may use shards other than the first; read under the later shard's lock.

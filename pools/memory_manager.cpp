@@ -207,6 +207,7 @@ void MemoryManager::Impl::drop_everything() {
   ctx.pages.reset();
   ctx.next_deadline = kNever;
   ctx.totals = {};
+  in_use_published.store(0, std::memory_order_relaxed);
   persistent = std::make_unique<PersistentPool>(ctx);
   build_pools(options.layout);
   sync_head = sync_tail = nullptr;

@@ -171,24 +171,54 @@ TEST_CASE("a thread's own shard serves small pages' requests and every page-per-
   CHECK(rig.shard_of(rig.reserve_on(moved, 32 * MiB)) != 0);
 }
 
-TEST_CASE("the plan follows the most bytes in use, not the bytes in use now") {
+TEST_CASE("the plan follows the most bytes in use, not those in use now, until a layout or reset") {
   ShardRig rig(shard_options());
   Worker a, b;
   rig.part(a, b);
-  const bool a_moved = rig.shard_of(rig.reserve_on(a, KiB)) != 0;
+  rig.drop_ballast();
+  // The shard a new KiB of `w` comes from (freed again: a layout change needs no live slice).
+  auto shard_for = [&](Worker& w) {
+    const DevicePtr p = rig.reserve_on(w, KiB);
+    const std::uint32_t k = rig.shard_of(p);
+    REQUIRE(rig.manager.free(p) == FreeOutcome::freed);
+    return k;
+  };
+  const bool a_moved = shard_for(a) != 0;
   Worker& moved = a_moved ? a : b;
   Worker& stayed = a_moved ? b : a;
-  // The 64 MiB the plan saw go back, and both threads reserve until every shard has published
-  // its bytes in use and the plan has been redone: a 2 MiB page is more than a 32nd of what is
+  // Both threads reserve until every shard has published its bytes in use and the plan has been
+  // redone (sizes that differ: a thread cache's hits reserve nothing from the shard).
+  auto replan = [&] {
+    for (Worker* w : {&stayed, &moved, &stayed}) {
+      w->run([&] {
+        for (std::uint64_t i = 0; i < 300; ++i)
+          REQUIRE(rig.manager.free(rig.manager.allocate(KiB + 512 * i).ptr) ==
+                  FreeOutcome::freed);
+      });
+    }
+  };
+  // 96 MiB in use, seen by the plan, then given back: a 2 MiB page is more than a 32nd of what is
   // in use now, but a small share of what the program has had in use.
-  rig.drop_ballast();
-  for (Worker* w : {&stayed, &moved, &stayed}) {
-    w->run([&] {
-      for (std::uint64_t i = 0; i < 300; ++i)
-        REQUIRE(rig.manager.free(rig.manager.allocate(KiB + 512 * i).ptr) == FreeOutcome::freed);
+  auto hold_and_drop = [&] {
+    stayed.run([&] {
+      for (int i = 0; i < 96; ++i) rig.ballast.push_back(rig.manager.allocate(MiB).ptr);
     });
-  }
-  CHECK(rig.shard_of(rig.reserve_on(moved, KiB)) != 0);
+    replan();
+    rig.drop_ballast();
+    replan();
+  };
+  hold_and_drop();
+  CHECK(shard_for(moved) != 0);
+  // A new layout is a new plan: from what is in use then, nothing.
+  REQUIRE_FALSE(rig.manager.install_layout(custom({sliced(2 * MiB, MiB)})));
+  replan();
+  CHECK(shard_for(moved) == 0);
+  // So is a reset (forget), after the peak came back.
+  hold_and_drop();
+  REQUIRE(shard_for(moved) != 0);
+  rig.manager.forget();
+  replan();
+  CHECK(shard_for(moved) == 0);
 }
 
 TEST_CASE("any thread frees any shard's pointer, and bad frees are told apart as with one") {
