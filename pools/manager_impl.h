@@ -39,6 +39,9 @@ inline constexpr std::uint32_t kPrimeWaitMicros = 20000;
 // The most extra rounds out-of-memory recovery makes for pages other threads gave up meanwhile
 // (Note [Out of memory among threads] in memory_manager.cpp).
 inline constexpr int kOomExtraRounds = 16;
+// The bytes out-of-memory recovery's first step frees beyond what the request lacks (Note
+// [Recovery in two steps] in memory_manager.cpp): the driver's own granularity.
+inline constexpr std::uint64_t kRecoverySlack = 2 * MiB;
 // The longest a growth waits for another thread's out-of-memory recovery (Note [Growth during
 // a recovery] in memory_manager.cpp).
 inline constexpr std::uint32_t kRecoveryGrowthWaitMicros = 20000;
@@ -220,6 +223,9 @@ struct MemoryManager::Impl {
   bool drain(Scope& scope);
   void finish_sync_frees(Scope& scope);
   std::uint64_t cleanup_all(bool explicit_cleanup);
+  // Releases the dynamic pools' idle pages, oldest first, until `bytes` are on their way to the
+  // device or none is left (Note [Recovery in two steps]). Returns bytes released.
+  std::uint64_t release_oldest_idle(std::uint64_t bytes);
   void implicit_cleanup();
   // The reservation clock moves by `reservations`; an implicit cleanup runs when one is due.
   // No idle page goes back during a capture: the release would have to wait for it anyway.

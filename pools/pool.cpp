@@ -192,6 +192,12 @@ std::uint64_t Pool::release_idle_pages(std::uint64_t min_age, std::uint64_t keep
   return released;
 }
 
+std::uint64_t Pool::release_oldest_idle() {
+  const std::uint64_t size = idle_.front().size;
+  release_page(&idle_.front());
+  return size;
+}
+
 std::uint64_t Pool::deadline() const {
   if (!dealloc_period_ || idle_.empty()) return kNever;
   const std::uint64_t due = idle_.front().idle_since + *dealloc_period_;

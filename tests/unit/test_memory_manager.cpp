@@ -634,4 +634,33 @@ TEST_CASE("an_idle_oversized_page_goes_back_when_the_device_fills") {
   CHECK(rig.manager.check_consistency().empty());
 }
 
+TEST_CASE("oom_recovery_first_returns_only_the_oldest_idle_pages_the_request_lacks") {
+  // Note [Recovery in two steps]: seven idle 8 MiB pages on a 64 MiB device (8 MiB free); a
+  // 12 MiB request lacks 4 MiB and the slack, so the oldest idle page alone goes back.
+  Rig rig(custom({exclusive(1 * GiB)}), 512, 64 * MiB, FreeFence::none);
+  std::vector<DevicePtr> pages;
+  for (int i = 0; i < 7; ++i) pages.push_back(rig.reserve(8 * MiB));
+  for (const DevicePtr p : pages) REQUIRE(p != 0);
+  for (const DevicePtr p : pages) REQUIRE(rig.manager.free(p) == FreeOutcome::freed);
+  const DevicePtr big = rig.reserve(12 * MiB);
+  REQUIRE(big != 0);
+  CHECK(rig.manager.report().oom_recoveries == 1);
+  CHECK(rig.device.outstanding_allocations() == 7);  // six idle pages kept, and the new one
+  // The page freed first went back (its pool reuses the smallest page that fits, so probe it by
+  // filling the six that are left with 8 MiB requests: none is a new driver allocation).
+  std::vector<DevicePtr> again;
+  for (int i = 0; i < 6; ++i) again.push_back(rig.reserve(8 * MiB));
+  CHECK(rig.device.outstanding_allocations() == 7);
+  for (const DevicePtr p : again) CHECK(std::find(pages.begin() + 1, pages.end(), p) != pages.end());
+  // A 40 MiB request with 4 MiB free and six idle pages lacks 38 MiB: five pages go back.
+  for (const DevicePtr p : again) REQUIRE(rig.manager.free(p) == FreeOutcome::freed);
+  const DevicePtr bigger = rig.reserve(40 * MiB);
+  CHECK(bigger != 0);
+  CHECK(rig.device.outstanding_allocations() == 3);
+  CHECK(rig.manager.report().oom_recoveries == 2);
+  rig.manager.free(big);
+  rig.manager.free(bigger);
+  CHECK(rig.manager.check_consistency().empty());
+}
+
 }  // TEST_SUITE
