@@ -223,8 +223,9 @@ struct MemoryManager::Impl {
   bool drain(Scope& scope);
   void finish_sync_frees(Scope& scope);
   std::uint64_t cleanup_all(bool explicit_cleanup);
-  // Releases the dynamic pools' idle pages, oldest first, until `bytes` are on their way to the
-  // device or none is left (Note [Recovery in two steps]). Returns bytes released.
+  // Releases the oldest of the dynamic pools' idle pages that holds `bytes` alone, or else
+  // their idle pages oldest first until `bytes` are on their way to the device or none is left
+  // (Note [Recovery in two steps]). Returns bytes released.
   std::uint64_t release_oldest_idle(std::uint64_t bytes);
   void implicit_cleanup();
   // The reservation clock moves by `reservations`; an implicit cleanup runs when one is due.

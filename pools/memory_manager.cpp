@@ -537,16 +537,24 @@ std::uint64_t MemoryManager::Impl::cleanup_all(bool explicit_cleanup) {
 }
 
 std::uint64_t MemoryManager::Impl::release_oldest_idle(std::uint64_t bytes) {
+  // The idle page of at least `min_size` bytes that went idle first, over every dynamic pool.
+  const auto oldest = [&](std::uint64_t min_size) {
+    std::pair<Pool*, const Page*> found{nullptr, nullptr};
+    for (const auto& pool : pools) {
+      const Page* page = pool->oldest_idle(min_size);
+      if (page != nullptr && (found.second == nullptr || page->idle_since < found.second->idle_since))
+        found = {pool.get(), page};
+    }
+    return found;
+  };
+  // One page that covers it all, when there is one: fewer driver calls, and the smaller pages
+  // the program reuses stay.
+  if (auto [pool, page] = oldest(bytes); page != nullptr) return pool->release_idle(page);
   std::uint64_t released = 0;
   while (released < bytes) {
-    Pool* oldest = nullptr;
-    for (const auto& pool : pools) {
-      if (pool->oldest_idle_since() != kNever &&
-          (oldest == nullptr || pool->oldest_idle_since() < oldest->oldest_idle_since()))
-        oldest = pool.get();
-    }
-    if (oldest == nullptr) break;
-    released += oldest->release_oldest_idle();
+    auto [pool, page] = oldest(0);
+    if (page == nullptr) break;
+    released += pool->release_idle(page);
   }
   return released;
 }
@@ -601,15 +609,17 @@ bool MemoryManager::Impl::drain(Scope& scope) {
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
 // Returning every idle page at each out-of-memory empties the pools: the requests after it find
 // no page to reuse and each takes a new one from the driver, until the device is full again and
-// the next recovery empties them again. So recovery first returns only this shard's oldest idle
-// pages (oldest by the time they went idle, whatever their pool), until the bytes the driver has
-// free or on their way cover the request plus kRecoverySlack, waits for them to arrive (within
+// the next recovery empties them again. So recovery first returns only what this shard's idle
+// pages must give for the bytes the driver has free or on their way to cover the request plus
+// kRecoverySlack: the page that went idle first among those that cover it alone, or else idle
+// pages in the order they went idle (whatever their pool) until they do. It waits for them (within
 // the recovery's bound, as any of its flushes) and routes once more; only when that fails does
 // it take the second step, every idle page of every shard, and the rounds after it. On the
 // random traces of sizes up to 1 GiB, where every growth past the first fill meets a full
-// device, that made 2,277 driver frees and 3,752 allocations in 100,000 pairs instead of 8,503
-// and 9,160 (with two threads 1,023 and 1,417 instead of 6,674 and 7,128), for 718 recoveries
-// instead of 309; on a GPU each of those frees waits for the device. A first step that cannot
+// device, that made 1,654 driver frees and 3,474 allocations in 100,000 pairs instead of 8,503
+// and 9,160 (with two threads 798 and 1,405 instead of 6,674 and 7,128), for 890 recoveries
+// instead of 309; on a GPU each of those frees waits for the device. (Oldest first without the
+// one covering page: 2,277 frees and 3,750 allocations.) A first step that cannot
 // help is skipped: when the device's numbers are unknown, when the driver already has the bytes
 // (another cause, or another thread's pages that arrived meanwhile), while a device reset runs,
 // or while released pages are stuck behind a parked stream (the second step knows what to do

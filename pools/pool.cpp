@@ -192,9 +192,15 @@ std::uint64_t Pool::release_idle_pages(std::uint64_t min_age, std::uint64_t keep
   return released;
 }
 
-std::uint64_t Pool::release_oldest_idle() {
-  const std::uint64_t size = idle_.front().size;
-  release_page(&idle_.front());
+const Page* Pool::oldest_idle(std::uint64_t min_size) const {
+  for (const Page& page : idle_)
+    if (page.size >= min_size) return &page;
+  return nullptr;
+}
+
+std::uint64_t Pool::release_idle(const Page* page) {
+  const std::uint64_t size = page->size;
+  release_page(const_cast<Page*>(page));
   return size;
 }
 

@@ -162,12 +162,11 @@ class Pool {
   // Releases idle pages idle for at least `min_age` reservations, oldest first, until at most
   // `keep_bytes` of idle pages are left. Returns bytes released.
   std::uint64_t release_idle_pages(std::uint64_t min_age, std::uint64_t keep_bytes);
-  // When the oldest idle page went idle (reservation clock), or kNever when there is none.
-  std::uint64_t oldest_idle_since() const {
-    return idle_.empty() ? kNever : idle_.front().idle_since;
-  }
-  // Releases the oldest idle page (there must be one); returns its size.
-  std::uint64_t release_oldest_idle();
+  // The idle page that went idle first (idle pages are listed in that order), of at least
+  // `min_size` bytes; nullptr when there is none.
+  const Page* oldest_idle(std::uint64_t min_size = 0) const;
+  // Releases one of this pool's idle pages; returns its size.
+  std::uint64_t release_idle(const Page* page);
   // An idle page of `min_size` to `max_size` bytes leaves the pool without a device call, for
   // another shard of the manager to take (PoolContext::borrow_page); false when there is none.
   bool hand_over_idle(std::uint64_t min_size, std::uint64_t max_size, DevicePtr* base,

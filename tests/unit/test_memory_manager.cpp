@@ -663,4 +663,27 @@ TEST_CASE("oom_recovery_first_returns_only_the_oldest_idle_pages_the_request_lac
   CHECK(rig.manager.check_consistency().empty());
 }
 
+TEST_CASE("oom_recovery_first_returns_one_page_that_covers_the_lack_before_older_smaller_ones") {
+  // Four idle 4 MiB pages, then an idle 24 MiB one, on a 64 MiB device (24 MiB free): a 30 MiB
+  // request lacks 8 MiB and the slack. The large page alone covers it and goes back, though the
+  // small ones went idle first; they stay for the requests that reuse them.
+  Rig rig(custom({exclusive(1 * GiB)}), 512, 64 * MiB, FreeFence::none);
+  std::vector<DevicePtr> small;
+  for (int i = 0; i < 4; ++i) small.push_back(rig.reserve(4 * MiB));
+  const DevicePtr large = rig.reserve(24 * MiB);
+  REQUIRE(large != 0);
+  for (const DevicePtr p : small) REQUIRE(rig.manager.free(p) == FreeOutcome::freed);
+  REQUIRE(rig.manager.free(large) == FreeOutcome::freed);
+  const DevicePtr big = rig.reserve(30 * MiB);
+  REQUIRE(big != 0);
+  CHECK(rig.manager.report().oom_recoveries == 1);
+  CHECK(rig.device.outstanding_allocations() == 5);
+  std::vector<DevicePtr> again;
+  for (int i = 0; i < 4; ++i) again.push_back(rig.reserve(4 * MiB));
+  CHECK(rig.device.outstanding_allocations() == 5);
+  for (const DevicePtr p : again) rig.manager.free(p);
+  rig.manager.free(big);
+  CHECK(rig.manager.check_consistency().empty());
+}
+
 }  // TEST_SUITE
