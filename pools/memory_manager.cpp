@@ -542,7 +542,7 @@ std::uint64_t MemoryManager::Impl::release_oldest_idle(std::uint64_t bytes) {
     std::pair<Pool*, const Page*> found{nullptr, nullptr};
     for (const auto& pool : pools) {
       const Page* page = pool->oldest_idle(min_size);
-      if (page != nullptr && (found.second == nullptr || page->idle_since < found.second->idle_since))
+      if (page != nullptr && (found.second == nullptr || page->idle_order < found.second->idle_order))
         found = {pool.get(), page};
     }
     return found;
@@ -610,20 +610,23 @@ bool MemoryManager::Impl::drain(Scope& scope) {
 // Returning every idle page at each out-of-memory empties the pools: the requests after it find
 // no page to reuse and each takes a new one from the driver, until the device is full again and
 // the next recovery empties them again. So recovery first returns only what this shard's idle
-// pages must give for the bytes the driver has free or on their way to cover the request plus
-// kRecoverySlack: the page that went idle first among those that cover it alone, or else idle
-// pages in the order they went idle (whatever their pool) until they do. It waits for them (within
+// pages must give for the bytes the driver has free or on their way to cover the page the
+// request needs (Pool::growth_bytes of the first pool that accepts it) plus kRecoverySlack: the
+// page that went idle first among those that cover it alone, or else idle pages in the order
+// they went idle (Page::idle_order, whatever their pool) until they do. It waits for them (within
 // the recovery's bound, as any of its flushes) and routes once more; only when that fails does
 // it take the second step, every idle page of every shard, and the rounds after it. On the
 // random traces of sizes up to 1 GiB, where every growth past the first fill meets a full
-// device, that made 1,654 driver frees and 3,474 allocations in 100,000 pairs instead of 8,503
-// and 9,160 (with two threads 798 and 1,405 instead of 6,674 and 7,128), for 890 recoveries
-// instead of 309; on a GPU each of those frees waits for the device. (Oldest first without the
-// one covering page: 2,277 frees and 3,750 allocations.) A first step that cannot
-// help is skipped: when the device's numbers are unknown, when the driver already has the bytes
-// (another cause, or another thread's pages that arrived meanwhile), while a device reset runs,
-// or while released pages are stuck behind a parked stream (the second step knows what to do
-// then).
+// device, that made 1,662 driver frees and 3,369 allocations in 100,000 pairs instead of 8,503
+// and 9,160 (with two threads 816 and 1,273 instead of 3,703 and 3,987), for 831 recoveries
+// instead of 309, and pairs per second through the library went from 1.26M to 2.17M; on a GPU
+// each of those frees waits for the device. (Oldest first without the one covering page: 2,277
+// frees and 3,750 allocations.) A first step that cannot
+// help goes straight to the second: when the device's numbers are unknown, when the driver
+// already has the bytes (another cause, such as a budget, or another thread's pages that
+// arrived meanwhile), when this shard's idle pages cannot cover the lack (they are released,
+// and the second step's flush waits for them), while a device reset runs, or while released
+// pages are stuck behind a parked stream.
 Route MemoryManager::Impl::recover_from_oom(Scope& scope, std::uint64_t size,
                                             Placement placement) {
   // Counted among the device's recoveries while it gives memory back and routes again, not
@@ -685,6 +688,7 @@ Route MemoryManager::Impl::recover_from_oom(Scope& scope, std::uint64_t size,
     return at != 0 && at == device.releasing_bytes();
   };
   bool stuck = stuck_before();
+  bool flush_ran_out = false;
   std::uint64_t handed_before_flush = 0;
   int extra_rounds = 0;
   // The pages released so far go to the device, and the recovery waits for every page on its
@@ -703,7 +707,7 @@ Route MemoryManager::Impl::recover_from_oom(Scope& scope, std::uint64_t size,
       shards->flush_stuck_releasing.store(0, std::memory_order_relaxed);
       return;
     }
-    stuck = true;
+    stuck = flush_ran_out = true;
     counted.done();
     extra_rounds = kOomExtraRounds;
     // Pages held back by an open capture reach the driver once it ends, not behind a parked
@@ -715,23 +719,33 @@ Route MemoryManager::Impl::recover_from_oom(Scope& scope, std::uint64_t size,
       shards->flush_stuck_releasing.store(still, std::memory_order_relaxed);
   };
   close_and_reap();
-  // The first step: this shard's oldest idle pages, only as many as the request lacks (Note
-  // [Recovery in two steps]).
+  // The first step: only what this shard's idle pages must give for the page the request needs
+  // (Note [Recovery in two steps]).
   if (!stuck && frozen == 0) {
     const DeviceMemoryInfo info = device.memory_info();
     const std::uint64_t coming = info.free_bytes + releases_on_the_way();
-    const std::uint64_t need = align_up(size, ctx.alignment) + kRecoverySlack;
-    if (info.total_bytes != 0 && need > coming && release_oldest_idle(need - coming) != 0) {
-      flush_releases();
-      if (!stuck) {
-        Route r = route(size, placement, 0);
-        if (r.slice != nullptr) return r;
+    std::uint64_t page = align_up(size, ctx.alignment);
+    for (const auto& pool : pools) {
+      if (!pool->accepts(size)) continue;
+      page = pool->growth_bytes(size);
+      break;
+    }
+    const std::uint64_t need = page + kRecoverySlack;
+    if (info.total_bytes != 0 && need > coming) {
+      // Released and not enough: the second step's flush waits for these pages too.
+      if (release_oldest_idle(need - coming) + coming >= need) {
+        flush_releases();
+        if (!stuck) {
+          Route r = route(size, placement, 0);
+          if (r.slice != nullptr || (r.status != AllocStatus::out_of_memory && !r.wait_for_fence))
+            return r;
+        }
       }
     }
   }
   // The second: everything that needs no wait, the other shards' idle pages and this one's.
   if (sharded) trim_others();
-  if (!stuck) stuck = stuck_before();
+  stuck = flush_ran_out || stuck_before();
   if (stuck) {
     counted.done();
     extra_rounds = kOomExtraRounds;

@@ -50,6 +50,7 @@ class ExclusivePool final : public PagePool {
 
   // The page a new request of `size` gets: its size class (Note [Exclusive pages]).
   std::uint64_t page_size_for(std::uint64_t size) const;
+  std::uint64_t growth_bytes(std::uint64_t size) const override { return page_size_for(size); }
 
  private:
   // The largest free page a request of `size` may take.

@@ -101,6 +101,7 @@ void Pool::mark_live(Slice* slice, std::uint64_t requested) {
 
 void Pool::make_idle(Page* page) {
   page->idle_since = ctx_.clock;
+  page->idle_order = ctx_.pages_gone_idle++;
   idle_.push_back(*page);
   idle_page_bytes_ += page->size;
   ctx_.idle_page_bytes += page->size;

@@ -66,6 +66,7 @@ struct Page {
   std::uint64_t size = 0;
   std::uint64_t busy = 0;        // slices that are not free
   std::uint64_t idle_since = 0;  // reservation clock when busy dropped to 0
+  std::uint64_t idle_order = 0;  // the shard's count of pages gone idle, then: idle pages' order
 };
 
 struct PageOrder {
@@ -113,6 +114,7 @@ struct PoolContext {
   }
   std::uint64_t clock = 0;            // reservations so far (the dealloc-period clock)
   std::uint64_t idle_page_bytes = 0;  // whole idle pages in every pool
+  std::uint64_t pages_gone_idle = 0;  // Page::idle_order of the next page to go idle
   std::uint64_t next_deadline = kNever;  // earliest clock at which an idle page expires
   // Bytes in use and reserved across every pool, with their high-water marks: the manager-wide
   // peaks an operator compares (peak reserved / peak in use is the pools' overhead), and the
@@ -165,6 +167,8 @@ class Pool {
   // The idle page that went idle first (idle pages are listed in that order), of at least
   // `min_size` bytes; nullptr when there is none.
   const Page* oldest_idle(std::uint64_t min_size = 0) const;
+  // The bytes a growth for a request of `size` takes from the device: a page of the pool's.
+  virtual std::uint64_t growth_bytes(std::uint64_t size) const { return align_up(size, alignment()); }
   // Releases one of this pool's idle pages; returns its size.
   std::uint64_t release_idle(const Page* page);
   // An idle page of `min_size` to `max_size` bytes leaves the pool without a device call, for

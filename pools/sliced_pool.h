@@ -23,6 +23,7 @@ class SlicedPool final : public Pool {
   PoolReport describe() const override;
 
   std::uint64_t page_size() const { return page_size_; }
+  std::uint64_t growth_bytes(std::uint64_t) const override { return page_size_; }
   std::size_t free_slices() const override { return free_.size(); }
   bool free_set_consistent() const override { return free_.consistent(); }
 

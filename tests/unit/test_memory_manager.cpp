@@ -663,6 +663,31 @@ TEST_CASE("oom_recovery_first_returns_only_the_oldest_idle_pages_the_request_lac
   CHECK(rig.manager.check_consistency().empty());
 }
 
+TEST_CASE("oom_recovery_first_returns_idle_pages_in_the_order_they_went_idle_across_pools") {
+  // Two exclusive 8 MiB pages go idle, then a sliced pool's 8 MiB page, with no allocation in
+  // between (the reservation clock does not move); on a 32 MiB device an 18 MiB request lacks
+  // 12 MiB and the slack, which no page covers alone: the two exclusive pages go, the sliced
+  // page stays.
+  Rig rig(custom({sliced(8 * MiB, MiB), exclusive(1 * GiB)}), 512, 32 * MiB, FreeFence::none);
+  const DevicePtr slice = rig.reserve(MiB);
+  const DevicePtr first = rig.reserve(8 * MiB);
+  const DevicePtr second = rig.reserve(8 * MiB);
+  REQUIRE((slice != 0 && first != 0 && second != 0));
+  REQUIRE(rig.manager.free(first) == FreeOutcome::freed);
+  REQUIRE(rig.manager.free(second) == FreeOutcome::freed);
+  REQUIRE(rig.manager.free(slice) == FreeOutcome::freed);
+  const DevicePtr big = rig.reserve(18 * MiB);
+  REQUIRE(big != 0);
+  CHECK(rig.manager.report().oom_recoveries == 1);
+  CHECK(rig.device.outstanding_allocations() == 2);
+  const DevicePtr again = rig.reserve(MiB);  // the sliced page, still there: no recovery
+  CHECK(rig.device.outstanding_allocations() == 2);
+  CHECK(rig.manager.report().oom_recoveries == 1);
+  rig.manager.free(again);
+  rig.manager.free(big);
+  CHECK(rig.manager.check_consistency().empty());
+}
+
 TEST_CASE("oom_recovery_first_returns_one_page_that_covers_the_lack_before_older_smaller_ones") {
   // Four idle 4 MiB pages, then an idle 24 MiB one, on a 64 MiB device (24 MiB free): a 30 MiB
   // request lacks 8 MiB and the slack. The large page alone covers it and goes back, though the
