@@ -542,7 +542,8 @@ std::uint64_t MemoryManager::Impl::release_oldest_idle(std::uint64_t bytes) {
     std::pair<Pool*, const Page*> found{nullptr, nullptr};
     for (const auto& pool : pools) {
       const Page* page = pool->oldest_idle(min_size);
-      if (page != nullptr && (found.second == nullptr || page->idle_order < found.second->idle_order))
+      if (page == nullptr) continue;
+      if (found.second == nullptr || page->idle_order < found.second->idle_order)
         found = {pool.get(), page};
     }
     return found;
@@ -621,12 +622,11 @@ bool MemoryManager::Impl::drain(Scope& scope) {
 // and 9,160 (with two threads 816 and 1,273 instead of 3,703 and 3,987), for 831 recoveries
 // instead of 309, and pairs per second through the library went from 1.26M to 2.17M; on a GPU
 // each of those frees waits for the device. (Oldest first without the one covering page: 2,277
-// frees and 3,750 allocations.) A first step that cannot
-// help goes straight to the second: when the device's numbers are unknown, when the driver
-// already has the bytes (another cause, such as a budget, or another thread's pages that
-// arrived meanwhile), when this shard's idle pages cannot cover the lack (they are released,
-// and the second step's flush waits for them), while a device reset runs, or while released
-// pages are stuck behind a parked stream.
+// frees and 3,750 allocations.) A first step that cannot help goes straight to the second: when
+// the device's numbers are unknown, when the driver already has the bytes (another cause, such
+// as a budget, or another thread's pages that arrived meanwhile), when this shard's idle pages
+// cannot cover the lack (they are released, and the second step's flush waits for them), while
+// a device reset runs, or while released pages are stuck behind a parked stream.
 Route MemoryManager::Impl::recover_from_oom(Scope& scope, std::uint64_t size,
                                             Placement placement) {
   // Counted among the device's recoveries while it gives memory back and routes again, not

@@ -168,7 +168,9 @@ class Pool {
   // `min_size` bytes; nullptr when there is none.
   const Page* oldest_idle(std::uint64_t min_size = 0) const;
   // The bytes a growth for a request of `size` takes from the device: a page of the pool's.
-  virtual std::uint64_t growth_bytes(std::uint64_t size) const { return align_up(size, alignment()); }
+  virtual std::uint64_t growth_bytes(std::uint64_t size) const {
+    return align_up(size, alignment());
+  }
   // Releases one of this pool's idle pages; returns its size.
   std::uint64_t release_idle(const Page* page);
   // An idle page of `min_size` to `max_size` bytes leaves the pool without a device call, for
