@@ -73,6 +73,14 @@ bool charge(int device, std::uint64_t bytes) {
   return true;
 }
 
+std::optional<std::uint64_t> room(int device) {
+  if (!in_range(device)) return std::nullopt;
+  const std::optional<std::uint64_t> limit = limit_of(device);
+  if (!limit) return std::nullopt;
+  const std::uint64_t charged = state().accounts[device].charged.load(std::memory_order_relaxed);
+  return charged < *limit ? *limit - charged : 0;
+}
+
 void uncharge(int device, std::uint64_t bytes) {
   if (!in_range(device)) return;
   std::atomic<std::uint64_t>& charged = state().accounts[device].charged;

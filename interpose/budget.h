@@ -19,6 +19,9 @@ namespace poolcuda::budget {
 bool charge(int device, std::uint64_t bytes);
 void uncharge(int device, std::uint64_t bytes);
 
+// What is left of the device's budget; nullopt when it has none.
+std::optional<std::uint64_t> room(int device);
+
 // An allocation passed to the driver, charged: remembered so that its free uncharges it.
 void passed_through(int device, void* ptr, std::uint64_t bytes);
 // A pointer freed by the driver: uncharges it when it was one of those.

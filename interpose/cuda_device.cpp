@@ -113,6 +113,10 @@ std::uint64_t CudaDevice::releasing_bytes() {
   return ReleaseWorker::instance().waiting_bytes(device_);
 }
 
+std::uint64_t CudaDevice::growth_room() {
+  return budget::room(device_).value_or(kNoGrowthLimit);
+}
+
 std::uint64_t CudaDevice::release_in_flight() {
   return ReleaseWorker::instance().in_flight();
 }

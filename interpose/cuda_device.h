@@ -37,6 +37,7 @@ class CudaDevice final : public Device {
   bool flush_releases(std::uint32_t max_microseconds) override;
   std::uint64_t releasing_bytes() override;
   std::uint64_t release_in_flight() override;
+  std::uint64_t growth_room() override;  // what the device's budget has left
   DeviceMemoryInfo memory_info() override;
   std::uint64_t alignment() const override { return kAlignment; }
   FenceHandle fence_record() override;

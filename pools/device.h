@@ -72,6 +72,13 @@ class Device {
   // moved on, or never got a core to start). The default: releases are synchronous.
   virtual std::uint64_t release_in_flight() { return 0; }
 
+  // Bytes allocate() may still take under a limit of the implementation's own (a budget), which
+  // refuses as out_of_memory whatever memory_info() says is free; bytes handed to release()
+  // count as back at once. Out-of-memory recovery sizes what it gives back by it (Note [Recovery
+  // in two steps] in memory_manager.cpp). The default: no such limit. Cheap, never blocks.
+  virtual std::uint64_t growth_room() { return kNoGrowthLimit; }
+  static constexpr std::uint64_t kNoGrowthLimit = ~std::uint64_t{0};
+
   // Free and total memory of the device as the driver sees it (pooled idle bytes count as used).
   // During capture: allowed.
   virtual DeviceMemoryInfo memory_info() = 0;

@@ -21,6 +21,7 @@ class ForwardingDevice : public Device {
   }
   std::uint64_t releasing_bytes() override { return inner_.releasing_bytes(); }
   std::uint64_t release_in_flight() override { return inner_.release_in_flight(); }
+  std::uint64_t growth_room() override { return inner_.growth_room(); }
   DeviceMemoryInfo memory_info() override { return inner_.memory_info(); }
   std::uint64_t alignment() const override { return inner_.alignment(); }
   FenceHandle fence_record() override { return inner_.fence_record(); }

@@ -611,22 +611,23 @@ bool MemoryManager::Impl::drain(Scope& scope) {
 // Returning every idle page at each out-of-memory empties the pools: the requests after it find
 // no page to reuse and each takes a new one from the driver, until the device is full again and
 // the next recovery empties them again. So recovery first returns only what this shard's idle
-// pages must give for the bytes the driver has free or on their way to cover the page the
-// request needs (Pool::growth_bytes of the first pool that accepts it) plus kRecoverySlack: the
-// page that went idle first among those that cover it alone, or else idle pages in the order
-// they went idle (Page::idle_order, whatever their pool) until they do. It waits for them (within
-// the recovery's bound, as any of its flushes) and routes once more; only when that fails does
-// it take the second step, every idle page of every shard, and the rounds after it. On the
-// random traces of sizes up to 1 GiB, where every growth past the first fill meets a full
-// device, that made 1,662 driver frees and 3,369 allocations in 100,000 pairs instead of 8,503
-// and 9,160 (with two threads 816 and 1,273 instead of 3,703 and 3,987), for 831 recoveries
-// instead of 309, and pairs per second through the library went from 1.26M to 2.17M; on a GPU
-// each of those frees waits for the device. (Oldest first without the one covering page: 2,277
-// frees and 3,750 allocations.) A first step that cannot help goes straight to the second: when
-// the device's numbers are unknown, when the driver already has the bytes (another cause, such
-// as a budget, or another thread's pages that arrived meanwhile), when this shard's idle pages
-// cannot cover the lack (they are released, and the second step's flush waits for them), while
-// a device reset runs, or while released pages are stuck behind a parked stream.
+// pages must give for the room the driver has (free bytes and pages on their way, or what a
+// budget has left when that is less: Device::growth_room) to cover the page the request needs
+// (Pool::growth_bytes of the first pool that accepts it) plus kRecoverySlack: the page that went
+// idle first among those that cover the lack alone, or else idle pages in the order they went
+// idle (Page::idle_order, whatever their pool) until they do. It waits for them (within the
+// recovery's bound, as any of its flushes) and routes once more; only when that fails does it
+// take the second step, every idle page of every shard, and the rounds after it. On the random
+// traces of sizes up to 1 GiB, where every growth past the first fill meets a full device, that
+// made 1,662 driver frees and 3,369 allocations in 100,000 pairs instead of 8,503 and 9,160
+// (with two threads 816 and 1,273 instead of 3,703 and 3,987), for 831 recoveries instead of
+// 309, and pairs per second through the library went from 1.26M to 2.17M; on a GPU each of
+// those frees waits for the device. (Oldest first without the one covering page: 2,277 frees and
+// 3,750 allocations.) A first step that cannot help goes straight to the second: when the
+// device's numbers are unknown, when the room is there already (another cause, or another
+// thread's pages that arrived meanwhile), when this shard's idle pages cannot cover the lack
+// (they are released, and the second step's flush waits for them), while a device reset runs,
+// or while released pages are stuck behind a parked stream.
 Route MemoryManager::Impl::recover_from_oom(Scope& scope, std::uint64_t size,
                                             Placement placement) {
   // Counted among the device's recoveries while it gives memory back and routes again, not
@@ -723,7 +724,9 @@ Route MemoryManager::Impl::recover_from_oom(Scope& scope, std::uint64_t size,
   // (Note [Recovery in two steps]).
   if (!stuck && frozen == 0) {
     const DeviceMemoryInfo info = device.memory_info();
-    const std::uint64_t coming = info.free_bytes + releases_on_the_way();
+    // Under a budget the driver's free bytes are not what refused the page.
+    const std::uint64_t coming =
+        std::min(info.free_bytes + releases_on_the_way(), device.growth_room());
     std::uint64_t page = align_up(size, ctx.alignment);
     for (const auto& pool : pools) {
       if (!pool->accepts(size)) continue;

@@ -1,7 +1,8 @@
 // Preload test: the per-device budget (limit:1G). cudaMemGetInfo shows the budget as the total
 // and what is left of it as free; 1 MiB allocations succeed up to exactly 1 GiB and the 1,025th
 // fails with cudaErrorMemoryAllocation (one log line says why); a request larger than the budget
-// is refused without reaching the driver; freeing makes room again. The device itself has more.
+// is refused without reaching the driver; freeing makes room again, and a request over the
+// budget takes back only the idle pages it lacks. The device itself has more.
 #include <string>
 #include <vector>
 
@@ -44,6 +45,14 @@ int child() {
   CHECK_CUDA(cudaMalloc(&again, 1 << 20));
   buffers.push_back(again);
   for (void* ptr : buffers) CHECK_CUDA(cudaFree(ptr));
+
+  // The budget is full of idle 8 MiB pages now, the device is not: recovery gives back only the
+  // pages a 256 MiB request lacks (Note [Recovery in two steps]), 33 of the 128.
+  const std::uint64_t frees = preload_test::on_stand_in() ? preload_test::counter("cudaFree") : 0;
+  void* big = nullptr;
+  CHECK_CUDA(cudaMalloc(&big, std::size_t{256} << 20));
+  if (preload_test::on_stand_in()) CHECK(preload_test::counter("cudaFree") - frees == 33);
+  CHECK_CUDA(cudaFree(big));
   std::printf("ok\n");
   return 0;
 }

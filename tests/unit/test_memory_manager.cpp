@@ -663,6 +663,51 @@ TEST_CASE("oom_recovery_first_returns_only_the_oldest_idle_pages_the_request_lac
   CHECK(rig.manager.check_consistency().empty());
 }
 
+// A device with a budget of its own, as CudaDevice has under `limit`: it refuses what would pass
+// the budget, whatever memory_info() says is free.
+class BudgetDevice final : public ForwardingDevice<HostDevice> {
+ public:
+  BudgetDevice(HostDevice& inner, std::uint64_t limit)
+      : ForwardingDevice(inner), limit_(limit) {}
+  AllocStatus allocate(std::uint64_t size, DevicePtr* out) override {
+    if (charged_ + size > limit_) return AllocStatus::out_of_memory;
+    const AllocStatus status = inner_.allocate(size, out);
+    if (status == AllocStatus::ok) charged_ += size;
+    return status;
+  }
+  void release(DevicePtr ptr, std::uint64_t size) override {
+    charged_ -= size;
+    inner_.release(ptr, size);
+  }
+  std::uint64_t growth_room() override { return limit_ - charged_; }
+
+ private:
+  std::uint64_t limit_;
+  std::uint64_t charged_ = 0;
+};
+
+TEST_CASE("oom_recovery_first_step_sizes_the_lack_by_a_budget") {
+  // Three idle 8 MiB pages under a 32 MiB budget on a 64 MiB device: a 16 MiB request passes
+  // the budget though the driver has 40 MiB free. It lacks 10 MiB of room and the slack, so two
+  // of the idle pages go back, not three.
+  HostDevice host(64 * MiB, 512);
+  BudgetDevice device(host, 32 * MiB);
+  ManagerOptions options;
+  options.layout = custom({exclusive(1 * GiB)});
+  options.free_fence = FreeFence::none;
+  options.log_sink = [](LogLevel, std::string_view) {};
+  MemoryManager manager(device, options);
+  std::vector<DevicePtr> pages;
+  for (int i = 0; i < 3; ++i) pages.push_back(manager.allocate(8 * MiB).ptr);
+  for (const DevicePtr p : pages) REQUIRE(manager.free(p) == FreeOutcome::freed);
+  const DevicePtr big = manager.allocate(16 * MiB).ptr;
+  REQUIRE(big != 0);
+  CHECK(manager.report().oom_recoveries == 1);
+  CHECK(host.outstanding_allocations() == 2);
+  manager.free(big);
+  CHECK(manager.check_consistency().empty());
+}
+
 TEST_CASE("oom_recovery_first_returns_idle_pages_in_the_order_they_went_idle_across_pools") {
   // Two exclusive 8 MiB pages go idle, then a sliced pool's 8 MiB page, with no allocation in
   // between (the reservation clock does not move); on a 32 MiB device an 18 MiB request lacks
