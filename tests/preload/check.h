@@ -133,6 +133,17 @@ Fn real(const char* name) {
   return reinterpret_cast<Fn>(real_symbol(name));
 }
 
+// A driver entry point as the runtime resolves it (the library's hook where it has one).
+template <typename Fn>
+Fn driver_entry(const char* name, unsigned int version) {
+  void* fn = nullptr;
+  cudaDriverEntryPointQueryResult status = cudaDriverEntryPointSymbolNotFound;
+  CHECK_CUDA(cudaGetDriverEntryPointByVersion(name, &fn, version, cudaEnableDefault, &status));
+  CHECK_MSG(status == cudaDriverEntryPointSuccess && fn != nullptr,
+            std::string("no driver entry point ") + name);
+  return reinterpret_cast<Fn>(fn);
+}
+
 // ---- Children ---------------------------------------------------------------------------------
 
 struct ChildResult {

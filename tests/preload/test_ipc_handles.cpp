@@ -17,12 +17,7 @@ namespace {
 using IpcGetFn = CUresult (*)(CUipcMemHandle*, CUdeviceptr);
 
 IpcGetFn driver_ipc_get() {
-  void* fn = nullptr;
-  cudaDriverEntryPointQueryResult status = cudaDriverEntryPointSymbolNotFound;
-  CHECK_CUDA(cudaGetDriverEntryPointByVersion("cuIpcGetMemHandle", &fn, 4010, cudaEnableDefault,
-                                              &status));
-  CHECK(status == cudaDriverEntryPointSuccess && fn != nullptr);
-  return reinterpret_cast<IpcGetFn>(fn);
+  return preload_test::driver_entry<IpcGetFn>("cuIpcGetMemHandle", 4010);
 }
 
 // On the stand-in: the base of the allocation a handle opens (Note in tests/simcuda/core.h).
@@ -103,15 +98,10 @@ int main(int argc, char** argv) {
   // cuMemGetAddressRange.
   CHECK_CUDA(cudaMalloc(&a, 4096));
   using RangeFn = CUresult (*)(CUdeviceptr*, std::size_t*, CUdeviceptr);
-  void* range_fn = nullptr;
-  cudaDriverEntryPointQueryResult status = cudaDriverEntryPointSymbolNotFound;
-  CHECK_CUDA(cudaGetDriverEntryPointByVersion("cuMemGetAddressRange", &range_fn, 3020,
-                                              cudaEnableDefault, &status));
-  CHECK(status == cudaDriverEntryPointSuccess && range_fn != nullptr);
+  const auto range = preload_test::driver_entry<RangeFn>("cuMemGetAddressRange", 3020);
   CUdeviceptr base = 0;
   std::size_t size = 0;
-  CHECK(reinterpret_cast<RangeFn>(range_fn)(&base, &size, reinterpret_cast<CUdeviceptr>(a)) ==
-        CUDA_SUCCESS);
+  CHECK(range(&base, &size, reinterpret_cast<CUdeviceptr>(a)) == CUDA_SUCCESS);
   CHECK(base != reinterpret_cast<CUdeviceptr>(a));
   CHECK(base + size > reinterpret_cast<CUdeviceptr>(a));
   check_passes(reinterpret_cast<void*>(base), driver_get);
