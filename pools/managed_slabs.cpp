@@ -98,6 +98,7 @@ ManagedSlabs::ManagedSlabs(ManagedBacking& backing, const ManagedOptions& option
       granule_(options_.granule),
       slab_bytes_(align_up(options_.slab_size, options_.granule)),
       slab_granules_(slab_bytes_ / options_.granule),
+      window_granules_(std::min(slab_granules_, kManagedWindow / options_.granule)),
       slabs_(new Slab[options_.max_slabs + 1]),  // the last record stays sealed
       bases_(new std::atomic<DevicePtr>[options_.max_slabs + 1]) {
   for (std::uint32_t i = 0; i <= options_.max_slabs; ++i) {
@@ -125,17 +126,28 @@ ManagedAllocation ManagedSlabs::allocate(std::uint64_t size, std::uint64_t align
   const std::uint32_t lane = lane_of_thread();
   Slab& slab = slabs_[current_[lane].load(std::memory_order_acquire)];
   std::uint64_t start = 0;
-  if (try_bump(slab, granules, &start) == Fit::ok) return finish(slab, start, size);
-  return allocate_slow(size, granules, lane);
+  switch (try_bump(slab, granules, &start, /*within_window=*/true)) {
+    case Fit::ok:
+      return finish(slab, start, size);
+    case Fit::window:
+      return next_window(size, granules, lane);
+    default:
+      return allocate_slow(size, granules, lane);
+  }
 }
 
 ManagedSlabs::Fit ManagedSlabs::try_bump(Slab& slab, std::uint64_t granules,
-                                         std::uint64_t* start) const {
+                                         std::uint64_t* start, bool within_window) const {
   std::uint64_t state = slab.state.load(std::memory_order_relaxed);
   for (;;) {
     if (sealed(state)) return Fit::sealed;
     const std::uint64_t bump = bump_of(state);
     if (granules > slab_granules_ - bump) return Fit::full;
+    // A stale window end only lets a request bump further into the slab: the window decides
+    // where a lane allocates, never whether two allocations overlap (the state word does).
+    if (within_window && bump + granules > slab.window_end.load(std::memory_order_relaxed)) {
+      return Fit::window;
+    }
     if (slab.state.compare_exchange_weak(state, pack(bump + granules, live_of(state) + 1),
                                          std::memory_order_acq_rel,
                                          std::memory_order_relaxed)) {

@@ -4,7 +4,9 @@
 // bit cleared and one compare-and-swap, and recognising a pointer (free, lookups) takes no lock.
 // A slab rewinds only when nothing in it is live and the free fence recorded after its last free
 // has passed; every byte handed out reads as zero. Note [Managed slabs] in managed_slabs.cpp
-// explains the state word, the marks and why a rewind can never race an allocation.
+// explains the state word, the marks and why a rewind can never race an allocation; Note
+// [Managed windows] in managed_chain.cpp why a lane's allocations stay within a few MiB
+// while they are freed as fast as they are made.
 //
 // Also the snapshot of a chain for reports (ManagedReport) and its two renderings.
 //
@@ -34,6 +36,10 @@ inline constexpr std::uint32_t kManagedLanes = 4;
 // The longest an allocation waits for an empty slab's free fence before the chain grows
 // instead (Note [Managed free fences] in managed_chain.cpp); the pools' bound too.
 inline constexpr std::uint32_t kManagedFenceWaitMicros = 2000;
+// A lane's window (Note [Managed windows]): the bytes it bumps through before it looks for a
+// slab to rewind, and the least number of its requests a window holds.
+inline constexpr std::uint64_t kManagedWindow = 1 * MiB;
+inline constexpr std::uint64_t kManagedWindowRequests = 64;
 
 struct ManagedOptions {
   std::uint64_t slab_size = 64 * MiB;  // bytes per slab, rounded up to the granule
@@ -171,12 +177,15 @@ class ManagedSlabs {
 
  private:
   struct Slab;
-  enum class Fit : std::uint8_t { ok, full, sealed };
+  // window: the request fits the slab but not its window (only when asked to stay within it).
+  enum class Fit : std::uint8_t { ok, window, full, sealed };
 
-  Fit try_bump(Slab& slab, std::uint64_t granules, std::uint64_t* start) const;
+  Fit try_bump(Slab& slab, std::uint64_t granules, std::uint64_t* start,
+               bool within_window = false) const;
   ManagedAllocation finish(Slab& slab, std::uint64_t start, std::uint64_t size);
   ManagedAllocation allocate_slow(std::uint64_t size, std::uint64_t granules,
                                   std::uint32_t lane);
+  ManagedAllocation next_window(std::uint64_t size, std::uint64_t granules, std::uint32_t lane);
   static std::uint32_t lane_of_thread();
   // True when `slot` is the current slab of a lane other than `lane` (kManagedLanes: any lane).
   bool current_of_other_lane(std::uint32_t slot, std::uint32_t lane) const;
@@ -186,6 +195,7 @@ class ManagedSlabs {
   // Slow path (managed_chain.cpp); the caller holds mutex_.
   bool quiet(Slab& slab, std::uint64_t* state);
   bool rewind(Slab& slab, std::uint64_t state);
+  void open_window(Slab& slab, std::uint64_t bump, std::uint64_t granules);
   int wait_oldest_fence(std::uint32_t lane);
   bool retire(Slab& slab, std::uint64_t state, std::vector<DevicePtr>* retired);
   int populate(std::uint64_t size, ManagedError* error);
@@ -197,6 +207,7 @@ class ManagedSlabs {
   const std::uint64_t granule_;
   const std::uint64_t slab_bytes_;
   const std::uint64_t slab_granules_;
+  const std::uint64_t window_granules_;  // kManagedWindow in granules (the slab's, if smaller)
   std::unique_ptr<Slab[]> slabs_;
   std::unique_ptr<std::atomic<DevicePtr>[]> bases_;  // each slab's base (Slab::base)
   // Each lane's current slab: the one its fast path tries. A lane with none points at the extra
@@ -206,6 +217,7 @@ class ManagedSlabs {
 
   mutable std::mutex mutex_;  // the slow path; guards the fields below
   std::uint64_t tick_ = 0;    // slow paths so far (the clock of disuse)
+  bool spare_refused_ = false;  // a window's new slab was refused (Note [Managed windows])
   std::uint64_t retired_issued_ = 0;
   std::uint64_t retired_resets_ = 0;
   std::uint64_t slabs_allocated_ = 0;

@@ -46,6 +46,9 @@ struct alignas(64) ManagedSlabs::Slab {
   std::atomic<std::uint64_t> state{managed::kSealed};
   std::atomic<std::uint64_t> issued{0};  // requested bytes handed out (this incarnation)
   std::atomic<std::uint64_t> dirty{0};   // granules below which bytes may be non-zero
+  // The fast path bumps below this only (Note [Managed windows]); raised under the chain's
+  // mutex, set back by a rewind while the slab is sealed.
+  std::atomic<std::uint64_t> window_end{0};
   // The slab's base address (0: the slot holds no slab), in the chain's array of bases, which
   // every free scans: read-mostly lines, apart from the state words other threads swap.
   std::atomic<DevicePtr>* base = nullptr;
@@ -61,6 +64,9 @@ struct alignas(64) ManagedSlabs::Slab {
   std::uint64_t fence_tick = 0;  // the chain's tick when the fence was recorded
   std::uint64_t last_used = 0;   // the chain's tick when it last served (or was current)
   std::uint64_t resets = 0;
+  // The lane it last served as current slab (kManagedLanes: none yet); a lane takes back the
+  // spares it left before it takes another lane's (Note [Managed windows]).
+  std::uint32_t lane = kManagedLanes;
 };
 
 }  // namespace poolcuda

@@ -389,6 +389,132 @@ TEST_CASE("managed: no free fence under fences off, none while a capture is open
   CHECK(capture.report().resets == 1);
 }
 
+// Note [Managed windows]: pairs of kWindowPair bytes, kWindowPairs of them (ten windows' worth),
+// on slabs of 64 MiB; `span` is how far past a slab's base any of them was handed out.
+constexpr std::uint64_t kWindowPair = 1 * KiB;
+constexpr std::uint64_t kWindowPairs = 10 * kManagedWindow / kWindowPair;
+
+struct Span {
+  std::uint64_t farthest = 0;  // bytes past its slab's base the farthest allocation ended
+  bool recycled_zero = true;   // every allocation read as zero
+};
+Span churn(Chain& c, std::uint64_t pairs) {
+  Span out;
+  for (std::uint64_t i = 0; i < pairs; ++i) {
+    const DevicePtr p = c.allocate(kWindowPair);
+    out.recycled_zero = out.recycled_zero && all_bytes(p, kWindowPair, 0);
+    fill(p, kWindowPair, 0xab);  // what the next user of these bytes must not see
+    const ManagedLookup at = c.slabs.find(p);
+    out.farthest = std::max(out.farthest, p + kWindowPair - at.slab);
+    c.slabs.free(p);
+  }
+  return out;
+}
+
+TEST_CASE("managed windows: with fences off, a slab rewinds at its window's end") {
+  Chain c(64 * MiB, 4, 1 * GiB, /*fences=*/false);
+  const Span span = churn(c, kWindowPairs);
+  CHECK(span.farthest <= kManagedWindow);
+  CHECK(span.recycled_zero);
+  CHECK(c.device.calls().allocate == 1);
+  CHECK(c.report().resets >= 9);
+}
+
+TEST_CASE("managed windows: with fences, two slabs take turns, each rewound a window later") {
+  Chain c(64 * MiB, 4, 1 * GiB);
+  const Span span = churn(c, kWindowPairs);
+  CHECK(span.farthest <= kManagedWindow);
+  CHECK(span.recycled_zero);
+  CHECK(c.device.calls().allocate == 2);  // the second slab is made once
+  CHECK(c.report().resets >= 8);
+  CHECK(c.device.calls().fence_wait_for == 0);
+  CHECK(c.device.outstanding_fences() <= 2);
+}
+
+TEST_CASE("managed windows: a window's end never waits for a fence; the window widens") {
+  Chain c(64 * MiB, 4, 1 * GiB);
+  c.device.set_fence_mode(HostDevice::FenceMode::manual);
+  const Span lagging = churn(c, kWindowPairs);
+  CHECK(c.device.calls().fence_wait_for == 0);
+  CHECK(c.device.calls().allocate == 2);
+  CHECK(c.report().resets == 0);
+  CHECK(lagging.farthest > 4 * kManagedWindow);  // the windows widened
+  // Once the device catches up, the slab left behind rewinds at the next window's end.
+  c.device.complete_fences();
+  churn(c, kManagedWindow / kWindowPair);
+  CHECK(c.report().resets >= 1);
+  CHECK(c.device.calls().allocate == 2);
+}
+
+TEST_CASE("managed windows: a refused second slab is asked for once; the window widens") {
+  Chain c(64 * MiB, 4, /*capacity=*/64 * MiB);  // room for one slab
+  const Span span = churn(c, kWindowPairs);
+  CHECK(span.recycled_zero);
+  CHECK(c.device.calls().allocate == 2);  // the first slab and one refusal
+  CHECK(c.report().slabs.size() == 1);
+  CHECK(span.farthest > 4 * kManagedWindow);
+}
+
+TEST_CASE("managed windows: a live allocation keeps its slab and its bytes") {
+  Chain c(64 * MiB, 4, 1 * GiB);
+  const DevicePtr kept = c.allocate(4 * KiB);
+  fill(kept, 4 * KiB, 0x5c);
+  const Span span = churn(c, kWindowPairs);
+  CHECK(span.recycled_zero);
+  CHECK(all_bytes(kept, 4 * KiB, 0x5c));
+  CHECK(c.slabs.find(kept).kind == ManagedLookup::Kind::live);
+  // The first slab never rewound while `kept` lived; the lane moved to slabs of its own.
+  const ManagedReport r = c.report();
+  REQUIRE(!r.slabs.empty());
+  CHECK(r.slabs[0].live == 1);
+  CHECK(r.slabs[0].resets == 0);
+  CHECK(c.slabs.free(kept) == FreeOutcome::freed);
+}
+
+TEST_CASE("managed windows: a request larger than a window opens a window that holds it") {
+  Chain c(64 * MiB, /*max_slabs=*/1, 1 * GiB, /*fences=*/false);  // no spare can be made
+  const DevicePtr small = c.allocate(kManagedWindow - 4 * KiB);
+  const DevicePtr large = c.allocate(2 * kManagedWindow);  // crosses the first window's end
+  CHECK(c.slabs.find(large).slab == c.slabs.find(small).slab);
+  CHECK(all_bytes(large, 2 * kManagedWindow, 0));
+  CHECK(c.device.calls().allocate == 1);
+}
+
+TEST_CASE("managed windows: four threads turning slabs over never share a byte") {
+  Chain c(64 * MiB, 16, 4 * GiB);
+  constexpr int kThreads = 4;
+  constexpr std::size_t kHeld = 8;  // each thread keeps its last few allocations live
+  std::vector<int> failures(kThreads, 0);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      const auto mark = static_cast<unsigned char>(0x10 + t);
+      std::vector<DevicePtr> held;
+      for (std::uint64_t i = 0; i < kWindowPairs / 2; ++i) {
+        const ManagedAllocation a = c.slabs.allocate(kWindowPair, kGranule);
+        if (a.ptr == 0 || !all_bytes(a.ptr, kWindowPair, 0)) ++failures[t];
+        if (a.ptr == 0) continue;
+        fill(a.ptr, kWindowPair, mark);
+        held.push_back(a.ptr);
+        if (held.size() > kHeld) {
+          if (!all_bytes(held.front(), kWindowPair, mark)) ++failures[t];
+          if (c.slabs.free(held.front()) != FreeOutcome::freed) ++failures[t];
+          held.erase(held.begin());
+        }
+      }
+      for (DevicePtr p : held) {
+        if (!all_bytes(p, kWindowPair, mark) || c.slabs.free(p) != FreeOutcome::freed) {
+          ++failures[t];
+        }
+      }
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  for (int t = 0; t < kThreads; ++t) CHECK(failures[t] == 0);
+  CHECK(c.report().live_allocations == 0);
+  CHECK(c.report().resets > 0);
+}
+
 TEST_CASE("managed: empty slabs go back after disuse and on trim, the current one stays") {
   Chain c(1 * KiB, 8, 256 * MiB, true, /*disuse=*/3);
   std::vector<DevicePtr> burst;
