@@ -12,17 +12,15 @@
 
 namespace {
 
+// The entry point the runtime resolves, which must be the library's hook.
 template <typename Fn>
-Fn driver_entry(const char* name, unsigned int version) {
-  void* fn = nullptr;
-  cudaDriverEntryPointQueryResult status = cudaDriverEntryPointSymbolNotFound;
-  CHECK_CUDA(cudaGetDriverEntryPointByVersion(name, &fn, version, cudaEnableDefault, &status));
-  CHECK(status == cudaDriverEntryPointSuccess);
+Fn hooked_entry(const char* name, unsigned int version) {
+  const auto fn = preload_test::driver_entry<Fn>(name, version);
   Dl_info info{};
-  CHECK_MSG(fn != nullptr && ::dladdr(fn, &info) != 0 &&
+  CHECK_MSG(::dladdr(reinterpret_cast<void*>(fn), &info) != 0 &&
                 std::strstr(info.dli_fname, "poolcuda") != nullptr,
             std::string(name) + " is not the library's hook");
-  return reinterpret_cast<Fn>(fn);
+  return fn;
 }
 
 }  // namespace
@@ -30,8 +28,8 @@ Fn driver_entry(const char* name, unsigned int version) {
 int main() {
   preload_test::require_preloaded();
   CHECK_CUDA(cudaFree(nullptr));
-  auto mem_alloc = driver_entry<decltype(&cuMemAlloc_v2)>("cuMemAlloc", 3020);
-  auto mem_free = driver_entry<decltype(&cuMemFree_v2)>("cuMemFree", 3020);
+  auto mem_alloc = hooked_entry<decltype(&cuMemAlloc_v2)>("cuMemAlloc", 3020);
+  auto mem_free = hooked_entry<decltype(&cuMemFree_v2)>("cuMemFree", 3020);
   const bool counted = preload_test::on_stand_in();
   auto count = [&](const char* name) { return counted ? preload_test::counter(name) : 0; };
 

@@ -25,21 +25,13 @@
 
 namespace {
 
+using preload_test::driver_entry;
 using preload_test::Gate;
 using preload_test::wait_at_gate;
 
 constexpr std::size_t kSize = 1 << 20;
 
 bool driver_streams = false;
-
-template <typename Fn>
-Fn driver_entry(const char* name, unsigned int version) {
-  void* fn = nullptr;
-  cudaDriverEntryPointQueryResult status = cudaDriverEntryPointSymbolNotFound;
-  CHECK_CUDA(cudaGetDriverEntryPointByVersion(name, &fn, version, cudaEnableDefault, &status));
-  CHECK(status == cudaDriverEntryPointSuccess && fn != nullptr);
-  return reinterpret_cast<Fn>(fn);
-}
 
 cudaStream_t create_stream(unsigned int flags) {
   cudaStream_t stream = nullptr;

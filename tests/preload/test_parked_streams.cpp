@@ -56,12 +56,8 @@ void park_legacy_stream(Gate& gate, Park how = Park::host_function) {
       CHECK_CUDA(cudaStreamAddCallback(cudaStreamLegacy, &callback_at_gate, &gate, 0));
       break;
     case Park::driver: {
-      void* fn = nullptr;
-      cudaDriverEntryPointQueryResult status = cudaDriverEntryPointSymbolNotFound;
-      CHECK_CUDA(cudaGetDriverEntryPointByVersion("cuLaunchHostFunc", &fn, 10000,
-                                                  cudaEnableDefault, &status));
-      CHECK(status == cudaDriverEntryPointSuccess && fn != nullptr);
-      const auto launch = reinterpret_cast<decltype(&cuLaunchHostFunc)>(fn);
+      const auto launch =
+          preload_test::driver_entry<decltype(&cuLaunchHostFunc)>("cuLaunchHostFunc", 10000);
       CHECK(launch(CU_STREAM_LEGACY, &wait_at_gate, &gate) == CUDA_SUCCESS);
       break;
     }

@@ -314,15 +314,10 @@ void peer_case() {
 }
 
 void driver_case() {
-  void* fn = nullptr;
-  cudaDriverEntryPointQueryResult status = cudaDriverEntryPointSymbolNotFound;
-  CHECK_CUDA(cudaGetDriverEntryPointByVersion("cuStreamCreate", &fn, 2000, cudaEnableDefault,
-                                              &status));
-  CHECK(status == cudaDriverEntryPointSuccess && fn != nullptr);
+  const auto create = preload_test::driver_entry<decltype(&cuStreamCreate)>("cuStreamCreate", 2000);
   Handover handover(cudaStreamLegacy);
   CUstream stream = nullptr;
-  CHECK(reinterpret_cast<decltype(&cuStreamCreate)>(fn)(&stream, CU_STREAM_NON_BLOCKING) ==
-        CUDA_SUCCESS);
+  CHECK(create(&stream, CU_STREAM_NON_BLOCKING) == CUDA_SUCCESS);
   handover.write(0, reinterpret_cast<cudaStream_t>(stream));
   handover.write_from_new_stream(1);
   handover.finish("driver");
