@@ -26,17 +26,17 @@
 // full, a program that frees what it allocates came back to the same bytes 64 MiB later, long
 // gone from the cache, and zeroing them cost more than everything else: 1 KiB pairs took 200 to
 // 260 ns on the build machine, bound by its memory bandwidth. So the fast path bumps only below
-// its slab's window end, kManagedWindow (or kManagedWindowRequests of the request, if more)
-// past the bump where the window opened, and a request that crosses it takes next_window(),
-// under the chain's mutex but without advancing the clock of disuse:
+// its slab's window end, and a request that crosses it takes next_window(), under the chain's
+// mutex. A window is kManagedWindow, or kManagedWindowRequests of the request that opens it if
+// that is more: every window's end costs a fence, which a few large requests would not repay
+// (a request of 1 MiB opens a window of a whole 64 MiB slab). At a window's end:
 // - with fences off, the current slab, if empty, rewinds at once;
 // - else a spare (a slab no lane allocates from) that this lane left behind, if it is empty
 //   and its free fence has passed, is rewound and becomes the lane's current; the slab left
 //   behind records its fence if it is empty (quiet()), to be rewound in turn a window later;
 // - else, if the lane left no spare behind, a new slab becomes its current, and the old one
-//   is left behind as above (its last live allocations may be freed meanwhile); a new slab
-//   refused is not asked for again until the chain fills a slab or gives one back;
-// - else, if no new slab could be made, another lane's spare as above;
+//   is left behind as above (its last live allocations may be freed meanwhile);
+// - else another lane's spare as above;
 // - else the current slab's window widens: nothing waits for a fence at a window's end.
 // So a lane that frees what it allocates takes turns between two slabs, each bumping through
 // one window while the other's fence passes, and rewrites the same two MiB or so while they
@@ -45,9 +45,17 @@
 // zero, and two threads made a pair cost 150 ns of CPU time instead of 90. A fence passes a
 // window later as long as the device keeps up with the host; while it lags, windows widen,
 // and the slab fills as before. A second spare per lane, for a fence that lags a little,
-// measured no faster (it widens the span rewritten). A slab not larger than a window has no
-// windows. The cost: a lane's second slab, one real allocation (address space; on a GPU
-// physical pages only where touched).
+// measured no faster (it widens the span rewritten). A spare that keeps a live allocation
+// keeps its lane's windows widening until it is freed: a new spare for every such window
+// would let a program that leaves one long-lived allocation per MiB fill the chain.
+// What a spare costs: one more real allocation per lane (address space; on a GPU, physical
+// pages only where touched), charged to the budget. After a refusal (the device or the budget
+// is full) or a trim (out of memory), no new spare is asked for until a slab made for a full
+// one shows the device has room: each refusal is a driver call, and a spare trimmed and made
+// again at every out-of-memory would cost a synchronizing free each time. A lane that only
+// cycles through windows makes no slow path, so windows move the clock of disuse too, once per
+// slab's worth; the slab a lane left is its spare and counts as used each time. A slab not
+// larger than a window has no windows.
 #include <algorithm>
 
 #include "pools/managed_slabs.h"
@@ -66,7 +74,6 @@ ManagedAllocation ManagedSlabs::allocate_slow(std::uint64_t size, std::uint64_t 
   {
     std::lock_guard<std::mutex> hold(mutex_);
     ++tick_;
-    spare_refused_ = false;
     const std::uint32_t used = used_slots_.load(std::memory_order_relaxed);
     const std::uint32_t current = current_[lane].load(std::memory_order_relaxed);
     for (const auto& other : current_) {
@@ -103,10 +110,12 @@ ManagedAllocation ManagedSlabs::allocate_slow(std::uint64_t size, std::uint64_t 
       // 4. A new slab.
       if (chosen < 0) {
         chosen = populate(size, &error);
+        if (chosen >= 0) spare_refused_ = false;  // the device has room again
         if (chosen >= 0 && try_bump(slabs_[chosen], granules, &start) != Fit::ok) chosen = -1;
       }
     }
     if (chosen >= 0) {
+      open_window(slabs_[chosen], start, granules);
       slabs_[chosen].lane = lane;
       slabs_[chosen].last_used = tick_;
       current_[lane].store(static_cast<std::uint32_t>(chosen), std::memory_order_release);
@@ -172,10 +181,15 @@ void ManagedSlabs::open_window(Slab& slab, std::uint64_t bump, std::uint64_t gra
 // The lane's current slab has no room left in its window (Note [Managed windows]).
 ManagedAllocation ManagedSlabs::next_window(std::uint64_t size, std::uint64_t granules,
                                            std::uint32_t lane) {
+  std::vector<DevicePtr> retired;
   int chosen = -1;
   std::uint64_t start = 0;
   {
     std::lock_guard<std::mutex> hold(mutex_);
+    // The clock of disuse moves once per slab's worth of windows.
+    const std::uint64_t per_tick = std::max<std::uint64_t>(1, slab_granules_ / window_granules_);
+    const bool tick = ++windows_ % per_tick == 0;
+    if (tick) ++tick_;
     const std::uint32_t current = current_[lane].load(std::memory_order_relaxed);
     const std::uint32_t used = used_slots_.load(std::memory_order_relaxed);
     if (current < used) {
@@ -188,8 +202,7 @@ ManagedAllocation ManagedSlabs::next_window(std::uint64_t size, std::uint64_t gr
                  try_bump(slab, granules, &start) == Fit::ok) {
         chosen = static_cast<int>(current);
       }
-      // A spare this lane left behind, then a new one, then another lane's (Note [Managed
-      // windows]).
+      // A spare this lane left behind, then a new one, then another lane's.
       bool own_spare = false;
       auto take_spare = [&](bool own) {
         for (std::uint32_t i = 0; chosen < 0 && i < used; ++i) {
@@ -206,27 +219,33 @@ ManagedAllocation ManagedSlabs::next_window(std::uint64_t size, std::uint64_t gr
         }
       };
       if (chosen < 0) take_spare(/*own=*/true);
-      if (chosen < 0 && !own_spare && !spare_refused_) {
-        ManagedError ignored;  // without a new slab the window widens instead
-        chosen = populate(size, &ignored);
-        if (chosen >= 0 && try_bump(slabs_[chosen], granules, &start) != Fit::ok) chosen = -1;
-        // Not asked again until the chain fills a slab or gives one back: a refusal costs a
-        // driver call, and windows only save time.
-        spare_refused_ = chosen < 0;
+      if (chosen < 0 && !own_spare) {
+        if (!spare_refused_) {
+          ManagedError ignored;  // without a new slab the window widens instead
+          chosen = populate(size, &ignored);
+          if (chosen >= 0 && try_bump(slabs_[chosen], granules, &start) != Fit::ok) chosen = -1;
+          spare_refused_ = chosen < 0;
+        }
         if (chosen < 0) take_spare(/*own=*/false);
       }
-      if (chosen >= 0 && chosen != static_cast<int>(current)) {
-        quiet(slab, &state);  // the slab left behind records its fence, if it is empty
-        slabs_[chosen].lane = lane;
-        slabs_[chosen].last_used = tick_;
-        current_[lane].store(static_cast<std::uint32_t>(chosen), std::memory_order_release);
-      } else if (chosen < 0) {
+      if (chosen >= 0) {
+        open_window(slabs_[chosen], start, granules);
+        if (chosen != static_cast<int>(current)) {
+          quiet(slab, &state);  // the slab left behind records its fence, if it is empty
+          slab.last_used = tick_;
+          slabs_[chosen].lane = lane;
+          slabs_[chosen].last_used = tick_;
+          current_[lane].store(static_cast<std::uint32_t>(chosen), std::memory_order_release);
+        }
+      } else {
         state = slab.state.load(std::memory_order_acquire);
         if (!sealed(state)) open_window(slab, bump_of(state), granules);
         if (try_bump(slab, granules, &start) == Fit::ok) chosen = static_cast<int>(current);
       }
     }
+    if (tick) collect_empty(/*disused_only=*/true, &retired);
   }
+  release_all(retired);
   if (chosen < 0) return allocate_slow(size, granules, lane);
   return finish(slabs_[chosen], start, size);
 }
@@ -264,7 +283,6 @@ bool ManagedSlabs::retire(Slab& slab, std::uint64_t state, std::vector<DevicePtr
   slab.resets = 0;
   retired->push_back(slab.base->exchange(0, std::memory_order_acq_rel));
   ++slabs_released_;
-  spare_refused_ = false;
   return true;
 }
 
@@ -356,6 +374,7 @@ std::uint32_t ManagedSlabs::trim() {
   std::uint32_t count = 0;
   {
     std::lock_guard<std::mutex> hold(mutex_);
+    spare_refused_ = true;  // the device is short of memory: no spare until a slab fills
     count = collect_empty(/*disused_only=*/false, &retired);
   }
   release_all(retired);

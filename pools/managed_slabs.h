@@ -217,7 +217,9 @@ class ManagedSlabs {
 
   mutable std::mutex mutex_;  // the slow path; guards the fields below
   std::uint64_t tick_ = 0;    // slow paths so far (the clock of disuse)
-  bool spare_refused_ = false;  // a window's new slab was refused (Note [Managed windows])
+  std::uint64_t windows_ = 0;  // window ends so far (next_window)
+  // No new slab for a window until one is made for a full slab (Note [Managed windows]).
+  bool spare_refused_ = false;
   std::uint64_t retired_issued_ = 0;
   std::uint64_t retired_resets_ = 0;
   std::uint64_t slabs_allocated_ = 0;

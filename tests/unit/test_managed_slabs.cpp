@@ -455,6 +455,52 @@ TEST_CASE("managed windows: a refused second slab is asked for once; the window 
   CHECK(span.farthest > 4 * kManagedWindow);
 }
 
+TEST_CASE("managed windows: large requests meet few window ends, each a fence") {
+  for (const std::uint64_t size : {512 * KiB, 2 * MiB}) {
+    Chain c(64 * MiB, 4, 1 * GiB);
+    for (int i = 0; i < 100; ++i) c.slabs.free(c.allocate(size));
+    CAPTURE(size);
+    CHECK(c.device.calls().fence_record <= 5);
+    CHECK(c.device.calls().allocate <= 2);
+  }
+}
+
+TEST_CASE("managed windows: cycling windows still gives disused slabs back") {
+  Chain c(4 * MiB, 32, 1 * GiB, true, /*disuse=*/3);
+  std::vector<DevicePtr> burst;
+  for (int i = 0; i < 20; ++i) burst.push_back(c.allocate(4 * MiB));
+  for (DevicePtr p : burst) c.slabs.free(p);
+  CHECK(c.report().slabs.size() == 20);
+  for (int i = 0; i < 20 * 1024; ++i) c.slabs.free(c.allocate(1 * KiB));  // 5 slabs' worth
+  CHECK(c.report().slabs_released >= 17);
+  CHECK(c.report().slabs.size() <= 3);
+  CHECK(c.device.outstanding_allocations() == c.report().slabs.size());
+}
+
+TEST_CASE("managed windows: after a trim no new spare is made until a slab fills") {
+  Chain c(64 * MiB, 4, 1 * GiB);
+  churn(c, 4 * kManagedWindow / kWindowPair);
+  REQUIRE(c.report().slabs.size() == 2);
+  CHECK(c.slabs.trim() == 1);  // the spare; the current slab stays
+  const std::uint64_t made = c.device.calls().allocate;
+  const Span span = churn(c, kWindowPairs);
+  CHECK(c.device.calls().allocate == made);
+  CHECK(span.farthest > 4 * kManagedWindow);  // the windows widened instead
+}
+
+TEST_CASE("managed windows: while a capture is open, windows widen; they turn again after") {
+  Chain c(64 * MiB, 4, 1 * GiB);
+  c.device.set_capture_open(true);  // fence_record answers kNoFence
+  const Span open = churn(c, kWindowPairs);
+  CHECK(open.recycled_zero);
+  CHECK(c.report().resets == 0);
+  CHECK(c.device.calls().fence_wait_for == 0);
+  c.device.set_capture_open(false);
+  churn(c, 4 * kManagedWindow / kWindowPair);
+  CHECK(c.report().resets >= 1);
+  CHECK(c.device.calls().allocate == 2);
+}
+
 TEST_CASE("managed windows: a live allocation keeps its slab and its bytes") {
   Chain c(64 * MiB, 4, 1 * GiB);
   const DevicePtr kept = c.allocate(4 * KiB);
@@ -480,9 +526,9 @@ TEST_CASE("managed windows: a request larger than a window opens a window that h
   CHECK(c.device.calls().allocate == 1);
 }
 
-TEST_CASE("managed windows: four threads turning slabs over never share a byte") {
-  Chain c(64 * MiB, 16, 4 * GiB);
-  constexpr int kThreads = 4;
+TEST_CASE("managed windows: eight threads turning slabs over never share a byte") {
+  Chain c(64 * MiB, 24, 4 * GiB);
+  constexpr int kThreads = 8;  // two per lane: threads of one lane meet at its windows' ends
   constexpr std::size_t kHeld = 8;  // each thread keeps its last few allocations live
   std::vector<int> failures(kThreads, 0);
   std::vector<std::thread> threads;
