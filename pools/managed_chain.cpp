@@ -28,15 +28,15 @@
 // 260 ns on the build machine, bound by its memory bandwidth. So the fast path bumps only below
 // its slab's window end, and a request that crosses it takes next_window(), under the chain's
 // mutex. A window is kManagedWindow, or kManagedWindowRequests of the request that opens it if
-// that is more: every window's end costs a fence, which a few large requests would not repay
+// that is more: a window's end may record a fence, which a few large requests would not repay
 // (a request of 1 MiB opens a window of a whole 64 MiB slab). At a window's end:
 // - with fences off, the current slab, if empty, rewinds at once;
-// - else a spare (a slab no lane allocates from) that this lane left behind, if it is empty
-//   and its free fence has passed, is rewound and becomes the lane's current; the slab left
+// - else a spare of the lane's (a slab it allocated from, now no lane's current) that is empty
+//   and whose free fence has passed is rewound and becomes the lane's current; the slab left
 //   behind records its fence if it is empty (quiet()), to be rewound in turn a window later;
-// - else, if the lane left no spare behind, a new slab becomes its current, and the old one
-//   is left behind as above (its last live allocations may be freed meanwhile);
-// - else another lane's spare as above;
+// - else, if the lane has no spare at all, a new slab becomes its current, and the old one is
+//   left behind as above (its last live allocations may be freed meanwhile), or, if no new slab
+//   can be had, another lane's spare as above;
 // - else the current slab's window widens: nothing waits for a fence at a window's end.
 // So a lane that frees what it allocates takes turns between two slabs, each bumping through
 // one window while the other's fence passes, and rewrites the same two MiB or so while they
@@ -50,12 +50,12 @@
 // would let a program that leaves one long-lived allocation per MiB fill the chain.
 // What a spare costs: one more real allocation per lane (address space; on a GPU, physical
 // pages only where touched), charged to the budget. After a refusal (the device or the budget
-// is full) or a trim (out of memory), no new spare is asked for until a slab made for a full
-// one shows the device has room: each refusal is a driver call, and a spare trimmed and made
-// again at every out-of-memory would cost a synchronizing free each time. A lane that only
-// cycles through windows makes no slow path, so windows move the clock of disuse too, once per
-// slab's worth; the slab a lane left is its spare and counts as used each time. A slab not
-// larger than a window has no windows.
+// is full) or a trim (out of memory), no new spare is asked for until the disuse period has
+// passed or a slab made for a full one shows the device has room: each refusal is a driver
+// call, and a spare trimmed and made again at every out-of-memory would cost a synchronizing
+// free each time. A lane that only cycles through windows makes no slow path, so window ends
+// (all lanes') move the clock of disuse too, once per slab's worth; the slab a lane leaves
+// counts as used then. A slab not larger than a window has no windows.
 #include <algorithm>
 
 #include "pools/managed_slabs.h"
@@ -220,11 +220,12 @@ ManagedAllocation ManagedSlabs::next_window(std::uint64_t size, std::uint64_t gr
       };
       if (chosen < 0) take_spare(/*own=*/true);
       if (chosen < 0 && !own_spare) {
-        if (!spare_refused_) {
+        if (!spare_refused_ || tick_ - spare_refused_tick_ > options_.disuse_period) {
           ManagedError ignored;  // without a new slab the window widens instead
           chosen = populate(size, &ignored);
           if (chosen >= 0 && try_bump(slabs_[chosen], granules, &start) != Fit::ok) chosen = -1;
           spare_refused_ = chosen < 0;
+          spare_refused_tick_ = tick_;
         }
         if (chosen < 0) take_spare(/*own=*/false);
       }
@@ -374,7 +375,9 @@ std::uint32_t ManagedSlabs::trim() {
   std::uint32_t count = 0;
   {
     std::lock_guard<std::mutex> hold(mutex_);
-    spare_refused_ = true;  // the device is short of memory: no spare until a slab fills
+    // The device is short of memory: no new spare for a while (Note [Managed windows]).
+    spare_refused_ = true;
+    spare_refused_tick_ = tick_;
     count = collect_empty(/*disused_only=*/false, &retired);
   }
   release_all(retired);

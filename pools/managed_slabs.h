@@ -216,10 +216,14 @@ class ManagedSlabs {
   std::atomic<std::uint32_t> used_slots_{0};  // slots ever populated: the lookup scan bound
 
   mutable std::mutex mutex_;  // the slow path; guards the fields below
-  std::uint64_t tick_ = 0;    // slow paths so far (the clock of disuse)
-  std::uint64_t windows_ = 0;  // window ends so far (next_window)
-  // No new slab for a window until one is made for a full slab (Note [Managed windows]).
+  // The clock of disuse: slow paths, and a slab's worth of window ends (next_window).
+  std::uint64_t tick_ = 0;
+  std::uint64_t windows_ = 0;  // window ends so far
+  // A new slab for a window was refused, or a trim ran, at spare_refused_tick_: none is asked
+  // for until the disuse period has passed or a slab was made for a full one (Note [Managed
+  // windows]).
   bool spare_refused_ = false;
+  std::uint64_t spare_refused_tick_ = 0;
   std::uint64_t retired_issued_ = 0;
   std::uint64_t retired_resets_ = 0;
   std::uint64_t slabs_allocated_ = 0;

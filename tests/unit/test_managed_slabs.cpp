@@ -8,6 +8,7 @@
 #include <cstdio>
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <random>
 #include <thread>
@@ -477,15 +478,48 @@ TEST_CASE("managed windows: cycling windows still gives disused slabs back") {
   CHECK(c.device.outstanding_allocations() == c.report().slabs.size());
 }
 
-TEST_CASE("managed windows: after a trim no new spare is made until a slab fills") {
-  Chain c(64 * MiB, 4, 1 * GiB);
+TEST_CASE("managed windows: after a trim no new spare is made for a disuse period") {
+  Chain c(8 * MiB, 4, 1 * GiB, true, /*disuse=*/2);  // a tick every 8 windows
   churn(c, 4 * kManagedWindow / kWindowPair);
   REQUIRE(c.report().slabs.size() == 2);
   CHECK(c.slabs.trim() == 1);  // the spare; the current slab stays
   const std::uint64_t made = c.device.calls().allocate;
-  const Span span = churn(c, kWindowPairs);
+  const Span span = churn(c, 6 * kManagedWindow / kWindowPair);
   CHECK(c.device.calls().allocate == made);
   CHECK(span.farthest > 4 * kManagedWindow);  // the windows widened instead
+  // Three ticks later (the current slab fills and rewinds meanwhile) a spare is made again,
+  // and the windows turn once more.
+  churn(c, 24 * kManagedWindow / kWindowPair);
+  CHECK(c.device.calls().allocate == made + 1);
+  const std::uint64_t resets = c.report().resets;
+  const Span again = churn(c, 4 * kManagedWindow / kWindowPair);
+  CHECK(again.farthest <= kManagedWindow);
+  CHECK(c.report().resets >= resets + 3);
+}
+
+TEST_CASE("managed windows: with no new slab to be had, a lane takes another lane's spare") {
+  Chain c(64 * MiB, 4, /*capacity=*/192 * MiB);  // three slabs
+  std::atomic<int> step{0};
+  Span span;
+  std::uint64_t resets = 0;
+  // Two fresh threads, made one after the other, get different lanes (Note [Managed lanes]).
+  std::thread first([&] {
+    c.slabs.free(c.allocate(kWindowPair));  // slab 0, this lane's current
+    step = 1;
+    while (step.load() != 2) std::this_thread::yield();
+    resets = c.report().resets;
+    span = churn(c, kWindowPairs);  // its lane has no spare and the device no room
+  });
+  while (step.load() != 1) std::this_thread::yield();
+  std::thread second([&] {
+    churn(c, 2 * kManagedWindow / kWindowPair);  // slabs 1 and 2: a current and a spare
+    step = 2;
+  });
+  second.join();
+  first.join();
+  CHECK(c.device.calls().allocate == 4);  // three slabs and the refused fourth
+  CHECK(span.farthest <= kManagedWindow);
+  CHECK(c.report().resets >= resets + 8);
 }
 
 TEST_CASE("managed windows: while a capture is open, windows widen; they turn again after") {
