@@ -307,10 +307,14 @@ struct MemoryManager::Impl {
   // Set by a cache's owner when it parks a slice, cleared when flush_caches empties every cache:
   // another shard that needs a page tries this one then (Note [Shards]).
   std::atomic<bool> may_have_parked{false};
+  // Set while this shard, under its lock, tries other shards' locks (Shards::borrow_page).
+  std::atomic<bool> borrowing{false};
   void publish_figures();  // the figures above, under the lock
   std::uint64_t total_memory = 0;
-  mutable RankedMutex mutex{LockRank::manager};
-  Outbox* outbox = nullptr;  // set while a Scope holds the lock
+  // A line of its own: threads that spin on it (Note [Spinning before parking]) would otherwise
+  // take the holder's state away from it on every try.
+  alignas(64) mutable RankedMutex mutex{LockRank::manager};
+  alignas(64) Outbox* outbox = nullptr;  // set while a Scope holds the lock
   PoolContext ctx;
   std::unique_ptr<PersistentPool> persistent;
   std::vector<std::unique_ptr<Pool>> pools;

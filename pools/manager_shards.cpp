@@ -245,17 +245,27 @@ bool MemoryManager::Shards::borrow_page(void* owner, std::uint64_t min_size,
   Impl& self = *static_cast<Impl*>(owner);
   Shards& s = *self.shards;
   const std::uint32_t n = s.count();
+  // Another shard borrowing holds its own lock until it gives up on this one's: it is passed
+  // over at once, so two shards that borrow from each other do not spin against each other.
+  self.borrowing.store(true, std::memory_order_relaxed);
+  struct Done {
+    Impl& self;
+    ~Done() { self.borrowing.store(false, std::memory_order_relaxed); }
+  } done{self};
   for (std::uint32_t j = 0; j < n; ++j) {
     if (j == self.shard_index) continue;
     Impl& other = *s.shard[j];
     const bool parked = other.may_have_parked.load(std::memory_order_relaxed);
     if (!parked && other.idle_published.load(std::memory_order_relaxed) < min_size) continue;
     // Under this shard's lock: a shard that stays busy is passed over rather than waited for,
-    // so two shards that borrow from each other at once never wait on each other. Its calls are
-    // short: a few tries usually find it free.
+    // so two shards never wait on each other. Its calls are short: a few microseconds of tries
+    // usually find it free (Note [Spinning before parking] in pools/lock_order.h).
     bool locked = false;
-    for (int tries = 0; tries < kBorrowTries && !(locked = other.mutex.try_lock_beside()); ++tries)
-      for (int spin = 0; spin < 32; ++spin) std::atomic_signal_fence(std::memory_order_seq_cst);
+    for (int tries = 0; tries < kBorrowTries; ++tries) {
+      if (other.borrowing.load(std::memory_order_relaxed)) break;
+      if ((locked = other.mutex.try_lock_beside())) break;
+      for (int i = 0; i < 4; ++i) cpu_relax();
+    }
     if (!locked) continue;
     // Pages that only parked slices keep are the program's freed memory too (Note [Thread
     // caches]): the caches no call used since the last sweep give them back first, so they can

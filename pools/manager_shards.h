@@ -31,9 +31,9 @@ inline constexpr std::uint64_t kShardPlanEvery = 256;
 // partly used page of each sliced pool it serves, and that cost stays a small share of the peak.
 inline constexpr std::uint64_t kShardPageShare = 32;
 
-// How many times a shard that needs a page tries another shard's lock for an idle one (a few
-// microseconds in all: Note [Spinning before parking] in pools/lock_order.h).
-inline constexpr int kBorrowTries = 256;
+// How many times a shard that needs a page tries another shard's lock for an idle one, a few
+// pauses apart (Note [Spinning before parking] in pools/lock_order.h).
+inline constexpr int kBorrowTries = kManagerSpinTries;
 
 // A reservation is shared when another thread reserved from the shard since the calling
 // thread's previous reservation there. A thread moves to another shard at a shared reservation
