@@ -681,6 +681,47 @@ TEST_CASE("oom_recovery_with_the_room_there_already_routes_again_and_keeps_every
   CHECK(rig.manager.check_consistency().empty());
 }
 
+// A device that refuses its next `refusals` allocations whatever it has free: a refusal with
+// another cause than a full device.
+class RefusingDevice final : public ForwardingDevice<HostDevice> {
+ public:
+  RefusingDevice(HostDevice& inner, int refusals) : ForwardingDevice(inner), refusals_(refusals) {}
+  void refuse(int refusals) { refusals_ = refusals; }
+  AllocStatus allocate(std::uint64_t size, DevicePtr* out) override {
+    if (refusals_ > 0) {
+      --refusals_;
+      return AllocStatus::out_of_memory;
+    }
+    return inner_.allocate(size, out);
+  }
+
+ private:
+  int refusals_;
+};
+
+TEST_CASE("oom_recovery_whose_retry_is_refused_again_goes_on_to_return_every_idle_page") {
+  // The room is there, so the first step only routes again; the driver refuses once more, and
+  // the second step returns the three idle pages before the request succeeds.
+  HostDevice host(64 * MiB, 512);
+  RefusingDevice device(host, 0);
+  ManagerOptions options;
+  options.layout = custom({exclusive(1 * GiB)});
+  options.free_fence = FreeFence::none;
+  options.log_sink = [](LogLevel, std::string_view) {};
+  MemoryManager manager(device, options);
+  std::vector<DevicePtr> pages;
+  for (int i = 0; i < 3; ++i) pages.push_back(manager.allocate(8 * MiB).ptr);
+  for (const DevicePtr p : pages) REQUIRE(manager.free(p) == FreeOutcome::freed);
+  device.refuse(2);
+  const DevicePtr big = manager.allocate(16 * MiB).ptr;
+  REQUIRE(big != 0);
+  CHECK(manager.report().oom_recoveries == 1);
+  CHECK(host.calls().release == 3);
+  CHECK(host.outstanding_allocations() == 1);
+  manager.free(big);
+  CHECK(manager.check_consistency().empty());
+}
+
 // A device with a budget of its own, as CudaDevice has under `limit`: it refuses what would pass
 // the budget, whatever memory_info() says is free.
 class BudgetDevice final : public ForwardingDevice<HostDevice> {
