@@ -685,7 +685,8 @@ TEST_CASE("oom_recovery_with_the_room_there_already_routes_again_and_keeps_every
 // another cause than a full device.
 class RefusingDevice final : public ForwardingDevice<HostDevice> {
  public:
-  RefusingDevice(HostDevice& inner, int refusals) : ForwardingDevice(inner), refusals_(refusals) {}
+  RefusingDevice(HostDevice& inner, int refusals)
+      : ForwardingDevice(inner), refusals_(refusals) {}
   void refuse(int refusals) { refusals_ = refusals; }
   AllocStatus allocate(std::uint64_t size, DevicePtr* out) override {
     if (refusals_ > 0) {
