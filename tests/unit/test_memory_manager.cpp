@@ -681,6 +681,22 @@ TEST_CASE("oom_recovery_with_the_room_there_already_routes_again_and_keeps_every
   CHECK(rig.manager.check_consistency().empty());
 }
 
+// One exclusive pool, free_fence:none, no log: a manager over a device of a test's own.
+ManagerOptions exclusive_options() {
+  ManagerOptions options;
+  options.layout = custom({exclusive(1 * GiB)});
+  options.free_fence = FreeFence::none;
+  options.log_sink = [](LogLevel, std::string_view) {};
+  return options;
+}
+
+// Allocates `n` pages of `size` and frees them: idle pages for a recovery to find.
+void leave_idle_pages(MemoryManager& manager, int n, std::uint64_t size) {
+  std::vector<DevicePtr> pages;
+  for (int i = 0; i < n; ++i) pages.push_back(manager.allocate(size).ptr);
+  for (const DevicePtr p : pages) REQUIRE(manager.free(p) == FreeOutcome::freed);
+}
+
 // A device that refuses its next `refusals` allocations whatever it has free: a refusal with
 // another cause than a full device.
 class RefusingDevice final : public ForwardingDevice<HostDevice> {
@@ -705,14 +721,8 @@ TEST_CASE("oom_recovery_whose_retry_is_refused_again_goes_on_to_return_every_idl
   // the second step returns the three idle pages before the request succeeds.
   HostDevice host(64 * MiB, 512);
   RefusingDevice device(host, 0);
-  ManagerOptions options;
-  options.layout = custom({exclusive(1 * GiB)});
-  options.free_fence = FreeFence::none;
-  options.log_sink = [](LogLevel, std::string_view) {};
-  MemoryManager manager(device, options);
-  std::vector<DevicePtr> pages;
-  for (int i = 0; i < 3; ++i) pages.push_back(manager.allocate(8 * MiB).ptr);
-  for (const DevicePtr p : pages) REQUIRE(manager.free(p) == FreeOutcome::freed);
+  MemoryManager manager(device, exclusive_options());
+  leave_idle_pages(manager, 3, 8 * MiB);
   device.refuse(2);
   const DevicePtr big = manager.allocate(16 * MiB).ptr;
   REQUIRE(big != 0);
@@ -752,14 +762,8 @@ TEST_CASE("oom_recovery_first_step_sizes_the_lack_by_a_budget") {
   // of the idle pages go back, not three.
   HostDevice host(64 * MiB, 512);
   BudgetDevice device(host, 32 * MiB);
-  ManagerOptions options;
-  options.layout = custom({exclusive(1 * GiB)});
-  options.free_fence = FreeFence::none;
-  options.log_sink = [](LogLevel, std::string_view) {};
-  MemoryManager manager(device, options);
-  std::vector<DevicePtr> pages;
-  for (int i = 0; i < 3; ++i) pages.push_back(manager.allocate(8 * MiB).ptr);
-  for (const DevicePtr p : pages) REQUIRE(manager.free(p) == FreeOutcome::freed);
+  MemoryManager manager(device, exclusive_options());
+  leave_idle_pages(manager, 3, 8 * MiB);
   const DevicePtr big = manager.allocate(16 * MiB).ptr;
   REQUIRE(big != 0);
   CHECK(manager.report().oom_recoveries == 1);
