@@ -1,4 +1,5 @@
-// The library's lock order, written in one place, and a mutex that checks it in debug builds.
+// The library's lock order, written in one place, and a mutex that checks it in debug builds
+// and spins a moment before it sleeps where that pays (Note [Spinning before parking]).
 //
 // Note [Lock order]
 // ~~~~~~~~~~~~~~~~~
@@ -33,23 +34,22 @@ namespace poolcuda {
 
 // Note [Spinning before parking]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
-// A shard's lock (rank `manager`) is held for a hundred nanoseconds or so per call; a thread
-// that finds it held and sleeps in the kernel at once pays a futex sleep and wake, about 25 us
-// on the 2-core build machine, for a wait of a fraction of a microsecond. So a thread tries it
+// A shard's lock (rank `manager`) is held for a hundred nanoseconds or so per call; a thread that
+// finds it held and sleeps in the kernel at once pays a futex sleep and wake, about 25 us on the
+// 2-core build machine, for a wait of a fraction of a microsecond. So a thread tries it
 // kManagerSpinTries times, a few pauses apart (a few microseconds in all), before it sleeps.
-// Two threads of a ring of 16 buffers of 512 B to 16 MiB, which share the first shard for the
-// requests of its 8 MiB pages (Note [Shards]), went from 3.4M to 5.0M pairs per second, and
-// two threads of random sizes up to 1 MiB from 3.1M to 5.0M (100,000 pairs) and 1.6M to 2.1M
-// (10,000). Spinning alone cost memory: threads that really run at once found each other's
-// shard busy when they came to borrow an idle page (Shards::borrow_page tries, it cannot wait)
-// and grew new pages instead, 1.68 times the ring's live bytes instead of 1.46; trying the
-// other shard's lock as long, a few pauses apart (kBorrowTries), keeps it at 1.49, the same as
-// without spinning (medians of ten runs). A shard that is itself borrowing holds its own lock
-// meanwhile, so it is passed over at once (Impl::borrowing): two shards that borrow from each
-// other do not spin against each other. The lock has a cache line of its own, so a spinner
-// does not take the holder's state away from it. Other ranks do not spin: nothing measured
-// needs it.
+// Measured in docs/benchmark-results.md: two threads of a ring of mixed sizes, which share the
+// first shard for the requests of its 8 MiB pages (Note [Shards]), made 5.3M pairs per second
+// instead of 3.2M. Spinning alone cost memory: threads that really run at once found each other's
+// shard busy when they came to borrow an idle page (Shards::borrow_page tries, it cannot wait) and
+// grew new pages instead, 1.68 times the ring's live bytes instead of 1.49; trying the other
+// shard's lock as long, a few pauses apart (kBorrowTries), keeps it at 1.49. A shard that is itself
+// borrowing holds its own lock meanwhile, so it is passed over at once (Impl::borrowing): two
+// shards that borrow from each other do not spin against each other. The lock has a cache line of
+// its own, so a spinner does not take the holder's state away from it. Other ranks do not spin:
+// nothing measured needs it.
 inline constexpr int kManagerSpinTries = 32;
+inline constexpr int kSpinPauses = 4;  // pauses between two tries
 
 inline void cpu_relax() {
 #if defined(__x86_64__) || defined(__i386__)
@@ -86,7 +86,7 @@ class RankedMutex {
           mark(true);
           return;
         }
-        for (int i = 0; i < 4; ++i) cpu_relax();
+        for (int i = 0; i < kSpinPauses; ++i) cpu_relax();
       }
     }
     mutex_.lock();

@@ -1,8 +1,9 @@
-// ManagedSlabs, the slow path: what happens under the chain's mutex when the current slab cannot
-// fit a request (another slab that can, an empty slab whose free fence passed, a new slab), and
-// the chain's upkeep (rewinds, giving slabs back after disuse and on trims, forgetting them on a
-// device reset, reports). The lock-free part and Note [Managed slabs] are
-// in managed_slabs.cpp.
+// ManagedSlabs, the slow path: what happens under the chain's mutex when a request reaches the
+// end of its slab's window (Note [Managed windows]: a spare rewound, a new spare, a wider
+// window) or the current slab cannot fit it (another slab that can, an empty slab whose free
+// fence passed, a new slab), and the chain's upkeep (rewinds, giving slabs back after disuse and
+// on trims, forgetting them on a device reset, reports). The lock-free part and Note [Managed
+// slabs] are in managed_slabs.cpp.
 //
 // Note [Managed free fences]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~

@@ -1,5 +1,6 @@
-// ManagedSlabs, the lock-free part: allocation on the current slab, free, and pointer lookup.
-// The slow path (new slabs, rewinds, giving slabs back) is in managed_chain.cpp.
+// ManagedSlabs, the lock-free part: allocation on the current slab, up to its window's end,
+// free, and pointer lookup. The slow path (window ends, new slabs, rewinds, giving slabs back)
+// is in managed_chain.cpp.
 //
 // Note [Managed slabs]
 // ~~~~~~~~~~~~~~~~~~~~
@@ -35,7 +36,8 @@
 // given round-robin when it first allocates). The slow path gives a lane a slab no other lane
 // is on (the next one that fits, an empty one rewound, a new one) and shares another lane's
 // current slab only when nothing else is left (the chain is full). A single-threaded program
-// uses one lane and one slab. Frees go to whichever slab holds the pointer, as before.
+// uses one lane and two slabs (Note [Managed windows]). Frees go to whichever slab holds the
+// pointer, as before.
 //
 // Zero on hand-out. A fresh slab reads as zero. A slab's dirty mark is the highest bump it
 // reached before any rewind; bytes above it have never been handed out since the slab was

@@ -51,15 +51,17 @@
 // the gate says, and the device-wide settings (stream order, freezes, captures, windows) are
 // set in every shard under the `shards` lock, which also makes new shards, so a new shard starts
 // from them; no shard is made while the gate is closed.
-// Idle pages. A shard that must grow takes, instead of a new page from the device, an idle page
-// of a size its pool can use from another shard (borrow_page, called from Pool::new_page under
-// the growing shard's lock). Two shards that borrow from each other at once must not wait for
-// each other, so the other shard's lock is only tried, kBorrowTries times, and a shard whose
-// published idle bytes are too few, and whose thread caches parked nothing since they were
-// last emptied, is not tried at all; a shard tried first sweeps its thread caches (the slices
-// parked in caches no call used since the last sweep go back to its pools). Without
-// this, pages one thread freed sat idle in its shard while the other thread's shard grew: the
-// 64 MiB random traces with two threads reserved 1.65 times their live bytes instead of 1.38.
+// Idle pages. A shard that must grow takes, instead of a new page from the device, an idle page of
+// a size its pool can use from another shard (borrow_page, called from Pool::new_page under the
+// growing shard's lock). Two shards that borrow from each other at once must not wait for each
+// other, so the other shard's lock is only tried, kBorrowTries times a few pauses apart (Note
+// [Spinning before parking] in pools/lock_order.h), a shard that is itself borrowing is passed over
+// at once (it holds its own lock meanwhile), and a shard whose published idle bytes are too few,
+// and whose thread caches parked nothing since they were last emptied, is not tried at all; a shard
+// tried first sweeps its thread caches (the slices parked in caches no call used since the last
+// sweep go back to its pools). Without this, pages one thread freed sat idle in its shard while the
+// other thread's shard grew: the 64 MiB random traces with two threads reserved 1.65 times their
+// live bytes instead of 1.38.
 // Clocks. Dealloc periods count reservations, and each shard has its own clock: a shard no
 // thread calls home any more would never see its idle pages expire. Each time a shard's clock
 // crosses a multiple of kShardClockSync (its reservations move it, and 64 at a time the requests
@@ -248,10 +250,10 @@ bool MemoryManager::Shards::borrow_page(void* owner, std::uint64_t min_size,
   // Another shard borrowing holds its own lock until it gives up on this one's: it is passed
   // over at once, so two shards that borrow from each other do not spin against each other.
   self.borrowing.store(true, std::memory_order_relaxed);
-  struct Done {
+  struct ClearBorrowing {
     Impl& self;
-    ~Done() { self.borrowing.store(false, std::memory_order_relaxed); }
-  } done{self};
+    ~ClearBorrowing() { self.borrowing.store(false, std::memory_order_relaxed); }
+  } clear_borrowing{self};
   for (std::uint32_t j = 0; j < n; ++j) {
     if (j == self.shard_index) continue;
     Impl& other = *s.shard[j];
@@ -264,7 +266,7 @@ bool MemoryManager::Shards::borrow_page(void* owner, std::uint64_t min_size,
     for (int tries = 0; tries < kBorrowTries; ++tries) {
       if (other.borrowing.load(std::memory_order_relaxed)) break;
       if ((locked = other.mutex.try_lock_beside())) break;
-      for (int i = 0; i < 4; ++i) cpu_relax();
+      for (int i = 0; i < kSpinPauses; ++i) cpu_relax();
     }
     if (!locked) continue;
     // Pages that only parked slices keep are the program's freed memory too (Note [Thread

@@ -608,31 +608,30 @@ bool MemoryManager::Impl::drain(Scope& scope) {
 // anything in a capture window, nor a recovery's own routing.
 // Note [Recovery in two steps]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
-// Returning every idle page at each out-of-memory empties the pools: the requests after it find
-// no page to reuse and each takes a new one from the driver, until the device is full again and
-// the next recovery empties them again. So recovery first returns only what this shard's idle
-// pages must give for the room the driver has (free bytes and pages on their way, or what a
-// budget has left when that is less: Device::growth_room) to cover the page the request needs
+// Returning every idle page at each out-of-memory empties the pools: the requests after it find no
+// page to reuse and each takes a new one from the driver, until the device is full again and the
+// next recovery empties them again. So recovery first returns only what this shard's idle pages
+// must give for the room the driver has (free bytes and pages on their way, or what a budget has
+// left when that is less: Device::growth_room) to cover the page the request needs
 // (Pool::growth_bytes of the first pool that accepts it) plus kRecoverySlack: the page that went
-// idle first among those that cover the lack alone, or else idle pages in the order they went
-// idle (Page::idle_order, whatever their pool) until they do. It waits for them (within the
-// recovery's bound, as any of its flushes) and routes once more; only when that fails does it
-// take the second step, every idle page of every shard, and the rounds after it. On the random
-// traces of sizes up to 1 GiB, where every growth past the first fill meets a full device, that
-// made 1,662 driver frees and 3,369 allocations in 100,000 pairs instead of 8,503 and 9,160
-// (with two threads 816 and 1,273 instead of 3,703 and 3,987), for 831 recoveries instead of
-// 309, and pairs per second through the library went from 1.26M to 2.17M; on a GPU each of
-// those frees waits for the device. (Oldest first without the one covering page: 2,277 frees and
-// 3,750 allocations.) When the room is there already, or on its way, the first step releases
-// nothing and only waits for those pages and routes once more: with two threads each
-// recovering, one often finds the pages the other gave back, and sending it to the second step
-// instead emptied both shards about a hundred times in 100,000 pairs (4,500 to 5,400 driver
-// frees and 6,700 to 7,900 allocations in runs where the threads ran at once, against 1,900 to
-// 2,300 and 4,000 to 5,100 now). A first step that cannot help goes straight to the second: when
-// the device's numbers are unknown, when this shard's idle pages cannot cover the lack (they
-// are released, and the second step's flush waits for them), while a device reset runs, or
-// while released pages are stuck behind a parked stream; and so does a refusal with another
-// cause, whose routing fails again.
+// idle first among those that cover the lack alone, or else idle pages in the order they went idle
+// (Page::idle_order, whatever their pool) until they do. It waits for them (within the recovery's
+// bound, as any of its flushes) and routes once more; only when that fails does it take the second
+// step, every idle page of every shard, and the rounds after it. On the random traces of sizes up
+// to 1 GiB, where every growth past the first fill meets a full device, that made 1,662 driver
+// frees and 3,369 allocations in 100,000 pairs instead of 8,503 and 9,160 (with two threads taking
+// turns on one core, 816 and 1,273 instead of 3,703 and 3,987), for 831 recoveries instead of 309,
+// and pairs per second through the library went from 1.26M to 2.17M; on a GPU each of those frees
+// waits for the device. (Oldest first without the one covering page: 2,277 frees and 3,750
+// allocations.) When the room is there already, or on its way, the first step releases nothing and
+// only waits for those pages and routes once more: with two threads each recovering, one often
+// finds the pages the other gave back, and sending it to the second step instead emptied both
+// shards about a hundred times in 100,000 pairs (4,500 to 5,400 driver frees and 6,700 to 7,900
+// allocations in runs where the threads ran at once, against 1,900 to 2,300 and 4,000 to 5,100
+// now). A first step that cannot help goes straight to the second: when the device's numbers are
+// unknown, when this shard's idle pages cannot cover the lack (they are released, and the second
+// step's flush waits for them), while a device reset runs, or while released pages are stuck behind
+// a parked stream; and so does a refusal with another cause, whose routing fails again.
 Route MemoryManager::Impl::recover_from_oom(Scope& scope, std::uint64_t size,
                                             Placement placement) {
   // Counted among the device's recoveries while it gives memory back and routes again, not

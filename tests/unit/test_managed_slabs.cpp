@@ -391,7 +391,8 @@ TEST_CASE("managed: no free fence under fences off, none while a capture is open
 }
 
 // Note [Managed windows]: pairs of kWindowPair bytes, kWindowPairs of them (ten windows' worth),
-// on slabs of 64 MiB; `span` is how far past a slab's base any of them was handed out.
+// on slabs of 64 MiB; churn() returns how far past a slab's base any of them was handed out
+// (Span::farthest) and whether each read as zero.
 constexpr std::uint64_t kWindowPair = 1 * KiB;
 constexpr std::uint64_t kWindowPairs = 10 * kManagedWindow / kWindowPair;
 
