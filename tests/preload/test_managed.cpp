@@ -5,7 +5,9 @@
 // cudaMemAttachHost, oversize requests and managed:off reach the real call; a double free and
 // an interior pointer are refused and change nothing; cudaDeviceReset forgets the slabs; the
 // report has a managed section; a system without concurrent managed access is not pooled; a
-// cudaMalloc short of memory gets it back from empty slabs.
+// cudaMalloc short of memory gets it back from empty slabs. With the default slab size (a child),
+// slabs turn over in windows (Note [Managed windows]) while freed memory is still being written
+// by a lagging stream: no allocation ever sees those writes, and the stand-in sees no race.
 #include <algorithm>
 #include <cstdint>
 #include <thread>
@@ -163,6 +165,44 @@ int child_out_of_memory() {
   return 0;
 }
 
+// Child, default slab size, every stream operation slowed down so that the streams fall far
+// behind the host: 1 KiB allocations are each written by one of two streams and freed at once,
+// while the write is still queued, through several window ends. Every allocation reads as zero
+// when it is handed out; eight allocations at the end of the third window are never written and
+// kept: they must still read zero once the streams drain (a slab rewound before its writes were
+// done would hand bytes a late write still lands on); only a few real slabs are made; and the
+// stand-in's race detector sees nothing.
+int child_windows() {
+  cudaStream_t streams[2];
+  for (cudaStream_t& stream : streams)
+    CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  const std::uint64_t before = real_managed_calls();
+  constexpr std::size_t kSize = 1024;
+  constexpr int kWindow = 1024;  // allocations of kSize in a window of 1 MiB
+  std::vector<void*> kept;
+  for (int i = 0; i < 6 * kWindow; ++i) {
+    void* ptr = managed(kSize);
+    CHECK_MSG(host_bytes(ptr, kSize, 0), "a recycled allocation is not zero");
+    if (i >= 3 * kWindow - 8 && i < 3 * kWindow) {
+      kept.push_back(ptr);
+      continue;
+    }
+    CHECK_CUDA(cudaMemsetAsync(ptr, 0xab, kSize, streams[i % 2]));
+    CHECK_CUDA(cudaFree(ptr));  // the memset may still be queued
+  }
+  for (cudaStream_t stream : streams) CHECK_CUDA(cudaStreamSynchronize(stream));
+  for (void* ptr : kept) {
+    CHECK_MSG(host_bytes(ptr, kSize, 0), "a write queued before a free reached a new allocation");
+    CHECK_CUDA(cudaFree(ptr));
+  }
+  const std::uint64_t made = real_managed_calls() - before;
+  CHECK_MSG(made <= 4, std::to_string(made) + " real cudaMallocManaged for 6,144 pairs");
+  CHECK_MSG(preload_test::counter("races") == 0, "the stand-in saw a race");
+  for (cudaStream_t stream : streams) CHECK_CUDA(cudaStreamDestroy(stream));
+  std::printf("windows turned over\n");
+  return 0;
+}
+
 // Children: ten small allocations (one stays live), one passed through, then the end (where
 // the exit report is checked).
 int child(const char* mode) {
@@ -182,7 +222,10 @@ int child(const char* mode) {
 
 int main(int argc, char** argv) {
   if (argc > 1) {
-    return std::string(argv[1]) == "out-of-memory" ? child_out_of_memory() : child(argv[1]);
+    const std::string mode = argv[1];
+    if (mode == "out-of-memory") return child_out_of_memory();
+    if (mode == "windows") return child_windows();
+    return child(argv[1]);
   }
   preload_test::require_preloaded();
   CHECK_CUDA(cudaFree(nullptr));
@@ -222,6 +265,10 @@ int main(int argc, char** argv) {
     preload_test::ChildResult oom = preload_test::run_self(
         "out-of-memory", {"POOLCUDA_CONF=managed_slab:16M", "SIMCUDA_DEVICE_MEMORY=64M"});
     CHECK_MSG(oom.status == 0 && oom.output.find("recovered") != std::string::npos, oom.output);
+    preload_test::ChildResult windows =
+        preload_test::run_self("windows", {"POOLCUDA_CONF", "SIMCUDA_OP_DELAY_US=100"});
+    CHECK_MSG(windows.status == 0 && windows.output.find("turned over") != std::string::npos,
+              windows.output);
   }
 
   device_reset_forgets();
