@@ -95,12 +95,8 @@ ManagedAllocation ManagedSlabs::allocate_slow(std::uint64_t size, std::uint64_t 
       // first, so that the others can age into disuse.
       for (std::uint32_t k = 0; chosen < 0 && k < used; ++k) {
         const std::uint32_t i = (current + k) % used;
-        std::uint64_t state = 0;
         if (skip(i) || slabs_[i].base->load(std::memory_order_relaxed) == 0) continue;
-        if (quiet(slabs_[i], &state) && rewind(slabs_[i], state) &&
-            try_bump(slabs_[i], granules, &start) == Fit::ok) {
-          chosen = static_cast<int>(i);
-        }
+        if (reuse(slabs_[i], granules, &start)) chosen = static_cast<int>(i);
       }
       if (share == 1) break;
       // 3. The empty slab whose fence is the oldest, once it passes within a bounded wait.
@@ -170,6 +166,13 @@ bool ManagedSlabs::rewind(Slab& slab, std::uint64_t state) {
   return true;
 }
 
+// A slab with nothing live whose free fence has passed, rewound, takes the request: true with
+// *start set.
+bool ManagedSlabs::reuse(Slab& slab, std::uint64_t granules, std::uint64_t* start) {
+  std::uint64_t state = 0;
+  return quiet(slab, &state) && rewind(slab, state) && try_bump(slab, granules, start) == Fit::ok;
+}
+
 // Lets the fast path bump through the next window of the slab, which holds at least `granules`.
 void ManagedSlabs::open_window(Slab& slab, std::uint64_t bump, std::uint64_t granules) {
   const std::uint64_t width = std::max(window_granules_, granules * kManagedWindowRequests);
@@ -199,8 +202,7 @@ ManagedAllocation ManagedSlabs::next_window(std::uint64_t size, std::uint64_t gr
       // Another thread of the lane may have moved the window on meanwhile.
       if (try_bump(slab, granules, &start, /*within_window=*/true) == Fit::ok) {
         chosen = static_cast<int>(current);
-      } else if (!options_.fences && quiet(slab, &state) && rewind(slab, state) &&
-                 try_bump(slab, granules, &start) == Fit::ok) {
+      } else if (!options_.fences && reuse(slab, granules, &start)) {
         chosen = static_cast<int>(current);
       }
       // A spare this lane left behind, then a new one, then another lane's.
@@ -213,10 +215,7 @@ ManagedAllocation ManagedSlabs::next_window(std::uint64_t size, std::uint64_t gr
             continue;
           }
           own_spare = own_spare || own;
-          if (quiet(spare, &state) && rewind(spare, state) &&
-              try_bump(spare, granules, &start) == Fit::ok) {
-            chosen = static_cast<int>(i);
-          }
+          if (reuse(spare, granules, &start)) chosen = static_cast<int>(i);
         }
       };
       if (chosen < 0) take_spare(/*own=*/true);

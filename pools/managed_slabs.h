@@ -195,6 +195,7 @@ class ManagedSlabs {
   // Slow path (managed_chain.cpp); the caller holds mutex_.
   bool quiet(Slab& slab, std::uint64_t* state);
   bool rewind(Slab& slab, std::uint64_t state);
+  bool reuse(Slab& slab, std::uint64_t granules, std::uint64_t* start);
   void open_window(Slab& slab, std::uint64_t bump, std::uint64_t granules);
   int wait_oldest_fence(std::uint32_t lane);
   bool retire(Slab& slab, std::uint64_t state, std::vector<DevicePtr>* retired);

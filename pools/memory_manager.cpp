@@ -539,9 +539,9 @@ std::uint64_t MemoryManager::Impl::cleanup_all(bool explicit_cleanup) {
 std::uint64_t MemoryManager::Impl::release_oldest_idle(std::uint64_t bytes) {
   // The idle page of at least `min_size` bytes that went idle first, over every dynamic pool.
   const auto oldest = [&](std::uint64_t min_size) {
-    std::pair<Pool*, const Page*> found{nullptr, nullptr};
+    std::pair<Pool*, Page*> found{nullptr, nullptr};
     for (const auto& pool : pools) {
-      const Page* page = pool->oldest_idle(min_size);
+      Page* page = pool->oldest_idle(min_size);
       if (page == nullptr) continue;
       if (found.second == nullptr || page->idle_order < found.second->idle_order)
         found = {pool.get(), page};

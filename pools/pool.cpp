@@ -193,15 +193,15 @@ std::uint64_t Pool::release_idle_pages(std::uint64_t min_age, std::uint64_t keep
   return released;
 }
 
-const Page* Pool::oldest_idle(std::uint64_t min_size) const {
-  for (const Page& page : idle_)
+Page* Pool::oldest_idle(std::uint64_t min_size) {
+  for (Page& page : idle_)
     if (page.size >= min_size) return &page;
   return nullptr;
 }
 
-std::uint64_t Pool::release_idle(const Page* page) {
+std::uint64_t Pool::release_idle(Page* page) {
   const std::uint64_t size = page->size;
-  release_page(const_cast<Page*>(page));
+  release_page(page);
   return size;
 }
 

@@ -166,13 +166,13 @@ class Pool {
   std::uint64_t release_idle_pages(std::uint64_t min_age, std::uint64_t keep_bytes);
   // The idle page that went idle first (idle pages are listed in that order), of at least
   // `min_size` bytes; nullptr when there is none.
-  const Page* oldest_idle(std::uint64_t min_size = 0) const;
+  Page* oldest_idle(std::uint64_t min_size = 0);
   // The bytes a growth for a request of `size` takes from the device: a page of the pool's.
   virtual std::uint64_t growth_bytes(std::uint64_t size) const {
     return align_up(size, alignment());
   }
   // Releases one of this pool's idle pages; returns its size.
-  std::uint64_t release_idle(const Page* page);
+  std::uint64_t release_idle(Page* page);
   // An idle page of `min_size` to `max_size` bytes leaves the pool without a device call, for
   // another shard of the manager to take (PoolContext::borrow_page); false when there is none.
   bool hand_over_idle(std::uint64_t min_size, std::uint64_t max_size, DevicePtr* base,

@@ -663,24 +663,6 @@ TEST_CASE("oom_recovery_first_returns_only_the_oldest_idle_pages_the_request_lac
   CHECK(rig.manager.check_consistency().empty());
 }
 
-TEST_CASE("oom_recovery_with_the_room_there_already_routes_again_and_keeps_every_idle_page") {
-  // Note [Recovery in two steps]: the driver refuses one page although it has room (another
-  // thread's recovery gave pages back meanwhile, in a program with shards). Recovery releases
-  // nothing and routes again: the three idle pages stay for the requests that reuse them.
-  Rig rig(custom({exclusive(1 * GiB)}), 512, 64 * MiB, FreeFence::none);
-  std::vector<DevicePtr> pages;
-  for (int i = 0; i < 3; ++i) pages.push_back(rig.reserve(8 * MiB));
-  for (const DevicePtr p : pages) REQUIRE(rig.manager.free(p) == FreeOutcome::freed);
-  rig.device.fail_nth_allocation(1);
-  const DevicePtr big = rig.reserve(16 * MiB);
-  REQUIRE(big != 0);
-  CHECK(rig.manager.report().oom_recoveries == 1);
-  CHECK(rig.device.outstanding_allocations() == 4);
-  CHECK(rig.device.calls().release == 0);
-  rig.manager.free(big);
-  CHECK(rig.manager.check_consistency().empty());
-}
-
 // One exclusive pool, free_fence:none, no log: a manager over a device of a test's own.
 ManagerOptions exclusive_options() {
   ManagerOptions options;
@@ -695,6 +677,22 @@ void leave_idle_pages(MemoryManager& manager, int n, std::uint64_t size) {
   std::vector<DevicePtr> pages;
   for (int i = 0; i < n; ++i) pages.push_back(manager.allocate(size).ptr);
   for (const DevicePtr p : pages) REQUIRE(manager.free(p) == FreeOutcome::freed);
+}
+
+TEST_CASE("oom_recovery_with_the_room_there_already_routes_again_and_keeps_every_idle_page") {
+  // Note [Recovery in two steps]: the driver refuses one page although it has room (another
+  // thread's recovery gave pages back meanwhile, in a program with shards). Recovery releases
+  // nothing and routes again: the three idle pages stay for the requests that reuse them.
+  Rig rig(custom({exclusive(1 * GiB)}), 512, 64 * MiB, FreeFence::none);
+  leave_idle_pages(rig.manager, 3, 8 * MiB);
+  rig.device.fail_nth_allocation(1);
+  const DevicePtr big = rig.reserve(16 * MiB);
+  REQUIRE(big != 0);
+  CHECK(rig.manager.report().oom_recoveries == 1);
+  CHECK(rig.device.outstanding_allocations() == 4);
+  CHECK(rig.device.calls().release == 0);
+  rig.manager.free(big);
+  CHECK(rig.manager.check_consistency().empty());
 }
 
 // A device that refuses its next `refusals` allocations whatever it has free: a refusal with
