@@ -1,6 +1,6 @@
 // The grammar of the `pools` key of POOLCUDA_CONF: a preset (`subslices`, `exclusive`) or a
 // bracketed list of pools tried in order, `[sliced(page=64M,slice=16M,cap=1G,period=5000);
-// exclusive(max=1G,period=10000);direct(reclaim=4G)]`, and its inverse. Validates each pool
+// exclusive(max=1G,period=10000);split(max=8G);direct(reclaim=4G)]`, and its inverse. Validates each pool
 // against the limits in pools/options.h so that a layout the parser accepts can always be built,
 // and refuses a list in which some pool could never serve a request (Note [Unreachable pools]).
 // Pure string work; depends only on pools/options.h and the parser's internal helpers.
@@ -10,8 +10,8 @@
 // The manager routes a request to the first pool of the list that accepts its size, and only a
 // capped sliced pool that is full passes a request it accepts on to later pools (a spill); any
 // other pool serves the request, grows, or fails it. A pool accepts every size from 1 byte up
-// to a bound: `slice` for a sliced pool, `max` rounded up to the alignment for an exclusive
-// pool (the engine rounds it so: layout.cpp), every size for a direct pool. So a pool is never
+// to a bound: `slice` for a sliced pool, `max` rounded up to the alignment for an exclusive or a
+// split pool (the engine rounds it so: layout.cpp), every size for a direct pool. So a pool is never
 // reached when an earlier pool that cannot spill has a bound at least as large as its own, and
 // it can serve no request at all: almost always a list written largest first, or a rounding
 // the writer did not expect (exclusive(max=1000B) already takes every size up to 1 KiB). Such a
@@ -42,9 +42,10 @@ struct KindSpec {
   std::array<bool, kFieldCount> allowed;
 };
 
-constexpr std::array<KindSpec, 3> kKinds = {{
+constexpr std::array<KindSpec, 4> kKinds = {{
     {"sliced", PoolKind::sliced, kPage, {true, true, true, false, false, true}},
     {"exclusive", PoolKind::exclusive, kMax, {false, false, false, true, false, true}},
+    {"split", PoolKind::split, kMax, {false, false, false, true, false, true}},
     {"direct", PoolKind::direct, kReclaim, {false, false, false, false, true, false}},
 }};
 
@@ -87,7 +88,7 @@ std::optional<ConfigError> parse_pool(std::string_view key, std::string_view ent
   }
   if (spec == nullptr) {
     return pool_error(key, kind_text.empty() ? entry : kind_text,
-                      "a pool kind: sliced, exclusive or direct");
+                      "a pool kind: sliced, exclusive, split or direct");
   }
   std::array<std::optional<std::uint64_t>, kFieldCount> values;
   if (open != std::string_view::npos) {
@@ -178,6 +179,7 @@ std::optional<ConfigError> parse_pool(std::string_view key, std::string_view ent
       break;
     }
     case PoolKind::exclusive:
+    case PoolKind::split:
       out.max_alloc_size = *values[kMax];
       break;
     case PoolKind::direct:
@@ -221,6 +223,7 @@ std::uint64_t accepted_up_to(const PoolSpec& pool) {
     case PoolKind::sliced:
       return pool.max_slice_size;
     case PoolKind::exclusive:
+    case PoolKind::split:
       return align_up(pool.max_alloc_size, kDeviceAlignment);
     case PoolKind::direct:
       break;
@@ -265,7 +268,8 @@ void describe_pool(const PoolSpec& pool, std::string& out) {
       if (pool.cap) field("cap", format_size(*pool.cap));
       break;
     case PoolKind::exclusive:
-      out += "exclusive(";
+    case PoolKind::split:
+      out += pool.kind == PoolKind::split ? "split(" : "exclusive(";
       field("max", format_size(pool.max_alloc_size));
       break;
     case PoolKind::direct:

@@ -66,6 +66,7 @@ PoolSpec normalise(PoolSpec spec, std::uint64_t alignment) {
           spec.max_slice_size == 0 ? spec.page_size : std::min(spec.max_slice_size, spec.page_size);
       break;
     case PoolKind::exclusive:
+    case PoolKind::split:
       spec.max_alloc_size = align_up(std::max<std::uint64_t>(spec.max_alloc_size, 1), alignment);
       break;
     case PoolKind::direct:

@@ -33,8 +33,9 @@
 // the time (2.1M pairs per second, against 3.1M to 3.4M now in medians of eight runs, with the
 // same 1.45 times the bytes in use reserved). A peak that fades by a 64th a plan kept less of
 // that (2.6M). The pools
-// at the end of the layout with a page per request (exclusive, direct) leave no partly used
-// page, only idle ones, which shards lend: their requests always come from the thread's own.
+// at the end of the layout whose pages are sized by their requests (exclusive, split, direct)
+// need no partly used page in each shard (a split pool splits only pages it already holds), and
+// their idle pages shards lend: their requests always come from the thread's own.
 // Frees. A pointer lies in the pages of one shard at most, and each shard's pages and index
 // are its own: a free tries the calling thread's home shard first, then the others, and the
 // first shard whose pages hold the pointer decides (freed, or the bad-free classification of
@@ -193,6 +194,7 @@ void MemoryManager::Shards::plan_layout(const PoolLayout& layout) {
         pools_plan.push_back({spec.max_slice_size, spec.page_size});
         break;
       case PoolKind::exclusive:
+      case PoolKind::split:
         pools_plan.push_back({spec.max_alloc_size, 0});
         break;
       case PoolKind::direct:
@@ -200,9 +202,9 @@ void MemoryManager::Shards::plan_layout(const PoolLayout& layout) {
         break;
     }
   }
-  // The pools at the end whose pages are sized by their requests: a shard holds no partly used
-  // page of those, only idle ones, which it lends; every request they serve may come from the
-  // thread's own shard.
+  // The pools at the end whose pages are sized by their requests: a shard needs no partly used
+  // page of those, and lends its idle ones; every request they serve may come from the thread's
+  // own shard.
   // A custom layout need not be sorted: every request a pool before the tail takes stays below.
   std::size_t tail = pools_plan.size();
   while (tail > 0 && pools_plan[tail - 1].page == 0) --tail;

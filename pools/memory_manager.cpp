@@ -151,6 +151,7 @@
 #include "pools/layout.h"
 #include "pools/manager_shards.h"
 #include "pools/sliced_pool.h"
+#include "pools/split_pool.h"
 
 namespace poolcuda {
 
@@ -183,6 +184,10 @@ void MemoryManager::Impl::build_pools(const PoolLayout& layout) {
       case PoolKind::exclusive:
         pools.push_back(
             std::make_unique<ExclusivePool>(ctx, spec.max_alloc_size, spec.dealloc_period));
+        break;
+      case PoolKind::split:
+        pools.push_back(
+            std::make_unique<SplitPool>(ctx, spec.max_alloc_size, spec.dealloc_period));
         break;
       case PoolKind::direct:
         pools.push_back(std::make_unique<DirectPool>(ctx, spec.reclaim_at));

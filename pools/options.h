@@ -22,7 +22,7 @@ enum class FreeFence : std::uint8_t { automatic, events, sync, none };
 enum class LogLevel : std::uint8_t { off, basic, full };
 enum class ReportFormat : std::uint8_t { text, wide, json };
 
-enum class PoolKind : std::uint8_t { sliced, exclusive, direct };
+enum class PoolKind : std::uint8_t { sliced, exclusive, split, direct };
 
 // One dynamic pool as configured. Fields a kind does not use stay 0 / nullopt.
 struct PoolSpec {
@@ -32,11 +32,11 @@ struct PoolSpec {
   std::uint64_t page_size = 0;
   std::uint64_t max_slice_size = 0;
   std::optional<std::uint64_t> cap;
-  // exclusive: largest allocation it accepts.
+  // exclusive and split: largest allocation it accepts.
   std::uint64_t max_alloc_size = 0;
   // direct: reserved bytes above which idle allocations are released.
   std::uint64_t reclaim_at = 0;
-  // sliced and exclusive: reservations of disuse after which an idle page is released.
+  // sliced, exclusive and split: reservations of disuse after which an idle page is released.
   std::optional<std::uint64_t> dealloc_period;
 
   friend bool operator==(const PoolSpec&, const PoolSpec&) = default;

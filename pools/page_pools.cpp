@@ -37,10 +37,6 @@ std::uint64_t PagePool::largest_free() const { return free_.largest(); }
 
 // --- ExclusivePool -----------------------------------------------------------------------------
 
-ExclusivePool::ExclusivePool(PoolContext& ctx, std::uint64_t max_alloc_size,
-                             std::optional<std::uint64_t> dealloc_period)
-    : PagePool(ctx, dealloc_period), max_alloc_size_(max_alloc_size) {}
-
 // Note [Exclusive pages]
 // ~~~~~~~~~~~~~~~~~~~~~~
 // A page holds one request, so its waste is page size minus request. New pages get the request's
@@ -65,66 +61,54 @@ ExclusivePool::ExclusivePool(PoolContext& ctx, std::uint64_t max_alloc_size,
 // budget of 1/64 cost the 1 GiB random traces four times the driver allocations; 1/16 keeps the
 // gains above.) With shards (Note [Shards]) each shard's pool gets its share of that budget, so
 // it still holds for the device. A page too large for every request stays idle until its
-// dealloc period, a growth (Note [Growing past idle pages]) or a cleanup returns it;
+// dealloc period, a growth (Note [Growing past idle pages] in pool.cpp) or a cleanup returns it;
 // out-of-memory recovery returns every idle page before it gives up, so such memory is never
 // lost to a later request that needs the device.
-std::uint64_t ExclusivePool::page_size_for(std::uint64_t size) const {
-  const std::uint64_t eff = align_up(size, alignment());
+std::uint64_t PageSizing::page_for(std::uint64_t size) const {
+  const std::uint64_t alignment = ctx_.alignment;
+  const std::uint64_t eff = align_up(size, alignment);
   const std::uint64_t step = std::max<std::uint64_t>(
-      alignment(),
+      alignment,
       std::min<std::uint64_t>((std::uint64_t{1} << (63 - __builtin_clzll(eff))) / 8, 2 * MiB));
-  return std::min(align_up(eff, step), std::max(eff, align_up(max_alloc_size_, alignment())));
+  return std::min(align_up(eff, step), std::max(eff, align_up(max_alloc_size_, alignment)));
 }
 
-std::uint64_t ExclusivePool::largest_page_for(std::uint64_t size) const {
-  const std::uint64_t page = page_size_for(size);
+std::uint64_t PageSizing::largest_page_for(std::uint64_t size) const {
+  const std::uint64_t page = page_for(size);
   const std::uint64_t device_share = ctx_.total_memory / 64;
   return page + (device_share != 0 ? std::min(page, device_share) : page);
 }
 
-std::uint64_t ExclusivePool::largest_reusable(std::uint64_t size) const {
-  const std::uint64_t page = page_size_for(size);
+std::uint64_t PageSizing::padding_budget() const { return ctx_.total_memory / 16 / ctx_.shares(); }
+
+std::uint64_t PageSizing::largest_reusable(std::uint64_t size, std::uint64_t padding) const {
+  const std::uint64_t page = page_for(size);
   const std::uint64_t quarter = page + page / 4;
   const std::uint64_t widest = largest_page_for(size);
   if (widest <= quarter) return widest;
   // Beyond a quarter above the class, only within the pool's padding budget.
-  const std::uint64_t budget = ctx_.total_memory / 16 / ctx_.shares();
-  const std::uint64_t room = usage_.bytes_padding < budget ? budget - usage_.bytes_padding : 0;
+  const std::uint64_t budget = padding_budget();
+  const std::uint64_t room = padding < budget ? budget - padding : 0;
   return std::max(quarter, std::min(widest, size + room));
 }
 
+ExclusivePool::ExclusivePool(PoolContext& ctx, std::uint64_t max_alloc_size,
+                             std::optional<std::uint64_t> dealloc_period)
+    : PagePool(ctx, dealloc_period), sizing_(ctx, max_alloc_size) {}
+
 Slice* ExclusivePool::try_reserve(std::uint64_t size) {
-  return hand_out(free_.fit(align_up(size, alignment()), largest_reusable(size)), size);
+  return hand_out(
+      free_.fit(align_up(size, alignment()), sizing_.largest_reusable(size, usage_.bytes_padding)),
+      size);
 }
 
-// Note [Growing past idle pages]
-// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
-// A pool grows only when none of its idle pages fits the request, so each growth is a sign that the
-// idle pages may be the wrong sizes for what the program asks now. Before it grows, an exclusive
-// pool with a dealloc period therefore releases its pages idle for at least kStaleAfter
-// reservations, oldest first, while its idle pages exceed an eighth of the bytes in use on the
-// device (every pool's, the persistent one included). The released pages reach the driver when the
-// lock is released, after this growth: on a full device the growth still fails first and recovery,
-// which flushes them, retries it. Acting at growth, not at every free, keeps the pages of a steady
-// loop: a loop whose requests all find a page never grows, and its pages stay until their period
-// (capping idle memory at every free made each pair of a random trace a driver allocation). The age
-// keeps the pages a burst of other sizes is about to reuse (8 × 16 MiB then 4 × 32 MiB, repeated,
-// reuses each page within 12 reservations and never releases one). On the bundled traces (pools
-// called directly, 16 GiB device, reuse up to twice the class) it took the training trace from 2.35
-// to 1.22 times its live bytes, with 0.061 driver allocations per pair instead of 0.011, LLM
-// serving from 1.63 to 1.49 (1.51 with the padding budget), the 100k 64 MiB random trace from 1.46
-// to 1.40; an age of 1,000 gave 1.42 for training, one of 0 made the 1 GiB random trace a driver
-// allocation every other pair. Keeping an eighth of the bytes in use idle instead of a quarter
-// took LLM serving from 1.51 to 1.39 and training to 1.20 for 8% more driver allocations on
-// training; keeping none gained nothing more (1.35 and 1.20).
-constexpr std::uint64_t kStaleAfter = 500;
 
 AllocStatus ExclusivePool::grow(std::uint64_t size, Slice** out) {
-  if (dealloc_period_)
-    release_idle_pages(std::min(kStaleAfter, *dealloc_period_), ctx_.totals.in_use / 8);
-  const std::uint64_t page = page_size_for(size);
+  release_stale_before_growth();
+  const std::uint64_t page = sizing_.page_for(size);
   // Another shard's idle page serves if this pool would take it from its own free pages.
-  const AllocStatus status = grow_page(page, size, out, largest_reusable(size));
+  const AllocStatus status =
+      grow_page(page, size, out, sizing_.largest_reusable(size, usage_.bytes_padding));
   const std::uint64_t exact = align_up(size, alignment());
   if (status != AllocStatus::out_of_memory || page == exact) return status;
   return grow_page(exact, size, out);
@@ -133,8 +117,8 @@ AllocStatus ExclusivePool::grow(std::uint64_t size, Slice** out) {
 PoolReport ExclusivePool::describe() const {
   PoolReport r;
   r.kind = kind_name();
-  r.max_slice_size = max_alloc_size_;
-  r.shape = "max=" + format_size(max_alloc_size_);
+  r.max_slice_size = sizing_.max_alloc_size();
+  r.shape = "max=" + format_size(sizing_.max_alloc_size());
   if (dealloc_period_) r.notes = "period=" + std::to_string(*dealloc_period_);
   return r;
 }

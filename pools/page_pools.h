@@ -1,4 +1,7 @@
-// The pools whose every slice is a whole page (one device allocation per slice):
+// The pools whose every slice is a whole page (one device allocation per slice), and the sizing
+// of a page for one request that ExclusivePool shares with SplitPool (split_pool.h):
+//  - PageSizing: a request's size class, and the widest free page it may take whole (Note
+//    [Exclusive pages]).
 //  - ExclusivePool: one request per page, pages sized by size class; reuse takes the smallest
 //    free page that fits, up to a bound on the waste (Note [Exclusive pages]).
 //  - PersistentPool: exact fit by effective size (align_up(size, alignment)); reuse only by the
@@ -13,6 +16,30 @@
 #include "pools/pool.h"
 
 namespace poolcuda {
+
+// How a pool that gives a request a page of its own sizes that page, and how much wider a free
+// page the request may take whole (Note [Exclusive pages]).
+class PageSizing {
+ public:
+  PageSizing(const PoolContext& ctx, std::uint64_t max_alloc_size)
+      : ctx_(ctx), max_alloc_size_(max_alloc_size) {}
+  std::uint64_t max_alloc_size() const { return max_alloc_size_; }
+  // The page a new request of `size` gets: its size class.
+  std::uint64_t page_for(std::uint64_t size) const;
+  // The largest free page a request of `size` may take.
+  std::uint64_t largest_page_for(std::uint64_t size) const;
+  // largest_page_for(), lowered to what a pool whose live pages hold `padding` bytes of padding
+  // may still take (at least a quarter above the class): the largest page the pool reuses for
+  // `size` now, its own or another shard's.
+  std::uint64_t largest_reusable(std::uint64_t size, std::uint64_t padding) const;
+  // The padding and split-off free bytes a pool may keep in pages it cannot release: a 16th of
+  // the device, shared between the shards.
+  std::uint64_t padding_budget() const;
+
+ private:
+  const PoolContext& ctx_;
+  std::uint64_t max_alloc_size_;
+};
 
 class PagePool : public Pool {
  public:
@@ -42,25 +69,15 @@ class ExclusivePool final : public PagePool {
  public:
   ExclusivePool(PoolContext& ctx, std::uint64_t max_alloc_size,
                 std::optional<std::uint64_t> dealloc_period);
-  bool accepts(std::uint64_t size) const override { return size <= max_alloc_size_; }
+  bool accepts(std::uint64_t size) const override { return size <= sizing_.max_alloc_size(); }
   const char* kind_name() const override { return "exclusive"; }
   Slice* try_reserve(std::uint64_t size) override;
   AllocStatus grow(std::uint64_t size, Slice** out) override;
   PoolReport describe() const override;
-
-  // The page a new request of `size` gets: its size class (Note [Exclusive pages]).
-  std::uint64_t page_size_for(std::uint64_t size) const;
-  std::uint64_t growth_bytes(std::uint64_t size) const override { return page_size_for(size); }
+  std::uint64_t growth_bytes(std::uint64_t size) const override { return sizing_.page_for(size); }
 
  private:
-  // The largest free page a request of `size` may take.
-  std::uint64_t largest_page_for(std::uint64_t size) const;
-  // largest_page_for(), lowered to what the pool's padding budget still allows (at least a
-  // quarter above the class): the largest page the pool reuses for `size` now, its own or
-  // another shard's.
-  std::uint64_t largest_reusable(std::uint64_t size) const;
-
-  std::uint64_t max_alloc_size_;
+  PageSizing sizing_;
 };
 
 class PersistentPool final : public PagePool {

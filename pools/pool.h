@@ -205,6 +205,9 @@ class Pool {
   virtual void on_release(Page* page) = 0;          // an idle page is about to be released
   virtual std::uint64_t largest_free() const = 0;
 
+  // Before a growth: pages idle for a while go back while idle pages are many (Note [Growing
+  // past idle pages] in pool.cpp).
+  void release_stale_before_growth();
   void release_page(Page* page);
   void drop_page(Page* page);  // release_page() without the release: the page's nodes go
   // A page enters or leaves the idle list (busy dropped to 0 / a slice went live).

@@ -51,7 +51,7 @@ struct UnitStorage<Unit::ratio> {
   X(pages_lent, "lent", count, wide)
 
 struct PoolReport {
-  std::string kind;   // "sliced", "exclusive", "direct", "persistent"
+  std::string kind;   // "sliced", "exclusive", "split", "direct", "persistent"
   std::string shape;  // what decides the pool's requests, e.g. "page=64MiB slice<=16MiB"
   std::string notes;  // the rest of its configuration, e.g. "period=5000" (wide text, JSON)
 #define POOLCUDA_MEMBER(member, label, unit, detail) \

@@ -1,76 +1,54 @@
-// SlicedPool. Invariants: the slices of a page tile it in address order; no two free slices
-// are adjacent (free coalesces at once); every free slice is in free_ and nothing else is.
-// A reserve takes a free slice that fits (Note [Free bins]) and serves from its top.
-// A page whose slices are all free is a single free slice and sits in the idle list.
+// CarvedPool and SlicedPool. Invariants: the slices of a page tile it in address order; no two
+// free slices are adjacent (free coalesces at once); every free slice is in free_ and nothing
+// else is. A sliced pool's reserve takes a free slice that fits (Note [Free bins]) and serves
+// from its top. A page whose slices are all free is a single free slice and sits in the idle list.
 #include "pools/sliced_pool.h"
 
 #include "pools/options.h"
 
 namespace poolcuda {
 
-SlicedPool::SlicedPool(PoolContext& ctx, std::uint64_t page_size, std::uint64_t max_slice_size,
-                       std::optional<std::uint64_t> cap,
-                       std::optional<std::uint64_t> dealloc_period)
-    : Pool(ctx, dealloc_period),
-      configured_page_(page_size),
-      page_size_(page_size),
-      max_slice_size_(max_slice_size),
-      cap_(cap) {
+// --- CarvedPool --------------------------------------------------------------------------------
+
+CarvedPool::CarvedPool(PoolContext& ctx, std::optional<std::uint64_t> dealloc_period)
+    : Pool(ctx, dealloc_period) {
   coalesces_ = true;
-  if (cap_ && *cap_ < page_size_) page_size_ = *cap_ / ctx.alignment * ctx.alignment;
 }
 
-SlicedPool::~SlicedPool() { free_.clear(); }
+CarvedPool::~CarvedPool() { free_.clear(); }
 
 // Changes a free slice's address and size; it moves between bins only when its bin changes.
-void SlicedPool::rekey(Slice* slice, DevicePtr ptr, std::uint64_t size) {
+void CarvedPool::rekey(Slice* slice, DevicePtr ptr, std::uint64_t size) {
   free_.resize(*slice, size, [ptr](Slice& s) { s.ptr = ptr; });
 }
 
-Slice* SlicedPool::carve(Slice* slice, std::uint64_t size) {
+Slice* CarvedPool::take_whole(Slice* slice, std::uint64_t size) {
+  free_.erase(*slice);
+  mark_live(slice, size);
+  return slice;
+}
+
+Slice* CarvedPool::carve(Slice* slice, std::uint64_t size, End end) {
   const std::uint64_t eff = align_up(size, alignment());
-  if (slice->size == eff) {
-    free_.erase(*slice);
-    mark_live(slice, size);
-    return slice;
-  }
-  // Serve from the top of the free slice: the free part keeps its address and node.
+  if (slice->size == eff) return take_whole(slice, size);
   Slice* out = ctx_.slices.create();
   out->page = slice->page;
-  out->ptr = slice->ptr + slice->size - eff;
   out->size = eff;
   PageSlices& list = slice->page->slices;
-  list.insert(std::next(list.iterator_to(*slice)), *out);
-  rekey(slice, slice->ptr, slice->size - eff);
+  if (end == End::top) {
+    out->ptr = slice->ptr + slice->size - eff;
+    list.insert(std::next(list.iterator_to(*slice)), *out);
+    rekey(slice, slice->ptr, slice->size - eff);
+  } else {
+    out->ptr = slice->ptr;
+    list.insert(list.iterator_to(*slice), *out);
+    rekey(slice, slice->ptr + eff, slice->size - eff);
+  }
   mark_live(out, size);
   return out;
 }
 
-Slice* SlicedPool::try_reserve(std::uint64_t size) {
-  const std::uint64_t eff = align_up(size, alignment());
-  Slice* slice = free_.fit(eff);
-  return slice == nullptr ? nullptr : carve(slice, size);
-}
-
-Error SlicedPool::growth_limit(std::uint64_t size) const {
-  if (!cap_) return {};
-  const std::uint64_t eff = align_up(size, alignment());
-  if (page_size_ == 0 || eff > page_size_ || usage_.bytes_reserved + page_size_ > *cap_)
-    return Error{ErrorKind::pool_capacity_exceeded, *cap_};
-  return {};
-}
-
-AllocStatus SlicedPool::grow(std::uint64_t size, Slice** out) {
-  Page* page = nullptr;
-  const AllocStatus status = new_page(page_size_, &page);
-  if (status != AllocStatus::ok) return status;
-  Slice* whole = &page->slices.front();
-  free_.insert(*whole);
-  *out = carve(whole, size);
-  return AllocStatus::ok;
-}
-
-void SlicedPool::on_free(Slice* slice) {
+void CarvedPool::on_free(Slice* slice) {
   PageSlices& list = slice->page->slices;
   auto it = list.iterator_to(*slice);
   Slice* prev = it != list.begin() && std::prev(it)->state == SliceState::free ? &*std::prev(it)
@@ -99,13 +77,50 @@ void SlicedPool::on_free(Slice* slice) {
   }
 }
 
-void SlicedPool::on_release(Page* page) {
+void CarvedPool::on_release(Page* page) {
   // An idle page is exactly one free slice.
   free_.erase(page->slices.front());
 }
 
-std::uint64_t SlicedPool::largest_free() const {
+std::uint64_t CarvedPool::largest_free() const {
   return free_.largest();
+}
+
+// --- SlicedPool --------------------------------------------------------------------------------
+
+SlicedPool::SlicedPool(PoolContext& ctx, std::uint64_t page_size, std::uint64_t max_slice_size,
+                       std::optional<std::uint64_t> cap,
+                       std::optional<std::uint64_t> dealloc_period)
+    : CarvedPool(ctx, dealloc_period),
+      configured_page_(page_size),
+      page_size_(page_size),
+      max_slice_size_(max_slice_size),
+      cap_(cap) {
+  if (cap_ && *cap_ < page_size_) page_size_ = *cap_ / ctx.alignment * ctx.alignment;
+}
+
+Slice* SlicedPool::try_reserve(std::uint64_t size) {
+  const std::uint64_t eff = align_up(size, alignment());
+  Slice* slice = free_.fit(eff);
+  return slice == nullptr ? nullptr : carve(slice, size);
+}
+
+Error SlicedPool::growth_limit(std::uint64_t size) const {
+  if (!cap_) return {};
+  const std::uint64_t eff = align_up(size, alignment());
+  if (page_size_ == 0 || eff > page_size_ || usage_.bytes_reserved + page_size_ > *cap_)
+    return Error{ErrorKind::pool_capacity_exceeded, *cap_};
+  return {};
+}
+
+AllocStatus SlicedPool::grow(std::uint64_t size, Slice** out) {
+  Page* page = nullptr;
+  const AllocStatus status = new_page(page_size_, &page);
+  if (status != AllocStatus::ok) return status;
+  Slice* whole = &page->slices.front();
+  free_.insert(*whole);
+  *out = carve(whole, size);
+  return AllocStatus::ok;
 }
 
 PoolReport SlicedPool::describe() const {

@@ -1,19 +1,47 @@
-// SlicedPool: pages of one size carved into slices. Near-best fit from size-binned free lists,
-// split on reserve, coalesce with free neighbours on free; an optional cap bounds the bytes the
-// pool may reserve. Depends on pool.h (and options.h for format_size) only.
+// The pools that carve their pages into slices. CarvedPool holds what they share: near-best fit
+// from size-binned free lists, split on reserve, coalesce with free neighbours on free.
+// SlicedPool: pages of one size; an optional cap bounds the bytes the pool may reserve.
+// SplitPool (split_pool.h): pages sized by request. Depends on pool.h (and options.h for
+// format_size) only.
 #pragma once
 
 #include "pools/pool.h"
 
 namespace poolcuda {
 
-class SlicedPool final : public Pool {
+class CarvedPool : public Pool {
+ public:
+  CarvedPool(PoolContext& ctx, std::optional<std::uint64_t> dealloc_period);
+  ~CarvedPool() override;
+  std::size_t free_slices() const override { return free_.size(); }
+  bool free_set_consistent() const override { return free_.consistent(); }
+
+ protected:
+  // Which end of a free slice a reservation takes: the top keeps the free part's address and
+  // node; the bottom puts a page's first reservation at the page's start.
+  enum class End { top, bottom };
+  // Serves `size` from the free `slice`; what is left stays free.
+  Slice* carve(Slice* slice, std::uint64_t size, End end = End::top);
+  // Hands out the whole free `slice` for `size`: its bytes beyond the request are padding.
+  Slice* take_whole(Slice* slice, std::uint64_t size);
+  void on_free(Slice* slice) override;
+  void on_release(Page* page) override;
+  std::uint64_t largest_free() const override;
+  // Bytes free inside pages that also hold a slice in use: no release can return them.
+  std::uint64_t free_in_busy_pages() const { return free_bytes() - idle_page_bytes_; }
+
+  FreeSet free_;
+
+ private:
+  void rekey(Slice* slice, DevicePtr ptr, std::uint64_t size);
+};
+
+class SlicedPool final : public CarvedPool {
  public:
   // `page_size` and the cap as configured; the page shrinks to the cap (aligned down) when the
   // cap is smaller, and a cap below the alignment never allocates.
   SlicedPool(PoolContext& ctx, std::uint64_t page_size, std::uint64_t max_slice_size,
              std::optional<std::uint64_t> cap, std::optional<std::uint64_t> dealloc_period);
-  ~SlicedPool() override;
 
   bool accepts(std::uint64_t size) const override { return size <= max_slice_size_; }
   const char* kind_name() const override { return "sliced"; }
@@ -24,23 +52,12 @@ class SlicedPool final : public Pool {
 
   std::uint64_t page_size() const { return page_size_; }
   std::uint64_t growth_bytes(std::uint64_t) const override { return page_size_; }
-  std::size_t free_slices() const override { return free_.size(); }
-  bool free_set_consistent() const override { return free_.consistent(); }
-
- protected:
-  void on_free(Slice* slice) override;
-  void on_release(Page* page) override;
-  std::uint64_t largest_free() const override;
 
  private:
-  Slice* carve(Slice* slice, std::uint64_t size);
-  void rekey(Slice* slice, DevicePtr ptr, std::uint64_t size);
-
   std::uint64_t configured_page_;
   std::uint64_t page_size_;  // effective: shrunk to the cap
   std::uint64_t max_slice_size_;
   std::optional<std::uint64_t> cap_;
-  FreeSet free_;
 };
 
 }  // namespace poolcuda

@@ -36,6 +36,12 @@ inline PoolSpec exclusive(std::uint64_t max, std::optional<std::uint64_t> period
   return spec;
 }
 
+inline PoolSpec split(std::uint64_t max, std::optional<std::uint64_t> period = std::nullopt) {
+  PoolSpec spec = exclusive(max, period);
+  spec.kind = PoolKind::split;
+  return spec;
+}
+
 inline PoolSpec direct(std::uint64_t reclaim_at) {
   PoolSpec spec;
   spec.kind = PoolKind::direct;

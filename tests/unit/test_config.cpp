@@ -205,9 +205,9 @@ TEST_CASE("format_size writes the largest exact binary unit") {
 TEST_CASE("a pool list with every kind and every field") {
   const Config config = parse_ok(
       "pools:[sliced(page=64M,slice=16M,cap=1G,period=5000);exclusive(max=1G,period=10000);"
-      "direct(reclaim=4G)]");
+      "split(max=4G,period=200);direct(reclaim=4G)]");
   REQUIRE(config.pools.preset == PoolPreset::custom);
-  REQUIRE(config.pools.custom.size() == 3);
+  REQUIRE(config.pools.custom.size() == 4);
   const PoolSpec& sliced = config.pools.custom[0];
   CHECK(sliced.kind == PoolKind::sliced);
   CHECK(sliced.page_size == 64 * MiB);
@@ -219,7 +219,11 @@ TEST_CASE("a pool list with every kind and every field") {
   CHECK(exclusive.max_alloc_size == GiB);
   CHECK(exclusive.dealloc_period == 10000);
   CHECK(exclusive.page_size == 0);
-  const PoolSpec& direct = config.pools.custom[2];
+  const PoolSpec& split = config.pools.custom[2];
+  CHECK(split.kind == PoolKind::split);
+  CHECK(split.max_alloc_size == 4 * GiB);
+  CHECK(split.dealloc_period == 200);
+  const PoolSpec& direct = config.pools.custom[3];
   CHECK(direct.kind == PoolKind::direct);
   CHECK(direct.reclaim_at == 4 * GiB);
   CHECK_FALSE(direct.dealloc_period.has_value());
@@ -234,6 +238,10 @@ TEST_CASE("optional pool fields take their defaults") {
   const PoolSpec exclusive = only_pool("pools:[exclusive(max=8K)]");
   CHECK(exclusive.max_alloc_size == 8 * KiB);
   CHECK_FALSE(exclusive.dealloc_period.has_value());
+  const PoolSpec split = only_pool("pools:[split(max=8K)]");
+  CHECK(split.kind == PoolKind::split);
+  CHECK(split.max_alloc_size == 8 * KiB);
+  CHECK_FALSE(split.dealloc_period.has_value());
   // Empty entries and a trailing comma inside a pool are tolerated.
   CHECK(parse_ok("pools:[;sliced(page=1M,);;]").pools.custom.size() == 1);
   // The limits themselves are accepted.
@@ -254,6 +262,7 @@ TEST_CASE("describe_config round-trips") {
       "pools:[sliced(page=64M,slice=16M,cap=1G,period=5000);exclusive(max=1G,period=10000);"
       "direct(reclaim=4G)],report_signal:USR2,persistent:disabled,free_fence:sync",
       "pools:[sliced(page=1000);sliced(page=3M,cap=7M);exclusive(max=123457)]",
+      "pools:[sliced(page=2M,slice=512K);split(max=16G,period=10000)]",
       "fence_slack:0,free_fence:events",
       "fence_slack:0KiB",
       "fence_slack:1536,log:full",
@@ -469,12 +478,16 @@ TEST_CASE("error: empty pool list") {
 
 TEST_CASE("error: unknown pool kind, unknown field, missing required field") {
   check_error("pools:[sliced(page=1M);bump(size=1M)]", "pools", "bump",
-              "a pool kind: sliced, exclusive or direct (pool 2)");
+              "a pool kind: sliced, exclusive, split or direct (pool 2)");
   check_error("pools:[(page=1M)]", "pools", "(page=1M)", "a pool kind");
   check_error("pools:[sliced(page=1M,max=2M)]", "pools", "max=2M",
               "a field of sliced pools: page, slice, cap, period");
   check_error("pools:[direct(reclaim=1G,period=10)]", "pools", "period=10",
               "a field of direct pools: reclaim");
+  check_error("pools:[split(max=1G,page=2M)]", "pools", "page=2M",
+              "a field of split pools: max, period");
+  check_error("pools:[split(period=5)]", "pools", "split(period=5)",
+              "field 'max' (required for split pools)");
   check_error("pools:[exclusive(max)]", "pools", "max", "field=value");
   check_error("pools:[sliced(page=1M,page=2M)]", "pools", "page=2M", "each field of a pool");
   check_error("pools:[sliced(slice=1M)]", "pools", "sliced(slice=1M)",
@@ -519,6 +532,10 @@ TEST_CASE("error: a pool that no request reaches") {
   // rounded up to the 512 B alignment, so max=1000B already takes every size up to 1 KiB.
   check_error("pools:[exclusive(max=1M);exclusive(max=1M)]", "pools", "exclusive(max=1M)",
               "(pool 2)");
+  check_error("pools:[split(max=1G);sliced(page=2M,slice=512K)]", "pools",
+              "sliced(page=2M,slice=512K)", "pool 1 (split(max=1G)) comes first");
+  check_error("pools:[exclusive(max=1G);split(max=512M)]", "pools", "split(max=512M)",
+              "every size up to 1GiB");
   check_error("pools:[exclusive(max=1000B);exclusive(max=1K)]", "pools", "exclusive(max=1K)",
               "every size up to 1KiB");
   // The pool named is the first one that hides it, and the later pool's number is its own.
