@@ -57,6 +57,8 @@ class CudaDevice final : public Device {
   // recorded under the same lock, so the two exclude each other (Note [Fence streams]).
   void capture_began() { hooked_captures_.fetch_add(1, std::memory_order_acq_rel); }
   void capture_ended() { hooked_captures_.fetch_sub(1, std::memory_order_acq_rel); }
+  // Whether a capture begun through the hooks is open on this device.
+  bool hooked_capture_open() const { return hooked_captures_.load(std::memory_order_acquire) > 0; }
   // cudaDeviceReset ended every capture of the device.
   void captures_forgotten() { hooked_captures_.store(0, std::memory_order_release); }
 

@@ -48,6 +48,18 @@ POOLCUDA_EXPORT CUresult cuMemFree_v2(CUdeviceptr dptr) {
   return pc::guarded([&] { return dh::mem_free(dptr); });
 }
 
+// A stream-ordered free of pooled memory takes the pools' path (driver_hooks.cpp); the real
+// call would free a whole page, or refuse a slice inside one.
+POOLCUDA_EXPORT CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream hStream) {
+  if (pc::bypass()) return dr::cuMemFreeAsync()(dptr, hStream);
+  return pc::guarded([&] { return dh::mem_free_async(dptr, hStream, false); });
+}
+
+POOLCUDA_EXPORT CUresult cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream hStream) {
+  if (pc::bypass()) return dr::cuMemFreeAsync_ptsz()(dptr, hStream);
+  return pc::guarded([&] { return dh::mem_free_async(dptr, hStream, true); });
+}
+
 POOLCUDA_EXPORT CUresult cuMemGetInfo_v2(size_t* free, size_t* total) {
   if (pc::bypass()) return dr::cuMemGetInfo_v2()(free, total);
   return pc::guarded([&] { return dh::mem_get_info(free, total); });

@@ -57,25 +57,27 @@ CUresult mem_alloc(CUdeviceptr* dptr, std::size_t size) {
   return CUDA_ERROR_OUT_OF_MEMORY;
 }
 
-CUresult mem_free(CUdeviceptr dptr) {
-  stream_order::driver_used_directly();
-  const driver::CurrentContext ctx = driver::current_context();
-  if (ctx.handle == nullptr || dptr == 0) return driver_real::cuMemFree_v2()(dptr);
-  const pooling::Freed freed = release(ctx, dptr);
+namespace {
+
+// What a free of `dptr` by `api` answers once the pools said `freed`: success when they freed
+// it, a refusal, or for memory they do not own `real` under a ForeignFree guard after a second
+// look (Note [Foreign frees] in foreign_frees.cpp).
+template <typename Real>
+CUresult finish_free(const char* api, const driver::CurrentContext& ctx, CUdeviceptr dptr,
+                     const pooling::Freed& freed, Real&& real) {
   switch (freed.outcome) {
     case FreeOutcome::freed:
       return CUDA_SUCCESS;
     case FreeOutcome::not_mine: {
-      // Note [Foreign frees] in foreign_frees.cpp: a second look under the guard.
       ForeignFree guard(as_pointer(dptr));
       const pooling::Freed again = release(ctx, dptr);
       if (again.outcome == FreeOutcome::freed) return CUDA_SUCCESS;
       if (again.outcome != FreeOutcome::not_mine) {
-        pooling::log_refused_free("cuMemFree", as_pointer(dptr), again);
+        pooling::log_refused_free(api, as_pointer(dptr), again);
         return CUDA_ERROR_INVALID_VALUE;
       }
       if (!guard.may_free()) return CUDA_ERROR_INVALID_VALUE;
-      const CUresult result = driver_real::cuMemFree_v2()(dptr);
+      const CUresult result = real();
       if (result == CUDA_SUCCESS && ctx.primary) {
         pooling::forwarded_free(ctx.device, as_pointer(dptr));
       }
@@ -86,8 +88,41 @@ CUresult mem_free(CUdeviceptr dptr) {
     case FreeOutcome::not_allocated:
       break;
   }
-  pooling::log_refused_free("cuMemFree", as_pointer(dptr), freed);
+  pooling::log_refused_free(api, as_pointer(dptr), freed);
   return CUDA_ERROR_INVALID_VALUE;
+}
+
+}  // namespace
+
+CUresult mem_free(CUdeviceptr dptr) {
+  stream_order::driver_used_directly();
+  const driver::CurrentContext ctx = driver::current_context();
+  if (ctx.handle == nullptr || dptr == 0) return driver_real::cuMemFree_v2()(dptr);
+  return finish_free("cuMemFree", ctx, dptr, release(ctx, dptr),
+                     [&] { return driver_real::cuMemFree_v2()(dptr); });
+}
+
+CUresult mem_free_async(CUdeviceptr dptr, CUstream stream, bool per_thread) {
+  auto real_call = [&] {
+    return per_thread ? driver_real::cuMemFreeAsync_ptsz()(dptr, stream)
+                      : driver_real::cuMemFreeAsync()(dptr, stream);
+  };
+  stream_order::driver_used_directly();
+  const driver::CurrentContext ctx = driver::current_context();
+  if (ctx.handle == nullptr || dptr == 0) return real_call();
+  const cudaStream_t named =
+      per_thread && stream == nullptr ? cudaStreamPerThread : as_runtime(stream);
+  if (ctx.primary && hooks::capture_invalidated(ctx.device, named))
+    return CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
+  // A free captured into a graph may name a graph memory node's address: the real call decides,
+  // as for cudaFreeAsync (hooks.cpp).
+  const pooling::Freed freed = release(ctx, dptr);
+  if (freed.outcome == FreeOutcome::not_mine && hooks::capturing(named)) {
+    const CUresult result = real_call();
+    if (result == CUDA_SUCCESS && ctx.primary) pooling::forwarded_free(ctx.device, as_pointer(dptr));
+    return result;
+  }
+  return finish_free("cuMemFreeAsync", ctx, dptr, freed, real_call);
 }
 
 CUresult mem_get_info(std::size_t* free_bytes, std::size_t* total_bytes) {

@@ -15,6 +15,9 @@ namespace poolcuda::driver_hooks {
 
 CUresult mem_alloc(CUdeviceptr* dptr, std::size_t size);
 CUresult mem_free(CUdeviceptr dptr);
+// cuMemFreeAsync(_ptsz): pooled memory as cuMemFree frees it (the free fence covers the work
+// ordered before the free on `stream`); the rest to the real call.
+CUresult mem_free_async(CUdeviceptr dptr, CUstream stream, bool per_thread);
 CUresult mem_get_info(std::size_t* free_bytes, std::size_t* total_bytes);
 CUresult ipc_get_mem_handle(CUipcMemHandle* handle, CUdeviceptr dptr);
 CUresult stream_create(CUstream* stream, unsigned int flags);

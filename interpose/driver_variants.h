@@ -15,6 +15,7 @@
 #undef cuStreamBeginCapture
 #undef cuDevicePrimaryCtxReset
 #undef cuDevicePrimaryCtxRelease
+#undef cuMemFreeAsync
 
 // Variants cuda.h declares only for internal or per-thread builds.
 extern "C" {
@@ -29,6 +30,7 @@ CUresult cuStreamBeginCaptureToGraph_ptsz(CUstream hStream, CUgraph hGraph,
                                           const CUgraphEdgeData* dependencyData,
                                           size_t numDependencies, CUstreamCaptureMode mode);
 CUresult cuStreamEndCapture_ptsz(CUstream hStream, CUgraph* phGraph);
+CUresult cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream hStream);
 CUresult cuLaunchHostFunc_ptsz(CUstream hStream, CUhostFn fn, void* userData);
 CUresult cuStreamAddCallback_ptsz(CUstream hStream, CUstreamCallback callback, void* userData,
                                   unsigned int flags);
@@ -40,6 +42,8 @@ CUresult cuStreamAddCallback_ptsz(CUstream hStream, CUstreamCallback callback, v
   X(cuGetProcAddress_v2, "cuGetProcAddress", 12000, false)                             \
   X(cuMemAlloc_v2, "cuMemAlloc", 3020, false)                                          \
   X(cuMemFree_v2, "cuMemFree", 3020, false)                                            \
+  X(cuMemFreeAsync, "cuMemFreeAsync", 11020, false)                                    \
+  X(cuMemFreeAsync_ptsz, "cuMemFreeAsync", 11020, true)                                \
   X(cuMemGetInfo_v2, "cuMemGetInfo", 3020, false)                                      \
   X(cuIpcGetMemHandle, "cuIpcGetMemHandle", 4010, false)                               \
   X(cuMemAllocPitch_v2, "cuMemAllocPitch", 3020, false)                                \

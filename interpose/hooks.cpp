@@ -59,11 +59,23 @@ cudaError_t forward_malloc(int device, void** ptr, std::size_t size) {
   return cudaErrorMemoryAllocation;
 }
 
+}  // namespace
+
 bool capturing(cudaStream_t stream) {
   cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
   return real::cudaStreamIsCapturing()(stream, &status) == cudaSuccess &&
          status != cudaStreamCaptureStatusNone;
 }
+
+bool capture_invalidated(int device, cudaStream_t stream) {
+  CudaDevice* d = device >= 0 ? Registry::instance().device(device) : nullptr;
+  if (d == nullptr || !d->hooked_capture_open()) return false;  // no capture, nothing to ask
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  return real::cudaStreamIsCapturing()(stream, &status) == cudaSuccess &&
+         status == cudaStreamCaptureStatusInvalidated;
+}
+
+namespace {
 
 // Whether the driver has less than `size` free (a successful query leaves the last-error slot
 // alone; a failed one counts as short).
@@ -138,7 +150,9 @@ cudaError_t free(void* ptr) {
 // `stream` uses it; work ordered before it is exactly what a free fence waits for (the fence of
 // the epoch the slice joins is recorded later, on the streams Note [Fence streams] names), so
 // the slice takes the same path as a cudaFree. Memory from cudaMallocAsync and anything else
-// the pools do not own goes to the real call.
+// the pools do not own goes to the real call. On a stream whose capture an earlier call
+// invalidated, the free fails with cudaErrorStreamCaptureInvalidated and frees nothing, as the
+// plain call does (the program then frees the memory some other way).
 cudaError_t free_async(void* ptr, cudaStream_t stream, bool per_thread) {
   auto real_call = [&] {
     return per_thread ? real::cudaFreeAsync_ptsz()(ptr, stream)
@@ -146,6 +160,8 @@ cudaError_t free_async(void* ptr, cudaStream_t stream, bool per_thread) {
   };
   if (ptr == nullptr) return real_call();
   const int device = current_device();
+  const cudaStream_t named = per_thread && stream == nullptr ? cudaStreamPerThread : stream;
+  if (capture_invalidated(device, named)) return cudaErrorStreamCaptureInvalidated;
   const pooling::Freed freed = pooling::release(device, ptr);
   switch (freed.outcome) {
     case FreeOutcome::freed:
@@ -154,7 +170,7 @@ cudaError_t free_async(void* ptr, cudaStream_t stream, bool per_thread) {
       // A free captured into a graph may name a graph memory node's address, which only the
       // graph knows until it runs: no driver query, no refusal (whose real call would break the
       // capture); the real call decides.
-      if (capturing(per_thread && stream == nullptr ? cudaStreamPerThread : stream)) {
+      if (capturing(named)) {
         const cudaError_t result = real_call();
         if (result == cudaSuccess) pooling::forwarded_free(device, ptr);
         return result;

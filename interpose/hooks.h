@@ -43,6 +43,12 @@ unsigned long long stream_capture_id(cudaStream_t stream, int* device);
 void stream_destroyed_while_capturing(cudaStream_t stream, int device,
                                       unsigned long long capture_id);
 
+// Whether `stream` is in a stream capture, valid or invalidated.
+bool capturing(cudaStream_t stream);
+// Whether `stream` of `device` is in a capture that an earlier call invalidated: a stream-ordered
+// free there fails in plain CUDA and frees nothing, so a pooled one must too.
+bool capture_invalidated(int device, cudaStream_t stream);
+
 // Shared with managed_hooks.cpp: the device current on the calling thread (-1 when none), and
 // a refusal's cudaErrorInvalidValue or cudaErrorMemoryAllocation left in the runtime's
 // last-error slot (Note [Last error] in hooks.cpp).
