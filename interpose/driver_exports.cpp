@@ -72,19 +72,39 @@ POOLCUDA_EXPORT CUresult cuIpcGetMemHandle(CUipcMemHandle* pHandle, CUdeviceptr 
   return pc::guarded([&] { return dh::ipc_get_mem_handle(pHandle, dptr); });
 }
 
-// Pitched allocations are not pooled: recognised, passed through.
+// Pitched, driver-managed and stream-ordered allocations are not pooled: passed through, and
+// tried once more after the pools gave their idle memory back when the driver refused them for
+// lack of memory (Note [Room for what the pools do not serve] in pooling.cpp). Pooling managed
+// memory here would also need the driver's attach, advise, prefetch and attribute calls to treat
+// a slab allocation as a whole allocation, as managed_hooks.cpp does for the runtime's.
 POOLCUDA_EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr* dptr, size_t* pPitch,
                                             size_t WidthInBytes, size_t Height,
                                             unsigned int ElementSizeBytes) {
-  return dr::cuMemAllocPitch_v2()(dptr, pPitch, WidthInBytes, Height, ElementSizeBytes);
+  auto real = [&] {
+    return dr::cuMemAllocPitch_v2()(dptr, pPitch, WidthInBytes, Height, ElementSizeBytes);
+  };
+  if (pc::bypass()) return real();
+  return pc::guarded([&] { return dh::with_room(real); });
 }
 
-// Driver managed memory is passed through: pooling it would also need the driver's attach,
-// advise, prefetch and attribute calls to treat a slab allocation as a whole allocation, as
-// managed_hooks.cpp does for the runtime's (docs/managed.md).
 POOLCUDA_EXPORT CUresult cuMemAllocManaged(CUdeviceptr* dptr, size_t bytesize,
                                            unsigned int flags) {
-  return dr::cuMemAllocManaged()(dptr, bytesize, flags);
+  auto real = [&] { return dr::cuMemAllocManaged()(dptr, bytesize, flags); };
+  if (pc::bypass()) return real();
+  return pc::guarded([&] { return dh::with_room(real); });
+}
+
+POOLCUDA_EXPORT CUresult cuMemAllocAsync(CUdeviceptr* dptr, size_t bytesize, CUstream hStream) {
+  auto real = [&] { return dr::cuMemAllocAsync()(dptr, bytesize, hStream); };
+  if (pc::bypass()) return real();
+  return pc::guarded([&] { return dh::with_room(real); });
+}
+
+POOLCUDA_EXPORT CUresult cuMemAllocAsync_ptsz(CUdeviceptr* dptr, size_t bytesize,
+                                              CUstream hStream) {
+  auto real = [&] { return dr::cuMemAllocAsync_ptsz()(dptr, bytesize, hStream); };
+  if (pc::bypass()) return real();
+  return pc::guarded([&] { return dh::with_room(real); });
 }
 
 POOLCUDA_EXPORT CUresult cuStreamCreate(CUstream* phStream, unsigned int Flags) {

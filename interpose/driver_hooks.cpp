@@ -125,6 +125,13 @@ CUresult mem_free_async(CUdeviceptr dptr, CUstream stream, bool per_thread) {
   return finish_free("cuMemFreeAsync", ctx, dptr, freed, real_call);
 }
 
+CUresult with_room(const std::function<CUresult()>& real) {
+  const driver::CurrentContext ctx = driver::current_context();
+  if (ctx.handle == nullptr) return real();
+  return static_cast<CUresult>(
+      pooling::with_room(ctx.device, [&] { return static_cast<int>(real()); }));
+}
+
 CUresult mem_get_info(std::size_t* free_bytes, std::size_t* total_bytes) {
   const CUresult result = driver_real::cuMemGetInfo_v2()(free_bytes, total_bytes);
   if (result != CUDA_SUCCESS || free_bytes == nullptr) return result;

@@ -10,6 +10,7 @@
 #include <cuda.h>
 
 #include <cstddef>
+#include <functional>
 
 namespace poolcuda::driver_hooks {
 
@@ -18,6 +19,9 @@ CUresult mem_free(CUdeviceptr dptr);
 // cuMemFreeAsync(_ptsz): pooled memory as cuMemFree frees it (the free fence covers the work
 // ordered before the free on `stream`); the rest to the real call.
 CUresult mem_free_async(CUdeviceptr dptr, CUstream stream, bool per_thread);
+// An allocation the pools do not serve: `real`, and once more after the current device's pools
+// gave their idle memory back when the driver refused it for lack of memory.
+CUresult with_room(const std::function<CUresult()>& real);
 CUresult mem_get_info(std::size_t* free_bytes, std::size_t* total_bytes);
 CUresult ipc_get_mem_handle(CUipcMemHandle* handle, CUdeviceptr dptr);
 CUresult stream_create(CUstream* stream, unsigned int flags);

@@ -16,6 +16,7 @@
 #undef cuDevicePrimaryCtxReset
 #undef cuDevicePrimaryCtxRelease
 #undef cuMemFreeAsync
+#undef cuMemAllocAsync
 
 // Variants cuda.h declares only for internal or per-thread builds.
 extern "C" {
@@ -31,6 +32,7 @@ CUresult cuStreamBeginCaptureToGraph_ptsz(CUstream hStream, CUgraph hGraph,
                                           size_t numDependencies, CUstreamCaptureMode mode);
 CUresult cuStreamEndCapture_ptsz(CUstream hStream, CUgraph* phGraph);
 CUresult cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream hStream);
+CUresult cuMemAllocAsync_ptsz(CUdeviceptr* dptr, size_t bytesize, CUstream hStream);
 CUresult cuLaunchHostFunc_ptsz(CUstream hStream, CUhostFn fn, void* userData);
 CUresult cuStreamAddCallback_ptsz(CUstream hStream, CUstreamCallback callback, void* userData,
                                   unsigned int flags);
@@ -48,6 +50,8 @@ CUresult cuStreamAddCallback_ptsz(CUstream hStream, CUstreamCallback callback, v
   X(cuIpcGetMemHandle, "cuIpcGetMemHandle", 4010, false)                               \
   X(cuMemAllocPitch_v2, "cuMemAllocPitch", 3020, false)                                \
   X(cuMemAllocManaged, "cuMemAllocManaged", 6000, false)                               \
+  X(cuMemAllocAsync, "cuMemAllocAsync", 11020, false)                                  \
+  X(cuMemAllocAsync_ptsz, "cuMemAllocAsync", 11020, true)                              \
   X(cuStreamCreate, "cuStreamCreate", 2000, false)                                     \
   X(cuStreamCreateWithPriority, "cuStreamCreateWithPriority", 5050, false)             \
   X(cuStreamDestroy_v2, "cuStreamDestroy", 4000, false)                                \

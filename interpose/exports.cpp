@@ -51,6 +51,12 @@ POOLCUDA_EXPORT cudaError_t cudaMallocAsync_ptsz(void** ptr, size_t size, cudaSt
   return pc::guarded([&] { return pc::hooks::malloc_async(ptr, size, stream, true); });
 }
 
+POOLCUDA_EXPORT cudaError_t cudaMallocPitch(void** ptr, size_t* pitch, size_t width,
+                                            size_t height) {
+  if (pc::bypass()) return pc::real::cudaMallocPitch()(ptr, pitch, width, height);
+  return pc::guarded([&] { return pc::hooks::malloc_pitch(ptr, pitch, width, height); });
+}
+
 POOLCUDA_EXPORT cudaError_t cudaMemGetInfo(size_t* free_bytes, size_t* total_bytes) {
   if (pc::bypass()) return pc::real::cudaMemGetInfo()(free_bytes, total_bytes);
   return pc::guarded([&] { return pc::hooks::mem_get_info(free_bytes, total_bytes); });

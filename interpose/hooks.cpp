@@ -183,28 +183,34 @@ cudaError_t free_async(void* ptr, cudaStream_t stream, bool per_thread) {
 
 // Note [Stream-ordered allocations]
 // cudaMallocAsync memory comes from the driver's stream-ordered pools, never from ours, but both
-// draw on the same device: idle pages our pools keep after the program's frees are memory
-// plain CUDA would have given back at those frees, and so is memory still waiting for its free
-// fence. So a cudaMallocAsync the driver refuses for lack of memory gets everything the pools
-// keep for no live slice back (MemoryManager::give_back_all(): the fences waited for, bounded)
-// and is tried once more. The failed first try
+// draw on the same device (Note [Room for what the pools do not serve] in pooling.cpp), so a
+// cudaMallocAsync the driver refuses for lack of memory gets everything the pools keep for no
+// live slice back (MemoryManager::give_back_all(): the fences waited for, bounded) and is tried
+// once more; so do pitched allocations and managed ones past the slabs. The failed first try
 // left cudaErrorMemoryAllocation in the last-error slot (Note [Last error]), which a successful
 // retry must not show: a slot that was clean before is cleared again; a slot that held the
 // program's own error cannot be put back, so then the idle pages go back before the first try
 // (only when the driver has less free than the request), whose answer is final.
-cudaError_t malloc_async(void** ptr, std::size_t size, cudaStream_t stream, bool per_thread) {
-  auto real_call = [&] {
-    return per_thread ? real::cudaMallocAsync_ptsz()(ptr, size, stream)
-                      : real::cudaMallocAsync()(ptr, size, stream);
-  };
-  const int device = current_device();
+cudaError_t with_room(int device, std::size_t size, const std::function<cudaError_t()>& real) {
   const bool slot_clean = real::cudaPeekAtLastError()() == cudaSuccess;
   if (!slot_clean && driver_short_of(size)) pooling::give_back_idle(device);
-  const cudaError_t result = real_call();
+  const cudaError_t result = real();
   if (result != cudaErrorMemoryAllocation || !slot_clean) return result;
   if (!pooling::give_back_idle(device)) return result;
   real::cudaGetLastError()();
-  return real_call();
+  return real();
+}
+
+cudaError_t malloc_async(void** ptr, std::size_t size, cudaStream_t stream, bool per_thread) {
+  return with_room(current_device(), size, [&] {
+    return per_thread ? real::cudaMallocAsync_ptsz()(ptr, size, stream)
+                      : real::cudaMallocAsync()(ptr, size, stream);
+  });
+}
+
+cudaError_t malloc_pitch(void** ptr, std::size_t* pitch, std::size_t width, std::size_t height) {
+  return with_room(current_device(), width * height,
+                   [&] { return real::cudaMallocPitch()(ptr, pitch, width, height); });
 }
 
 cudaError_t mem_get_info(std::size_t* free_bytes, std::size_t* total_bytes) {

@@ -17,6 +17,12 @@ cudaError_t malloc(void** ptr, std::size_t size);
 cudaError_t free(void* ptr);
 cudaError_t free_async(void* ptr, cudaStream_t stream, bool per_thread);
 cudaError_t malloc_async(void** ptr, std::size_t size, cudaStream_t stream, bool per_thread);
+cudaError_t malloc_pitch(void** ptr, std::size_t* pitch, std::size_t width, std::size_t height);
+// An allocation of `size` bytes the pools do not serve, by the runtime's API: `real`, and once
+// more after the pools gave their idle memory back when the driver refused it for lack of
+// memory, leaving the last-error slot as the plain call would (Note [Stream-ordered allocations]
+// in hooks.cpp).
+cudaError_t with_room(int device, std::size_t size, const std::function<cudaError_t()>& real);
 cudaError_t mem_get_info(std::size_t* free_bytes, std::size_t* total_bytes);
 cudaError_t ipc_get_mem_handle(cudaIpcMemHandle_t* handle, void* ptr);
 cudaError_t device_reset();
@@ -67,6 +73,7 @@ void raise_out_of_memory();
   X(cudaFreeAsync_ptsz)                     \
   X(cudaMallocAsync)                        \
   X(cudaMallocAsync_ptsz)                   \
+  X(cudaMallocPitch)                        \
   X(cudaMallocManaged)                      \
   X(cudaStreamAttachMemAsync)               \
   X(cudaStreamAttachMemAsync_ptsz)          \

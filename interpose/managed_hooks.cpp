@@ -88,7 +88,11 @@ namespace {
 
 cudaError_t forward_managed(int device, void** ptr, std::size_t size, unsigned int flags) {
   const int result = pooling::forward(
-      device, size, ptr, [&] { return real::cudaMallocManaged()(ptr, size, flags); },
+      device, size, ptr,
+      [&] {
+        return hooks::with_room(device, size,
+                                [&] { return real::cudaMallocManaged()(ptr, size, flags); });
+      },
       pooling::Passed::managed);
   if (result != pooling::kOverBudget) return static_cast<cudaError_t>(result);
   raise_out_of_memory();

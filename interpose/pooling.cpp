@@ -37,6 +37,9 @@
 // configuration.
 #include "interpose/pooling.h"
 
+#include <cuda.h>
+#include <cuda_runtime_api.h>
+
 #include <algorithm>
 #include <chrono>
 
@@ -227,6 +230,23 @@ bool ipc_exportable(const char* api, const void* ptr) {
     return false;
   }
   return true;
+}
+
+// Note [Room for what the pools do not serve]
+// Pitched, managed (past the slabs), stream-ordered and driver-managed allocations come from the
+// driver, never from the pools, but draw on the same device: the pools' idle pages and the
+// memory waiting for its free fences are memory plain CUDA would have given back at the
+// program's frees. So such a call that the driver refuses for lack of memory gets all of it back
+// (give_back_idle) and is tried once more: under the pools it fails only where the plain call
+// would. The runtime's calls also keep the last-error slot as the plain call leaves it
+// (hooks::with_room, Note [Stream-ordered allocations] in hooks.cpp). Allocators the library does
+// not hook (arrays, cuMemCreate) are not covered: docs/pools.md says what to do there.
+int with_room(int device, const std::function<int()>& real) {
+  static_assert(kOutOfMemory == cudaErrorMemoryAllocation &&
+                kOutOfMemory == CUDA_ERROR_OUT_OF_MEMORY);
+  const int result = real();
+  if (result != kOutOfMemory || !give_back_idle(device)) return result;
+  return real();
 }
 
 bool give_back_idle(int device) {

@@ -95,6 +95,7 @@ cudaError_t cudaMemDiscardAndPrefetchBatchAsync_ptsz(void** dptrs, size_t* sizes
   X(cudaFreeAsync_ptsz)                     \
   X(cudaMallocAsync)                        \
   X(cudaMallocAsync_ptsz)                   \
+  X(cudaMallocPitch)                        \
   X(cudaMemGetInfo)                         \
   X(cudaDeviceReset)                        \
   X(cudaDeviceSynchronize)                  \

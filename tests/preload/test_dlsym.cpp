@@ -120,7 +120,10 @@ constexpr Ask kAsks[] = {
     {"cuGraphLaunch", 13000, 0, nullptr},
     {"cuGraphLaunch", 13000, kPtds, nullptr},
     {"cuLaunchKernel", 13000, 0, nullptr},
-    {"cuMemAllocAsync", 13000, 0, nullptr},
+    {"cuMemAllocAsync", 13000, 0, "cuMemAllocAsync"},
+    {"cuMemAllocAsync", 13000, kPtds, "cuMemAllocAsync_ptsz"},
+    {"cuMemFreeAsync", 13000, kPtds, "cuMemFreeAsync_ptsz"},
+    {"cuMemPoolCreate", 13000, 0, nullptr},
     {"cuCtxGetCurrent", 13000, 0, nullptr},
     {"cuMemAllocAsync", 11000, 0, nullptr},  // version not sufficient
     {"cuNoSuchFunction", 13000, 0, nullptr},

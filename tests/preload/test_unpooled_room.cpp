@@ -1,0 +1,76 @@
+// Preload test: allocations the pools do not serve find the room plain CUDA would have left them
+// (Note [Room for what the pools do not serve] in interpose/pooling.cpp). On a 1 GiB device the
+// program frees a 700 MiB buffer, whose page the pools keep idle, then asks for 700 MiB through
+// each allocator that goes to the driver: cudaMallocPitch, cudaMallocManaged past the managed
+// slab, cuMemAllocPitch, cuMemAllocManaged and cuMemAllocAsync. Each succeeds, as it does
+// without the library, and the runtime's leave the last-error slot as the plain call does: clean
+// when it was clean, the program's own error when it held one.
+// Runs on a GPU too, where 700 MiB only needs to fit next to nothing else.
+#include <cuda.h>
+
+#include <cstdio>
+#include <functional>
+#include <string>
+
+#include "check.h"
+
+namespace {
+
+#define CHECK_CU(expr) CHECK_MSG((expr) == CUDA_SUCCESS, #expr)
+
+constexpr std::size_t kBig = 700u << 20;
+
+// A 700 MiB pooled buffer, freed: its page stays with the pools, idle.
+void leave_an_idle_page() {
+  void* buffer = nullptr;
+  CHECK_CUDA(cudaMalloc(&buffer, kBig));
+  CHECK_CUDA(cudaFree(buffer));
+}
+
+void runtime_allocation(const char* what, const std::function<cudaError_t(void**)>& allocate,
+                        bool dirty_slot) {
+  leave_an_idle_page();
+  if (dirty_slot) CHECK(cudaSetDevice(1 << 20) == cudaErrorInvalidDevice);  // the program's own
+  void* ptr = nullptr;
+  CHECK_MSG(allocate(&ptr) == cudaSuccess, std::string(what) + " failed beside idle pages");
+  CHECK_MSG(cudaGetLastError() == (dirty_slot ? cudaErrorInvalidDevice : cudaSuccess),
+            std::string(what) + " changed the last-error slot");
+  CHECK_CUDA(cudaFree(ptr));
+}
+
+void driver_allocation(const char* what, const std::function<CUresult(CUdeviceptr*)>& allocate,
+                       bool stream_ordered) {
+  leave_an_idle_page();
+  CUdeviceptr ptr = 0;
+  CHECK_MSG(allocate(&ptr) == CUDA_SUCCESS, std::string(what) + " failed beside idle pages");
+  CHECK_CU(stream_ordered ? cuMemFreeAsync(ptr, nullptr) : cuMemFree_v2(ptr));
+  CHECK_CU(cuCtxSynchronize());
+}
+
+}  // namespace
+
+int main() {
+  preload_test::require_preloaded();
+  CHECK_CUDA(cudaFree(nullptr));
+  for (const bool dirty : {false, true}) {
+    runtime_allocation("cudaMallocPitch", [](void** p) {
+      std::size_t pitch = 0;
+      return cudaMallocPitch(p, &pitch, 1 << 20, kBig >> 20);
+    }, dirty);
+    runtime_allocation("cudaMallocManaged", [](void** p) {
+      return cudaMallocManaged(p, kBig);
+    }, dirty);
+  }
+  driver_allocation("cuMemAllocPitch", [](CUdeviceptr* p) {
+    std::size_t pitch = 0;
+    return cuMemAllocPitch_v2(p, &pitch, 1 << 20, kBig >> 20, 4);
+  }, false);
+  driver_allocation("cuMemAllocManaged", [](CUdeviceptr* p) {
+    return cuMemAllocManaged(p, kBig, CU_MEM_ATTACH_GLOBAL);
+  }, false);
+  driver_allocation("cuMemAllocAsync", [](CUdeviceptr* p) {
+    return cuMemAllocAsync(p, kBig, nullptr);
+  }, true);
+  std::printf("ok\n");
+  return 0;
+}
