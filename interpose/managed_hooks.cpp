@@ -260,10 +260,12 @@ cudaError_t mem_prefetch(const void* ptr, std::size_t count, cudaMemLocation loc
 }
 
 cudaError_t pointer_get_attributes(cudaPointerAttributes* attributes, const void* ptr) {
-  if (attributes == nullptr || find_managed(ptr).kind != ManagedLookup::Kind::free_space) {
+  if (attributes == nullptr || (find_managed(ptr).kind != ManagedLookup::Kind::free_space &&
+                                !pooling::in_pooled_free_memory(ptr))) {
     return real::cudaPointerGetAttributes()(attributes, ptr);
   }
-  // Note [Managed attach]: what the runtime says of memory it does not know.
+  // Note [Managed attach]: what the runtime says of memory it does not know. Freed pooled
+  // device memory too: the driver knows only its page, which is still allocated.
   static char unknown;
   const cudaError_t result = real::cudaPointerGetAttributes()(attributes, &unknown);
   if (result == cudaSuccess) {

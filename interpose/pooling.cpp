@@ -204,6 +204,19 @@ void log_refused_free(const char* api, const void* ptr, const Freed& freed) {
              why);
 }
 
+bool in_pooled_free_memory(const void* ptr) {
+  const Registry& registry = Registry::instance();
+  const auto address = reinterpret_cast<DevicePtr>(ptr);
+  for (int device = 0; device < Registry::kMaxDevices; ++device) {
+    MemoryManager* manager = registry.manager(device);
+    if (manager == nullptr) continue;
+    if (manager->live_size(address) != 0) return false;  // an allocation's start: the usual ask
+    const PointerPlace place = manager->locate(address);
+    if (place.pooled) return place.allocation == 0;
+  }
+  return false;
+}
+
 bool ipc_exportable(const char* api, const void* ptr) {
   const Registry& registry = Registry::instance();
   const auto address = reinterpret_cast<DevicePtr>(ptr);

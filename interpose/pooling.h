@@ -67,6 +67,10 @@ bool ipc_exportable(const char* api, const void* ptr);
 // when the pools had anything to give.
 bool give_back_idle(int device);
 
+// Whether `ptr` lies in a pooled page outside every live allocation: memory the program freed
+// (or never got), which the driver, knowing only the page, would call allocated.
+bool in_pooled_free_memory(const void* ptr);
+
 // An allocation the pools do not serve, by the driver's API (no last-error slot): `real`, and
 // once more after give_back_idle() when the driver refused it for lack of memory (Note [Room for
 // what the pools do not serve] in pooling.cpp). The runtime's calls use hooks::with_room.
