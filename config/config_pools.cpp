@@ -1,8 +1,9 @@
-// The grammar of the `pools` key of POOLCUDA_CONF: a preset (`subslices`, `exclusive`) or a
-// bracketed list of pools tried in order, `[sliced(page=64M,slice=16M,cap=1G,period=5000);
-// exclusive(max=1G,period=10000);split(max=8G);direct(reclaim=4G)]`, and its inverse. Validates each pool
-// against the limits in pools/options.h so that a layout the parser accepts can always be built,
-// and refuses a list in which some pool could never serve a request (Note [Unreachable pools]).
+// The grammar of the `pools` key of POOLCUDA_CONF: a preset (`subslices`, `split`, `exclusive`)
+// or a bracketed list of pools tried in order, `[sliced(page=64M,slice=16M,cap=1G,period=5000);
+// exclusive(max=1G,period=10000);split(max=8G);direct(reclaim=4G)]`, and its inverse. Validates
+// each pool against the limits in pools/options.h so that a layout the parser accepts can always
+// be built, and refuses a list in which some pool could never serve a request (Note [Unreachable
+// pools]).
 // Pure string work; depends only on pools/options.h and the parser's internal helpers.
 //
 // Note [Unreachable pools]
@@ -50,7 +51,7 @@ constexpr std::array<KindSpec, 4> kKinds = {{
 }};
 
 constexpr std::string_view kLayoutExpected =
-    "subslices, exclusive, or a list of pools in brackets such as "
+    "subslices, split, exclusive, or a list of pools in brackets such as "
     "[sliced(page=64M,slice=16M,cap=1G);exclusive(max=1G);direct(reclaim=4G)]";
 
 std::string kind_fields(const KindSpec& spec) {
@@ -287,10 +288,11 @@ void describe_pool(const PoolSpec& pool, std::string& out) {
 
 std::optional<ConfigError> parse_pool_layout(std::string_view key, std::string_view value,
                                              PoolLayout& layout) {
-  if (same_word(value, "subslices") || same_word(value, "exclusive")) {
-    layout = PoolLayout{same_word(value, "subslices") ? PoolPreset::subslices
-                                                     : PoolPreset::exclusive,
-                        {}};
+  for (const auto& [name, preset] : {std::pair{"subslices", PoolPreset::subslices},
+                                      std::pair{"split", PoolPreset::split},
+                                      std::pair{"exclusive", PoolPreset::exclusive}}) {
+    if (!same_word(value, name)) continue;
+    layout = PoolLayout{preset, {}};
     return std::nullopt;
   }
   if (value.empty() || value.front() != '[') {
@@ -338,6 +340,8 @@ std::string describe_pool_layout(const PoolLayout& layout) {
   switch (layout.preset) {
     case PoolPreset::subslices:
       return "subslices";
+    case PoolPreset::split:
+      return "split";
     case PoolPreset::exclusive:
       return "exclusive";
     case PoolPreset::custom:

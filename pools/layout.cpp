@@ -21,7 +21,9 @@ constexpr std::uint64_t kTailPeriod = 10000;
 constexpr std::uint64_t kBucketBase = 32 * KiB;
 constexpr std::uint64_t kBucketStep = 16;
 
-std::vector<PoolSpec> subslices(std::uint64_t total, std::uint64_t alignment) {
+// The ladder of sliced pools, then a tail for every larger request: an exclusive pool, or with
+// `split_tail` a split pool (Note [Split pools] in split_pool.cpp).
+std::vector<PoolSpec> subslices(std::uint64_t total, std::uint64_t alignment, bool split_tail) {
   std::vector<PoolSpec> pools;
   std::uint64_t page = kLadderBase;
   do {
@@ -34,7 +36,7 @@ std::vector<PoolSpec> subslices(std::uint64_t total, std::uint64_t alignment) {
   } while (page <= kLargestPage && page * kPagesPerDevice <= total &&
            pools.size() + 1 < kMaxPools);
   PoolSpec tail;
-  tail.kind = PoolKind::exclusive;
+  tail.kind = split_tail ? PoolKind::split : PoolKind::exclusive;
   tail.max_alloc_size = align_up(std::max<std::uint64_t>(total, 1), alignment);
   tail.dealloc_period = kTailPeriod;
   pools.push_back(tail);
@@ -81,7 +83,9 @@ std::vector<PoolSpec> resolve_layout(const PoolLayout& layout, std::uint64_t tot
                                      std::uint64_t alignment) {
   switch (layout.preset) {
     case PoolPreset::subslices:
-      return subslices(total_memory, alignment);
+      return subslices(total_memory, alignment, false);
+    case PoolPreset::split:
+      return subslices(total_memory, alignment, true);
     case PoolPreset::exclusive:
       return exclusive(total_memory, alignment);
     case PoolPreset::custom:

@@ -42,7 +42,7 @@ struct PoolSpec {
   friend bool operator==(const PoolSpec&, const PoolSpec&) = default;
 };
 
-enum class PoolPreset : std::uint8_t { subslices, exclusive, custom };
+enum class PoolPreset : std::uint8_t { subslices, split, exclusive, custom };
 
 struct PoolLayout {
   PoolPreset preset = PoolPreset::subslices;

@@ -257,6 +257,7 @@ TEST_CASE("describe_config round-trips") {
   const char* inputs[] = {
       "",
       "pools:exclusive,persistent:size-match,free_fence:none,report_signal:none",
+      "pools:split,log:full",
       "report_format:json,report_path:/var/tmp/poolcuda-%p-%n.json,report_at_exit:1,log:off",
       "managed:off,managed_slab:1536,memgetinfo:raw,confirm:1,persistent:enforced",
       "pools:[sliced(page=64M,slice=16M,cap=1G,period=5000);exclusive(max=1G,period=10000);"
@@ -345,7 +346,7 @@ TEST_CASE("error: a bad keyword value") {
   check_error("shards:0", "shards", "0", "one of auto, 1, 2, 3, 4, 5, 6, 7, 8");
   check_error("memgetinfo:both", "memgetinfo", "both", "one of pooled, raw");
   check_error("confirm:", "confirm", "", "one of 0, 1");
-  check_error("pools:sliced", "pools", "sliced", "subslices, exclusive, or a list");
+  check_error("pools:sliced", "pools", "sliced", "subslices, split, exclusive, or a list");
   check_error("pools:sliced(page=1M)", "pools", "sliced(page=1M)", "in brackets");
 }
 
@@ -473,7 +474,7 @@ TEST_CASE("error: zero size names the field") {
 TEST_CASE("error: empty pool list") {
   check_error("pools:[]", "pools", "[]", "at least one pool");
   check_error("pools:[ ; ]", "pools", "[ ; ]", "at least one pool");
-  check_error("pools:", "pools", "", "subslices, exclusive, or a list");
+  check_error("pools:", "pools", "", "subslices, split, exclusive, or a list");
 }
 
 TEST_CASE("error: unknown pool kind, unknown field, missing required field") {

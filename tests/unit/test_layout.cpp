@@ -44,6 +44,22 @@ TEST_CASE("resolve_subslices_ladder_for_16_and_80_GiB") {
   CHECK(tiny.size() == 2);
 }
 
+TEST_CASE("resolve_split_preset_is_the_ladder_with_a_split_tail") {
+  for (const std::uint64_t total : {16 * MiB, 128 * MiB, 16 * GiB}) {
+    auto split = resolve_layout(preset(PoolPreset::split), total, 512);
+    auto ladder = resolve_layout(preset(PoolPreset::subslices), total, 512);
+    REQUIRE(split.back().kind == PoolKind::split);
+    CHECK(split.back().max_alloc_size == ladder.back().max_alloc_size);
+    CHECK(split.back().dealloc_period == ladder.back().dealloc_period);
+    split.back().kind = PoolKind::exclusive;
+    CHECK(split == ladder);
+  }
+  const ParseResult parsed = parse_config("pools:split");
+  REQUIRE(parsed);
+  Rig rig(parsed.config->pools);
+  CHECK(rig.manager.report().dynamic.back().kind == "split");
+}
+
 TEST_CASE("resolve_exclusive_preset_buckets") {
   const auto pools = resolve_layout(preset(PoolPreset::exclusive), 16 * GiB, 512);
   std::vector<std::uint64_t> maxes;
