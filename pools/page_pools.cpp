@@ -92,6 +92,16 @@ std::uint64_t PageSizing::largest_reusable(std::uint64_t size, std::uint64_t pad
   return std::max(quarter, std::min(widest, size + room));
 }
 
+PoolReport PageSizing::describe(const char* kind,
+                                const std::optional<std::uint64_t>& period) const {
+  PoolReport r;
+  r.kind = kind;
+  r.max_slice_size = max_alloc_size_;
+  r.shape = "max=" + format_size(max_alloc_size_);
+  if (period) r.notes = "period=" + std::to_string(*period);
+  return r;
+}
+
 ExclusivePool::ExclusivePool(PoolContext& ctx, std::uint64_t max_alloc_size,
                              std::optional<std::uint64_t> dealloc_period)
     : PagePool(ctx, dealloc_period), sizing_(ctx, max_alloc_size) {}
@@ -115,12 +125,7 @@ AllocStatus ExclusivePool::grow(std::uint64_t size, Slice** out) {
 }
 
 PoolReport ExclusivePool::describe() const {
-  PoolReport r;
-  r.kind = kind_name();
-  r.max_slice_size = sizing_.max_alloc_size();
-  r.shape = "max=" + format_size(sizing_.max_alloc_size());
-  if (dealloc_period_) r.notes = "period=" + std::to_string(*dealloc_period_);
-  return r;
+  return sizing_.describe(kind_name(), dealloc_period_);
 }
 
 // --- PersistentPool ----------------------------------------------------------------------------

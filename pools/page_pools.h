@@ -35,6 +35,8 @@ class PageSizing {
   // The padding and split-off free bytes a pool may keep in pages it cannot release: a 16th of
   // the device, shared between the shards.
   std::uint64_t padding_budget() const;
+  // The report of a pool of kind `kind` that sizes its pages so.
+  PoolReport describe(const char* kind, const std::optional<std::uint64_t>& period) const;
 
  private:
   const PoolContext& ctx_;

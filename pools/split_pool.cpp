@@ -59,13 +59,6 @@ AllocStatus SplitPool::grow(std::uint64_t size, Slice** out) {
   return AllocStatus::ok;
 }
 
-PoolReport SplitPool::describe() const {
-  PoolReport r;
-  r.kind = kind_name();
-  r.max_slice_size = sizing_.max_alloc_size();
-  r.shape = "max=" + format_size(sizing_.max_alloc_size());
-  if (dealloc_period_) r.notes = "period=" + std::to_string(*dealloc_period_);
-  return r;
-}
+PoolReport SplitPool::describe() const { return sizing_.describe(kind_name(), dealloc_period_); }
 
 }  // namespace poolcuda
