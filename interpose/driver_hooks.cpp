@@ -126,10 +126,19 @@ CUresult mem_free_async(CUdeviceptr dptr, CUstream stream, bool per_thread) {
 }
 
 CUresult with_room(const std::function<CUresult()>& real) {
+  const CUresult first = real();
+  if (first != CUDA_ERROR_OUT_OF_MEMORY) return first;
   const driver::CurrentContext ctx = driver::current_context();
-  if (ctx.handle == nullptr) return real();
-  return static_cast<CUresult>(
-      pooling::with_room(ctx.device, [&] { return static_cast<int>(real()); }));
+  if (ctx.handle == nullptr) return first;
+  // The pools' own calls run in the primary context only; the retry in the caller's.
+  bool gave = false;
+  if (ctx.primary) {
+    gave = pooling::give_back_idle(ctx.device);
+  } else {
+    driver::PrimaryScope scope(ctx.device);
+    gave = scope.ok() && pooling::give_back_idle(ctx.device);
+  }
+  return gave ? real() : first;
 }
 
 CUresult mem_get_info(std::size_t* free_bytes, std::size_t* total_bytes) {

@@ -70,10 +70,28 @@ bool capturing(cudaStream_t stream) {
 bool capture_invalidated(int device, cudaStream_t stream) {
   CudaDevice* d = device >= 0 ? Registry::instance().device(device) : nullptr;
   if (d == nullptr || !d->hooked_capture_open()) return false;  // no capture, nothing to ask
+  // The query may fail (the legacy stream beside a capture): its error is not the program's.
+  const bool slot_clean = real::cudaPeekAtLastError()() == cudaSuccess;
   cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
-  return real::cudaStreamIsCapturing()(stream, &status) == cudaSuccess &&
-         status == cudaStreamCaptureStatusInvalidated;
+  const cudaError_t asked = real::cudaStreamIsCapturing()(stream, &status);
+  if (asked != cudaSuccess && slot_clean) real::cudaGetLastError()();
+  return asked == cudaSuccess && status == cudaStreamCaptureStatusInvalidated;
 }
+
+namespace {
+
+// The plain call's error on a stream whose capture is invalidated, left in the last-error slot
+// as the plain call leaves it: any work on that stream fails so, an event record too.
+cudaError_t refuse_on_invalidated_capture(cudaStream_t stream) {
+  cudaEvent_t event = nullptr;
+  if (real::cudaEventCreateWithFlags()(&event, cudaEventDisableTiming) == cudaSuccess) {
+    real::cudaEventRecord()(event, stream);
+    real::cudaEventDestroy()(event);
+  }
+  return cudaErrorStreamCaptureInvalidated;
+}
+
+}  // namespace
 
 namespace {
 
@@ -161,7 +179,7 @@ cudaError_t free_async(void* ptr, cudaStream_t stream, bool per_thread) {
   if (ptr == nullptr) return real_call();
   const int device = current_device();
   const cudaStream_t named = per_thread && stream == nullptr ? cudaStreamPerThread : stream;
-  if (capture_invalidated(device, named)) return cudaErrorStreamCaptureInvalidated;
+  if (capture_invalidated(device, named)) return refuse_on_invalidated_capture(named);
   const pooling::Freed freed = pooling::release(device, ptr);
   switch (freed.outcome) {
     case FreeOutcome::freed:
@@ -209,7 +227,11 @@ cudaError_t malloc_async(void** ptr, std::size_t size, cudaStream_t stream, bool
 }
 
 cudaError_t malloc_pitch(void** ptr, std::size_t* pitch, std::size_t width, std::size_t height) {
-  return with_room(current_device(), width * height,
+  // The size is only weighed against the driver's free memory: a product that overflows is more
+  // than any device has.
+  const std::size_t size =
+      height != 0 && width > SIZE_MAX / height ? SIZE_MAX : width * height;
+  return with_room(current_device(), size,
                    [&] { return real::cudaMallocPitch()(ptr, pitch, width, height); });
 }
 

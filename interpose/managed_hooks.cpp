@@ -260,12 +260,15 @@ cudaError_t mem_prefetch(const void* ptr, std::size_t count, cudaMemLocation loc
 }
 
 cudaError_t pointer_get_attributes(cudaPointerAttributes* attributes, const void* ptr) {
-  if (attributes == nullptr || (find_managed(ptr).kind != ManagedLookup::Kind::free_space &&
-                                !pooling::in_pooled_free_memory(ptr))) {
-    return real::cudaPointerGetAttributes()(attributes, ptr);
+  if (attributes == nullptr || find_managed(ptr).kind != ManagedLookup::Kind::free_space) {
+    const cudaError_t result = real::cudaPointerGetAttributes()(attributes, ptr);
+    // Device memory may be freed pooled memory, whose page the driver still knows as allocated;
+    // host pointers, most of what libraries ask about, cost no look into the pools.
+    if (result != cudaSuccess || attributes->type != cudaMemoryTypeDevice ||
+        !pooling::in_pooled_free_memory(ptr))
+      return result;
   }
-  // Note [Managed attach]: what the runtime says of memory it does not know. Freed pooled
-  // device memory too: the driver knows only its page, which is still allocated.
+  // Note [Managed attach]: what the runtime says of memory it does not know.
   static char unknown;
   const cudaError_t result = real::cudaPointerGetAttributes()(attributes, &unknown);
   if (result == cudaSuccess) {

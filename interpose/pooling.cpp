@@ -37,9 +37,6 @@
 // configuration.
 #include "interpose/pooling.h"
 
-#include <cuda.h>
-#include <cuda_runtime_api.h>
-
 #include <algorithm>
 #include <chrono>
 
@@ -252,16 +249,9 @@ bool ipc_exportable(const char* api, const void* ptr) {
 // program's frees. So such a call that the driver refuses for lack of memory gets all of it back
 // (give_back_idle) and is tried once more: under the pools it fails only where the plain call
 // would. The runtime's calls also keep the last-error slot as the plain call leaves it
-// (hooks::with_room, Note [Stream-ordered allocations] in hooks.cpp). Allocators the library does
-// not hook (arrays, cuMemCreate) are not covered: docs/pools.md says what to do there.
-int with_room(int device, const std::function<int()>& real) {
-  static_assert(kOutOfMemory == cudaErrorMemoryAllocation &&
-                kOutOfMemory == CUDA_ERROR_OUT_OF_MEMORY);
-  const int result = real();
-  if (result != kOutOfMemory || !give_back_idle(device)) return result;
-  return real();
-}
-
+// (hooks::with_room, Note [Stream-ordered allocations] in hooks.cpp); the driver's have none
+// (driver_hooks::with_room). Allocators the library does not hook (arrays, cuMemCreate) are not
+// covered: docs/pools.md says what to do there.
 bool give_back_idle(int device) {
   // As long as out-of-memory recovery waits (ManagerOptions::recovery_wait_micros).
   constexpr std::uint32_t kGiveBackMicros = 10000000;

@@ -71,11 +71,6 @@ bool give_back_idle(int device);
 // (or never got), which the driver, knowing only the page, would call allocated.
 bool in_pooled_free_memory(const void* ptr);
 
-// An allocation the pools do not serve, by the driver's API (no last-error slot): `real`, and
-// once more after give_back_idle() when the driver refused it for lack of memory (Note [Room for
-// what the pools do not serve] in pooling.cpp). The runtime's calls use hooks::with_room.
-int with_room(int device, const std::function<int()>& real);
-inline constexpr int kOutOfMemory = 2;  // cudaErrorMemoryAllocation and CUDA_ERROR_OUT_OF_MEMORY
 
 // cudaMemGetInfo/cuMemGetInfo: memgetinfo:pooled adds the idle pooled pages to *free_bytes; a
 // budget (limit) caps both numbers.

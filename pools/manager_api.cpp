@@ -40,7 +40,8 @@ Reservation MemoryManager::Shards::allocate(std::uint64_t size, Placement placem
   // (copying it out of a callee's frame cost a store-forwarding stall per call).
   // Out of memory in the thread's own shard tries the first, when the request is a sliced
   // pool's: the first shard's used pages may still have room (every other shard's idle memory
-  // is already back with the driver, and a page-per-request pool has no room inside pages).
+  // is already back with the driver, an exclusive or direct pool has no room inside pages, and
+  // a split pool's split pages stay within its budget, Note [Split pools]).
   bool fallback = k != 0 && size <= s.sharded_max.load(std::memory_order_relaxed);
   Impl::ReserveNotes notes;
   Reservation r = s.at(k).reserve(size, placement, k == 0 ? nullptr : &s.open, &thread, own,

@@ -195,7 +195,8 @@ std::string MemoryManager::Impl::check_consistency() const {
     if (!(s.usage == pool->usage())) return which + ": usage counters differ from its slices";
     if (s.pending != pool->pending_bytes()) return which + ": pending bytes differ";
     if (s.free_slices != pool->free_slices()) return which + ": free set differs from its slices";
-    if (!pool->free_set_consistent()) return which + ": a free slice sits in the wrong bin";
+    if (!pool->free_set_consistent())
+      return which + ": a free slice sits in the wrong bin, or split pages are miscounted";
     if (s.pages != pool->pages()) return which + ": page count differs";
     pending_total += s.pending;
   }

@@ -149,7 +149,8 @@ class Pool {
   virtual AllocStatus grow(std::uint64_t size, Slice** out) = 0;
   virtual PoolReport describe() const = 0;  // kind, shape, notes; counters filled by report()
   virtual std::size_t free_slices() const = 0;  // size of the free set (consistency checks)
-  virtual bool free_set_consistent() const = 0;  // FreeBins::consistent() (consistency checks)
+  // FreeBins::consistent(), and what else the pool counts of its free memory (consistency checks)
+  virtual bool free_set_consistent() const = 0;
   bool slices_coalesce() const { return coalesces_; }
 
   // Counter transitions driven by the manager's free path.

@@ -31,6 +31,7 @@ Slice* CarvedPool::take_whole(Slice* slice, std::uint64_t size) {
 Slice* CarvedPool::carve(Slice* slice, std::uint64_t size, End end) {
   const std::uint64_t eff = align_up(size, alignment());
   if (slice->size == eff) return take_whole(slice, size);
+  if (single_slice(*slice->page)) split_page_bytes_ += slice->page->size;
   Slice* out = ctx_.slices.create();
   out->page = slice->page;
   out->size = eff;
@@ -49,7 +50,9 @@ Slice* CarvedPool::carve(Slice* slice, std::uint64_t size, End end) {
 }
 
 void CarvedPool::on_free(Slice* slice) {
-  PageSlices& list = slice->page->slices;
+  Page& page = *slice->page;
+  const bool was_split = !single_slice(page);
+  PageSlices& list = page.slices;
   auto it = list.iterator_to(*slice);
   Slice* prev = it != list.begin() && std::prev(it)->state == SliceState::free ? &*std::prev(it)
                                                                                : nullptr;
@@ -75,6 +78,15 @@ void CarvedPool::on_free(Slice* slice) {
   } else {
     free_.insert(*slice);
   }
+  if (was_split && single_slice(page)) split_page_bytes_ -= page.size;
+}
+
+bool CarvedPool::free_set_consistent() const {
+  if (!free_.consistent()) return false;
+  std::uint64_t split = 0;
+  for (const Page& page : ctx_.page_set)
+    if (page.pool == this && !single_slice(page)) split += page.size;
+  return split == split_page_bytes_;
 }
 
 void CarvedPool::on_release(Page* page) {

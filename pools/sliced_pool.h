@@ -14,7 +14,8 @@ class CarvedPool : public Pool {
   CarvedPool(PoolContext& ctx, std::optional<std::uint64_t> dealloc_period);
   ~CarvedPool() override;
   std::size_t free_slices() const override { return free_.size(); }
-  bool free_set_consistent() const override { return free_.consistent(); }
+  // FreeBins::consistent(), and the split pages counted right.
+  bool free_set_consistent() const override;
 
  protected:
   // Which end of a free slice a reservation takes: the top keeps the free part's address and
@@ -27,13 +28,19 @@ class CarvedPool : public Pool {
   void on_free(Slice* slice) override;
   void on_release(Page* page) override;
   std::uint64_t largest_free() const override;
-  // Bytes free inside pages that also hold a slice in use: no release can return them.
-  std::uint64_t free_in_busy_pages() const { return free_bytes() - idle_page_bytes_; }
+  // Bytes of the pages that hold more than one slice (live, free or waiting): pages a small
+  // allocation may keep reserved whole, whatever the others in them do.
+  std::uint64_t split_page_bytes() const { return split_page_bytes_; }
 
   FreeSet free_;
 
  private:
   void rekey(Slice* slice, DevicePtr ptr, std::uint64_t size);
+  static bool single_slice(const Page& page) {
+    return std::next(page.slices.begin()) == page.slices.end();
+  }
+
+  std::uint64_t split_page_bytes_ = 0;
 };
 
 class SlicedPool final : public CarvedPool {

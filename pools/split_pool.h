@@ -22,6 +22,9 @@ class SplitPool final : public CarvedPool {
   std::uint64_t growth_bytes(std::uint64_t size) const override { return sizing_.page_for(size); }
 
  private:
+  // Padding and split pages: the memory no release can return (Note [Split pools]).
+  std::uint64_t held_back() const { return usage_.bytes_padding + split_page_bytes(); }
+
   PageSizing sizing_;
 };
 

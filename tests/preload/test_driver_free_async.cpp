@@ -5,8 +5,8 @@
 //    usable, a second free is refused with CUDA_ERROR_INVALID_VALUE, and the per-thread variant
 //    the driver's resolver hands out does the same.
 //  - On a stream whose capture an earlier call invalidated, cudaFreeAsync and cuMemFreeAsync of
-//    pooled memory fail as the plain calls do and free nothing: the memory is still the
-//    program's, and freeing it afterwards succeeds.
+//    pooled memory fail as the plain calls do (the runtime's error left in the last-error slot)
+//    and free nothing: the memory is still the program's, and freeing it afterwards succeeds.
 // Runs on a GPU too (no stand-in check).
 #include <cuda.h>
 
@@ -97,7 +97,10 @@ void frees_on_an_invalidated_capture() {
   // Work on the legacy stream, which a blocking capturing stream synchronizes with, invalidates
   // the capture.
   CHECK(cudaMemsetAsync(written, 0, 16, nullptr) != cudaSuccess);
+  (void)cudaGetLastError();
+  // As the plain call, the free fails and leaves its error in the last-error slot.
   CHECK_RESULT(cudaFreeAsync(runtime_freed, stream), cudaErrorStreamCaptureInvalidated);
+  CHECK_RESULT(cudaGetLastError(), cudaErrorStreamCaptureInvalidated);
   CHECK(cuMemFreeAsync(driver_freed, reinterpret_cast<CUstream>(stream)) ==
         CUDA_ERROR_STREAM_CAPTURE_INVALIDATED);
   cudaGraph_t graph = nullptr;

@@ -185,6 +185,10 @@ TEST_CASE("randomized_reserve_free_against_a_reference_model") {
        20000},
       {"mixed/thread-cache", mixed, FreeFence::none, PersistentMode::enabled, 512, 48 * MiB,
        30000, true},
+      {"split/events", custom({sliced(64 * KiB, 16 * KiB), split(64 * MiB, 400)}),
+       FreeFence::events, PersistentMode::enabled, 512, 96 * MiB, 40000},
+      {"split-preset/thread-cache", preset(PoolPreset::split), FreeFence::none,
+       PersistentMode::enabled, 512, 256 * MiB, 30000, true},
   };
   std::uint64_t seed = 12345;
   int total = 0;

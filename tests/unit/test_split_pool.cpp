@@ -1,7 +1,7 @@
 // Split pools (Note [Split pools] in pools/split_pool.cpp): a request served from the bottom of a
 // free page too wide to take whole, the rest left for later requests, frees merged back into an
-// idle page; whole takes within the exclusive pool's bound; and the budget that keeps a program
-// filling the device within a 16th of what it gets without the pools.
+// idle page; whole takes within the exclusive pool's bound; and the budget of split pages that
+// keeps a program filling the device within a 16th of what it gets without the pools.
 #include <vector>
 
 #include <doctest/doctest.h>
@@ -60,21 +60,51 @@ TEST_CASE("a_split_pool_takes_a_free_page_whole_within_the_exclusive_bound") {
   CHECK(rig.manager.check_consistency().empty());
 }
 
-TEST_CASE("a_split_pool_fills_a_hole_in_a_page_in_use_whatever_its_budget") {
-  // 1 GiB device: a budget of 64 MiB. Splitting the idle 100 MiB page for 40 MiB leaves 60 MiB
-  // free in a page in use; the next request is served from that rest, which frees nothing that
-  // could have gone back, so it is split whatever the budget says.
+TEST_CASE("a_split_pool_fills_holes_in_split_pages_and_splits_no_more_pages_than_its_budget") {
+  // 1 GiB device: a budget of 64 MiB of pages that may stay reserved for a small allocation.
   Rig rig(custom({split(1 * GiB)}), 512, 1 * GiB, FreeFence::none);
-  const DevicePtr big = rig.reserve(100 * MiB);
-  REQUIRE(big != 0);
-  rig.manager.free(big);
-  const DevicePtr a = rig.reserve(40 * MiB);
-  CHECK(a == big);
-  CHECK(rig.manager.report().hole_bytes == 60 * MiB);
-  const DevicePtr b = rig.reserve(10 * MiB);
-  CHECK(b == big + 40 * MiB);
+  const DevicePtr first = rig.reserve(60 * MiB);
+  const DevicePtr second = rig.reserve(60 * MiB);
+  REQUIRE((first != 0 && second != 0));
+  rig.manager.free(second);
+  rig.manager.free(first);  // the most recently freed page serves first
+  // Splitting one 60 MiB page fits the budget.
+  const DevicePtr a = rig.reserve(10 * MiB);
+  CHECK(a == first);
   CHECK(rig.manager.report().hole_bytes == 50 * MiB);
-  CHECK(rig.device.outstanding_bytes() == 100 * MiB);
+  // The rest of a split page is used before anything else, whatever the budget says: using it
+  // holds back nothing more.
+  const DevicePtr b = rig.reserve(20 * MiB);
+  CHECK(b == first + 10 * MiB);
+  CHECK(rig.reserve(30 * MiB) == first + 30 * MiB);  // the last of the rest, whole
+  // Splitting the other idle page would take the split pages to 120 MiB: 5 MiB gets a page of
+  // its own.
+  const DevicePtr c = rig.reserve(5 * MiB);
+  CHECK(c != 0);
+  CHECK(page_of(rig, c) == 5 * MiB);
+  CHECK(rig.device.outstanding_bytes() == 125 * MiB);
+  CHECK(rig.manager.check_consistency().empty());
+}
+
+TEST_CASE("a_split_pool_never_strands_more_than_its_budget_after_the_large_allocations_go") {
+  // Fifteen idle 60 MiB pages on a 1 GiB device. Each round splits one for a 4 MiB allocation
+  // and gives its 56 MiB rest to a large one; then every large one is freed. A split page stays
+  // reserved as long as its small allocation lives, so only as many pages as the 64 MiB budget
+  // holds may be split: the others' rounds get pages of their own, which go back when freed.
+  // So 800 MiB still fits beside the 60 MiB left live, as it does without the pools.
+  Rig rig(custom({split(1 * GiB)}), 512, 1 * GiB, FreeFence::none);
+  std::vector<DevicePtr> pages;
+  for (int i = 0; i < 15; ++i) pages.push_back(rig.reserve(60 * MiB));
+  for (DevicePtr p : pages) REQUIRE(rig.manager.free(p) == FreeOutcome::freed);
+  std::vector<DevicePtr> large;
+  for (int i = 0; i < 15; ++i) {
+    REQUIRE(rig.reserve(4 * MiB) != 0);
+    large.push_back(rig.reserve(56 * MiB));
+    REQUIRE(large.back() != 0);
+  }
+  for (DevicePtr p : large) REQUIRE(rig.manager.free(p) == FreeOutcome::freed);
+  CHECK(rig.manager.report().hole_bytes <= 64 * MiB);
+  CHECK(rig.reserve(800 * MiB) != 0);
   CHECK(rig.manager.check_consistency().empty());
 }
 
@@ -117,6 +147,26 @@ TEST_CASE("a_split_pool_releases_a_page_once_every_slice_of_it_is_free") {
   rig.manager.cleanup(true);
   CHECK(rig.device.outstanding_bytes() == 0);
   CHECK(rig.manager.free(parts[2]) == FreeOutcome::not_mine);
+}
+
+TEST_CASE("a_split_page_freed_whole_no_longer_counts_against_the_budget") {
+  // 1 GiB device, 64 MiB of budget: one 60 MiB page split at a time. Each round splits the page
+  // again once the last round's allocations are all freed.
+  Rig rig(custom({split(1 * GiB)}), 512, 1 * GiB, FreeFence::none);
+  const DevicePtr page = rig.reserve(60 * MiB);
+  REQUIRE(page != 0);
+  rig.manager.free(page);
+  for (int round = 0; round < 5; ++round) {
+    CAPTURE(round);
+    const DevicePtr a = rig.reserve(10 * MiB);
+    const DevicePtr b = rig.reserve(10 * MiB);
+    CHECK(a == page);
+    CHECK(b == page + 10 * MiB);
+    rig.manager.free(a);
+    rig.manager.free(b);
+    CHECK(rig.manager.check_consistency().empty());
+  }
+  CHECK(rig.device.outstanding_bytes() == 60 * MiB);
 }
 
 TEST_CASE("a_split_pool_tries_the_exact_size_when_the_class_does_not_fit") {
