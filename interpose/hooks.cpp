@@ -70,7 +70,8 @@ bool capturing(cudaStream_t stream) {
 bool capture_invalidated(int device, cudaStream_t stream) {
   CudaDevice* d = device >= 0 ? Registry::instance().device(device) : nullptr;
   if (d == nullptr || !d->hooked_capture_open()) return false;  // no capture, nothing to ask
-  // The query may fail (the legacy stream beside a capture): its error is not the program's.
+  // The query may fail (the legacy stream beside a capture): its error is not the program's,
+  // and is cleared when the slot was clean; one that held the program's error has lost it then.
   const bool slot_clean = real::cudaPeekAtLastError()() == cudaSuccess;
   cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
   const cudaError_t asked = real::cudaStreamIsCapturing()(stream, &status);

@@ -59,8 +59,11 @@ std::uint64_t PagePool::largest_free() const { return free_.largest(); }
 // requests on idle 500 MiB pages would each waste 240 MiB, and a program filling a 16 GiB device
 // with them after freeing thirty such pages would get about half of what plain CUDA gives. (A
 // budget of 1/64 cost the 1 GiB random traces four times the driver allocations; 1/16 keeps the
-// gains above.) With shards (Note [Shards]) each shard's pool gets its share of that budget, so
-// it still holds for the device. A page too large for every request stays idle until its
+// gains above.) With shards (Note [Shards]) each shard's pool gets its share of that budget, a
+// 16th divided by the shards made so far. A shard made later lowers the shares but not what the
+// earlier ones already hold: the k-th shard can hold a 16th divided by k, so n shards together up
+// to the n-th harmonic number of 16ths (a seventh of the device with 5 shards, the most `auto`
+// makes). A device-wide count would close that gap. A page too large for every request stays idle until its
 // dealloc period, a growth (Note [Growing past idle pages] in pool.cpp) or a cleanup returns it;
 // out-of-memory recovery returns every idle page before it gives up, so such memory is never
 // lost to a later request that needs the device.
