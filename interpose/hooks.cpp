@@ -92,10 +92,6 @@ cudaError_t refuse_on_invalidated_capture(cudaStream_t stream) {
   return cudaErrorStreamCaptureInvalidated;
 }
 
-}  // namespace
-
-namespace {
-
 // Whether the driver has less than `size` free (a successful query leaves the last-error slot
 // alone; a failed one counts as short).
 bool driver_short_of(std::size_t size) {

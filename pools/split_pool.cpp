@@ -2,8 +2,6 @@
 // the pool's budget of memory no release can return.
 #include "pools/split_pool.h"
 
-#include "pools/options.h"
-
 namespace poolcuda {
 
 // Note [Split pools]
@@ -22,12 +20,11 @@ namespace poolcuda {
 // slice (live, free or waiting for its fence) it counts whole. Split pages and the padding of
 // whole takes stay within the exclusive pool's padding budget (a 16th of the device, shared
 // between shards, with the gap Note [Exclusive pages] describes): splitting an idle page that
-// would pass it grows a page instead. The rest of a
-// page already split is always used: that holds back nothing more. So a program that fills the
-// device still gets all but that 16th of what it gets without the pools, as under the exclusive
-// pool. (Counting only the free rest at the time of a split let a program that split fifteen
-// pages for small allocations, filled their rests with large ones and freed those, hold 840 MiB
-// of a 1 GiB device for 60 MiB live.)
+// would pass it grows a page instead. The rest of a page already split is always used: that
+// holds back nothing more. So a program that fills the device still gets all but that 16th of
+// what it gets without the pools, as under the exclusive pool. (Counting only the free rest at
+// the time of a split let a program that split fifteen pages for small allocations, filled their
+// rests with large ones and freed those, hold 840 MiB of a 1 GiB device for 60 MiB live.)
 // From the bottom: a page's first slice starts at the page, so a large buffer on a page of its own
 // keeps an IPC handle of the driver's. A slice split off above another does not start its page,
 // and cudaIpcGetMemHandle refuses it (Note [IPC handles] in interpose/pooling.cpp): this is why
