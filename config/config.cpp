@@ -191,6 +191,55 @@ std::string describe_fence_slack(const Config& c) {
   return c.fence_slack == 0 ? "0" : format_size(c.fence_slack);
 }
 
+// The held bound as a factor with at most two decimals (1.5, 2, 1.25), kept in hundredths.
+constexpr std::uint32_t kHoldLeast = 110;    // 1.1: below, rounding alone would trim every growth
+constexpr std::uint32_t kHoldMost = 10000;  // 100
+constexpr std::string_view kHoldExpected =
+    "off, or a factor from 1.1 to 100 with at most two decimals, such as 1.5";
+
+std::optional<ConfigError> parse_hold(std::string_view key, std::string_view value, Config& c) {
+  if (same_word(value, "off")) {
+    c.hold_percent = 0;
+    return std::nullopt;
+  }
+  const auto error = [&] {
+    return ConfigError{std::string(key), std::string(value), std::string(kHoldExpected)};
+  };
+  const std::string_view whole = value.substr(0, value.find('.'));
+  std::uint32_t units = 0;
+  const auto [end, ec] = std::from_chars(whole.data(), whole.data() + whole.size(), units);
+  if (whole.empty() || ec != std::errc() || end != whole.data() + whole.size() || units > 100)
+    return error();
+  std::uint32_t hundredths = 0;
+  if (whole.size() < value.size()) {
+    const std::string_view fraction = value.substr(whole.size() + 1);
+    if (fraction.empty() || fraction.size() > 2) return error();
+    for (const char digit : fraction) {
+      if (digit < '0' || digit > '9') return error();
+    }
+    hundredths = static_cast<std::uint32_t>(fraction[0] - '0') * 10 +
+                 (fraction.size() == 2 ? static_cast<std::uint32_t>(fraction[1] - '0') : 0);
+  }
+  const std::uint32_t percent = units * 100 + hundredths;
+  if (percent < kHoldLeast || percent > kHoldMost) return error();
+  c.hold_percent = percent;
+  return std::nullopt;
+}
+
+std::string describe_hold(const Config& c) {
+  if (c.hold_percent == 0) return "off";
+  std::string out = std::to_string(c.hold_percent / 100);
+  const std::uint32_t hundredths = c.hold_percent % 100;
+  if (hundredths != 0) {
+    out += '.';
+    out += static_cast<char>('0' + hundredths / 10);
+    if (hundredths % 10 != 0) out += static_cast<char>('0' + hundredths % 10);
+  }
+  return out;
+}
+
+std::string grammar_hold() { return "off|FACTOR"; }
+
 constexpr std::string_view kPathExpected =
     "stderr or a file path without ',' (%p = pid, %n = report number; no other '%' sequence)";
 
@@ -239,7 +288,7 @@ struct Option {
 // Config holds, rendered by the row's own describe function. constexpr (string views and
 // function pointers only): the table is constant-initialised, with no dynamic initialiser, so
 // parse_config works even when a hook runs before the library's static initialisers.
-constexpr std::array<Option, 17> kOptions = {{
+constexpr std::array<Option, 18> kOptions = {{
     {"pools", "the dynamic pools: a preset or a list of pools tried in order", &parse_pools_option,
      &describe_pools, &grammar_pools},
     POOLCUDA_WORD_OPTION("persistent", kPersistentWords, &Config::persistent,
@@ -250,6 +299,10 @@ constexpr std::array<Option, 17> kOptions = {{
      "freed bytes that may wait on fences before a reservation waits instead of growing a pool "
      "(or 1/8 of the bytes in use, if larger)",
      &parse_fence_slack, &describe_fence_slack, &grammar_size},
+    {"hold",
+     "the most bytes the pools keep reserved, as a multiple of the most bytes ever in use: idle "
+     "pages go back before a growth would pass it",
+     &parse_hold, &describe_hold, &grammar_hold},
     POOLCUDA_WORD_OPTION("thread_cache", kOnOffWords, &Config::thread_cache,
                          "on: a thread reuses the slices it freed for its next requests "
                          "of the same size, without the pools' lock, while frees need no fence"),

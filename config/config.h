@@ -37,6 +37,9 @@ struct Config {
   // Bytes freed memory may hold while it waits for free fences before a reservation that
   // would grow a pool waits for the oldest fence instead; 0: always wait first.
   std::uint64_t fence_slack = 64 * MiB;
+  // The most bytes the pools keep reserved, in hundredths of the most bytes in use (150: 1.5
+  // times); 0: no bound.
+  std::uint32_t hold_percent = kDefaultHoldPercent;
   // Each thread reuses the slices it freed for its next requests of the same size.
   bool thread_cache = true;
   // The most sets of pools per device that contending threads spread over; 0: auto.

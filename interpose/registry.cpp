@@ -84,6 +84,7 @@ MemoryManager* Registry::create_manager(int device) {
   options.persistent = conf.persistent;
   options.free_fence = conf.free_fence;
   options.fence_slack = conf.fence_slack;
+  options.hold_percent = conf.hold_percent;
   options.thread_cache = conf.thread_cache;
   options.shards = conf.shards != 0 ? conf.shards : auto_shards();
   options.log = conf.log;

@@ -4,14 +4,17 @@
 // Note [Lock order]
 // ~~~~~~~~~~~~~~~~~
 // A thread may take a lock only while every lock it already holds has a lower rank:
-//     report -> registry -> stream order -> capture -> shards -> manager -> managed -> stream table
-//     -> device -> foreign free
+//     report -> registry -> stream order -> capture -> shards -> manager -> growth -> managed
+//     -> stream table -> device -> foreign free
 // report:       the reporter's serialisation of whole reports (interpose/reporter.cpp)
 // registry:     creation of a device's manager (interpose/registry.cpp)
 // stream order: the free_fence:auto state of every device (interpose/stream_order.cpp)
 // capture:      a device's capture policy: open captures, touched sets, pins (capture/)
 // shards:       a MemoryManager's device-wide state and the making of its shards (pools/)
 // manager:      one shard of a MemoryManager (pools/); the hot path takes this one only
+// growth:       a MemoryManager's growths under a held bound, across its shards (Note [Held
+//               memory bound] in pools/memory_manager.cpp); holding it, a shard only tries the
+//               others' locks (try_lock_beside), which cannot deadlock
 // managed:      a managed-memory slab chain's slow path
 // stream table: the streams the program created (interpose/stream_table.cpp)
 // device:       a CudaDevice's event and release caches (interpose/cuda_device.cpp)
@@ -66,10 +69,11 @@ enum class LockRank : std::uint8_t {
   capture = 3,
   shards = 4,
   manager = 5,
-  managed = 6,
-  stream_table = 7,
-  device = 8,
-  foreign_free = 9,
+  growth = 6,
+  managed = 7,
+  stream_table = 8,
+  device = 9,
+  foreign_free = 10,
 };
 
 class RankedMutex {

@@ -111,11 +111,32 @@ Reservation MemoryManager::Impl::reserve(std::uint64_t size, Placement placement
   std::uint32_t wait_budget_us = out.quick ? 0 : kFenceWaitBoundMicros;
   bool may_flush = !out.quick;  // once per reservation (Note [Releases before growth])
   bool may_wait_recovery = !out.quick;  // once too (Note [Growth during a recovery])
-  Route r = route(size, placement, wait_budget_us, may_flush, may_wait_recovery);
-  while (r.wait_for_fence || r.flush_releases || r.wait_for_recovery) {
-    if (r.wait_for_recovery) {
+  HeldReservation held;  // Note [Held memory bound]
+  held.budget_us = out.quick ? 0 : kHeldWaitBoundMicros;
+  struct DropClaim {
+    Shards* shards;
+    HeldReservation& held;
+    ~DropClaim() {
+      if (held.claim != 0) shards->held_claims.fetch_sub(held.claim, std::memory_order_relaxed);
+    }
+  } drop_claim{shards, held};
+  Route r = route(size, placement, wait_budget_us, may_flush, may_wait_recovery, &held);
+  while (r.wait_for_fence || r.flush_releases || r.wait_for_recovery ||
+         r.trim_elsewhere_bytes != 0) {
+    if (r.trim_elsewhere_bytes != 0) {
+      ++held.trims_elsewhere;
+      if (held.claim == 0) {
+        held.claim = r.claim_bytes;
+        shards->held_claims.fetch_add(held.claim, std::memory_order_relaxed);
+      }
+      scope.unlock();
+      shards->release_idle_elsewhere(shard_index, r.trim_elsewhere_bytes);
+      scope.relock();
+    } else if (r.wait_for_recovery) {
       may_wait_recovery = false;
       wait_for_recoveries(scope);
+    } else if (r.for_held_bound) {
+      flush_before_growth(scope, &held.budget_us);
     } else if (r.flush_releases) {
       may_flush = false;
       flush_before_growth(scope, &wait_budget_us);
@@ -124,7 +145,7 @@ Reservation MemoryManager::Impl::reserve(std::uint64_t size, Placement placement
     } else {
       wait_for_oldest_fence(scope, &wait_budget_us);
     }
-    r = route(size, placement, wait_budget_us, may_flush, may_wait_recovery);
+    r = route(size, placement, wait_budget_us, may_flush, may_wait_recovery, &held);
   }
   if (r.slice == nullptr && r.status == AllocStatus::out_of_memory && !out.quick) {
     r = recover_from_oom(scope, size, placement);

@@ -33,6 +33,26 @@ namespace poolcuda {
 // one page (or one allocation) per kFenceWaitBoundMicros.
 inline constexpr std::uint32_t kFenceWaitBoundMicros = 2000;
 
+// The most a reservation waits, in total, for pages given back for the held bound to reach the
+// driver (Note [Held memory bound]). Longer than kFenceWaitBoundMicros: those pages are the
+// growth's own room, and with 2 ms a release thread that lost its core for a moment let one
+// growth in a few thousand pass the bound on random sizes up to 1 GiB (1.64 times the live
+// bytes instead of 1.50 in one run of five; none in eight with 20 ms). A free stuck behind a
+// parked stream stops these waits as it stops the others (Note [Releases before growth]).
+inline constexpr std::uint32_t kHeldWaitBoundMicros = 20000;
+// How many times a reservation over the held bound has other shards release idle pages: another
+// thread may grow into the room between the release and this reservation's next look.
+inline constexpr int kHeldTrimsElsewhere = 4;
+
+// One reservation's dealings with the held bound (Note [Held memory bound]).
+struct HeldReservation {
+  std::uint32_t budget_us = 0;  // what is left of its wait for released pages to arrive
+  int trims_elsewhere = 0;      // times it had other shards release idle pages
+  // Bytes of room it claimed from the device-wide bound while other shards released pages for
+  // it (Shards::held_claims), until it grows or ends.
+  std::uint64_t claim = 0;
+};
+
 // The most priming waits for the fences of persistent slices released just before a capture.
 inline constexpr std::uint32_t kPrimeWaitMicros = 20000;
 
@@ -93,12 +113,18 @@ struct Route {
   // Over the bound on pages on their way to the driver: wait for them to arrive, then route
   // again (Note [Releases before growth] in memory_manager.cpp).
   bool flush_releases = false;
+  bool for_held_bound = false;  // that wait is for the held bound's pages (kHeldWaitBoundMicros)
   // A capped pool is full of memory that only waits for its fence: wait as the real cudaFree
   // would have, without a time bound (Note [Free fences]).
   bool patient = false;
   // Another thread is recovering from out of memory: let it finish before growing (Note
   // [Growth during a recovery] in memory_manager.cpp), then route again.
   bool wait_for_recovery = false;
+  // Over the held bound with idle pages only other shards hold: they release this many bytes
+  // while the reservation claims `claim_bytes` of room, then it routes again (Note [Held memory
+  // bound] in memory_manager.cpp).
+  std::uint64_t trim_elsewhere_bytes = 0;
+  std::uint64_t claim_bytes = 0;
 
   static Route served(Slice* slice) {
     Route r;
@@ -108,6 +134,18 @@ struct Route {
   static Route flush() {
     Route r;
     r.flush_releases = true;
+    return r;
+  }
+  static Route flush_for_held_bound() {
+    Route r;
+    r.flush_releases = true;
+    r.for_held_bound = true;
+    return r;
+  }
+  static Route trim_elsewhere(std::uint64_t bytes, std::uint64_t claim) {
+    Route r;
+    r.trim_elsewhere_bytes = bytes;
+    r.claim_bytes = claim;
     return r;
   }
   static Route after_recovery() {
@@ -182,14 +220,19 @@ struct MemoryManager::Impl {
   void drop_everything();  // forget(): no device call but fence_destroy
   // `may_flush`: a growth may first wait for released pages (once per reservation);
   // `may_wait_recovery`: for another thread's out-of-memory recovery (once per reservation).
+  // `held`: the reservation's dealings with the held bound (none: no waits, no trims elsewhere).
   Route route(std::uint64_t size, Placement placement, std::uint32_t wait_budget_us,
-              bool may_flush = false, bool may_wait_recovery = false);
+              bool may_flush = false, bool may_wait_recovery = false,
+              const HeldReservation* held = nullptr);
   // Waits (unlocked, within the recovery bound) until no out-of-memory recovery of this device
   // is under way (Note [Growth during a recovery]).
   void wait_for_recoveries(Scope& scope);
   // Bytes released and not yet with the driver: those the device still holds, and those this
   // scope will hand it at unlock.
   std::uint64_t releases_on_the_way() const;
+  // Whether growth waits ran out while one release stayed inside the driver's free for
+  // kStuckReleaseMicros, and it still is (Note [Releases before growth]).
+  bool releases_stuck();
   // Waits (unlocked) at most *budget_us for released pages to reach the driver; takes the time
   // spent from it.
   void flush_before_growth(Scope& scope, std::uint32_t* budget_us);
@@ -227,6 +270,19 @@ struct MemoryManager::Impl {
   // their idle pages oldest first until `bytes` are on their way to the device or none is left
   // (Note [Recovery in two steps]). Returns bytes released.
   std::uint64_t release_oldest_idle(std::uint64_t bytes);
+  // Releases the smallest of the dynamic pools' idle pages that holds `bytes` alone, or else their
+  // largest idle pages until `bytes` are released or none is left (Note [Held memory bound]).
+  std::uint64_t release_fitting_idle(std::uint64_t bytes);
+  // Before `pool` grows for `size`: this shard's idle pages go back, oldest first, while the
+  // growth would take the device's bytes reserved over the held bound (Note [Held memory
+  // bound]). Says by how much it still would, and whether it would with the pages on their way.
+  struct HeldCheck {
+    std::uint64_t over_by = 0;
+    bool overrun = false;  // over it with the request's bytes alone, not its page's
+    bool releases_count = false;
+    bool may_release = false;  // no release on its way was stuck: it could release
+  };
+  HeldCheck trim_to_held_bound(const Pool& pool, std::uint64_t size, std::uint64_t own_claim);
   void implicit_cleanup();
   // The reservation clock moves by `reservations`; an implicit cleanup runs when one is due.
   // No idle page goes back during a capture: the release would have to wait for it anyway.
@@ -304,6 +360,7 @@ struct MemoryManager::Impl {
   // that have some, and out-of-memory recovery counts them before it asks for them.
   std::atomic<std::uint64_t> idle_published{0};
   std::atomic<std::uint64_t> unused_published{0};
+  std::atomic<std::uint64_t> reserved_published{0};
   // Set by a cache's owner when it parks a slice, cleared when flush_caches empties every cache:
   // another shard that needs a page tries this one then (Note [Shards]).
   std::atomic<bool> may_have_parked{false};
@@ -351,6 +408,10 @@ struct MemoryManager::Impl {
   std::uint64_t fence_waits = 0;  // waits for the bound on fence-pending bytes
   std::uint64_t fence_wait_timeouts = 0;  // of those, the ones whose bound expired first
   double fence_wait_seconds = 0;          // time spent in those waits
+  // Bytes of idle pages given back for the held bound, and growths that went past it for want
+  // of idle pages (Note [Held memory bound]).
+  std::uint64_t held_released_bytes = 0;
+  std::uint64_t held_overruns = 0;
   std::uint64_t give_backs = 0;          // give_back_all() calls that gave memory back
   std::uint64_t give_back_timeouts = 0;  // of those, the ones that ran out of time
   // What the last of those timeouts left behind, while nothing moved since (Note [Idle memory

@@ -59,6 +59,8 @@ void MemoryManager::Impl::publish_figures() {
   const std::uint64_t unused = ctx.totals.reserved - ctx.totals.in_use - ctx.totals.padding;
   if (unused_published.load(std::memory_order_relaxed) != unused)
     unused_published.store(unused, std::memory_order_relaxed);
+  if (reserved_published.load(std::memory_order_relaxed) != ctx.totals.reserved)
+    reserved_published.store(ctx.totals.reserved, std::memory_order_relaxed);
   // Frees too: a shard its threads left must not show the plan bytes it no longer has in use.
   if (in_use_published.load(std::memory_order_relaxed) != ctx.totals.in_use)
     in_use_published.store(ctx.totals.in_use, std::memory_order_relaxed);

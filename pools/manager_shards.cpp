@@ -304,6 +304,41 @@ bool MemoryManager::Shards::unpark_others(std::uint32_t k) {
   });
   return gave;
 }
+MemoryManager::Shards::Held MemoryManager::Shards::held(std::uint32_t k, std::uint64_t reserved,
+                                                        std::uint64_t in_use) {
+  Held h{reserved + held_claims.load(std::memory_order_relaxed), in_use};
+  others(k, [&](const Impl& m) {
+    h.reserved += m.reserved_published.load(std::memory_order_relaxed);
+    h.peak_in_use += m.in_use_published.load(std::memory_order_relaxed);
+  });
+  std::uint64_t seen = held_peak.load(std::memory_order_relaxed);
+  while (seen < h.peak_in_use &&
+         !held_peak.compare_exchange_weak(seen, h.peak_in_use, std::memory_order_relaxed)) {
+  }
+  h.peak_in_use = std::max(seen, h.peak_in_use);
+  return h;
+}
+
+bool MemoryManager::Shards::idle_elsewhere(std::uint32_t k) const {
+  bool any = false;
+  others(k, [&](const Impl& m) { any |= m.idle_published.load(std::memory_order_relaxed) != 0; });
+  return any;
+}
+
+std::uint64_t MemoryManager::Shards::release_idle_elsewhere(std::uint32_t k,
+                                                            std::uint64_t bytes) {
+  std::uint64_t released = 0;
+  others(k, [&](Impl& m) {
+    if (released >= bytes || m.idle_published.load(std::memory_order_relaxed) == 0) return;
+    Impl::Scope scope(m);  // the pages go to the device as it ends
+    if (m.frozen != 0) return;
+    const std::uint64_t gave = m.release_oldest_idle(bytes - released);
+    m.held_released_bytes += gave;
+    released += gave;
+  });
+  return released;
+}
+
 bool MemoryManager::Shards::trim_others(std::uint32_t k) {
   bool gave = false;
   others(k, [&](Impl& m) {

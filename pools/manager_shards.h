@@ -128,6 +128,19 @@ struct MemoryManager::Shards {
                           DevicePtr* base, std::uint64_t* size);
   // Bytes the shards other than k last published as reserved for no request.
   std::uint64_t unused_elsewhere(std::uint32_t k) const;
+  // The device's bytes reserved (room claimed by reservations under way included) and most
+  // bytes in use, for shard k, which holds `reserved` and has `in_use` in use (Note [Held
+  // memory bound]).
+  struct Held {
+    std::uint64_t reserved = 0;
+    std::uint64_t peak_in_use = 0;
+  };
+  Held held(std::uint32_t k, std::uint64_t reserved, std::uint64_t in_use);
+  // Whether a shard other than k last published idle pages.
+  bool idle_elsewhere(std::uint32_t k) const;
+  // The shards other than k, each under its own lock (shard k's is not held), release their
+  // oldest idle pages until `bytes` are released in all. Returns bytes released.
+  std::uint64_t release_idle_elsewhere(std::uint32_t k, std::uint64_t bytes);
   // Out-of-memory in shard k: the other shards' thread caches give back their parked slices,
   // so that what those shards hold unused counts them. True when they gave some.
   bool unpark_others(std::uint32_t k);
@@ -147,6 +160,13 @@ struct MemoryManager::Shards {
   std::atomic<std::uint64_t> pages_moved{0};  // idle pages lent from one shard to another
   // Out-of-memory recoveries under way in any shard (Note [Growth during a recovery]).
   std::atomic<std::uint32_t> recovering{0};
+  // The most bytes in use on the device that held() has seen.
+  std::atomic<std::uint64_t> held_peak{0};
+  // Room reservations under way claimed while other shards released pages for them.
+  std::atomic<std::uint64_t> held_claims{0};
+  // Held from a growth's check against the held bound to the growth's end, so that two shards
+  // do not both grow into the same room (Note [Held memory bound]).
+  RankedMutex growth_gate{LockRank::growth};
   // Bytes on their way to the driver when a recovery's flush last ran out, 0 when none (cleared
   // by a flush that completes): while that is still all there is on the way, no shard's
   // recovery flushes, so a parked stream costs the device's recoveries its bound once, not once

@@ -60,6 +60,11 @@ struct ManagerOptions {
   // reach the driver, before it gives up (Note [Recovery and parked streams]); tests of the bound
   // set it short.
   std::uint32_t recovery_wait_micros = 10000000;
+  // The most bytes the pools keep reserved, in hundredths of the most bytes the program has had
+  // in use: before a growth would go over it, idle pages go back (Note [Held memory bound]).
+  // 0: no bound, so that tests of other rules see them alone; the library's default is
+  // kDefaultHoldPercent.
+  std::uint32_t hold_percent = 0;
   // Each thread keeps a few freed slices for its own next requests of the same size
   // (Note [Thread caches] in manager_caches.cpp); only while frees need no fence.
   bool thread_cache = false;

@@ -14,6 +14,10 @@
 
 namespace poolcuda {
 
+// The library's held bound unless POOLCUDA_CONF says otherwise (`hold`), in hundredths: 1.5
+// times the most bytes in use (Note [Held memory bound] in memory_manager.cpp).
+inline constexpr std::uint32_t kDefaultHoldPercent = 150;
+
 enum class PersistentMode : std::uint8_t { enabled, size_match, disabled, enforced };
 // automatic: immediate reuse while the device's work is one ordered queue, fences otherwise
 // (Note [Stream-ordered reuse] in interpose/stream_order.cpp); events: always fences; sync: a

@@ -226,6 +226,16 @@ Page* Pool::oldest_idle(std::uint64_t min_size) {
   return nullptr;
 }
 
+Page* Pool::fitting_idle(std::uint64_t min_size) {
+  Page* found = nullptr;
+  for (Page& page : idle_) {
+    if (min_size == 0 ? (found == nullptr || page.size > found->size)
+                      : page.size >= min_size && (found == nullptr || page.size < found->size))
+      found = &page;
+  }
+  return found;
+}
+
 std::uint64_t Pool::release_idle(Page* page) {
   const std::uint64_t size = page->size;
   release_page(page);

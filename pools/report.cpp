@@ -43,6 +43,7 @@ std::vector<ReportValue> pool_row(const std::string& index, const PoolReport& p)
 
 std::string_view group_title(std::string_view group) {
   if (group == "out_of_memory") return "out of memory";
+  if (group == "held") return "held bound";
   // Everything idle given back before host functions and refused cudaMallocAsync calls.
   if (group == "given_back") return "all idle given back";
   if (group == "thread_caches") return "thread caches";

@@ -73,7 +73,7 @@ TEST_CASE("empty and blank configurations give the defaults") {
   CHECK(defaults.memgetinfo == MemGetInfoMode::pooled);
   CHECK_FALSE(defaults.confirm);
   CHECK(describe_config(defaults) ==
-        "pools:subslices,persistent:enabled,free_fence:auto,fence_slack:64MiB,"
+        "pools:subslices,persistent:enabled,free_fence:auto,fence_slack:64MiB,hold:1.5,"
         "thread_cache:on,shards:auto,report_signal:USR1,"
         "report_format:text,report_path:stderr,report_at_exit:0,log:basic,capture_share:off,"
         "limit:none,managed:on,"
@@ -191,6 +191,36 @@ TEST_CASE("error: a bad fence_slack changes nothing") {
               "each key at most once");
 }
 
+TEST_CASE("hold takes off or a factor with at most two decimals") {
+  CHECK(Config{}.hold_percent == 150);
+  auto hold = [](std::string_view value) {
+    return parse_ok("hold:" + std::string(value)).hold_percent;
+  };
+  CHECK(hold("off") == 0);
+  CHECK(hold("OFF") == 0);
+  CHECK(hold("2") == 200);
+  CHECK(hold("1.5") == 150);
+  CHECK(hold("1.25") == 125);
+  CHECK(hold("1.10") == 110);
+  CHECK(hold("100") == 10000);
+  for (const std::uint32_t percent : {0u, 110u, 125u, 150u, 200u, 205u, 10000u}) {
+    Config c;
+    c.hold_percent = percent;
+    CHECK(parse_ok(describe_config(c)) == c);
+  }
+  Config quarter;
+  quarter.hold_percent = 125;
+  CHECK(describe_config(quarter).find(",hold:1.25,") != std::string::npos);
+}
+
+TEST_CASE("error: a bad hold changes nothing") {
+  const std::string expected = "off, or a factor from 1.1 to 100 with at most two decimals";
+  for (const char* bad : {"", "1", "1.05", "0.5", "101", "100.01", "1.", ".5", "1.555",
+                          "1.5x", "-2", "lots", "1e2", "99999999999"})
+    check_error("hold:" + std::string(bad), "hold", bad, expected);
+  check_error("hold:2,hold:3", "hold", "hold:3", "each key at most once");
+}
+
 TEST_CASE("format_size writes the largest exact binary unit") {
   CHECK(format_size(0) == "0B");
   CHECK(format_size(512) == "512B");
@@ -289,7 +319,7 @@ TEST_CASE("describe_config round-trips") {
 TEST_CASE("the option table lists every key once with its default") {
   const auto keys = config_keys();
   const std::vector<std::string_view> names = {
-      "pools",         "persistent",     "free_fence", "fence_slack",   "thread_cache",
+      "pools",         "persistent",     "free_fence", "fence_slack",   "hold", "thread_cache",
       "shards",        "report_signal",  "report_format", "report_path", "report_at_exit", "log",
       "capture_share", "limit",          "managed",     "managed_slab",  "memgetinfo",
       "confirm"};

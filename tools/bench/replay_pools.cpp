@@ -97,6 +97,7 @@ class PoolsAllocator final : public ReplayAllocator {
   static ManagerOptions options() {
     ManagerOptions o;
     o.thread_cache = true;  // the library's defaults
+    o.hold_percent = kDefaultHoldPercent;
     const unsigned cpus = std::thread::hardware_concurrency();
     o.shards = cpus <= 1 ? 1 : 1 + std::min(cpus, 4u);
     return o;

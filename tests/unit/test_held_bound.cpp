@@ -1,0 +1,224 @@
+// The held bound (Note [Held memory bound] in pools/memory_manager.cpp): before a growth would
+// take the bytes reserved on the device over `hold` times the most bytes in use, idle pages go
+// back first, the growth waits for them to reach the driver, and another shard's idle pages
+// count and go back too; the bound never refuses a request.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <chrono>
+#include <random>
+#include <thread>
+#include <vector>
+
+#include "pools/host_device.h"
+#include "pools/memory_manager.h"
+#include "tests/unit/pools_test_util.h"
+
+using namespace poolcuda;
+using namespace poolcuda::test;
+
+namespace {
+
+ManagerOptions held_options(std::uint32_t hold_percent, std::uint32_t shards = 1) {
+  ManagerOptions o;
+  o.layout = custom({sliced(2 * MiB, 512 * KiB), exclusive(GiB, 100000)});
+  o.free_fence = FreeFence::none;
+  o.hold_percent = hold_percent;
+  o.shards = shards;
+  o.log = LogLevel::off;
+  return o;
+}
+
+// A manager over a device whose released pages wait for a flush, as on the release thread;
+// `driver` is what the driver holds, pages on their way included.
+struct HeldRig {
+  explicit HeldRig(std::uint32_t hold_percent, std::uint32_t shards = 1)
+      : driver(4 * GiB, 512), device(driver), manager(device, held_options(hold_percent, shards)) {}
+
+  DevicePtr allocate(std::uint64_t size) {
+    const DevicePtr p = manager.allocate(size).ptr;
+    REQUIRE(p != 0);
+    peak_driver = std::max(peak_driver, driver.outstanding_bytes());
+    return p;
+  }
+  void free(DevicePtr p) { REQUIRE(manager.free(p) == FreeOutcome::freed); }
+
+  HostDevice driver;
+  HeldReleases device;
+  MemoryManager manager;
+  std::uint64_t peak_driver = 0;
+};
+
+}  // namespace
+
+TEST_CASE("a growth that would pass the bound gives idle pages back first, and they reach the "
+          "driver before it") {
+  HeldRig rig(150);
+  const DevicePtr a = rig.allocate(100 * MiB), b = rig.allocate(100 * MiB);
+  rig.free(a);
+  rig.free(b);  // 200 MiB idle; the most in use was 200 MiB, so the bound is 300 MiB
+  const DevicePtr c = rig.allocate(150 * MiB);  // no idle page fits it
+  CHECK(rig.manager.memory_usage().bytes_reserved == 250 * MiB);  // one idle page went back
+  CHECK(rig.device.delivered == 1);
+  CHECK(rig.peak_driver <= 300 * MiB);
+  CHECK(rig.driver.outstanding_bytes() == 250 * MiB);
+  CHECK(rig.manager.report().held_released_bytes == 100 * MiB);
+  CHECK(rig.manager.report().held_overruns == 0);
+  rig.free(c);
+  CHECK(rig.manager.check_consistency().empty());
+}
+
+TEST_CASE("without a bound the idle pages stay") {
+  HeldRig rig(0);
+  const DevicePtr a = rig.allocate(100 * MiB), b = rig.allocate(100 * MiB);
+  rig.free(a);
+  rig.free(b);
+  rig.free(rig.allocate(150 * MiB));
+  CHECK(rig.manager.memory_usage().bytes_reserved == 350 * MiB);
+  CHECK(rig.device.delivered == 0);
+  CHECK(rig.manager.report().held_released_bytes == 0);
+}
+
+TEST_CASE("the bound never refuses: with no idle page left the pool grows past it") {
+  HeldRig rig(150);
+  // Small slices pin their 2 MiB pages: 64 pages in use hold 128 MiB for 64 KiB live each.
+  std::vector<DevicePtr> small;
+  for (int i = 0; i < 256; ++i) small.push_back(rig.allocate(512 * KiB));
+  for (std::size_t i = 0; i < small.size(); ++i)
+    if (i % 4 != 0) rig.free(small[i]);
+  // 32 MiB in use against 128 MiB reserved, over 1.5 times the 128 MiB peak once this grows.
+  const DevicePtr big = rig.allocate(100 * MiB);
+  CHECK(rig.manager.memory_usage().bytes_reserved >= 228 * MiB);
+  CHECK(rig.manager.report().held_overruns == 1);
+  rig.free(big);
+  for (std::size_t i = 0; i < small.size(); i += 4) rig.free(small[i]);
+  CHECK(rig.manager.check_consistency().empty());
+}
+
+TEST_CASE("sizes that do not repeat stay within the bound at the driver") {
+  HeldRig rig(150);
+  std::mt19937_64 rng(11);
+  std::vector<std::pair<DevicePtr, std::uint64_t>> live;
+  std::uint64_t in_use = 0, peak_in_use = 0;
+  for (int step = 0; step < 4000; ++step) {
+    if (live.size() < 12 && (live.empty() || rng() % 100 < 60)) {
+      const std::uint64_t size = 4 * MiB + rng() % (120 * MiB);
+      live.emplace_back(rig.allocate(size), size);
+      in_use += size;
+      peak_in_use = std::max(peak_in_use, in_use);
+    } else {
+      const std::size_t at = rng() % live.size();
+      rig.free(live[at].first);
+      in_use -= live[at].second;
+      live[at] = live.back();
+      live.pop_back();
+    }
+    // Pages round a request up by at most 2 MiB.
+    REQUIRE(rig.peak_driver <= peak_in_use / 100 * 150 + 2 * MiB);
+  }
+  CHECK(rig.device.delivered > 0);
+  for (const auto& [p, size] : live) rig.free(p);
+  CHECK(rig.manager.check_consistency().empty());
+}
+
+TEST_CASE("another shard's idle pages count against the bound and go back for it") {
+  HeldRig rig(150, 2);
+  Worker a, b;
+  // Two threads that keep reserving beside each other move to shards of their own (requests
+  // of the exclusive pool come from the thread's own shard).
+  std::vector<DevicePtr> turns;
+  for (int i = 0; i < 64 && rig.manager.report().shards < 2; ++i) {
+    a.run([&] { turns.push_back(rig.allocate(MiB)); });
+    b.run([&] { turns.push_back(rig.allocate(MiB)); });
+  }
+  REQUIRE(rig.manager.report().shards == 2);
+  for (const DevicePtr p : turns) rig.free(p);
+  // b's shard holds 200 MiB of idle pages; a's request fits none of them.
+  b.run([&] {
+    const DevicePtr x = rig.allocate(100 * MiB), y = rig.allocate(100 * MiB);
+    rig.free(x);
+    rig.free(y);
+  });
+  DevicePtr c = 0;
+  a.run([&] { c = rig.allocate(150 * MiB); });
+  CHECK(rig.peak_driver <= 300 * MiB + 4 * MiB);
+  CHECK(rig.driver.outstanding_bytes() <= 250 * MiB + 4 * MiB);
+  CHECK(rig.manager.report().held_released_bytes >= 100 * MiB);
+  rig.free(c);
+  CHECK(rig.manager.check_consistency().empty());
+}
+
+// Released pages that never reach the driver: the first one's free waits behind a parked
+// stream, and every wait for it runs out in full.
+class StuckReleases final : public HeldReleases {
+ public:
+  using HeldReleases::HeldReleases;
+  std::uint64_t release_in_flight() override { return releasing_bytes() == 0 ? 0 : 1; }
+
+ protected:
+  bool arrive(std::uint32_t max_microseconds) override {
+    std::this_thread::sleep_for(std::chrono::microseconds(max_microseconds));
+    return false;
+  }
+};
+
+TEST_CASE("while a release is stuck behind a parked stream, the bound gives nothing more back") {
+  HostDevice driver(4 * GiB, 512);
+  StuckReleases device(driver);
+  MemoryManager manager(device, held_options(150));
+  std::vector<DevicePtr> first;
+  for (int i = 0; i < 3; ++i) first.push_back(manager.allocate(100 * MiB).ptr);
+  for (const DevicePtr p : first) REQUIRE(manager.free(p) == FreeOutcome::freed);
+  // Growths of sizes no idle page fits, each freed at once: over the bound every time. The
+  // first ones give pages back, which stick; once the waits for them have run out for
+  // kStuckReleaseMicros, no growth gives anything back.
+  auto grow = [&](std::uint64_t size) {
+    const DevicePtr p = manager.allocate(size).ptr;
+    REQUIRE(p != 0);  // past the bound, never refused
+    REQUIRE(manager.free(p) == FreeOutcome::freed);
+  };
+  std::uint64_t size = 101 * MiB;
+  for (int i = 0; i < 8; ++i, size += MiB) grow(size);
+  const std::uint64_t given = manager.report().held_released_bytes;
+  CHECK(given > 0);
+  const std::uint64_t overruns = manager.report().held_overruns;
+  for (int i = 0; i < 8; ++i, size += MiB) grow(size);
+  CHECK(manager.report().held_released_bytes == given);
+  CHECK(manager.report().held_overruns > overruns);
+  CHECK(manager.check_consistency().empty());
+}
+
+TEST_CASE("threads that grow at once beside each other's idle pages lose nothing") {
+  // HostDevice serves threads at once (HeldReleases does not).
+  struct {
+    HostDevice driver{4 * GiB, 512};
+    MemoryManager manager{driver, held_options(150, 3)};
+  } rig;
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 3; ++t) {
+    threads.emplace_back([&rig, t] {
+      std::mt19937_64 rng(100 + t);
+      std::vector<DevicePtr> live;
+      for (int step = 0; step < 3000; ++step) {
+        if (live.size() < 6 && (live.empty() || rng() % 100 < 60)) {
+          const DevicePtr p = rig.manager.allocate(MiB + rng() % (60 * MiB)).ptr;
+          CHECK(p != 0);
+          if (p != 0) live.push_back(p);
+        } else {
+          const std::size_t at = rng() % live.size();
+          CHECK(rig.manager.free(live[at]) == FreeOutcome::freed);
+          live[at] = live.back();
+          live.pop_back();
+        }
+      }
+      for (const DevicePtr p : live) CHECK(rig.manager.free(p) == FreeOutcome::freed);
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  CHECK(rig.manager.check_consistency().empty());
+  CHECK(rig.manager.report().held_released_bytes > 0);
+  CHECK(rig.manager.memory_usage().bytes_in_use == 0);
+  rig.manager.cleanup(true);
+  CHECK(rig.driver.outstanding_allocations() == 0);
+  CHECK(rig.driver.bad_releases() == 0);
+}
