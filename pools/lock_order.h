@@ -4,17 +4,17 @@
 // Note [Lock order]
 // ~~~~~~~~~~~~~~~~~
 // A thread may take a lock only while every lock it already holds has a lower rank:
-//     report -> registry -> stream order -> capture -> shards -> manager -> growth -> managed
+//     report -> registry -> stream order -> capture -> shards -> growth -> manager -> managed
 //     -> stream table -> device -> foreign free
 // report:       the reporter's serialisation of whole reports (interpose/reporter.cpp)
 // registry:     creation of a device's manager (interpose/registry.cpp)
 // stream order: the free_fence:auto state of every device (interpose/stream_order.cpp)
 // capture:      a device's capture policy: open captures, touched sets, pins (capture/)
 // shards:       a MemoryManager's device-wide state and the making of its shards (pools/)
-// manager:      one shard of a MemoryManager (pools/); the hot path takes this one only
 // growth:       a MemoryManager's growths under a held bound, across its shards (Note [Held
-//               memory bound] in pools/memory_manager.cpp); holding it, a shard only tries the
-//               others' locks (try_lock_beside), which cannot deadlock
+//               memory bound] in pools/memory_manager.cpp): taken before a shard's lock, or
+//               tried under it
+// manager:      one shard of a MemoryManager (pools/); the hot path takes this one only
 // managed:      a managed-memory slab chain's slow path
 // stream table: the streams the program created (interpose/stream_table.cpp)
 // device:       a CudaDevice's event and release caches (interpose/cuda_device.cpp)
@@ -68,8 +68,8 @@ enum class LockRank : std::uint8_t {
   stream_order = 2,
   capture = 3,
   shards = 4,
-  manager = 5,
-  growth = 6,
+  growth = 5,
+  manager = 6,
   managed = 7,
   stream_table = 8,
   device = 9,

@@ -121,8 +121,18 @@ Reservation MemoryManager::Impl::reserve(std::uint64_t size, Placement placement
     }
   } drop_claim{shards, held};
   Route r = route(size, placement, wait_budget_us, may_flush, may_wait_recovery, &held);
-  while (r.wait_for_fence || r.flush_releases || r.wait_for_recovery ||
+  while (r.wait_for_fence || r.flush_releases || r.wait_for_recovery || r.wait_for_gate ||
          r.trim_elsewhere_bytes != 0) {
+    if (r.wait_for_gate) {
+      // The gate ranks before a shard's lock: taken with this one released, held for one route.
+      scope.unlock();
+      std::unique_lock gate(shards->growth_gate);
+      scope.relock();
+      held.gate_held = true;
+      r = route(size, placement, wait_budget_us, may_flush, may_wait_recovery, &held);
+      held.gate_held = false;
+      continue;
+    }
     if (r.trim_elsewhere_bytes != 0) {
       ++held.trims_elsewhere;
       if (held.claim == 0) {
@@ -479,6 +489,7 @@ void MemoryManager::forget() {
   std::lock_guard control(s.control);
   s.planned_peak = 0;
   s.sharded_max.store(0, std::memory_order_relaxed);
+  s.held_peak.store(0, std::memory_order_relaxed);
 }
 
 void MemoryManager::set_stream_ordered(bool ordered) {

@@ -51,6 +51,7 @@ struct HeldReservation {
   // Bytes of room it claimed from the device-wide bound while other shards released pages for
   // it (Shards::held_claims), until it grows or ends.
   std::uint64_t claim = 0;
+  bool gate_held = false;  // the caller holds Shards::growth_gate for this route
 };
 
 // The most priming waits for the fences of persistent slices released just before a capture.
@@ -114,6 +115,9 @@ struct Route {
   // again (Note [Releases before growth] in memory_manager.cpp).
   bool flush_releases = false;
   bool for_held_bound = false;  // that wait is for the held bound's pages (kHeldWaitBoundMicros)
+  // Another shard's growth holds the growth gate: take it with the shard's lock released, then
+  // route again (Note [Held memory bound] in memory_manager.cpp).
+  bool wait_for_gate = false;
   // A capped pool is full of memory that only waits for its fence: wait as the real cudaFree
   // would have, without a time bound (Note [Free fences]).
   bool patient = false;
@@ -134,6 +138,11 @@ struct Route {
   static Route flush() {
     Route r;
     r.flush_releases = true;
+    return r;
+  }
+  static Route gate() {
+    Route r;
+    r.wait_for_gate = true;
     return r;
   }
   static Route flush_for_held_bound() {
@@ -220,10 +229,11 @@ struct MemoryManager::Impl {
   void drop_everything();  // forget(): no device call but fence_destroy
   // `may_flush`: a growth may first wait for released pages (once per reservation);
   // `may_wait_recovery`: for another thread's out-of-memory recovery (once per reservation).
-  // `held`: the reservation's dealings with the held bound (none: no waits, no trims elsewhere).
+  // `held`: the reservation's dealings with the held bound (none: no waits, no trims elsewhere,
+  // no wait for the growth gate).
   Route route(std::uint64_t size, Placement placement, std::uint32_t wait_budget_us,
               bool may_flush = false, bool may_wait_recovery = false,
-              const HeldReservation* held = nullptr);
+              HeldReservation* held = nullptr);
   // Waits (unlocked, within the recovery bound) until no out-of-memory recovery of this device
   // is under way (Note [Growth during a recovery]).
   void wait_for_recoveries(Scope& scope);
@@ -273,14 +283,15 @@ struct MemoryManager::Impl {
   // Releases the smallest of the dynamic pools' idle pages that holds `bytes` alone, or else their
   // largest idle pages until `bytes` are released or none is left (Note [Held memory bound]).
   std::uint64_t release_fitting_idle(std::uint64_t bytes);
-  // Before `pool` grows for `size`: this shard's idle pages go back, oldest first, while the
-  // growth would take the device's bytes reserved over the held bound (Note [Held memory
+  // Before `pool` grows for `size`: this shard's idle pages go back (release_fitting_idle) while
+  // the growth would take the device's bytes reserved over the held bound (Note [Held memory
   // bound]). Says by how much it still would, and whether it would with the pages on their way.
   struct HeldCheck {
     std::uint64_t over_by = 0;
     bool overrun = false;  // over it with the request's bytes alone, not its page's
     bool releases_count = false;
     bool may_release = false;  // no release on its way was stuck: it could release
+    std::uint64_t peak_in_use = 0;  // the device's most bytes in use, this request included
   };
   HeldCheck trim_to_held_bound(const Pool& pool, std::uint64_t size, std::uint64_t own_claim);
   void implicit_cleanup();

@@ -213,9 +213,11 @@ void MemoryManager::Shards::plan_layout(const PoolLayout& layout) {
   sharded_above.store(tail == pools_plan.size() ? std::numeric_limits<std::uint64_t>::max()
                                                 : below,
                       std::memory_order_relaxed);
-  // The plan for the sliced pools starts over with the next plan(), from what is held then.
+  // The plan for the sliced pools starts over with the next plan(), from what is held then, and
+  // so does the held bound's peak.
   sharded_max.store(0, std::memory_order_relaxed);
   planned_peak = 0;
+  held_peak.store(0, std::memory_order_relaxed);
 }
 
 void MemoryManager::Shards::plan() {
@@ -283,6 +285,10 @@ bool MemoryManager::Shards::borrow_page(void* owner, std::uint64_t min_size,
         break;
       }
     }
+    // The page counts in this shard's published bytes before it leaves the other's: the held
+    // bound's device-wide figure must not lose it in between (Note [Held memory bound]).
+    if (found)
+      self.reserved_published.store(self.ctx.totals.reserved + *size, std::memory_order_relaxed);
     if (found || unparked) other.publish_figures();
     if (found) s.pages_moved.fetch_add(1, std::memory_order_release);
     other.mutex.unlock_beside();
@@ -311,12 +317,15 @@ MemoryManager::Shards::Held MemoryManager::Shards::held(std::uint32_t k, std::ui
     h.reserved += m.reserved_published.load(std::memory_order_relaxed);
     h.peak_in_use += m.in_use_published.load(std::memory_order_relaxed);
   });
-  std::uint64_t seen = held_peak.load(std::memory_order_relaxed);
-  while (seen < h.peak_in_use &&
-         !held_peak.compare_exchange_weak(seen, h.peak_in_use, std::memory_order_relaxed)) {
-  }
-  h.peak_in_use = std::max(seen, h.peak_in_use);
+  h.peak_in_use = std::max(held_peak.load(std::memory_order_relaxed), h.peak_in_use);
   return h;
+}
+
+void MemoryManager::Shards::note_held_peak(std::uint64_t in_use) {
+  std::uint64_t seen = held_peak.load(std::memory_order_relaxed);
+  while (seen < in_use &&
+         !held_peak.compare_exchange_weak(seen, in_use, std::memory_order_relaxed)) {
+  }
 }
 
 bool MemoryManager::Shards::idle_elsewhere(std::uint32_t k) const {
@@ -331,8 +340,8 @@ std::uint64_t MemoryManager::Shards::release_idle_elsewhere(std::uint32_t k,
   others(k, [&](Impl& m) {
     if (released >= bytes || m.idle_published.load(std::memory_order_relaxed) == 0) return;
     Impl::Scope scope(m);  // the pages go to the device as it ends
-    if (m.frozen != 0) return;
-    const std::uint64_t gave = m.release_oldest_idle(bytes - released);
+    if (m.frozen != 0 || m.capture_windows != 0) return;
+    const std::uint64_t gave = m.release_fitting_idle(bytes - released);
     m.held_released_bytes += gave;
     released += gave;
   });

@@ -136,6 +136,8 @@ struct MemoryManager::Shards {
     std::uint64_t peak_in_use = 0;
   };
   Held held(std::uint32_t k, std::uint64_t reserved, std::uint64_t in_use);
+  // A growth for the held bound succeeded with `in_use` bytes in use on the device.
+  void note_held_peak(std::uint64_t in_use);
   // Whether a shard other than k last published idle pages.
   bool idle_elsewhere(std::uint32_t k) const;
   // The shards other than k, each under its own lock (shard k's is not held), release their
@@ -160,12 +162,14 @@ struct MemoryManager::Shards {
   std::atomic<std::uint64_t> pages_moved{0};  // idle pages lent from one shard to another
   // Out-of-memory recoveries under way in any shard (Note [Growth during a recovery]).
   std::atomic<std::uint32_t> recovering{0};
-  // The most bytes in use on the device that held() has seen.
+  // The most bytes in use on the device at a growth for the held bound (note_held_peak); reset
+  // with the layout and the device's memory.
   std::atomic<std::uint64_t> held_peak{0};
   // Room reservations under way claimed while other shards released pages for them.
   std::atomic<std::uint64_t> held_claims{0};
   // Held from a growth's check against the held bound to the growth's end, so that two shards
-  // do not both grow into the same room (Note [Held memory bound]).
+  // do not both grow into the same room (Note [Held memory bound]). Taken before a shard's lock,
+  // or tried under it.
   RankedMutex growth_gate{LockRank::growth};
   // Bytes on their way to the driver when a recovery's flush last ran out, 0 when none (cleared
   // by a flush that completes): while that is still all there is on the way, no shard's

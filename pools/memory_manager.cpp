@@ -332,23 +332,33 @@ bool MemoryManager::Impl::wait_for_oldest_fence(Scope& scope,
 // dynamic pool grows, the device's bytes reserved plus the growth are weighed against
 // options.hold_percent of the most bytes the device has had in use, this request included.
 // The device's figures are every shard's: this one's exactly, the others' as they last
-// published them (a growth publishes at once), and each check sums the bytes in use and keeps the
-// most it has seen (no shard's own peak is above the device's, so it counts too).
-// Over the bound:
+// published them. A growth publishes at once, and a page one shard lends another counts in the
+// borrower's figure before it leaves the lender's (Shards::borrow_page): with the page counted in
+// neither for a moment, the lender's thread grew twice into its room, to 1.57 times the live
+// bytes of two threads of random sizes up to 1 GiB. Each check sums the bytes in use; the most seen
+// at a growth that succeeded is kept (a request the driver refuses never raises it), and no
+// shard's own peak is above the device's, so it counts too.
+// With other shards, a growth first tries to borrow another shard's idle page (Borrow::only):
+// that moves a page and adds nothing to the device's bytes, so no bound is weighed. Else, over
+// the bound:
 // (1) This shard's idle pages go back, from any dynamic pool and of any age: the smallest that
 //     covers the excess alone, or else the largest first. Against oldest first, that made 10%
 //     fewer driver allocations on the 1 GiB random traces, for the same bytes.
 // (2) Pages on their way to the driver still count (the driver holds them): while the growth
 //     would pass the bound with them, it waits for them, at most kHeldWaitBoundMicros per
 //     reservation, and routes again.
-// (3) If that is not enough and other shards published idle pages, they release theirs, each
-//     under its own lock with this one's released, and the reservation routes again, up to
-//     kHeldTrimsElsewhere times. Meanwhile it claims its growth's room (Shards::held_claims,
-//     counted by every other shard's check), or another thread's growth would take the room
-//     the release made: two threads of random sizes up to 1 GiB reserved 1.59 to 1.65 times
-//     their live bytes without the claim, 1.43 to 1.49 with it.
-// (4) With several shards, the check and the growth hold the growth gate (lock rank `growth`),
-//     so two shards never both grow into the same room.
+// (3) If that is not enough and other shards published idle pages, they release theirs the same
+//     way, each under its own lock with this one's released (not during a capture window of
+//     theirs), and the reservation routes again, up to kHeldTrimsElsewhere times. Meanwhile it
+//     claims its growth's room (Shards::held_claims, counted by every other shard's check) until
+//     it grows: else another thread's growth took the room the release made, and two threads of
+//     random sizes up to 1 GiB reserved 1.59 to 1.65 times their live bytes (1.43 to 1.49 with
+//     the claim).
+// (4) With several shards, the check and the growth hold the growth gate, so two shards never
+//     both grow into the same room. It ranks before a shard's lock (Note [Lock order]): route()
+//     only tries it, and when another growth holds it, the reservation takes it with its own
+//     lock released and routes once more under it, so no thread waits for another shard's
+//     driver call while it holds its own shard's lock.
 // (5) Nothing more goes back while a release is stuck behind a parked stream (releases_stuck()):
 //     it would stick too, where idle it could still serve a request. At most the pages given
 //     back before the stuck free was recognized (kStuckReleaseMicros) wait behind the park.
@@ -439,9 +449,22 @@ std::uint64_t MemoryManager::Impl::pages_handed_everywhere() const {
   return n;
 }
 
+namespace {
+
+// Puts a shard's borrow mode back to normal when a route ends.
+struct BorrowMode {
+  explicit BorrowMode(PoolContext& c) : ctx(c) {}
+  ~BorrowMode() { ctx.borrow = PoolContext::Borrow::first; }
+  BorrowMode(const BorrowMode&) = delete;
+  BorrowMode& operator=(const BorrowMode&) = delete;
+  PoolContext& ctx;
+};
+
+}  // namespace
+
 Route MemoryManager::Impl::route(std::uint64_t size, Placement placement,
                                  std::uint32_t wait_budget_us, bool may_flush,
-                                 bool may_wait_recovery, const HeldReservation* held_res) {
+                                 bool may_wait_recovery, HeldReservation* held_res) {
   const bool persistent_mode = placement == Placement::persistent || windows > 0 ||
                                capture_windows > 0 ||
                                options.persistent == PersistentMode::enforced;
@@ -545,14 +568,32 @@ restart:
     if (should_let_recover()) return Route::after_recovery();
     // Note [Held memory bound].
     std::unique_lock<RankedMutex> gate;
+    BorrowMode borrow_mode(ctx);
+    HeldCheck held;
     if (options.hold_percent != 0 && frozen == 0) {
-      if (shards != nullptr && shards->count() > 1) gate = std::unique_lock(shards->growth_gate);
-      const HeldCheck held = trim_to_held_bound(pool, size, held_res ? held_res->claim : 0);
+      if (shards != nullptr && shards->count() > 1) {
+        // A page another shard lends adds nothing to the device's bytes: no bound to weigh.
+        ctx.borrow = PoolContext::Borrow::only;
+        r.status = pool.grow(size, &r.slice);
+        ctx.borrow = PoolContext::Borrow::never;  // tried: the growth below asks the device
+        if (r.status == AllocStatus::ok) {
+          // At once, not at unlock: the lender published its share going, and the device's
+          // figure must not lose the page meanwhile.
+          reserved_published.store(ctx.totals.reserved, std::memory_order_relaxed);
+          r.grew = true;
+          return r;
+        }
+        if (held_res == nullptr || !held_res->gate_held) {
+          gate = std::unique_lock(shards->growth_gate, std::try_to_lock);
+          if (!gate && held_res != nullptr) return Route::gate();
+        }
+      }
+      held = trim_to_held_bound(pool, size, held_res ? held_res->claim : 0);
       if (held.releases_count && held_res != nullptr && held_res->budget_us > 0 &&
           capture_windows == 0 && releases_on_the_way() != 0 && flush_may_help())
         return Route::flush_for_held_bound();
       if (held.over_by != 0 && held.may_release && held_res != nullptr &&
-          held_res->trims_elsewhere < kHeldTrimsElsewhere && gate &&
+          held_res->trims_elsewhere < kHeldTrimsElsewhere && shards->count() > 1 &&
           shards->idle_elsewhere(shard_index))
         return Route::trim_elsewhere(held.over_by, pool.growth_bytes(size));
       if (held.overrun) ++held_overruns;
@@ -560,8 +601,16 @@ restart:
     r.status = frozen != 0 ? AllocStatus::failed : pool.grow(size, &r.slice);
     r.grew = r.status == AllocStatus::ok;
     if (r.grew) {
-      // Before the gate opens: the next shard's check counts this growth.
-      if (gate) reserved_published.store(ctx.totals.reserved, std::memory_order_relaxed);
+      if (held.peak_in_use != 0 && shards != nullptr) {
+        // Before the gate opens: the next shard's check counts this growth, and no longer the
+        // room this reservation claimed for it.
+        reserved_published.store(ctx.totals.reserved, std::memory_order_relaxed);
+        shards->note_held_peak(held.peak_in_use);
+        if (held_res != nullptr && held_res->claim != 0) {
+          shards->held_claims.fetch_sub(held_res->claim, std::memory_order_relaxed);
+          held_res->claim = 0;
+        }
+      }
       return r;
     }
     // The device is full: this thread's own parked slices are memory the plain program freed.
@@ -663,6 +712,7 @@ MemoryManager::Impl::HeldCheck MemoryManager::Impl::trim_to_held_bound(const Poo
   const std::uint64_t peak = std::max(held.peak_in_use, ctx.totals.in_use_peak);
   const std::uint64_t bound = peak / 100 * options.hold_percent;
   HeldCheck check;
+  check.peak_in_use = held.peak_in_use;
   // Nothing more goes while a release is stuck behind a parked stream: so would these be, where
   // idle they could still serve a request.
   check.may_release = releases_on_the_way() == 0 || !releases_stuck();

@@ -106,6 +106,10 @@ struct PoolContext {
   bool (*borrow_page)(void* owner, std::uint64_t min_size, std::uint64_t max_size,
                       DevicePtr* base, std::uint64_t* size) = nullptr;
   void* borrow_owner = nullptr;
+  // Whether a new page may come from borrow_page, or only from it (then no device call: a
+  // growth that another shard's idle page would serve adds nothing to the device's bytes).
+  enum class Borrow : std::uint8_t { first, only, never };
+  Borrow borrow = Borrow::first;
   // The shards the manager has made (Note [Shards]): budgets meant for the device are split
   // between them. Unset: one.
   const std::atomic<std::uint32_t>* shards_made = nullptr;
