@@ -41,7 +41,7 @@ inline constexpr std::uint32_t kFenceWaitBoundMicros = 2000;
 // parked stream stops these waits as it stops the others (Note [Releases before growth]).
 inline constexpr std::uint32_t kHeldWaitBoundMicros = 20000;
 // Idle bytes the held bound always allows beyond the most bytes in use (Note [Held memory bound]).
-inline constexpr std::uint64_t kHeldSlack = 64 * MiB;
+inline constexpr std::uint64_t kHeldSlack = 32 * MiB;
 // How many times a reservation over the held bound has other shards release idle pages: another
 // thread may grow into the room between the release and this reservation's next look.
 inline constexpr int kHeldTrimsElsewhere = 4;

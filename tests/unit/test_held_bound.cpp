@@ -126,7 +126,7 @@ TEST_CASE("sizes that do not repeat stay within the bound at the driver") {
       live.pop_back();
     }
     // Pages round a request up by at most 2 MiB.
-    REQUIRE(rig.peak_driver <= std::max(peak_in_use / 100 * 150, peak_in_use + 64 * MiB) + 2 * MiB);
+    REQUIRE(rig.peak_driver <= std::max(peak_in_use / 100 * 150, peak_in_use + 32 * MiB) + 2 * MiB);
   }
   CHECK(rig.device.delivered > 0);
   for (const auto& [p, size] : live) rig.free(p);
@@ -155,7 +155,7 @@ TEST_CASE("another shard's idle pages count against the bound and go back for it
 TEST_CASE("a program with a few MiB in use keeps a page of each size it uses") {
   HeldRig rig(150);
   // One buffer live at a time, of three sizes that take a 2 MiB sliced page and two exclusive
-  // pages: more than 1.5 times the bytes in use, within the 64 MiB the bound always allows.
+  // pages: more than 1.5 times the bytes in use, within the 32 MiB the bound always allows.
   for (int i = 0; i < 300; ++i) {
     const std::uint64_t sizes[] = {300 * KiB, 3 * MiB, 5 * MiB};
     rig.free(rig.allocate(sizes[i % 3] + (i % 7) * 4 * KiB));
