@@ -113,20 +113,24 @@ Reservation MemoryManager::Impl::reserve(std::uint64_t size, Placement placement
   bool may_wait_recovery = !out.quick;  // once too (Note [Growth during a recovery])
   HeldReservation held;  // Note [Held memory bound]
   held.budget_us = out.quick ? 0 : kHeldWaitBoundMicros;
-  struct DropClaim {
-    Shards* shards;
-    HeldReservation& held;
-    ~DropClaim() {
-      if (held.claim != 0) shards->held_claims.fetch_sub(held.claim, std::memory_order_relaxed);
-    }
-  } drop_claim{shards, held};
+  // The claim ends when the reservation grows (route), ends, or waits for anything but the held
+  // bound's releases: other shards must not count it through a recovery.
+  const auto drop_claim = [&] {
+    if (held.claim == 0) return;
+    shards->held_claims.fetch_sub(held.claim, std::memory_order_relaxed);
+    held.claim = 0;
+  };
+  struct DropClaimAtEnd {
+    const decltype(drop_claim)& drop;
+    ~DropClaimAtEnd() { drop(); }
+  } drop_claim_at_end{drop_claim};
   Route r = route(size, placement, wait_budget_us, may_flush, may_wait_recovery, &held);
   while (r.wait_for_fence || r.flush_releases || r.wait_for_recovery || r.wait_for_gate ||
          r.trim_elsewhere_bytes != 0) {
     if (r.wait_for_gate) {
       // The gate ranks before a shard's lock: taken with this one released, held for one route.
       scope.unlock();
-      std::unique_lock gate(shards->growth_gate);
+      std::unique_lock growth(shards->growth_gate);
       scope.relock();
       held.gate_held = true;
       r = route(size, placement, wait_budget_us, may_flush, may_wait_recovery, &held);
@@ -142,22 +146,26 @@ Reservation MemoryManager::Impl::reserve(std::uint64_t size, Placement placement
       scope.unlock();
       shards->release_idle_elsewhere(shard_index, r.trim_elsewhere_bytes);
       scope.relock();
-    } else if (r.wait_for_recovery) {
-      may_wait_recovery = false;
-      wait_for_recoveries(scope);
     } else if (r.for_held_bound) {
       flush_before_growth(scope, &held.budget_us);
-    } else if (r.flush_releases) {
-      may_flush = false;
-      flush_before_growth(scope, &wait_budget_us);
-    } else if (r.patient) {
-      wait_for_oldest_fence(scope);
     } else {
-      wait_for_oldest_fence(scope, &wait_budget_us);
+      drop_claim();
+      if (r.wait_for_recovery) {
+        may_wait_recovery = false;
+        wait_for_recoveries(scope);
+      } else if (r.flush_releases) {
+        may_flush = false;
+        flush_before_growth(scope, &wait_budget_us);
+      } else if (r.patient) {
+        wait_for_oldest_fence(scope);
+      } else {
+        wait_for_oldest_fence(scope, &wait_budget_us);
+      }
     }
     r = route(size, placement, wait_budget_us, may_flush, may_wait_recovery, &held);
   }
   if (r.slice == nullptr && r.status == AllocStatus::out_of_memory && !out.quick) {
+    drop_claim();
     r = recover_from_oom(scope, size, placement);
     if (r.slice != nullptr) ++oom_recoveries;
   }

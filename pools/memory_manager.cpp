@@ -358,7 +358,8 @@ bool MemoryManager::Impl::wait_for_oldest_fence(Scope& scope,
 //     both grow into the same room. It ranks before a shard's lock (Note [Lock order]): route()
 //     only tries it, and when another growth holds it, the reservation takes it with its own
 //     lock released and routes once more under it, so no thread waits for another shard's
-//     driver call while it holds its own shard's lock.
+//     driver call while it holds its own shard's lock. Out-of-memory recovery's routes, which
+//     cannot wait there, go on without it when it is busy.
 // (5) Nothing more goes back while a release is stuck behind a parked stream (releases_stuck()):
 //     it would stick too, where idle it could still serve a request. At most the pages given
 //     back before the stuck free was recognized (kStuckReleaseMicros) wait behind the park.
@@ -374,9 +375,9 @@ bool MemoryManager::Impl::wait_for_oldest_fence(Scope& scope,
 // padding), the pool grows past it; reports count those growths and the bytes given back.
 // Requests that fit an idle page never reach the check, so a program whose sizes repeat pays
 // nothing; one whose sizes never repeat pays driver calls for memory. On the 1 GiB random
-// trace: 0.25 driver allocations per pair instead of 0.015, for 1.50 times its live bytes
-// instead of 2.67; on the ring of 16 buffers of random sizes, 0.0015 instead of 0.0004 for 1.50
-// instead of 2.05 (docs/benchmark-results.md).
+// trace: 0.25 driver allocations per pair instead of 0.031, for 1.50 times its live bytes
+// instead of 2.67; on the ring of 16 buffers of random sizes, 0.0016 instead of 0.0003 for 1.50
+// instead of 2.21 (docs/benchmark-results.md).
 //
 // Note [Releases before growth]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
