@@ -140,8 +140,9 @@ struct MemoryManager::Shards {
   void note_held_peak(std::uint64_t in_use);
   // Whether a shard other than k last published idle pages.
   bool idle_elsewhere(std::uint32_t k) const;
-  // The shards other than k, each under its own lock (shard k's is not held), release their
-  // oldest idle pages until `bytes` are released in all. Returns bytes released.
+  // The shards other than k, each under its own lock (shard k's is not held), release idle
+  // pages (Impl::release_fitting_idle) until `bytes` are released in all, skipping shards frozen
+  // or in a capture window. Returns bytes released.
   std::uint64_t release_idle_elsewhere(std::uint32_t k, std::uint64_t bytes);
   // Out-of-memory in shard k: the other shards' thread caches give back their parked slices,
   // so that what those shards hold unused counts them. True when they gave some.
