@@ -145,6 +145,7 @@
 #include <algorithm>
 #include <chrono>
 #include <thread>
+#include <vector>
 #include <cstdio>
 
 #include "pools/options.h"
@@ -657,30 +658,9 @@ std::uint64_t MemoryManager::Impl::cleanup_all(bool explicit_cleanup) {
   return released;
 }
 
-namespace {
-
-// Releases the idle page pick(bytes) names (one that covers `bytes` alone), or else the pages
-// pick(0) names in turn until `bytes` are released or it names none. `pick` returns a pool and
-// one of its idle pages, or nullptrs.
-template <class Pick>
-std::uint64_t release_picked(std::uint64_t bytes, Pick pick) {
-  if (auto [pool, page] = pick(bytes); page != nullptr) return pool->release_idle(page);
-  std::uint64_t released = 0;
-  while (released < bytes) {
-    auto [pool, page] = pick(0);
-    if (page == nullptr) break;
-    released += pool->release_idle(page);
-  }
-  return released;
-}
-
-}  // namespace
-
 std::uint64_t MemoryManager::Impl::release_oldest_idle(std::uint64_t bytes) {
   // The idle page of at least `min_size` bytes that went idle first, over every dynamic pool.
-  // One that covers it all, when there is one: fewer driver calls, and the smaller pages the
-  // program reuses stay.
-  return release_picked(bytes, [&](std::uint64_t min_size) {
+  const auto oldest = [&](std::uint64_t min_size) {
     std::pair<Pool*, Page*> found{nullptr, nullptr};
     for (const auto& pool : pools) {
       Page* page = pool->oldest_idle(min_size);
@@ -689,23 +669,36 @@ std::uint64_t MemoryManager::Impl::release_oldest_idle(std::uint64_t bytes) {
         found = {pool.get(), page};
     }
     return found;
-  });
+  };
+  // One page that covers it all, when there is one: fewer driver calls, and the smaller pages
+  // the program reuses stay.
+  if (auto [pool, page] = oldest(bytes); page != nullptr) return pool->release_idle(page);
+  std::uint64_t released = 0;
+  while (released < bytes) {
+    auto [pool, page] = oldest(0);
+    if (page == nullptr) break;
+    released += pool->release_idle(page);
+  }
+  return released;
 }
 
 std::uint64_t MemoryManager::Impl::release_fitting_idle(std::uint64_t bytes) {
-  // The smallest idle page of at least `min_size` bytes over every dynamic pool (min_size 0:
-  // the largest).
-  return release_picked(bytes, [&](std::uint64_t min_size) {
-    std::pair<Pool*, Page*> found{nullptr, nullptr};
-    for (const auto& pool : pools) {
-      Page* page = pool->fitting_idle(min_size);
-      if (page == nullptr) continue;
-      if (found.second == nullptr ||
-          (min_size == 0 ? page->size > found.second->size : page->size < found.second->size))
-        found = {pool.get(), page};
-    }
-    return found;
-  });
+  Page* covering = nullptr;
+  for (const auto& pool : pools) {
+    Page* page = pool->smallest_idle(bytes);
+    if (page != nullptr && (covering == nullptr || page->size < covering->size)) covering = page;
+  }
+  if (covering != nullptr) return covering->pool->release_idle(covering);
+  // None covers it alone: the largest first, sorted once (a scan for each page released would be
+  // quadratic in the idle pages, thousands of them in the sliced pools).
+  std::vector<Page*> idle;
+  for (const auto& pool : pools) pool->append_idle(&idle);
+  std::sort(idle.begin(), idle.end(),
+            [](const Page* a, const Page* b) { return a->size > b->size; });
+  std::uint64_t released = 0;
+  for (std::size_t i = 0; i < idle.size() && released < bytes; ++i)
+    released += idle[i]->pool->release_idle(idle[i]);
+  return released;
 }
 
 MemoryManager::Impl::HeldCheck MemoryManager::Impl::trim_to_held_bound(const Pool& pool,

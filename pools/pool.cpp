@@ -227,14 +227,15 @@ Page* Pool::oldest_idle(std::uint64_t min_size) {
   return nullptr;
 }
 
-Page* Pool::fitting_idle(std::uint64_t min_size) {
+Page* Pool::smallest_idle(std::uint64_t min_size) {
   Page* found = nullptr;
-  for (Page& page : idle_) {
-    if (min_size == 0 ? (found == nullptr || page.size > found->size)
-                      : page.size >= min_size && (found == nullptr || page.size < found->size))
-      found = &page;
-  }
+  for (Page& page : idle_)
+    if (page.size >= min_size && (found == nullptr || page.size < found->size)) found = &page;
   return found;
+}
+
+void Pool::append_idle(std::vector<Page*>* out) {
+  for (Page& page : idle_) out->push_back(&page);
 }
 
 std::uint64_t Pool::release_idle(Page* page) {

@@ -14,6 +14,7 @@
 #include <limits>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "pools/device.h"
 #include "pools/free_bins.h"
@@ -172,9 +173,10 @@ class Pool {
   // The idle page that went idle first (idle pages are listed in that order), of at least
   // `min_size` bytes; nullptr when there is none.
   Page* oldest_idle(std::uint64_t min_size = 0);
-  // The smallest idle page of at least `min_size` bytes (min_size 0: the largest idle page);
-  // nullptr when there is none.
-  Page* fitting_idle(std::uint64_t min_size);
+  // The smallest idle page of at least `min_size` bytes; nullptr when there is none.
+  Page* smallest_idle(std::uint64_t min_size);
+  // Appends every idle page of the pool to *out.
+  void append_idle(std::vector<Page*>* out);
   // The bytes a growth for a request of `size` takes from the device: a page of the pool's.
   virtual std::uint64_t growth_bytes(std::uint64_t size) const {
     return align_up(size, alignment());
