@@ -118,11 +118,11 @@ std::uint64_t CudaDevice::growth_room() {
 }
 
 std::uint64_t CudaDevice::release_in_flight() {
-  return ReleaseWorker::instance().in_flight();
+  return ReleaseWorker::instance().in_flight(device_);
 }
 
 bool CudaDevice::flush_releases(std::uint32_t max_microseconds) {
-  return ReleaseWorker::instance().flush(max_microseconds);
+  return ReleaseWorker::instance().flush(device_, max_microseconds);
 }
 
 DeviceMemoryInfo CudaDevice::memory_info() {

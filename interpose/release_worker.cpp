@@ -6,15 +6,19 @@
 // allocation, a trim, out-of-memory recovery. The real cudaFree waits for every stream of the
 // device, so calling it from the allocating thread turns a cudaMalloc, which never waits on
 // streams, into one that can block forever (a stream parked on a host function that this very
-// thread would release after cudaMalloc returns). So pages go to this thread, which frees them
-// one by one; the allocating thread returns at once. While a stream capture is open on the
-// page's device the free would invalidate it (Note [Releases during capture] below), so the page
-// is held back and retried when a capture ends (wake()) or, as a fallback for captures begun
-// behind the hooks' back, every kRetryMillis. Out-of-memory recovery waits, bounded, for the
+// thread would release after cudaMalloc returns). So pages go to a thread of the library's,
+// which frees them one by one; the allocating thread returns at once. Each device has a thread
+// of its own (a lane), started at its first page: a free that waits for one device's long
+// kernels must not hold back the pages of another, whose growths wait for them (with one thread
+// for every device, a program churning memory on device 0 beside a busy device 1 spent 500 times
+// as long in cudaMalloc as under plain CUDA). While a stream capture is open on the page's
+// device the free would invalidate it (Note [Releases during capture] below), so the page is
+// held back and retried when a capture ends (wake()) or, as a fallback for captures begun behind
+// the hooks' back, every kRetryMillis. Out-of-memory recovery waits, bounded, for the device's
 // queue to drain before it asks the driver again (flush()).
-// The thread is created with every signal blocked, so the program's signals are never handled
-// on it; it never exits (the process ends around it, its queue unreleased: the memory goes
-// with the process). A forked child passes every call through and never touches it.
+// The threads are created with every signal blocked, so the program's signals are never handled
+// on them; they never exit (the process ends around them, their queues unreleased: the memory
+// goes with the process). A forked child passes every call through and never touches them.
 //
 // Note [Releases during capture]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
@@ -47,38 +51,63 @@ namespace {
 constexpr int kRetryMillis = 20;
 
 struct Page {
-  int device;
   void* ptr;
   std::uint64_t ticket;
   std::uint64_t size;
 };
 
+// One lane per device index the registry can hold (Registry::kMaxDevices); an index outside
+// them shares the last lane.
 constexpr int kMaxDevices = 64;
+constexpr int kLanes = kMaxDevices + 1;
+
+bool in_range(int device) { return device >= 0 && device < kMaxDevices; }
+int lane_index(int device) { return in_range(device) ? device : kLanes - 1; }
 
 }  // namespace
 
-struct ReleaseWorker::State {
-  RankedMutex mutex{LockRank::device};
-  std::condition_variable_any changed;
+// One device's pages and thread. Everything here is under State::mutex.
+struct ReleaseLane {
+  int device = -1;
   std::deque<Page> queue;        // not yet tried
-  std::deque<Page> held_back;    // a capture was open on their device
-  std::uint64_t next_ticket = 1;
+  std::deque<Page> held_back;    // a capture was open on the device, or a reset is under way
   std::uint64_t in_flight = 0;   // the ticket being freed now, or 0
-  int in_flight_device = -1;
   void* in_flight_ptr = nullptr;
   std::uint64_t in_flight_size = 0;
   std::uint64_t in_flight_boundary = 0;  // next_foreign_free_ticket() before its driver free
-  bool resetting[kMaxDevices] = {};
+  bool resetting = false;
   bool started = false;
-  std::function<bool(int)> capture_open = [](int) { return false; };
+  ReleaseWorker::State* state = nullptr;
 
-  // The smallest ticket not yet released (everything below it went to the driver).
-  std::uint64_t low_water() const {
-    std::uint64_t low = in_flight != 0 ? in_flight : next_ticket;
+  // The smallest ticket of this lane not yet released, or `next` when none is waiting.
+  std::uint64_t low_water(std::uint64_t next) const {
+    std::uint64_t low = in_flight != 0 ? in_flight : next;
     for (const Page& p : queue) low = std::min(low, p.ticket);
     for (const Page& p : held_back) low = std::min(low, p.ticket);
     return low;
   }
+  void retry_held_back() {
+    while (!held_back.empty()) {
+      queue.push_back(held_back.front());
+      held_back.pop_front();
+    }
+  }
+};
+
+struct ReleaseWorker::State {
+  RankedMutex mutex{LockRank::device};
+  std::condition_variable_any changed;  // every lane's: waiters check their own
+  std::uint64_t next_ticket = 1;
+  std::function<bool(int)> capture_open = [](int) { return false; };
+  ReleaseLane lanes[kLanes];
+
+  State() {
+    for (int i = 0; i < kLanes; ++i) {
+      lanes[i].device = i;
+      lanes[i].state = this;
+    }
+  }
+  ReleaseLane& lane(int device) { return lanes[lane_index(device)]; }
 };
 
 ReleaseWorker& ReleaseWorker::instance() {
@@ -99,57 +128,56 @@ void ReleaseWorker::set_capture_check(std::function<bool(int)> check) {
 
 namespace {
 
-void* worker_main(void* arg) {
-  auto* s = static_cast<ReleaseWorker::State*>(arg);
+// Frees one page with the real cudaFree on the calling thread; false when a capture is open on
+// its device (the page must wait).
+bool free_now(int device, const Page& page, std::uint64_t boundary,
+              const std::function<bool(int)>& capture_open) {
+  if (capture_open(device)) return false;
+  OwnCallScope scope(device);
+  // A device that cannot be made current: its memory is beyond our reach.
+  if (!scope.ok()) return true;
+  const cudaError_t result = own::cudaFree()(page.ptr);
+  library_freed(page.ptr, boundary);  // still counted as ours (in flight) until after this
+  if (result != cudaSuccess)
+    log_format(LogLevel::basic, "device %d: returning a page (%p) failed: CUDA error %d", device,
+               page.ptr, static_cast<int>(result));
+  return true;
+}
+
+void* lane_main(void* arg) {
+  auto* lane = static_cast<ReleaseLane*>(arg);
+  ReleaseWorker::State* s = lane->state;
   std::unique_lock<RankedMutex> lock(s->mutex);
   for (;;) {
-    if (s->queue.empty()) {
-      if (s->held_back.empty()) {
+    if (lane->queue.empty()) {
+      if (lane->held_back.empty()) {
         s->changed.wait(lock);
       } else {
         s->changed.wait_for(lock, std::chrono::milliseconds(kRetryMillis));
         // Retry the held-back pages: a capture may have ended behind the hooks' back.
-        while (!s->held_back.empty()) {
-          s->queue.push_back(s->held_back.front());
-          s->held_back.pop_front();
-        }
+        if (!lane->resetting) lane->retry_held_back();
       }
       continue;
     }
-    Page page = s->queue.front();
-    s->queue.pop_front();
-    if (page.device >= 0 && page.device < kMaxDevices && s->resetting[page.device]) {
-      s->held_back.push_back(page);  // end_reset drops it
+    Page page = lane->queue.front();
+    lane->queue.pop_front();
+    if (lane->resetting) {
+      lane->held_back.push_back(page);  // end_reset drops it
       continue;
     }
-    s->in_flight = page.ticket;
-    s->in_flight_device = page.device;
-    s->in_flight_ptr = page.ptr;
-    s->in_flight_size = page.size;
-    s->in_flight_boundary = next_foreign_free_ticket();  // before the driver's free
-    const std::uint64_t boundary = s->in_flight_boundary;
+    lane->in_flight = page.ticket;
+    lane->in_flight_ptr = page.ptr;
+    lane->in_flight_size = page.size;
+    lane->in_flight_boundary = next_foreign_free_ticket();  // before the driver's free
+    const std::uint64_t boundary = lane->in_flight_boundary;
     const std::function<bool(int)> capture_open = s->capture_open;
     lock.unlock();
-    bool freed = false;
-    if (!capture_open(page.device)) {
-      OwnCallScope scope(page.device);
-      if (scope.ok()) {
-        const cudaError_t result = own::cudaFree()(page.ptr);
-        library_freed(page.ptr, boundary);  // still counted as ours (in flight) until after this
-        freed = true;
-        if (result != cudaSuccess)
-          log_format(LogLevel::basic, "device %d: returning a page (%p) failed: CUDA error %d",
-                     page.device, page.ptr, static_cast<int>(result));
-      } else {
-        freed = true;  // the device cannot be made current: its memory is beyond our reach
-      }
-    }
+    const bool freed = free_now(lane->device, page, boundary, capture_open);
     lock.lock();
-    s->in_flight = 0;
-    s->in_flight_device = -1;
-    s->in_flight_ptr = nullptr;
-    s->in_flight_size = 0;
-    if (!freed) s->held_back.push_back(page);
+    lane->in_flight = 0;
+    lane->in_flight_ptr = nullptr;
+    lane->in_flight_size = 0;
+    if (!freed) lane->held_back.push_back(page);
     s->changed.notify_all();
   }
 }
@@ -159,19 +187,21 @@ void* worker_main(void* arg) {
 void ReleaseWorker::release(int device, void* ptr, std::uint64_t size) {
   State& s = state();
   std::lock_guard<RankedMutex> hold(s.mutex);
-  s.queue.push_back(Page{device, ptr, s.next_ticket++, size});
-  if (!s.started) {
-    s.started = true;
+  ReleaseLane& lane = s.lane(device);
+  lane.queue.push_back(Page{ptr, s.next_ticket++, size});
+  if (!lane.started) {
+    lane.started = true;
     pthread_t thread;
-    if (!start_library_thread(&worker_main, &s, &thread)) {
+    if (!start_library_thread(&lane_main, &lane, &thread)) {
       // No thread: free here, as the driver would have. Only a program that cannot create a
       // thread at all gets the synchronizing free on its own thread.
-      log_format(LogLevel::basic, "cannot start the release thread; pages are freed inline");
-      s.started = false;
-      Page page = s.queue.back();
-      s.queue.pop_back();
+      log_format(LogLevel::basic, "cannot start the release thread of device %d; pages are "
+                 "freed inline", device);
+      lane.started = false;
+      const Page page = lane.queue.back();
+      lane.queue.pop_back();
       const std::uint64_t boundary = next_foreign_free_ticket();  // before the driver's free
-      OwnCallScope scope(page.device);
+      OwnCallScope scope(device);
       if (scope.ok()) own::cudaFree()(page.ptr);
       library_freed(page.ptr, boundary);  // the library lock is held: the page counts as ours
       return;
@@ -181,85 +211,80 @@ void ReleaseWorker::release(int device, void* ptr, std::uint64_t size) {
   s.changed.notify_all();
 }
 
-bool ReleaseWorker::flush(std::uint32_t max_microseconds) {
+bool ReleaseWorker::flush(int device, std::uint32_t max_microseconds) {
   State& s = state();
   std::unique_lock<RankedMutex> lock(s.mutex);
+  ReleaseLane& lane = s.lane(device);
   const std::uint64_t target = s.next_ticket;
   // Held-back pages are tried once more now; once everything left comes back (a capture is
   // still open, a reset under way), waiting longer would not release it.
-  while (!s.held_back.empty()) {
-    s.queue.push_back(s.held_back.front());
-    s.held_back.pop_front();
-  }
+  lane.retry_held_back();
   s.changed.notify_all();
   s.changed.wait_for(lock, std::chrono::microseconds(max_microseconds), [&] {
-    return s.low_water() >= target ||
-           (s.queue.empty() && s.in_flight == 0 && !s.held_back.empty());
+    return lane.low_water(target) >= target ||
+           (lane.queue.empty() && lane.in_flight == 0 && !lane.held_back.empty());
   });
-  return s.low_water() >= target;
+  return lane.low_water(target) >= target;
 }
 
 void ReleaseWorker::wake() {
   State& s = state();
   std::lock_guard<RankedMutex> hold(s.mutex);
-  while (!s.held_back.empty()) {
-    s.queue.push_back(s.held_back.front());
-    s.held_back.pop_front();
-  }
+  for (ReleaseLane& lane : s.lanes)
+    if (!lane.resetting) lane.retry_held_back();
   s.changed.notify_all();
 }
 
 void ReleaseWorker::begin_reset(int device) {
-  if (device < 0 || device >= kMaxDevices) return;
+  if (!in_range(device)) return;
   State& s = state();
   std::unique_lock<RankedMutex> lock(s.mutex);
-  s.resetting[device] = true;
-  std::erase_if(s.queue, [&](const Page& p) { return p.device == device; });
-  std::erase_if(s.held_back, [&](const Page& p) { return p.device == device; });
-  s.changed.wait(lock, [&] { return s.in_flight_device != device; });
+  ReleaseLane& lane = s.lane(device);
+  lane.resetting = true;
+  lane.queue.clear();
+  lane.held_back.clear();
+  s.changed.wait(lock, [&] { return lane.in_flight == 0; });
   s.changed.notify_all();
 }
 
 void ReleaseWorker::end_reset(int device) {
-  if (device < 0 || device >= kMaxDevices) return;
+  if (!in_range(device)) return;
   State& s = state();
   std::lock_guard<RankedMutex> hold(s.mutex);
-  s.resetting[device] = false;
-  std::erase_if(s.queue, [&](const Page& p) { return p.device == device; });
-  std::erase_if(s.held_back, [&](const Page& p) { return p.device == device; });
+  ReleaseLane& lane = s.lane(device);
+  lane.resetting = false;
+  lane.queue.clear();
+  lane.held_back.clear();
   s.changed.notify_all();
 }
 
 bool ReleaseWorker::owns(const void* ptr, std::uint64_t ticket) const {
   State& s = state();
   std::lock_guard<RankedMutex> hold(s.mutex);
-  if (s.in_flight_ptr == ptr && ticket < s.in_flight_boundary) return true;
-  for (const Page& p : s.queue)
-    if (p.ptr == ptr) return true;
-  for (const Page& p : s.held_back)
-    if (p.ptr == ptr) return true;
+  for (const ReleaseLane& lane : s.lanes) {
+    if (lane.in_flight_ptr == ptr && ticket < lane.in_flight_boundary) return true;
+    for (const Page& p : lane.queue)
+      if (p.ptr == ptr) return true;
+    for (const Page& p : lane.held_back)
+      if (p.ptr == ptr) return true;
+  }
   return false;
-}
-
-std::uint64_t ReleaseWorker::waiting() const {
-  State& s = state();
-  std::lock_guard<RankedMutex> hold(s.mutex);
-  return s.queue.size() + s.held_back.size();
 }
 
 std::uint64_t ReleaseWorker::waiting_bytes(int device) const {
   State& s = state();
   std::lock_guard<RankedMutex> hold(s.mutex);
-  std::uint64_t bytes = s.in_flight_device == device ? s.in_flight_size : 0;
-  for (const Page& p : s.queue) bytes += p.device == device ? p.size : 0;
-  for (const Page& p : s.held_back) bytes += p.device == device ? p.size : 0;
+  const ReleaseLane& lane = s.lane(device);
+  std::uint64_t bytes = lane.in_flight_size;
+  for (const Page& p : lane.queue) bytes += p.size;
+  for (const Page& p : lane.held_back) bytes += p.size;
   return bytes;
 }
 
-std::uint64_t ReleaseWorker::in_flight() const {
+std::uint64_t ReleaseWorker::in_flight(int device) const {
   State& s = state();
   std::lock_guard<RankedMutex> hold(s.mutex);
-  return s.in_flight;
+  return s.lane(device).in_flight;
 }
 
 }  // namespace poolcuda

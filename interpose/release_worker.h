@@ -1,5 +1,5 @@
-// The release worker: one thread of the library's own that hands pages the pools gave up back
-// to the driver (Note [Release worker] in release_worker.cpp). The real cudaFree synchronizes
+// The release worker: threads of the library's own, one per device, that hand pages the pools
+// gave up back to the driver (Note [Release worker] in release_worker.cpp). The real cudaFree synchronizes
 // the device, so it must never run on a thread that is allocating: a program may park a stream
 // on a host function that only the allocating thread will release.
 //
@@ -13,8 +13,8 @@ namespace poolcuda {
 
 class ReleaseWorker {
  public:
-  // The one worker of the process (allocated once, never destroyed; its thread starts at the
-  // first release).
+  // The one worker of the process (allocated once, never destroyed; a device's thread starts at
+  // its first release).
   static ReleaseWorker& instance();
 
   // Asks whether a stream capture is open on a device: the driver free would invalidate it, so
@@ -25,9 +25,10 @@ class ReleaseWorker {
   // real cudaFree. Returns at once.
   void release(int device, void* ptr, std::uint64_t size);
 
-  // Waits at most `max_microseconds` until every page queued before the call has reached the
-  // driver; true when it has. Pages held back by an open capture count as not yet released.
-  bool flush(std::uint32_t max_microseconds);
+  // Waits at most `max_microseconds` until every page of `device` queued before the call has
+  // reached the driver; true when it has. Pages held back by an open capture count as not yet
+  // released.
+  bool flush(int device, std::uint32_t max_microseconds);
 
   // A capture ended: pages held back may go now.
   void wake();
@@ -45,15 +46,12 @@ class ReleaseWorker {
   // [Foreign frees] in foreign_frees.cpp).
   bool owns(const void* ptr, std::uint64_t ticket) const;
 
-  // Pages queued or held back now (reports and tests).
-  std::uint64_t waiting() const;
-
   // Bytes of `device` queued, held back or being freed now: memory the driver will get back.
   std::uint64_t waiting_bytes(int device) const;
 
-  // The ticket of the page inside the driver's free now (every page queued gets a new one), or
-  // 0 when none is.
-  std::uint64_t in_flight() const;
+  // The ticket of `device`'s page inside the driver's free now (every page queued gets a new
+  // one), or 0 when none is.
+  std::uint64_t in_flight(int device) const;
 
   struct State;  // release_worker.cpp
 

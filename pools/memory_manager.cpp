@@ -399,9 +399,9 @@ bool MemoryManager::Impl::wait_for_oldest_fence(Scope& scope,
 // whose cores the program keeps busy, and the next growth waits again, which gives it one.
 // (Remembering every run-out until fewer bytes were on their way stopped all waits under such load,
 // and the backlog grew again: with two threads spinning beside it the training trace reached 3.2
-// times its peak live bytes; remembering any run-out with one release inside throughout, 2.0.) The
-// release thread serves every device, so the wait is for all queued pages; a run-out while none of
-// this device's are queued is not remembered. Hits never pay for any of it: only a growth reads the
+// times its peak live bytes; remembering any run-out with one release inside throughout, 2.0.) Each
+// device has its own release thread, so the wait is for this device's queued pages only; a run-out
+// with none of them left queued (only held back by a capture) is not remembered. Hits never pay for any of it: only a growth reads the
 // backlog, and it asks whether a capture is open only once the backlog is over the bound.
 
 bool MemoryManager::Impl::releases_stuck() {
@@ -426,8 +426,8 @@ void MemoryManager::Impl::flush_before_growth(Scope& scope, std::uint32_t* budge
   const auto spent = std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - start);
   *budget_us = spent.count() < *budget_us ? *budget_us - static_cast<std::uint32_t>(spent.count())
                                           : 0;
-  // The release thread's flush waits for every device's pages: a run-out with none of this
-  // device's on the way says nothing about them, and is not remembered.
+  // A run-out with none of this device's pages on the way, or only pages a capture holds back,
+  // says nothing about a parked stream, and is not remembered.
   if (flushed || in_flight == 0 || device.releasing_bytes() == 0 || device.capture_active()) {
     growth_wait_stuck.reset();
     return;
@@ -887,9 +887,7 @@ Route MemoryManager::Impl::recover_from_oom(Scope& scope, std::uint64_t size,
     counted.done();
     extra_rounds = kOomExtraRounds;
     // Pages held back by an open capture reach the driver once it ends, not behind a parked
-    // stream: a recovery after the capture must wait for them again. And the flush waits for
-    // every device's pages: a run-out with none of this device's on the way says nothing about
-    // them.
+    // stream: a recovery after the capture must wait for them again.
     const std::uint64_t still = device.releasing_bytes();
     if (still != 0 && !device.capture_active())
       shards->flush_stuck_releasing.store(still, std::memory_order_relaxed);

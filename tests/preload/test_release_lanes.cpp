@@ -1,0 +1,70 @@
+// Preload test: each device's pages reach the driver on a release thread of its own. Device 1
+// has a stream parked on a host function while one of its idle pages goes back: the driver's
+// free of that page waits for every stream of device 1, so it stays under way for as long as
+// the park. Device 0 meanwhile needs one of its own idle pages back at the driver before a large
+// allocation fits. Plain CUDA's free on device 0 never waits for device 1, so the allocation
+// must succeed while device 1 is still parked (with one release thread for both devices it
+// waited behind device 1's free until out-of-memory recovery gave up). Skipped with fewer than
+// two devices. Run with two devices of 1 GiB each, under free_fence:none.
+#include <chrono>
+#include <thread>
+
+#include "check.h"
+
+namespace {
+
+constexpr std::size_t kMiB = std::size_t{1} << 20;
+
+}  // namespace
+
+int main() {
+  preload_test::require_preloaded();
+  int count = 0;
+  CHECK_CUDA(cudaGetDeviceCount(&count));
+  if (count < 2) preload_test::skip("needs two devices");
+
+  // Device 1: a stream parked, then an idle 256 MiB page (a host function gives idle pages back
+  // before it parks, so the page is made after the park; free_fence:none makes it idle at once).
+  CHECK_CUDA(cudaSetDevice(1));
+  cudaStream_t parked = nullptr;
+  CHECK_CUDA(cudaStreamCreateWithFlags(&parked, cudaStreamNonBlocking));
+  preload_test::Gate gate;
+  gate.limit_seconds = 60;
+  CHECK_CUDA(cudaLaunchHostFunc(parked, &preload_test::wait_at_gate, &gate));
+  while (!gate.entered.load()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  void* keep1 = nullptr;
+  void* idle1 = nullptr;
+  CHECK_CUDA(cudaMalloc(&keep1, 64 * kMiB));
+  CHECK_CUDA(cudaMalloc(&idle1, 256 * kMiB));
+  CHECK_CUDA(cudaFree(idle1));
+
+  // A growth past the held bound gives the idle page back: its driver free now waits for the
+  // parked stream.
+  void* grown1 = nullptr;
+  CHECK_CUDA(cudaMalloc(&grown1, 320 * kMiB));
+
+  // Device 0: 600 MiB freed, then 700 MiB asked for. Both fit the device only once the first
+  // page has reached the driver.
+  CHECK_CUDA(cudaSetDevice(0));
+  void* first0 = nullptr;
+  CHECK_CUDA(cudaMalloc(&first0, 600 * kMiB));
+  CHECK_CUDA(cudaFree(first0));
+  CHECK_CUDA(cudaDeviceSynchronize());
+  void* second0 = nullptr;
+  const cudaError_t result = cudaMalloc(&second0, 700 * kMiB);
+  CHECK_CUDA(cudaSetDevice(1));
+  const bool still_parked = cudaStreamQuery(parked) == cudaErrorNotReady;
+  gate.open.store(true);
+  CHECK_CUDA(result);
+  CHECK_MSG(still_parked, "device 0's allocation waited for device 1's park");
+
+  CHECK_CUDA(cudaSetDevice(0));
+  CHECK_CUDA(cudaFree(second0));
+
+  CHECK_CUDA(cudaSetDevice(1));
+  CHECK_CUDA(cudaStreamSynchronize(parked));
+  CHECK_CUDA(cudaFree(grown1));
+  CHECK_CUDA(cudaFree(keep1));
+  CHECK_CUDA(cudaStreamDestroy(parked));
+  return 0;
+}
