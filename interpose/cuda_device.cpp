@@ -150,6 +150,22 @@ cudaEvent_t CudaDevice::take_event() {
   return event;
 }
 
+CudaDevice::Fence* CudaDevice::new_fence() {
+  Fence* fence = nullptr;
+  std::uint64_t generation = 0;
+  {
+    std::lock_guard<RankedMutex> hold(mutex_);
+    generation = generation_;
+    if (!fences_.empty()) {
+      fence = fences_.back();
+      fences_.pop_back();
+    }
+  }
+  if (fence == nullptr) fence = new Fence;
+  fence->generation = generation;
+  return fence;
+}
+
 void CudaDevice::recycle(Fence* fence) {
   std::lock_guard<RankedMutex> hold(mutex_);
   // Events from before a device reset are dead: never reuse them (forget_events).
@@ -232,19 +248,7 @@ FenceHandle CudaDevice::fence_record() {
   auto table = streams_.lock();
   if (capture_open()) return kNoFence;
 
-  Fence* fence = nullptr;
-  std::uint64_t generation = 0;
-  {
-    std::lock_guard<RankedMutex> hold(mutex_);
-    generation = generation_;
-    if (!fences_.empty()) {
-      fence = fences_.back();
-      fences_.pop_back();
-    }
-  }
-  if (fence == nullptr) fence = new Fence;
-  fence->generation = generation;
-
+  Fence* fence = new_fence();
   auto record = [&](cudaStream_t stream) {
     cudaEvent_t event = take_event();
     if (event == nullptr) return cudaErrorMemoryAllocation;
@@ -271,6 +275,32 @@ FenceHandle CudaDevice::fence_record() {
   {
     std::lock_guard<RankedMutex> hold(mutex_);
     if (!tails_.empty()) prune_tails(&fence->tails);  // Note [Destroyed streams]
+  }
+  return reinterpret_cast<FenceHandle>(fence);
+}
+
+FenceHandle CudaDevice::fence_record_on(StreamToken token) {
+  const auto stream = reinterpret_cast<cudaStream_t>(token);
+  OwnCallScope scope(device_);
+  if (!scope.ok()) return kNoFence;  // Note [Own calls]
+  auto table = streams_.lock();
+  if (stream != cudaStreamLegacy && stream != cudaStreamPerThread) {
+    bool mine = false;
+    for (const TrackedStream& tracked : streams_.streams()) {
+      if (tracked.stream == stream) {
+        mine = tracked.device == device_;
+        break;
+      }
+    }
+    if (!mine) return kNoFence;
+  }
+  if (capture_open()) return kNoFence;
+  Fence* fence = new_fence();
+  cudaEvent_t event = take_event();
+  if (event != nullptr) fence->events.push_back(event);
+  if (event == nullptr || own::cudaEventRecord()(event, stream) != cudaSuccess) {
+    recycle(fence);
+    return kNoFence;
   }
   return reinterpret_cast<FenceHandle>(fence);
 }

@@ -41,6 +41,9 @@ class CudaDevice final : public Device {
   DeviceMemoryInfo memory_info() override;
   std::uint64_t alignment() const override { return kAlignment; }
   FenceHandle fence_record() override;
+  // On cudaStreamLegacy, cudaStreamPerThread (both this device's) or a stream the table holds
+  // for this device; kNoFence for any other (a record there fails).
+  FenceHandle fence_record_on(StreamToken stream) override;
   bool fence_passed(FenceHandle fence) override;
   void fence_wait(FenceHandle fence) override;
   void fence_destroy(FenceHandle fence) override;
@@ -74,6 +77,7 @@ class CudaDevice final : public Device {
   struct Fence;
 
   cudaEvent_t take_event();
+  Fence* new_fence();  // a recycled or new record, of this generation, with no events
   void recycle(Fence* fence);
   void prune_tails(std::vector<cudaEvent_t>* pending);
   bool capture_open();

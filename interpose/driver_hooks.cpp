@@ -23,8 +23,13 @@ namespace {
 cudaStream_t as_runtime(CUstream stream) { return reinterpret_cast<cudaStream_t>(stream); }
 void* as_pointer(CUdeviceptr dptr) { return reinterpret_cast<void*>(dptr); }
 
-pooling::Freed release(const driver::CurrentContext& ctx, CUdeviceptr dptr) {
-  if (ctx.primary) return pooling::release(ctx.device, as_pointer(dptr));
+// `stream`: a stream-ordered free's stream as the runtime names it, used only in the primary
+// context (the runtime's streams live there).
+pooling::Freed release(const driver::CurrentContext& ctx, CUdeviceptr dptr,
+                       cudaStream_t stream = nullptr) {
+  if (ctx.primary) {
+    return pooling::release(ctx.device, as_pointer(dptr), reinterpret_cast<StreamToken>(stream));
+  }
   driver::PrimaryScope scope(ctx.device);
   if (!scope.ok()) return {};  // no pools alive there: the real free answers
   return pooling::release(ctx.device, as_pointer(dptr));
@@ -116,7 +121,7 @@ CUresult mem_free_async(CUdeviceptr dptr, CUstream stream, bool per_thread) {
     return CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
   // A free captured into a graph may name a graph memory node's address: the real call decides,
   // as for cudaFreeAsync (hooks.cpp).
-  const pooling::Freed freed = release(ctx, dptr);
+  const pooling::Freed freed = release(ctx, dptr, named == nullptr ? cudaStreamLegacy : named);
   if (freed.outcome == FreeOutcome::not_mine && hooks::capturing(named)) {
     const CUresult result = real_call();
     if (result == CUDA_SUCCESS && ctx.primary) pooling::forwarded_free(ctx.device, as_pointer(dptr));

@@ -161,10 +161,9 @@ cudaError_t free(void* ptr) {
   }
 }
 
-// cudaFreeAsync of pooled memory: the program promises that no work ordered after the free on
-// `stream` uses it; work ordered before it is exactly what a free fence waits for (the fence of
-// the epoch the slice joins is recorded later, on the streams Note [Fence streams] names), so
-// the slice takes the same path as a cudaFree. Memory from cudaMallocAsync and anything else
+// cudaFreeAsync of pooled memory: the program promises that every use of it, on any stream, is
+// ordered before the free on `stream`, so under fenced reuse the slice waits for a fence on that
+// stream alone (Note [Stream-ordered frees] in pools/memory_manager.cpp). Memory from cudaMallocAsync and anything else
 // the pools do not own goes to the real call. On a stream whose capture an earlier call
 // invalidated, the free fails with cudaErrorStreamCaptureInvalidated and frees nothing, as the
 // plain call does (the program then frees the memory some other way).
@@ -177,7 +176,9 @@ cudaError_t free_async(void* ptr, cudaStream_t stream, bool per_thread) {
   const int device = current_device();
   const cudaStream_t named = per_thread && stream == nullptr ? cudaStreamPerThread : stream;
   if (capture_invalidated(device, named)) return refuse_on_invalidated_capture(named);
-  const pooling::Freed freed = pooling::release(device, ptr);
+  const cudaStream_t ordered_on = named == nullptr ? cudaStreamLegacy : named;
+  const pooling::Freed freed =
+      pooling::release(device, ptr, reinterpret_cast<StreamToken>(ordered_on));
   switch (freed.outcome) {
     case FreeOutcome::freed:
       return cudaSuccess;

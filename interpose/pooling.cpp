@@ -56,12 +56,13 @@ namespace {
 
 // A pooled pointer goes back to its device's pools (through the capture policy while it routes
 // frees); anything else answers `not_mine`.
-FreeOutcome free_on(Registry& registry, int device, DevicePtr address) {
+FreeOutcome free_on(Registry& registry, int device, DevicePtr address,
+                    StreamToken stream = kNoStream) {
   MemoryManager* manager = registry.manager(device);
   if (manager == nullptr) return FreeOutcome::not_mine;
   CapturePolicy& capture = *registry.capture(device);
   if (capture.releases_pending()) capture.drain_releases();  // Note [Graph lifetimes]
-  return capture.routes_frees() ? capture.free(address) : manager->free(address);
+  return capture.routes_frees() ? capture.free(address) : manager->free(address, stream);
 }
 
 // A managed slab allocation goes back to its chain: the device's own first, then every other.
@@ -173,7 +174,7 @@ void before_host_function() {
   }
 }
 
-Freed release(int device, const void* ptr) {
+Freed release(int device, const void* ptr, StreamToken stream) {
   Registry& registry = Registry::instance();
   const auto address = reinterpret_cast<DevicePtr>(ptr);
   Freed freed;
@@ -181,7 +182,7 @@ Freed release(int device, const void* ptr) {
   // Managed slabs first: a range test per slab, no lock.
   freed.outcome = free_managed(registry, device, address, &freed.owner);
   if (freed.outcome != FreeOutcome::not_mine) return freed;
-  freed.outcome = free_on(registry, device, address);
+  freed.outcome = free_on(registry, device, address, stream);
   // A pointer allocated on another device may be freed with any device current.
   for (int other = 0; freed.outcome == FreeOutcome::not_mine && other < Registry::kMaxDevices;
        ++other) {

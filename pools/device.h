@@ -92,6 +92,16 @@ class Device {
   // keeps its epoch open and tries again later. Never blocks.
   virtual FenceHandle fence_record() = 0;
 
+  // Records a fence after all work issued so far on `stream` alone, from the calling thread
+  // (a per-thread default stream is the caller's): what a stream-ordered free waits for (Note
+  // [Stream-ordered frees] in memory_manager.cpp). kNoFence when it cannot now (a capture is
+  // open, the stream is unknown or of another device); the caller then fences the free as any
+  // other. Never blocks. The default: never.
+  virtual FenceHandle fence_record_on(StreamToken stream) {
+    (void)stream;
+    return kNoFence;
+  }
+
   // True once the device has executed past the fence. Never blocks. During capture: allowed.
   virtual bool fence_passed(FenceHandle fence) = 0;
 

@@ -4,7 +4,9 @@
 // A thread that must wait for a fence borrows a ticket for the oldest closed epoch, releases the
 // manager's lock, waits, and hands the ticket back under the lock: a ticketed fence is never
 // destroyed while it is waited on, even if the epoch is reaped or forgotten meanwhile
-// (Note [Outside the lock] in memory_manager.cpp).
+// (Note [Outside the lock] in memory_manager.cpp). A stream-ordered free waits apart, in its
+// stream's lane, for the fence recorded on that stream alone at its free (Note [Stream-ordered
+// frees] in memory_manager.cpp); a lane is reaped oldest first too.
 // Not thread-safe: the MemoryManager's lock covers it. Depends on pool.h and device.h.
 #pragma once
 
@@ -37,13 +39,34 @@ class FenceQueue {
     open_.bytes += slice->size;
   }
 
+  // Adds `slice`, freed in the order of `stream`, whose own fence was recorded on that stream
+  // at the free: it waits for that fence alone.
+  void add_ordered(Slice* slice, FenceHandle fence, StreamToken stream) {
+    slice->next_pending = nullptr;
+    Epoch epoch;
+    epoch.id = next_id_++;
+    epoch.fence = fence;
+    epoch.head = epoch.tail = slice;
+    epoch.count = 1;
+    epoch.bytes = slice->size;
+    for (StreamLane& lane : lanes_) {
+      if (lane.stream == stream) {
+        lane.frees.push_back(epoch);
+        return;
+      }
+    }
+    lanes_.push_back(StreamLane{stream, {epoch}});
+  }
+
   std::uint32_t open_count() const { return open_.count; }
   std::uint64_t open_bytes() const { return open_.bytes; }
-  bool any() const { return open_.count != 0 || !closed_.empty(); }
+  // Lanes are dropped once empty: one in the list holds a free.
+  bool any() const { return open_.count != 0 || !closed_.empty() || !lanes_.empty(); }
   // Whether the open epoch holds any free, readable without the manager's lock (a hint: a
   // caller that sees true takes the lock and looks again).
   bool open_hint() const { return open_published_.load(std::memory_order_relaxed); }
-  bool any_closed() const { return !closed_.empty(); }
+  // Whether any free waits for a fence already recorded.
+  bool any_closed() const { return !closed_.empty() || !lanes_.empty(); }
 
   // Closes the open epoch with a fence. False when it is empty or the device refused a fence
   // (kNoFence: the epoch stays open and is retried at the next close).
@@ -61,20 +84,31 @@ class FenceQueue {
 
   // Gives back the slices of every closed epoch whose fence has passed, oldest first, and stops
   // at the first that has not (a later fence never passes before an earlier one: each is
-  // recorded after all work issued before it). Never blocks. Returns slices given back.
+  // recorded after all work issued before it); then each stream lane's the same way (two
+  // threads' frees on one stream may join it out of order: that only delays the later one).
+  // Never blocks. Returns slices given back.
   template <typename GiveBack>
   std::uint64_t reap(Device& device, GiveBack&& give_back) {
     std::uint64_t returned = 0;
     while (!closed_.empty() && device.fence_passed(closed_.front().fence))
-      returned += retire_front(device, give_back);
+      returned += retire_front(device, closed_, give_back);
+    for (StreamLane& lane : lanes_) {
+      while (!lane.frees.empty() && device.fence_passed(lane.frees.front().fence))
+        returned += retire_front(device, lane.frees, give_back);
+    }
+    std::erase_if(lanes_, [](const StreamLane& lane) { return lane.frees.empty(); });
     return returned;
   }
 
-  // A ticket for the oldest closed epoch, or an empty one when none is closed.
+  // A ticket for the oldest fence recorded (a closed epoch's or a stream lane's), or an empty
+  // one when none is.
   FenceTicket borrow_oldest() {
-    if (closed_.empty()) return {};
-    ++closed_.front().waiters;
-    return FenceTicket{closed_.front().id, closed_.front().fence};
+    Epoch* oldest = closed_.empty() ? nullptr : &closed_.front();
+    for (StreamLane& lane : lanes_)
+      if (oldest == nullptr || lane.frees.front().id < oldest->id) oldest = &lane.frees.front();
+    if (oldest == nullptr) return {};
+    ++oldest->waiters;
+    return FenceTicket{oldest->id, oldest->fence};
   }
 
   // Hands a ticket back. If its epoch was retired or forgotten while it was out and this was
@@ -84,6 +118,14 @@ class FenceQueue {
       if (epoch.id == ticket.epoch) {
         --epoch.waiters;
         return;
+      }
+    }
+    for (StreamLane& lane : lanes_) {
+      for (Epoch& epoch : lane.frees) {
+        if (epoch.id == ticket.epoch) {
+          --epoch.waiters;
+          return;
+        }
       }
     }
     for (auto it = lingering_.begin(); it != lingering_.end(); ++it) {
@@ -101,9 +143,12 @@ class FenceQueue {
   // call.
   void forget(Device& device) {
     for (const Epoch& epoch : closed_) drop_fence(device, epoch);
+    for (const StreamLane& lane : lanes_)
+      for (const Epoch& epoch : lane.frees) drop_fence(device, epoch);
     open_ = Epoch{};
     open_published_.store(false, std::memory_order_relaxed);
     closed_.clear();
+    lanes_.clear();
   }
 
   template <typename Fn>
@@ -111,6 +156,9 @@ class FenceQueue {
     for (Slice* s = open_.head; s != nullptr; s = s->next_pending) fn(s);
     for (const Epoch& e : closed_)
       for (Slice* s = e.head; s != nullptr; s = s->next_pending) fn(s);
+    for (const StreamLane& lane : lanes_)
+      for (const Epoch& e : lane.frees)
+        for (Slice* s = e.head; s != nullptr; s = s->next_pending) fn(s);
   }
 
  private:
@@ -122,6 +170,11 @@ class FenceQueue {
     std::uint32_t count = 0;
     std::uint32_t waiters = 0;  // tickets out
     std::uint64_t bytes = 0;
+  };
+  // The stream-ordered frees of one stream, oldest first; each is an epoch of one slice.
+  struct StreamLane {
+    StreamToken stream;
+    std::deque<Epoch> frees;
   };
   struct Lingering {
     std::uint64_t epoch;
@@ -138,9 +191,9 @@ class FenceQueue {
   }
 
   template <typename GiveBack>
-  std::uint64_t retire_front(Device& device, GiveBack& give_back) {
-    Epoch epoch = closed_.front();
-    closed_.pop_front();
+  std::uint64_t retire_front(Device& device, std::deque<Epoch>& epochs, GiveBack& give_back) {
+    Epoch epoch = epochs.front();
+    epochs.pop_front();
     drop_fence(device, epoch);
     for (Slice* s = epoch.head; s != nullptr;) {
       Slice* next = s->next_pending;  // give_back may recycle s
@@ -152,6 +205,7 @@ class FenceQueue {
 
   Epoch open_;
   std::deque<Epoch> closed_;
+  std::vector<StreamLane> lanes_;  // only lanes that hold a free
   std::vector<Lingering> lingering_;  // retired or forgotten while a ticket was out
   std::uint64_t next_id_ = 1;
   std::atomic<bool> open_published_{false};  // open_.count != 0, for open_hint()

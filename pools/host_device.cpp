@@ -74,11 +74,35 @@ FenceHandle HostDevice::fence_record() {
   return fence;
 }
 
+FenceHandle HostDevice::fence_record_on(StreamToken stream) {
+  std::lock_guard lock(mutex_);
+  ++calls_.fence_record;
+  enter("fence_record_on");
+  if (capture_open_) return kNoFence;
+  const FenceHandle fence = next_fence_++;
+  live_fences_.insert(fence);
+  if (parked_streams_.count(stream) == 0) {
+    passed_apart_.insert(fence);
+  } else if (fence_mode_ == FenceMode::immediate) {
+    completed_upto_ = fence;
+  }
+  return fence;
+}
+
+void HostDevice::park_stream(StreamToken stream) {
+  std::lock_guard lock(mutex_);
+  parked_streams_.insert(stream);
+}
+
 bool HostDevice::fence_passed(FenceHandle fence) {
   std::lock_guard lock(mutex_);
   ++calls_.fence_passed;
   enter("fence_passed");
-  return fence <= completed_upto_;
+  return passed_locked(fence);
+}
+
+bool HostDevice::passed_locked(FenceHandle fence) const {
+  return fence <= completed_upto_ || passed_apart_.count(fence) != 0;
 }
 
 void HostDevice::fence_wait(FenceHandle fence) {
@@ -86,7 +110,7 @@ void HostDevice::fence_wait(FenceHandle fence) {
   ++calls_.fence_wait;
   enter("fence_wait");
   if (fence_mode_ == FenceMode::parked) {
-    fences_completed_.wait(lock, [&] { return fence <= completed_upto_; });
+    fences_completed_.wait(lock, [&] { return passed_locked(fence); });
     return;
   }
   // The device runs to the fence: it and every earlier fence pass.
@@ -99,7 +123,7 @@ bool HostDevice::fence_wait_for(FenceHandle fence, std::uint32_t max_microsecond
   enter("fence_wait_for");
   if (fence_mode_ == FenceMode::on_wait && fence > completed_upto_) completed_upto_ = fence;
   return fences_completed_.wait_for(lock, std::chrono::microseconds(max_microseconds),
-                                    [&] { return fence <= completed_upto_; });
+                                    [&] { return passed_locked(fence); });
 }
 
 void HostDevice::fence_destroy(FenceHandle fence) {
@@ -107,6 +131,7 @@ void HostDevice::fence_destroy(FenceHandle fence) {
   ++calls_.fence_destroy;
   enter("fence_destroy");
   live_fences_.erase(fence);
+  passed_apart_.erase(fence);
 }
 
 void HostDevice::synchronize() {

@@ -54,6 +54,9 @@ class HostDevice final : public Device {
   DeviceMemoryInfo memory_info() override;
   std::uint64_t alignment() const override;
   FenceHandle fence_record() override;
+  // A fence on one stream: passed at once unless park_stream() parked that stream, whose
+  // fences then pass as fence_record()'s do (the fence mode). Counted as a fence_record call.
+  FenceHandle fence_record_on(StreamToken stream) override;
   bool fence_passed(FenceHandle fence) override;
   void fence_wait(FenceHandle fence) override;
   bool fence_wait_for(FenceHandle fence, std::uint32_t max_microseconds) override;
@@ -73,6 +76,7 @@ class HostDevice final : public Device {
   std::uint64_t forbidden_calls() const;
   void set_fence_mode(FenceMode mode);
   void complete_fences();  // every fence recorded so far has passed; wakes fence waits
+  void park_stream(StreamToken stream);  // its fence_record_on() fences follow the fence mode
   // A stream capture opens or ends: while open, fence_record() returns kNoFence,
   // capture_active() is true, and synchronize() counts in synchronize_during_capture() (a
   // real device-wide synchronize would invalidate the capture).
@@ -88,6 +92,7 @@ class HostDevice final : public Device {
 
  private:
   void enter(const char* method) const;  // called with mutex_ held
+  bool passed_locked(FenceHandle fence) const;  // called with mutex_ held
 
   struct Block {
     void* base;
@@ -112,6 +117,8 @@ class HostDevice final : public Device {
   FenceHandle next_fence_ = 1;
   FenceHandle completed_upto_ = 0;
   std::set<FenceHandle> live_fences_;
+  std::set<StreamToken> parked_streams_;
+  std::set<FenceHandle> passed_apart_;  // stream fences of streams not parked: passed at once
   std::uint64_t bad_releases_ = 0;
   mutable Calls calls_;
 };

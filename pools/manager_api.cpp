@@ -206,12 +206,12 @@ Reservation MemoryManager::Impl::reserve(std::uint64_t size, Placement placement
   return Reservation{r.slice->ptr, Error{}, r.grew};
 }
 
-FreeOutcome MemoryManager::free(DevicePtr ptr) {
+FreeOutcome MemoryManager::free(DevicePtr ptr, StreamToken stream) {
   Shards& s = *shards_;
   const std::uint32_t n = s.count();
   if (n == 1) {
     // A shard made meanwhile may have taken the pointer's page: then look in every shard.
-    const FreeOutcome outcome = s.at(0).free_pointer(ptr);
+    const FreeOutcome outcome = s.at(0).free_pointer(ptr, stream);
     if (outcome != FreeOutcome::not_mine || s.count() == 1) return outcome;
   }
   // Each pointer lies in the pages of one shard at most: the calling thread's own first. Only
@@ -223,9 +223,9 @@ FreeOutcome MemoryManager::free(DevicePtr ptr) {
   for (int pass = 1;; ++pass) {
     const std::uint64_t moves = s.pages_moved.load(std::memory_order_acquire);
     const std::uint32_t shards_now = s.count();  // one made meanwhile may hold a lent page
-    FreeOutcome outcome = s.at(first).free_pointer(ptr);
+    FreeOutcome outcome = s.at(first).free_pointer(ptr, stream);
     for (std::uint32_t k = 0; k < shards_now && outcome == FreeOutcome::not_mine; ++k)
-      if (k != first) outcome = s.at(k).free_pointer(ptr);
+      if (k != first) outcome = s.at(k).free_pointer(ptr, stream);
     // A few passes: each one needs another page lent during it.
     if (outcome != FreeOutcome::not_mine || pass == 4 ||
         s.pages_moved.load(std::memory_order_acquire) == moves)
@@ -233,7 +233,7 @@ FreeOutcome MemoryManager::free(DevicePtr ptr) {
   }
 }
 
-FreeOutcome MemoryManager::Impl::free_pointer(DevicePtr ptr) {
+FreeOutcome MemoryManager::Impl::free_pointer(DevicePtr ptr, StreamToken stream) {
   if (ptr != 0 && caches_open.load(std::memory_order_acquire)) {
     if (ThreadCache* cache = find_thread_cache(id)) {
       switch (cache->give(ptr, caches_open)) {
@@ -257,7 +257,7 @@ FreeOutcome MemoryManager::Impl::free_pointer(DevicePtr ptr) {
   if (slice->pins > 0) {
     slice->page->pool->to_held(slice);
   } else {
-    retire(slice);
+    retire(slice, stream);
   }
   trace(LogEvent::Kind::free, 0, ptr, nullptr);
   finish_sync_frees(scope);

@@ -222,7 +222,7 @@ struct MemoryManager::Impl {
   Reservation reserve(std::uint64_t size, Placement placement, const std::atomic<bool>* gate,
                       const ShardHome* thread, bool home, bool last_try, ReserveNotes& notes);
   // Frees `ptr` when it lies in this shard's pages; not_mine (nothing changed) otherwise.
-  FreeOutcome free_pointer(DevicePtr ptr);
+  FreeOutcome free_pointer(DevicePtr ptr, StreamToken stream);
   // give_back_all() for this shard.
   GiveBack give_back(std::uint32_t max_microseconds);
 
@@ -271,7 +271,8 @@ struct MemoryManager::Impl {
   // Pages ever handed to Device::release by every shard (Note [Out of memory among threads]).
   std::uint64_t pages_handed_everywhere() const;
   Route recover_from_oom(Scope& scope, std::uint64_t size, Placement placement);
-  void retire(Slice* slice);  // live/held -> pending or free, by the fence mode
+  // live/held -> pending or free, by the fence mode; `stream`: freed in that stream's order.
+  void retire(Slice* slice, StreamToken stream = kNoStream);
   void close_epoch();
   // close_epoch(), then takes back what fences passed earlier (cleanups, recovery).
   void close_and_reap();

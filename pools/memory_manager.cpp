@@ -73,6 +73,21 @@
 // free synchronizes after releasing the lock and gives back, in free order, every slice freed
 // before its synchronize began.
 //
+// Note [Stream-ordered frees]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// A stream-ordered free (cudaFreeAsync(ptr, s)) promises more than a cudaFree: every use of the
+// memory, on any stream, is ordered before the free on s (the program must make other streams'
+// uses wait for events s waits on). So once s has run past the free nothing can touch the
+// memory, whatever other streams do. An epoch's fence, recorded on every stream, would wait
+// also for streams the free never depended on: one parked on a host function for seconds kept
+// such memory pending, and an allocation that needed it failed where the plain run succeeded.
+// Under fenced reuse such a free therefore records a fence on s alone, at the free, on the
+// freeing thread (a per-thread default stream is that thread's), and the slice waits for that
+// fence in s's lane of the FenceQueue (free_fences.h); reaping, the bound and recovery's waits
+// treat it as any closed epoch's. One fence per free: a cudaFreeAsync already puts an operation
+// on the stream. When Device::fence_record_on cannot record (a capture is open, the stream is
+// unknown or of another device) the free joins the open epoch as a cudaFree's would.
+//
 // Note [Outside the lock]
 // ~~~~~~~~~~~~~~~~~~~~~~~
 // The manager's lock is the one lock of the hot path, so nothing that can wait for the device
@@ -1002,7 +1017,7 @@ void MemoryManager::Impl::wait_for_recoveries(Scope& scope) {
 
 // --- Free path -----------------------------------------------------------------------------------
 
-void MemoryManager::Impl::retire(Slice* slice) {
+void MemoryManager::Impl::retire(Slice* slice, StreamToken stream) {
   // Written only under the lock: a plain increment, not a locked one, on every free.
   frees.store(frees.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
   Pool* pool = slice->page->pool;
@@ -1028,6 +1043,14 @@ void MemoryManager::Impl::retire(Slice* slice) {
       [[fallthrough]];
     case FreeFence::automatic:
     case FreeFence::events: {
+      // Note [Stream-ordered frees]: only that stream's work can still use the slice.
+      if (stream != kNoStream) {
+        const FenceHandle fence = device.fence_record_on(stream);
+        if (fence != kNoFence) {
+          fences.add_ordered(slice, fence, stream);
+          return;
+        }
+      }
       fences.add(slice);
       const std::uint64_t now = coarse_nanos();
       if (fences.open_count() >= std::max<std::uint32_t>(options.fence_batch, 1) ||

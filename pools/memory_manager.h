@@ -125,8 +125,10 @@ class MemoryManager {
   // (Note [Outside the lock], Note [Recovery and parked streams]).
   Reservation allocate(std::uint64_t size, Placement placement = Placement::automatic);
 
-  // Frees by device pointer. Anything but `freed` changes nothing.
-  FreeOutcome free(DevicePtr ptr);
+  // Frees by device pointer. Anything but `freed` changes nothing. A free in the order of
+  // `stream` (cudaFreeAsync) waits for that stream alone under fenced reuse (Note
+  // [Stream-ordered frees] in memory_manager.cpp).
+  FreeOutcome free(DevicePtr ptr, StreamToken stream = kNoStream);
 
   // The requested size of the live slice starting at `ptr`, or 0 when there is none.
   std::uint64_t live_size(DevicePtr ptr) const;

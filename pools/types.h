@@ -11,6 +11,11 @@ namespace poolcuda {
 // A device address. Never dereferenced on the host; only compared, hashed and offset.
 using DevicePtr = std::uint64_t;
 
+// One of the program's streams, as the implementation names it (cudaStreamLegacy and
+// cudaStreamPerThread for the default streams). kNoStream: no stream was named.
+using StreamToken = std::uintptr_t;
+inline constexpr StreamToken kNoStream = 0;
+
 inline constexpr std::uint64_t KiB = 1024;
 inline constexpr std::uint64_t MiB = 1024 * KiB;
 inline constexpr std::uint64_t GiB = 1024 * MiB;

@@ -3,7 +3,12 @@
 // requests get pages of their own) or refuse a slice inside a page. Under the library the
 // pointer goes back to its pool, fenced like a cudaFree, and every later allocation is usable
 // with its data intact; a second cudaFreeAsync of it is refused and changes nothing; memory
-// from cudaMallocAsync still goes to the real call.
+// from cudaMallocAsync still goes to the real call. A stream-ordered free waits for its own
+// stream only: with another stream parked on a host function, memory freed on a running stream
+// (or the legacy one) serves an allocation that needs it, as in the plain run. Run on a 1 GiB
+// device.
+#include <chrono>
+#include <thread>
 #include <vector>
 
 #include "check.h"
@@ -48,6 +53,32 @@ int main() {
   for (std::size_t i = 0; i < kept.size(); ++i)
     CHECK(preload_test::device_bytes_equal(kept[i], 4096, static_cast<unsigned char>(i)));
   for (void* ptr : kept) CHECK_CUDA(cudaFreeAsync(ptr, stream));
+
+  // Another stream parked: 600 MiB freed on `stream`, then on the legacy stream, must serve the
+  // next 600 MiB each time (the device holds 1 GiB), while the park lasts.
+  cudaStream_t parked = nullptr;
+  CHECK_CUDA(cudaStreamCreateWithFlags(&parked, cudaStreamNonBlocking));
+  preload_test::Gate gate;
+  gate.limit_seconds = 60;
+  CHECK_CUDA(cudaLaunchHostFunc(parked, &preload_test::wait_at_gate, &gate));
+  while (!gate.entered.load()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  constexpr std::size_t kBig = std::size_t{600} << 20;
+  void* big = nullptr;
+  CHECK_CUDA(cudaMalloc(&big, kBig));
+  for (cudaStream_t on : {stream, cudaStream_t{nullptr}}) {
+    CHECK_CUDA(cudaMemsetAsync(big, 7, kBig, on));
+    CHECK_CUDA(cudaFreeAsync(big, on));
+    CHECK_CUDA(cudaStreamSynchronize(on));
+    CHECK_CUDA(cudaMalloc(&big, kBig));
+    CHECK_MSG(cudaStreamQuery(parked) == cudaErrorNotReady,
+              "the allocation waited for the parked stream");
+  }
+  gate.open.store(true);
+  CHECK_CUDA(cudaMemsetAsync(big, 9, kBig, stream));
+  CHECK_CUDA(cudaStreamSynchronize(stream));
+  CHECK_CUDA(cudaFree(big));
+  CHECK_CUDA(cudaStreamSynchronize(parked));
+  CHECK_CUDA(cudaStreamDestroy(parked));
 
   // Stream-ordered memory is the runtime's own: its free goes to the real call.
   void* async = nullptr;

@@ -159,6 +159,75 @@ TEST_CASE("none_fence_frees_at_once_with_no_device_call") {
   CHECK(rig.device.forbidden_calls() == 0);
 }
 
+TEST_CASE("stream_ordered_free_waits_for_its_own_stream_alone") {
+  // Another stream is parked: every epoch's fence waits for it.
+  Rig rig(custom({sliced(1024)}));
+  rig.device.set_fence_mode(HostDevice::FenceMode::parked);
+  const StreamToken s = 0x1000;
+  const DevicePtr a = rig.reserve(1024);
+  const DevicePtr b = rig.reserve(1024);
+  REQUIRE(rig.manager.free(a, s) == FreeOutcome::freed);
+  REQUIRE(rig.manager.free(b) == FreeOutcome::freed);
+  CHECK(rig.manager.report().pending_fence_bytes == 2048);
+  CHECK(rig.manager.free(a, s) == FreeOutcome::double_free);
+  CHECK(rig.manager.live_size(a) == 0);
+  // The miss reaps a's fence, recorded on s alone; b's epoch still waits for the park.
+  CHECK(rig.reserve(1024) == a);
+  CHECK(rig.manager.memory_usage().bytes_reserved == 2048);
+  CHECK(rig.manager.report().pending_fence_bytes == 1024);
+
+  // A stream-ordered free on a parked stream waits like any other.
+  const StreamToken parked = 0x2000;
+  rig.device.park_stream(parked);
+  REQUIRE(rig.manager.free(a, parked) == FreeOutcome::freed);
+  const DevicePtr c = rig.reserve(1024);
+  CHECK(c != a);
+  CHECK(c != b);
+  rig.device.complete_fences();
+  CHECK(rig.reserve(1024) != c);  // a or b, whichever the pool finds first
+  CHECK(rig.reserve(1024) != c);
+  CHECK(rig.manager.memory_usage().bytes_reserved == 3072);
+  CHECK(rig.manager.report().pending_fence_bytes == 0);
+  CHECK(rig.device.outstanding_fences() == 0);
+  CHECK(rig.manager.check_consistency().empty());
+}
+
+TEST_CASE("stream_ordered_free_joins_the_epoch_when_no_stream_fence_can_be_recorded") {
+  Rig rig(custom({sliced(1024)}));
+  rig.device.set_fence_mode(HostDevice::FenceMode::manual);
+  const DevicePtr a = rig.reserve(1024);
+  rig.device.set_capture_open(true);
+  REQUIRE(rig.manager.free(a, 0x1000) == FreeOutcome::freed);
+  rig.device.set_capture_open(false);
+  // In the open epoch: the miss closes it now, and its fence has not passed.
+  CHECK(rig.reserve(1024) != a);
+  rig.device.complete_fences();
+  CHECK(rig.reserve(1024) == a);
+  CHECK(rig.device.outstanding_fences() == 0);
+}
+
+TEST_CASE("stream_ordered_frees_are_drained_waited_for_and_forgotten") {
+  Rig rig(custom({sliced(1024)}));
+  rig.device.set_fence_mode(HostDevice::FenceMode::manual);
+  const StreamToken s = 0x1000;
+  rig.device.park_stream(s);
+  const DevicePtr a = rig.reserve(1024);
+  const DevicePtr b = rig.reserve(1024);
+  REQUIRE(rig.manager.free(a, s) == FreeOutcome::freed);
+  // drain_fences waits for the lane's fence as for an epoch's (under manual, a wait passes it).
+  CHECK(rig.manager.drain_fences());
+  CHECK(rig.manager.report().pending_fence_bytes == 0);
+  CHECK(rig.device.calls().fence_wait >= 1);
+  CHECK(rig.reserve(1024) == a);
+  // A device reset destroys a lane's fence with everything else.
+  REQUIRE(rig.manager.free(b, s) == FreeOutcome::freed);
+  REQUIRE(rig.device.outstanding_fences() == 1);
+  rig.manager.forget();
+  CHECK(rig.device.outstanding_fences() == 0);
+  CHECK(rig.manager.report().pending_fence_bytes == 0);
+  CHECK(rig.manager.check_consistency().empty());
+}
+
 TEST_CASE("hit_path_makes_no_device_call") {
   HostDevice device(128 * MiB, 32);
   ManagerOptions o;
