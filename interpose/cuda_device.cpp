@@ -294,7 +294,9 @@ FenceHandle CudaDevice::fence_record_on(StreamToken token) {
     }
     if (!mine) return kNoFence;
   }
-  if (capture_open()) return kNoFence;
+  // Only this stream's capture matters: an event on a stream that does not capture changes no
+  // other stream's capture (the legacy stream answers "capturing" while a blocking stream does).
+  if (hooked_capture_open() || is_capturing(stream)) return kNoFence;
   Fence* fence = new_fence();
   cudaEvent_t event = take_event();
   if (event != nullptr) fence->events.push_back(event);

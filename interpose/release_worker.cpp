@@ -69,6 +69,9 @@ int lane_index(int device) { return in_range(device) ? device : kLanes - 1; }
 // One device's pages and thread. Everything here is under State::mutex.
 struct ReleaseLane {
   int device = -1;
+  // The lane's own: a lane waiting to retry held-back pages must not be woken by every other
+  // lane's free (two lanes whose captures hold pages back would spin against each other).
+  std::condition_variable_any changed;
   std::deque<Page> queue;        // not yet tried
   std::deque<Page> held_back;    // a capture was open on the device, or a reset is under way
   std::uint64_t in_flight = 0;   // the ticket being freed now, or 0
@@ -96,7 +99,6 @@ struct ReleaseLane {
 
 struct ReleaseWorker::State {
   RankedMutex mutex{LockRank::device};
-  std::condition_variable_any changed;  // every lane's: waiters check their own
   std::uint64_t next_ticket = 1;
   std::function<bool(int)> capture_open = [](int) { return false; };
   ReleaseLane lanes[kLanes];
@@ -151,9 +153,9 @@ void* lane_main(void* arg) {
   for (;;) {
     if (lane->queue.empty()) {
       if (lane->held_back.empty()) {
-        s->changed.wait(lock);
+        lane->changed.wait(lock);
       } else {
-        s->changed.wait_for(lock, std::chrono::milliseconds(kRetryMillis));
+        lane->changed.wait_for(lock, std::chrono::milliseconds(kRetryMillis));
         // Retry the held-back pages: a capture may have ended behind the hooks' back.
         if (!lane->resetting) lane->retry_held_back();
       }
@@ -178,7 +180,7 @@ void* lane_main(void* arg) {
     lane->in_flight_ptr = nullptr;
     lane->in_flight_size = 0;
     if (!freed) lane->held_back.push_back(page);
-    s->changed.notify_all();
+    lane->changed.notify_all();
   }
 }
 
@@ -208,7 +210,7 @@ void ReleaseWorker::release(int device, void* ptr, std::uint64_t size) {
     }
     ::pthread_setname_np(thread, "poolcuda-free");
   }
-  s.changed.notify_all();
+  lane.changed.notify_all();
 }
 
 bool ReleaseWorker::flush(int device, std::uint32_t max_microseconds) {
@@ -219,8 +221,8 @@ bool ReleaseWorker::flush(int device, std::uint32_t max_microseconds) {
   // Held-back pages are tried once more now; once everything left comes back (a capture is
   // still open, a reset under way), waiting longer would not release it.
   lane.retry_held_back();
-  s.changed.notify_all();
-  s.changed.wait_for(lock, std::chrono::microseconds(max_microseconds), [&] {
+  lane.changed.notify_all();
+  lane.changed.wait_for(lock, std::chrono::microseconds(max_microseconds), [&] {
     return lane.low_water(target) >= target ||
            (lane.queue.empty() && lane.in_flight == 0 && !lane.held_back.empty());
   });
@@ -230,9 +232,11 @@ bool ReleaseWorker::flush(int device, std::uint32_t max_microseconds) {
 void ReleaseWorker::wake() {
   State& s = state();
   std::lock_guard<RankedMutex> hold(s.mutex);
-  for (ReleaseLane& lane : s.lanes)
-    if (!lane.resetting) lane.retry_held_back();
-  s.changed.notify_all();
+  for (ReleaseLane& lane : s.lanes) {
+    if (lane.resetting || lane.held_back.empty()) continue;
+    lane.retry_held_back();
+    lane.changed.notify_all();
+  }
 }
 
 void ReleaseWorker::begin_reset(int device) {
@@ -243,8 +247,8 @@ void ReleaseWorker::begin_reset(int device) {
   lane.resetting = true;
   lane.queue.clear();
   lane.held_back.clear();
-  s.changed.wait(lock, [&] { return lane.in_flight == 0; });
-  s.changed.notify_all();
+  lane.changed.wait(lock, [&] { return lane.in_flight == 0; });
+  lane.changed.notify_all();
 }
 
 void ReleaseWorker::end_reset(int device) {
@@ -255,7 +259,7 @@ void ReleaseWorker::end_reset(int device) {
   lane.resetting = false;
   lane.queue.clear();
   lane.held_back.clear();
-  s.changed.notify_all();
+  lane.changed.notify_all();
 }
 
 bool ReleaseWorker::owns(const void* ptr, std::uint64_t ticket) const {

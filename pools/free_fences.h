@@ -4,9 +4,9 @@
 // A thread that must wait for a fence borrows a ticket for the oldest closed epoch, releases the
 // manager's lock, waits, and hands the ticket back under the lock: a ticketed fence is never
 // destroyed while it is waited on, even if the epoch is reaped or forgotten meanwhile
-// (Note [Outside the lock] in memory_manager.cpp). A stream-ordered free waits apart, in its
-// stream's lane, for the fence recorded on that stream alone at its free (Note [Stream-ordered
-// frees] in memory_manager.cpp); a lane is reaped oldest first too.
+// (Note [Outside the lock] in memory_manager.cpp). A stream-ordered free waits apart, in the
+// lane of its stream and freeing thread, for the fence recorded on that stream alone at its free
+// (Note [Stream-ordered frees] in memory_manager.cpp); a lane is reaped oldest first too.
 // Not thread-safe: the MemoryManager's lock covers it. Depends on pool.h and device.h.
 #pragma once
 
@@ -39,9 +39,12 @@ class FenceQueue {
     open_.bytes += slice->size;
   }
 
-  // Adds `slice`, freed in the order of `stream`, whose own fence was recorded on that stream
-  // at the free: it waits for that fence alone.
-  void add_ordered(Slice* slice, FenceHandle fence, StreamToken stream) {
+  // Adds `slice`, freed by `thread` (any address unique to the thread) in the order of
+  // `stream`, whose own fence was recorded on that stream at the free: it waits for that fence
+  // alone. One thread's fences on one stream pass in the order it recorded them; the thread is
+  // part of the lane because one token may name a stream of each thread (the per-thread
+  // default stream), and one thread's park must not hold back another's frees.
+  void add_ordered(Slice* slice, FenceHandle fence, StreamToken stream, const void* thread) {
     slice->next_pending = nullptr;
     Epoch epoch;
     epoch.id = next_id_++;
@@ -49,13 +52,14 @@ class FenceQueue {
     epoch.head = epoch.tail = slice;
     epoch.count = 1;
     epoch.bytes = slice->size;
+    ++lane_frees_;
     for (StreamLane& lane : lanes_) {
-      if (lane.stream == stream) {
+      if (lane.stream == stream && lane.thread == thread) {
         lane.frees.push_back(epoch);
         return;
       }
     }
-    lanes_.push_back(StreamLane{stream, {epoch}});
+    lanes_.push_back(StreamLane{stream, thread, {epoch}});
   }
 
   std::uint32_t open_count() const { return open_.count; }
@@ -67,6 +71,11 @@ class FenceQueue {
   bool open_hint() const { return open_published_.load(std::memory_order_relaxed); }
   // Whether any free waits for a fence already recorded.
   bool any_closed() const { return !closed_.empty() || !lanes_.empty(); }
+  // Whether any stream-ordered free waits: fences then need not pass in the order recorded, so
+  // a wait for the oldest must not outlast a short slice (Note [Stream-ordered frees]).
+  bool any_lanes() const { return !lanes_.empty(); }
+  // Stream-ordered frees waiting, each with a fence of its own.
+  std::uint64_t lane_frees() const { return lane_frees_; }
 
   // Closes the open epoch with a fence. False when it is empty or the device refused a fence
   // (kNoFence: the epoch stays open and is retried at the next close).
@@ -84,9 +93,7 @@ class FenceQueue {
 
   // Gives back the slices of every closed epoch whose fence has passed, oldest first, and stops
   // at the first that has not (a later fence never passes before an earlier one: each is
-  // recorded after all work issued before it); then each stream lane's the same way (two
-  // threads' frees on one stream may join it out of order: that only delays the later one).
-  // Never blocks. Returns slices given back.
+  // recorded after all work issued before it); then each lane's the same way. Never blocks. Returns slices given back.
   template <typename GiveBack>
   std::uint64_t reap(Device& device, GiveBack&& give_back) {
     std::uint64_t returned = 0;
@@ -149,6 +156,7 @@ class FenceQueue {
     open_published_.store(false, std::memory_order_relaxed);
     closed_.clear();
     lanes_.clear();
+    lane_frees_ = 0;
   }
 
   template <typename Fn>
@@ -171,9 +179,11 @@ class FenceQueue {
     std::uint32_t waiters = 0;  // tickets out
     std::uint64_t bytes = 0;
   };
-  // The stream-ordered frees of one stream, oldest first; each is an epoch of one slice.
+  // One thread's stream-ordered frees on one stream, oldest first; each is an epoch of one
+  // slice.
   struct StreamLane {
     StreamToken stream;
+    const void* thread;
     std::deque<Epoch> frees;
   };
   struct Lingering {
@@ -194,6 +204,7 @@ class FenceQueue {
   std::uint64_t retire_front(Device& device, std::deque<Epoch>& epochs, GiveBack& give_back) {
     Epoch epoch = epochs.front();
     epochs.pop_front();
+    if (&epochs != &closed_) --lane_frees_;
     drop_fence(device, epoch);
     for (Slice* s = epoch.head; s != nullptr;) {
       Slice* next = s->next_pending;  // give_back may recycle s
@@ -206,6 +217,7 @@ class FenceQueue {
   Epoch open_;
   std::deque<Epoch> closed_;
   std::vector<StreamLane> lanes_;  // only lanes that hold a free
+  std::uint64_t lane_frees_ = 0;   // in every lane
   std::vector<Lingering> lingering_;  // retired or forgotten while a ticket was out
   std::uint64_t next_id_ = 1;
   std::atomic<bool> open_published_{false};  // open_.count != 0, for open_hint()

@@ -157,7 +157,7 @@ Reservation MemoryManager::Impl::reserve(std::uint64_t size, Placement placement
         may_flush = false;
         flush_before_growth(scope, &wait_budget_us);
       } else if (r.patient) {
-        wait_for_oldest_fence(scope);
+        wait_for_oldest_fence(scope, false);
       } else {
         wait_for_oldest_fence(scope, &wait_budget_us);
       }

@@ -33,6 +33,15 @@ namespace poolcuda {
 // one page (or one allocation) per kFenceWaitBoundMicros.
 inline constexpr std::uint32_t kFenceWaitBoundMicros = 2000;
 
+// The longest one wait for a fence lasts while stream-ordered frees wait in lanes: fences then
+// need not pass in the order recorded, so the waits take back what passed meanwhile and route
+// again between slices (Note [Stream-ordered frees]).
+inline constexpr std::uint32_t kLaneWaitSliceMicros = 1000;
+
+// The most stream-ordered frees that wait in lanes, each on a fence of its own; later ones wait
+// in epochs (Note [Stream-ordered frees]).
+inline constexpr std::uint64_t kMaxLaneFrees = 256;
+
 // The most a reservation waits, in total, for pages given back for the held bound to reach the
 // driver (Note [Held memory bound]). Longer than kFenceWaitBoundMicros: those pages are the
 // growth's own room, and with 2 ms a release thread that lost its core for a moment let one
@@ -257,12 +266,16 @@ struct MemoryManager::Impl {
   std::uint64_t epoch_bytes() const {
     return std::max<std::uint64_t>(options.fence_slack / 4, MiB);
   }
-  // Waits (unlocked) at most *budget_us for the oldest closed epoch and takes the time spent
-  // from it.
+  // Waits (unlocked) at most *budget_us for the oldest fence recorded (a slice at a time while
+  // stream-ordered frees wait) and takes the time spent from it.
   void wait_for_oldest_fence(Scope& scope, std::uint32_t* budget_us);
-  // Waits (unlocked, without a time bound) for the oldest closed epoch; false when none is.
-  bool wait_for_oldest_fence(Scope& scope);
-  // Waits (unlocked) for the oldest closed epoch until `deadline`; true when it passed.
+  // Waits (unlocked) for the oldest fence recorded; false when none is. `until_passed`: without
+  // a time bound; otherwise, while stream-ordered frees wait, a slice at a time (Note
+  // [Stream-ordered frees]), and the caller routes again before it waits again.
+  bool wait_for_oldest_fence(Scope& scope, bool until_passed);
+  // Waits (unlocked) for the oldest fence recorded until `deadline` (a slice at a time while
+  // stream-ordered frees wait); true when a fence passed meanwhile, or when a slice ran out
+  // before the deadline: the caller routes again and may wait again.
   bool wait_for_oldest_fence(Scope& scope, std::chrono::steady_clock::time_point deadline);
   // Whether `size` bytes exceed what the device could give even once every page the pools hold
   // for no live slice were back with the driver: then no recovery step can help.

@@ -83,10 +83,18 @@
 // such memory pending, and an allocation that needed it failed where the plain run succeeded.
 // Under fenced reuse such a free therefore records a fence on s alone, at the free, on the
 // freeing thread (a per-thread default stream is that thread's), and the slice waits for that
-// fence in s's lane of the FenceQueue (free_fences.h); reaping, the bound and recovery's waits
-// treat it as any closed epoch's. One fence per free: a cudaFreeAsync already puts an operation
-// on the stream. When Device::fence_record_on cannot record (a capture is open, the stream is
-// unknown or of another device) the free joins the open epoch as a cudaFree's would.
+// fence in the FenceQueue's lane of s and that thread (free_fences.h: one token names every
+// thread's per-thread stream, and one thread's park must not hold back another's frees). One
+// fence per free: a cudaFreeAsync already puts an operation on the stream; so that fences (and
+// the driver's events behind them) stay few, at most kMaxLaneFrees frees wait in lanes, and a
+// stream-ordered free past them joins the open epoch as a cudaFree's would, as it does when
+// Device::fence_record_on cannot record (a capture is open on the stream, the stream is unknown
+// or of another device).
+// Fences no longer pass in the order recorded: a cudaFreeAsync never blocks, so its fence may
+// lie behind a park of its own stream, older than fences about to pass. So while any lane holds
+// a free, a wait for the oldest fence lasts at most kLaneWaitSliceMicros, takes back whatever
+// passed meanwhile, and the caller routes again before it waits again; recovery uses memory a
+// wait returned before it sends idle pages to the driver (whose free waits behind any park).
 //
 // Note [Outside the lock]
 // ~~~~~~~~~~~~~~~~~~~~~~~
@@ -118,9 +126,12 @@
 //     park a stream on the host (host functions, graph launches, whose nodes may be host
 //     functions) close the open epoch first (fence_open_frees()). A program that frees while
 //     a stream is parked would block in the real cudaFree, so no free of a working program
-//     falls between a park and its release; every fence a recovery meets was recorded before
-//     every park still in place, and passes once the work issued before it has run, which is
-//     what the real cudaFree would have waited for at the time of the free.
+//     falls between a park and its release; every epoch's fence a recovery meets was recorded
+//     before every park still in place, and passes once the work issued before it has run,
+//     which is what the real cudaFree would have waited for at the time of the free. (A
+//     cudaFreeAsync on a parked stream is the exception: its own fence waits for that park, as
+//     the plain call's memory would; waits take it a slice at a time, Note [Stream-ordered
+//     frees].)
 // (2) A request that even every byte the pools keep for no live slice, added to what the
 //     driver has free, could not serve fails at once, without closing, flushing or waiting
 //     (beyond_reach()): the real cudaMalloc fails at once too.
@@ -284,19 +295,23 @@ void MemoryManager::Impl::wait_for_oldest_fence(Scope& scope, std::uint32_t* bud
   }
   const std::uint64_t waiting = pending();
   const std::uint64_t limit = fence_limit();
+  const bool sliced = fences.any_lanes();
   using Clock = std::chrono::steady_clock;
   const Clock::time_point start = Clock::now();
   scope.unlock();  // Note [Outside the lock]
-  const bool passed = device.fence_wait_for(ticket.fence, *budget_us);
+  const bool passed = device.fence_wait_for(
+      ticket.fence, sliced ? std::min(*budget_us, kLaneWaitSliceMicros) : *budget_us);
   scope.relock();
   const auto spent = std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - start);
   fences.give_back_ticket(device, ticket);
-  *budget_us = passed && spent.count() < *budget_us
+  *budget_us = (passed || sliced) && spent.count() < *budget_us
                    ? *budget_us - static_cast<std::uint32_t>(spent.count())
                    : 0;
   ++fence_waits;
   fence_wait_seconds += static_cast<double>(spent.count()) * 1e-6;
   if (!passed) {
+    if (sliced) fences.reap(device, kGiveBack);  // other lanes' fences may have passed
+    if (*budget_us != 0) return;
     ++fence_wait_timeouts;
     if (options.log == LogLevel::full)
       log(LogLevel::full, "the oldest free fence did not pass within " +
@@ -312,11 +327,16 @@ void MemoryManager::Impl::wait_for_oldest_fence(Scope& scope, std::uint32_t* bud
                             std::to_string(pending()) + " B pending after");
 }
 
-bool MemoryManager::Impl::wait_for_oldest_fence(Scope& scope) {
+bool MemoryManager::Impl::wait_for_oldest_fence(Scope& scope, bool until_passed) {
   const FenceTicket ticket = fences.borrow_oldest();
   if (!ticket) return false;
+  const bool sliced = !until_passed && fences.any_lanes();
   scope.unlock();  // Note [Outside the lock]
-  device.fence_wait(ticket.fence);
+  if (sliced) {
+    device.fence_wait_for(ticket.fence, kLaneWaitSliceMicros);
+  } else {
+    device.fence_wait(ticket.fence);
+  }
   scope.relock();
   fences.give_back_ticket(device, ticket);
   fences.reap(device, kGiveBack);
@@ -330,14 +350,17 @@ bool MemoryManager::Impl::wait_for_oldest_fence(Scope& scope,
   if (now >= deadline) return false;
   const FenceTicket ticket = fences.borrow_oldest();
   if (!ticket) return false;
+  const bool sliced = fences.any_lanes();
   const auto left = std::chrono::duration_cast<std::chrono::microseconds>(deadline - now);
   scope.unlock();  // Note [Outside the lock]
-  const bool passed =
-      device.fence_wait_for(ticket.fence, static_cast<std::uint32_t>(left.count()));
+  const bool passed = device.fence_wait_for(
+      ticket.fence, sliced ? std::min<std::uint32_t>(static_cast<std::uint32_t>(left.count()),
+                                                     kLaneWaitSliceMicros)
+                           : static_cast<std::uint32_t>(left.count()));
   scope.relock();
   fences.give_back_ticket(device, ticket);
-  fences.reap(device, kGiveBack);
-  return passed;
+  const std::uint64_t reaped = fences.reap(device, kGiveBack);
+  return passed || reaped != 0 || (sliced && Clock::now() < deadline);
 }
 
 // Note [Held memory bound]
@@ -748,7 +771,7 @@ MemoryManager::Impl::HeldCheck MemoryManager::Impl::trim_to_held_bound(const Poo
 
 bool MemoryManager::Impl::drain(Scope& scope) {
   const bool closed = fences.open_count() == 0 || fences.close(device);
-  while (wait_for_oldest_fence(scope)) {
+  while (wait_for_oldest_fence(scope, true)) {
   }
   return closed;
 }
@@ -964,6 +987,10 @@ Route MemoryManager::Impl::recover_from_oom(Scope& scope, std::uint64_t size,
     // Other threads' pages, on their way or idle again (Note [Out of memory among threads]).
     if (extra_rounds < kOomExtraRounds) {
       ++extra_rounds;
+      // A fence that passed since the last wait returns memory the route may use as it is; the
+      // cleanup below would send its pages to the driver first (whose free waits behind any
+      // parked stream).
+      if (fences.reap(device, kGiveBack) != 0) continue;
       // Released now, or by the route itself (a fence passed meanwhile, and a direct pool
       // returned the page it freed to make room): the next round flushes.
       if (cleanup_all(true) != 0 || scope.has_releases()) continue;
@@ -997,6 +1024,10 @@ Route MemoryManager::Impl::recover_from_oom(Scope& scope, std::uint64_t size,
       flush = true;
       continue;
     }
+    // What the fences returned serves as it is, before idle pages go back to the driver (whose
+    // free of them waits behind any parked stream).
+    Route reused = route(size, placement, 0);
+    if (reused.slice != nullptr) return reused;
     cleanup_all(true);
   }
 }
@@ -1044,10 +1075,10 @@ void MemoryManager::Impl::retire(Slice* slice, StreamToken stream) {
     case FreeFence::automatic:
     case FreeFence::events: {
       // Note [Stream-ordered frees]: only that stream's work can still use the slice.
-      if (stream != kNoStream) {
+      if (stream != kNoStream && fences.lane_frees() < kMaxLaneFrees) {
         const FenceHandle fence = device.fence_record_on(stream);
         if (fence != kNoFence) {
-          fences.add_ordered(slice, fence, stream);
+          fences.add_ordered(slice, fence, stream, &this_thread_home());
           return;
         }
       }

@@ -6,6 +6,7 @@
 #include <chrono>
 #include <thread>
 
+#include "pools/manager_impl.h"  // kMaxLaneFrees
 #include "pools_test_util.h"
 
 using namespace poolcuda;
@@ -190,6 +191,21 @@ TEST_CASE("stream_ordered_free_waits_for_its_own_stream_alone") {
   CHECK(rig.manager.report().pending_fence_bytes == 0);
   CHECK(rig.device.outstanding_fences() == 0);
   CHECK(rig.manager.check_consistency().empty());
+}
+
+TEST_CASE("stream_ordered_frees_past_the_lane_limit_wait_in_epochs") {
+  // Another stream is parked: epochs never pass, the frees' own stream runs.
+  Rig rig(custom({sliced(1024)}));
+  rig.device.set_fence_mode(HostDevice::FenceMode::parked);
+  const std::uint64_t n = kMaxLaneFrees + 44;
+  std::vector<DevicePtr> live;
+  for (std::uint64_t i = 0; i < n; ++i) live.push_back(rig.reserve(1024));
+  for (DevicePtr p : live) REQUIRE(rig.manager.free(p, 0x1000) == FreeOutcome::freed);
+  CHECK(rig.manager.report().pending_fence_bytes == n * 1024);
+  // The lanes' frees serve again; the 44 in epochs wait for the park.
+  for (std::uint64_t i = 0; i < n; ++i) CHECK(rig.reserve(1024) != 0);
+  CHECK(rig.manager.memory_usage().bytes_reserved == (n + 44) * 1024);
+  CHECK(rig.manager.report().pending_fence_bytes == 44 * 1024);
 }
 
 TEST_CASE("stream_ordered_free_joins_the_epoch_when_no_stream_fence_can_be_recorded") {

@@ -1,0 +1,102 @@
+// Preload test: a stream-ordered free waits for its own stream only, however other streams
+// stand (Note [Stream-ordered frees]). Run on a 1 GiB device; every park opens by itself after a
+// minute, so a failure never hangs.
+//   per_thread  Thread X parks its per-thread default stream and frees on it; the main thread
+//               frees 600 MiB on its own per-thread default stream, synchronizes it, and
+//               allocates 600 MiB again: that must succeed while X's stream is still parked.
+//   oldest      A free on a parked stream is the oldest fence waiting; 600 MiB freed after it on
+//               a stream that runs again 300 ms later must serve the next 600 MiB while the
+//               first stream is still parked (waits for the oldest fence take back what other
+//               streams returned meanwhile).
+#include <atomic>
+#include <chrono>
+#include <cstring>
+#include <thread>
+
+#include "check.h"
+
+namespace {
+
+constexpr std::size_t kBig = std::size_t{600} << 20;
+
+void wait_until_entered(const preload_test::Gate& gate) {
+  while (!gate.entered.load()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+}
+
+void per_thread() {
+  cudaStream_t other = nullptr;  // a created stream: the device leaves one-queue reuse
+  CHECK_CUDA(cudaStreamCreateWithFlags(&other, cudaStreamNonBlocking));
+  void* small = nullptr;
+  CHECK_CUDA(cudaMalloc(&small, 1 << 20));
+  preload_test::Gate gate;
+  gate.limit_seconds = 60;
+  std::thread x([&] {
+    CHECK_CUDA(cudaLaunchHostFunc(cudaStreamPerThread, &preload_test::wait_at_gate, &gate));
+    wait_until_entered(gate);
+    CHECK_CUDA(cudaFreeAsync(small, cudaStreamPerThread));
+  });
+  x.join();
+  void* big = nullptr;
+  CHECK_CUDA(cudaMalloc(&big, kBig));
+  CHECK_CUDA(cudaMemsetAsync(big, 7, kBig, cudaStreamPerThread));
+  CHECK_CUDA(cudaFreeAsync(big, cudaStreamPerThread));
+  CHECK_CUDA(cudaStreamSynchronize(cudaStreamPerThread));
+  const cudaError_t result = cudaMalloc(&big, kBig);
+  const bool still_parked = !gate.open.load();
+  gate.open.store(true);
+  CHECK_CUDA(result);
+  CHECK(still_parked);
+  CHECK_CUDA(cudaFree(big));
+  CHECK_CUDA(cudaDeviceSynchronize());
+  CHECK_CUDA(cudaStreamDestroy(other));
+}
+
+void oldest() {
+  cudaStream_t parked = nullptr;
+  cudaStream_t later = nullptr;
+  CHECK_CUDA(cudaStreamCreateWithFlags(&parked, cudaStreamNonBlocking));
+  CHECK_CUDA(cudaStreamCreateWithFlags(&later, cudaStreamNonBlocking));
+  void* small = nullptr;
+  void* big = nullptr;
+  CHECK_CUDA(cudaMalloc(&small, 64 << 20));
+  CHECK_CUDA(cudaMalloc(&big, kBig));
+  preload_test::Gate held;
+  preload_test::Gate brief;
+  held.limit_seconds = 60;
+  brief.limit_seconds = 60;
+  CHECK_CUDA(cudaLaunchHostFunc(parked, &preload_test::wait_at_gate, &held));
+  CHECK_CUDA(cudaLaunchHostFunc(later, &preload_test::wait_at_gate, &brief));
+  wait_until_entered(held);
+  wait_until_entered(brief);
+  CHECK_CUDA(cudaFreeAsync(small, parked));
+  CHECK_CUDA(cudaFreeAsync(big, later));
+  std::thread opener([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    brief.open.store(true);
+  });
+  const cudaError_t result = cudaMalloc(&big, kBig);
+  const bool still_parked = cudaStreamQuery(parked) == cudaErrorNotReady;
+  opener.join();
+  held.open.store(true);
+  CHECK_CUDA(result);
+  CHECK(still_parked);
+  CHECK_CUDA(cudaFree(big));
+  CHECK_CUDA(cudaDeviceSynchronize());
+  CHECK_CUDA(cudaStreamDestroy(parked));
+  CHECK_CUDA(cudaStreamDestroy(later));
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  preload_test::require_preloaded();
+  const char* which = argc > 1 ? argv[1] : "";
+  if (std::strcmp(which, "per_thread") == 0) {
+    per_thread();
+  } else if (std::strcmp(which, "oldest") == 0) {
+    oldest();
+  } else {
+    preload_test::fail(__FILE__, __LINE__, std::string("unknown case '") + which + "'");
+  }
+  return 0;
+}
