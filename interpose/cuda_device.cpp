@@ -294,8 +294,9 @@ FenceHandle CudaDevice::fence_record_on(StreamToken token) {
     }
     if (!mine) return kNoFence;
   }
-  // Only this stream's capture matters: an event on a stream that does not capture changes no
-  // other stream's capture (the legacy stream answers "capturing" while a blocking stream does).
+  // An event on a stream that does not capture changes no other stream's capture (the legacy
+  // stream answers "capturing" while a blocking stream does), so only this stream is asked;
+  // captures begun through the hooks count as before, without a query.
   if (hooked_capture_open() || is_capturing(stream)) return kNoFence;
   Fence* fence = new_fence();
   cudaEvent_t event = take_event();

@@ -426,7 +426,7 @@ GiveBack MemoryManager::Impl::give_back(std::uint32_t max_microseconds) {
     // Frees other threads made while the lock was released wait in the open epoch.
     if (!fences.any_closed()) close_epoch();
     if (!fences.any_closed()) break;  // no fence could be recorded
-    if (!wait_for_oldest_fence(scope, deadline)) {
+    if (wait_for_oldest_fence(scope, deadline) == FenceWait::none) {
       timed_out = true;
       break;
     }

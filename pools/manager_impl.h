@@ -273,10 +273,12 @@ struct MemoryManager::Impl {
   // a time bound; otherwise, while stream-ordered frees wait, a slice at a time (Note
   // [Stream-ordered frees]), and the caller routes again before it waits again.
   bool wait_for_oldest_fence(Scope& scope, bool until_passed);
-  // Waits (unlocked) for the oldest fence recorded until `deadline` (a slice at a time while
-  // stream-ordered frees wait); true when a fence passed meanwhile, or when a slice ran out
-  // before the deadline: the caller routes again and may wait again.
-  bool wait_for_oldest_fence(Scope& scope, std::chrono::steady_clock::time_point deadline);
+  // Waits (unlocked) for the oldest fence recorded until `deadline`, a slice at a time while
+  // stream-ordered frees wait: `passed` when a fence passed meanwhile (its memory is back);
+  // `slice` when a slice ran out with the deadline still ahead (route again, then wait again);
+  // `none` when no fence is recorded or the deadline has come.
+  enum class FenceWait : std::uint8_t { none, passed, slice };
+  FenceWait wait_for_oldest_fence(Scope& scope, std::chrono::steady_clock::time_point deadline);
   // Whether `size` bytes exceed what the device could give even once every page the pools hold
   // for no live slice were back with the driver: then no recovery step can help.
   // `elsewhere`: bytes the other shards hold for no request.

@@ -368,8 +368,14 @@ bool MemoryManager::Shards::drain_others(std::uint32_t k,
     Impl::Scope scope(m);
     if (m.frozen != 0 || m.pending() == 0) return;
     if (!m.fences.any_closed()) m.close_epoch();
-    while (m.pending() != 0 && m.fences.any_closed() && m.wait_for_oldest_fence(scope, deadline))
+    // One slice at most: the recovery routes again before it waits again (Note
+    // [Stream-ordered frees]).
+    while (m.pending() != 0 && m.fences.any_closed()) {
+      const Impl::FenceWait wait = m.wait_for_oldest_fence(scope, deadline);
+      if (wait == Impl::FenceWait::none) break;
       passed = true;
+      if (wait == Impl::FenceWait::slice) break;
+    }
     m.cleanup_all(true);
   });
   return passed;

@@ -150,8 +150,9 @@ struct MemoryManager::Shards {
   // Then the other shards give back their idle pages and parked slices, without waiting for
   // anything. True when they gave some.
   bool trim_others(std::uint32_t k);
-  // Then their memory waiting on fences: waits for their oldest fences until `deadline` and
-  // gives back what came free. True when a fence passed.
+  // Then their memory waiting on fences: waits for their oldest fences until `deadline` (a
+  // slice each at most while stream-ordered frees wait) and gives back what came free. True
+  // when a fence passed or a slice ran out: route again, then call again.
   bool drain_others(std::uint32_t k, std::chrono::steady_clock::time_point deadline);
 
   Device& device;

@@ -86,15 +86,18 @@
 // fence in the FenceQueue's lane of s and that thread (free_fences.h: one token names every
 // thread's per-thread stream, and one thread's park must not hold back another's frees). One
 // fence per free: a cudaFreeAsync already puts an operation on the stream; so that fences (and
-// the driver's events behind them) stay few, at most kMaxLaneFrees frees wait in lanes, and a
-// stream-ordered free past them joins the open epoch as a cudaFree's would, as it does when
-// Device::fence_record_on cannot record (a capture is open on the stream, the stream is unknown
-// or of another device).
+// the driver's events behind them) stay few, at most kMaxLaneFrees frees wait in a shard's
+// lanes (at the limit, those whose fences passed are taken back first), and a stream-ordered
+// free past them joins the open epoch as a cudaFree's would, as it does when
+// Device::fence_record_on cannot record (the stream captures, a capture begun through the hooks
+// is open on the device, the stream is unknown or of another device).
 // Fences no longer pass in the order recorded: a cudaFreeAsync never blocks, so its fence may
 // lie behind a park of its own stream, older than fences about to pass. So while any lane holds
-// a free, a wait for the oldest fence lasts at most kLaneWaitSliceMicros, takes back whatever
-// passed meanwhile, and the caller routes again before it waits again; recovery uses memory a
-// wait returned before it sends idle pages to the driver (whose free waits behind any park).
+// a free, a wait for the oldest fence lasts at most kLaneWaitSliceMicros and takes back whatever
+// passed meanwhile; an allocation and out-of-memory recovery (also in other shards) route again
+// before they wait again, and recovery uses memory a wait returned before it sends idle pages to
+// the driver (whose free waits behind any park). give_back_all and drain_fences wait for every
+// fence anyway, so for them the order does not matter.
 //
 // Note [Outside the lock]
 // ~~~~~~~~~~~~~~~~~~~~~~~
@@ -343,13 +346,13 @@ bool MemoryManager::Impl::wait_for_oldest_fence(Scope& scope, bool until_passed)
   return true;
 }
 
-bool MemoryManager::Impl::wait_for_oldest_fence(Scope& scope,
-                                                std::chrono::steady_clock::time_point deadline) {
+MemoryManager::Impl::FenceWait MemoryManager::Impl::wait_for_oldest_fence(
+    Scope& scope, std::chrono::steady_clock::time_point deadline) {
   using Clock = std::chrono::steady_clock;
   const Clock::time_point now = Clock::now();
-  if (now >= deadline) return false;
+  if (now >= deadline) return FenceWait::none;
   const FenceTicket ticket = fences.borrow_oldest();
-  if (!ticket) return false;
+  if (!ticket) return FenceWait::none;
   const bool sliced = fences.any_lanes();
   const auto left = std::chrono::duration_cast<std::chrono::microseconds>(deadline - now);
   scope.unlock();  // Note [Outside the lock]
@@ -360,7 +363,8 @@ bool MemoryManager::Impl::wait_for_oldest_fence(Scope& scope,
   scope.relock();
   fences.give_back_ticket(device, ticket);
   const std::uint64_t reaped = fences.reap(device, kGiveBack);
-  return passed || reaped != 0 || (sliced && Clock::now() < deadline);
+  if (passed || reaped != 0) return FenceWait::passed;
+  return sliced && Clock::now() < deadline ? FenceWait::slice : FenceWait::none;
 }
 
 // Note [Held memory bound]
@@ -1008,7 +1012,7 @@ Route MemoryManager::Impl::recover_from_oom(Scope& scope, std::uint64_t size,
     // then the other shards'. Waits that may last: others grow meanwhile as before.
     counted.done();
     if (fences.open_count() != 0 && !fences.close(device)) return r;  // a capture is open
-    if (!wait_for_oldest_fence(scope, deadline)) {
+    if (wait_for_oldest_fence(scope, deadline) == FenceWait::none) {
       if (sharded && !stuck && drain_others()) {
         flush = true;
         continue;
@@ -1075,6 +1079,9 @@ void MemoryManager::Impl::retire(Slice* slice, StreamToken stream) {
     case FreeFence::automatic:
     case FreeFence::events: {
       // Note [Stream-ordered frees]: only that stream's work can still use the slice.
+      // At the limit, fences that passed make room first.
+      if (stream != kNoStream && fences.lane_frees() >= kMaxLaneFrees)
+        fences.reap(device, kGiveBack);
       if (stream != kNoStream && fences.lane_frees() < kMaxLaneFrees) {
         const FenceHandle fence = device.fence_record_on(stream);
         if (fence != kNoFence) {
