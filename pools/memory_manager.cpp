@@ -1012,11 +1012,14 @@ Route MemoryManager::Impl::recover_from_oom(Scope& scope, std::uint64_t size,
     // then the other shards'. Waits that may last: others grow meanwhile as before.
     counted.done();
     if (fences.open_count() != 0 && !fences.close(device)) return r;  // a capture is open
-    if (wait_for_oldest_fence(scope, deadline) == FenceWait::none) {
-      if (sharded && !stuck && drain_others()) {
-        flush = true;
-        continue;
-      }
+    const FenceWait waited = wait_for_oldest_fence(scope, deadline);
+    // Nothing came back here (a slice ran out behind a park, or no fence is left): the other
+    // shards' fences next, a slice each at most.
+    if (waited != FenceWait::passed && sharded && !stuck && drain_others()) {
+      flush = true;
+      continue;
+    }
+    if (waited == FenceWait::none) {
       // Pages other threads gave up meanwhile are still on their way to the driver (with shards,
       // both threads' recoveries hand each other's idle pages over): wait for them while the
       // bound lasts, as long as flushes complete, for at most kOomExtraRounds flushes: a

@@ -250,4 +250,10 @@ inline void CUDART_CB wait_at_gate(void* data) {
   }
 }
 
+// Parks `stream` at `gate` and returns once the stream has reached it.
+inline void park(cudaStream_t stream, Gate& gate) {
+  CHECK_CUDA(cudaLaunchHostFunc(stream, &wait_at_gate, &gate));
+  while (!gate.entered.load()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+}
+
 }  // namespace preload_test

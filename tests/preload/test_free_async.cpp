@@ -7,8 +7,6 @@
 // stream only: with another stream parked on a host function, memory freed on a running stream
 // (or the legacy one) serves an allocation that needs it, as in the plain run. Run on a 1 GiB
 // device.
-#include <chrono>
-#include <thread>
 #include <vector>
 
 #include "check.h"
@@ -60,8 +58,7 @@ int main() {
   CHECK_CUDA(cudaStreamCreateWithFlags(&parked, cudaStreamNonBlocking));
   preload_test::Gate gate;
   gate.limit_seconds = 60;
-  CHECK_CUDA(cudaLaunchHostFunc(parked, &preload_test::wait_at_gate, &gate));
-  while (!gate.entered.load()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  preload_test::park(parked, gate);
   constexpr std::size_t kBig = std::size_t{600} << 20;
   void* big = nullptr;
   CHECK_CUDA(cudaMalloc(&big, kBig));

@@ -19,10 +19,6 @@ namespace {
 
 constexpr std::size_t kBig = std::size_t{600} << 20;
 
-void wait_until_entered(const preload_test::Gate& gate) {
-  while (!gate.entered.load()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
-}
-
 void per_thread() {
   cudaStream_t other = nullptr;  // a created stream: the device leaves one-queue reuse
   CHECK_CUDA(cudaStreamCreateWithFlags(&other, cudaStreamNonBlocking));
@@ -31,8 +27,7 @@ void per_thread() {
   preload_test::Gate gate;
   gate.limit_seconds = 60;
   std::thread x([&] {
-    CHECK_CUDA(cudaLaunchHostFunc(cudaStreamPerThread, &preload_test::wait_at_gate, &gate));
-    wait_until_entered(gate);
+    preload_test::park(cudaStreamPerThread, gate);
     CHECK_CUDA(cudaFreeAsync(small, cudaStreamPerThread));
   });
   x.join();
@@ -64,10 +59,8 @@ void oldest() {
   preload_test::Gate brief;
   held.limit_seconds = 60;
   brief.limit_seconds = 60;
-  CHECK_CUDA(cudaLaunchHostFunc(parked, &preload_test::wait_at_gate, &held));
-  CHECK_CUDA(cudaLaunchHostFunc(later, &preload_test::wait_at_gate, &brief));
-  wait_until_entered(held);
-  wait_until_entered(brief);
+  preload_test::park(parked, held);
+  preload_test::park(later, brief);
   CHECK_CUDA(cudaFreeAsync(small, parked));
   CHECK_CUDA(cudaFreeAsync(big, later));
   std::thread opener([&] {

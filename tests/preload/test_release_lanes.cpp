@@ -6,8 +6,6 @@
 // must succeed while device 1 is still parked (with one release thread for both devices it
 // waited behind device 1's free until out-of-memory recovery gave up). Skipped with fewer than
 // two devices. Run with two devices of 1 GiB each, under free_fence:none.
-#include <chrono>
-#include <thread>
 
 #include "check.h"
 
@@ -30,8 +28,7 @@ int main() {
   CHECK_CUDA(cudaStreamCreateWithFlags(&parked, cudaStreamNonBlocking));
   preload_test::Gate gate;
   gate.limit_seconds = 60;
-  CHECK_CUDA(cudaLaunchHostFunc(parked, &preload_test::wait_at_gate, &gate));
-  while (!gate.entered.load()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  preload_test::park(parked, gate);
   void* keep1 = nullptr;
   void* idle1 = nullptr;
   CHECK_CUDA(cudaMalloc(&keep1, 64 * kMiB));
