@@ -163,10 +163,11 @@ cudaError_t free(void* ptr) {
 
 // cudaFreeAsync of pooled memory: the program promises that every use of it, on any stream, is
 // ordered before the free on `stream`, so under fenced reuse the slice waits for a fence on that
-// stream alone (Note [Stream-ordered frees] in pools/memory_manager.cpp). Memory from cudaMallocAsync and anything else
-// the pools do not own goes to the real call. On a stream whose capture an earlier call
-// invalidated, the free fails with cudaErrorStreamCaptureInvalidated and frees nothing, as the
-// plain call does (the program then frees the memory some other way).
+// stream alone (Note [Stream-ordered frees] in pools/memory_manager.cpp). Memory from
+// cudaMallocAsync and anything else the pools do not own goes to the real call. On a stream
+// whose capture an earlier call invalidated, the free fails with
+// cudaErrorStreamCaptureInvalidated and frees nothing, as the plain call does (the program then
+// frees the memory some other way).
 cudaError_t free_async(void* ptr, cudaStream_t stream, bool per_thread) {
   auto real_call = [&] {
     return per_thread ? real::cudaFreeAsync_ptsz()(ptr, stream)

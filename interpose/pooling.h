@@ -49,9 +49,9 @@ struct Freed {
 };
 
 // Returns `ptr` to the pools that own it: the managed slabs first, then `device`'s pools, then
-// every other device's (a pointer may be freed with any device current). not_mine: the real free answers.
-// `stream`: a stream-ordered free on that stream of `device`, the current device (Note
-// [Stream-ordered frees] in pools/memory_manager.cpp); another device's pools ignore it.
+// every other device's (a pointer may be freed with any device current). not_mine: the real
+// free answers. `stream`: a stream-ordered free on that stream of `device`, the current device
+// (Note [Stream-ordered frees] in pools/memory_manager.cpp); another device's pools ignore it.
 Freed release(int device, const void* ptr, StreamToken stream = kNoStream);
 
 // Logs a refused free (double free, interior pointer, never allocated), naming `api`.

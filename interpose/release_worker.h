@@ -1,7 +1,7 @@
 // The release worker: threads of the library's own, one per device, that hand pages the pools
-// gave up back to the driver (Note [Release worker] in release_worker.cpp). The real cudaFree synchronizes
-// the device, so it must never run on a thread that is allocating: a program may park a stream
-// on a host function that only the allocating thread will release.
+// gave up back to the driver (Note [Release worker] in release_worker.cpp). The real cudaFree
+// synchronizes the device, so it must never run on a thread that is allocating: a program may
+// park a stream on a host function that only the allocating thread will release.
 //
 // Depends on the real-function table and OwnCallScope; knows nothing of the pools.
 #pragma once

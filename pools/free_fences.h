@@ -93,7 +93,8 @@ class FenceQueue {
 
   // Gives back the slices of every closed epoch whose fence has passed, oldest first, and stops
   // at the first that has not (a later fence never passes before an earlier one: each is
-  // recorded after all work issued before it); then each lane's the same way. Never blocks. Returns slices given back.
+  // recorded after all work issued before it); then each lane's the same way. Never blocks.
+  // Returns slices given back.
   template <typename GiveBack>
   std::uint64_t reap(Device& device, GiveBack&& give_back) {
     std::uint64_t returned = 0;

@@ -441,10 +441,11 @@ MemoryManager::Impl::FenceWait MemoryManager::Impl::wait_for_oldest_fence(
 // whose cores the program keeps busy, and the next growth waits again, which gives it one.
 // (Remembering every run-out until fewer bytes were on their way stopped all waits under such load,
 // and the backlog grew again: with two threads spinning beside it the training trace reached 3.2
-// times its peak live bytes; remembering any run-out with one release inside throughout, 2.0.) Each
-// device has its own release thread, so the wait is for this device's queued pages only; a run-out
-// with none of them left queued (only held back by a capture) is not remembered. Hits never pay for any of it: only a growth reads the
-// backlog, and it asks whether a capture is open only once the backlog is over the bound.
+// times its peak live bytes; remembering any run-out with one release inside throughout, 2.0.)
+// Each device has its own release thread, so the wait is for this device's queued pages only; a
+// run-out with none of them left queued (only held back by a capture) is not remembered. Hits
+// never pay for any of it: only a growth reads the backlog, and it asks whether a capture is open
+// only once the backlog is over the bound.
 
 bool MemoryManager::Impl::releases_stuck() {
   return growth_wait_stuck && growth_wait_stuck->stuck &&
