@@ -83,8 +83,8 @@ FenceHandle HostDevice::fence_record_on(StreamToken stream) {
   live_fences_.insert(fence);
   if (parked_streams_.count(stream) == 0) {
     passed_apart_.insert(fence);
-  } else if (fence_mode_ == FenceMode::immediate) {
-    completed_upto_ = fence;
+  } else {
+    held_back_.insert(fence);
   }
   return fence;
 }
@@ -102,6 +102,7 @@ bool HostDevice::fence_passed(FenceHandle fence) {
 }
 
 bool HostDevice::passed_locked(FenceHandle fence) const {
+  if (held_back_.count(fence) != 0) return false;
   return fence <= completed_upto_ || passed_apart_.count(fence) != 0;
 }
 
@@ -113,8 +114,10 @@ void HostDevice::fence_wait(FenceHandle fence) {
     fences_completed_.wait(lock, [&] { return passed_locked(fence); });
     return;
   }
-  // The device runs to the fence: it and every earlier fence pass.
+  // The device runs to the fence: it and every earlier fence pass (but for other parked
+  // streams').
   if (fence > completed_upto_) completed_upto_ = fence;
+  held_back_.erase(fence);
 }
 
 bool HostDevice::fence_wait_for(FenceHandle fence, std::uint32_t max_microseconds) {
@@ -132,6 +135,7 @@ void HostDevice::fence_destroy(FenceHandle fence) {
   enter("fence_destroy");
   live_fences_.erase(fence);
   passed_apart_.erase(fence);
+  held_back_.erase(fence);
 }
 
 void HostDevice::synchronize() {
@@ -140,6 +144,7 @@ void HostDevice::synchronize() {
   enter("synchronize");
   if (capture_open_) ++synchronize_during_capture_;
   completed_upto_ = next_fence_ - 1;
+  held_back_.clear();
   fences_completed_.notify_all();
 }
 
@@ -190,6 +195,7 @@ void HostDevice::set_fence_mode(FenceMode mode) {
 void HostDevice::complete_fences() {
   std::lock_guard lock(mutex_);
   completed_upto_ = next_fence_ - 1;
+  held_back_.clear();
   fences_completed_.notify_all();
 }
 

@@ -54,8 +54,9 @@ class HostDevice final : public Device {
   DeviceMemoryInfo memory_info() override;
   std::uint64_t alignment() const override;
   FenceHandle fence_record() override;
-  // A fence on one stream: passed at once unless park_stream() parked that stream, whose
-  // fences then pass as fence_record()'s do (the fence mode). Counted as a fence_record call.
+  // A fence on one stream: passed at once unless park_stream() parked that stream; then it
+  // passes only at complete_fences() or synchronize(), or at fence_wait() of it under every mode
+  // but parked (never at fence_wait_for()). Counted as a fence_record call.
   FenceHandle fence_record_on(StreamToken stream) override;
   bool fence_passed(FenceHandle fence) override;
   void fence_wait(FenceHandle fence) override;
@@ -76,7 +77,7 @@ class HostDevice final : public Device {
   std::uint64_t forbidden_calls() const;
   void set_fence_mode(FenceMode mode);
   void complete_fences();  // every fence recorded so far has passed; wakes fence waits
-  void park_stream(StreamToken stream);  // its fence_record_on() fences follow the fence mode
+  void park_stream(StreamToken stream);  // its fence_record_on() fences are held back
   // A stream capture opens or ends: while open, fence_record() returns kNoFence,
   // capture_active() is true, and synchronize() counts in synchronize_during_capture() (a
   // real device-wide synchronize would invalidate the capture).
@@ -119,6 +120,7 @@ class HostDevice final : public Device {
   std::set<FenceHandle> live_fences_;
   std::set<StreamToken> parked_streams_;
   std::set<FenceHandle> passed_apart_;  // stream fences of streams not parked: passed at once
+  std::set<FenceHandle> held_back_;     // stream fences of parked streams, not passed yet
   std::uint64_t bad_releases_ = 0;
   mutable Calls calls_;
 };

@@ -448,6 +448,39 @@ TEST_CASE("out of memory waits for the fences of memory another shard's thread f
   CHECK(rig.manager.check_consistency().empty());
 }
 
+TEST_CASE("out of memory behind a parked stream's free turns to another shard's fences") {
+  // The recovering shard's only fence is a stream-ordered free's on a parked stream: its waits
+  // run out a slice at a time, and between them the recovery must wait for the other shard's
+  // fences (which pass when waited for) instead of spending its whole bound on the park.
+  ManagerOptions o = shard_options(custom({sliced(2 * MiB, MiB), exclusive(4 * GiB)}),
+                                   FreeFence::events);
+  o.recovery_wait_micros = 1'000'000;  // waited out on the park, the request fails after it
+  ShardRig rig(o, 128 * MiB);
+  Worker a, b;
+  rig.part(a, b);
+  Worker& moved = rig.shard_of(rig.reserve_on(a, KiB)) != 0 ? a : b;
+  Worker& stayed = &moved == &a ? b : a;
+  REQUIRE(rig.manager.drain_fences());
+  rig.device.set_fence_mode(HostDevice::FenceMode::on_wait);
+  const StreamToken parked = 0x1000;
+  rig.device.park_stream(parked);
+  const DevicePtr small = rig.reserve_on(stayed, KiB);
+  REQUIRE(rig.shard_of(small) == 0);
+  stayed.run([&] { CHECK(rig.manager.free(small, parked) == FreeOutcome::freed); });
+  std::vector<DevicePtr> held;
+  for (int i = 0; i < 2; ++i) held.push_back(rig.reserve_on(moved, 24 * MiB));
+  REQUIRE(rig.shard_of(held.back()) != 0);
+  moved.run([&] {
+    for (const DevicePtr p : held) CHECK(rig.manager.free(p) == FreeOutcome::freed);
+  });
+  DevicePtr big = 0;
+  stayed.run([&] { big = rig.manager.allocate(40 * MiB).ptr; });
+  CHECK(big != 0);
+  CHECK(rig.manager.report().oom_failures == 0);
+  rig.device.complete_fences();
+  CHECK(rig.manager.check_consistency().empty());
+}
+
 TEST_CASE("a request beyond every shard's reach fails at once, taking nothing from the others") {
   ShardRig rig(shard_options(custom({sliced(2 * MiB, MiB), exclusive(4 * GiB)})));
   Worker a, b;
