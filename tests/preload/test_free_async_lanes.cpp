@@ -26,21 +26,30 @@ void per_thread() {
   CHECK_CUDA(cudaMalloc(&small, 1 << 20));
   preload_test::Gate gate;
   gate.limit_seconds = 60;
+  std::atomic<int> step{0};  // 1: X freed; 2: the main thread asks; 3: X answered
+  std::atomic<bool> x_parked{false};
   std::thread x([&] {
     preload_test::park(cudaStreamPerThread, gate);
     CHECK_CUDA(cudaFreeAsync(small, cudaStreamPerThread));
+    step.store(1);
+    while (step.load() != 2) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    // Only X can ask about its own per-thread stream.
+    x_parked.store(cudaStreamQuery(cudaStreamPerThread) == cudaErrorNotReady);
+    step.store(3);
   });
-  x.join();
+  while (step.load() != 1) std::this_thread::sleep_for(std::chrono::milliseconds(1));
   void* big = nullptr;
   CHECK_CUDA(cudaMalloc(&big, kBig));
   CHECK_CUDA(cudaMemsetAsync(big, 7, kBig, cudaStreamPerThread));
   CHECK_CUDA(cudaFreeAsync(big, cudaStreamPerThread));
   CHECK_CUDA(cudaStreamSynchronize(cudaStreamPerThread));
   const cudaError_t result = cudaMalloc(&big, kBig);
-  const bool still_parked = !gate.open.load();
+  step.store(2);
+  while (step.load() != 3) std::this_thread::sleep_for(std::chrono::milliseconds(1));
   gate.open.store(true);
+  x.join();
   CHECK_CUDA(result);
-  CHECK(still_parked);
+  CHECK_MSG(x_parked.load(), "the allocation waited for another thread's parked stream");
   CHECK_CUDA(cudaFree(big));
   CHECK_CUDA(cudaDeviceSynchronize());
   CHECK_CUDA(cudaStreamDestroy(other));
