@@ -1,14 +1,18 @@
 // NodeSlab<T>: a host-side slab of fixed-size nodes with an intrusive free list. Slices and pages
 // come from here, so the hot path never calls `new`: a node is recycled in O(1) and the slab only
-// grows by whole chunks (amortised over kChunk nodes). Not thread-safe; the owning
-// MemoryManager's lock protects it. Depends on nothing in poolcuda.
+// grows by whole chunks: kChunk nodes first, each chunk twice the last until one is a huge page
+// (Note [Tables on huge pages] in host_tables.h), then huge pages. Not thread-safe; the owning
+// MemoryManager's lock protects it. Depends on host_tables.h.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <memory>
 #include <new>
 #include <utility>
 #include <vector>
+
+#include "pools/host_tables.h"
 
 namespace poolcuda {
 
@@ -53,15 +57,25 @@ class NodeSlab {
   };
 
   void grow() {
-    auto chunk = std::make_unique<Cell[]>(kChunk);
-    for (std::size_t i = kChunk; i-- > 0;) {
-      chunk[i].next = free_;
-      free_ = &chunk[i];
+    // Bytes, not nodes, reach the huge-page size: a chunk of exactly kHugeTableBytes fills its
+    // page (the last few bytes may hold no whole node).
+    const std::size_t bytes =
+        chunks_.empty() ? kChunk * sizeof(Cell)
+                        : std::max(std::min(2 * chunks_.back().get_deleter().bytes, kHugeTableBytes),
+                                   chunks_.back().get_deleter().bytes);
+    const std::size_t count = bytes / sizeof(Cell);
+    chunks_.reserve(chunks_.size() + 1);  // so that push_back cannot throw and leak the chunk
+    Chunk chunk(static_cast<Cell*>(allocate_table(bytes)), TableDeleter{bytes});
+    Cell* cells = chunk.get();
+    for (std::size_t i = count; i-- > 0;) {
+      cells[i].next = free_;
+      free_ = &cells[i];
     }
     chunks_.push_back(std::move(chunk));
   }
 
-  std::vector<std::unique_ptr<Cell[]>> chunks_;
+  using Chunk = std::unique_ptr<Cell, TableDeleter>;
+  std::vector<Chunk> chunks_;
   Cell* free_ = nullptr;
   std::size_t live_ = 0;
 };

@@ -2,12 +2,16 @@
 // backward-shift deletion, no tombstones, load factor <= 1/2). No node allocation: the table is
 // one array that doubles when half full, so insert/find/erase are O(1) on average and a
 // reservation allocates only when the table grows. Key 0 marks an empty cell (the device never
-// hands out address 0). Not thread-safe. Depends on pool.h for Slice only.
+// hands out address 0). A large table lives on huge pages where the kernel has them (Note
+// [Tables on huge pages] in host_tables.h). Not thread-safe. Depends on pool.h for Slice and on
+// host_tables.h.
 #pragma once
 
 #include <cstdint>
 #include <memory>
+#include <utility>
 
+#include "pools/host_tables.h"
 #include "pools/pool.h"
 
 namespace poolcuda {
@@ -63,10 +67,9 @@ class SliceIndex {
   std::size_t size() const { return size_; }
 
   void clear() {
-    cells_.reset();
-    capacity_ = 0;
+    cells_ = make_cells(kInitial);  // the old table stays if this throws
+    set_capacity(kInitial);
     size_ = 0;
-    rehash(kInitial);
   }
 
   template <typename Fn>
@@ -94,18 +97,31 @@ class SliceIndex {
     cells_[i] = Cell{ptr, slice};
   }
 
+  using Cells = std::unique_ptr<Cell[], TableDeleter>;
+
+  static Cells make_cells(std::size_t capacity) {
+    Cell* cells = static_cast<Cell*>(allocate_table(capacity * sizeof(Cell)));
+    std::uninitialized_value_construct_n(cells, capacity);
+    return Cells(cells, TableDeleter{capacity * sizeof(Cell)});
+  }
+
   void rehash(std::size_t capacity) {
-    std::unique_ptr<Cell[]> old = std::move(cells_);
+    // The new table first: if there is no memory for it, the old one stays whole.
+    Cells fresh = make_cells(capacity);
+    Cells old = std::exchange(cells_, std::move(fresh));
     const std::size_t old_capacity = capacity_;
-    cells_ = std::make_unique<Cell[]>(capacity);
-    capacity_ = capacity;
-    mask_ = capacity - 1;
-    shift_ = 64 - static_cast<unsigned>(__builtin_ctzll(capacity));
+    set_capacity(capacity);
     for (std::size_t i = 0; i < old_capacity; ++i)
       if (old[i].key != 0) place(old[i].key, old[i].slice);
   }
 
-  std::unique_ptr<Cell[]> cells_;
+  void set_capacity(std::size_t capacity) {
+    capacity_ = capacity;
+    mask_ = capacity - 1;
+    shift_ = 64 - static_cast<unsigned>(__builtin_ctzll(capacity));
+  }
+
+  Cells cells_;
   std::size_t capacity_ = 0;
   std::size_t mask_ = 0;
   unsigned shift_ = 64;
