@@ -38,6 +38,7 @@
 #include <mutex>
 
 #include "interpose/foreign_frees.h"
+#include "interpose/hook_guard.h"
 #include "interpose/log.h"
 #include "interpose/own_call.h"
 #include "interpose/own_api.h"
@@ -146,9 +147,21 @@ bool free_now(int device, const Page& page, std::uint64_t boundary,
   return true;
 }
 
+// The lane's device made current on its thread for good, so that each page's OwnCallScope finds
+// it current and never switches back. A new thread's current device is 0, and cudaSetDevice
+// initializes the primary context of the device it names: switching back to 0 after every page
+// made a context on device 0 in a program that only ever used device 1 (each rank of a job with
+// one GPU per rank would then hold memory on the first GPU, or be refused it in exclusive-process
+// mode). A failure is left to free_now's scope, which then reports the device out of reach.
+void adopt_device(int device) {
+  InsideHook inside;  // the runtime reaches the driver through the hooks
+  if (own::cudaSetDevice()(device) != cudaSuccess) own::cudaGetLastError()();
+}
+
 void* lane_main(void* arg) {
   auto* lane = static_cast<ReleaseLane*>(arg);
   ReleaseWorker::State* s = lane->state;
+  adopt_device(lane->device);
   std::unique_lock<RankedMutex> lock(s->mutex);
   for (;;) {
     if (lane->queue.empty()) {
@@ -165,6 +178,7 @@ void* lane_main(void* arg) {
     lane->queue.pop_front();
     if (lane->resetting) {
       lane->held_back.push_back(page);  // end_reset drops it
+      lane->changed.notify_all();       // a flush waiting for the queue to empty
       continue;
     }
     lane->in_flight = page.ticket;
@@ -218,10 +232,13 @@ bool ReleaseWorker::flush(int device, std::uint32_t max_microseconds) {
   std::unique_lock<RankedMutex> lock(s.mutex);
   ReleaseLane& lane = s.lane(device);
   const std::uint64_t target = s.next_ticket;
-  // Held-back pages are tried once more now; once everything left comes back (a capture is
-  // still open, a reset under way), waiting longer would not release it.
-  lane.retry_held_back();
-  lane.changed.notify_all();
+  // Held-back pages are tried once more now (not during a reset: they stay held back until it
+  // ends); once everything left comes back (a capture is still open, a reset under way), waiting
+  // longer would not release it.
+  if (!lane.resetting) {
+    lane.retry_held_back();
+    lane.changed.notify_all();
+  }
   lane.changed.wait_for(lock, std::chrono::microseconds(max_microseconds), [&] {
     return lane.low_water(target) >= target ||
            (lane.queue.empty() && lane.in_flight == 0 && !lane.held_back.empty());
