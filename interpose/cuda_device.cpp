@@ -279,8 +279,9 @@ FenceHandle CudaDevice::fence_record() {
   return reinterpret_cast<FenceHandle>(fence);
 }
 
-FenceHandle CudaDevice::fence_record_on(StreamToken token) {
+FenceHandle CudaDevice::fence_record_on(StreamToken token, StreamToken& lane) {
   const auto stream = reinterpret_cast<cudaStream_t>(token);
+  lane = token;
   OwnCallScope scope(device_);
   if (!scope.ok()) return kNoFence;  // Note [Own calls]
   auto table = streams_.lock();
@@ -289,6 +290,9 @@ FenceHandle CudaDevice::fence_record_on(StreamToken token) {
     for (const TrackedStream& tracked : streams_.streams()) {
       if (tracked.stream == stream) {
         mine = tracked.device == device_;
+        // The stream's creation, not its handle, which a later stream may be given: the top bit
+        // keeps it apart from the two fixed handles (no user-space address has it).
+        lane = tracked.serial | (StreamToken{1} << 63);
         break;
       }
     }

@@ -43,7 +43,7 @@ class CudaDevice final : public Device {
   FenceHandle fence_record() override;
   // On cudaStreamLegacy, cudaStreamPerThread (both this device's) or a stream the table holds
   // for this device; kNoFence for any other (a record there fails).
-  FenceHandle fence_record_on(StreamToken stream) override;
+  FenceHandle fence_record_on(StreamToken stream, StreamToken& lane) override;
   bool fence_passed(FenceHandle fence) override;
   void fence_wait(FenceHandle fence) override;
   void fence_destroy(FenceHandle fence) override;

@@ -9,8 +9,8 @@
 namespace poolcuda {
 
 void StreamTable::add(cudaStream_t stream, int device, unsigned int flags) {
-  const TrackedStream entry{stream, device, (flags & cudaStreamNonBlocking) != 0};
   std::lock_guard<RankedMutex> hold(mutex_);
+  const TrackedStream entry{stream, device, (flags & cudaStreamNonBlocking) != 0, next_serial_++};
   auto it = std::find_if(streams_.begin(), streams_.end(),
                          [&](const TrackedStream& s) { return s.stream == stream; });
   if (it != streams_.end()) {

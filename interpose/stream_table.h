@@ -11,6 +11,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <cstdint>
 #include <mutex>
 #include <vector>
 
@@ -22,6 +23,8 @@ struct TrackedStream {
   cudaStream_t stream = nullptr;
   int device = 0;
   bool non_blocking = false;
+  // Which creation this is: a later stream given a destroyed one's handle gets another number.
+  std::uint64_t serial = 0;
 };
 
 class StreamTable {
@@ -47,6 +50,7 @@ class StreamTable {
  private:
   RankedMutex mutex_{LockRank::stream_table};
   std::vector<TrackedStream> streams_;
+  std::uint64_t next_serial_ = 1;  // under mutex_
 };
 
 }  // namespace poolcuda

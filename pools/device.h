@@ -97,8 +97,11 @@ class Device {
   // [Stream-ordered frees] in memory_manager.cpp). kNoFence when it cannot now (a capture is
   // open, the stream is unknown or of another device); the caller then fences the free as any
   // other. Never blocks. The default: never.
-  virtual FenceHandle fence_record_on(StreamToken stream) {
-    (void)stream;
+  // `lane` receives what names this stream for as long as it lives and never a later stream
+  // (a destroyed stream's handle may be the next stream's): the frees that wait in one lane pass
+  // in the order recorded only while they are frees of one stream.
+  virtual FenceHandle fence_record_on(StreamToken stream, StreamToken& lane) {
+    lane = stream;
     return kNoFence;
   }
 

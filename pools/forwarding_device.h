@@ -25,6 +25,9 @@ class ForwardingDevice : public Device {
   DeviceMemoryInfo memory_info() override { return inner_.memory_info(); }
   std::uint64_t alignment() const override { return inner_.alignment(); }
   FenceHandle fence_record() override { return inner_.fence_record(); }
+  FenceHandle fence_record_on(StreamToken stream, StreamToken& lane) override {
+    return inner_.fence_record_on(stream, lane);
+  }
   bool fence_passed(FenceHandle fence) override { return inner_.fence_passed(fence); }
   void fence_wait(FenceHandle fence) override { inner_.fence_wait(fence); }
   bool fence_wait_for(FenceHandle fence, std::uint32_t max_microseconds) override {

@@ -39,12 +39,12 @@ class FenceQueue {
     open_.bytes += slice->size;
   }
 
-  // Adds `slice`, freed by `thread` (any address unique to the thread) in the order of
-  // `stream`, whose own fence was recorded on that stream at the free: it waits for that fence
-  // alone. One thread's fences on one stream pass in the order it recorded them; the thread is
+  // Adds `slice`, freed by `thread` (a number unique to the thread for the process's life) in
+  // the order of `stream` (the lane token Device::fence_record_on gave), whose own fence was
+  // recorded on that stream at the free: it waits for that fence alone. One thread's fences on one stream pass in the order it recorded them; the thread is
   // part of the lane because one token may name a stream of each thread (the per-thread
   // default stream), and one thread's park must not hold back another's frees.
-  void add_ordered(Slice* slice, FenceHandle fence, StreamToken stream, const void* thread) {
+  void add_ordered(Slice* slice, FenceHandle fence, StreamToken stream, std::uint64_t thread) {
     slice->next_pending = nullptr;
     Epoch epoch;
     epoch.id = next_id_++;
@@ -184,7 +184,7 @@ class FenceQueue {
   // slice.
   struct StreamLane {
     StreamToken stream;
-    const void* thread;
+    std::uint64_t thread;
     std::deque<Epoch> frees;
   };
   struct Lingering {

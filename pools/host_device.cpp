@@ -74,8 +74,9 @@ FenceHandle HostDevice::fence_record() {
   return fence;
 }
 
-FenceHandle HostDevice::fence_record_on(StreamToken stream) {
+FenceHandle HostDevice::fence_record_on(StreamToken stream, StreamToken& lane) {
   std::lock_guard lock(mutex_);
+  lane = stream;
   ++calls_.fence_record;
   enter("fence_record_on");
   if (capture_open_) return kNoFence;

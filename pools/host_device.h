@@ -57,7 +57,7 @@ class HostDevice final : public Device {
   // A fence on one stream: passed at once unless park_stream() parked that stream; then it
   // passes only at complete_fences() or synchronize(), or at fence_wait() of it under every mode
   // but parked (never at fence_wait_for()). Counted as a fence_record call.
-  FenceHandle fence_record_on(StreamToken stream) override;
+  FenceHandle fence_record_on(StreamToken stream, StreamToken& lane) override;
   bool fence_passed(FenceHandle fence) override;
   void fence_wait(FenceHandle fence) override;
   bool fence_wait_for(FenceHandle fence, std::uint32_t max_microseconds) override;

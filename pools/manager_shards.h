@@ -52,7 +52,16 @@ bool layout_capped(const PoolLayout& layout);
 struct ShardHome {
   std::uint32_t index = 0;
   std::uint32_t since_shared = kShardWindow;
+  std::uint64_t serial = 0;  // thread_serial(), 0 until asked
 };
+
+// A number no other thread of the process had or will have (a thread-local's address may be a
+// later thread's: glibc reuses exited threads' stacks).
+inline std::uint64_t thread_serial(ShardHome& home) {
+  static std::atomic<std::uint64_t> next{1};
+  if (home.serial == 0) home.serial = next.fetch_add(1, std::memory_order_relaxed);
+  return home.serial;
+}
 
 // The calling thread's ShardHome: one thread-local lookup, done once per call. Initial-exec:
 // the library is loaded with the program (LD_PRELOAD), so these few bytes sit in the static

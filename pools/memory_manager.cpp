@@ -84,7 +84,11 @@
 // Under fenced reuse such a free therefore records a fence on s alone, at the free, on the
 // freeing thread (a per-thread default stream is that thread's), and the slice waits for that
 // fence in the FenceQueue's lane of s and that thread (free_fences.h: one token names every
-// thread's per-thread stream, and one thread's park must not hold back another's frees). One
+// thread's per-thread stream, and one thread's park must not hold back another's frees). A lane
+// names s by its creation (the lane token fence_record_on gives) and the thread by a serial
+// number, never by a handle or an address a later stream or thread may be given: a lane's frees
+// pass in order only while they are one stream's of one thread, and a new stream on a destroyed
+// parked stream's handle queued behind that park. One
 // fence per free: a cudaFreeAsync already puts an operation on the stream; so that fences (and
 // the driver's events behind them) stay few, at most kMaxLaneFrees frees wait in a shard's
 // lanes (at the limit, those whose fences passed are taken back first), and a stream-ordered
@@ -1087,9 +1091,10 @@ void MemoryManager::Impl::retire(Slice* slice, StreamToken stream) {
       if (stream != kNoStream && fences.lane_frees() >= kMaxLaneFrees)
         fences.reap(device, kGiveBack);
       if (stream != kNoStream && fences.lane_frees() < kMaxLaneFrees) {
-        const FenceHandle fence = device.fence_record_on(stream);
+        StreamToken lane = stream;
+        const FenceHandle fence = device.fence_record_on(stream, lane);
         if (fence != kNoFence) {
-          fences.add_ordered(slice, fence, stream, &this_thread_home());
+          fences.add_ordered(slice, fence, lane, thread_serial(this_thread_home()));
           return;
         }
       }

@@ -193,6 +193,50 @@ TEST_CASE("stream_ordered_free_waits_for_its_own_stream_alone") {
   CHECK(rig.manager.check_consistency().empty());
 }
 
+namespace {
+
+// A device on which the program destroyed a parked stream and a new stream got its handle:
+// after `reused`, fences recorded on 0x1000 go to a stream that runs, and name a lane of their
+// own, as CudaDevice's lane token names a stream's creation rather than its handle.
+class ReusedHandleDevice final : public ForwardingDevice<HostDevice> {
+ public:
+  using ForwardingDevice::ForwardingDevice;
+  FenceHandle fence_record_on(StreamToken stream, StreamToken& lane) override {
+    if (!reused || stream != 0x1000) return inner_.fence_record_on(stream, lane);
+    const FenceHandle fence = inner_.fence_record_on(0x3000, lane);
+    lane = 0x3000;
+    return fence;
+  }
+  bool reused = false;
+};
+
+}  // namespace
+
+TEST_CASE("a new stream on a destroyed parked stream's handle does not queue behind its frees") {
+  HostDevice host(64 * MiB, 512);
+  ReusedHandleDevice device(host);
+  ManagerOptions o;
+  o.layout = custom({exclusive(4 * GiB)});
+  o.free_fence = FreeFence::events;
+  o.shards = 1;
+  o.prompt_fence_nanos = std::uint64_t{1} << 63;
+  o.recovery_wait_micros = 200'000;
+  o.log_sink = [](LogLevel, std::string_view) {};
+  MemoryManager manager(device, o);
+  host.park_stream(0x1000);
+  const DevicePtr small = manager.allocate(MiB).ptr;
+  REQUIRE(small != 0);
+  REQUIRE(manager.free(small, 0x1000) == FreeOutcome::freed);  // waits for the park
+  device.reused = true;  // cudaStreamDestroy, then cudaStreamCreate returns the same handle
+  const DevicePtr big = manager.allocate(40 * MiB).ptr;
+  REQUIRE(big != 0);
+  REQUIRE(manager.free(big, 0x1000) == FreeOutcome::freed);  // the new stream runs
+  // 40 MiB more fit only once big's own fence has passed: it must not wait behind the park.
+  CHECK(manager.allocate(40 * MiB).ptr != 0);
+  CHECK(manager.report().oom_failures == 0);
+  host.complete_fences();
+}
+
 TEST_CASE("stream_ordered_frees_past_the_lane_limit") {
   // Another stream is parked: epochs never pass. The frees' own stream runs: fences that passed
   // make room in the lanes, so every free waits for its own stream only.
