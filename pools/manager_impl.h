@@ -290,7 +290,7 @@ struct MemoryManager::Impl {
   void retire(Slice* slice, StreamToken stream = kNoStream);
   void close_epoch();
   // close_epoch(), then takes back what fences passed earlier (cleanups, recovery).
-  void close_and_reap();
+  std::uint64_t close_and_reap();  // slices given back
   bool drain(Scope& scope);
   void finish_sync_frees(Scope& scope);
   std::uint64_t cleanup_all(bool explicit_cleanup);

@@ -74,7 +74,9 @@
 // and the recovering shard waits for those pages to reach the driver, again in each extra
 // round while they grow new idle pages (Note [Out of memory among threads]), and once this
 // shard's fences are all waited for, their fence-pending memory is waited for too
-// (drain_others), all within the one recovery bound. So memory idle or freed in one shard is
+// (drain_others), all within the one recovery bound; what those waits free is lent to the
+// recovering shard if a page of it fits, and only then goes to the driver, whose free waits
+// behind any parked stream. So memory idle or freed in one shard is
 // never the reason another shard's reservation fails. A sliced pool's request that still fails
 // in the thread's own shard is routed once more in the first, without waits: the first shard's
 // used pages may have room.
@@ -348,6 +350,17 @@ std::uint64_t MemoryManager::Shards::release_idle_elsewhere(std::uint32_t k,
   return released;
 }
 
+bool MemoryManager::Shards::reap_others(std::uint32_t k) {
+  bool took = false;
+  others(k, [&](Impl& m) {
+    Impl::Scope scope(m);  // its unlock publishes the idle bytes borrow_page looks at
+    if (m.frozen != 0) return;
+    const bool unparked = m.flush_caches(false) != 0;
+    took = m.close_and_reap() != 0 || unparked || took;
+  });
+  return took;
+}
+
 bool MemoryManager::Shards::trim_others(std::uint32_t k) {
   bool gave = false;
   others(k, [&](Impl& m) {
@@ -376,7 +389,8 @@ bool MemoryManager::Shards::drain_others(std::uint32_t k,
       passed = true;
       if (wait == Impl::FenceWait::slice) break;
     }
-    m.cleanup_all(true);
+    // The pages that came idle stay for the recovering shard to borrow (its caller routes
+    // before it trims).
   });
   return passed;
 }

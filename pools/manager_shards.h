@@ -156,12 +156,15 @@ struct MemoryManager::Shards {
   // Out-of-memory in shard k: the other shards' thread caches give back their parked slices,
   // so that what those shards hold unused counts them. True when they gave some.
   bool unpark_others(std::uint32_t k);
-  // Then the other shards give back their idle pages and parked slices, without waiting for
-  // anything. True when they gave some.
+  // Then the other shards take back their parked slices and what passed fences returned, so that
+  // pages of it can be lent (borrow_page) before any goes to the driver. True when they took some.
+  bool reap_others(std::uint32_t k);
+  // Then they give back their idle pages and parked slices, without waiting for anything. True
+  // when they gave some.
   bool trim_others(std::uint32_t k);
   // Then their memory waiting on fences: waits for their oldest fences until `deadline` (a
-  // slice each at most while stream-ordered frees wait) and gives back what came free. True
-  // when a fence passed or a slice ran out: route again, then call again.
+  // slice each at most while stream-ordered frees wait); what came free stays in their pools,
+  // to be lent. True when a fence passed or a slice ran out: route again, trim, call again.
   bool drain_others(std::uint32_t k, std::chrono::steady_clock::time_point deadline);
 
   Device& device;

@@ -883,6 +883,20 @@ Route MemoryManager::Impl::recover_from_oom(Scope& scope, std::uint64_t size,
     scope.relock();
     return gave;
   };
+  // What they hold free without a page to give (passed fences, parked slices) is lent first, if a
+  // page of it fits: sent to the driver, its free would wait behind any parked stream.
+  const auto lent_by_others = [&](Route* out) {
+    scope.unlock();
+    const bool took = shards->reap_others(shard_index);
+    scope.relock();
+    if (!took) return false;
+    Route lent = route(size, placement, 0);
+    if (lent.slice == nullptr &&
+        (lent.status == AllocStatus::out_of_memory || lent.wait_for_fence))
+      return false;
+    *out = lent;
+    return true;
+  };
   // Their memory waiting on fences, within this recovery's bound.
   const auto drain_others = [&] {
     scope.unlock();
@@ -969,7 +983,11 @@ Route MemoryManager::Impl::recover_from_oom(Scope& scope, std::uint64_t size,
     }
   }
   // The second: everything that needs no wait, the other shards' idle pages and this one's.
-  if (sharded) trim_others();
+  if (sharded) {
+    Route lent;
+    if (lent_by_others(&lent)) return lent;
+    trim_others();
+  }
   stuck = flush_ran_out || stuck_before();
   if (stuck) {
     counted.done();
@@ -1008,6 +1026,8 @@ Route MemoryManager::Impl::recover_from_oom(Scope& scope, std::uint64_t size,
         continue;
       }
       // Another shard grew and left idle pages again since it gave back.
+      Route lent;
+      if (sharded && lent_by_others(&lent)) return lent;
       if (sharded && trim_others()) {
         flush = true;
         continue;
@@ -1021,6 +1041,14 @@ Route MemoryManager::Impl::recover_from_oom(Scope& scope, std::uint64_t size,
     // Nothing came back here (a slice ran out behind a park, or no fence is left): the other
     // shards' fences next, a slice each at most.
     if (waited != FenceWait::passed && sharded && !stuck && drain_others()) {
+      // What came free there is lent first (Pool::new_page borrows another shard's idle page):
+      // sent to the driver instead, its free would wait behind any parked stream. Only what no
+      // page lent serves goes back to the driver, and the rounds wait for it.
+      const Route lent = route(size, placement, 0);
+      if (lent.slice != nullptr ||
+          (lent.status != AllocStatus::out_of_memory && !lent.wait_for_fence))
+        return lent;
+      trim_others();
       flush = true;
       continue;
     }
@@ -1133,9 +1161,9 @@ void MemoryManager::Impl::close_epoch() {
   }
 }
 
-void MemoryManager::Impl::close_and_reap() {
+std::uint64_t MemoryManager::Impl::close_and_reap() {
   close_epoch();
-  fences.reap(device, kGiveBack);  // fences that passed when there was no epoch to close
+  return fences.reap(device, kGiveBack);  // fences that passed when there was no epoch to close
 }
 
 FreeOutcome MemoryManager::Impl::classify(DevicePtr ptr) const {

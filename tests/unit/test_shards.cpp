@@ -30,9 +30,12 @@ ManagerOptions shard_options(const PoolLayout& layout = custom({sliced(2 * MiB, 
   return o;
 }
 
-struct ShardRig {
-  explicit ShardRig(const ManagerOptions& options, std::uint64_t capacity = 256 * MiB)
-      : device(capacity, 512), manager(device, options) {}
+// The manager runs over `front`, a device in front of the HostDevice: by default one that only
+// passes calls on.
+template <class Front = ForwardingDevice<HostDevice>>
+struct ShardRigOn {
+  explicit ShardRigOn(const ManagerOptions& options, std::uint64_t capacity = 256 * MiB)
+      : device(capacity, 512), front(device), manager(front, options) {}
 
   DevicePtr reserve_on(Worker& w, std::uint64_t size) {
     DevicePtr p = 0;
@@ -82,8 +85,21 @@ struct ShardRig {
   }
 
   HostDevice device;
+  Front front;
   MemoryManager manager;
   std::vector<DevicePtr> ballast;
+};
+using ShardRig = ShardRigOn<>;
+
+// Pages given back reach the driver only at a flush, and never while `parked`: the release
+// thread's cudaFree waits for every stream of the device, a parked one too.
+class ParkedReleases final : public HeldReleases {
+ public:
+  using HeldReleases::HeldReleases;
+  bool parked = false;
+
+ protected:
+  bool arrive(std::uint32_t) override { return !parked; }
 };
 
 }  // namespace
@@ -478,6 +494,40 @@ TEST_CASE("out of memory behind a parked stream's free turns to another shard's 
   CHECK(big != 0);
   CHECK(rig.manager.report().oom_failures == 0);
   rig.device.complete_fences();
+  CHECK(rig.manager.check_consistency().empty());
+}
+
+TEST_CASE("another shard's memory freed in a running stream's order is lent, not stuck behind a park") {
+  // The recovering shard's thread parks a stream; the other shard's thread frees a 40 MiB buffer
+  // in the order of a stream that runs. The driver's free of anything given back now waits for
+  // the park, so the page must be lent to the recovering shard, not handed to the driver.
+  ManagerOptions o = shard_options(custom({sliced(2 * MiB, MiB), exclusive(4 * GiB)}),
+                                   FreeFence::events);
+  o.recovery_wait_micros = 300'000;
+  ShardRigOn<ParkedReleases> rig(o, 128 * MiB);
+  Worker a, b;
+  rig.part(a, b);
+  Worker& moved = rig.shard_of(rig.reserve_on(a, KiB)) != 0 ? a : b;
+  Worker& stayed = &moved == &a ? b : a;
+  REQUIRE(rig.manager.drain_fences());
+  rig.front.deliver();
+  const StreamToken parked = 0x1000;
+  const StreamToken running = 0x2000;
+  rig.device.park_stream(parked);
+  rig.front.parked = true;
+  const DevicePtr small = rig.reserve_on(stayed, KiB);
+  REQUIRE(rig.shard_of(small) == 0);
+  stayed.run([&] { CHECK(rig.manager.free(small, parked) == FreeOutcome::freed); });
+  const DevicePtr held = rig.reserve_on(moved, 40 * MiB);
+  REQUIRE(rig.shard_of(held) != 0);
+  moved.run([&] { CHECK(rig.manager.free(held, running) == FreeOutcome::freed); });
+  DevicePtr big = 0;
+  stayed.run([&] { big = rig.manager.allocate(40 * MiB).ptr; });
+  CHECK(big != 0);
+  CHECK(rig.manager.report().oom_failures == 0);
+  rig.front.parked = false;
+  rig.device.complete_fences();
+  rig.front.deliver();
   CHECK(rig.manager.check_consistency().empty());
 }
 
