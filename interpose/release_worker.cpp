@@ -16,8 +16,11 @@
 // held back and retried when a capture ends (wake()) or, as a fallback for captures begun behind
 // the hooks' back, every kRetryMillis. Out-of-memory recovery waits, bounded, for the device's
 // queue to drain before it asks the driver again (flush()).
-// The threads are created with every signal blocked, so the program's signals are never handled
-// on them; they never exit (the process ends around them, their queues unreleased: the memory
+// A thread that cannot be created leaves the lane's pages queued: the next release tries again,
+// and meanwhile flush(), which runs with no lock of the pools held, frees them on the flushing
+// thread (freeing them at release, under a shard's lock, would stall every thread of the shard
+// behind the device). The threads are created with every signal blocked, so the program's signals
+// are never handled on them; they never exit (the process ends around them, their queues unreleased: the memory
 // goes with the process). A forked child passes every call through and never touches them.
 //
 // Note [Releases during capture]
@@ -81,6 +84,7 @@ struct ReleaseLane {
   std::uint64_t in_flight_boundary = 0;  // next_foreign_free_ticket() before its driver free
   bool resetting = false;
   bool started = false;
+  bool start_failed = false;  // said once
   ReleaseWorker::State* state = nullptr;
 
   // The smallest ticket of this lane not yet released, or `next` when none is waiting.
@@ -158,6 +162,32 @@ void adopt_device(int device) {
   if (own::cudaSetDevice()(device) != cudaSuccess) own::cudaGetLastError()();
 }
 
+// Frees the lane's oldest queued page with `lock` (on State::mutex) released meanwhile, or holds
+// it back while a reset runs or a capture is open on the device.
+void free_front(ReleaseLane& lane, std::unique_lock<RankedMutex>& lock) {
+  const Page page = lane.queue.front();
+  lane.queue.pop_front();
+  if (lane.resetting) {
+    lane.held_back.push_back(page);  // end_reset drops it
+    lane.changed.notify_all();       // a flush waiting for the queue to empty
+    return;
+  }
+  lane.in_flight = page.ticket;
+  lane.in_flight_ptr = page.ptr;
+  lane.in_flight_size = page.size;
+  lane.in_flight_boundary = next_foreign_free_ticket();  // before the driver's free
+  const std::uint64_t boundary = lane.in_flight_boundary;
+  const std::function<bool(int)> capture_open = lane.state->capture_open;
+  lock.unlock();
+  const bool freed = free_now(lane.device, page, boundary, capture_open);
+  lock.lock();
+  lane.in_flight = 0;
+  lane.in_flight_ptr = nullptr;
+  lane.in_flight_size = 0;
+  if (!freed) lane.held_back.push_back(page);
+  lane.changed.notify_all();
+}
+
 void* lane_main(void* arg) {
   auto* lane = static_cast<ReleaseLane*>(arg);
   ReleaseWorker::State* s = lane->state;
@@ -174,27 +204,7 @@ void* lane_main(void* arg) {
       }
       continue;
     }
-    Page page = lane->queue.front();
-    lane->queue.pop_front();
-    if (lane->resetting) {
-      lane->held_back.push_back(page);  // end_reset drops it
-      lane->changed.notify_all();       // a flush waiting for the queue to empty
-      continue;
-    }
-    lane->in_flight = page.ticket;
-    lane->in_flight_ptr = page.ptr;
-    lane->in_flight_size = page.size;
-    lane->in_flight_boundary = next_foreign_free_ticket();  // before the driver's free
-    const std::uint64_t boundary = lane->in_flight_boundary;
-    const std::function<bool(int)> capture_open = s->capture_open;
-    lock.unlock();
-    const bool freed = free_now(lane->device, page, boundary, capture_open);
-    lock.lock();
-    lane->in_flight = 0;
-    lane->in_flight_ptr = nullptr;
-    lane->in_flight_size = 0;
-    if (!freed) lane->held_back.push_back(page);
-    lane->changed.notify_all();
+    free_front(*lane, lock);
   }
 }
 
@@ -206,22 +216,18 @@ void ReleaseWorker::release(int device, void* ptr, std::uint64_t size) {
   ReleaseLane& lane = s.lane(device);
   lane.queue.push_back(Page{ptr, s.next_ticket++, size});
   if (!lane.started) {
-    lane.started = true;
     pthread_t thread;
     if (!start_library_thread(&lane_main, &lane, &thread)) {
-      // No thread: free here, as the driver would have. Only a program that cannot create a
-      // thread at all gets the synchronizing free on its own thread.
-      log_format(LogLevel::basic, "cannot start the release thread of device %d; pages are "
-                 "freed inline", device);
-      lane.started = false;
-      const Page page = lane.queue.back();
-      lane.queue.pop_back();
-      const std::uint64_t boundary = next_foreign_free_ticket();  // before the driver's free
-      OwnCallScope scope(device);
-      if (scope.ok()) own::cudaFree()(page.ptr);
-      library_freed(page.ptr, boundary);  // the library lock is held: the page counts as ours
+      // No thread (Note [Release worker]): the page waits in the queue, the next release tries
+      // again, and a flush frees the queue itself meanwhile. Never here: the caller may hold a
+      // shard's lock, and the free waits for the device.
+      if (!lane.start_failed)
+        log_format(LogLevel::basic, "cannot start the release thread of device %d; its pages "
+                   "are freed when the pools wait for them", device);
+      lane.start_failed = true;
       return;
     }
+    lane.started = true;
     ::pthread_setname_np(thread, "poolcuda-free");
   }
   lane.changed.notify_all();
@@ -239,6 +245,9 @@ bool ReleaseWorker::flush(int device, std::uint32_t max_microseconds) {
     lane.retry_held_back();
     lane.changed.notify_all();
   }
+  // A lane whose thread could not start: the flushing thread, which holds no lock of the pools,
+  // frees the queue itself.
+  while (!lane.started && !lane.queue.empty()) free_front(lane, lock);
   lane.changed.wait_for(lock, std::chrono::microseconds(max_microseconds), [&] {
     return lane.low_water(target) >= target ||
            (lane.queue.empty() && lane.in_flight == 0 && !lane.held_back.empty());
