@@ -5,7 +5,10 @@
 // allocation fits. Plain CUDA's free on device 0 never waits for device 1, so the allocation
 // must succeed while device 1 is still parked (with one release thread for both devices it
 // waited behind device 1's free until out-of-memory recovery gave up). Skipped with fewer than
-// two devices. Run with two devices of 1 GiB each, under free_fence:none.
+// two devices. Run with two devices of 1 GiB each, under free_fence:none and memgetinfo:raw.
+
+#include <chrono>
+#include <thread>
 
 #include "check.h"
 
@@ -36,9 +39,16 @@ int main() {
   CHECK_CUDA(cudaFree(idle1));
 
   // A growth past the held bound gives the idle page back: its driver free now waits for the
-  // parked stream.
+  // parked stream (the driver's free bytes show it has not come back).
+  std::size_t free1_before = 0, total1 = 0;
+  CHECK_CUDA(cudaMemGetInfo(&free1_before, &total1));
   void* grown1 = nullptr;
   CHECK_CUDA(cudaMalloc(&grown1, 320 * kMiB));
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  std::size_t free1_after = 0;
+  CHECK_CUDA(cudaMemGetInfo(&free1_after, &total1));
+  CHECK_MSG(free1_after + 128 * kMiB < free1_before,
+            "device 1's idle page did not wait behind its park: the test would prove nothing");
 
   // Device 0: 600 MiB freed, then 700 MiB asked for. Both fit the device only once the first
   // page has reached the driver.
