@@ -84,7 +84,8 @@ struct ReleaseLane {
   std::uint64_t in_flight_boundary = 0;  // next_foreign_free_ticket() before its driver free
   bool resetting = false;
   bool started = false;
-  bool start_failed = false;  // said once
+  bool start_failed = false;   // said once
+  bool freeing_inline = false;  // a flush frees the queue itself (no thread)
   ReleaseWorker::State* state = nullptr;
 
   // The smallest ticket of this lane not yet released, or `next` when none is waiting.
@@ -188,6 +189,23 @@ void free_front(ReleaseLane& lane, std::unique_lock<RankedMutex>& lock) {
   lane.changed.notify_all();
 }
 
+void* lane_main(void* arg);
+
+// Starts the lane's thread; false (said once in the log) when it cannot be created.
+bool start_lane(ReleaseLane& lane) {
+  pthread_t thread;
+  if (!start_library_thread(&lane_main, &lane, &thread)) {
+    if (!lane.start_failed)
+      log_format(LogLevel::basic, "cannot start the release thread of device %d; its pages are "
+                 "freed when the pools wait for them", lane.device);
+    lane.start_failed = true;
+    return false;
+  }
+  lane.started = true;
+  ::pthread_setname_np(thread, "poolcuda-free");
+  return true;
+}
+
 void* lane_main(void* arg) {
   auto* lane = static_cast<ReleaseLane*>(arg);
   ReleaseWorker::State* s = lane->state;
@@ -215,21 +233,11 @@ void ReleaseWorker::release(int device, void* ptr, std::uint64_t size) {
   std::lock_guard<RankedMutex> hold(s.mutex);
   ReleaseLane& lane = s.lane(device);
   lane.queue.push_back(Page{ptr, s.next_ticket++, size});
-  if (!lane.started) {
-    pthread_t thread;
-    if (!start_library_thread(&lane_main, &lane, &thread)) {
-      // No thread (Note [Release worker]): the page waits in the queue, the next release tries
-      // again, and a flush frees the queue itself meanwhile. Never here: the caller may hold a
-      // shard's lock, and the free waits for the device.
-      if (!lane.start_failed)
-        log_format(LogLevel::basic, "cannot start the release thread of device %d; its pages "
-                   "are freed when the pools wait for them", device);
-      lane.start_failed = true;
-      return;
-    }
-    lane.started = true;
-    ::pthread_setname_np(thread, "poolcuda-free");
-  }
+  // No thread (Note [Release worker]): the page waits in the queue, the next release tries
+  // again, and a flush frees the queue itself meanwhile; never here, where the caller may hold a
+  // shard's lock, since the free waits for the device. Not while a flush frees inline: the lane
+  // has one free in flight at a time.
+  if (!lane.started && !lane.freeing_inline && !start_lane(lane)) return;
   lane.changed.notify_all();
 }
 
@@ -245,10 +253,20 @@ bool ReleaseWorker::flush(int device, std::uint32_t max_microseconds) {
     lane.retry_held_back();
     lane.changed.notify_all();
   }
-  // A lane whose thread could not start: the flushing thread, which holds no lock of the pools,
-  // frees the queue itself.
-  while (!lane.started && !lane.queue.empty()) free_front(lane, lock);
-  lane.changed.wait_for(lock, std::chrono::microseconds(max_microseconds), [&] {
+  const auto deadline =
+      std::chrono::steady_clock::now() + std::chrono::microseconds(max_microseconds);
+  // A lane whose thread could not start: the thread is tried once more, and failing that the
+  // flushing thread, which holds no lock of the pools, frees the queue itself, one flusher at a
+  // time (a lane has one free in flight), until its time runs out. A free once begun waits for
+  // the device, as the program's own cudaFree would have.
+  if (!lane.started && !lane.queue.empty() && !lane.freeing_inline && !start_lane(lane)) {
+    lane.freeing_inline = true;
+    while (!lane.queue.empty() && std::chrono::steady_clock::now() < deadline)
+      free_front(lane, lock);
+    lane.freeing_inline = false;
+    lane.changed.notify_all();
+  }
+  lane.changed.wait_until(lock, deadline, [&] {
     return lane.low_water(target) >= target ||
            (lane.queue.empty() && lane.in_flight == 0 && !lane.held_back.empty());
   });

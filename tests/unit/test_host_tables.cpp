@@ -54,8 +54,11 @@ TEST_CASE("a table of 2 MiB or more is 2 MiB-aligned, writable and marked for hu
   std::memset(block, 0xab, bytes);
   CHECK(static_cast<unsigned char*>(block)[bytes - 1] == 0xab);
   if (kernel_has_thp()) CHECK(vm_flags_of(block).find(" hg") != std::string::npos);
+  const char* last = static_cast<const char*>(block) + 2 * kHugeTableBytes - 4096;
+  CHECK(!vm_flags_of(last).empty());  // rounded up to whole huge pages
   free_table(block, bytes);
-  CHECK(vm_flags_of(block).empty());  // the whole mapping went back
+  CHECK(vm_flags_of(block).empty());  // the whole mapping went back, to its last page
+  CHECK(vm_flags_of(last).empty());
 }
 
 TEST_CASE("a small table comes from the heap, 64-byte aligned, without the hint") {
