@@ -250,6 +250,24 @@ inline void CUDART_CB wait_at_gate(void* data) {
   }
 }
 
+// Skips the test (meson's "skipped") on a machine with fewer than `n` devices.
+inline void require_devices(int n) {
+  int count = 0;
+  CHECK_CUDA(cudaGetDeviceCount(&count));
+  if (count < n) skip(n == 2 ? "needs two devices" : "needs more devices");
+}
+
+// On the current device: keeps a 64 MiB buffer (*keep) and leaves an idle 256 MiB page in the
+// pools (under free_fence:none it is idle at once). A growth of 320 MiB after it goes past the
+// held bound (1.5 times the most in use), so the pools give that page back to the driver.
+inline void hold_an_idle_page(void** keep) {
+  constexpr std::size_t mib = std::size_t{1} << 20;
+  void* idle = nullptr;
+  CHECK_CUDA(cudaMalloc(keep, 64 * mib));
+  CHECK_CUDA(cudaMalloc(&idle, 256 * mib));
+  CHECK_CUDA(cudaFree(idle));
+}
+
 // Parks `stream` at `gate` and returns once the stream has reached it.
 inline void park(cudaStream_t stream, Gate& gate) {
   CHECK_CUDA(cudaLaunchHostFunc(stream, &wait_at_gate, &gate));

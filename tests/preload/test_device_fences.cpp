@@ -103,9 +103,7 @@ void run_case(const char* name, unsigned int blocked_flags) {
 
 int main() {
   preload_test::require_preloaded();
-  int count = 0;
-  CHECK_CUDA(cudaGetDeviceCount(&count));
-  if (count < 2) preload_test::skip("needs two devices");
+  preload_test::require_devices(2);
   // A non-blocking stream needs an event of its own; a blocking one is covered by the event on
   // device 1's legacy stream (not device 0's).
   run_case("non-blocking stream", cudaStreamNonBlocking);

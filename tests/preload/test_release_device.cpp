@@ -35,17 +35,12 @@ bool primary_context_active(int device) {
 
 int main() {
   preload_test::require_preloaded();
-  int count = 0;
-  CHECK_CUDA(cudaGetDeviceCount(&count));
-  if (count < 2) preload_test::skip("needs two devices");
+  preload_test::require_devices(2);
   CHECK_MSG(!primary_context_active(0), "device 0 has a context before the test touched it");
 
   CHECK_CUDA(cudaSetDevice(1));
   void* keep = nullptr;
-  void* idle = nullptr;
-  CHECK_CUDA(cudaMalloc(&keep, 64 * kMiB));
-  CHECK_CUDA(cudaMalloc(&idle, 256 * kMiB));
-  CHECK_CUDA(cudaFree(idle));
+  preload_test::hold_an_idle_page(&keep);
   std::size_t free_before = 0, total = 0;
   CHECK_CUDA(cudaMemGetInfo(&free_before, &total));
   // A growth past the held bound gives the idle 256 MiB page back through the release thread.

@@ -20,9 +20,7 @@ constexpr std::size_t kMiB = std::size_t{1} << 20;
 
 int main() {
   preload_test::require_preloaded();
-  int count = 0;
-  CHECK_CUDA(cudaGetDeviceCount(&count));
-  if (count < 2) preload_test::skip("needs two devices");
+  preload_test::require_devices(2);
 
   // Device 1: a stream parked, then an idle 256 MiB page (a host function gives idle pages back
   // before it parks, so the page is made after the park; free_fence:none makes it idle at once).
@@ -33,10 +31,7 @@ int main() {
   gate.limit_seconds = 60;
   preload_test::park(parked, gate);
   void* keep1 = nullptr;
-  void* idle1 = nullptr;
-  CHECK_CUDA(cudaMalloc(&keep1, 64 * kMiB));
-  CHECK_CUDA(cudaMalloc(&idle1, 256 * kMiB));
-  CHECK_CUDA(cudaFree(idle1));
+  preload_test::hold_an_idle_page(&keep1);
 
   // A growth past the held bound gives the idle page back: its driver free now waits for the
   // parked stream (the driver's free bytes show it has not come back).

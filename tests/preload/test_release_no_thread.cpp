@@ -61,10 +61,7 @@ int main() {
   refuse_threads.store(true);  // every thread the test and CUDA need exists by now
   CHECK_CUDA(cudaFree(slot));
   void* keep = nullptr;
-  void* idle = nullptr;
-  CHECK_CUDA(cudaMalloc(&keep, 64 * kMiB));
-  CHECK_CUDA(cudaMalloc(&idle, 256 * kMiB));
-  CHECK_CUDA(cudaFree(idle));
+  preload_test::hold_an_idle_page(&keep);
   std::size_t free_before = 0, total = 0;
   CHECK_CUDA(cudaMemGetInfo(&free_before, &total));
   go.store(true);

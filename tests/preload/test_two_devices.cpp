@@ -19,9 +19,7 @@ int device_of(const void* ptr) {
 
 int main() {
   preload_test::require_preloaded();
-  int count = 0;
-  CHECK_CUDA(cudaGetDeviceCount(&count));
-  if (count < 2) preload_test::skip("needs two devices");
+  preload_test::require_devices(2);
 
   std::vector<void*> on[2];
   for (int device = 0; device < 2; ++device) {
