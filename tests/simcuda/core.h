@@ -35,6 +35,9 @@ struct Config {
   size_t memory = size_t{16} << 30;
   unsigned op_delay_us = 0;
   unsigned free_delay_us = 0;  // a free's driver latency before it looks the pointer up
+  // A destroyed stream's handle value goes to the next stream created, as a real driver's
+  // freed stream object may (SIMCUDA_REUSE_STREAM_HANDLES).
+  bool reuse_stream_handles = false;
   bool strict = false;
   bool concurrent_managed = true;  // every device's cudaDevAttrConcurrentManagedAccess
 };
@@ -153,6 +156,7 @@ enum class StreamKind { legacy, per_thread, user };
 
 struct Stream {
   uint64_t id = 0;
+  void* handle = nullptr;  // what the program holds: the object's address, or a reused one
   int device = 0;
   StreamKind kind = StreamKind::user;
   unsigned flags = 0;

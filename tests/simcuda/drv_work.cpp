@@ -191,7 +191,7 @@ CUresult create(CUstream* out, unsigned int flags, int priority) {
   if (CUresult r = guard(true)) return r;
   if (!out || (flags & ~unsigned{CU_STREAM_NON_BLOCKING})) return CUDA_ERROR_INVALID_VALUE;
   StreamRef s = create_stream(context_device(), flags, std::clamp(priority, -5, 0));
-  *out = reinterpret_cast<CUstream>(s.get());
+  *out = static_cast<CUstream>(s->handle);
   return CUDA_SUCCESS;
 }
 

@@ -12,7 +12,7 @@ using namespace poolcuda::sim;
 
 namespace {
 
-cudaStream_t handle_of(const StreamRef& s) { return reinterpret_cast<cudaStream_t>(s.get()); }
+cudaStream_t handle_of(const StreamRef& s) { return static_cast<cudaStream_t>(s->handle); }
 
 cudaError_t stream_sync(const StreamRef& s) {
   bump(Counter::cudaStreamSynchronize);

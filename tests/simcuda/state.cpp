@@ -54,6 +54,8 @@ Config load_config() {
     c.free_delay_us = static_cast<unsigned>(n);
   }
   if (const char* v = std::getenv("SIMCUDA_STRICT")) c.strict = std::strcmp(v, "0") != 0 && *v;
+  if (const char* v = std::getenv("SIMCUDA_REUSE_STREAM_HANDLES"))
+    c.reuse_stream_handles = std::strcmp(v, "0") != 0 && *v;
   if (const char* v = std::getenv("SIMCUDA_CONCURRENT_MANAGED")) {
     c.concurrent_managed = std::strcmp(v, "0") != 0;
   }

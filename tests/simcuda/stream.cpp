@@ -14,6 +14,7 @@ struct Streams {
   std::map<void*, StreamRef> user;                 // created streams by handle
   std::vector<StreamRef> legacy;                   // per device, null until first use
   std::vector<std::vector<StreamRef>> by_device;   // every stream that may hold work
+  std::vector<void*> reusable_handles;  // destroyed streams' (SIMCUDA_REUSE_STREAM_HANDLES)
 };
 
 Streams& streams() {
@@ -73,6 +74,7 @@ void retire(const StreamRef& s) {
 StreamRef make_stream(int device, StreamKind kind, unsigned flags, int priority) {
   auto s = std::make_shared<Stream>();
   s->id = g_next_stream_id.fetch_add(1);
+  s->handle = s.get();
   s->device = device;
   s->kind = kind;
   s->flags = flags;
@@ -147,7 +149,12 @@ StreamRef resolve_stream(cudaStream_t handle, bool per_thread_default) {
 StreamRef create_stream(int device, unsigned flags, int priority) {
   StreamRef s = make_stream(device, StreamKind::user, flags, priority);
   std::lock_guard lock(state_mutex());
-  streams().user.emplace(s.get(), s);
+  std::vector<void*>& reusable = streams().reusable_handles;
+  if (!reusable.empty()) {
+    s->handle = reusable.back();
+    reusable.pop_back();
+  }
+  streams().user.emplace(s->handle, s);
   streams().by_device[static_cast<size_t>(device)].push_back(s);
   return s;
 }
@@ -163,6 +170,7 @@ cudaError_t destroy_stream(cudaStream_t handle) {
     if (it == streams().user.end()) return cudaErrorInvalidResourceHandle;
     s = it->second;
     streams().user.erase(it);
+    if (config().reuse_stream_handles) streams().reusable_handles.push_back(s->handle);
     doomed = abandon_capture_locked(*s);
   }
   if (doomed) graph_destroy(doomed);
