@@ -1,5 +1,5 @@
 // The stand-in's environment variables: device count, capacity with suffixes, operation delay,
-// and malformed values stopping the program with a message that names the variable. Each case
+// stream handle reuse, and malformed values stopping the program with a message that names the variable. Each case
 // runs this program again as a child with its own environment. Stand-in only.
 #define DOCTEST_CONFIG_IMPLEMENT
 #include <cstdio>
@@ -13,7 +13,9 @@ using simtest::stand_in;
 
 namespace {
 
-// Child: prints "count=<n> rc=<code> total=<bytes> memset_ms=<ms> concurrent=<0|1>" on stderr.
+// Child: prints "count=<n> rc=<code> total=<bytes> memset_ms=<ms> concurrent=<0|1> reused=<0|1>"
+// on stderr; reused: a stream created after one was destroyed got the destroyed one's handle (and
+// works).
 int child_report() {
   int count = -1;
   cudaError_t rc = cudaGetDeviceCount(&count);
@@ -30,8 +32,14 @@ int child_report() {
     ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     cudaFree(p);
   }
-  std::fprintf(stderr, "count=%d rc=%d total=%zu memset_ms=%.1f concurrent=%d\n", count,
-               static_cast<int>(rc), total, ms, concurrent);
+  int reused = -1;
+  cudaStream_t first = nullptr, second = nullptr;
+  if (rc == cudaSuccess && cudaStreamCreate(&first) == cudaSuccess &&
+      cudaStreamDestroy(first) == cudaSuccess && cudaStreamCreate(&second) == cudaSuccess &&
+      cudaStreamSynchronize(second) == cudaSuccess && cudaStreamDestroy(second) == cudaSuccess)
+    reused = first == second ? 1 : 0;
+  std::fprintf(stderr, "count=%d rc=%d total=%zu memset_ms=%.1f concurrent=%d reused=%d\n",
+               count, static_cast<int>(rc), total, ms, concurrent, reused);
   return 0;
 }
 
@@ -68,6 +76,14 @@ TEST_CASE("SIMCUDA_CONCURRENT_MANAGED=0 takes concurrent managed access away") {
   CHECK_EQ(field(run_child("--child", {}, &status), "concurrent"), "1");
   CHECK_EQ(field(run_child("--child", {"SIMCUDA_CONCURRENT_MANAGED=0"}, &status), "concurrent"),
            "0");
+}
+
+TEST_CASE("SIMCUDA_REUSE_STREAM_HANDLES=1 gives a destroyed stream's handle to the next stream") {
+  if (!stand_in()) return;
+  int status = 0;
+  CHECK_EQ(field(run_child("--child", {}, &status), "reused"), "0");
+  CHECK_EQ(field(run_child("--child", {"SIMCUDA_REUSE_STREAM_HANDLES=1"}, &status), "reused"),
+           "1");
 }
 
 TEST_CASE("SIMCUDA_OP_DELAY_US slows every stream operation") {
