@@ -255,21 +255,31 @@ bool ReleaseWorker::flush(int device, std::uint32_t max_microseconds) {
   }
   const auto deadline =
       std::chrono::steady_clock::now() + std::chrono::microseconds(max_microseconds);
+  const auto done = [&] {
+    return lane.low_water(target) >= target ||
+           (lane.queue.empty() && lane.in_flight == 0 && !lane.held_back.empty());
+  };
   // A lane whose thread could not start: the thread is tried once more, and failing that the
   // flushing thread, which holds no lock of the pools, frees the queue itself, one flusher at a
   // time (a lane has one free in flight), until its time runs out. A free once begun waits for
-  // the device, as the program's own cudaFree would have.
-  if (!lane.started && !lane.queue.empty() && !lane.freeing_inline && !start_lane(lane)) {
-    lane.freeing_inline = true;
-    while (!lane.queue.empty() && std::chrono::steady_clock::now() < deadline)
-      free_front(lane, lock);
-    lane.freeing_inline = false;
-    lane.changed.notify_all();
+  // the device, as the program's own cudaFree would have. A flusher that stops at its deadline
+  // leaves the rest to another whose time is not up.
+  const auto queue_left = [&] {
+    return !lane.started && !lane.freeing_inline && !lane.queue.empty();
+  };
+  for (;;) {
+    if (queue_left() && !start_lane(lane)) {
+      lane.freeing_inline = true;
+      while (!lane.queue.empty() && std::chrono::steady_clock::now() < deadline)
+        free_front(lane, lock);
+      lane.freeing_inline = false;
+      lane.changed.notify_all();
+    }
+    const bool woke = lane.changed.wait_until(lock, deadline, [&] {
+      return done() || queue_left();
+    });
+    if (!woke || done() || std::chrono::steady_clock::now() >= deadline) break;
   }
-  lane.changed.wait_until(lock, deadline, [&] {
-    return lane.low_water(target) >= target ||
-           (lane.queue.empty() && lane.in_flight == 0 && !lane.held_back.empty());
-  });
   return lane.low_water(target) >= target;
 }
 

@@ -2,7 +2,7 @@
 // README's limits give for it. A child keeps the device 90% full with random sizes up to an
 // eighth of it, then up to 1 MiB, then up to a 32nd, frees a random half after each fill
 // (checking a byte of each buffer), and at the end asks for nearly the whole device. Under the
-// default layout pages that live slices keep fill the device and a request fails in the second
+// default layout pages that live slices keep fill the device and a request fails in the third
 // round (README, Limits); a page per allocation must run it to the end, as plain CUDA does, and
 // the child must run to the end without the library too (the workload itself fits).
 

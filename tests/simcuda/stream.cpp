@@ -149,10 +149,16 @@ StreamRef resolve_stream(cudaStream_t handle, bool per_thread_default) {
 StreamRef create_stream(int device, unsigned flags, int priority) {
   StreamRef s = make_stream(device, StreamKind::user, flags, priority);
   std::lock_guard lock(state_mutex());
-  std::vector<void*>& reusable = streams().reusable_handles;
-  if (!reusable.empty()) {
-    s->handle = reusable.back();
-    reusable.pop_back();
+  if (config().reuse_stream_handles) {
+    // Handles are then tokens of their own, never freed: a stream object's address, once freed,
+    // could be a later stream's own while a destroyed stream's handle is in use again.
+    std::vector<void*>& reusable = streams().reusable_handles;
+    if (reusable.empty()) {
+      s->handle = new char;
+    } else {
+      s->handle = reusable.back();
+      reusable.pop_back();
+    }
   }
   streams().user.emplace(s->handle, s);
   streams().by_device[static_cast<size_t>(device)].push_back(s);

@@ -14,8 +14,8 @@ using simtest::stand_in;
 namespace {
 
 // Child: prints "count=<n> rc=<code> total=<bytes> memset_ms=<ms> concurrent=<0|1> reused=<0|1>"
-// on stderr; reused: a stream created after one was destroyed got the destroyed one's handle (and
-// works).
+// on stderr; reused: a stream created after one was destroyed got the destroyed one's handle (it
+// works, and a stream created once the first is gone gets yet another handle).
 int child_report() {
   int count = -1;
   cudaError_t rc = cudaGetDeviceCount(&count);
@@ -33,10 +33,12 @@ int child_report() {
     cudaFree(p);
   }
   int reused = -1;
-  cudaStream_t first = nullptr, second = nullptr;
+  cudaStream_t first = nullptr, second = nullptr, third = nullptr;
   if (rc == cudaSuccess && cudaStreamCreate(&first) == cudaSuccess &&
       cudaStreamDestroy(first) == cudaSuccess && cudaStreamCreate(&second) == cudaSuccess &&
-      cudaStreamSynchronize(second) == cudaSuccess && cudaStreamDestroy(second) == cudaSuccess)
+      cudaStreamSynchronize(second) == cudaSuccess && cudaDeviceSynchronize() == cudaSuccess &&
+      cudaStreamCreate(&third) == cudaSuccess && third != second &&
+      cudaStreamDestroy(third) == cudaSuccess && cudaStreamDestroy(second) == cudaSuccess)
     reused = first == second ? 1 : 0;
   std::fprintf(stderr, "count=%d rc=%d total=%zu memset_ms=%.1f concurrent=%d reused=%d\n",
                count, static_cast<int>(rc), total, ms, concurrent, reused);
