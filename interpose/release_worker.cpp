@@ -270,8 +270,9 @@ bool ReleaseWorker::flush(int device, std::uint32_t max_microseconds) {
   for (;;) {
     if (queue_left() && !start_lane(lane)) {
       lane.freeing_inline = true;
-      while (!lane.queue.empty() && std::chrono::steady_clock::now() < deadline)
+      do {  // one page at least: a flusher that lost its core past the deadline still helps
         free_front(lane, lock);
+      } while (!lane.queue.empty() && std::chrono::steady_clock::now() < deadline);
       lane.freeing_inline = false;
       lane.changed.notify_all();
     }
