@@ -19,9 +19,10 @@
 // A thread that cannot be created leaves the lane's pages queued: the next release tries again,
 // and meanwhile flush(), which runs with no lock of the pools held, frees them on the flushing
 // thread (freeing them at release, under a shard's lock, would stall every thread of the shard
-// behind the device). The threads are created with every signal blocked, so the program's signals
-// are never handled on them; they never exit (the process ends around them, their queues unreleased: the memory
-// goes with the process). A forked child passes every call through and never touches them.
+// behind the device). The threads are created with every signal blocked, so the program's
+// signals are never handled on them; they never exit (the process ends around them, their queues
+// unreleased: the memory goes with the process). A forked child passes every call through and
+// never touches them.
 //
 // Note [Releases during capture]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~

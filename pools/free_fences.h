@@ -41,9 +41,10 @@ class FenceQueue {
 
   // Adds `slice`, freed by `thread` (a number unique to the thread for the process's life) in
   // the order of `stream` (the lane token Device::fence_record_on gave), whose own fence was
-  // recorded on that stream at the free: it waits for that fence alone. One thread's fences on one stream pass in the order it recorded them; the thread is
-  // part of the lane because one token may name a stream of each thread (the per-thread
-  // default stream), and one thread's park must not hold back another's frees.
+  // recorded on that stream at the free: it waits for that fence alone. One thread's fences on
+  // one stream pass in the order it recorded them; the thread is part of the lane because one
+  // token may name a stream of each thread (the per-thread default stream), and one thread's
+  // park must not hold back another's frees.
   void add_ordered(Slice* slice, FenceHandle fence, StreamToken stream, std::uint64_t thread) {
     slice->next_pending = nullptr;
     Epoch epoch;

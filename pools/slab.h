@@ -59,10 +59,9 @@ class NodeSlab {
   void grow() {
     // Bytes, not nodes, reach the huge-page size: a chunk of exactly kHugeTableBytes fills its
     // page (the last few bytes may hold no whole node).
+    const std::size_t last = chunks_.empty() ? 0 : chunks_.back().get_deleter().bytes;
     const std::size_t bytes =
-        chunks_.empty() ? kChunk * sizeof(Cell)
-                        : std::max(std::min(2 * chunks_.back().get_deleter().bytes, kHugeTableBytes),
-                                   chunks_.back().get_deleter().bytes);
+        last == 0 ? kChunk * sizeof(Cell) : std::max(std::min(2 * last, kHugeTableBytes), last);
     const std::size_t count = bytes / sizeof(Cell);
     chunks_.reserve(chunks_.size() + 1);  // so that push_back cannot throw and leak the chunk
     Chunk chunk(static_cast<Cell*>(allocate_table(bytes)), TableDeleter{bytes});

@@ -84,7 +84,8 @@ TEST_CASE("the slice index keeps every entry as its table grows onto huge pages 
   REQUIRE(index.size() == kEntries);
   for (std::size_t i = 0; i < kEntries; ++i)
     REQUIRE(index.find(512 * (i + 1)) == &nodes[i % 16]);
-  for (std::size_t i = 0; i < kEntries; i += 2) REQUIRE(index.erase(512 * (i + 1)) == &nodes[i % 16]);
+  for (std::size_t i = 0; i < kEntries; i += 2)
+    REQUIRE(index.erase(512 * (i + 1)) == &nodes[i % 16]);
   CHECK(index.size() == kEntries / 2);
   CHECK(index.find(512) == nullptr);
   CHECK(index.find(1024) == &nodes[1]);
@@ -95,7 +96,7 @@ TEST_CASE("the slice index keeps every entry as its table grows onto huge pages 
   CHECK(index.find(1024) == &nodes[3]);
 }
 
-TEST_CASE("a node slab hands out distinct nodes across chunks of every size and reuses freed ones") {
+TEST_CASE("a node slab hands out distinct nodes across chunks of every size, reusing freed ones") {
   struct Node {
     std::uint64_t a, b, c;
   };
