@@ -1,37 +1,25 @@
 // Preload test: when the library cannot start a device's release thread, the pages it gives up
 // still reach the driver, and never while it holds a lock of the pools. The test makes every
-// thread creation fail (its own pthread_create, which the library's call resolves to, fails while
-// `refuse_threads` is set), parks a stream, and makes a growth past the held bound give an idle
-// page back. The driver's free of that page waits for the park. Meanwhile another thread reuses
+// thread creation fail (refuse_threads.h), parks a stream, and makes a growth past the held bound
+// give an idle page back. The driver's free of that page waits for the park. Meanwhile another thread reuses
 // a freed slice: it must not wait behind that free (freed at the release itself, under the
 // shard's lock, it waited until the park ran out). The page must still reach the driver before
 // the growth returns (the growth's wait for it frees it on the growing thread). Run under
 // free_fence:none, thread_cache:off (the other thread's reuse takes the shard's lock) and
 // memgetinfo:raw, on a 1 GiB device.
 
-#include <dlfcn.h>
-#include <pthread.h>
-
 #include <atomic>
 #include <chrono>
 #include <thread>
 
 #include "check.h"
+#include "refuse_threads.h"
 
 namespace {
 
 constexpr std::size_t kMiB = std::size_t{1} << 20;
-std::atomic<bool> refuse_threads{false};
 
 }  // namespace
-
-extern "C" int pthread_create(pthread_t* thread, const pthread_attr_t* attributes,
-                              void* (*start)(void*), void* argument) {
-  using CreateFn = int (*)(pthread_t*, const pthread_attr_t*, void* (*)(void*), void*);
-  static const auto real = reinterpret_cast<CreateFn>(::dlsym(RTLD_NEXT, "pthread_create"));
-  if (refuse_threads.load()) return EAGAIN;
-  return real(thread, attributes, start, argument);
-}
 
 int main() {
   preload_test::require_preloaded();
@@ -58,7 +46,7 @@ int main() {
     gate.open.store(true);
   });
   preload_test::park(parked, gate);
-  refuse_threads.store(true);  // every thread the test and CUDA need exists by now
+  preload_test::refuse_threads.store(true);  // every thread the test and CUDA need exists by now
   CHECK_CUDA(cudaFree(slot));
   void* keep = nullptr;
   preload_test::hold_an_idle_page(&keep);
@@ -69,7 +57,7 @@ int main() {
   void* grown = nullptr;
   CHECK_CUDA(cudaMalloc(&grown, 320 * kMiB));
   neighbour.join();
-  refuse_threads.store(false);
+  preload_test::refuse_threads.store(false);
 
   CHECK_MSG(reuse_ms.load() >= 0, "the neighbour's reuse failed");
   CHECK_MSG(reuse_ms.load() < 1000, "the neighbour's reuse waited " +

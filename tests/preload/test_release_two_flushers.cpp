@@ -1,15 +1,11 @@
 // Preload test: two allocations wait for the pages of a device whose release thread cannot be
-// created (Note [Release worker]). The test's own pthread_create refuses while `refuse_threads`
-// is set, and every driver free takes 300 ms (SIMCUDA_FREE_DELAY_US). The main thread grows past
-// the held bound: eight idle 64 MiB pages go back, and its wait, 20 ms at most, frees them
-// itself until its time is up, one free at least. Meanwhile another thread asks for 500 MiB,
-// which fits only once enough of those pages have reached the driver: its out-of-memory
-// recovery must free the pages the first wait left queued, not sleep its whole bound (10 s)
-// beside them and fail. Run under free_fence:none, thread_cache:off and shards:1 on a 1 GiB
-// device.
-
-#include <dlfcn.h>
-#include <pthread.h>
+// created (Note [Release worker]): thread creation fails (refuse_threads.h), and every driver
+// free takes 300 ms (SIMCUDA_FREE_DELAY_US). The main thread grows past the held bound: eight
+// idle 64 MiB pages go back, and its wait, 20 ms at most, frees them itself until its time is
+// up, one free at least. Meanwhile another thread asks for 500 MiB, which fits only once enough
+// of those pages have reached the driver: its out-of-memory recovery must free the pages the
+// first wait left queued, not sleep its whole bound (10 s) beside them and fail. Run under
+// free_fence:none, thread_cache:off and shards:1 on a 1 GiB device.
 
 #include <atomic>
 #include <chrono>
@@ -17,11 +13,11 @@
 #include <vector>
 
 #include "check.h"
+#include "refuse_threads.h"
 
 namespace {
 
 constexpr std::size_t kMiB = std::size_t{1} << 20;
-std::atomic<bool> refuse_threads{false};
 
 double now_ms() {
   return std::chrono::duration<double, std::milli>(
@@ -30,14 +26,6 @@ double now_ms() {
 }
 
 }  // namespace
-
-extern "C" int pthread_create(pthread_t* thread, const pthread_attr_t* attributes,
-                              void* (*start)(void*), void* argument) {
-  using CreateFn = int (*)(pthread_t*, const pthread_attr_t*, void* (*)(void*), void*);
-  static const auto real = reinterpret_cast<CreateFn>(::dlsym(RTLD_NEXT, "pthread_create"));
-  if (refuse_threads.load()) return EAGAIN;
-  return real(thread, attributes, start, argument);
-}
 
 int main() {
   preload_test::require_preloaded();
@@ -55,7 +43,7 @@ int main() {
     if (second_result == cudaSuccess) CHECK_CUDA(cudaFree(p));
   });
 
-  refuse_threads.store(true);  // every thread the test and CUDA need exists by now
+  preload_test::refuse_threads.store(true);  // every thread the test and CUDA need exists by now
   void* keep = nullptr;
   CHECK_CUDA(cudaMalloc(&keep, 64 * kMiB));
   std::vector<void*> pages(8);
@@ -65,7 +53,7 @@ int main() {
   void* grown = nullptr;
   CHECK_CUDA(cudaMalloc(&grown, 420 * kMiB));  // past the held bound
   second.join();
-  refuse_threads.store(false);
+  preload_test::refuse_threads.store(false);
 
   CHECK_CUDA(second_result);
   CHECK_MSG(second_ms < 5000, "the second allocation waited " + std::to_string(second_ms) +
