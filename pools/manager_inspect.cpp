@@ -227,7 +227,9 @@ std::string MemoryManager::Impl::check_consistency() const {
   }
   std::uint64_t marked = 0;
   for (const Page& page : m.ctx.page_set)
-    for (const Slice& slice : page.slices) marked += slice.cache != nullptr;
+    for (const Slice& slice : page.slices)
+      marked += (slice.state == SliceState::live || slice.state == SliceState::held) &&
+                slice.cache != nullptr;
   if (marked != cached) return "slices marked cached that no thread cache holds";
   return {};
 }

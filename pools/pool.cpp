@@ -87,6 +87,7 @@ void Pool::mark_live(Slice* slice, std::uint64_t requested) {
   Page* page = slice->page;
   if (page->busy++ == 0) make_busy(page);
   slice->state = SliceState::live;
+  slice->cache = nullptr;
   slice->requested = requested;
   usage_.number_allocs += 1;
   usage_.bytes_in_use += requested;
@@ -154,7 +155,6 @@ void Pool::to_pending(Slice* slice) {
 void Pool::give_back(Slice* slice) {
   pending_bytes_ -= slice->size;
   slice->state = SliceState::free;
-  slice->requested = 0;
   Page* page = slice->page;
   on_free(slice);  // may merge `slice` away: do not touch it after this
   if (--page->busy == 0) {

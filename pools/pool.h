@@ -35,24 +35,43 @@ class Pool;
 struct Page;
 class ThreadCache;
 
-struct Slice {
+// One record per slice, exactly one cache line (Note [One line per slice]).
+struct alignas(64) Slice {
   bi::list_member_hook<FastLink> page_hook;  // neighbours in address order within the page
-  Slice* free_prev = nullptr;                // the pool's free bins (free_bins.h)
-  Slice* free_next = nullptr;
-  Slice* next_pending = nullptr;             // the free-fence epoch chain
   Page* page = nullptr;
   DevicePtr ptr = 0;
-  std::uint64_t size = 0;       // bytes the slice occupies: a multiple of the alignment
-  std::uint64_t requested = 0;  // live or held: the size the program asked for
+  std::uint64_t size = 0;  // bytes the slice occupies: a multiple of the alignment
+  // What each state needs, and only while the slice is in it.
+  union {
+    Slice* free_prev = nullptr;  // free: the pool's free bins (free_bins.h)
+    Slice* next_pending;         // pending: the free-fence epoch chain
+    // Live and held: the thread's cache that holds it, or nullptr (Note [Thread caches] in
+    // manager_caches.cpp).
+    ThreadCache* cache;
+  };
+  union {
+    Slice* free_next = nullptr;  // free: the pool's free bins
+    std::uint64_t requested;     // live and held: the size the program asked for
+  };
   std::uint32_t pins = 0;
   SliceState state = SliceState::free;
-  // Live and held in a thread's cache (Note [Thread caches] in manager_caches.cpp).
-  ThreadCache* cache = nullptr;
 };
+static_assert(sizeof(Slice) == 64, "a slice record fills one cache line");
 
+// Note [One line per slice]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~
+// With many live slices, every free and every reservation reads records that are not in any
+// cache: the slice, its page neighbours, the free slices it merges with. A record that straddles
+// two cache lines costs two misses where one would do. The links a slice uses in one state only
+// share storage with those of the other states (free-bin links while free, the epoch chain while
+// pending, the owning thread cache and the request while live or held), so a record is 64 bytes
+// and, aligned, one line. Code reads those fields only for a slice known to be in their state.
+
+// Counted: whether a page holds one slice or more is asked on every carve and free, and without
+// the count the answer read the page's first slice, a cache miss of its own with many live.
 using PageSlices =
     bi::list<Slice, bi::member_hook<Slice, bi::list_member_hook<FastLink>, &Slice::page_hook>,
-             bi::constant_time_size<false>>;
+             bi::constant_time_size<true>>;
 
 // A pool's free slices, binned by size (Note [Free bins] in free_bins.h).
 using FreeSet = FreeBins<Slice>;

@@ -36,9 +36,7 @@ class CarvedPool : public Pool {
 
  private:
   void rekey(Slice* slice, DevicePtr ptr, std::uint64_t size);
-  static bool single_slice(const Page& page) {
-    return std::next(page.slices.begin()) == page.slices.end();
-  }
+  static bool single_slice(const Page& page) { return page.slices.size() == 1; }
 
   std::uint64_t split_page_bytes_ = 0;
 };
