@@ -22,6 +22,9 @@
 
 namespace poolcuda {
 
+static_assert(Registry::kMaxDevices <= ReleaseWorker::kMaxDevices,
+              "every device the registry pools has a release lane");
+
 namespace {
 
 // shards:auto: the first shard and one more per CPU the process may run on, at most 4 more

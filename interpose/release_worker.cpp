@@ -61,13 +61,7 @@ struct Page {
   std::uint64_t size;
 };
 
-// One lane per device index the registry can hold (Registry::kMaxDevices); an index outside
-// them shares the last lane.
-constexpr int kMaxDevices = 64;
-constexpr int kLanes = kMaxDevices + 1;
-
-bool in_range(int device) { return device >= 0 && device < kMaxDevices; }
-int lane_index(int device) { return in_range(device) ? device : kLanes - 1; }
+bool in_range(int device) { return device >= 0 && device < ReleaseWorker::kMaxDevices; }
 
 }  // namespace
 
@@ -108,15 +102,16 @@ struct ReleaseWorker::State {
   RankedMutex mutex{LockRank::device};
   std::uint64_t next_ticket = 1;
   std::function<bool(int)> capture_open = [](int) { return false; };
-  ReleaseLane lanes[kLanes];
+  ReleaseLane lanes[kMaxDevices];
 
   State() {
-    for (int i = 0; i < kLanes; ++i) {
+    for (int i = 0; i < kMaxDevices; ++i) {
       lanes[i].device = i;
       lanes[i].state = this;
     }
   }
-  ReleaseLane& lane(int device) { return lanes[lane_index(device)]; }
+  // The lane of a device in range (in_range(device)).
+  ReleaseLane& lane(int device) { return lanes[device]; }
 };
 
 ReleaseWorker& ReleaseWorker::instance() {
@@ -231,6 +226,17 @@ void* lane_main(void* arg) {
 
 void ReleaseWorker::release(int device, void* ptr, std::uint64_t size) {
   State& s = state();
+  if (!in_range(device)) {
+    // No lane to queue it on (the registry pools no such device): never dropped, freed now.
+    std::function<bool(int)> capture_open;
+    {
+      std::lock_guard<RankedMutex> hold(s.mutex);
+      capture_open = s.capture_open;
+    }
+    if (!free_now(device, Page{ptr, 0, size}, next_foreign_free_ticket(), capture_open))
+      log_format(LogLevel::basic, "device %d: a page (%p) kept: a capture is open", device, ptr);
+    return;
+  }
   std::lock_guard<RankedMutex> hold(s.mutex);
   ReleaseLane& lane = s.lane(device);
   lane.queue.push_back(Page{ptr, s.next_ticket++, size});
@@ -243,6 +249,7 @@ void ReleaseWorker::release(int device, void* ptr, std::uint64_t size) {
 }
 
 bool ReleaseWorker::flush(int device, std::uint32_t max_microseconds) {
+  if (!in_range(device)) return true;  // release() freed its pages already
   State& s = state();
   std::unique_lock<RankedMutex> lock(s.mutex);
   ReleaseLane& lane = s.lane(device);
@@ -332,6 +339,7 @@ bool ReleaseWorker::owns(const void* ptr, std::uint64_t ticket) const {
 }
 
 std::uint64_t ReleaseWorker::waiting_bytes(int device) const {
+  if (!in_range(device)) return 0;
   State& s = state();
   std::lock_guard<RankedMutex> hold(s.mutex);
   const ReleaseLane& lane = s.lane(device);
@@ -342,6 +350,7 @@ std::uint64_t ReleaseWorker::waiting_bytes(int device) const {
 }
 
 std::uint64_t ReleaseWorker::in_flight(int device) const {
+  if (!in_range(device)) return 0;
   State& s = state();
   std::lock_guard<RankedMutex> hold(s.mutex);
   return s.lane(device).in_flight;

@@ -13,6 +13,9 @@ namespace poolcuda {
 
 class ReleaseWorker {
  public:
+  // Devices 0 to kMaxDevices - 1 have a lane (the registry pools no others).
+  static constexpr int kMaxDevices = 64;
+
   // The one worker of the process (allocated once, never destroyed; a device's thread starts at
   // its first release).
   static ReleaseWorker& instance();
@@ -22,7 +25,8 @@ class ReleaseWorker {
   void set_capture_check(std::function<bool(int device)> check);
 
   // Queues `ptr`, an allocation of `size` bytes of `device` from the real cudaMalloc, for the
-  // real cudaFree. Returns at once.
+  // real cudaFree. Returns at once. A device without a lane has its page freed now, on the
+  // calling thread.
   void release(int device, void* ptr, std::uint64_t size);
 
   // Waits at most `max_microseconds` until every page of `device` queued before the call has
