@@ -104,8 +104,10 @@ Reservation MemoryManager::Impl::reserve(std::uint64_t size, Placement placement
   out.clock = ctx.clock;
   out.clock_crossed = clock_before / kShardClockSync != ctx.clock / kShardClockSync;
   out.plan_due = clock_before / kShardPlanEvery != ctx.clock / kShardPlanEvery;
-  if (out.plan_due || clock_before / kShardPublishEvery != ctx.clock / kShardPublishEvery)
+  if (out.plan_due || clock_before / kShardPublishEvery != ctx.clock / kShardPublishEvery) {
     in_use_published.store(ctx.totals.in_use, std::memory_order_relaxed);
+    sample_device_peaks();
+  }
 
   // For the whole reservation.
   std::uint32_t wait_budget_us = out.quick ? 0 : kFenceWaitBoundMicros;
@@ -200,6 +202,8 @@ Reservation MemoryManager::Impl::reserve(std::uint64_t size, Placement placement
     }
   }
   if (r.slice == nullptr) return Reservation{0, r.error};
+  // Note [Device peaks]: a rise of this shard's bytes in use by a 64th since its last sample.
+  if (ctx.totals.in_use > peaks_sampled_in_use + peaks_sampled_in_use / 64) sample_device_peaks();
   index.insert(r.slice->ptr, r.slice);
   cache_new_slice(r.slice, placement);
   trace(LogEvent::Kind::allocate, size, r.slice->ptr, r.slice->page->pool);
@@ -498,6 +502,8 @@ void MemoryManager::forget() {
   s.planned_peak = 0;
   s.sharded_max.store(0, std::memory_order_relaxed);
   s.held_peak.store(0, std::memory_order_relaxed);
+  s.device_in_use_peak.store(0, std::memory_order_relaxed);
+  s.device_reserved_peak.store(0, std::memory_order_relaxed);
 }
 
 void MemoryManager::set_stream_ordered(bool ordered) {

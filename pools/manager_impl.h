@@ -396,6 +396,10 @@ struct MemoryManager::Impl {
   // Set while this shard, under its lock, tries other shards' locks (Shards::borrow_page).
   std::atomic<bool> borrowing{false};
   void publish_figures();  // the figures above, under the lock
+  // With other shards: this shard's exact bytes in use and reserved, with the others' as they
+  // last published them, raise the device's peaks (Note [Device peaks] in manager_shards.cpp).
+  void sample_device_peaks();
+  std::uint64_t peaks_sampled_in_use = 0;  // this shard's bytes in use at its last sample
   std::uint64_t total_memory = 0;
   // A line of its own: threads that spin on it (Note [Spinning before parking]) would otherwise
   // take the holder's state away from it on every try.

@@ -40,9 +40,14 @@ void add_pool(PoolReport& total, const PoolReport& shard) {
 ManagerReport MemoryManager::report() const {
   ManagerReport r;
   bool first = true;
+  // Note [Device peaks]: no shard's own peak is above the device's.
+  std::uint64_t in_use_peak = shards_->device_in_use_peak.load(std::memory_order_relaxed);
+  std::uint64_t reserved_peak = shards_->device_reserved_peak.load(std::memory_order_relaxed);
   shards_->each([&](const Impl& m) {
     std::lock_guard lock(m.mutex);
     const ManagerReport one = m.snapshot();
+    in_use_peak = std::max(in_use_peak, one.bytes_in_use_peak);
+    reserved_peak = std::max(reserved_peak, one.bytes_reserved_peak);
     if (first) {
       r = one;
       first = false;
@@ -60,8 +65,10 @@ ManagerReport MemoryManager::report() const {
 #undef POOLCUDA_ADD
   });
   // The manager's, not a sum: shards:auto resolved, and one while a capped pool keeps the gate
-  // shut for good (Note [Shards]).
+  // shut for good (Note [Shards]). Nor are the peaks; the figures now are at most them.
   r.shard_limit = shards_->capped ? 1 : shards_->limit;
+  r.bytes_in_use_peak = std::max(in_use_peak, r.bytes_in_use);
+  r.bytes_reserved_peak = std::max(reserved_peak, r.bytes_reserved);
   return r;
 }
 

@@ -53,6 +53,9 @@ void MemoryManager::Impl::publish_figures() {
   // For the other shards (Note [Shards]): stores to lines of this shard's own, only on change.
   // Scopes publish only once there are others (a shard made later finds this one's figures at
   // its first need: this shard publishes at every unlock from then on).
+  // A growth the route did not publish at once: the device's reserved bytes may peak here.
+  if (ctx.totals.reserved > reserved_published.load(std::memory_order_relaxed))
+    sample_device_peaks();
   const std::uint64_t lendable = ctx.idle_page_bytes - persistent->idle_page_bytes();
   if (idle_published.load(std::memory_order_relaxed) != lendable)
     idle_published.store(lendable, std::memory_order_relaxed);
@@ -64,6 +67,12 @@ void MemoryManager::Impl::publish_figures() {
   // Frees too: a shard its threads left must not show the plan bytes it no longer has in use.
   if (in_use_published.load(std::memory_order_relaxed) != ctx.totals.in_use)
     in_use_published.store(ctx.totals.in_use, std::memory_order_relaxed);
+}
+
+void MemoryManager::Impl::sample_device_peaks() {
+  peaks_sampled_in_use = ctx.totals.in_use;
+  if (shards == nullptr || shards->count() < 2) return;
+  shards->note_device_peaks(shard_index, ctx.totals.in_use, ctx.totals.reserved);
 }
 
 namespace {

@@ -662,6 +662,7 @@ restart:
         // Before the gate opens: the next shard's check counts this growth, and no longer the
         // room this reservation claimed for it.
         reserved_published.store(ctx.totals.reserved, std::memory_order_relaxed);
+        sample_device_peaks();
         shards->note_held_peak(held.peak_in_use);
         if (held_res != nullptr && held_res->claim != 0) {
           shards->held_claims.fetch_sub(held_res->claim, std::memory_order_relaxed);

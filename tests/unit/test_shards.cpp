@@ -310,6 +310,35 @@ TEST_CASE("a shard that grows takes another shard's idle pages before the device
   CHECK(rig.manager.check_consistency().empty());
 }
 
+TEST_CASE("a device's peaks are the most it held at once, not the sum of its shards' peaks") {
+  ShardRig rig(shard_options());
+  Worker a, b;
+  rig.part(a, b);  // a holds 64 MiB of ballast in the first shard throughout
+  Worker& moved = rig.shard_of(rig.reserve_on(a, KiB)) != 0 ? a : b;
+  Worker& stayed = &moved == &a ? b : a;
+  // 40 MiB in the second shard, all freed; then 40 MiB in the first: each shard peaks at its
+  // own time, and the device never holds both.
+  std::vector<DevicePtr> held;
+  for (int i = 0; i < 40; ++i) held.push_back(rig.reserve_on(moved, MiB));
+  REQUIRE(rig.shard_of(held.back()) != 0);
+  moved.run([&] {
+    for (const DevicePtr p : held) CHECK(rig.manager.free(p) == FreeOutcome::freed);
+  });
+  held.clear();
+  for (int i = 0; i < 40; ++i) held.push_back(rig.reserve_on(stayed, MiB));
+  REQUIRE(rig.shard_of(held.back()) == 0);
+  const ManagerReport r = rig.manager.report();
+  const std::uint64_t most_live = 104 * MiB;  // the ballast and one thread's 40 MiB
+  CHECK(r.bytes_in_use_peak >= most_live);
+  CHECK(r.bytes_in_use_peak < most_live + 8 * MiB);  // the sum of the shards' peaks: 144 MiB
+  // The second shard's idle pages were lent to the first: the device reserved no more.
+  CHECK(r.bytes_reserved_peak >= r.bytes_in_use_peak);
+  CHECK(r.bytes_reserved_peak < most_live + 8 * MiB);
+  for (const DevicePtr p : held) CHECK(rig.manager.free(p) == FreeOutcome::freed);
+  rig.drop_ballast();
+  CHECK(rig.manager.check_consistency().empty());
+}
+
 TEST_CASE("a shard that grows takes a page a quiet thread's cache parked in another shard") {
   ManagerOptions o = shard_options(custom({sliced(2 * MiB, MiB), exclusive(4 * GiB)}));
   o.thread_cache = true;
