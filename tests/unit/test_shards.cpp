@@ -7,6 +7,7 @@
 #include <mutex>
 #include <random>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include <doctest/doctest.h>
@@ -74,6 +75,22 @@ struct ShardRigOn {
     }
     for (const DevicePtr p : kept) REQUIRE(manager.free(p) == FreeOutcome::freed);
     return turns;
+  }
+
+  // a and b part; the thread that moved to a later shard fills it with `count` slices of 1 MiB
+  // and frees them, so their pages stay there, idle. Returns the thread that moved, then the one
+  // that stayed.
+  std::pair<Worker*, Worker*> idle_pages_elsewhere(Worker& a, Worker& b, int count) {
+    part(a, b);
+    Worker& moved = shard_of(reserve_on(a, KiB)) != 0 ? a : b;
+    Worker& stayed = &moved == &a ? b : a;
+    std::vector<DevicePtr> held;
+    for (int i = 0; i < count; ++i) held.push_back(reserve_on(moved, MiB));
+    REQUIRE(shard_of(held.back()) != 0);
+    moved.run([&] {
+      for (const DevicePtr p : held) CHECK(manager.free(p) == FreeOutcome::freed);
+    });
+    return {&moved, &stayed};
   }
 
   // The shard a live pointer belongs to.
@@ -286,19 +303,10 @@ TEST_CASE("a layout with a capped pool keeps one shard, so the cap holds for the
 TEST_CASE("a shard that grows takes another shard's idle pages before the device's") {
   ShardRig rig(shard_options());
   Worker a, b;
-  rig.part(a, b);
-  Worker& moved = rig.shard_of(rig.reserve_on(a, KiB)) != 0 ? a : b;
-  Worker& stayed = &moved == &a ? b : a;
-  // The thread that moved fills its shard with pages and frees them: they stay there, idle.
-  std::vector<DevicePtr> held;
-  for (int i = 0; i < 40; ++i) held.push_back(rig.reserve_on(moved, MiB));
-  REQUIRE(rig.shard_of(held.back()) != 0);
-  moved.run([&] {
-    for (const DevicePtr p : held) CHECK(rig.manager.free(p) == FreeOutcome::freed);
-  });
+  Worker& stayed = *rig.idle_pages_elsewhere(a, b, 40).second;
   const std::uint64_t reserved = rig.manager.memory_usage().bytes_reserved;
   const std::uint64_t device_allocs = rig.device.calls().allocate;
-  held.clear();
+  std::vector<DevicePtr> held;
   for (int i = 0; i < 40; ++i) held.push_back(rig.reserve_on(stayed, MiB));
   CHECK(rig.shard_of(held.back()) == 0);
   CHECK(rig.device.calls().allocate == device_allocs);
@@ -313,18 +321,10 @@ TEST_CASE("a shard that grows takes another shard's idle pages before the device
 TEST_CASE("a device's peaks are the most it held at once, not the sum of its shards' peaks") {
   ShardRig rig(shard_options());
   Worker a, b;
-  rig.part(a, b);  // a holds 64 MiB of ballast in the first shard throughout
-  Worker& moved = rig.shard_of(rig.reserve_on(a, KiB)) != 0 ? a : b;
-  Worker& stayed = &moved == &a ? b : a;
-  // 40 MiB in the second shard, all freed; then 40 MiB in the first: each shard peaks at its
-  // own time, and the device never holds both.
+  // 64 MiB of ballast in the first shard throughout; 40 MiB in the second, all freed; then
+  // 40 MiB in the first: each shard peaks at its own time, and the device never holds both.
+  Worker& stayed = *rig.idle_pages_elsewhere(a, b, 40).second;
   std::vector<DevicePtr> held;
-  for (int i = 0; i < 40; ++i) held.push_back(rig.reserve_on(moved, MiB));
-  REQUIRE(rig.shard_of(held.back()) != 0);
-  moved.run([&] {
-    for (const DevicePtr p : held) CHECK(rig.manager.free(p) == FreeOutcome::freed);
-  });
-  held.clear();
   for (int i = 0; i < 40; ++i) held.push_back(rig.reserve_on(stayed, MiB));
   REQUIRE(rig.shard_of(held.back()) == 0);
   const ManagerReport r = rig.manager.report();
