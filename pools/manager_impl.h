@@ -251,6 +251,10 @@ struct MemoryManager::Impl {
   // Bytes released and not yet with the driver: those the device still holds, and those this
   // scope will hand it at unlock.
   std::uint64_t releases_on_the_way() const;
+  // This shard's bytes reserved for other shards to read before its scope ends: its pages given
+  // up in the scope still count, since the device gets them only at the scope's end (Note [Held
+  // memory bound], (6)).
+  std::uint64_t reserved_to_publish() const;
   // Whether growth waits ran out while one release stayed inside the driver's free for
   // kStuckReleaseMicros, and it still is (Note [Releases before growth]).
   bool releases_stuck();

@@ -305,7 +305,7 @@ bool MemoryManager::Shards::borrow_page(void* owner, std::uint64_t min_size,
     // The page counts in this shard's published bytes before it leaves the other's: the held
     // bound's device-wide figure must not lose it in between (Note [Held memory bound]).
     if (found)
-      self.reserved_published.store(self.ctx.totals.reserved + *size, std::memory_order_relaxed);
+      self.reserved_published.store(self.reserved_to_publish() + *size, std::memory_order_relaxed);
     if (found || unparked) other.publish_figures();
     if (found) s.pages_moved.fetch_add(1, std::memory_order_release);
     other.mutex.unlock_beside();
