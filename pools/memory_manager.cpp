@@ -414,8 +414,9 @@ MemoryManager::Impl::FenceWait MemoryManager::Impl::wait_for_oldest_fence(
 //     counts it) includes the pages it gave up in that scope: the device gets them only at the
 //     scope's end, after the growth gate has opened. Published without them, another shard's
 //     check found neither those pages in this shard's bytes nor on their way to the driver, and
-//     grew into their room: two threads of random sizes up to 64 MiB reserved up to 1.55 times
-//     their live bytes in one run of three, with 128 MiB of such pages unseen at one growth.
+//     grew into their room: two threads of random sizes up to 64 MiB reserved more than 1.5
+//     times their live bytes in 3 or 4 runs of 10 (up to 1.55), with 128 MiB of such pages
+//     unseen at one growth.
 // The bound is never below the peak plus kHeldSlack: a program with a few MiB in use holds a page
 // of each pool it uses (2 MiB and 8 MiB sliced pages, an exclusive page), more than 1.5 times
 // its bytes in use, and without the slack every growth in one pool gave back another's idle
