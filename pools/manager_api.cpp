@@ -238,6 +238,7 @@ FreeOutcome MemoryManager::free(DevicePtr ptr, StreamToken stream) {
 }
 
 FreeOutcome MemoryManager::Impl::free_pointer(DevicePtr ptr, StreamToken stream) {
+  index.prefetch(ptr);  // read after the lock (Note [Loads started early] in pool.h)
   if (ptr != 0 && caches_open.load(std::memory_order_acquire)) {
     if (ThreadCache* cache = find_thread_cache(id)) {
       switch (cache->give(ptr, caches_open)) {
@@ -250,6 +251,7 @@ FreeOutcome MemoryManager::Impl::free_pointer(DevicePtr ptr, StreamToken stream)
   Scope scope(*this);
   Slice* slice = ptr == 0 ? nullptr : index.erase(ptr);
   if (slice == nullptr) return classify(ptr);
+  prefetch_free_neighbourhood(*slice);
   // Parked in a thread's cache: the program freed it already, and nothing changes (the entry
   // goes back where it was; the table just shrank, so this insert never grows it).
   if (slice->cache != nullptr && !uncache(slice)) {

@@ -196,6 +196,7 @@ constexpr auto kGiveBack = [](Slice* s) { s->page->pool->give_back(s); };
 
 MemoryManager::Impl::Impl(Device& d, const ManagerOptions& o)
     : device(d), options(o), ctx(d) {
+  ctx.index = &index;
   total_memory = device.memory_info().total_bytes;
   ctx.total_memory = total_memory;
   persistent = std::make_unique<PersistentPool>(ctx);

@@ -34,6 +34,9 @@ enum class SliceState : std::uint8_t { free, live, pending, held };
 class Pool;
 struct Page;
 class ThreadCache;
+class SliceIndex;
+// Starts loading the pointer index's cell for `ptr` (slice_index.h); nothing when `index` is null.
+void prefetch_index_cell(const SliceIndex* index, DevicePtr ptr);
 
 // One record per slice, exactly one cache line (Note [One line per slice]).
 struct alignas(64) Slice {
@@ -67,11 +70,31 @@ static_assert(sizeof(Slice) == 64, "a slice record fills one cache line");
 // pending, the owning thread cache and the request while live or held), so a record is 64 bytes
 // and, aligned, one line. Code reads those fields only for a slice known to be in their state.
 
+// Note [Loads started early]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// With a million live slices the records, their pages and the pointer index no longer fit any
+// cache, and a free or a reservation is mostly waiting for memory: a free reads the index cell,
+// then the slice it names, then that slice's page and its page neighbours; a reservation reads
+// the free slice it carves, then the index cell of the new pointer. Each read waited for the one
+// before, even where only its address did. So each path asks for the next lines as soon as their
+// addresses are known: a free for the index cell before it takes the lock, and for the page and
+// both neighbours together once the slice is found; a reservation for the new pointer's cell
+// while it carves. The reads then overlap each other and the work in between.
+
 // Counted: whether a page holds one slice or more is asked on every carve and free, and without
 // the count the answer read the page's first slice, a cache miss of its own with many live.
 using PageSlices =
     bi::list<Slice, bi::member_hook<Slice, bi::list_member_hook<FastLink>, &Slice::page_hook>,
              bi::constant_time_size<true>>;
+
+// Starts loading what freeing `slice` reads after its record: its page and the records of its
+// page neighbours, to be merged with (Note [Loads started early]).
+inline void prefetch_free_neighbourhood(const Slice& slice) {
+  __builtin_prefetch(slice.page);
+  const auto at = PageSlices::s_iterator_to(slice);
+  __builtin_prefetch(std::next(at).pointed_node());
+  __builtin_prefetch(std::prev(at).pointed_node());
+}
 
 // A pool's free slices, binned by size (Note [Free bins] in free_bins.h).
 using FreeSet = FreeBins<Slice>;
@@ -120,6 +143,7 @@ struct PoolContext {
   NodeSlab<Slice> slices;
   NodeSlab<Page> pages;
   PageSet page_set;                   // every page of every pool, by address
+  const SliceIndex* index = nullptr;  // the manager's pointer index, to prefetch from only
   ReleaseList* released = nullptr;    // where release_page() puts pages; set under the lock
   // Takes another shard's idle page of `min_size` to `max_size` bytes, without a device call,
   // for a new page; sets *base and *size (Note [Shards] in manager_shards.cpp).

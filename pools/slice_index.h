@@ -20,6 +20,11 @@ class SliceIndex {
  public:
   SliceIndex() { rehash(kInitial); }
 
+  // Starts loading the cell where `ptr` is looked for or placed: with many live slices it is a
+  // cache miss, which then overlaps the work between this call and the lookup (Note [Loads
+  // started early] in pool.h).
+  void prefetch(DevicePtr ptr) const { __builtin_prefetch(&cells_[slot(ptr)]); }
+
   Slice* find(DevicePtr ptr) const {
     for (std::size_t i = slot(ptr);; i = (i + 1) & mask_) {
       if (cells_[i].key == ptr) return cells_[i].slice;
@@ -127,5 +132,9 @@ class SliceIndex {
   unsigned shift_ = 64;
   std::size_t size_ = 0;
 };
+
+inline void prefetch_index_cell(const SliceIndex* index, DevicePtr ptr) {
+  if (index != nullptr) index->prefetch(ptr);
+}
 
 }  // namespace poolcuda

@@ -5,6 +5,7 @@
 #include "pools/sliced_pool.h"
 
 #include "pools/options.h"
+#include "pools/slice_index.h"
 
 namespace poolcuda {
 
@@ -30,6 +31,8 @@ Slice* CarvedPool::take_whole(Slice* slice, std::uint64_t size) {
 
 Slice* CarvedPool::carve(Slice* slice, std::uint64_t size, End end) {
   const std::uint64_t eff = align_up(size, alignment());
+  // The reservation inserts the new pointer in the index next (Note [Loads started early]).
+  prefetch_index_cell(ctx_.index, end == End::top ? slice->ptr + slice->size - eff : slice->ptr);
   if (slice->size == eff) return take_whole(slice, size);
   if (single_slice(*slice->page)) split_page_bytes_ += slice->page->size;
   Slice* out = ctx_.slices.create();
