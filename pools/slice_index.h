@@ -7,6 +7,7 @@
 // host_tables.h.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <utility>
@@ -22,8 +23,14 @@ class SliceIndex {
 
   // Starts loading the cell where `ptr` is looked for or placed: with many live slices it is a
   // cache miss, which then overlaps the work between this call and the lookup (Note [Loads
-  // started early] in pool.h).
-  void prefetch(DevicePtr ptr) const { __builtin_prefetch(&cells_[slot(ptr)]); }
+  // started early] in pool.h). Safe without the owner's lock, while another thread may rehash:
+  // it reads only the table's published address and shape, and a prefetch of an address that a
+  // rehash made stale loads a useless line but never faults.
+  void prefetch(DevicePtr ptr) const {
+    const Cell* cells = hint_cells_.load(std::memory_order_relaxed);
+    const unsigned shift = hint_shift_.load(std::memory_order_relaxed);
+    __builtin_prefetch(cells + static_cast<std::size_t>((ptr * kHashMultiplier) >> shift));
+  }
 
   Slice* find(DevicePtr ptr) const {
     for (std::size_t i = slot(ptr);; i = (i + 1) & mask_) {
@@ -89,11 +96,12 @@ class SliceIndex {
     Slice* slice = nullptr;
   };
   static constexpr std::size_t kInitial = 1024;
+  static constexpr std::uint64_t kHashMultiplier = 0x9E3779B97F4A7C15ull;
 
   std::size_t slot(DevicePtr ptr) const {
     // Fibonacci hashing: addresses are multiples of the alignment, so the high bits of the
     // product spread them; shift_ keeps exactly log2(capacity) bits.
-    return static_cast<std::size_t>((ptr * 0x9E3779B97F4A7C15ull) >> shift_);
+    return static_cast<std::size_t>((ptr * kHashMultiplier) >> shift_);
   }
 
   void place(DevicePtr ptr, Slice* slice) {
@@ -120,10 +128,13 @@ class SliceIndex {
       if (old[i].key != 0) place(old[i].key, old[i].slice);
   }
 
+  // Called whenever cells_ changes.
   void set_capacity(std::size_t capacity) {
     capacity_ = capacity;
     mask_ = capacity - 1;
     shift_ = 64 - static_cast<unsigned>(__builtin_ctzll(capacity));
+    hint_cells_.store(cells_.get(), std::memory_order_relaxed);
+    hint_shift_.store(shift_, std::memory_order_relaxed);
   }
 
   Cells cells_;
@@ -131,6 +142,10 @@ class SliceIndex {
   std::size_t mask_ = 0;
   unsigned shift_ = 64;
   std::size_t size_ = 0;
+  // cells_ and shift_ for prefetch(), which may run without the lock. A reader may pair one
+  // table's address with another's shape: that only aims a prefetch wrong.
+  std::atomic<const Cell*> hint_cells_{nullptr};
+  std::atomic<unsigned> hint_shift_{64};
 };
 
 inline void prefetch_index_cell(const SliceIndex* index, DevicePtr ptr) {
