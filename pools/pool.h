@@ -35,8 +35,6 @@ class Pool;
 struct Page;
 class ThreadCache;
 class SliceIndex;
-// Starts loading the pointer index's cell for `ptr` (slice_index.h); nothing when `index` is null.
-void prefetch_index_cell(const SliceIndex* index, DevicePtr ptr);
 
 // One record per slice, exactly one cache line (Note [One line per slice]).
 struct alignas(64) Slice {
@@ -74,12 +72,14 @@ static_assert(sizeof(Slice) == 64, "a slice record fills one cache line");
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~
 // With a million live slices the records, their pages and the pointer index no longer fit any
 // cache, and a free or a reservation is mostly waiting for memory: a free reads the index cell,
-// then the slice it names, then that slice's page and its page neighbours; a reservation reads
-// the free slice it carves, then the index cell of the new pointer. Each read waited for the one
-// before, even where only its address did. So each path asks for the next lines as soon as their
-// addresses are known: a free for the index cell before it takes the lock, and for the page and
-// both neighbours together once the slice is found; a reservation for the new pointer's cell
-// while it carves. The reads then overlap each other and the work in between.
+// then the slice it names, then that slice's page and, when the slice goes back to a sliced pool
+// at once, its page neighbours to merge with; a reservation reads the free slice it carves, then
+// the index cell of the new pointer. Each read waited for the one before, even where only its
+// address did. So each path asks for the next lines as soon as their addresses are known: a free
+// for the index cell before it takes the shard's lock, and for the page and both neighbours
+// together once the slice is found (wasted where the slice waits for a fence, and read later);
+// a reservation for the new pointer's cell while it carves. The reads then overlap each other
+// and the work in between.
 
 // Counted: whether a page holds one slice or more is asked on every carve and free, and without
 // the count the answer read the page's first slice, a cache miss of its own with many live.
@@ -99,16 +99,19 @@ inline void prefetch_free_neighbourhood(const Slice& slice) {
 // A pool's free slices, binned by size (Note [Free bins] in free_bins.h).
 using FreeSet = FreeBins<Slice>;
 
-// One device allocation. Its slices tile it exactly, in address order.
-struct Page {
-  bi::set_member_hook<FastLink> addr_hook;   // the manager's page set
-  bi::list_member_hook<FastLink> idle_hook;  // the pool's idle list (busy == 0)
-  PageSlices slices;
+// One device allocation. Its slices tile it exactly, in address order. What every free and
+// carve reads (the pool, the busy count, the slice list) fills the first of its two cache lines,
+// the one a prefetch of the page loads (Note [Loads started early]); the links of the page set
+// and the idle list, read when the page is looked up by address or goes idle or busy, the second.
+struct alignas(64) Page {
   Pool* pool = nullptr;
+  std::uint64_t busy = 0;  // slices that are not free
+  PageSlices slices;
   DevicePtr base = 0;
   std::uint64_t size = 0;
-  std::uint64_t busy = 0;        // slices that are not free
   std::uint64_t idle_since = 0;  // reservation clock when busy dropped to 0
+  bi::set_member_hook<FastLink> addr_hook;   // the manager's page set
+  bi::list_member_hook<FastLink> idle_hook;  // the pool's idle list (busy == 0)
   std::uint64_t idle_order = 0;  // the shard's count of pages gone idle, then: idle pages' order
 };
 

@@ -27,9 +27,12 @@ class SliceIndex {
   // it reads only the table's published address and shape, and a prefetch of an address that a
   // rehash made stale loads a useless line but never faults.
   void prefetch(DevicePtr ptr) const {
+    // Integer arithmetic: the pair may be stale, and the address outside any live table.
     const Cell* cells = hint_cells_.load(std::memory_order_relaxed);
     const unsigned shift = hint_shift_.load(std::memory_order_relaxed);
-    __builtin_prefetch(cells + static_cast<std::size_t>((ptr * kHashMultiplier) >> shift));
+    const std::uintptr_t cell = reinterpret_cast<std::uintptr_t>(cells) +
+                                ((ptr * kHashMultiplier) >> shift) * sizeof(Cell);
+    __builtin_prefetch(reinterpret_cast<const void*>(cell));
   }
 
   Slice* find(DevicePtr ptr) const {
@@ -145,9 +148,10 @@ class SliceIndex {
   // cells_ and shift_ for prefetch(), which may run without the lock. A reader may pair one
   // table's address with another's shape: that only aims a prefetch wrong.
   std::atomic<const Cell*> hint_cells_{nullptr};
-  std::atomic<unsigned> hint_shift_{64};
+  std::atomic<unsigned> hint_shift_{64 - static_cast<unsigned>(__builtin_ctzll(kInitial))};
 };
 
+// Starts loading the cell of `index` for `ptr`; nothing when `index` is null.
 inline void prefetch_index_cell(const SliceIndex* index, DevicePtr ptr) {
   if (index != nullptr) index->prefetch(ptr);
 }
