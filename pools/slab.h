@@ -18,6 +18,8 @@ namespace poolcuda {
 
 template <typename T, std::size_t kChunk = 1024>
 class NodeSlab {
+  static_assert(alignof(T) <= 64, "chunks come from allocate_table(), aligned to 64 bytes");
+
  public:
   NodeSlab() = default;
   NodeSlab(const NodeSlab&) = delete;
