@@ -4,7 +4,7 @@
 // answers cudaErrorInvalidValue (and the library's own CUDA calls leave that last error alone);
 // size 0 behaves as the real call; a request larger than the
 // device answers cudaErrorMemoryAllocation, sets the last error as the real call does, and
-// leaks nothing.
+// leaks nothing; a refused cudaSetDevice leaves allocations on the current device's pools.
 #include <vector>
 
 #include "check.h"
@@ -90,6 +90,28 @@ int main() {
   CHECK_RESULT(cudaGetLastError(), cudaErrorMemoryAllocation);
   CHECK_RESULT(cudaGetLastError(), cudaSuccess);
   if (counted) CHECK(preload_test::counter("live_allocations") == live_before);
+
+  // A device that does not exist: cudaSetDevice refuses it and changes nothing, so the next
+  // allocations still come from the current device's pools (with one device visible the library
+  // does not ask the runtime which device is current: Note [One visible device] in hooks.cpp).
+  int current = -1;
+  int devices = 0;
+  CHECK_CUDA(cudaGetDevice(&current));
+  CHECK_CUDA(cudaGetDeviceCount(&devices));
+  CHECK_RESULT(cudaSetDevice(devices), cudaErrorInvalidDevice);
+  CHECK_RESULT(cudaGetLastError(), cudaErrorInvalidDevice);
+  const std::uint64_t mallocs_before = counted ? preload_test::counter("cudaMalloc") : 0;
+  for (int i = 0; i < 4; ++i) {
+    void* ptr = nullptr;
+    CHECK_CUDA(cudaMalloc(&ptr, 4096));
+    cudaPointerAttributes attributes{};
+    CHECK_CUDA(cudaPointerGetAttributes(&attributes, ptr));
+    CHECK(attributes.device == current);
+    CHECK_CUDA(cudaMemset(ptr, 0x5a, 4096));
+    CHECK(preload_test::device_bytes_equal(ptr, 4096, 0x5a));
+    CHECK_CUDA(cudaFree(ptr));
+  }
+  if (counted) CHECK_MSG(preload_test::counter("cudaMalloc") == mallocs_before, "pooled");
 
   CHECK_CUDA(cudaFree(keep));
   std::printf("ok\n");
