@@ -58,6 +58,7 @@
 // (all lanes') move the clock of disuse too, once per slab's worth; the slab a lane leaves
 // counts as used then. A slab not larger than a window has no windows.
 #include <algorithm>
+#include <bit>
 
 #include "pools/managed_slabs.h"
 #include "pools/managed_state.h"
@@ -147,12 +148,26 @@ bool ManagedSlabs::quiet(Slab& slab, std::uint64_t* state) {
 }
 
 // Bump back to 0 if the word still reads `state` (nothing allocated since quiet() checked it).
+std::uint64_t ManagedSlabs::issued_since_rewind(const Slab& slab, std::uint64_t bump) {
+  std::uint64_t bytes = 0;
+  for (std::uint64_t w = 0; w < mark_words(bump); ++w) {
+    // Acquire: an allocation sets its marks after its size, with release.
+    std::uint64_t started = slab.marks[w].load(std::memory_order_acquire) & (kLiveBits << 1);
+    for (; started != 0; started &= started - 1) {
+      const std::uint64_t granule = w * kGranulesPerWord + std::countr_zero(started) / 2;
+      bytes += std::uint64_t{slab.sizes[granule].load(std::memory_order_relaxed)} + 1;
+    }
+  }
+  return bytes;
+}
+
 bool ManagedSlabs::rewind(Slab& slab, std::uint64_t state) {
   if (bump_of(state) == 0) return true;
   if (!slab.state.compare_exchange_strong(state, kSealed, std::memory_order_acq_rel)) {
     return false;
   }
-  // Nothing is live, so every live bit is clear already; the started bits go.
+  // Nothing is live, so every live bit is clear already; the started bits go, counted first.
+  slab.issued_before += issued_since_rewind(slab, bump_of(state));
   const std::uint64_t words = mark_words(bump_of(state));
   for (std::uint64_t w = 0; w < words; ++w) slab.marks[w].store(0, std::memory_order_relaxed);
   if (bump_of(state) > slab.dirty.load(std::memory_order_relaxed)) {
@@ -279,7 +294,8 @@ bool ManagedSlabs::retire(Slab& slab, std::uint64_t state, std::vector<DevicePtr
   }
   if (slab.fence != kNoFence) backing_.fence_destroy(slab.fence);
   slab.fence = kNoFence;
-  retired_issued_ += slab.issued.exchange(0, std::memory_order_relaxed);
+  retired_issued_ += slab.issued_before + issued_since_rewind(slab, bump_of(state));
+  slab.issued_before = 0;
   retired_resets_ += slab.resets;
   slab.resets = 0;
   retired->push_back(slab.base->exchange(0, std::memory_order_acq_rel));
@@ -391,10 +407,12 @@ void ManagedSlabs::forget() {
   for (std::uint32_t i = 0; i < used; ++i) {
     Slab& slab = slabs_[i];
     if (slab.base->load(std::memory_order_relaxed) == 0) continue;
-    slab.state.store(kSealed, std::memory_order_release);
+    const std::uint64_t state = slab.state.exchange(kSealed, std::memory_order_acq_rel);
     if (slab.fence != kNoFence) backing_.fence_destroy(slab.fence);
     slab.fence = kNoFence;
-    retired_issued_ += slab.issued.exchange(0, std::memory_order_relaxed);
+    retired_issued_ +=
+        slab.issued_before + (sealed(state) ? 0 : issued_since_rewind(slab, bump_of(state)));
+    slab.issued_before = 0;
     retired_resets_ += slab.resets;
     slab.resets = 0;
     slab.base->store(0, std::memory_order_release);
@@ -422,7 +440,8 @@ ManagedReport ManagedSlabs::report() const {
     row.bump = sealed(state) ? 0 : bump_of(state) * granule_;
     row.live = sealed(state) ? 0 : live_of(state);
     row.dirty = slab.dirty.load(std::memory_order_relaxed) * granule_;
-    row.issued = slab.issued.load(std::memory_order_relaxed);
+    row.issued =
+        slab.issued_before + (sealed(state) ? 0 : issued_since_rewind(slab, bump_of(state)));
     row.resets = slab.resets;
     out.live_allocations += row.live;
     out.issued_total += row.issued;

@@ -27,7 +27,9 @@
 // that saw the bit set decrements the live count, so the count never underflows and a free
 // races nothing. A pointer whose bit is clear is a double free when "started" is set and an
 // interior (or never issued) pointer otherwise; neither changes anything. Each allocation also
-// records its size (at its first granule), for lookups of "its allocation".
+// records its size (at its first granule), for lookups of "its allocation"; the bytes a slab
+// issued since its last rewind are the sizes at its started bits, summed by the slow path when
+// it rewinds, gives back or reports the slab, so the fast path keeps no counter of its own.
 //
 // Note [Managed lanes]
 // Threads that allocate on one slab all swap the same state word: its cache line moves between
@@ -173,7 +175,6 @@ ManagedAllocation ManagedSlabs::finish(Slab& slab, std::uint64_t start, std::uin
   }
   slab.marks[start / kGranulesPerWord].fetch_or(live_bit(start) | started_bit(start),
                                                std::memory_order_release);
-  slab.issued.fetch_add(size, std::memory_order_relaxed);
   return {ptr, {}};
 }
 

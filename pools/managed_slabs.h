@@ -191,6 +191,9 @@ class ManagedSlabs {
   bool current_of_other_lane(std::uint32_t slot, std::uint32_t lane) const;
   Slab* slab_of(DevicePtr ptr, std::uint64_t* offset) const;
   static void drop_live(Slab& slab);
+  // Requested bytes of the allocations started in the slab's first `bump` granules since its
+  // last rewind: the sizes at its started bits (Note [Managed slabs]).
+  static std::uint64_t issued_since_rewind(const Slab& slab, std::uint64_t bump);
 
   // Slow path (managed_chain.cpp); the caller holds mutex_.
   bool quiet(Slab& slab, std::uint64_t* state);

@@ -44,7 +44,6 @@ namespace poolcuda {
 struct alignas(64) ManagedSlabs::Slab {
   // Written by every allocation and free of this slab: kept apart from other slabs' lines.
   std::atomic<std::uint64_t> state{managed::kSealed};
-  std::atomic<std::uint64_t> issued{0};  // requested bytes handed out (this incarnation)
   std::atomic<std::uint64_t> dirty{0};   // granules below which bytes may be non-zero
   // The fast path bumps below this only (Note [Managed windows]); raised under the chain's
   // mutex, set back by a rewind while the slab is sealed.
@@ -64,6 +63,9 @@ struct alignas(64) ManagedSlabs::Slab {
   std::uint64_t fence_tick = 0;  // the chain's tick when the fence was recorded
   std::uint64_t last_used = 0;   // the chain's tick when it last served (or was current)
   std::uint64_t resets = 0;
+  // Requested bytes handed out before the last rewind; those since are counted from the marks
+  // and sizes when asked (Note [Managed slabs]: an allocation makes no third atomic write).
+  std::uint64_t issued_before = 0;
   // The lane it last served as current slab (kManagedLanes: none yet); a lane takes back the
   // spares it left before it takes another lane's (Note [Managed windows]).
   std::uint32_t lane = kManagedLanes;
