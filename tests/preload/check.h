@@ -216,10 +216,10 @@ inline ChildResult run_self(const char* argument, const std::vector<std::string>
 inline bool device_bytes_equal(const void* ptr, std::size_t size, unsigned char byte) {
   std::vector<unsigned char> host(size);
   if (cudaMemcpy(host.data(), ptr, size, cudaMemcpyDeviceToHost) != cudaSuccess) return false;
-  for (unsigned char value : host) {
-    if (value != byte) return false;
-  }
-  return true;
+  if (size == 0) return true;
+  // Every byte equals the first when the buffer equals itself shifted by one. One memcmp: a
+  // loop over the bytes costs a minute per test under ThreadSanitizer, which checks each read.
+  return host[0] == byte && std::memcmp(host.data(), host.data() + 1, size - 1) == 0;
 }
 
 // Instantiates a captured graph, runs it once on `stream`, waits for it and destroys both.

@@ -57,7 +57,10 @@ struct Chain {
 
 bool all_bytes(DevicePtr ptr, std::uint64_t size, unsigned char value) {
   const auto* bytes = reinterpret_cast<const unsigned char*>(ptr);
-  return std::all_of(bytes, bytes + size, [&](unsigned char b) { return b == value; });
+  if (size == 0) return true;
+  // Every byte equals the first when the range equals itself shifted by one: one memcmp, where
+  // a loop over the bytes costs most of this test's time under ThreadSanitizer.
+  return bytes[0] == value && std::memcmp(bytes, bytes + 1, size - 1) == 0;
 }
 
 void fill(DevicePtr ptr, std::uint64_t size, unsigned char value) {
