@@ -35,15 +35,24 @@ namespace poolcuda::hooks {
 // API is on that device too. The count is fixed once the runtime has started, so it is asked
 // once, and such a process's allocations make no runtime call to learn the device: on the
 // stand-in that call was about 30 ns of the 70 the library added to a pair over the pools'
-// own cost. With more devices, or before a count could be read, the runtime is asked each time.
+// own cost. A thread's first call still asks: the runtime may bind the device's primary
+// context to a thread that has none when asked, as the program's own cudaMalloc would have (a
+// pooled one makes no runtime call), and a thread that goes on with the driver API needs it.
+// With more devices, or when the count's call failed (no driver, no device), the runtime is
+// asked each time, and the count is not asked again: a failing call on every hook would cost a
+// call and overwrite the program's last error for nothing.
 int current_device() {
-  static std::atomic<int> visible{0};  // 0 until a count was read
+  static std::atomic<int> visible{0};  // 0 until the count was asked, -1 when that failed
+  __attribute__((tls_model("initial-exec"))) static thread_local bool thread_asked = false;
   int count = visible.load(std::memory_order_relaxed);
-  if (count == 0 && real::cudaGetDeviceCount()(&count) == cudaSuccess && count > 0)
+  if (count == 0) {
+    if (real::cudaGetDeviceCount()(&count) != cudaSuccess || count <= 0) count = -1;
     visible.store(count, std::memory_order_relaxed);
-  if (count == 1) return 0;
+  }
+  if (count == 1 && thread_asked) return 0;
   int device = -1;
   if (real::cudaGetDevice()(&device) != cudaSuccess) return -1;
+  thread_asked = true;
   return device;
 }
 
