@@ -147,7 +147,7 @@ bool ManagedSlabs::quiet(Slab& slab, std::uint64_t* state) {
   return slab.fence != kNoFence && backing_.fence_passed(slab.fence);
 }
 
-// Bump back to 0 if the word still reads `state` (nothing allocated since quiet() checked it).
+// The bytes of the allocations started below `bump`: the recorded size at each started bit.
 std::uint64_t ManagedSlabs::issued_since_rewind(const Slab& slab, std::uint64_t bump) {
   std::uint64_t bytes = 0;
   for (std::uint64_t w = 0; w < mark_words(bump); ++w) {
@@ -161,6 +161,7 @@ std::uint64_t ManagedSlabs::issued_since_rewind(const Slab& slab, std::uint64_t 
   return bytes;
 }
 
+// Bump back to 0 if the word still reads `state` (nothing allocated since quiet() checked it).
 bool ManagedSlabs::rewind(Slab& slab, std::uint64_t state) {
   if (bump_of(state) == 0) return true;
   if (!slab.state.compare_exchange_strong(state, kSealed, std::memory_order_acq_rel)) {
