@@ -40,6 +40,10 @@ struct Config {
   bool reuse_stream_handles = false;
   bool strict = false;
   bool concurrent_managed = true;  // every device's cudaDevAttrConcurrentManagedAccess
+  // Whether cudaGetDevice binds the primary context to a thread that has none, as every other
+  // runtime entry does (SIMCUDA_GET_DEVICE_BINDS=0: it only reads the thread's device, as a real
+  // runtime's query may).
+  bool get_device_binds = true;
 };
 const Config& config();
 // Waits config().free_delay_us: the latency of cudaFree / cuMemFree before the lookup.

@@ -90,7 +90,11 @@ cudaError_t cudaSetDevice(int device) {
 cudaError_t cudaGetDevice(int* device) {
   if (!device) return record_error(cudaErrorInvalidValue);
   if (config().devices == 0) return record_error(cudaErrorNoDevice);
-  runtime_touch();
+  if (config().get_device_binds) {
+    runtime_touch();
+  } else {
+    set_driver_initialized();
+  }
   *device = current_device();
   return cudaSuccess;
 }

@@ -56,6 +56,8 @@ Config load_config() {
   if (const char* v = std::getenv("SIMCUDA_STRICT")) c.strict = std::strcmp(v, "0") != 0 && *v;
   if (const char* v = std::getenv("SIMCUDA_REUSE_STREAM_HANDLES"))
     c.reuse_stream_handles = std::strcmp(v, "0") != 0 && *v;
+  if (const char* v = std::getenv("SIMCUDA_GET_DEVICE_BINDS"))
+    c.get_device_binds = std::strcmp(v, "0") != 0;
   if (const char* v = std::getenv("SIMCUDA_CONCURRENT_MANAGED")) {
     c.concurrent_managed = std::strcmp(v, "0") != 0;
   }
