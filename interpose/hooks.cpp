@@ -15,16 +15,18 @@
 // has. A refused cudaFree, and a refused cudaIpcGetMemHandle (Note [IPC handles] in
 // pooling.cpp), raise cudaErrorInvalidValue the same way.
 //
-// Depends on the shared pooling core, the driver hooks (for the resolvers) and the
-// real-function table.
+// Depends on the shared pooling core, the driver hooks (for the resolvers), the driver context
+// helpers and the real-function tables.
 #include "interpose/hooks.h"
 
 #include <atomic>
 
+#include "interpose/driver_context.h"
 #include "interpose/driver_hooks.h"
 #include "interpose/foreign_frees.h"
 #include "interpose/pooling.h"
 #include "interpose/real_cuda.h"
+#include "interpose/real_driver.h"
 #include "interpose/registry.h"
 
 namespace poolcuda::hooks {
@@ -35,24 +37,44 @@ namespace poolcuda::hooks {
 // API is on that device too. The count is fixed once the runtime has started, so it is asked
 // once, and such a process's allocations make no runtime call to learn the device: on the
 // stand-in that call was about 30 ns of the 70 the library added to a pair over the pools'
-// own cost. A thread's first call still asks: the runtime may bind the device's primary
-// context to a thread that has none when asked, as the program's own cudaMalloc would have (a
-// pooled one makes no runtime call), and a thread that goes on with the driver API needs it.
-// With more devices, or when the count's call failed (no driver, no device), the runtime is
-// asked each time, and the count is not asked again: a failing call on every hook would cost a
-// call and overwrite the program's last error for nothing.
+// own cost. With more devices, or when the count's call failed (no driver, no device), the
+// runtime is asked each time, and the count is not asked again: a failing call on every hook
+// would cost a call and overwrite the program's last error for nothing.
+//
+// Note [A thread's first call]
+// The program's own cudaMalloc, like every runtime call that needs a context, leaves the
+// device's primary context current on a thread that had none, and a thread may go on with the
+// driver API on that strength. A pooled call makes no such runtime call, and whether the
+// runtime's cudaGetDevice binds a context is not documented. So a thread's first call (the
+// first to ask for the current device) makes the primary context of its device current when no
+// context is (driver::make_primary_current: only while that context is alive, which it is once
+// the pools hold memory). A thread that later pops its context through the driver is not bound
+// again.
+namespace {
+
+void bind_like_the_runtime(int device) {
+  CUcontext current = nullptr;
+  if (real_driver::cuCtxGetCurrent()(&current) == CUDA_SUCCESS && current == nullptr)
+    driver::make_primary_current(device);
+}
+
+}  // namespace
+
 int current_device() {
   static std::atomic<int> visible{0};  // 0 until the count was asked, -1 when that failed
-  __attribute__((tls_model("initial-exec"))) static thread_local bool thread_asked = false;
+  __attribute__((tls_model("initial-exec"))) static thread_local bool thread_bound = false;
   int count = visible.load(std::memory_order_relaxed);
   if (count == 0) {
     if (real::cudaGetDeviceCount()(&count) != cudaSuccess || count <= 0) count = -1;
     visible.store(count, std::memory_order_relaxed);
   }
-  if (count == 1 && thread_asked) return 0;
+  if (count == 1 && thread_bound) return 0;
   int device = -1;
   if (real::cudaGetDevice()(&device) != cudaSuccess) return -1;
-  thread_asked = true;
+  if (!thread_bound) {
+    bind_like_the_runtime(device);
+    thread_bound = true;
+  }
   return device;
 }
 

@@ -1,9 +1,8 @@
 // Preload test: a thread whose first CUDA call is a cudaMalloc the pools serve (no driver
 // allocation) can go on with the driver API, as after the plain cudaMalloc, which leaves the
-// device's primary context current on the thread. The pooled call asks the runtime for the
-// current device once per thread (Note [One visible device] in interpose/hooks.cpp); later
-// pooled calls on the thread make no runtime call. The driver API then writes and reads the
-// buffer in that context.
+// device's primary context current on the thread (Note [A thread's first call] in
+// interpose/hooks.cpp). The driver API then writes and reads the buffer in that context. Run
+// also with SIMCUDA_GET_DEVICE_BINDS=0, where the stand-in's cudaGetDevice binds no context.
 // Runs on a GPU too (the driver-allocation count only on the stand-in).
 #include <cuda.h>
 
