@@ -445,10 +445,12 @@ struct MemoryManager::Impl {
   std::uint64_t fence_waits = 0;  // waits for the bound on fence-pending bytes
   std::uint64_t fence_wait_timeouts = 0;  // of those, the ones whose bound expired first
   double fence_wait_seconds = 0;          // time spent in those waits
-  // Bytes of idle pages given back for the held bound, and growths that went past it for want
-  // of idle pages (Note [Held memory bound]).
+  // Bytes of idle pages given back for the held bound, growths that went past it for want of
+  // idle pages, and growths that passed it only because pages given back had not reached the
+  // driver yet (their wait ran out or could not help: Note [Held memory bound]).
   std::uint64_t held_released_bytes = 0;
   std::uint64_t held_overruns = 0;
+  std::uint64_t held_early_growths = 0;
   std::uint64_t give_backs = 0;          // give_back_all() calls that gave memory back
   std::uint64_t give_back_timeouts = 0;  // of those, the ones that ran out of time
   // What the last of those timeouts left behind, while nothing moved since (Note [Idle memory

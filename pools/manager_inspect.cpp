@@ -98,6 +98,7 @@ ManagerReport MemoryManager::Impl::snapshot() const {
   r.fence_wait_seconds = m.fence_wait_seconds;
   r.held_released_bytes = m.held_released_bytes;
   r.held_overruns = m.held_overruns;
+  r.held_early_growths = m.held_early_growths;
   r.give_backs = m.give_backs;
   r.give_back_timeouts = m.give_back_timeouts;
   r.reuse = reuse_word(m.options.free_fence, m.stream_ordered);

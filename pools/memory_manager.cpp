@@ -673,6 +673,7 @@ restart:
     r.status = frozen != 0 ? AllocStatus::failed : pool.grow(size, &r.slice);
     r.grew = r.status == AllocStatus::ok;
     if (r.grew) {
+      if (held.over_by == 0 && held.releases_count) ++held_early_growths;
       if (held.peak_in_use != 0 && shards != nullptr) {
         // Before the gate opens: the next shard's check counts this growth, and no longer the
         // room this reservation claimed for it.

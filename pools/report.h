@@ -79,6 +79,7 @@ struct PoolReport {
   X(out_of_memory, oom_growth_waits, "growths waited", count, normal)        \
   X(held, held_released_bytes, "given back", bytes, normal)                 \
   X(held, held_overruns, "growths past it", count, normal)                  \
+  X(held, held_early_growths, "growths before those arrived", count, normal) \
   X(given_back, give_backs, "times", count, normal)                          \
   X(given_back, give_back_timeouts, "at the time bound", count, normal)      \
   X(thread_caches, thread_caches, "caches", count, normal)                   \
