@@ -427,7 +427,8 @@ MemoryManager::Impl::FenceWait MemoryManager::Impl::wait_for_oldest_fence(
 // smallest trace (16 buffers of 512 B to 16 MiB, about 100 MiB live), where 64 MiB would have
 // allowed 1.64 times its live bytes.
 // The bound never refuses a request: with no idle page left (pages that live slices keep,
-// padding), the pool grows past it; reports count those growths and the bytes given back.
+// padding), the pool grows past it; reports count those growths, the bytes given back, and the
+// growths that went ahead before the pages given back reached the driver (step 2's wait ran out).
 // Requests that fit an idle page never reach the check, so a program whose sizes repeat pays
 // nothing; one whose sizes never repeat pays driver calls for memory. On the 1 GiB random
 // trace: 0.25 driver allocations per pair instead of 0.031, for 1.50 times its live bytes
