@@ -37,9 +37,10 @@ namespace poolcuda::hooks {
 // API is on that device too. The count is fixed once the runtime has started, so it is asked
 // once, and such a process's allocations make no runtime call to learn the device but a
 // thread's first (Note [A thread's first call]): on the stand-in that call was about 30 ns of
-// the 70 the library added to a pair over the pools' own cost. With more devices, or when the count's call failed (no driver, no device), the
-// runtime is asked each time, and the count is not asked again: a failing call on every hook
-// would cost a call and overwrite the program's last error for nothing.
+// the 70 the library added to a pair over the pools' own cost. With more devices, or when the
+// count's call failed (no driver, no device), the runtime is asked each time, and the count is
+// not asked again: a failing call on every hook would cost a call and overwrite the program's
+// last error for nothing.
 //
 // Note [A thread's first call]
 // The program's own cudaMalloc, like every runtime call that needs a context, leaves the
