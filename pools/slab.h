@@ -1,7 +1,10 @@
 // NodeSlab<T>: a host-side slab of fixed-size nodes with an intrusive free list. Slices and pages
 // come from here, so the hot path never calls `new`: a node is recycled in O(1) and the slab only
 // grows by whole chunks: kChunk nodes first, each chunk twice the last until one is a huge page
-// (Note [Tables on huge pages] in host_tables.h), then huge pages. Not thread-safe; the owning
+// (Note [Tables on huge pages] in host_tables.h), then huge pages. A chunk's nodes are handed out
+// in address order the first time, so a chunk's memory is first written when its nodes are
+// first used: a new chunk costs no pass over all of it (on the first allocation of a process or
+// of a shard, the first chunks' page faults were most of its cost). Not thread-safe; the owning
 // MemoryManager's lock protects it. Depends on host_tables.h.
 #pragma once
 
@@ -28,9 +31,13 @@ class NodeSlab {
 
   template <typename... Args>
   T* create(Args&&... args) {
-    if (free_ == nullptr) grow();
     Cell* cell = free_;
-    free_ = cell->next;
+    if (cell != nullptr) {
+      free_ = cell->next;
+    } else {
+      if (unused_ == unused_end_) grow();
+      cell = unused_++;
+    }
     ++live_;
     return ::new (static_cast<void*>(cell->bytes)) T(std::forward<Args>(args)...);
   }
@@ -47,6 +54,7 @@ class NodeSlab {
   void reset() {
     chunks_.clear();
     free_ = nullptr;
+    unused_ = unused_end_ = nullptr;
     live_ = 0;
   }
 
@@ -67,17 +75,17 @@ class NodeSlab {
     const std::size_t count = bytes / sizeof(Cell);
     chunks_.reserve(chunks_.size() + 1);  // so that push_back cannot throw and leak the chunk
     Chunk chunk(static_cast<Cell*>(allocate_table(bytes)), TableDeleter{bytes});
-    Cell* cells = chunk.get();
-    for (std::size_t i = count; i-- > 0;) {
-      cells[i].next = free_;
-      free_ = &cells[i];
-    }
+    unused_ = chunk.get();
+    unused_end_ = unused_ + count;
     chunks_.push_back(std::move(chunk));
   }
 
   using Chunk = std::unique_ptr<Cell, TableDeleter>;
   std::vector<Chunk> chunks_;
-  Cell* free_ = nullptr;
+  Cell* free_ = nullptr;  // nodes destroyed, to be reused first
+  // The newest chunk's nodes never handed out: [unused_, unused_end_).
+  Cell* unused_ = nullptr;
+  Cell* unused_end_ = nullptr;
   std::size_t live_ = 0;
 };
 
