@@ -14,6 +14,7 @@
 #include "interpose/foreign_frees.h"
 #include "interpose/hooks.h"
 #include "interpose/pooling.h"
+#include "interpose/real_driver.h"
 #include "interpose/stream_order.h"
 
 namespace poolcuda::driver_hooks {
@@ -117,6 +118,12 @@ CUresult mem_free_async(CUdeviceptr dptr, CUstream stream, bool per_thread) {
   if (ctx.handle == nullptr || dptr == 0) return real_call();
   const cudaStream_t named =
       per_thread && stream == nullptr ? cudaStreamPerThread : as_runtime(stream);
+  // A handle the driver does not know frees nothing (Note [Stream handles] in hooks.cpp).
+  if (stream != nullptr && stream != CU_STREAM_LEGACY && stream != CU_STREAM_PER_THREAD) {
+    CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_NONE;
+    const CUresult asked = real_driver::cuStreamIsCapturing()(stream, &status);
+    if (asked != CUDA_SUCCESS) return asked;
+  }
   if (ctx.primary && hooks::capture_invalidated(ctx.device, named))
     return CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
   // A free captured into a graph may name a graph memory node's address: the real call decides,

@@ -113,6 +113,23 @@ bool capturing(cudaStream_t stream) {
          status != cudaStreamCaptureStatusNone;
 }
 
+// Note [Stream handles]
+// A stream-ordered free names a stream, and plain CUDA refuses a handle it does not know (never
+// created, or destroyed) with cudaErrorInvalidResourceHandle, freeing nothing. The pools need
+// the handle only as a fence token: they freed the slice all the same, handed its memory out
+// again at once, and refused the program's own later free as a double free, so the program's
+// bytes were overwritten. So before a stream-ordered free of pooled memory, any handle but the
+// legacy and per-thread default streams is put to the driver, with the one query that is legal
+// during a capture (is-capturing), and a refused handle fails the free with the query's error,
+// left in the last-error slot as the plain call leaves it. It costs each such free one
+// runtime call.
+cudaError_t stream_handle_error(cudaStream_t stream) {
+  if (stream == nullptr || stream == cudaStreamLegacy || stream == cudaStreamPerThread)
+    return cudaSuccess;
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  return real::cudaStreamIsCapturing()(stream, &status);
+}
+
 bool capture_invalidated(int device, cudaStream_t stream) {
   CudaDevice* d = device >= 0 ? Registry::instance().device(device) : nullptr;
   if (d == nullptr || !d->hooked_capture_open()) return false;  // no capture, nothing to ask
@@ -213,7 +230,8 @@ cudaError_t free(void* ptr) {
 // cudaMallocAsync and anything else the pools do not own goes to the real call. On a stream
 // whose capture an earlier call invalidated, the free fails with
 // cudaErrorStreamCaptureInvalidated and frees nothing, as the plain call does (the program then
-// frees the memory some other way).
+// frees the memory some other way). A stream handle the runtime does not know fails it the same
+// way (Note [Stream handles]).
 cudaError_t free_async(void* ptr, cudaStream_t stream, bool per_thread) {
   auto real_call = [&] {
     return per_thread ? real::cudaFreeAsync_ptsz()(ptr, stream)
@@ -222,6 +240,8 @@ cudaError_t free_async(void* ptr, cudaStream_t stream, bool per_thread) {
   if (ptr == nullptr) return real_call();
   const int device = current_device();
   const cudaStream_t named = per_thread && stream == nullptr ? cudaStreamPerThread : stream;
+  if (const cudaError_t refused = stream_handle_error(named); refused != cudaSuccess)
+    return refused;  // Note [Stream handles]
   if (capture_invalidated(device, named)) return refuse_on_invalidated_capture(named);
   const cudaStream_t ordered_on = named == nullptr ? cudaStreamLegacy : named;
   const pooling::Freed freed =

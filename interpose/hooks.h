@@ -49,6 +49,10 @@ unsigned long long stream_capture_id(cudaStream_t stream, int* device);
 void stream_destroyed_while_capturing(cudaStream_t stream, int device,
                                       unsigned long long capture_id);
 
+// cudaSuccess for a stream handle the runtime knows (the legacy and per-thread default streams
+// without asking), else the runtime's error for it, left in the last-error slot (Note [Stream
+// handles] in hooks.cpp).
+cudaError_t stream_handle_error(cudaStream_t stream);
 // Whether `stream` is in a stream capture, valid or invalidated.
 bool capturing(cudaStream_t stream);
 // Whether `stream` of `device` is in a capture that an earlier call invalidated: a stream-ordered
