@@ -11,6 +11,8 @@
 #include <cstddef>
 #include <functional>
 
+#include "interpose/real_cuda.h"  // POOLCUDA_SHAPED_COPIES
+
 namespace poolcuda::hooks {
 
 cudaError_t malloc(void** ptr, std::size_t size);
@@ -112,6 +114,7 @@ void raise_out_of_memory();
   X(cudaMemsetAsync_ptsz)                   \
   X(cudaMemcpy_ptds)                        \
   X(cudaMemset_ptds)                        \
+  POOLCUDA_SHAPED_COPIES(X)                 \
   X(cudaLaunchHostFunc)                     \
   X(cudaLaunchHostFunc_ptsz)                \
   X(cudaStreamAddCallback)                  \

@@ -71,7 +71,99 @@ cudaError_t cudaMemDiscardAndPrefetchBatchAsync_ptsz(void** dptrs, size_t* sizes
                                                      size_t numPrefetchLocs,
                                                      unsigned long long flags,
                                                      cudaStream_t stream);
+cudaError_t cudaMemcpy2D_ptds(void* dst, size_t dpitch, const void* src, size_t spitch,
+                              size_t width, size_t height, cudaMemcpyKind kind);
+cudaError_t cudaMemcpy2DFromArray_ptds(void* dst, size_t dpitch, cudaArray_const_t src,
+                                       size_t wOffset, size_t hOffset, size_t width, size_t height,
+                                       cudaMemcpyKind kind);
+cudaError_t cudaMemcpy2DToArray_ptds(cudaArray_t dst, size_t wOffset, size_t hOffset,
+                                     const void* src, size_t spitch, size_t width, size_t height,
+                                     cudaMemcpyKind kind);
+cudaError_t cudaMemcpy3D_ptds(const cudaMemcpy3DParms* p);
+cudaError_t cudaMemcpy3DPeer_ptds(const cudaMemcpy3DPeerParms* p);
+cudaError_t cudaMemcpyFromArray_ptds(void* dst, cudaArray_const_t src, size_t wOffset,
+                                     size_t hOffset, size_t count, cudaMemcpyKind kind);
+cudaError_t cudaMemcpyToArray_ptds(cudaArray_t dst, size_t wOffset, size_t hOffset, const void* src,
+                                   size_t count, cudaMemcpyKind kind);
+cudaError_t cudaMemcpyFromSymbol_ptds(void* dst, const void* symbol, size_t count, size_t offset,
+                                      cudaMemcpyKind kind);
+cudaError_t cudaMemcpyToSymbol_ptds(const void* symbol, const void* src, size_t count,
+                                    size_t offset, cudaMemcpyKind kind);
+cudaError_t cudaMemset2D_ptds(void* ptr, size_t pitch, int value, size_t width, size_t height);
+cudaError_t cudaMemset3D_ptds(cudaPitchedPtr ptr, int value, cudaExtent extent);
+cudaError_t cudaMemcpy2DAsync_ptsz(void* dst, size_t dpitch, const void* src, size_t spitch,
+                                   size_t width, size_t height, cudaMemcpyKind kind,
+                                   cudaStream_t stream);
+cudaError_t cudaMemcpy2DFromArrayAsync_ptsz(void* dst, size_t dpitch, cudaArray_const_t src,
+                                            size_t wOffset, size_t hOffset, size_t width,
+                                            size_t height, cudaMemcpyKind kind, cudaStream_t stream);
+cudaError_t cudaMemcpy2DToArrayAsync_ptsz(cudaArray_t dst, size_t wOffset, size_t hOffset,
+                                          const void* src, size_t spitch, size_t width,
+                                          size_t height, cudaMemcpyKind kind, cudaStream_t stream);
+cudaError_t cudaMemcpy3DAsync_ptsz(const cudaMemcpy3DParms* p, cudaStream_t stream);
+cudaError_t cudaMemcpy3DPeerAsync_ptsz(const cudaMemcpy3DPeerParms* p, cudaStream_t stream);
+cudaError_t cudaMemcpy3DBatchAsync_ptsz(size_t count, cudaMemcpy3DBatchOp* ops,
+                                        unsigned long long flags, cudaStream_t stream);
+cudaError_t cudaMemcpyBatchAsync_ptsz(void* const* dsts, const void* const* srcs,
+                                      const size_t* sizes, size_t count,
+                                      cudaMemcpyAttributes* attrs, size_t* attrs_indices,
+                                      size_t attrs_count, cudaStream_t stream);
+cudaError_t cudaMemcpyFromArrayAsync_ptsz(void* dst, cudaArray_const_t src, size_t wOffset,
+                                          size_t hOffset, size_t count, cudaMemcpyKind kind,
+                                          cudaStream_t stream);
+cudaError_t cudaMemcpyToArrayAsync_ptsz(cudaArray_t dst, size_t wOffset, size_t hOffset,
+                                        const void* src, size_t count, cudaMemcpyKind kind,
+                                        cudaStream_t stream);
+cudaError_t cudaMemcpyFromSymbolAsync_ptsz(void* dst, const void* symbol, size_t count,
+                                           size_t offset, cudaMemcpyKind kind, cudaStream_t stream);
+cudaError_t cudaMemcpyToSymbolAsync_ptsz(const void* symbol, const void* src, size_t count,
+                                         size_t offset, cudaMemcpyKind kind, cudaStream_t stream);
+cudaError_t cudaMemset2DAsync_ptsz(void* ptr, size_t pitch, int value, size_t width, size_t height,
+                                   cudaStream_t stream);
+cudaError_t cudaMemset3DAsync_ptsz(cudaPitchedPtr ptr, int value, cudaExtent extent,
+                                   cudaStream_t stream);
 }
+
+// The copies and memsets of other shapes than a plain byte range, in every flavour: watched
+// only (stream_exports.cpp). One list for the real functions and the hooks (hooks.h).
+#define POOLCUDA_SHAPED_COPIES(X)           \
+  X(cudaMemcpy2D_ptds)                      \
+  X(cudaMemcpy2DFromArray_ptds)             \
+  X(cudaMemcpy2DToArray_ptds)               \
+  X(cudaMemcpy3D_ptds)                      \
+  X(cudaMemcpy3DPeer_ptds)                  \
+  X(cudaMemcpyFromArray_ptds)               \
+  X(cudaMemcpyToArray_ptds)                 \
+  X(cudaMemcpyFromSymbol_ptds)              \
+  X(cudaMemcpyToSymbol_ptds)                \
+  X(cudaMemset2D_ptds)                      \
+  X(cudaMemset3D_ptds)                      \
+  X(cudaMemcpy2DAsync)                      \
+  X(cudaMemcpy2DAsync_ptsz)                 \
+  X(cudaMemcpy2DFromArrayAsync)             \
+  X(cudaMemcpy2DFromArrayAsync_ptsz)        \
+  X(cudaMemcpy2DToArrayAsync)               \
+  X(cudaMemcpy2DToArrayAsync_ptsz)          \
+  X(cudaMemcpy3DAsync)                      \
+  X(cudaMemcpy3DAsync_ptsz)                 \
+  X(cudaMemcpy3DPeerAsync)                  \
+  X(cudaMemcpy3DPeerAsync_ptsz)             \
+  X(cudaMemcpy3DBatchAsync)                 \
+  X(cudaMemcpy3DBatchAsync_ptsz)            \
+  X(cudaMemcpyBatchAsync)                   \
+  X(cudaMemcpyBatchAsync_ptsz)              \
+  X(cudaMemcpyFromArrayAsync)               \
+  X(cudaMemcpyFromArrayAsync_ptsz)          \
+  X(cudaMemcpyToArrayAsync)                 \
+  X(cudaMemcpyToArrayAsync_ptsz)            \
+  X(cudaMemcpyFromSymbolAsync)              \
+  X(cudaMemcpyFromSymbolAsync_ptsz)         \
+  X(cudaMemcpyToSymbolAsync)                \
+  X(cudaMemcpyToSymbolAsync_ptsz)           \
+  X(cudaMemset2DAsync)                      \
+  X(cudaMemset2DAsync_ptsz)                 \
+  X(cudaMemset3DAsync)                      \
+  X(cudaMemset3DAsync_ptsz)
 
 // Every real function the library calls. Add a name here and real::<name>() exists.
 #define POOLCUDA_REAL_FUNCTIONS(X)          \
@@ -131,6 +223,7 @@ cudaError_t cudaMemDiscardAndPrefetchBatchAsync_ptsz(void** dptrs, size_t* sizes
   X(cudaMemsetAsync_ptsz)                   \
   X(cudaMemcpy_ptds)                        \
   X(cudaMemset_ptds)                        \
+  POOLCUDA_SHAPED_COPIES(X)                 \
   X(cudaLaunchHostFunc)                     \
   X(cudaLaunchHostFunc_ptsz)                \
   X(cudaStreamAddCallback)                  \

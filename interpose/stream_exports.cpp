@@ -55,6 +55,15 @@ inline void before_host_function() {
     return pc::real::name() args;                                \
   }
 
+// A copy between two devices: as cudaMemcpyPeer, every device leaves ordered reuse.
+#define POOLCUDA_WATCHED_PEER(name, flavour, stream_expr, params, args)             \
+  POOLCUDA_EXPORT cudaError_t name params {                                        \
+    watch(stream_expr, flavour);                                                   \
+    if (!pc::bypass() && p != nullptr && p->srcDevice != p->dstDevice)             \
+      pc::stream_order::devices_connected();                                       \
+    return pc::real::name() args;                                                  \
+  }
+
 // Work that may park its stream on the host (a host function; a graph, whose nodes may be host
 // functions): the free fences of earlier frees are recorded before it (Note [Recovery and parked
 // streams] in pools/memory_manager.cpp).
@@ -114,6 +123,150 @@ POOLCUDA_WATCHED(cudaMemcpy_ptds, true, nullptr,
                  (dst, src, count, kind))
 POOLCUDA_WATCHED(cudaMemset_ptds, true, nullptr, (void* ptr, int value, size_t count),
                  (ptr, value, count))
+POOLCUDA_WATCHED(cudaMemcpy2D_ptds, true, nullptr,
+                 (void* dst, size_t dpitch, const void* src, size_t spitch, size_t width,
+                  size_t height, cudaMemcpyKind kind),
+                 (dst, dpitch, src, spitch, width, height, kind))
+POOLCUDA_WATCHED(cudaMemcpy2DFromArray_ptds, true, nullptr,
+                 (void* dst, size_t dpitch, cudaArray_const_t src, size_t wOffset,
+                  size_t hOffset, size_t width, size_t height, cudaMemcpyKind kind),
+                 (dst, dpitch, src, wOffset, hOffset, width, height, kind))
+POOLCUDA_WATCHED(cudaMemcpy2DToArray_ptds, true, nullptr,
+                 (cudaArray_t dst, size_t wOffset, size_t hOffset, const void* src,
+                  size_t spitch, size_t width, size_t height, cudaMemcpyKind kind),
+                 (dst, wOffset, hOffset, src, spitch, width, height, kind))
+POOLCUDA_WATCHED(cudaMemcpy3D_ptds, true, nullptr,
+                 (const cudaMemcpy3DParms* p),
+                 (p))
+POOLCUDA_WATCHED_PEER(cudaMemcpy3DPeer_ptds, true, nullptr,
+                 (const cudaMemcpy3DPeerParms* p),
+                 (p))
+POOLCUDA_WATCHED(cudaMemcpyFromArray_ptds, true, nullptr,
+                 (void* dst, cudaArray_const_t src, size_t wOffset, size_t hOffset, size_t count,
+                  cudaMemcpyKind kind),
+                 (dst, src, wOffset, hOffset, count, kind))
+POOLCUDA_WATCHED(cudaMemcpyToArray_ptds, true, nullptr,
+                 (cudaArray_t dst, size_t wOffset, size_t hOffset, const void* src, size_t count,
+                  cudaMemcpyKind kind),
+                 (dst, wOffset, hOffset, src, count, kind))
+POOLCUDA_WATCHED(cudaMemcpyFromSymbol_ptds, true, nullptr,
+                 (void* dst, const void* symbol, size_t count, size_t offset,
+                  cudaMemcpyKind kind),
+                 (dst, symbol, count, offset, kind))
+POOLCUDA_WATCHED(cudaMemcpyToSymbol_ptds, true, nullptr,
+                 (const void* symbol, const void* src, size_t count, size_t offset,
+                  cudaMemcpyKind kind),
+                 (symbol, src, count, offset, kind))
+POOLCUDA_WATCHED(cudaMemset2D_ptds, true, nullptr,
+                 (void* ptr, size_t pitch, int value, size_t width, size_t height),
+                 (ptr, pitch, value, width, height))
+POOLCUDA_WATCHED(cudaMemset3D_ptds, true, nullptr,
+                 (cudaPitchedPtr ptr, int value, cudaExtent extent),
+                 (ptr, value, extent))
+POOLCUDA_WATCHED(cudaMemcpy2DAsync, false, stream,
+                 (void* dst, size_t dpitch, const void* src, size_t spitch, size_t width,
+                  size_t height, cudaMemcpyKind kind, cudaStream_t stream),
+                 (dst, dpitch, src, spitch, width, height, kind, stream))
+POOLCUDA_WATCHED(cudaMemcpy2DAsync_ptsz, true, stream,
+                 (void* dst, size_t dpitch, const void* src, size_t spitch, size_t width,
+                  size_t height, cudaMemcpyKind kind, cudaStream_t stream),
+                 (dst, dpitch, src, spitch, width, height, kind, stream))
+POOLCUDA_WATCHED(cudaMemcpy2DFromArrayAsync, false, stream,
+                 (void* dst, size_t dpitch, cudaArray_const_t src, size_t wOffset,
+                  size_t hOffset, size_t width, size_t height, cudaMemcpyKind kind,
+                  cudaStream_t stream),
+                 (dst, dpitch, src, wOffset, hOffset, width, height, kind, stream))
+POOLCUDA_WATCHED(cudaMemcpy2DFromArrayAsync_ptsz, true, stream,
+                 (void* dst, size_t dpitch, cudaArray_const_t src, size_t wOffset,
+                  size_t hOffset, size_t width, size_t height, cudaMemcpyKind kind,
+                  cudaStream_t stream),
+                 (dst, dpitch, src, wOffset, hOffset, width, height, kind, stream))
+POOLCUDA_WATCHED(cudaMemcpy2DToArrayAsync, false, stream,
+                 (cudaArray_t dst, size_t wOffset, size_t hOffset, const void* src,
+                  size_t spitch, size_t width, size_t height, cudaMemcpyKind kind,
+                  cudaStream_t stream),
+                 (dst, wOffset, hOffset, src, spitch, width, height, kind, stream))
+POOLCUDA_WATCHED(cudaMemcpy2DToArrayAsync_ptsz, true, stream,
+                 (cudaArray_t dst, size_t wOffset, size_t hOffset, const void* src,
+                  size_t spitch, size_t width, size_t height, cudaMemcpyKind kind,
+                  cudaStream_t stream),
+                 (dst, wOffset, hOffset, src, spitch, width, height, kind, stream))
+POOLCUDA_WATCHED(cudaMemcpy3DAsync, false, stream,
+                 (const cudaMemcpy3DParms* p, cudaStream_t stream),
+                 (p, stream))
+POOLCUDA_WATCHED(cudaMemcpy3DAsync_ptsz, true, stream,
+                 (const cudaMemcpy3DParms* p, cudaStream_t stream),
+                 (p, stream))
+POOLCUDA_WATCHED_PEER(cudaMemcpy3DPeerAsync, false, stream,
+                 (const cudaMemcpy3DPeerParms* p, cudaStream_t stream),
+                 (p, stream))
+POOLCUDA_WATCHED_PEER(cudaMemcpy3DPeerAsync_ptsz, true, stream,
+                 (const cudaMemcpy3DPeerParms* p, cudaStream_t stream),
+                 (p, stream))
+POOLCUDA_WATCHED(cudaMemcpy3DBatchAsync, false, stream,
+                 (size_t count, cudaMemcpy3DBatchOp* ops, unsigned long long flags,
+                  cudaStream_t stream),
+                 (count, ops, flags, stream))
+POOLCUDA_WATCHED(cudaMemcpy3DBatchAsync_ptsz, true, stream,
+                 (size_t count, cudaMemcpy3DBatchOp* ops, unsigned long long flags,
+                  cudaStream_t stream),
+                 (count, ops, flags, stream))
+POOLCUDA_WATCHED(cudaMemcpyBatchAsync, false, stream,
+                 (void* const* dsts, const void* const* srcs, const size_t* sizes, size_t count,
+                  cudaMemcpyAttributes* attrs, size_t* attrs_indices, size_t attrs_count,
+                  cudaStream_t stream),
+                 (dsts, srcs, sizes, count, attrs, attrs_indices, attrs_count, stream))
+POOLCUDA_WATCHED(cudaMemcpyBatchAsync_ptsz, true, stream,
+                 (void* const* dsts, const void* const* srcs, const size_t* sizes, size_t count,
+                  cudaMemcpyAttributes* attrs, size_t* attrs_indices, size_t attrs_count,
+                  cudaStream_t stream),
+                 (dsts, srcs, sizes, count, attrs, attrs_indices, attrs_count, stream))
+POOLCUDA_WATCHED(cudaMemcpyFromArrayAsync, false, stream,
+                 (void* dst, cudaArray_const_t src, size_t wOffset, size_t hOffset, size_t count,
+                  cudaMemcpyKind kind, cudaStream_t stream),
+                 (dst, src, wOffset, hOffset, count, kind, stream))
+POOLCUDA_WATCHED(cudaMemcpyFromArrayAsync_ptsz, true, stream,
+                 (void* dst, cudaArray_const_t src, size_t wOffset, size_t hOffset, size_t count,
+                  cudaMemcpyKind kind, cudaStream_t stream),
+                 (dst, src, wOffset, hOffset, count, kind, stream))
+POOLCUDA_WATCHED(cudaMemcpyToArrayAsync, false, stream,
+                 (cudaArray_t dst, size_t wOffset, size_t hOffset, const void* src, size_t count,
+                  cudaMemcpyKind kind, cudaStream_t stream),
+                 (dst, wOffset, hOffset, src, count, kind, stream))
+POOLCUDA_WATCHED(cudaMemcpyToArrayAsync_ptsz, true, stream,
+                 (cudaArray_t dst, size_t wOffset, size_t hOffset, const void* src, size_t count,
+                  cudaMemcpyKind kind, cudaStream_t stream),
+                 (dst, wOffset, hOffset, src, count, kind, stream))
+POOLCUDA_WATCHED(cudaMemcpyFromSymbolAsync, false, stream,
+                 (void* dst, const void* symbol, size_t count, size_t offset,
+                  cudaMemcpyKind kind, cudaStream_t stream),
+                 (dst, symbol, count, offset, kind, stream))
+POOLCUDA_WATCHED(cudaMemcpyFromSymbolAsync_ptsz, true, stream,
+                 (void* dst, const void* symbol, size_t count, size_t offset,
+                  cudaMemcpyKind kind, cudaStream_t stream),
+                 (dst, symbol, count, offset, kind, stream))
+POOLCUDA_WATCHED(cudaMemcpyToSymbolAsync, false, stream,
+                 (const void* symbol, const void* src, size_t count, size_t offset,
+                  cudaMemcpyKind kind, cudaStream_t stream),
+                 (symbol, src, count, offset, kind, stream))
+POOLCUDA_WATCHED(cudaMemcpyToSymbolAsync_ptsz, true, stream,
+                 (const void* symbol, const void* src, size_t count, size_t offset,
+                  cudaMemcpyKind kind, cudaStream_t stream),
+                 (symbol, src, count, offset, kind, stream))
+POOLCUDA_WATCHED(cudaMemset2DAsync, false, stream,
+                 (void* ptr, size_t pitch, int value, size_t width, size_t height,
+                  cudaStream_t stream),
+                 (ptr, pitch, value, width, height, stream))
+POOLCUDA_WATCHED(cudaMemset2DAsync_ptsz, true, stream,
+                 (void* ptr, size_t pitch, int value, size_t width, size_t height,
+                  cudaStream_t stream),
+                 (ptr, pitch, value, width, height, stream))
+POOLCUDA_WATCHED(cudaMemset3DAsync, false, stream,
+                 (cudaPitchedPtr ptr, int value, cudaExtent extent, cudaStream_t stream),
+                 (ptr, value, extent, stream))
+POOLCUDA_WATCHED(cudaMemset3DAsync_ptsz, true, stream,
+                 (cudaPitchedPtr ptr, int value, cudaExtent extent, cudaStream_t stream),
+                 (ptr, value, extent, stream))
 // A host function: besides the fences, the pools' idle memory goes back first. The real call
 // runs inside the guard: the runtime passes it to the driver's hooked cuLaunchHostFunc, which
 // must not do the same again.
@@ -154,6 +307,7 @@ POOLCUDA_WATCHED(cudaStreamWaitEvent_ptsz, true, stream,
                  (stream, event, flags))
 
 #undef POOLCUDA_WATCHED
+#undef POOLCUDA_WATCHED_PEER
 #undef POOLCUDA_HOST_WORK
 #undef POOLCUDA_HOST_FUNCTION
 

@@ -43,8 +43,9 @@
 // for all of that work). Recording on L would invalidate a capture a blocking stream has open,
 // hence the rule above. Leaving is final: a device that left never comes back.
 // What the library cannot see: per-thread default streams are seen through the hooked entry
-// points (cudaLaunchKernel, copies, memsets, host functions, graph launches, event records and
-// waits, in both flavours, and the cudaStreamPerThread handle given to them); two threads
+// points (cudaLaunchKernel, copies and memsets of every shape, host functions, graph launches,
+// event records and waits, in both flavours, and the cudaStreamPerThread handle given to them:
+// a thread whose only work was a 2D copy once went unseen); two threads
 // that use their per-thread streams only through a library with its own runtime, handing it
 // cudaStreamPerThread, are not seen. Stream creation is hooked at both layers, but the driver's
 // launches and copies are not: a program that calls the driver itself (cuMemAlloc, cuMemFree,
