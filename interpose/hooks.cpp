@@ -82,17 +82,21 @@ int current_device() {
 // A refused free (double free, interior pointer) leaves cudaErrorInvalidValue in the last-error
 // slot, as the real cudaFree of a pointer that starts no allocation does: the real call on an
 // address that is certainly no device allocation (this host variable) fails the same way and
-// touches nothing.
-void raise_invalid_value() {
+// touches nothing. Its answer is the refusal's: under a sticky context error that error, as the
+// plain call would have answered.
+cudaError_t raise_invalid_value() {
   static char not_device_memory;
-  real::cudaFree()(&not_device_memory);
+  const cudaError_t raised = real::cudaFree()(&not_device_memory);
+  return raised != cudaSuccess ? raised : cudaErrorInvalidValue;
 }
 
-void raise_out_of_memory() {
+cudaError_t raise_out_of_memory() {
   // Larger than any device; a real cudaMalloc of it fails with cudaErrorMemoryAllocation.
   constexpr std::size_t kImpossibleSize = std::size_t{1} << 52;
   void* ptr = nullptr;
-  if (real::cudaMalloc()(&ptr, kImpossibleSize) == cudaSuccess) real::cudaFree()(ptr);
+  const cudaError_t raised = real::cudaMalloc()(&ptr, kImpossibleSize);
+  if (raised == cudaSuccess) real::cudaFree()(ptr);
+    return raised != cudaSuccess ? raised : cudaErrorMemoryAllocation;
 }
 
 namespace {
@@ -101,8 +105,7 @@ cudaError_t forward_malloc(int device, void** ptr, std::size_t size) {
   const int result =
       pooling::forward(device, size, ptr, [&] { return real::cudaMalloc()(ptr, size); });
   if (result != pooling::kOverBudget) return static_cast<cudaError_t>(result);
-  raise_out_of_memory();
-  return cudaErrorMemoryAllocation;
+  return raise_out_of_memory();
 }
 
 }  // namespace
@@ -165,8 +168,7 @@ bool driver_short_of(std::size_t size) {
 
 cudaError_t refuse_free(const char* api, void* ptr, const pooling::Freed& freed) {
   pooling::log_refused_free(api, ptr, freed);
-  raise_invalid_value();
-  return cudaErrorInvalidValue;
+  return raise_invalid_value();
 }
 
 // A free the pools did not own goes to `real` under a ForeignFree guard, after a second look
@@ -180,8 +182,7 @@ cudaError_t free_foreign(const char* api, int device, void* ptr, Real&& real) {
   if (again.outcome == FreeOutcome::freed) return cudaSuccess;
   if (again.outcome != FreeOutcome::not_mine) return refuse_free(api, ptr, again);
   if (!guard.may_free()) {
-    raise_invalid_value();
-    return cudaErrorInvalidValue;
+    return raise_invalid_value();
   }
   const cudaError_t result = real();
   if (result == cudaSuccess) pooling::forwarded_free(device, ptr);
@@ -200,8 +201,7 @@ cudaError_t malloc(void** ptr, std::size_t size) {
     case pooling::Route::refused:
       break;
   }
-  raise_out_of_memory();
-  return cudaErrorMemoryAllocation;
+  return raise_out_of_memory();
 }
 
 cudaError_t free(void* ptr) {
@@ -309,8 +309,7 @@ cudaError_t mem_get_info(std::size_t* free_bytes, std::size_t* total_bytes) {
 cudaError_t ipc_get_mem_handle(cudaIpcMemHandle_t* handle, void* ptr) {
   // Note [IPC handles] in pooling.cpp.
   if (!pooling::ipc_exportable("cudaIpcGetMemHandle", ptr)) {
-    raise_invalid_value();
-    return cudaErrorInvalidValue;
+    return raise_invalid_value();
   }
   return real::cudaIpcGetMemHandle()(handle, ptr);
 }

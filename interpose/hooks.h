@@ -63,10 +63,11 @@ bool capture_invalidated(int device, cudaStream_t stream);
 
 // Shared with managed_hooks.cpp: the device current on the calling thread (-1 when none), and
 // a refusal's cudaErrorInvalidValue or cudaErrorMemoryAllocation left in the runtime's
-// last-error slot (Note [Last error] in hooks.cpp).
+// last-error slot (Note [Last error] in hooks.cpp) and returned, or the sticky error the real
+// call answered instead.
 int current_device();
-void raise_invalid_value();
-void raise_out_of_memory();
+cudaError_t raise_invalid_value();
+cudaError_t raise_out_of_memory();
 
 }  // namespace poolcuda::hooks
 

@@ -95,8 +95,7 @@ cudaError_t forward_managed(int device, void** ptr, std::size_t size, unsigned i
       },
       pooling::Passed::managed);
   if (result != pooling::kOverBudget) return static_cast<cudaError_t>(result);
-  raise_out_of_memory();
-  return cudaErrorMemoryAllocation;
+  return raise_out_of_memory();
 }
 
 // What the chains make of `ptr`: the chain of the current device first, then the others.
@@ -116,8 +115,7 @@ ManagedLookup find_managed(const void* ptr) {
 }
 
 cudaError_t refuse() {
-  raise_invalid_value();
-  return cudaErrorInvalidValue;
+  return raise_invalid_value();
 }
 
 // A range of a slab allocation (Note [Managed attach]): inside one live allocation.

@@ -6,7 +6,7 @@
 // - own calls on another device: with device 0 current, freeing device-1 buffers closes a
 //   device-1 fence epoch, which needs device 1 current; cudaSetDevice fails under the sticky
 //   error (the stand-in, like a failing runtime, may still switch), and the program's current
-//   device must be device 0 again afterwards.
+//   device must be device 0 again afterwards. A double free then answers the sticky error.
 #include <string>
 #include <vector>
 
@@ -53,6 +53,8 @@ void own_calls_restore_device() {
   CHECK_CUDA(cudaSetDevice(0));
   set_sticky(cudaErrorIllegalAddress);
   for (void* ptr : buffers) CHECK_CUDA(cudaFree(ptr));  // pooled: no real call
+  // A refused free answers the sticky error, as the plain call does, not cudaErrorInvalidValue.
+  CHECK_RESULT(cudaFree(buffers.front()), cudaErrorIllegalAddress);
   int current = -1;
   CHECK_CUDA(cudaGetDevice(&current));
   set_sticky(0);
