@@ -45,6 +45,7 @@
 #include "interpose/own_call.h"
 #include "interpose/real_cuda.h"
 #include "interpose/release_worker.h"
+#include "interpose/stream_order.h"
 #include "interpose/stream_table.h"
 
 namespace poolcuda {
@@ -214,7 +215,10 @@ void CudaDevice::adopt_stream_tail(cudaStream_t stream) {
 // (Note [Stale streams]).
 bool CudaDevice::capture_open() {
   if (hooked_captures_.load(std::memory_order_acquire) > 0) return true;
-  if (is_capturing(cudaStreamLegacy) || is_capturing(cudaStreamPerThread)) return true;
+  if (is_capturing(cudaStreamLegacy)) return true;
+  // A capture on this thread's per-thread stream begun through the hooks is counted above;
+  // behind their back, only on a stream this thread was seen using.
+  if (stream_order::per_thread_stream_seen() && is_capturing(cudaStreamPerThread)) return true;
   std::vector<cudaStream_t> gone;
   bool open = false;
   for (const TrackedStream& tracked : streams_.streams()) {

@@ -51,6 +51,30 @@ bool through_runtime() {
   return decided == 1;
 }
 
+// Note [Resolved before any lock]
+// A real function is looked up at its first call, with the C library's dlsym or the driver's
+// resolver, and both take the dynamic loader's lock. The pools make some calls with a shard's
+// lock held (a growth's cudaMalloc, a fence's event). A dlopen holds the loader's lock while the
+// new library's constructors run, and one that allocates waits for the shard's lock (or the
+// registry's, while the device's pools are made): a first call there would wait for the loader
+// forever. So before a device's pools are made, with no lock of the library's held, every
+// function the library may call on its own behalf is looked up once.
+void resolve_all() {
+  static std::atomic<bool> done{false};
+  if (done.load(std::memory_order_acquire)) return;
+  if (through_runtime()) {
+#define POOLCUDA_OWN_RESOLVE(name) (void)real::name();
+    POOLCUDA_OWN_FUNCTIONS(POOLCUDA_OWN_RESOLVE)
+    POOLCUDA_OWN_RESOLVE(cudaPointerGetAttributes)
+    POOLCUDA_OWN_RESOLVE(cudaMallocManaged)
+    POOLCUDA_OWN_RESOLVE(cudaGetDeviceCount)
+    POOLCUDA_OWN_RESOLVE(cudaDeviceGetAttribute)
+#undef POOLCUDA_OWN_RESOLVE
+  }
+  real_driver::resolve_all();
+  done.store(true, std::memory_order_release);
+}
+
 namespace {
 
 // The context the runtime uses on this thread, binding it first when there is none (Note [Quiet

@@ -42,6 +42,10 @@ namespace poolcuda::own {
 // True when the library's own calls go through the CUDA runtime.
 bool through_runtime();
 
+// Looks up every function the pools may call with a lock of theirs held (Note [Resolved before
+// any lock] in own_api.cpp). Called with no lock of the library's held.
+void resolve_all();
+
 // cudaMalloc on the library's behalf that never replaces an error the program left in the
 // runtime's last-error slot (Note [Quiet growth] in own_api.cpp).
 cudaError_t quiet_malloc(void** ptr, std::size_t size);

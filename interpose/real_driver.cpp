@@ -102,4 +102,9 @@ void* function(Slot slot) {
   return address == &g_missing ? nullptr : address;
 }
 
+void resolve_all() {
+  for (int slot = 0; slot < static_cast<int>(Slot::count); ++slot)
+    (void)function(static_cast<Slot>(slot));
+}
+
 }  // namespace poolcuda::real_driver

@@ -67,6 +67,10 @@ enum class Slot : int {
 // The resolved address for `slot`, or nullptr (no driver loaded, or it lacks the function).
 void* function(Slot slot);
 
+// Resolves every slot now, while the driver is loaded (Note [Resolved before any lock] in
+// own_api.cpp).
+void resolve_all();
+
 template <typename Fn>
 struct Missing;
 

@@ -17,6 +17,7 @@
 #include "interpose/lifecycle.h"
 #include "interpose/budget.h"
 #include "interpose/log.h"
+#include "interpose/own_api.h"
 #include "interpose/release_worker.h"
 #include "interpose/stream_order.h"
 
@@ -65,6 +66,7 @@ std::uint32_t auto_shards() {
 
 MemoryManager* Registry::create_manager(int device) {
   if (!in_range(device)) return nullptr;
+  own::resolve_all();  // before the creation lock: Note [Resolved before any lock]
 
   std::lock_guard<RankedMutex> hold(create_mutex_);
   if (MemoryManager* existing = managers_[device].load(std::memory_order_relaxed)) return existing;

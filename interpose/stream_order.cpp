@@ -269,7 +269,14 @@ void stream_created(int device, cudaStream_t stream, bool non_blocking) {
   if (non_blocking) wait_for_fences(s, device, stream);
 }
 
+namespace {
+__attribute__((tls_model("initial-exec"))) thread_local bool t_per_thread_seen = false;
+}  // namespace
+
+bool per_thread_stream_seen() { return t_per_thread_seen; }
+
 void per_thread_stream_used() {
+  t_per_thread_seen = true;
   State& s = state();
   if (s.ordered_devices.load(std::memory_order_relaxed) == 0) return;
   static thread_local bool counted[kMaxDevices] = {};

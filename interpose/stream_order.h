@@ -33,6 +33,11 @@ void stream_created(int device, cudaStream_t stream, bool non_blocking);
 // The calling thread used the per-thread default stream (a _ptsz/_ptds entry point, or the
 // cudaStreamPerThread handle) on its current device. Cheap when it changes nothing.
 void per_thread_stream_used();
+// Whether the calling thread was seen using its per-thread default stream (whatever the mode):
+// only then does the library ask about that stream, which would make the runtime set it up,
+// perhaps taking the dynamic loader's lock (Note [Table without the loader] in
+// pools/thread_cache.cpp), while a shard's lock is held.
+bool per_thread_stream_seen();
 
 // The calling thread made `device` current (cudaSetDevice).
 void device_made_current(int device);

@@ -1,10 +1,12 @@
 // ThreadCache and the thread-local table of caches (see thread_cache.h).
 #include "pools/thread_cache.h"
 
+#include <pthread.h>
 #include <sched.h>
 #include <unistd.h>
 
 #include <mutex>
+#include <new>
 #include <utility>
 
 namespace poolcuda {
@@ -149,17 +151,50 @@ struct CacheTable {
   }
 };
 
-CacheTable& table() {
-  static thread_local CacheTable t;
-  return t;
+// Note [Table without the loader]
+// A thread's table is made on the heap and destroyed at thread exit by a pthread key's
+// destructor, not as a thread_local object: registering such an object's destructor
+// (__cxa_thread_atexit) takes the dynamic loader's lock, and a thread's first reservation may
+// make its table while it holds a shard's lock. Meanwhile a dlopen holds the loader's lock while
+// the new library's constructors run, and one that allocates waits for that shard's lock: both
+// threads hung. A key's destructor also runs after every thread_local destructor of the
+// program, so frees those make still find the thread's caches.
+CacheTable*& this_thread_table() {
+  static thread_local CacheTable* table __attribute__((tls_model("initial-exec"))) = nullptr;
+  return table;
+}
+
+void destroy_table(void* table) {
+  delete static_cast<CacheTable*>(table);
+  this_thread_table() = nullptr;
+}
+
+// The calling thread's table, made on first use; nullptr when it cannot be (no memory, no key),
+// and after the thread's exit began.
+CacheTable* table() {
+  CacheTable*& table = this_thread_table();
+  if (table != nullptr || CacheTable::exiting()) return table;
+  static pthread_key_t key;
+  static const bool keyed = ::pthread_key_create(&key, &destroy_table) == 0;
+  if (!keyed) return nullptr;
+  auto* made = new (std::nothrow) CacheTable;
+  if (made == nullptr) return nullptr;
+  if (::pthread_setspecific(key, made) != 0) {
+    delete made;
+    return nullptr;
+  }
+  table = made;
+  return table;
 }
 
 }  // namespace
 
 ThreadCache* find_thread_cache_slow(std::uint64_t manager_id) {
   if (CacheTable::exiting()) return nullptr;
+  CacheTable* const t = table();
+  if (t == nullptr) return nullptr;
   ThreadCache* found = nullptr;
-  for (CacheTable::Slot& slot : table().slots) {
+  for (CacheTable::Slot& slot : t->slots) {
     if (slot.manager_id != manager_id) continue;
     found = slot.cache.get();
     break;
@@ -170,7 +205,9 @@ ThreadCache* find_thread_cache_slow(std::uint64_t manager_id) {
 
 bool bind_thread_cache(std::uint64_t manager_id, std::shared_ptr<ThreadCache> cache) {
   if (CacheTable::exiting()) return false;
-  for (CacheTable::Slot& slot : table().slots) {
+  CacheTable* const t = table();
+  if (t == nullptr) return false;
+  for (CacheTable::Slot& slot : t->slots) {
     if (slot.cache && !slot.cache->manager_gone.load(std::memory_order_acquire)) continue;
     slot.manager_id = manager_id;
     slot.cache = std::move(cache);
