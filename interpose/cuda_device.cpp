@@ -47,6 +47,7 @@
 #include "interpose/release_worker.h"
 #include "interpose/stream_order.h"
 #include "interpose/stream_table.h"
+#include "pools/no_cancel.h"
 
 namespace poolcuda {
 
@@ -330,6 +331,7 @@ bool CudaDevice::fence_passed(FenceHandle handle) {
 }
 
 void CudaDevice::fence_wait(FenceHandle handle) {
+  NoCancel no_cancel;  // a wait plain CUDA's call would not make (Note [Cancellation])
   OwnCallScope scope(device_);
   auto* fence = reinterpret_cast<Fence*>(handle);
   for (cudaEvent_t event : fence->events) own::cudaEventSynchronize()(event);
@@ -352,6 +354,7 @@ bool CudaDevice::capture_active() {
 }
 
 void CudaDevice::synchronize() {
+  NoCancel no_cancel;  // Note [Cancellation]
   OwnCallScope scope(device_);
   own::cudaDeviceSynchronize()();
 }

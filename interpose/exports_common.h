@@ -9,6 +9,8 @@
 
 #include <cuda_runtime_api.h>
 
+#include <cxxabi.h>
+
 #include <new>
 
 #include "interpose/hook_guard.h"
@@ -19,14 +21,16 @@ namespace poolcuda {
 
 // Runs `body` under the re-entry guard; its result type is cudaError_t or CUresult. Also marks
 // the process as one that uses CUDA through the library (Note [Silent processes] in
-// lifecycle.cpp).
+// lifecycle.cpp). Only a thread's cancellation unwinds through it.
 template <typename Body>
-inline auto guarded(Body&& body) noexcept -> decltype(body()) {
+inline auto guarded(Body&& body) -> decltype(body()) {
   using Result = decltype(body());
   note_cuda_call();
   try {
     InsideHook inside;
     return body();
+  } catch (const abi::__forced_unwind&) {
+    throw;  // a cancellation inside CUDA's own call (Note [Cancellation] in no_cancel.h)
   } catch (const std::bad_alloc&) {
     return static_cast<Result>(cudaErrorMemoryAllocation);
   } catch (...) {

@@ -12,6 +12,8 @@
 #include <cstdio>
 #include <string>
 
+#include "pools/no_cancel.h"
+
 namespace poolcuda {
 
 namespace {
@@ -30,6 +32,7 @@ bool log_enabled(LogLevel level) {
 }
 
 void write_stderr(std::string_view text) {
+  NoCancel no_cancel;  // a log line inside the program's call (Note [Cancellation])
   while (!text.empty()) {
     ssize_t n = ::write(STDERR_FILENO, text.data(), text.size());
     if (n < 0) {

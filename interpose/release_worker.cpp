@@ -48,6 +48,7 @@
 #include "interpose/own_api.h"
 #include "interpose/threads.h"
 #include "pools/lock_order.h"
+#include "pools/no_cancel.h"
 
 namespace poolcuda {
 
@@ -261,6 +262,7 @@ bool ReleaseWorker::flush(int device, std::uint32_t max_microseconds) {
     lane.retry_held_back();
     lane.changed.notify_all();
   }
+  NoCancel no_cancel;  // a wait inside the program's call (Note [Cancellation])
   const auto deadline =
       std::chrono::steady_clock::now() + std::chrono::microseconds(max_microseconds);
   const auto done = [&] {
@@ -310,6 +312,7 @@ void ReleaseWorker::begin_reset(int device) {
   lane.resetting = true;
   lane.queue.clear();
   lane.held_back.clear();
+  NoCancel no_cancel;  // inside the program's cudaDeviceReset (Note [Cancellation])
   lane.changed.wait(lock, [&] { return lane.in_flight == 0; });
   lane.changed.notify_all();
 }

@@ -21,6 +21,7 @@
 
 #include "interpose/registry.h"
 #include "interpose/threads.h"
+#include "pools/no_cancel.h"
 
 namespace poolcuda {
 
@@ -59,6 +60,7 @@ bool run_within(std::chrono::milliseconds bound, std::function<void()> work) {
     delete argument;
     return false;
   }
+  NoCancel no_cancel;  // perhaps inside a call of the program's (Note [Cancellation])
   std::unique_lock<std::mutex> hold(job->mutex);
   return job->finished.wait_until(hold, std::chrono::steady_clock::now() + bound,
                                   [&] { return job->done; });

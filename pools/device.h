@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <thread>
 
+#include "pools/no_cancel.h"
 #include "pools/types.h"
 
 namespace poolcuda {
@@ -124,6 +125,7 @@ class Device {
   virtual bool fence_wait_for(FenceHandle fence, std::uint32_t max_microseconds) {
     using Clock = std::chrono::steady_clock;
     if (fence_passed(fence)) return true;
+    NoCancel no_cancel;  // Note [Cancellation]
     const Clock::time_point deadline = Clock::now() + std::chrono::microseconds(max_microseconds);
     std::chrono::microseconds sleep{0};
     for (;;) {
