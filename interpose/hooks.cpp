@@ -96,7 +96,7 @@ cudaError_t raise_out_of_memory() {
   void* ptr = nullptr;
   const cudaError_t raised = real::cudaMalloc()(&ptr, kImpossibleSize);
   if (raised == cudaSuccess) real::cudaFree()(ptr);
-    return raised != cudaSuccess ? raised : cudaErrorMemoryAllocation;
+  return raised != cudaSuccess ? raised : cudaErrorMemoryAllocation;
 }
 
 namespace {
