@@ -28,14 +28,14 @@
 // for it (sigwait, sigtimedwait, a signalfd), a common way to reopen logs on SIGUSR1. Under the
 // library every such signal went to the reporter thread, the only one not blocking it, and the
 // program never saw one. So the reporter thread follows the main thread's mask (read from
-// /proc/self/task/PID/status, opened once, when it wakes, at least once a second; a block counts
-// only if it is still there 20 ms later, since starting a thread blocks every signal for a moment):
-// while the main thread blocks the signal, the reporter thread blocks it too, and the readiness
-// mark is withdrawn, so `poolcuda report` refuses. A signal sent to the process then reaches the
-// program's wait; one the reporter thread caught just before it blocked the signal is raised again
-// for the program. The handler stays the library's: a signal that still reaches it (some thread of
-// the program leaves it unblocked, or the main thread unblocks it with the signal pending) asks for
-// a report, as before. The disposition is never changed here: put back to the default, a signal
+// /proc/self/task/PID/status when it wakes, at least once a second; a block counts only if it is
+// still there 20 ms later, since starting a thread blocks every signal for a moment): while the
+// main thread blocks the signal, the reporter thread blocks it too, and the readiness mark is
+// withdrawn, so `poolcuda report` refuses. A signal sent to the process then reaches the program's
+// wait; one the reporter thread caught just before it blocked the signal is raised again for the
+// program. The handler stays the library's: a signal that still reaches it (some thread of the
+// program leaves it unblocked, or the main thread unblocks it with the signal pending) asks for a
+// report, as before. The disposition is never changed here: put back to the default, a signal
 // pending through a short block would have ended the process once the main thread unblocked it.
 //
 // Depends on the report channel, the report writer, the library's threads, the log and the
@@ -47,7 +47,6 @@
 #include <semaphore.h>
 #include <signal.h>
 #include <sys/mman.h>
-#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -110,34 +109,15 @@ void publish_mark() {
   if (mark != MAP_FAILED) g_mark = mark;
 }
 
-// The main thread's status file (Note [Signals the program waits for]), opened in the library's
-// constructor and read with pread: an open and close in the reporter thread could close a
-// descriptor the program made with the same number after closing everything it did not open.
-// Its identity is checked before each read; once it is not this file any more (the program
-// closed it), the mask is no longer followed and the number is left alone.
-int g_status_fd = -1;
-struct stat g_status_identity {};
-
-void open_main_status() {
-  const std::string path = "/proc/self/task/" + std::to_string(::getpid()) + "/status";
-  g_status_fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (g_status_fd >= 0 && ::fstat(g_status_fd, &g_status_identity) != 0) {
-    ::close(g_status_fd);
-    g_status_fd = -1;
-  }
-}
-
-// Whether the process's main thread blocks the signal now; false when that cannot be read.
+// Whether the process's main thread blocks the signal now (Note [Signals the program waits
+// for]); false when its status cannot be read.
 bool main_thread_blocks() {
-  if (g_status_fd < 0) return false;
-  struct stat now {};
-  if (::fstat(g_status_fd, &now) != 0 || now.st_dev != g_status_identity.st_dev ||
-      now.st_ino != g_status_identity.st_ino) {
-    g_status_fd = -1;  // the program's now
-    return false;
-  }
+  const std::string path = "/proc/self/task/" + std::to_string(::getpid()) + "/status";
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return false;
   char text[4096];
-  const ssize_t n = ::pread(g_status_fd, text, sizeof text - 1, 0);
+  const ssize_t n = ::read(fd, text, sizeof text - 1);
+  ::close(fd);
   if (n <= 0) return false;
   text[n] = '\0';
   const char* line = std::strstr(text, "\nSigBlk:");
@@ -249,7 +229,6 @@ void start_reporter(const Config& conf) {
   // could otherwise lose its new descriptor to the close of the memfd, when the thread's
   // memfd_create landed before the program's close and the library's close after its reuse.
   publish_mark();
-  open_main_status();
   // Note [Report signal]: the thread starts with every signal blocked.
   if (!start_library_thread(&reporter_main, nullptr, nullptr)) {
     if (g_mark != nullptr) ::munmap(g_mark, kMarkBytes);
@@ -263,9 +242,6 @@ void start_reporter(const Config& conf) {
 
 void restore_report_signal_after_fork() {
   if (g_installed && handler_is_ours()) ::sigaction(g_signal, &g_previous, nullptr);
-  // The child has no reporter thread; no code of the child's has run yet to reuse the number.
-  if (g_status_fd >= 0) ::close(g_status_fd);
-  g_status_fd = -1;
   if (g_mark != nullptr) ::munmap(g_mark, kMarkBytes);
   g_mark = nullptr;
 }
