@@ -28,15 +28,14 @@
 // for it (sigwait, sigtimedwait, a signalfd), a common way to reopen logs on SIGUSR1. Under the
 // library every such signal went to the reporter thread, the only one not blocking it, and the
 // program never saw one. So the reporter thread follows the main thread's mask (read from
-// /proc/self/task/PID/status when it wakes, at least once a second; a block counts only if it is
-// still there 20 ms later, since starting a thread blocks every signal for a moment): while the
-// main thread blocks the signal, the reporter thread blocks it too, and the readiness mark is
-// withdrawn, so `poolcuda report` refuses. A signal sent to the process then reaches the program's
-// wait; one the reporter thread caught just before it blocked the signal is raised again for the
-// program. The handler stays the library's: a signal that still reaches it (some thread of the
-// program leaves it unblocked, or the main thread unblocks it with the signal pending) asks for a
-// report, as before. The disposition is never changed here: put back to the default, a signal
-// pending through a short block would have ended the process once the main thread unblocked it.
+// /proc/self/task/PID/status when it wakes, at least once a second, and before it acts on a plain
+// signal; a block must still be there 20 ms later, since starting a thread blocks every signal for
+// a moment): while the main thread blocks the signal, the library yields it: the reporter thread
+// blocks it too, the disposition goes back to what it was (SIG_DFL) and the readiness mark is
+// withdrawn, so `poolcuda report` refuses; a plain signal that reached the handler meanwhile is
+// raised again for the program. When the main thread unblocks it, the library takes it back (if the
+// disposition is still SIG_DFL). A program that blocks the signal in its main thread and not in
+// others gets the plain behaviour too: the signal's default action, as without the library.
 //
 // Depends on the report channel, the report writer, the library's threads, the log and the
 // configuration.
@@ -128,28 +127,46 @@ bool main_thread_blocks() {
 
 bool g_yielded = false;  // the program has the signal (Note [Signals the program waits for])
 
-// Leaves process-directed signals to the program, or takes them back, as the main thread's mask
-// says. Called by the reporter thread alone.
+// Yields the signal to the program, or takes it back, as the main thread's mask says. Called
+// by the reporter thread alone.
 void follow_main_thread() {
   bool blocks = main_thread_blocks();
   if (blocks && !g_yielded) {
-    ::usleep(20000);  // a thread that starts another blocks every signal for a moment
+    // A thread that starts another blocks every signal for a moment (this library's own
+    // threads start so, from the main thread too): only a mask that stays counts.
+    ::usleep(20000);
     blocks = main_thread_blocks();
   }
   if (blocks == g_yielded) return;
   sigset_t only;
   ::sigemptyset(&only);
   ::sigaddset(&only, g_signal);
-  ::pthread_sigmask(blocks ? SIG_BLOCK : SIG_UNBLOCK, &only, nullptr);
-  g_yielded = blocks;
-  if (!blocks) return;  // check_handler() publishes the mark again
-  if (g_mark != nullptr) ::munmap(g_mark, kMarkBytes);
-  g_mark = nullptr;
-  log_when_touched(LogLevel::full, std::string("the program blocks ") + g_signal_name +
-                                       " in its main thread: signals to the process are left "
-                                       "to it while it does");
-  // Caught by this thread before it blocked the signal: the program's.
-  if (g_plain_request.exchange(false)) ::kill(::getpid(), g_signal);
+  if (blocks) {
+    ::pthread_sigmask(SIG_BLOCK, &only, nullptr);
+    if (handler_is_ours()) ::sigaction(g_signal, &g_previous, nullptr);
+    if (g_mark != nullptr) ::munmap(g_mark, kMarkBytes);
+    g_mark = nullptr;
+    g_yielded = true;
+    static bool told = false;
+    if (!told) {
+      told = true;
+      log_when_touched(LogLevel::basic,
+                       std::string("the program blocks ") + g_signal_name +
+                           " in its main thread: left to the program while it does (report "
+                           "requests are refused; report_at_exit:1 still writes a report)");
+    }
+    return;
+  }
+  struct sigaction current {};
+  if (::sigaction(g_signal, nullptr, &current) != 0) return;
+  if ((current.sa_flags & SA_SIGINFO) != 0 || current.sa_handler != SIG_DFL) return;  // theirs
+  struct sigaction action {};
+  action.sa_sigaction = &on_report_signal;
+  ::sigemptyset(&action.sa_mask);
+  action.sa_flags = SA_SIGINFO | SA_RESTART;
+  if (::sigaction(g_signal, &action, nullptr) != 0) return;
+  ::pthread_sigmask(SIG_UNBLOCK, &only, nullptr);
+  g_yielded = false;
 }
 
 // Note [Report signal]: the mark follows the signal's disposition.
@@ -180,7 +197,13 @@ void* reporter_main(void*) {
   for (;;) {
     follow_main_thread();
     if (!g_yielded) check_handler();
-    if (g_plain_request.exchange(false)) write_report("signal");
+    if (g_plain_request.exchange(false)) {
+      if (g_yielded) {
+        ::kill(::getpid(), g_signal);  // the program's, caught before the mask was read
+      } else {
+        write_report("signal");
+      }
+    }
     ChannelRequest request;
     while (g_slots.pop(&request)) serve_request(request);
     timespec deadline{};

@@ -2,7 +2,8 @@
 // (sigtimedwait, a signalfd), gets every one it is sent, as without the library (Note [Signals
 // the program waits for] in interpose/reporter.cpp). Before, the library's reporter thread, the
 // only one not blocking the signal, took each of them for a report. Once the program unblocks
-// the signal in its main thread, a signal writes a report again.
+// the signal in its main thread, the library takes it back within a few seconds: its handler
+// is installed again and a signal writes a report.
 #include <poll.h>
 #include <signal.h>
 #include <sys/signalfd.h>
@@ -18,6 +19,12 @@
 #include "signal_report.h"
 
 namespace {
+
+bool library_handler_installed() {
+  struct sigaction current {};
+  CHECK(sigaction(SIGUSR1, nullptr, &current) == 0);
+  return (current.sa_flags & SA_SIGINFO) != 0 || current.sa_handler != SIG_DFL;
+}
 
 int run() {
   sigset_t usr1;
@@ -54,8 +61,11 @@ int run() {
   }
   waiter.join();
 
-  // Unblocked again: a signal asks for a report.
+  // Unblocked again: the library takes the signal back, and a signal asks for a report.
   CHECK(pthread_sigmask(SIG_UNBLOCK, &usr1, nullptr) == 0);
+  for (int i = 0; i < 300 && !library_handler_installed(); ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  CHECK_MSG(library_handler_installed(), "the library did not take the signal back");
   const std::string report = preload_test::signal_report("SIGNAL_WAIT_REPORTS");
   CHECK(report.find("\"reuse\"") != std::string::npos);
   CHECK_CUDA(cudaFree(ptr));
