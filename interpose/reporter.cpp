@@ -23,25 +23,10 @@
 // the signal, loses the mark within a second, and `poolcuda report` then refuses instead of
 // triggering the program's own handler; the mark comes back if the handler does.
 //
-// Note [Signals the program waits for]
-// A program may take the signal itself without a handler: it blocks it in every thread and waits
-// for it (sigwait, sigtimedwait, a signalfd), a common way to reopen logs on SIGUSR1. Under the
-// library every such signal went to the reporter thread, the only one not blocking it, and the
-// program never saw one. So the reporter thread follows the main thread's mask (read from
-// /proc/self/task/PID/status when it wakes, at least once a second, and before it acts on a plain
-// signal; a block must still be there 20 ms later, since starting a thread blocks every signal for
-// a moment): while the main thread blocks the signal, the library yields it: the reporter thread
-// blocks it too, the disposition goes back to what it was (SIG_DFL) and the readiness mark is
-// withdrawn, so `poolcuda report` refuses; a plain signal that reached the handler meanwhile is
-// raised again for the program. When the main thread unblocks it, the library takes it back (if the
-// disposition is still SIG_DFL). A program that blocks the signal in its main thread and not in
-// others gets the plain behaviour too: the signal's default action, as without the library.
-//
 // Depends on the report channel, the report writer, the library's threads, the log and the
 // configuration.
 #include "interpose/reporter.h"
 
-#include <fcntl.h>
 #include <pthread.h>
 #include <semaphore.h>
 #include <signal.h>
@@ -52,8 +37,6 @@
 #include <atomic>
 #include <cerrno>
 #include <cstdint>
-#include <cstdlib>
-#include <cstring>
 #include <string>
 
 #include "interpose/channel_protocol.h"
@@ -108,67 +91,6 @@ void publish_mark() {
   if (mark != MAP_FAILED) g_mark = mark;
 }
 
-// Whether the process's main thread blocks the signal now (Note [Signals the program waits
-// for]); false when its status cannot be read.
-bool main_thread_blocks() {
-  const std::string path = "/proc/self/task/" + std::to_string(::getpid()) + "/status";
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return false;
-  char text[4096];
-  const ssize_t n = ::read(fd, text, sizeof text - 1);
-  ::close(fd);
-  if (n <= 0) return false;
-  text[n] = '\0';
-  const char* line = std::strstr(text, "\nSigBlk:");
-  if (line == nullptr) return false;
-  const unsigned long long mask = std::strtoull(line + 8, nullptr, 16);
-  return ((mask >> (g_signal - 1)) & 1) != 0;
-}
-
-bool g_yielded = false;  // the program has the signal (Note [Signals the program waits for])
-
-// Yields the signal to the program, or takes it back, as the main thread's mask says. Called
-// by the reporter thread alone.
-void follow_main_thread() {
-  bool blocks = main_thread_blocks();
-  if (blocks && !g_yielded) {
-    // A thread that starts another blocks every signal for a moment (this library's own
-    // threads start so, from the main thread too): only a mask that stays counts.
-    ::usleep(20000);
-    blocks = main_thread_blocks();
-  }
-  if (blocks == g_yielded) return;
-  sigset_t only;
-  ::sigemptyset(&only);
-  ::sigaddset(&only, g_signal);
-  if (blocks) {
-    ::pthread_sigmask(SIG_BLOCK, &only, nullptr);
-    if (handler_is_ours()) ::sigaction(g_signal, &g_previous, nullptr);
-    if (g_mark != nullptr) ::munmap(g_mark, kMarkBytes);
-    g_mark = nullptr;
-    g_yielded = true;
-    static bool told = false;
-    if (!told) {
-      told = true;
-      log_when_touched(LogLevel::basic,
-                       std::string("the program blocks ") + g_signal_name +
-                           " in its main thread: left to the program while it does (report "
-                           "requests are refused; report_at_exit:1 still writes a report)");
-    }
-    return;
-  }
-  struct sigaction current {};
-  if (::sigaction(g_signal, nullptr, &current) != 0) return;
-  if ((current.sa_flags & SA_SIGINFO) != 0 || current.sa_handler != SIG_DFL) return;  // theirs
-  struct sigaction action {};
-  action.sa_sigaction = &on_report_signal;
-  ::sigemptyset(&action.sa_mask);
-  action.sa_flags = SA_SIGINFO | SA_RESTART;
-  if (::sigaction(g_signal, &action, nullptr) != 0) return;
-  ::pthread_sigmask(SIG_UNBLOCK, &only, nullptr);
-  g_yielded = false;
-}
-
 // Note [Report signal]: the mark follows the signal's disposition.
 void check_handler() {
   static bool told = false;
@@ -195,15 +117,8 @@ void* reporter_main(void*) {
   ::sigaddset(&only, g_signal);
   ::pthread_sigmask(SIG_UNBLOCK, &only, nullptr);
   for (;;) {
-    follow_main_thread();
-    if (!g_yielded) check_handler();
-    if (g_plain_request.exchange(false)) {
-      if (g_yielded) {
-        ::kill(::getpid(), g_signal);  // the program's, caught before the mask was read
-      } else {
-        write_report("signal");
-      }
-    }
+    check_handler();
+    if (g_plain_request.exchange(false)) write_report("signal");
     ChannelRequest request;
     while (g_slots.pop(&request)) serve_request(request);
     timespec deadline{};
