@@ -71,8 +71,8 @@ void resolve_all() {
     POOLCUDA_OWN_RESOLVE(cudaDeviceGetAttribute)
 #undef POOLCUDA_OWN_RESOLVE
   }
-  real_driver::resolve_all();
-  done.store(true, std::memory_order_release);
+  // With no driver loaded yet, the next device's pools try again.
+  if (real_driver::resolve_all()) done.store(true, std::memory_order_release);
 }
 
 namespace {

@@ -136,9 +136,11 @@ void* function(Slot slot) {
   return address == &g_missing ? nullptr : address;
 }
 
-void resolve_all() {
+bool resolve_all() {
+  if (library() == nullptr) return false;
   for (int slot = 0; slot < static_cast<int>(Slot::count); ++slot)
     (void)function(static_cast<Slot>(slot));
+  return true;
 }
 
 }  // namespace poolcuda::real_driver

@@ -67,9 +67,9 @@ enum class Slot : int {
 // The resolved address for `slot`, or nullptr (no driver loaded, or it lacks the function).
 void* function(Slot slot);
 
-// Resolves every slot now, while the driver is loaded (Note [Resolved before any lock] in
-// own_api.cpp).
-void resolve_all();
+// Resolves every slot now (Note [Resolved before any lock] in own_api.cpp); false, resolving
+// nothing, while no driver is loaded.
+bool resolve_all();
 
 template <typename Fn>
 struct Missing;

@@ -4,7 +4,7 @@
 // (Note [Tables on huge pages] in host_tables.h), then huge pages. A chunk's nodes are handed out
 // in address order the first time, so a chunk's memory is first written when its nodes are
 // first used: a new chunk costs no pass over all of it (on the first allocation of a process or
-// of a shard, the first chunks' page faults were most of its cost). Not thread-safe; the owning
+// of a shard, the first chunks' page faults were a third of its cost). Not thread-safe; the owning
 // MemoryManager's lock protects it. Depends on host_tables.h.
 #pragma once
 
