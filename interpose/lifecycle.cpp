@@ -10,14 +10,27 @@
 // pointer gets whatever the real cudaFree answers. What runs at exit is in at_exit.cpp.
 //
 // Note [Fork]
-// A forked child inherits the pools exactly as the parent's threads left them, possibly with a
-// manager's lock held by a thread that does not exist in the child, and (on a real GPU) a CUDA
-// context it cannot use. So the child never touches them: the atfork child handler flips the
-// copy's state to `forked`, every hook then calls the real function and the exit work does
-// nothing. The child has no reporter thread either (threads do not survive a fork), so the
-// handler puts back the report signal's disposition the program had before the library
-// installed its own, and removes the readiness mark: `poolcuda report` sees the child as the
-// program alone. The parent is untouched.
+// What a child made by fork() may do with the pools depends on its parent's past.
+//
+// A parent that has made no CUDA call through the library (the prepare handler finds the
+// process untouched: Note [Silent processes]) has no pools, no release thread and no library
+// lock a hook could hold, so its child is a fresh process for the library: pools come on its
+// first allocation as anywhere else. This is the prefork server, or a process pool whose
+// workers use the GPU while their parent never does. Three things make that airtight. The
+// prepare handler holds the notes mutex, under which a process is first marked touched, so no
+// call of another thread can be half-way into the library at the fork: every hook marks the
+// process (guarded() in exports_common.h) before it takes any lock of the library's. It also
+// holds the reporter thread between two pieces of work, so no report is half-written. And the
+// child, which has no reporter thread, gets back the report signal's disposition the program
+// had, loses the readiness mark, and starts a reporter of its own at its first CUDA call (a
+// child that never makes one never hears from the library); its uptime counts from the fork.
+//
+// A parent that has touched CUDA leaves its child pools exactly as its threads left them,
+// possibly with a lock held by a thread that does not exist in the child, and (on a real GPU) a
+// CUDA context it cannot use. So that child never touches them: its state becomes `forked`,
+// every hook calls the real function, the exit work does nothing, and the first CUDA call says
+// so once. It gets back the report signal's disposition and loses the mark, as above. The
+// parent is untouched either way.
 //
 // Note [Active copy]
 // Two copies of the library at different paths can be loaded into one process (a preload
@@ -136,9 +149,39 @@ const Config& load_config() {
   return *conf;
 }
 
-void on_fork_child() {
-  detail::g_state.store(detail::forked, std::memory_order_relaxed);
+// Note [Fork]. Set by the prepare handler, read by the other two, all on the forking thread.
+bool g_fork_from_untouched = false;
+std::atomic<bool> g_reporter_due{false};  // a fresh child starts its reporter at its first call
+
+void before_fork() {
+  // The reporter before the notes mutex: its thread takes them in that order.
+  const bool untouched = !detail::g_touched.load(std::memory_order_acquire);
+  if (untouched) hold_reporter_at_rest();
+  pending_notes().mutex.lock();
+  g_fork_from_untouched = untouched;
+  if (untouched && detail::g_touched.load(std::memory_order_acquire)) {
+    g_fork_from_untouched = false;  // a first call finished before the lock: keep it safe
+  }
+  if (untouched != g_fork_from_untouched) release_reporter();
+}
+
+void after_fork_in_parent() {
+  pending_notes().mutex.unlock();
+  if (g_fork_from_untouched) release_reporter();
+}
+
+void after_fork_in_child() {
+  PendingNotes& pending = pending_notes();
+  if (g_fork_from_untouched) {
+    pending.notes.clear();  // the parent's notes are about its reporter; the child's says its own
+    g_loaded_ns.store(monotonic_ns(), std::memory_order_relaxed);
+    g_reporter_due.store(true, std::memory_order_relaxed);
+  } else {
+    detail::g_state.store(detail::forked_unannounced, std::memory_order_relaxed);
+  }
+  pending.mutex.unlock();
   restore_report_signal_after_fork();
+  if (g_fork_from_untouched) release_reporter();
 }
 
 void exit_work() {
@@ -150,7 +193,7 @@ __attribute__((constructor)) void load_library() {
   g_loaded_ns.store(monotonic_ns(), std::memory_order_relaxed);
   if (decide_state() != detail::active) return;  // announced at the first call (passthrough)
   const Config& conf = load_config();
-  ::pthread_atfork(nullptr, nullptr, &on_fork_child);
+  ::pthread_atfork(&before_fork, &after_fork_in_parent, &after_fork_in_child);
   start_reporter(conf);
   std::atexit(&exit_work);
 }
@@ -169,15 +212,26 @@ bool passthrough_slow(int state) {
                object_of(first).dli_fname, own_object().dli_fname);
     state = duplicate;
   }
+  if (state == forked_unannounced &&
+      g_state.compare_exchange_strong(state, forked, std::memory_order_acq_rel)) {
+    log_line(LogLevel::basic,
+             "this process was forked after its parent used CUDA through the library: its "
+             "calls pass through unpooled (a child forked before any CUDA call keeps the pools)");
+    state = forked;
+  }
   return state != active;
 }
 
 void first_cuda_call() {
-  PendingNotes& pending = pending_notes();
-  std::lock_guard<std::mutex> hold(pending.mutex);
-  if (g_touched.exchange(true, std::memory_order_relaxed)) return;
-  for (const auto& [level, message] : pending.notes) log_line(level, message);
-  pending.notes.clear();
+  {
+    PendingNotes& pending = pending_notes();
+    std::lock_guard<std::mutex> hold(pending.mutex);
+    if (g_touched.exchange(true, std::memory_order_release)) return;
+    for (const auto& [level, message] : pending.notes) log_line(level, message);
+    pending.notes.clear();
+  }
+  // Note [Fork]: outside the notes mutex, which the reporter's own notes take.
+  if (g_reporter_due.exchange(false, std::memory_order_relaxed)) start_reporter(load_config());
 }
 
 }  // namespace detail

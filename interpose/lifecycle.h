@@ -16,16 +16,24 @@ namespace poolcuda {
 
 namespace detail {
 // Note [Active copy] in lifecycle.cpp.
-enum CopyState : int { undecided, active, duplicate_unannounced, duplicate, forked };
+enum CopyState : int {
+  undecided,
+  active,
+  duplicate_unannounced,
+  duplicate,
+  forked_unannounced,
+  forked
+};
 extern std::atomic<int> g_state;
 extern std::atomic<bool> g_touched;
 bool passthrough_slow(int state);
 void first_cuda_call();
 }  // namespace detail
 
-// True when every hook must call the real function and never touch the pools: in a forked
-// child (whose pools were inherited mid-flight, Note [Fork]) and in a second copy of the
-// library loaded after another one (Note [Active copy]). The active copy pays one relaxed load.
+// True when every hook must call the real function and never touch the pools: in a child
+// forked after its parent used CUDA through the library (whose pools it inherited mid-flight,
+// Note [Fork]) and in a second copy of the library loaded after another one (Note [Active
+// copy]). The active copy pays one relaxed load.
 inline bool passthrough() {
   const int state = detail::g_state.load(std::memory_order_relaxed);
   return state == detail::active ? false : detail::passthrough_slow(state);

@@ -37,6 +37,7 @@
 #include <atomic>
 #include <cerrno>
 #include <cstdint>
+#include <mutex>
 #include <string>
 
 #include "interpose/channel_protocol.h"
@@ -60,6 +61,10 @@ constinit RequestSlots g_slots;
 std::atomic<bool> g_plain_request{false};
 sem_t g_wake;
 void* g_mark = nullptr;  // touched by the reporter thread, or by a forked child alone
+// Held by the reporter thread while it works (between its waits), and by a fork that may leave
+// the child a working library (Note [Fork] in lifecycle.cpp): the child then inherits no
+// report half-written, no output lock taken and no mark half-published.
+std::mutex g_busy;
 
 extern "C" void on_report_signal(int, siginfo_t* info, void*) {
   const int saved = errno;
@@ -117,10 +122,13 @@ void* reporter_main(void*) {
   ::sigaddset(&only, g_signal);
   ::pthread_sigmask(SIG_UNBLOCK, &only, nullptr);
   for (;;) {
-    check_handler();
-    if (g_plain_request.exchange(false)) write_report("signal");
-    ChannelRequest request;
-    while (g_slots.pop(&request)) serve_request(request);
+    {
+      std::lock_guard<std::mutex> working(g_busy);
+      check_handler();
+      if (g_plain_request.exchange(false)) write_report("signal");
+      ChannelRequest request;
+      while (g_slots.pop(&request)) serve_request(request);
+    }
     timespec deadline{};
     ::clock_gettime(CLOCK_MONOTONIC, &deadline);
     deadline.tv_sec += 1;
@@ -180,8 +188,19 @@ void start_reporter(const Config& conf) {
 
 void restore_report_signal_after_fork() {
   if (g_installed && handler_is_ours()) ::sigaction(g_signal, &g_previous, nullptr);
+  g_installed = false;
   if (g_mark != nullptr) ::munmap(g_mark, kMarkBytes);
   g_mark = nullptr;
+  // Requests the parent's reporter had not served yet were the parent's; a child that starts
+  // its own reporter must not answer them.
+  g_plain_request.store(false);
+  ChannelRequest stale;
+  while (g_slots.pop(&stale)) {
+  }
 }
+
+void hold_reporter_at_rest() { g_busy.lock(); }
+
+void release_reporter() { g_busy.unlock(); }
 
 }  // namespace poolcuda

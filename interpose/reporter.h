@@ -13,11 +13,19 @@ namespace poolcuda {
 // Installs the report signal's handler, starts the reporter thread, which then publishes the
 // readiness mark. When the program (or another library) already handles or ignores that signal,
 // leaves it alone and says so at the first CUDA call: reports then come only from
-// report_at_exit. Called once, from the library's constructor.
+// report_at_exit. Called from the library's constructor, and again in a forked child that keeps
+// the pools, at its first CUDA call (Note [Fork] in lifecycle.cpp).
 void start_reporter(const Config& config);
 
-// In a forked child (async-signal-safe): puts back the disposition the signal had before the
-// library installed its handler and removes the readiness mark (Note [Fork] in lifecycle.cpp).
+// In a forked child: puts back the disposition the signal had before the library installed its
+// handler, removes the readiness mark and drops requests the parent had not served (Note [Fork]
+// in lifecycle.cpp).
 void restore_report_signal_after_fork();
+
+// Around a fork whose child may keep the pools: waits until the reporter thread is between
+// two pieces of work and keeps it there; release_reporter() lets it go on (in the parent) or
+// releases the inherited hold (in the child).
+void hold_reporter_at_rest();
+void release_reporter();
 
 }  // namespace poolcuda

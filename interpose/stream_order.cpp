@@ -291,6 +291,7 @@ void per_thread_stream_used() {
 
 void device_made_current(int device) {
   if (!in_range(device)) return;
+  note_cuda_call();  // before the lock: Note [Fork] in lifecycle.cpp
   State& s = state();
   if ((s.used.load(std::memory_order_relaxed) & bit(device)) != 0) return;
   std::lock_guard hold(s.mutex);
@@ -307,6 +308,7 @@ void work_issued() {
 }
 
 void devices_connected() {
+  note_cuda_call();  // before the lock: Note [Fork] in lifecycle.cpp
   State& s = state();
   std::lock_guard hold(s.mutex);
   connect_all(s);
