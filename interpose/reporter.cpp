@@ -23,6 +23,23 @@
 // the signal, loses the mark within a second, and `poolcuda report` then refuses instead of
 // triggering the program's own handler; the mark comes back if the handler does.
 //
+// Note [A signal the program waits for]
+// A program that takes the report signal itself without a handler blocks it in every thread and
+// waits for it (sigwait, sigtimedwait, a signalfd): a daemon reopening its logs. The reporter
+// thread is then the only thread that accepts the signal, so the kernel hands it every `kill`,
+// and without care the program would never see one. The kernel picks the thread for a signal
+// sent to the process (si_code SI_USER) by trying the main thread first, so such a signal that
+// reaches the handler on the reporter thread tells that the main thread blocks it. The handler
+// then passes it on: it adds the signal to the mask the reporter thread gets back when the
+// handler returns, and sends it to the process again, where it stays pending until the program
+// takes it, as without the library. From then on the reporter thread blocks the signal, so
+// reports come only from a signal that reaches a thread of the program's that accepts it (a
+// main thread that unblocks it again), or at exit; the readiness mark is withdrawn, since a
+// request to the reporter thread alone would wait in vain, and the library says so once. No
+// descriptor is opened (reading the main thread's mask from /proc would need one that the
+// program may close under us). The one signal passed on carries the library's process ID as its
+// sender.
+//
 // Depends on the report channel, the report writer, the library's threads, the log and the
 // configuration.
 #include "interpose/reporter.h"
@@ -32,6 +49,7 @@
 #include <signal.h>
 #include <sys/mman.h>
 #include <time.h>
+#include <ucontext.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -65,9 +83,22 @@ void* g_mark = nullptr;  // touched by the reporter thread, or by a forked child
 // the child a working library (Note [Fork] in lifecycle.cpp): the child then inherits no
 // report half-written, no output lock taken and no mark half-published.
 std::mutex g_busy;
+pthread_t g_reporter_thread{};
+std::atomic<bool> g_reporter_known{false};
+std::atomic<bool> g_passed_on{false};  // Note [A signal the program waits for]
 
-extern "C" void on_report_signal(int, siginfo_t* info, void*) {
+extern "C" void on_report_signal(int signal, siginfo_t* info, void* context) {
   const int saved = errno;
+  if (info != nullptr && info->si_code == SI_USER && context != nullptr &&
+      g_reporter_known.load(std::memory_order_acquire) &&
+      ::pthread_equal(::pthread_self(), g_reporter_thread)) {
+    // Note [A signal the program waits for].
+    ::sigaddset(&static_cast<ucontext_t*>(context)->uc_sigmask, signal);
+    ::kill(::getpid(), signal);
+    if (!g_passed_on.exchange(true)) ::sem_post(&g_wake);
+    errno = saved;
+    return;
+  }
   bool channel_request = false;
   if (info != nullptr && info->si_code == SI_QUEUE) {
     const auto word =
@@ -99,6 +130,16 @@ void publish_mark() {
 // Note [Report signal]: the mark follows the signal's disposition.
 void check_handler() {
   static bool told = false;
+  if (g_passed_on.load()) {
+    if (g_mark == nullptr) return;
+    ::munmap(g_mark, kMarkBytes);
+    g_mark = nullptr;
+    log_when_touched(LogLevel::basic,
+                     std::string("every thread of the program blocks ") + g_signal_name +
+                         ": the program takes it itself, so the library passes it on and "
+                         "refuses report requests from now on (report_signal:USR2 keeps them)");
+    return;
+  }
   const bool ours = handler_is_ours();
   if (ours && g_mark == nullptr) {
     publish_mark();
@@ -120,6 +161,8 @@ void* reporter_main(void*) {
   sigset_t only;
   ::sigemptyset(&only);
   ::sigaddset(&only, g_signal);
+  g_reporter_thread = ::pthread_self();
+  g_reporter_known.store(true, std::memory_order_release);
   ::pthread_sigmask(SIG_UNBLOCK, &only, nullptr);
   for (;;) {
     {
@@ -194,6 +237,8 @@ void restore_report_signal_after_fork() {
   // Requests the parent's reporter had not served yet were the parent's; a child that starts
   // its own reporter must not answer them.
   g_plain_request.store(false);
+  g_reporter_known.store(false);  // a new thread of the child may reuse the old one's identity
+  g_passed_on.store(false);
   ChannelRequest stale;
   while (g_slots.pop(&stale)) {
   }

@@ -1,0 +1,87 @@
+// Preload test: a program that takes SIGUSR1 itself, blocking it in every thread and waiting for
+// it (sigtimedwait, a signalfd), gets every `kill -USR1` it is sent, as without the library
+// (Note [A signal the program waits for] in interpose/reporter.cpp), and the library writes no
+// report for them. Before, the library's reporter thread, the only one not blocking the signal,
+// took each of them for a report. Once the main thread accepts the signal again, a signal
+// reaching it asks for a report as usual.
+#include <poll.h>
+#include <signal.h>
+#include <sys/signalfd.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <filesystem>
+#include <string>
+#include <thread>
+
+#include "check.h"
+#include "signal_report.h"
+
+namespace {
+
+int run() {
+  sigset_t usr1;
+  sigemptyset(&usr1);
+  sigaddset(&usr1, SIGUSR1);
+  CHECK(pthread_sigmask(SIG_BLOCK, &usr1, nullptr) == 0);  // every thread made below too
+  void* ptr = nullptr;
+  CHECK_CUDA(cudaMalloc(&ptr, 4096));
+
+  // A thread of the program's takes the signal, as a daemon's signal thread does; the main
+  // thread sends it as `kill -USR1` would, while neither of them is in a wait.
+  std::atomic<int> taken{0};
+  std::thread waiter([&] {
+    const timespec timeout{5, 0};
+    for (int i = 0; i < 3; ++i) {
+      if (sigtimedwait(&usr1, nullptr, &timeout) != SIGUSR1) return;
+      ++taken;
+    }
+    const int fd = signalfd(-1, &usr1, SFD_CLOEXEC);
+    if (fd < 0) return;
+    pollfd ready{fd, POLLIN, 0};
+    signalfd_siginfo info{};
+    if (poll(&ready, 1, 5000) == 1 && read(fd, &info, sizeof info) == sizeof info &&
+        info.ssi_signo == SIGUSR1)
+      ++taken;
+    close(fd);
+  });
+  for (int i = 0; i < 4; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));  // the waiter is waiting
+    CHECK(kill(getpid(), SIGUSR1) == 0);
+    for (int k = 0; k < 500 && taken.load() <= i; ++k)
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    CHECK_MSG(taken.load() > i, "signal " + std::to_string(i + 1) + " never reached the program");
+  }
+  waiter.join();
+  const char* dir = std::getenv("SIGNAL_WAIT_REPORTS");
+  CHECK_MSG(std::filesystem::is_empty(dir), "a report was written for a signal the program took");
+
+  // The main thread accepts the signal again: a signal reaching it asks for a report.
+  CHECK(pthread_sigmask(SIG_UNBLOCK, &usr1, nullptr) == 0);
+  const std::string report = preload_test::signal_report("SIGNAL_WAIT_REPORTS");
+  CHECK(report.find("\"reuse\"") != std::string::npos);
+  CHECK_CUDA(cudaFree(ptr));
+  std::printf("child ok\n");
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  preload_test::require_preloaded();
+  if (argc == 2 && std::string(argv[1]) == "child") return run();
+  char dir[] = "/tmp/poolcuda-signal-wait-XXXXXX";
+  CHECK(mkdtemp(dir) != nullptr);
+  const preload_test::ChildResult child = preload_test::run_self(
+      "child",
+      {"POOLCUDA_CONF=report_format:json,report_path:" + std::string(dir) + "/r-%n.json",
+       "SIGNAL_WAIT_REPORTS=" + std::string(dir)},
+      60);
+  std::system(("rm -rf '" + std::string(dir) + "'").c_str());
+  std::printf("%s", child.output.c_str());
+  CHECK_MSG(child.status == 0, "child exited with " + std::to_string(child.status));
+  std::printf("ok\n");
+  return 0;
+}
