@@ -12,18 +12,24 @@
 // Note [Fork]
 // What a child made by fork() may do with the pools depends on its parent's past.
 //
-// A parent that has made no CUDA call through the library (the prepare handler finds the
-// process untouched: Note [Silent processes]) has no pools, no release thread and no library
-// lock a hook could hold, so its child is a fresh process for the library: pools come on its
-// first allocation as anywhere else. This is the prefork server, or a process pool whose
-// workers use the GPU while their parent never does. Three things make that airtight. The
-// prepare handler holds the notes mutex, under which a process is first marked touched, so no
-// call of another thread can be half-way into the library at the fork: every hook marks the
-// process (guarded() in exports_common.h) before it takes any lock of the library's. It also
-// holds the reporter thread between two pieces of work, so no report is half-written. And the
-// child, which has no reporter thread, gets back the report signal's disposition the program
-// had, loses the readiness mark, and starts a reporter of its own at its first CUDA call (a
-// child that never makes one never hears from the library); its uptime counts from the fork.
+// A parent that has made no CUDA call through the library (Note [Silent processes]) has no
+// pools, no release thread and no lock of the pools a hook could hold, so its child is a fresh
+// process for the library: pools come on its first allocation as anywhere else. This is the
+// prefork server, or a process pool whose workers use the GPU while their parent never does.
+// The prepare handler makes sure of it. It holds the notes mutex, under which a process is first
+// marked touched, so no call of another thread can be half-way into the pools at the fork:
+// every hook marks the process (guarded() in exports_common.h) before it takes any of their
+// locks. It also holds the reporter thread between two pieces of work, so no report is
+// half-written. And it gives the pools up (the child passes through, as below) rather than
+// wait where waiting could hang: when the reporter stays at work for 100 ms (a report blocked
+// on a full pipe), and when the forking thread itself holds the notes mutex (a signal handler
+// that forks). What it took is recorded per thread, since forks of several threads may run
+// their handlers at once. The child, which has no reporter thread, gets back the report
+// signal's disposition the program had, loses the readiness mark, and starts a reporter of its
+// own at its first CUDA call; until then it is silent, even at exit; its uptime counts from the
+// fork. (The driver's symbol table, built once under a lock by the first lookup of a driver
+// function, is outside this: a fork during that build leaves the lock taken in the child, as it
+// always has for children that pass through.)
 //
 // A parent that has touched CUDA leaves its child pools exactly as its threads left them,
 // possibly with a lock held by a thread that does not exist in the child, and (on a real GPU) a
@@ -149,43 +155,77 @@ const Config& load_config() {
   return *conf;
 }
 
-// Note [Fork]. Set by the prepare handler, read by the other two, all on the forking thread.
-bool g_fork_from_untouched = false;
+// Note [Fork]: what the prepare handler took, for the other two handlers of the same fork (each
+// fork runs its three on the thread that forks, and forks of several threads may overlap).
+enum ForkHold : int { hold_nothing, hold_notes, hold_notes_and_reporter };
+thread_local ForkHold t_fork_hold = hold_nothing;
+thread_local bool t_fork_from_untouched = false;
+// Set while this thread holds the notes mutex: a fork from a signal handler that interrupted
+// it must not wait for that mutex (Note [Fork]).
+thread_local bool t_holding_notes = false;
+// A child forked from an untouched process, until its first CUDA call: the exit work leaves it
+// silent (what it would say about calls that never arrived is its parent's to say).
+bool g_fresh_child = false;
 std::atomic<bool> g_reporter_due{false};  // a fresh child starts its reporter at its first call
+// How long a fork waits for a report in progress before its child gives up the pools.
+constexpr std::uint32_t kReporterWaitMillis = 100;
+
+// The notes mutex, with t_holding_notes set from before the lock to after the unlock.
+class HoldNotes {
+ public:
+  explicit HoldNotes(PendingNotes& pending) : mutex_(pending.mutex) {
+    t_holding_notes = true;
+    mutex_.lock();
+  }
+  ~HoldNotes() {
+    mutex_.unlock();
+    t_holding_notes = false;
+  }
+  HoldNotes(const HoldNotes&) = delete;
+  HoldNotes& operator=(const HoldNotes&) = delete;
+
+ private:
+  std::mutex& mutex_;
+};
 
 void before_fork() {
+  t_fork_hold = hold_nothing;
+  t_fork_from_untouched = false;
+  if (t_holding_notes) return;  // a signal handler forks inside a note: the child passes through
   // The reporter before the notes mutex: its thread takes them in that order.
   const bool untouched = !detail::g_touched.load(std::memory_order_acquire);
-  if (untouched) hold_reporter_at_rest();
+  const bool reporter = untouched && hold_reporter_at_rest(kReporterWaitMillis);
   pending_notes().mutex.lock();
-  g_fork_from_untouched = untouched;
-  if (untouched && detail::g_touched.load(std::memory_order_acquire)) {
-    g_fork_from_untouched = false;  // a first call finished before the lock: keep it safe
-  }
-  if (untouched != g_fork_from_untouched) release_reporter();
+  t_fork_hold = reporter ? hold_notes_and_reporter : hold_notes;
+  // A first call may have finished between the two reads: the child then keeps out.
+  t_fork_from_untouched = reporter && !detail::g_touched.load(std::memory_order_acquire);
 }
 
-void after_fork_in_parent() {
-  pending_notes().mutex.unlock();
-  if (g_fork_from_untouched) release_reporter();
+void release_fork_holds() {
+  if (t_fork_hold != hold_nothing) pending_notes().mutex.unlock();
+  if (t_fork_hold == hold_notes_and_reporter) release_reporter();
+  t_fork_hold = hold_nothing;
 }
+
+void after_fork_in_parent() { release_fork_holds(); }
 
 void after_fork_in_child() {
-  PendingNotes& pending = pending_notes();
-  if (g_fork_from_untouched) {
-    pending.notes.clear();  // the parent's notes are about its reporter; the child's says its own
+  if (t_fork_from_untouched) {
+    pending_notes().notes.clear();  // the parent's notes are about its reporter; the child's say its own
     g_loaded_ns.store(monotonic_ns(), std::memory_order_relaxed);
+    g_fresh_child = true;
     g_reporter_due.store(true, std::memory_order_relaxed);
   } else {
     detail::g_state.store(detail::forked_unannounced, std::memory_order_relaxed);
   }
-  pending.mutex.unlock();
   restore_report_signal_after_fork();
-  if (g_fork_from_untouched) release_reporter();
+  release_fork_holds();
 }
 
 void exit_work() {
-  if (detail::g_state.load(std::memory_order_acquire) == detail::active) run_exit_work();
+  if (detail::g_state.load(std::memory_order_acquire) != detail::active) return;
+  if (g_fresh_child && !touched_cuda()) return;  // Note [Silent processes]
+  run_exit_work();
 }
 
 // Runs when the library is loaded, before the program's main (DESIGN.md decision 9).
@@ -223,13 +263,14 @@ bool passthrough_slow(int state) {
 }
 
 void first_cuda_call() {
+  std::vector<std::pair<LogLevel, std::string>> notes;
   {
-    PendingNotes& pending = pending_notes();
-    std::lock_guard<std::mutex> hold(pending.mutex);
+    HoldNotes hold(pending_notes());
     if (g_touched.exchange(true, std::memory_order_release)) return;
-    for (const auto& [level, message] : pending.notes) log_line(level, message);
-    pending.notes.clear();
+    notes.swap(pending_notes().notes);
   }
+  // Written without the mutex: a write may block (a full pipe), and a fork waits for the mutex.
+  for (const auto& [level, message] : notes) log_line(level, message);
   // Note [Fork]: outside the notes mutex, which the reporter's own notes take.
   if (g_reporter_due.exchange(false, std::memory_order_relaxed)) start_reporter(load_config());
 }
@@ -239,13 +280,14 @@ void first_cuda_call() {
 bool touched_cuda() { return detail::g_touched.load(std::memory_order_relaxed); }
 
 void log_when_touched(LogLevel level, std::string message) {
-  PendingNotes& pending = pending_notes();
-  std::lock_guard<std::mutex> hold(pending.mutex);
-  if (touched_cuda()) {
-    log_line(level, message);
-  } else {
-    pending.notes.emplace_back(level, std::move(message));
+  {
+    HoldNotes hold(pending_notes());
+    if (!touched_cuda()) {
+      pending_notes().notes.emplace_back(level, std::move(message));
+      return;
+    }
   }
+  log_line(level, message);  // without the mutex, as in first_cuda_call
 }
 
 double uptime_seconds() {

@@ -230,7 +230,9 @@ void start_reporter(const Config& conf) {
 }
 
 void restore_report_signal_after_fork() {
-  if (g_installed && handler_is_ours()) ::sigaction(g_signal, &g_previous, nullptr);
+  // Not conditioned on g_installed: a fork between start_reporter()'s sigaction and its setting
+  // of that flag must still restore (g_previous is set before the handler is installed).
+  if (g_signal != 0 && handler_is_ours()) ::sigaction(g_signal, &g_previous, nullptr);
   g_installed = false;
   if (g_mark != nullptr) ::munmap(g_mark, kMarkBytes);
   g_mark = nullptr;
@@ -244,7 +246,14 @@ void restore_report_signal_after_fork() {
   }
 }
 
-void hold_reporter_at_rest() { g_busy.lock(); }
+bool hold_reporter_at_rest(std::uint32_t max_millis) {
+  // Tries a millisecond apart rather than a timed lock, which ThreadSanitizer does not follow.
+  for (std::uint32_t waited = 0;; ++waited) {
+    if (g_busy.try_lock()) return true;
+    if (waited == max_millis) return false;
+    ::usleep(1000);
+  }
+}
 
 void release_reporter() { g_busy.unlock(); }
 

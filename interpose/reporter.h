@@ -6,6 +6,8 @@
 // Depends on the report channel, the report writer, the log and the configuration.
 #pragma once
 
+#include <cstdint>
+
 #include "config/config.h"
 
 namespace poolcuda {
@@ -22,10 +24,11 @@ void start_reporter(const Config& config);
 // in lifecycle.cpp).
 void restore_report_signal_after_fork();
 
-// Around a fork whose child may keep the pools: waits until the reporter thread is between
-// two pieces of work and keeps it there; release_reporter() lets it go on (in the parent) or
-// releases the inherited hold (in the child).
-void hold_reporter_at_rest();
+// Around a fork whose child may keep the pools: waits at most `max_millis` until the reporter
+// thread is between two pieces of work and keeps it there (false when it stayed at work: a
+// report blocked on a full pipe). release_reporter() lets it go on (in the parent) or releases
+// the inherited hold (in the child).
+bool hold_reporter_at_rest(std::uint32_t max_millis);
 void release_reporter();
 
 }  // namespace poolcuda
