@@ -44,6 +44,7 @@
 #include "interpose/log.h"
 #include "interpose/own_call.h"
 #include "interpose/real_cuda.h"
+#include "interpose/registry.h"
 #include "interpose/release_worker.h"
 #include "interpose/stream_order.h"
 #include "interpose/stream_table.h"
@@ -351,6 +352,14 @@ bool CudaDevice::capture_active() {
   if (!scope.ok()) return false;
   auto table = streams_.lock();
   return capture_open();
+}
+
+// Note [Room for what the pools do not serve] in pooling.cpp. Not while a capture is open: a
+// trim records fences, which a capture must never see.
+bool CudaDevice::give_back_elsewhere() {
+  Registry& registry = Registry::instance();
+  const CapturePolicy* capture = registry.capture(device_);
+  return (capture == nullptr || !capture->open()) && registry.trim_managed(device_);
 }
 
 void CudaDevice::synchronize() {

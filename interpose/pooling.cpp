@@ -16,6 +16,8 @@
 // release worker never frees a page of the device from the first forget to the end of the reset
 // (its address may already belong to someone else), the device's event caches drop every event
 // from before the reset, its captures are over, and nothing is charged to its budget any more.
+// The managed slabs are frozen the same way, and their forget waits for allocations already
+// past their slab's check to finish writing (Note [Managed reset] in pools/managed_chain.cpp).
 //
 // Note [IPC handles]
 // ~~~~~~~~~~~~~~~~~~
@@ -95,12 +97,8 @@ Route allocate(const char* api, int device, std::size_t size, void** ptr) {
 
   CapturePolicy& capture = *registry.capture(device);
   if (capture.releases_pending()) capture.drain_releases();  // Note [Graph lifetimes]
+  // Out-of-memory recovery gives back empty managed slabs too (Device::give_back_elsewhere).
   Reservation reservation = capture.open() ? capture.allocate(size) : manager->allocate(size);
-  // Empty managed slabs may hold what the device lacks.
-  if (reservation.error.kind == ErrorKind::out_of_memory && !capture.open() &&
-      registry.trim_managed(device)) {
-    reservation = manager->allocate(size);
-  }
   // A sticky context error is not checked on a hit: that would cost a CUDA call on every
   // allocation, and the program's next launch or synchronisation reports the error anyway.
   if (reservation.ptr != 0) {
@@ -133,7 +131,12 @@ int forward(int device, std::size_t size, void** ptr, const std::function<int()>
         .fetch_add(1, std::memory_order_relaxed);
   }
   if (ptr == nullptr || size == 0) return real();
-  if (!budget::charge(device, size)) return kOverBudget;
+  // Idle pages and empty managed slabs count against the budget as they do against the device
+  // (Note [Room for what the pools do not serve]): given back, the charge is tried once more.
+  if (!budget::charge(device, size) &&
+      (!give_back_idle(device) || !budget::charge(device, size))) {
+    return kOverBudget;
+  }
   const int result = real();
   if (result == 0) {
     budget::passed_through(device, *ptr, size);
@@ -247,17 +250,25 @@ bool ipc_exportable(const char* api, const void* ptr) {
 // Pitched, managed (past the slabs), stream-ordered and driver-managed allocations come from the
 // driver, never from the pools, but draw on the same device: the pools' idle pages and the
 // memory waiting for its free fences are memory plain CUDA would have given back at the
-// program's frees. So such a call that the driver refuses for lack of memory gets all of it back
-// (give_back_idle) and is tried once more: under the pools it fails only where the plain call
-// would. The runtime's calls also keep the last-error slot as the plain call leaves it
-// (hooks::with_room, Note [Stream-ordered allocations] in hooks.cpp); the driver's have none
+// program's frees, and so are managed slabs with nothing live in them. So such a call that the
+// driver (or the budget) refuses for lack of memory gets all of it back (give_back_idle) and is
+// tried once more: under the pools it fails only where the plain call would. (Managed slabs wait
+// while a capture is open: a trim records fences, which a capture must never see.) The
+// runtime's calls also keep the last-error slot as the plain call leaves it (hooks::with_room,
+// Note [Stream-ordered allocations] in hooks.cpp); the driver's have none
 // (driver_hooks::with_room). Allocators the library does not hook (arrays, cuMemCreate) are not
 // covered: docs/pools.md says what to do there.
 bool give_back_idle(int device) {
   // As long as out-of-memory recovery waits (ManagerOptions::recovery_wait_micros).
   constexpr std::uint32_t kGiveBackMicros = 10000000;
-  MemoryManager* manager = device >= 0 ? Registry::instance().manager(device) : nullptr;
-  return manager != nullptr && manager->give_back_all(kGiveBackMicros) != GiveBack::nothing;
+  Registry& registry = Registry::instance();
+  MemoryManager* manager = device >= 0 ? registry.manager(device) : nullptr;
+  const bool pages =
+      manager != nullptr && manager->give_back_all(kGiveBackMicros) != GiveBack::nothing;
+  const CapturePolicy* capture = registry.capture(device);
+  const bool slabs =
+      (capture == nullptr || !capture->open()) && registry.trim_managed(device);
+  return pages || slabs;
 }
 
 void adjust_memory_info(int device, std::size_t* free_bytes, std::size_t* total_bytes) {
@@ -267,7 +278,9 @@ void adjust_memory_info(int device, std::size_t* free_bytes, std::size_t* total_
   // any size can really get them. Free space inside pages that live slices keep (holes) serves
   // only requests that fit a hole, so counting it would let an allocation of the reported free
   // size fail.
-  const std::uint64_t idle = manager != nullptr ? manager->idle_bytes() : 0;
+  const ManagedSlabs* slabs = Registry::instance().managed(device);
+  const std::uint64_t idle = (manager != nullptr ? manager->idle_bytes() : 0) +
+                             (slabs != nullptr ? slabs->empty_bytes() : 0);
   if (config().memgetinfo == MemGetInfoMode::pooled && idle != 0) {
     const std::uint64_t room = total_bytes != nullptr && *total_bytes > *free_bytes
                                    ? *total_bytes - *free_bytes
@@ -298,6 +311,7 @@ int reset_device(int device, const std::function<int()>& real) {
   forget();
   const int result = real();
   forget();
+  registry.thaw_managed(device);
   budget::forget_device(device);
   ReleaseWorker::instance().end_reset(device);
   // A free that asked the driver before the reset may still free the address after it: no page

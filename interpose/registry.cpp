@@ -155,9 +155,17 @@ void Registry::forget_managed(int device) {
   if (ManagedSlabs* chain = managed(device)) chain->forget();
 }
 
+void Registry::thaw_managed(int device) {
+  if (ManagedSlabs* chain = managed(device)) chain->thaw();
+}
+
 bool Registry::trim_managed(int device) {
+  // As long as out-of-memory recovery waits (ManagerOptions::recovery_wait_micros).
+  constexpr std::uint32_t kFlushMicros = 10000000;
   ManagedSlabs* chain = managed(device);
-  return chain != nullptr && chain->trim() != 0;
+  if (chain == nullptr || chain->trim() == 0) return false;
+  ReleaseWorker::instance().flush(device, kFlushMicros);
+  return true;
 }
 
 PassthroughCounters* Registry::passthrough(int device) {

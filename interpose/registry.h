@@ -81,8 +81,12 @@ class Registry {
   int managed_bound() const { return managed_bound_.load(std::memory_order_acquire); }
   // cudaDeviceReset: the device's slabs are gone with its memory. Call before the device's
   // forget_events() (the chain destroys its fences into the device's caches).
+  // The chain makes no new slab until thaw_managed() (Note [Managed reset]).
   void forget_managed(int device);
-  // Empty managed slabs of the device go back to the driver; true when any did.
+  void thaw_managed(int device);
+  // Empty managed slabs of the device go back to the driver, and the call waits (bounded) until
+  // the release thread has freed them, so that a retried allocation finds the room; true when
+  // any went back.
   bool trim_managed(int device);
 
   // Real cudaMalloc / cudaFree / cudaMallocManaged calls made on the program's behalf without

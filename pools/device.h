@@ -63,6 +63,11 @@ class Device {
     return true;
   }
 
+  // Out-of-memory recovery, without the manager's lock: memory of this device that others keep
+  // for no live allocation (the interposer's empty managed slabs) goes back to the driver, and
+  // the call waits (bounded) until it has arrived. True when any went. The default: none.
+  virtual bool give_back_elsewhere() { return false; }
+
   // Bytes handed to release() that have not reached the driver yet (out-of-memory recovery
   // counts them as memory the device will get back). The default: releases are synchronous.
   virtual std::uint64_t releasing_bytes() { return 0; }

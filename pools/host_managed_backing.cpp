@@ -18,6 +18,10 @@ void HostManagedBacking::release_slab(DevicePtr base, std::uint64_t size) {
 
 bool HostManagedBacking::zero(DevicePtr ptr, std::uint64_t size) {
   if (fail_zeroing_.load()) return false;
+  if (!device_.owns(ptr)) {
+    stale_zeroes_.fetch_add(1);
+    return true;
+  }
   std::memset(reinterpret_cast<void*>(ptr), 0, size);
   zero_calls_.fetch_add(1);
   zero_bytes_.fetch_add(size);

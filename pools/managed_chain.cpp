@@ -59,6 +59,8 @@
 // counts as used then. A slab not larger than a window has no windows.
 #include <algorithm>
 #include <bit>
+#include <thread>
+#include <utility>
 
 #include "pools/managed_slabs.h"
 #include "pools/managed_state.h"
@@ -108,7 +110,11 @@ ManagedAllocation ManagedSlabs::allocate_slow(std::uint64_t size, std::uint64_t 
       // 4. A new slab.
       if (chosen < 0) {
         chosen = populate(size, &error);
-        if (chosen >= 0) spare_refused_ = false;  // the device has room again
+        // The device has room again; but a slab made because a trim took the lane's current
+        // one (sealed) says nothing against the trim's shortage.
+        if (chosen >= 0 && !sealed(slabs_[current].state.load(std::memory_order_relaxed))) {
+          spare_refused_ = false;
+        }
         if (chosen >= 0 && try_bump(slabs_[chosen], granules, &start) != Fit::ok) chosen = -1;
       }
     }
@@ -311,6 +317,10 @@ void ManagedSlabs::release_all(const std::vector<DevicePtr>& retired) {
 // A free record gets a new slab. -1 (and *error) when there is none. (Trimming would not help
 // an out-of-memory here: a slab it could give back, step 2 of the slow path rewinds instead.)
 int ManagedSlabs::populate(std::uint64_t size, ManagedError* error) {
+  if (frozen_) {  // a reset is under way (Note [Managed reset])
+    *error = {ManagedErrorKind::device_error, size, slab_bytes_};
+    return -1;
+  }
   int slot = -1;
   for (std::uint32_t i = 0; slot < 0 && i < options_.max_slabs; ++i) {
     if (slabs_[i].base->load(std::memory_order_relaxed) == 0) slot = static_cast<int>(i);
@@ -347,15 +357,17 @@ int ManagedSlabs::populate(std::uint64_t size, ManagedError* error) {
   return slot;
 }
 
-// Seals every slab but the lanes' current ones that holds nothing live and whose fence has
-// passed (with disused_only, only those unused for longer than the disuse period; without it,
-// a lagging fence is waited for).
+// Seals every slab that holds nothing live and whose fence has passed. With disused_only, only
+// those unused for longer than the disuse period, and never a lane's current one; without it
+// (a trim), a lane's current slab too, since a program that freed all its managed memory must
+// get it back as plain CUDA would (the lane's next allocation finds it sealed and takes the
+// slow path), and a lagging fence is waited for.
 std::uint32_t ManagedSlabs::collect_empty(bool disused_only, std::vector<DevicePtr>* retired) {
   const std::uint32_t used = used_slots_.load(std::memory_order_relaxed);
   std::uint32_t count = 0;
   for (std::uint32_t i = 0; i < used; ++i) {
     Slab& slab = slabs_[i];
-    if (current_of_other_lane(i, kManagedLanes) ||
+    if ((disused_only && current_of_other_lane(i, kManagedLanes)) ||
         slab.base->load(std::memory_order_relaxed) == 0) {
       continue;
     }
@@ -387,6 +399,19 @@ std::uint32_t ManagedSlabs::rewind_empty() {
   return count;
 }
 
+std::uint64_t ManagedSlabs::empty_bytes() const {
+  const std::uint32_t used = used_slots_.load(std::memory_order_acquire);
+  std::uint64_t bytes = 0;
+  for (std::uint32_t i = 0; i < used; ++i) {
+    const std::uint64_t state = slabs_[i].state.load(std::memory_order_acquire);
+    if (slabs_[i].base->load(std::memory_order_relaxed) != 0 && !sealed(state) &&
+        live_of(state) == 0) {
+      bytes += slab_bytes_;
+    }
+  }
+  return bytes;
+}
+
 std::uint32_t ManagedSlabs::trim() {
   std::vector<DevicePtr> retired;
   std::uint32_t count = 0;
@@ -401,14 +426,44 @@ std::uint32_t ManagedSlabs::trim() {
   return count;
 }
 
+// Note [Managed reset]
+// A reset frees every slab's memory at once, while other threads may be inside an allocation
+// (plain programs survive that: Note [Device reset] in interpose/pooling.cpp). An allocation
+// whose swap succeeded before the seal still reads the slab's base and zeroes recycled bytes
+// (finish()); had the reset unmapped them meanwhile, that write would fault. So forget() seals
+// every slab and points every lane at none, then, without the lock (a sealed lane takes the slow
+// path, which needs it), waits until every allocation that had started is done. Each counts
+// itself in its lane's gate from its first load to its return, under the parity of the forget
+// epoch it read (and read again after counting itself, so that it never counts under an epoch
+// already over). forget() moves the epoch on and waits for the old parity only: waiting for
+// every allocation would never end while threads keep allocating. One that entered under the
+// new epoch did so after the seal and the move (all sequentially consistent), so its swap sees
+// the seal and it writes nothing; one whose swap won before the seal counted itself first, and
+// the seal's exchange, reading its swap, makes that count visible to the wait. Only then are
+// the bases cleared and the memory left to the reset. While frozen, no slab is made (a slab
+// made just before the reset would be gone after it), until thaw().
 void ManagedSlabs::forget() {
+  std::vector<std::pair<std::uint32_t, std::uint64_t>> sealed_now;
+  {
+    std::lock_guard<std::mutex> hold(mutex_);
+    frozen_ = true;
+    spare_refused_ = false;
+    const std::uint32_t used = used_slots_.load(std::memory_order_relaxed);
+    for (std::uint32_t i = 0; i < used; ++i) {
+      if (slabs_[i].base->load(std::memory_order_relaxed) == 0) continue;
+      sealed_now.emplace_back(i, slabs_[i].state.exchange(kSealed, std::memory_order_seq_cst));
+    }
+    for (auto& lane : current_) lane.store(options_.max_slabs, std::memory_order_seq_cst);
+  }
+  const std::uint32_t old_parity = forget_epoch_.fetch_add(1, std::memory_order_seq_cst) & 1;
+  for (const LaneGate& gate : gates_) {
+    while (gate.in_flight[old_parity].load(std::memory_order_seq_cst) != 0) {
+      std::this_thread::yield();
+    }
+  }
   std::lock_guard<std::mutex> hold(mutex_);
-  spare_refused_ = false;
-  const std::uint32_t used = used_slots_.load(std::memory_order_relaxed);
-  for (std::uint32_t i = 0; i < used; ++i) {
+  for (const auto& [i, state] : sealed_now) {
     Slab& slab = slabs_[i];
-    if (slab.base->load(std::memory_order_relaxed) == 0) continue;
-    const std::uint64_t state = slab.state.exchange(kSealed, std::memory_order_acq_rel);
     if (slab.fence != kNoFence) backing_.fence_destroy(slab.fence);
     slab.fence = kNoFence;
     retired_issued_ +=
@@ -418,7 +473,11 @@ void ManagedSlabs::forget() {
     slab.resets = 0;
     slab.base->store(0, std::memory_order_release);
   }
-  for (auto& lane : current_) lane.store(options_.max_slabs, std::memory_order_release);
+}
+
+void ManagedSlabs::thaw() {
+  std::lock_guard<std::mutex> hold(mutex_);
+  frozen_ = false;
 }
 
 ManagedReport ManagedSlabs::report() const {

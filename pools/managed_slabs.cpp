@@ -128,6 +128,20 @@ ManagedAllocation ManagedSlabs::allocate(std::uint64_t size, std::uint64_t align
   if (size > slab_bytes_) return {0, {ManagedErrorKind::too_large, size, slab_bytes_}};
   const std::uint64_t granules = (size + granule_ - 1) / granule_;
   const std::uint32_t lane = lane_of_thread();
+  // Note [Managed reset]: seen by forget() from here until the bytes are handed over.
+  struct InFlight {
+    std::atomic<std::uint32_t>* count;
+    InFlight(LaneGate& gate, const std::atomic<std::uint32_t>& epoch) {
+      for (;;) {
+        const std::uint32_t entered = epoch.load(std::memory_order_seq_cst);
+        count = &gate.in_flight[entered & 1];
+        count->fetch_add(1, std::memory_order_seq_cst);
+        if (epoch.load(std::memory_order_seq_cst) == entered) return;
+        count->fetch_sub(1, std::memory_order_release);  // a forget began: count under its epoch
+      }
+    }
+    ~InFlight() { count->fetch_sub(1, std::memory_order_release); }
+  } in_flight(gates_[lane], forget_epoch_);
   Slab& slab = slabs_[current_[lane].load(std::memory_order_acquire)];
   std::uint64_t start = 0;
   switch (try_bump(slab, granules, &start, /*within_window=*/true)) {

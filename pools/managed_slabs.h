@@ -160,15 +160,23 @@ class ManagedSlabs {
   // how many slabs rewound.
   std::uint32_t rewind_empty();
 
-  // Gives every slab with nothing live back to the backing, except the lanes' current ones,
+  // Gives every slab with nothing live back to the backing, the lanes' current ones included,
   // once its free fence has passed (waiting for it: Device::fence_wait's rule, where the real
   // cudaFree would have waited): for the device's out-of-memory recovery and explicit trims.
   // Returns how many went back.
   std::uint32_t trim();
 
-  // The memory is gone (cudaDeviceReset): drop every slab without releasing it, destroy the
-  // fences. The chain stays usable (empty) afterwards; issued_total and resets are kept.
+  // Bytes of the slabs that hold nothing live (their fences may not have passed yet): what a
+  // trim could give back. A snapshot without the lock.
+  std::uint64_t empty_bytes() const;
+
+  // The memory is going (cudaDeviceReset): drop every slab without releasing it, destroy the
+  // fences, and wait until no allocation that started before is still at work (Note [Managed
+  // reset] in managed_chain.cpp). The chain then makes no new slab (its requests fail with a
+  // device error, which the interposer passes to the driver) until thaw(); issued_total and
+  // resets are kept.
   void forget();
+  void thaw();
 
   ManagedReport report() const;
 
@@ -218,6 +226,13 @@ class ManagedSlabs {
   // record past the last slot, which is never filled (always sealed).
   alignas(64) std::atomic<std::uint32_t> current_[kManagedLanes] = {};
   std::atomic<std::uint32_t> used_slots_{0};  // slots ever populated: the lookup scan bound
+  // Allocations of each lane between their first step and their last, counted under the parity
+  // of the forget epoch they entered in (Note [Managed reset]).
+  struct alignas(64) LaneGate {
+    std::atomic<std::uint32_t> in_flight[2] = {};
+  };
+  LaneGate gates_[kManagedLanes];
+  alignas(64) std::atomic<std::uint32_t> forget_epoch_{0};
 
   mutable std::mutex mutex_;  // the slow path; guards the fields below
   // The clock of disuse: slow paths, and a slab's worth of window ends (next_window).
@@ -232,6 +247,7 @@ class ManagedSlabs {
   std::uint64_t retired_resets_ = 0;
   std::uint64_t slabs_allocated_ = 0;
   std::uint64_t slabs_released_ = 0;
+  bool frozen_ = false;  // between forget() and thaw(): no new slab
 };
 
 }  // namespace poolcuda

@@ -930,6 +930,10 @@ Route MemoryManager::Impl::recover_from_oom(Scope& scope, std::uint64_t size,
     shards->unpark_others(shard_index);
     scope.relock();
   }
+  // Empty managed slabs are memory no one uses either; they go first, being the cheapest.
+  scope.unlock();
+  device.give_back_elsewhere();
+  scope.relock();
   if (beyond_reach(size, elsewhere())) {
     Route r;
     r.status = AllocStatus::out_of_memory;

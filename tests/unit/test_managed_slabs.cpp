@@ -486,8 +486,9 @@ TEST_CASE("managed windows: after a trim no new spare is made for a disuse perio
   Chain c(8 * MiB, 4, 1 * GiB, true, /*disuse=*/2);  // a tick every 8 windows
   churn(c, 4 * kManagedWindow / kWindowPair);
   REQUIRE(c.report().slabs.size() == 2);
-  CHECK(c.slabs.trim() == 1);  // the spare; the current slab stays
-  const std::uint64_t made = c.device.calls().allocate;
+  CHECK(c.slabs.trim() == 2);  // the spare and the lane's current slab, both empty
+  // The next allocation makes a current slab again, but no spare.
+  const std::uint64_t made = c.device.calls().allocate + 1;
   const Span span = churn(c, 6 * kManagedWindow / kWindowPair);
   CHECK(c.device.calls().allocate == made);
   CHECK(span.farthest > 4 * kManagedWindow);  // the windows widened instead
@@ -599,7 +600,7 @@ TEST_CASE("managed windows: eight threads turning slabs over never share a byte"
   CHECK(c.report().resets > 0);
 }
 
-TEST_CASE("managed: empty slabs go back after disuse and on trim, the current one stays") {
+TEST_CASE("managed: empty slabs go back after disuse (not the current one) and on trim (all)") {
   Chain c(1 * KiB, 8, 256 * MiB, true, /*disuse=*/3);
   std::vector<DevicePtr> burst;
   for (int i = 0; i < 8; ++i) burst.push_back(c.allocate(512));
@@ -615,12 +616,17 @@ TEST_CASE("managed: empty slabs go back after disuse and on trim, the current on
   for (int i = 0; i < 6; ++i) burst.push_back(t.allocate(512));
   t.slabs.free(burst[0]);  // the first slab still holds burst[1]
   for (int i = 2; i < 6; ++i) t.slabs.free(burst[i]);
-  CHECK(t.slabs.trim() == 1);  // the second slab; the third is current
-  CHECK(t.report().slabs.size() == 2);
+  CHECK(t.slabs.trim() == 2);  // the second slab and the third, the lane's current one
+  CHECK(t.report().slabs.size() == 1);
   t.slabs.free(burst[1]);
   CHECK(t.slabs.trim() == 1);
-  CHECK(t.device.outstanding_allocations() == 1);
+  CHECK(t.device.outstanding_allocations() == 0);
   CHECK(t.device.bad_releases() == 0);
+  // The lane's next allocation finds its current slab sealed and gets a new one.
+  const DevicePtr after = t.allocate(512);
+  CHECK(after != 0);
+  CHECK(t.device.outstanding_allocations() == 1);
+  t.slabs.free(after);
 
   // A trim waits for a fence that lags.
   Chain lag(1 * KiB, 8);
@@ -628,8 +634,8 @@ TEST_CASE("managed: empty slabs go back after disuse and on trim, the current on
   burst.clear();
   for (int i = 0; i < 4; ++i) burst.push_back(lag.allocate(512));
   for (DevicePtr p : burst) lag.slabs.free(p);
-  CHECK(lag.slabs.trim() == 1);
-  CHECK(lag.device.outstanding_allocations() == 1);
+  CHECK(lag.slabs.trim() == 2);
+  CHECK(lag.device.outstanding_allocations() == 0);
 }
 
 TEST_CASE("managed: device failures become errors that change nothing") {
@@ -654,7 +660,7 @@ TEST_CASE("managed: device failures become errors that change nothing") {
   CHECK(all_bytes(b, 100, 0));
 }
 
-TEST_CASE("managed: forget drops every slab without releasing it") {
+TEST_CASE("managed: forget drops every slab without releasing it; no new one until thawed") {
   Chain c(1 * KiB, 4);
   const DevicePtr a = c.allocate(1 * KiB);
   c.allocate(1 * KiB);
@@ -663,8 +669,46 @@ TEST_CASE("managed: forget drops every slab without releasing it") {
   CHECK(c.device.calls().release == 0);
   CHECK(c.slabs.free(a) == FreeOutcome::not_mine);
   CHECK(c.report().issued_total == 2 * KiB);
+  // Frozen: a slab made now could be gone with the reset (Note [Managed reset]).
+  CHECK(c.slabs.allocate(100, kGranule).error.kind == ManagedErrorKind::device_error);
+  CHECK(c.device.calls().allocate == 2);
+  c.slabs.thaw();
   c.allocate(100);  // usable again, on a new slab
   CHECK(c.device.calls().allocate == 3);
+}
+
+TEST_CASE("managed: forget waits for allocations that passed their slab's check") {
+  // 16 threads allocate and free recycled memory (zeroed when handed out again) while another
+  // thread resets: forgets, releases the forgotten slabs behind the chain's back as the reset
+  // frees them, forgets again and thaws. No allocation may zero memory after its slab went.
+  Chain c(64 * KiB, 8, 1 * GiB);
+  std::atomic<bool> stop{false};
+  std::atomic<std::uint64_t> served{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 16; ++t) {
+    threads.emplace_back([&] {
+      while (!stop.load()) {
+        const ManagedAllocation a = c.slabs.allocate(4 * KiB, kGranule);
+        if (a.ptr == 0) continue;
+        ++served;
+        c.slabs.free(a.ptr);
+      }
+    });
+  }
+  for (int round = 0; round < 200; ++round) {
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
+    const ManagedReport before = c.report();
+    c.slabs.forget();
+    for (const ManagedSlabReport& slab : before.slabs) {
+      if (c.device.owns(slab.base)) c.device.release(slab.base, slab.capacity);  // not retired
+    }
+    c.slabs.forget();
+    c.slabs.thaw();
+  }
+  stop.store(true);
+  for (std::thread& t : threads) t.join();
+  CHECK(served.load() > 0);
+  CHECK(c.backing.stale_zeroes() == 0);
 }
 
 TEST_CASE("managed: the report section in text and JSON") {

@@ -1,0 +1,73 @@
+// Preload test: managed slabs with nothing live in them count as free memory, as plain CUDA's
+// freed managed allocations do. On a 256 MiB device, after a small managed allocation is freed
+// (its 64 MiB slab stays the lane's current one), cudaMemGetInfo reports the whole device free,
+// and a 250 MiB request of every kind the library sees succeeds: pooled cudaMalloc, pitched,
+// stream-ordered and managed past the slabs (Note [Room for what the pools do not serve] in
+// interpose/pooling.cpp). Under a budget (limit:128M), the same slab and an idle pooled page
+// give way to requests the budget could otherwise not take.
+#include <cstdio>
+#include <string>
+
+#include "check.h"
+
+namespace {
+
+constexpr std::size_t kMiB = 1 << 20;
+
+// A small managed allocation, freed: its slab now holds nothing live.
+void leave_an_empty_slab() {
+  void* managed = nullptr;
+  CHECK_CUDA(cudaMallocManaged(&managed, 1000));
+  CHECK_CUDA(cudaFree(managed));
+}
+
+void whole_device() {
+  leave_an_empty_slab();
+  std::size_t free_bytes = 0, total = 0;
+  CHECK_CUDA(cudaMemGetInfo(&free_bytes, &total));
+  CHECK_MSG(free_bytes == total, std::to_string(free_bytes) + " of " + std::to_string(total));
+
+  void* ptr = nullptr;
+  CHECK_CUDA(cudaMalloc(&ptr, 250 * kMiB));
+  CHECK_CUDA(cudaFree(ptr));
+
+  leave_an_empty_slab();
+  std::size_t pitch = 0;
+  CHECK_CUDA(cudaMallocPitch(&ptr, &pitch, kMiB, 250));
+  CHECK_CUDA(cudaFree(ptr));
+
+  leave_an_empty_slab();
+  CHECK_CUDA(cudaMallocAsync(&ptr, 250 * kMiB, nullptr));
+  CHECK_CUDA(cudaFreeAsync(ptr, nullptr));
+  CHECK_CUDA(cudaStreamSynchronize(nullptr));
+
+  leave_an_empty_slab();
+  CHECK_CUDA(cudaMallocManaged(&ptr, 250 * kMiB));
+  CHECK_CUDA(cudaFree(ptr));
+}
+
+int under_budget() {
+  leave_an_empty_slab();
+  void* ptr = nullptr;
+  CHECK_CUDA(cudaMalloc(&ptr, 100 * kMiB));  // the slab's 64 MiB would leave 64 of 128
+  CHECK_CUDA(cudaFree(ptr));                 // an idle page of at least 100 MiB now
+  CHECK_CUDA(cudaMallocManaged(&ptr, 100 * kMiB));  // past the slabs: passed through
+  CHECK_CUDA(cudaFree(ptr));
+  std::printf("child ok\n");
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  preload_test::require_preloaded();
+  if (!preload_test::on_stand_in()) preload_test::skip("needs a 256 MiB device (the stand-in)");
+  if (argc == 2 && std::string(argv[1]) == "budget") return under_budget();
+  whole_device();
+  const preload_test::ChildResult child = preload_test::run_self(
+      "budget", {"POOLCUDA_CONF=limit:128M", "SIMCUDA_DEVICE_MEMORY=1G"}, 60);
+  std::printf("%s", child.output.c_str());
+  CHECK_MSG(child.status == 0, "budget child exited with " + std::to_string(child.status));
+  std::printf("ok\n");
+  return 0;
+}
