@@ -81,8 +81,14 @@ int main(int argc, char** argv) {
     if (::poll(&readable, 1, 100) == 1 && ::read(fds[0], buffer, sizeof buffer) <= 0) break;
   }
   ::close(fds[0]);
+  // The pipe closes a moment before the process can be waited for.
   int status = 0;
-  if (::waitpid(pid, &status, WNOHANG) != pid) {
+  pid_t waited = 0;
+  while ((waited = ::waitpid(pid, &status, WNOHANG)) == 0 &&
+         std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  if (waited != pid) {
     ::kill(pid, SIGKILL);
     ::waitpid(pid, &status, 0);
     CHECK_MSG(false, "the program hung in its first CUDA call");
