@@ -135,13 +135,16 @@ int begin_capture(cudaStream_t handle, bool per_thread, const std::function<int(
 namespace {
 
 // After a call that may have ended `capture` (an end, a stream destroy): when it did, the
-// policy closes it, pinning its memory to `graph` when there is one.
-void close_if_ended(const OpenCapture& capture, cudaStream_t stream, cudaGraph_t graph) {
+// policy closes it, pinning its memory to `graph` when there is one. `stream_gone`: its origin
+// stream was destroyed, so it ended, and asking about the dead handle would leave an error in
+// the program's last-error slot.
+void close_if_ended(const OpenCapture& capture, cudaStream_t stream, cudaGraph_t graph,
+                    bool stream_gone = false) {
   if (!capture) return;
   Registry& registry = Registry::instance();
   CapturePolicy* policy = registry.capture(capture.device);
   if (policy == nullptr || !policy->is_open(capture.id)) return;  // begun behind our back
-  if (open_capture(stream, capture.device).id == capture.id) return;  // still open
+  if (!stream_gone && open_capture(stream, capture.device).id == capture.id) return;  // open
   registry.device(capture.device)->capture_ended();
   origins().remove(capture.id);
   PinSet* set = policy->end(capture.id, graph != nullptr);
@@ -162,10 +165,10 @@ int end_capture(cudaStream_t handle, bool per_thread, cudaGraph_t* graph,
 }
 
 void stream_destroyed_while_capturing(cudaStream_t stream, int device,
-                                      unsigned long long capture_id) {
+                                      unsigned long long capture_id, bool destroyed) {
   // A stream that joined the capture leaves it open (Note [Streams that leave a capture]).
   if (!origins().began(capture_id, stream)) return;
-  close_if_ended(OpenCapture{device, capture_id}, stream, nullptr);
+  close_if_ended(OpenCapture{device, capture_id}, stream, nullptr, destroyed);
 }
 
 unsigned long long stream_capture_id(cudaStream_t stream, int* device) {

@@ -196,7 +196,8 @@ CUresult stream_destroy(CUstream stream) {
   pooling::untrack_stream(as_runtime(stream));
   const CUresult result = driver_real::cuStreamDestroy_v2()(stream);
   if (capture != 0) {
-    hooks::stream_destroyed_while_capturing(as_runtime(stream), capture_device, capture);
+    hooks::stream_destroyed_while_capturing(as_runtime(stream), capture_device, capture,
+                                            result == CUDA_SUCCESS);
   }
   return result;
 }

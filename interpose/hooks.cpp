@@ -348,7 +348,9 @@ cudaError_t stream_destroy(cudaStream_t stream) {
   const unsigned long long capture = stream_capture_id(stream, &capture_device);
   pooling::untrack_stream(stream);
   const cudaError_t result = real::cudaStreamDestroy()(stream);
-  if (capture != 0) stream_destroyed_while_capturing(stream, capture_device, capture);
+  if (capture != 0) {
+    stream_destroyed_while_capturing(stream, capture_device, capture, result == cudaSuccess);
+  }
   return result;
 }
 

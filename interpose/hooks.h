@@ -46,10 +46,11 @@ int end_capture(cudaStream_t stream, bool per_thread, cudaGraph_t* graph,
                 const std::function<int()>& real);
 // The capture open on `stream` (0 when none) and the stream's device, asked before the stream
 // is destroyed; afterwards stream_destroyed_while_capturing closes that capture as failed when
-// the stream began it (a stream that only joined it leaves it open).
+// the stream began it (a stream that only joined it leaves it open). `destroyed`: the destroy
+// succeeded (the handle is dead and is not asked about again).
 unsigned long long stream_capture_id(cudaStream_t stream, int* device);
 void stream_destroyed_while_capturing(cudaStream_t stream, int device,
-                                      unsigned long long capture_id);
+                                      unsigned long long capture_id, bool destroyed);
 
 // cudaSuccess for a stream handle the runtime knows (the legacy and per-thread default streams
 // without asking), else the runtime's error for it, left in the last-error slot (Note [Stream

@@ -5,7 +5,9 @@
 //                survive 100 replays, the graph's output is right, and no race is seen
 //   lifetime     the memory comes back only once the graph, a clone and two executable graphs
 //                are all destroyed
-//   invalidated  a capture invalidated on purpose pins nothing and its stream works afterwards
+//   invalidated  a capture invalidated on purpose pins nothing and its stream works afterwards;
+//                a stream destroyed mid-capture ends its capture, pins nothing and leaves no
+//                error behind (the library asks nothing of the dead handle)
 //   recapture    the same capture, destroyed and captured again 30 times: from the second on,
 //                no cudaMalloc reaches the driver inside the window and the device memory held
 //                stays flat
@@ -181,8 +183,17 @@ void invalidated_case() {
   CHECK_CUDA(cudaMemsetAsync(out, 0x33, size, stream));
   CHECK_CUDA(cudaStreamSynchronize(stream));
   CHECK(preload_test::device_bytes_equal(out, size, 0x33));
-  CHECK_CUDA(cudaFree(out));
+
+  // Destroyed mid-capture: the destroy succeeds and the last-error slot stays clean.
+  CHECK_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
+  CHECK_CUDA(cudaMemsetAsync(out, 2, size, stream));
   CHECK_CUDA(cudaStreamDestroy(stream));
+  CHECK_CUDA(cudaGetLastError());
+  const Held after = held_by_graphs();
+  CHECK(after.open_captures == 0);
+  CHECK(after.failed_captures == 2);
+  CHECK(after.graphs == 0 && after.pinned_bytes == 0);
+  CHECK_CUDA(cudaFree(out));
 }
 
 void recapture_case() {
