@@ -117,6 +117,10 @@ int begin_capture(cudaStream_t handle, bool per_thread, const std::function<int(
   policy.prime();
   int result = 0;
   OpenCapture capture;
+  // Note [Releases during capture] in release_worker.cpp: a free of the device's pages that
+  // began before the capture is seen to begin would invalidate it.
+  constexpr std::uint32_t kFreeWaitMicros = 1000000;
+  ReleaseWorker::instance().capture_beginning(device, kFreeWaitMicros);
   {
     auto table = registry.streams().lock();  // Note [Capture begin and fences]
     result = real();
@@ -125,6 +129,7 @@ int begin_capture(cudaStream_t handle, bool per_thread, const std::function<int(
       if (capture) registry.device(device)->capture_began();
     }
   }
+  ReleaseWorker::instance().capture_begun(device);
   if (capture) {
     origins().add(capture.id, stream);
     policy.begin(capture.id);

@@ -29,7 +29,13 @@
 // cudaFree synchronizes the device, which is illegal while any capture is open on it: the call
 // fails and invalidates the program's capture. The pools count a held-back page as returned;
 // the device gets it back once the capture is over. cudaDeviceReset frees it with everything
-// else (forget_device).
+// else (forget_device). The check for an open capture and the free are two steps, so a capture
+// that begins between them would meet the free: a capture's begin first marks the lane (no free
+// starts while it is marked) and waits for a free already inside the driver, for at most a
+// second. The bound keeps a program that begins a capture while one of its streams is parked
+// (the driver's free then waits for the park, which this very thread may be the one to lift)
+// from hanging where plain CUDA would not; past it the begin goes ahead. A free the driver still
+// refuses for a capture leaves the page held back, never lost.
 //
 // Depends on the real-function table, OwnCallScope, the library's threads and the log.
 #include "interpose/release_worker.h"
@@ -79,6 +85,7 @@ struct ReleaseLane {
   std::uint64_t in_flight_size = 0;
   std::uint64_t in_flight_boundary = 0;  // next_foreign_free_ticket() before its driver free
   bool resetting = false;
+  int captures_beginning = 0;  // Note [Releases during capture]
   bool started = false;
   bool start_failed = false;   // said once
   bool freeing_inline = false;  // a flush frees the queue itself (no thread)
@@ -142,6 +149,11 @@ bool free_now(int device, const Page& page, std::uint64_t boundary,
   // A device that cannot be made current: its memory is beyond our reach.
   if (!scope.ok()) return true;
   const cudaError_t result = own::cudaFree()(page.ptr);
+  if (result == cudaErrorStreamCaptureUnsupported || result == cudaErrorStreamCaptureInvalidated ||
+      result == cudaErrorStreamCaptureImplicit) {
+    own::cudaGetLastError()();
+    return false;  // a capture began behind the hooks' back: the page waits, still ours
+  }
   library_freed(page.ptr, boundary);  // still counted as ours (in flight) until after this
   if (result != cudaSuccess)
     log_format(LogLevel::basic, "device %d: returning a page (%p) failed: CUDA error %d", device,
@@ -165,8 +177,8 @@ void adopt_device(int device) {
 void free_front(ReleaseLane& lane, std::unique_lock<RankedMutex>& lock) {
   const Page page = lane.queue.front();
   lane.queue.pop_front();
-  if (lane.resetting) {
-    lane.held_back.push_back(page);  // end_reset drops it
+  if (lane.resetting || lane.captures_beginning > 0) {
+    lane.held_back.push_back(page);  // end_reset drops it, or capture_begun retries it
     lane.changed.notify_all();       // a flush waiting for the queue to empty
     return;
   }
@@ -302,6 +314,28 @@ void ReleaseWorker::wake() {
     lane.retry_held_back();
     lane.changed.notify_all();
   }
+}
+
+void ReleaseWorker::capture_beginning(int device, std::uint32_t max_microseconds) {
+  if (!in_range(device)) return;
+  State& s = state();
+  std::unique_lock<RankedMutex> lock(s.mutex);
+  ReleaseLane& lane = s.lane(device);
+  ++lane.captures_beginning;
+  NoCancel no_cancel;  // inside the program's call (Note [Cancellation])
+  lane.changed.wait_for(lock, std::chrono::microseconds(max_microseconds),
+                        [&] { return lane.in_flight == 0; });
+}
+
+void ReleaseWorker::capture_begun(int device) {
+  if (!in_range(device)) return;
+  State& s = state();
+  std::lock_guard<RankedMutex> hold(s.mutex);
+  ReleaseLane& lane = s.lane(device);
+  --lane.captures_beginning;
+  // What was held back meanwhile is tried again; an open capture holds it back once more.
+  if (lane.captures_beginning == 0 && !lane.resetting) lane.retry_held_back();
+  lane.changed.notify_all();
 }
 
 void ReleaseWorker::begin_reset(int device) {

@@ -37,6 +37,12 @@ class ReleaseWorker {
   // A capture ended: pages held back may go now.
   void wake();
 
+  // A stream capture is about to begin on `device` (Note [Releases during capture]): no page of
+  // the device starts its driver free until capture_begun(), and a free already inside the
+  // driver is waited for, at most `max_microseconds`.
+  void capture_beginning(int device, std::uint32_t max_microseconds);
+  void capture_begun(int device);
+
   // cudaDeviceReset frees every allocation of the device, so its pages must never reach the
   // driver's free afterwards: the address may belong to a new allocation by then. begin_reset
   // drops the device's queued pages, waits for a free of the device in flight to finish, and
