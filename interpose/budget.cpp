@@ -73,6 +73,10 @@ bool charge(int device, std::uint64_t bytes) {
   return true;
 }
 
+std::optional<std::uint64_t> limit(int device) {
+  return in_range(device) ? limit_of(device) : std::nullopt;
+}
+
 std::optional<std::uint64_t> room(int device) {
   if (!in_range(device)) return std::nullopt;
   const std::optional<std::uint64_t> limit = limit_of(device);

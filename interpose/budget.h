@@ -21,6 +21,8 @@ void uncharge(int device, std::uint64_t bytes);
 
 // What is left of the device's budget; nullopt when it has none.
 std::optional<std::uint64_t> room(int device);
+// The device's budget; nullopt when it has none.
+std::optional<std::uint64_t> limit(int device);
 
 // An allocation passed to the driver, charged: remembered so that its free uncharges it.
 void passed_through(int device, void* ptr, std::uint64_t bytes);

@@ -40,6 +40,9 @@
 // Depends on pools/device.h, real_cuda.h and stream_table.h.
 #include "interpose/cuda_device.h"
 
+#include <algorithm>
+#include <optional>
+
 #include "interpose/budget.h"
 #include "interpose/log.h"
 #include "interpose/own_call.h"
@@ -134,6 +137,14 @@ DeviceMemoryInfo CudaDevice::memory_info() {
   std::size_t free_bytes = 0;
   std::size_t total_bytes = 0;
   if (own::cudaMemGetInfo()(&free_bytes, &total_bytes) != cudaSuccess) return {};
+  // Under a budget the device is, to the pools, as large as the budget: everything they scale
+  // with its size (the layout, the padding budgets, the thread caches' bound) scales with the
+  // budget, and what is free is what the budget has left.
+  if (const std::optional<std::uint64_t> limit = budget::limit(device_)) {
+    total_bytes = static_cast<std::size_t>(std::min<std::uint64_t>(total_bytes, *limit));
+    free_bytes = static_cast<std::size_t>(
+        std::min<std::uint64_t>(free_bytes, budget::room(device_).value_or(*limit)));
+  }
   return {free_bytes, total_bytes};
 }
 

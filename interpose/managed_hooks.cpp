@@ -200,7 +200,10 @@ cudaError_t malloc_managed(void** ptr, std::size_t size, unsigned int flags) {
   }
   Registry& registry = Registry::instance();
   ManagedSlabs* chain = registry.managed_or_create(device);
-  if (chain == nullptr) return forward_managed(device, ptr, size, flags);
+  // Larger than this device's slabs (a 64th of a small device): the driver's, as configured.
+  if (chain == nullptr || size > chain->slab_size()) {
+    return forward_managed(device, ptr, size, flags);
+  }
   ManagedAllocation allocation = chain->allocate(size, chain->granule());
   if (allocation.error.kind == ManagedErrorKind::out_of_memory) {
     if (MemoryManager* manager = registry.manager(device)) {

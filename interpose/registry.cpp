@@ -139,7 +139,13 @@ ManagedSlabs* Registry::managed_or_create(int device) {
   }
   auto* backing = new CudaManagedBacking(*devices_[device].load(std::memory_order_relaxed));
   ManagedOptions options;
-  options.slab_size = conf.managed_slab;
+  // A slab is at most a 64th of the device (or of its budget): one small live allocation keeps
+  // its whole slab, which on a small device would otherwise be most of it.
+  const std::uint64_t device_bytes =
+      devices_[device].load(std::memory_order_relaxed)->total_bytes();
+  options.slab_size = device_bytes != 0
+                          ? std::min<std::uint64_t>(conf.managed_slab, device_bytes / 64)
+                          : conf.managed_slab;
   options.granule = CudaDevice::kAlignment;
   options.fences = conf.free_fence != FreeFence::none;
   auto* chain = new ManagedSlabs(*backing, options);

@@ -4,7 +4,8 @@
 // and a 250 MiB request of every kind the library sees succeeds: pooled cudaMalloc, pitched,
 // stream-ordered and managed past the slabs (Note [Room for what the pools do not serve] in
 // interpose/pooling.cpp). Under a budget (limit:128M), the same slab and an idle pooled page
-// give way to requests the budget could otherwise not take.
+// give way to requests the budget could otherwise not take. On a 64 MiB device a slab is a 64th
+// of it, so one small live managed allocation leaves room for a 32 MiB cudaMalloc.
 #include <cstdio>
 #include <string>
 
@@ -57,13 +58,29 @@ int under_budget() {
   return 0;
 }
 
+int small_device() {
+  void* managed = nullptr;
+  CHECK_CUDA(cudaMallocManaged(&managed, 1000));  // stays live
+  void* ptr = nullptr;
+  CHECK_CUDA(cudaMalloc(&ptr, 32 * kMiB));
+  CHECK_CUDA(cudaFree(ptr));
+  CHECK_CUDA(cudaFree(managed));
+  std::printf("child ok\n");
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   preload_test::require_preloaded();
   if (!preload_test::on_stand_in()) preload_test::skip("needs a 256 MiB device (the stand-in)");
   if (argc == 2 && std::string(argv[1]) == "budget") return under_budget();
+  if (argc == 2 && std::string(argv[1]) == "small") return small_device();
   whole_device();
+  const preload_test::ChildResult small =
+      preload_test::run_self("small", {"SIMCUDA_DEVICE_MEMORY=64M"}, 60);
+  std::printf("%s", small.output.c_str());
+  CHECK_MSG(small.status == 0, "small-device child exited with " + std::to_string(small.status));
   const preload_test::ChildResult child = preload_test::run_self(
       "budget", {"POOLCUDA_CONF=limit:128M", "SIMCUDA_DEVICE_MEMORY=1G"}, 60);
   std::printf("%s", child.output.c_str());
