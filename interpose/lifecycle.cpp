@@ -211,7 +211,8 @@ void after_fork_in_parent() { release_fork_holds(); }
 
 void after_fork_in_child() {
   if (t_fork_from_untouched) {
-    pending_notes().notes.clear();  // the parent's notes are about its reporter; the child's say its own
+    // The parent's notes are about its reporter; the child's will say its own.
+    pending_notes().notes.clear();
     g_loaded_ns.store(monotonic_ns(), std::memory_order_relaxed);
     g_fresh_child = true;
     g_reporter_due.store(true, std::memory_order_relaxed);

@@ -2,9 +2,10 @@
 // tests and benchmarks. Slabs are the HostDevice's host memory (zeroed when allocated, as a
 // driver's fresh managed memory reads), so the HostDevice's capacity, fault injection, call
 // counts and fences (immediate, or passed only when the test completes them) all apply to the
-// slabs too. Adds what the managed tests need: counts of zeroing calls and bytes, and a switch
-// that makes zeroing fail, and a count of zeroings of memory the device no longer holds (a slab
-// the test released behind the chain's back, as a reset does: not written). Thread-safe (the HostDevice locks; the counters are atomic).
+// slabs too. Adds what the managed tests need: counts of zeroing calls and bytes, a switch that
+// makes zeroing fail, and a count of zeroings of memory the device no longer holds (a slab the
+// test released behind the chain's back, as a reset does; such memory is not written).
+// Thread-safe (the HostDevice locks; the counters are atomic).
 #pragma once
 
 #include <atomic>
