@@ -62,8 +62,9 @@ bool charge(int device, std::uint64_t bytes) {
     if (bytes > *limit || now > *limit - bytes) {
       if (account.refused.fetch_add(1, std::memory_order_relaxed) == 0)
         log_format(LogLevel::basic,
-                   "device %d: %llu B more would exceed the budget (limit %llu B, %llu B held); "
-                   "refused as out of memory",
+                   "device %d: %llu B more would exceed the budget (limit %llu B, %llu B held): "
+                   "idle memory goes back first, and what still does not fit fails as out of "
+                   "memory",
                    device, static_cast<unsigned long long>(bytes),
                    static_cast<unsigned long long>(*limit),
                    static_cast<unsigned long long>(now));
