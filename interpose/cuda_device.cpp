@@ -370,7 +370,9 @@ bool CudaDevice::capture_active() {
 bool CudaDevice::give_back_elsewhere() {
   Registry& registry = Registry::instance();
   const CapturePolicy* capture = registry.capture(device_);
-  return (capture == nullptr || !capture->open()) && registry.trim_managed(device_);
+  // As long as out-of-memory recovery waits (ManagerOptions::recovery_wait_micros).
+  constexpr std::uint32_t kTrimMicros = 10000000;
+  return (capture == nullptr || !capture->open()) && registry.trim_managed(device_, kTrimMicros);
 }
 
 void CudaDevice::synchronize() {

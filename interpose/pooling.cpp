@@ -162,7 +162,7 @@ void fence_before_host_work() {
 
 void before_host_function() {
   fence_before_host_work();
-  const Registry& registry = Registry::instance();
+  Registry& registry = Registry::instance();
   using Clock = std::chrono::steady_clock;
   const Clock::time_point deadline =
       Clock::now() + std::chrono::microseconds(kParkGiveBackMicros);
@@ -172,8 +172,13 @@ void before_host_function() {
     // A device stuck behind an earlier park must not leave the next ones no time at all.
     const auto left =
         std::chrono::duration_cast<std::chrono::microseconds>(deadline - Clock::now()).count();
-    manager->give_back_all(static_cast<std::uint32_t>(
-        std::max<std::int64_t>(left, kParkGiveBackMicros / 10)));
+    const auto bound = static_cast<std::uint32_t>(
+        std::max<std::int64_t>(left, kParkGiveBackMicros / 10));
+    manager->give_back_all(bound);
+    // Empty managed slabs too, as a free would have had them back (not during a capture: a
+    // trim records fences).
+    const CapturePolicy* capture = registry.capture(device);
+    if (capture == nullptr || !capture->open()) registry.trim_managed(device, bound);
   }
 }
 
@@ -267,7 +272,7 @@ bool give_back_idle(int device) {
       manager != nullptr && manager->give_back_all(kGiveBackMicros) != GiveBack::nothing;
   const CapturePolicy* capture = registry.capture(device);
   const bool slabs =
-      (capture == nullptr || !capture->open()) && registry.trim_managed(device);
+      (capture == nullptr || !capture->open()) && registry.trim_managed(device, kGiveBackMicros);
   return pages || slabs;
 }
 

@@ -165,12 +165,10 @@ void Registry::thaw_managed(int device) {
   if (ManagedSlabs* chain = managed(device)) chain->thaw();
 }
 
-bool Registry::trim_managed(int device) {
-  // As long as out-of-memory recovery waits (ManagerOptions::recovery_wait_micros).
-  constexpr std::uint32_t kFlushMicros = 10000000;
+bool Registry::trim_managed(int device, std::uint32_t max_wait_micros) {
   ManagedSlabs* chain = managed(device);
-  if (chain == nullptr || chain->trim() == 0) return false;
-  ReleaseWorker::instance().flush(device, kFlushMicros);
+  if (chain == nullptr || chain->trim(max_wait_micros) == 0) return false;
+  ReleaseWorker::instance().flush(device, max_wait_micros);
   return true;
 }
 

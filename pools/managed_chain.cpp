@@ -59,6 +59,7 @@
 // counts as used then. A slab not larger than a window has no windows.
 #include <algorithm>
 #include <bit>
+#include <chrono>
 #include <thread>
 #include <utility>
 
@@ -361,8 +362,9 @@ int ManagedSlabs::populate(std::uint64_t size, ManagedError* error) {
 // those unused for longer than the disuse period, and never a lane's current one; without it
 // (a trim), a lane's current slab too, since a program that freed all its managed memory must
 // get it back as plain CUDA would (the lane's next allocation finds it sealed and takes the
-// slow path), and a lagging fence is waited for.
-std::uint32_t ManagedSlabs::collect_empty(bool disused_only, std::vector<DevicePtr>* retired) {
+// slow path), and a lagging fence is waited for until `deadline`.
+std::uint32_t ManagedSlabs::collect_empty(bool disused_only, std::vector<DevicePtr>* retired,
+                                          std::chrono::steady_clock::time_point deadline) {
   const std::uint32_t used = used_slots_.load(std::memory_order_relaxed);
   std::uint32_t count = 0;
   for (std::uint32_t i = 0; i < used; ++i) {
@@ -375,9 +377,13 @@ std::uint32_t ManagedSlabs::collect_empty(bool disused_only, std::vector<DeviceP
     std::uint64_t state = 0;
     bool ready = quiet(slab, &state);
     // A trim (the device is out of memory, or it was asked for) waits for a fence that lags,
-    // as the real cudaFree would have waited for the device.
-    if (!ready && !disused_only && slab.fence != kNoFence && slab.fence_state == state) {
-      backing_.fence_wait(slab.fence);
+    // as the real cudaFree would have waited for the device; bounded, since a stream parked on a
+    // host function holds the fence back and only the waiting thread may be the one to lift it.
+    const auto left = std::chrono::duration_cast<std::chrono::microseconds>(
+        deadline - std::chrono::steady_clock::now());
+    if (!ready && !disused_only && slab.fence != kNoFence && slab.fence_state == state &&
+        left.count() > 0 &&
+        backing_.fence_wait_for(slab.fence, static_cast<std::uint32_t>(left.count()))) {
       ready = quiet(slab, &state);
     }
     if (ready && retire(slab, state, retired)) ++count;
@@ -412,7 +418,9 @@ std::uint64_t ManagedSlabs::empty_bytes() const {
   return bytes;
 }
 
-std::uint32_t ManagedSlabs::trim() {
+std::uint32_t ManagedSlabs::trim(std::uint32_t max_wait_micros) {
+  const auto deadline =
+      std::chrono::steady_clock::now() + std::chrono::microseconds(max_wait_micros);
   std::vector<DevicePtr> retired;
   std::uint32_t count = 0;
   {
@@ -420,7 +428,7 @@ std::uint32_t ManagedSlabs::trim() {
     // The device is short of memory: no new spare for a while (Note [Managed windows]).
     spare_refused_ = true;
     spare_refused_tick_ = tick_;
-    count = collect_empty(/*disused_only=*/false, &retired);
+    count = collect_empty(/*disused_only=*/false, &retired, deadline);
   }
   release_all(retired);
   return count;

@@ -14,6 +14,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -161,10 +162,10 @@ class ManagedSlabs {
   std::uint32_t rewind_empty();
 
   // Gives every slab with nothing live back to the backing, the lanes' current ones included,
-  // once its free fence has passed (waiting for it: Device::fence_wait's rule, where the real
-  // cudaFree would have waited): for the device's out-of-memory recovery and explicit trims.
-  // Returns how many went back.
-  std::uint32_t trim();
+  // once its free fence has passed (waiting for it, where the real cudaFree would have waited,
+  // at most `max_wait_micros` in all): for the device's out-of-memory recovery, before a host
+  // function, and explicit trims. Returns how many went back.
+  std::uint32_t trim(std::uint32_t max_wait_micros);
 
   // Bytes of the slabs that hold nothing live (their fences may not have passed yet): what a
   // trim could give back. A snapshot without the lock.
@@ -211,7 +212,8 @@ class ManagedSlabs {
   int wait_oldest_fence(std::uint32_t lane);
   bool retire(Slab& slab, std::uint64_t state, std::vector<DevicePtr>* retired);
   int populate(std::uint64_t size, ManagedError* error);
-  std::uint32_t collect_empty(bool disused_only, std::vector<DevicePtr>* retired);
+  std::uint32_t collect_empty(bool disused_only, std::vector<DevicePtr>* retired,
+                              std::chrono::steady_clock::time_point deadline = {});
   void release_all(const std::vector<DevicePtr>& retired);  // without mutex_
 
   ManagedBacking& backing_;

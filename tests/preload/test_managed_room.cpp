@@ -1,11 +1,12 @@
 // Preload test: managed slabs with nothing live in them count as free memory, as plain CUDA's
 // freed managed allocations do. On a 256 MiB device, after a small managed allocation is freed
-// (its 64 MiB slab stays the lane's current one), cudaMemGetInfo reports the whole device free,
-// and a 250 MiB request of every kind the library sees succeeds: pooled cudaMalloc, pitched,
-// stream-ordered and managed past the slabs (Note [Room for what the pools do not serve] in
-// interpose/pooling.cpp). Under a budget (limit:128M), the same slab and an idle pooled page
-// give way to requests the budget could otherwise not take. On a 64 MiB device a slab is a 64th
-// of it, so one small live managed allocation leaves room for a 32 MiB cudaMalloc.
+// (its slab, 4 MiB here, stays the lane's current one), cudaMemGetInfo reports the whole device
+// free, and a 254 MiB request of every kind the library sees succeeds: pooled cudaMalloc,
+// pitched, stream-ordered, managed past the slabs, and pitched while a stream is parked (Note
+// [Room for what the pools do not serve] in interpose/pooling.cpp). Under a budget
+// (limit:128M), the same slab and an idle pooled page give way to requests the budget could
+// otherwise not take. On a 64 MiB device a slab is a 64th of it, so one small live managed
+// allocation leaves room for a 32 MiB cudaMalloc.
 #include <cstdio>
 #include <string>
 
@@ -29,22 +30,35 @@ void whole_device() {
   CHECK_MSG(free_bytes == total, std::to_string(free_bytes) + " of " + std::to_string(total));
 
   void* ptr = nullptr;
-  CHECK_CUDA(cudaMalloc(&ptr, 250 * kMiB));
+  CHECK_CUDA(cudaMalloc(&ptr, 254 * kMiB));
   CHECK_CUDA(cudaFree(ptr));
 
   leave_an_empty_slab();
   std::size_t pitch = 0;
-  CHECK_CUDA(cudaMallocPitch(&ptr, &pitch, kMiB, 250));
+  CHECK_CUDA(cudaMallocPitch(&ptr, &pitch, kMiB, 254));
   CHECK_CUDA(cudaFree(ptr));
 
   leave_an_empty_slab();
-  CHECK_CUDA(cudaMallocAsync(&ptr, 250 * kMiB, nullptr));
+  CHECK_CUDA(cudaMallocAsync(&ptr, 254 * kMiB, nullptr));
   CHECK_CUDA(cudaFreeAsync(ptr, nullptr));
   CHECK_CUDA(cudaStreamSynchronize(nullptr));
 
   leave_an_empty_slab();
-  CHECK_CUDA(cudaMallocManaged(&ptr, 250 * kMiB));
+  CHECK_CUDA(cudaMallocManaged(&ptr, 254 * kMiB));
   CHECK_CUDA(cudaFree(ptr));
+
+  // While a stream is parked on a host function: the slab went back before the park began.
+  leave_an_empty_slab();
+  cudaStream_t stream = nullptr;
+  CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  preload_test::Gate gate;
+  preload_test::park(stream, gate);
+  const cudaError_t parked = cudaMallocPitch(&ptr, &pitch, kMiB, 254);
+  gate.open.store(true);
+  CHECK_CUDA(parked);
+  CHECK_CUDA(cudaFree(ptr));
+  CHECK_CUDA(cudaStreamSynchronize(stream));
+  CHECK_CUDA(cudaStreamDestroy(stream));
 }
 
 int under_budget() {

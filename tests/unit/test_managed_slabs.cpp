@@ -23,6 +23,8 @@ using namespace poolcuda;
 namespace {
 
 constexpr std::uint64_t kGranule = 512;
+constexpr std::uint32_t kNoWait = 0;
+constexpr std::uint32_t kLongWait = 10000000;  // a trim's bound on waiting for fences
 
 // A HostDevice, the backing over it, and a chain of `max_slabs` slabs of `slab` bytes.
 struct Chain {
@@ -166,7 +168,7 @@ TEST_CASE("managed: issued_total is sticky across rewinds") {
   CHECK(c.report().issued_total == 128);
   CHECK(c.slabs.rewind_empty() == 1);
   CHECK(c.report().issued_total == 128);
-  c.slabs.trim();
+  c.slabs.trim(kNoWait);
   c.slabs.forget();
   CHECK(c.report().issued_total == 128);
 }
@@ -486,7 +488,7 @@ TEST_CASE("managed windows: after a trim no new spare is made for a disuse perio
   Chain c(8 * MiB, 4, 1 * GiB, true, /*disuse=*/2);  // a tick every 8 windows
   churn(c, 4 * kManagedWindow / kWindowPair);
   REQUIRE(c.report().slabs.size() == 2);
-  CHECK(c.slabs.trim() == 2);  // the spare and the lane's current slab, both empty
+  CHECK(c.slabs.trim(kLongWait) == 2);  // the spare and the lane's current slab, both empty
   // The next allocation makes a current slab again, but no spare.
   const std::uint64_t made = c.device.calls().allocate + 1;
   const Span span = churn(c, 6 * kManagedWindow / kWindowPair);
@@ -616,10 +618,10 @@ TEST_CASE("managed: empty slabs go back after disuse (not the current one) and o
   for (int i = 0; i < 6; ++i) burst.push_back(t.allocate(512));
   t.slabs.free(burst[0]);  // the first slab still holds burst[1]
   for (int i = 2; i < 6; ++i) t.slabs.free(burst[i]);
-  CHECK(t.slabs.trim() == 2);  // the second slab and the third, the lane's current one
+  CHECK(t.slabs.trim(kLongWait) == 2);  // the second slab and the third, the lane's current one
   CHECK(t.report().slabs.size() == 1);
   t.slabs.free(burst[1]);
-  CHECK(t.slabs.trim() == 1);
+  CHECK(t.slabs.trim(kLongWait) == 1);
   CHECK(t.device.outstanding_allocations() == 0);
   CHECK(t.device.bad_releases() == 0);
   // The lane's next allocation finds its current slab sealed and gets a new one.
@@ -630,12 +632,24 @@ TEST_CASE("managed: empty slabs go back after disuse (not the current one) and o
 
   // A trim waits for a fence that lags.
   Chain lag(1 * KiB, 8);
-  lag.device.set_fence_mode(HostDevice::FenceMode::manual);  // passes when waited on
+  lag.device.set_fence_mode(HostDevice::FenceMode::on_wait);  // passes when waited on
   burst.clear();
   for (int i = 0; i < 4; ++i) burst.push_back(lag.allocate(512));
   for (DevicePtr p : burst) lag.slabs.free(p);
-  CHECK(lag.slabs.trim() == 2);
+  CHECK(lag.slabs.trim(kLongWait) == 2);
   CHECK(lag.device.outstanding_allocations() == 0);
+
+  // Behind a parked stream it waits only as long as it was told, and gives back nothing.
+  Chain parked(1 * KiB, 8);
+  parked.device.set_fence_mode(HostDevice::FenceMode::parked);
+  burst.clear();
+  for (int i = 0; i < 4; ++i) burst.push_back(parked.allocate(512));
+  for (DevicePtr p : burst) parked.slabs.free(p);
+  CHECK(parked.slabs.trim(20000) == 0);
+  CHECK(parked.device.outstanding_allocations() == 2);
+  parked.device.complete_fences();  // the park is lifted
+  CHECK(parked.slabs.trim(kLongWait) == 2);
+  CHECK(parked.device.outstanding_allocations() == 0);
 }
 
 TEST_CASE("managed: device failures become errors that change nothing") {
