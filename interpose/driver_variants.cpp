@@ -15,7 +15,9 @@
 // mistaken for its base name.
 //
 // The map is built under a mutex, at most once per process; a lookup that arrives while this
-// thread builds it (the real resolver calling dlsym) gets the real pointer.
+// thread builds it (the real resolver calling dlsym) gets the real pointer. A fork takes the
+// mutex first: a child forked while another thread built the map would otherwise inherit the
+// mutex held, by a thread the child does not have, and its first lookup would wait forever.
 //
 // Depends on the CUDA driver header and real_driver.h.
 #include "interpose/driver_variants.h"
@@ -58,6 +60,8 @@ std::atomic<void*> g_real[kVariants];
 Mapping g_map[2 * kVariants];  // written once, before g_built is set
 int g_map_size = 0;
 __attribute__((tls_model("initial-exec"))) thread_local bool t_building = false;
+// Whether this thread's fork holds g_build_mutex (its prepare handler took it).
+__attribute__((tls_model("initial-exec"))) thread_local bool t_fork_holds_build = false;
 
 void add(void* real, int variant) {
   for (int i = 0; i < g_map_size; ++i) {
@@ -98,6 +102,20 @@ void* hook_for(void* fn) {
     if (g_map[i].real == fn) return kRows[g_map[i].variant].hook;
   }
   return fn;
+}
+
+void before_fork() {
+  // A signal handler that forks in the middle of this thread's own build keeps out: the mutex is
+  // this thread's already, and the child finishes the build where the handler returns.
+  if (t_building) return;
+  g_build_mutex.lock();
+  t_fork_holds_build = true;
+}
+
+void after_fork() {
+  if (!t_fork_holds_build) return;
+  t_fork_holds_build = false;
+  g_build_mutex.unlock();
 }
 
 void* hook_for_symbol(const char* name, void* found) {

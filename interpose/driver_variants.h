@@ -93,6 +93,11 @@ void* hook_for(void* fn);
 // real driver's; otherwise `found`.
 void* hook_for_symbol(const char* name, void* found);
 
+// Fork handlers (Note [Fork] in lifecycle.cpp): a fork waits for a map being built by another
+// thread, so that no child inherits the map's lock held by a thread it does not have.
+void before_fork();
+void after_fork();
+
 template <typename Fn>
 struct Missing;
 

@@ -27,9 +27,10 @@
 // their handlers at once. The child, which has no reporter thread, gets back the report
 // signal's disposition the program had, loses the readiness mark, and starts a reporter of its
 // own at its first CUDA call; until then it is silent, even at exit; its uptime counts from the
-// fork. (The driver's symbol table, built once under a lock by the first lookup of a driver
-// function, is outside this: a fork during that build leaves the lock taken in the child, as it
-// always has for children that pass through.)
+// fork. Before all of this it waits for the driver's symbol map, which the first lookup of a
+// driver function builds once under a lock (Note [Variants] in driver_variants.cpp): a child
+// forked in the middle of that build would inherit the lock taken, and hang at its own first
+// lookup, where the plain program's child gets an answer.
 //
 // A parent that has touched CUDA leaves its child pools exactly as its threads left them,
 // possibly with a lock held by a thread that does not exist in the child, and (on a real GPU) a
@@ -56,8 +57,8 @@
 // library's own state wait for that mark (log_when_touched), and the exit work looks at it.
 // Errors the user must see at once (a malformed configuration, confirm:1) are exempt.
 //
-// Depends on config/config.h, the C library's dlsym (dl_real.h), the log, the reporter and the
-// exit work; names no CUDA symbol.
+// Depends on config/config.h, the C library's dlsym (dl_real.h), the driver map's fork handlers
+// (driver_variants.h), the log, the reporter and the exit work; names no CUDA symbol.
 #include "interpose/lifecycle.h"
 
 #include <dlfcn.h>
@@ -72,6 +73,7 @@
 
 #include "interpose/at_exit.h"
 #include "interpose/dl_real.h"
+#include "interpose/driver_variants.h"
 #include "interpose/log.h"
 #include "interpose/reporter.h"
 
@@ -192,6 +194,8 @@ void before_fork() {
   t_fork_hold = hold_nothing;
   t_fork_from_untouched = false;
   if (t_holding_notes) return;  // a signal handler forks inside a note: the child passes through
+  // First: the map's build takes none of the holds below, so this wait never waits on them.
+  driver::before_fork();
   // The reporter before the notes mutex: its thread takes them in that order.
   const bool untouched = !detail::g_touched.load(std::memory_order_acquire);
   const bool reporter = untouched && hold_reporter_at_rest(kReporterWaitMillis);
@@ -205,6 +209,7 @@ void release_fork_holds() {
   if (t_fork_hold != hold_nothing) pending_notes().mutex.unlock();
   if (t_fork_hold == hold_notes_and_reporter) release_reporter();
   t_fork_hold = hold_nothing;
+  driver::after_fork();
 }
 
 void after_fork_in_parent() { release_fork_holds(); }

@@ -35,6 +35,7 @@ struct Config {
   size_t memory = size_t{16} << 30;
   unsigned op_delay_us = 0;
   unsigned free_delay_us = 0;  // a free's driver latency before it looks the pointer up
+  unsigned lookup_delay_us = 0;  // what each cuGetProcAddress takes
   // A destroyed stream's handle value goes to the next stream created, as a real driver's
   // freed stream object may (SIMCUDA_REUSE_STREAM_HANDLES).
   bool reuse_stream_handles = false;
@@ -48,6 +49,8 @@ struct Config {
 const Config& config();
 // Waits config().free_delay_us: the latency of cudaFree / cuMemFree before the lookup.
 void free_latency();
+// Waits config().lookup_delay_us: the latency of one cuGetProcAddress.
+void lookup_latency();
 // Parses "123", "4K", "16G"...; false on malformed text.
 bool parse_size(const char* text, size_t* out);
 

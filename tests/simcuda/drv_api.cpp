@@ -340,10 +340,12 @@ CUresult lookup(const char* symbol, void** pfn, int version, cuuint64_t flags,
 
 CUresult cuGetProcAddress_v2(const char* symbol, void** pfn, int cudaVersion, cuuint64_t flags,
                              CUdriverProcAddressQueryResult* symbolStatus) {
+  lookup_latency();
   return lookup(symbol, pfn, cudaVersion, flags, symbolStatus);
 }
 
 extern "C" CUresult cuGetProcAddress(const char* symbol, void** pfn, int cudaVersion,
                                      cuuint64_t flags) {
+  lookup_latency();
   return lookup(symbol, pfn, cudaVersion, flags, nullptr);
 }

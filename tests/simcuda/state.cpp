@@ -15,6 +15,20 @@
 namespace poolcuda::sim {
 namespace {
 
+// A delay in microseconds from the environment variable `name` (0 when unset); a malformed or
+// too large value stops the process with a message naming the variable.
+unsigned delay_from_env(const char* name) {
+  const char* v = std::getenv(name);
+  if (v == nullptr) return 0;
+  char* end = nullptr;
+  const unsigned long n = std::strtoul(v, &end, 10);
+  if (end == v || *end != '\0' || n > 10'000'000) {
+    std::fprintf(stderr, "simcuda: %s=%s: expected microseconds (0..1e7)\n", name, v);
+    std::abort();
+  }
+  return static_cast<unsigned>(n);
+}
+
 Config load_config() {
   Config c;
   if (const char* v = std::getenv("SIMCUDA_DEVICES")) {
@@ -34,25 +48,9 @@ Config load_config() {
       std::abort();
     }
   }
-  if (const char* v = std::getenv("SIMCUDA_OP_DELAY_US")) {
-    char* end = nullptr;
-    unsigned long n = std::strtoul(v, &end, 10);
-    if (end == v || *end != '\0' || n > 10'000'000) {
-      std::fprintf(stderr, "simcuda: SIMCUDA_OP_DELAY_US=%s: expected microseconds (0..1e7)\n", v);
-      std::abort();
-    }
-    c.op_delay_us = static_cast<unsigned>(n);
-  }
-  if (const char* v = std::getenv("SIMCUDA_FREE_DELAY_US")) {
-    char* end = nullptr;
-    unsigned long n = std::strtoul(v, &end, 10);
-    if (end == v || *end != '\0' || n > 10'000'000) {
-      std::fprintf(stderr, "simcuda: SIMCUDA_FREE_DELAY_US=%s: expected microseconds (0..1e7)\n",
-                   v);
-      std::abort();
-    }
-    c.free_delay_us = static_cast<unsigned>(n);
-  }
+  c.op_delay_us = delay_from_env("SIMCUDA_OP_DELAY_US");
+  c.free_delay_us = delay_from_env("SIMCUDA_FREE_DELAY_US");
+  c.lookup_delay_us = delay_from_env("SIMCUDA_LOOKUP_DELAY_US");
   if (const char* v = std::getenv("SIMCUDA_STRICT")) c.strict = std::strcmp(v, "0") != 0 && *v;
   if (const char* v = std::getenv("SIMCUDA_REUSE_STREAM_HANDLES"))
     c.reuse_stream_handles = std::strcmp(v, "0") != 0 && *v;
@@ -145,6 +143,11 @@ const Config& config() {
 void free_latency() {
   if (config().free_delay_us)
     std::this_thread::sleep_for(std::chrono::microseconds(config().free_delay_us));
+}
+
+void lookup_latency() {
+  if (config().lookup_delay_us)
+    std::this_thread::sleep_for(std::chrono::microseconds(config().lookup_delay_us));
 }
 
 void bump(Counter c) { g_counters[static_cast<size_t>(c)].fetch_add(1, std::memory_order_relaxed); }
