@@ -3,8 +3,8 @@
 // Driver calls return CUresult and keep no last error, so a refusal is just its code:
 // CUDA_ERROR_OUT_OF_MEMORY for a full capped pool, CUDA_ERROR_INVALID_VALUE for a double free
 // or an interior pointer. A free made while a context of cuCtxCreate is current may still name
-// pooled memory: the pools take it back with the primary context current for the time of the
-// free (their own calls must never run in another context).
+// pooled memory, of any device: the pools take it back with that device's primary context
+// current for the time of the free (their own calls must never run in another context).
 //
 // Depends on the pooling core, the driver variants and the driver context.
 #include "interpose/driver_hooks.h"
@@ -25,15 +25,19 @@ cudaStream_t as_runtime(CUstream stream) { return reinterpret_cast<cudaStream_t>
 void* as_pointer(CUdeviceptr dptr) { return reinterpret_cast<void*>(dptr); }
 
 // `stream`: a stream-ordered free's stream as the runtime names it, used only in the primary
-// context (the runtime's streams live there).
+// context (the runtime's streams live there). Under a context of cuCtxCreate the pools take the
+// pointer back in the primary context of the device whose pools hold it, which may not be the
+// current context's device, nor one whose primary context the program ever used.
 pooling::Freed release(const driver::CurrentContext& ctx, CUdeviceptr dptr,
                        cudaStream_t stream = nullptr) {
   if (ctx.primary) {
     return pooling::release(ctx.device, as_pointer(dptr), reinterpret_cast<StreamToken>(stream));
   }
-  driver::PrimaryScope scope(ctx.device);
+  const int holder = pooling::holder_device(as_pointer(dptr));
+  const int device = holder >= 0 ? holder : ctx.device;
+  driver::PrimaryScope scope(device);
   if (!scope.ok()) return {};  // no pools alive there: the real free answers
-  return pooling::release(ctx.device, as_pointer(dptr));
+  return pooling::release(device, as_pointer(dptr));
 }
 
 }  // namespace
@@ -162,9 +166,16 @@ CUresult mem_get_info(std::size_t* free_bytes, std::size_t* total_bytes) {
 }
 
 CUresult ipc_get_mem_handle(CUipcMemHandle* handle, CUdeviceptr dptr) {
-  if (!pooling::ipc_exportable("cuIpcGetMemHandle", as_pointer(dptr)))
-    return CUDA_ERROR_INVALID_VALUE;
-  return driver_real::cuIpcGetMemHandle()(handle, dptr);
+  if (pooling::ipc_exportable("cuIpcGetMemHandle", as_pointer(dptr)))
+    return driver_real::cuIpcGetMemHandle()(handle, dptr);
+  // Refused: the driver's own answer for an address that is certainly no device allocation
+  // (this host variable), which is CUDA_ERROR_INVALID_VALUE unless the plain call would have
+  // failed first (no current context, a sticky error). The program's handle is not written.
+  static char not_device_memory;
+  CUipcMemHandle scratch{};
+  const CUresult raised = driver_real::cuIpcGetMemHandle()(
+      &scratch, reinterpret_cast<CUdeviceptr>(&not_device_memory));
+  return raised != CUDA_SUCCESS ? raised : CUDA_ERROR_INVALID_VALUE;
 }
 
 namespace {

@@ -28,10 +28,12 @@
 // space, so almost none does) the other process would get the page's start, and read and write
 // other bytes than the exporter means, with no error anywhere. So the library refuses such a
 // handle with cudaErrorInvalidValue (CUDA_ERROR_INVALID_VALUE) and a log line that says which
-// layout gives every allocation a page of its own. A handle of a page's start passes: that is
-// how libraries that export (base, offset) pairs work, asking cuMemGetAddressRange for the base
-// (the page) first; so does a handle of an allocation that starts its page (exclusive and
-// direct pools, and the persistent pool), which the other process opens at the right place.
+// layout gives every allocation a page of its own. A handle of a page's start passes while any
+// allocation in the page lives: that is how libraries that export (base, offset) pairs work,
+// asking cuMemGetAddressRange for the base (the page) first; so does a handle of an allocation
+// that starts its page (exclusive and direct pools, and the persistent pool), which the other
+// process opens at the right place. A page with nothing live in it is memory the program freed,
+// whose handle the driver would have refused: so is it here.
 // Pointers in no pooled page (managed memory, memory the pools passed through) go to the driver
 // unchanged.
 //
@@ -201,6 +203,21 @@ Freed release(int device, const void* ptr, StreamToken stream) {
   return freed;
 }
 
+int holder_device(const void* ptr) {
+  Registry& registry = Registry::instance();
+  const auto address = reinterpret_cast<DevicePtr>(ptr);
+  for (int device = 0; device < registry.managed_bound(); ++device) {
+    const ManagedSlabs* chain = registry.managed(device);
+    if (chain != nullptr && chain->find(address).kind != ManagedLookup::Kind::not_mine)
+      return device;
+  }
+  for (int device = 0; device < Registry::kMaxDevices; ++device) {
+    const MemoryManager* manager = registry.manager(device);
+    if (manager != nullptr && manager->locate(address).pooled) return device;
+  }
+  return -1;
+}
+
 void log_refused_free(const char* api, const void* ptr, const Freed& freed) {
   const char* why = freed.outcome == FreeOutcome::double_free ? "double free"
                     : freed.outcome == FreeOutcome::interior_pointer
@@ -231,7 +248,8 @@ bool ipc_exportable(const char* api, const void* ptr) {
     if (manager == nullptr) continue;
     const PointerPlace place = manager->locate(address);
     if (!place.pooled) continue;
-    if (address == place.page_base || place.allocation == place.page_base) return true;
+    if (place.allocation == place.page_base) return true;
+    if (address == place.page_base && place.page_in_use) return true;
     if (place.allocation == 0) {
       log_format(LogLevel::basic,
                  "%s(%p) on device %d refused: the pointer lies in pooled memory that is not "

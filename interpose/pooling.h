@@ -54,12 +54,17 @@ struct Freed {
 // (Note [Stream-ordered frees] in pools/memory_manager.cpp); another device's pools ignore it.
 Freed release(int device, const void* ptr, StreamToken stream = kNoStream);
 
+// The device whose pools (managed slabs or pages) hold `ptr`, live or free; -1 for none. A
+// snapshot: memory allocated or given back meanwhile may or may not be seen.
+int holder_device(const void* ptr);
+
 // Logs a refused free (double free, interior pointer, never allocated), naming `api`.
 void log_refused_free(const char* api, const void* ptr, const Freed& freed);
 
 // Whether an IPC handle of `ptr` made by the driver would let another process open the memory
 // the program means (Note [IPC handles] in pooling.cpp): true for a pointer outside the pools'
-// pages, for a page's start, and for a pointer in a page whose live allocation starts the page.
+// pages, for a page's start while anything in the page lives, and for a pointer in a live
+// allocation that starts its page.
 // False (logged, naming `api`) for any other pointer in a pooled page.
 bool ipc_exportable(const char* api, const void* ptr);
 

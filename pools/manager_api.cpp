@@ -289,13 +289,12 @@ PointerPlace MemoryManager::locate(DevicePtr ptr) const {
     if (it == m.ctx.page_set.begin()) return;
     --it;
     if (ptr >= it->base + it->size) return;
-    place = PointerPlace{true, it->base, it->size, 0};
+    place = PointerPlace{true, it->base, it->size, 0, false};
     // Not a hot path: a walk of one page's slices.
     for (Slice& s : it->slices) {
-      if (ptr < s.ptr || ptr >= s.ptr + s.size) continue;
-      if (s.state == SliceState::live && (s.cache == nullptr || !m.parked(&s)))
-        place.allocation = s.ptr;
-      break;
+      const bool live = s.state == SliceState::live && (s.cache == nullptr || !m.parked(&s));
+      place.page_in_use |= live;
+      if (live && ptr >= s.ptr && ptr < s.ptr + s.size) place.allocation = s.ptr;
     }
   });
   return place;

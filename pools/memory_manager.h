@@ -97,6 +97,7 @@ struct PointerPlace {
   DevicePtr page_base = 0;   // the page: the device allocation the driver knows
   std::uint64_t page_size = 0;
   DevicePtr allocation = 0;  // the start of the live allocation holding the pointer, 0 if none
+  bool page_in_use = false;  // whether any allocation in the page is live
 };
 
 struct Reservation {

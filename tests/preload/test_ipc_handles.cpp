@@ -2,13 +2,15 @@
 // handle the other process would open at another address than the allocation's is refused with
 // cudaErrorInvalidValue (CUDA_ERROR_INVALID_VALUE through the driver), a log line that names the
 // layout to use, and no change to the allocation; a handle of an allocation that starts its page,
-// or of a page's start, is the driver's. Under pools:exclusive (the child) every allocation
+// or of a page's start while anything in the page lives, is the driver's; freed memory has
+// none, and a refusal through the driver answers as the driver would (no current context). Under pools:exclusive (the child) every allocation
 // starts its page, so every handle passes. On the stand-in a handle names its allocation's base,
 // so the test also checks which memory a passed handle opens.
 #include <cuda.h>
 
 #include <cstring>
 #include <string>
+#include <thread>
 
 #include "check.h"
 
@@ -86,6 +88,12 @@ int main(int argc, char** argv) {
   CHECK(driver_get(&driver_handle, reinterpret_cast<CUdeviceptr>(b)) == CUDA_ERROR_INVALID_VALUE);
   CHECK(driver_get(&driver_handle, reinterpret_cast<CUdeviceptr>(b) + 16) ==
         CUDA_ERROR_INVALID_VALUE);
+  // A thread with no current context gets the driver's own answer to that, as plainly.
+  std::thread([&] {
+    CUipcMemHandle no_context{};
+    CHECK(driver_get(&no_context, reinterpret_cast<CUdeviceptr>(b)) ==
+          CUDA_ERROR_INVALID_CONTEXT);
+  }).join();
   // Nothing changed: the buffers are still live and whole.
   CHECK(preload_test::device_bytes_equal(a, 4096, 0x11));
   CHECK_CUDA(cudaFree(b));
@@ -106,13 +114,20 @@ int main(int argc, char** argv) {
   CHECK(base + size > reinterpret_cast<CUdeviceptr>(a));
   check_passes(reinterpret_cast<void*>(base), driver_get);
   CHECK_CUDA(cudaFree(a));
+  // With nothing live in the page, its start is freed memory: no handle.
+  CHECK(cudaIpcGetMemHandle(&handle, reinterpret_cast<void*>(base)) == cudaErrorInvalidValue);
+  CHECK(cudaGetLastError() == cudaErrorInvalidValue);
+  CHECK(driver_get(&driver_handle, base) == CUDA_ERROR_INVALID_VALUE);
 
   // A large buffer has a page of its own, starting at the buffer.
   void* big = nullptr;
   CHECK_CUDA(cudaMalloc(&big, std::size_t{64} << 20));
   check_passes(big, driver_get);
   CHECK_CUDA(cudaFree(big));
-  CHECK_CUDA(cudaGetLastError());
+  CHECK(cudaIpcGetMemHandle(&handle, big) == cudaErrorInvalidValue);  // freed: no handle
+  CHECK(cudaGetLastError() == cudaErrorInvalidValue);
+  CHECK(driver_get(&driver_handle, reinterpret_cast<CUdeviceptr>(big)) ==
+        CUDA_ERROR_INVALID_VALUE);
 
   // The refusal says why and what to do; under pools:exclusive every handle passes.
   const preload_test::ChildResult refused = preload_test::run_self("refused", {});
