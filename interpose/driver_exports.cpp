@@ -118,9 +118,14 @@ POOLCUDA_EXPORT CUresult cuStreamCreateWithPriority(CUstream* phStream, unsigned
   return pc::guarded([&] { return dh::stream_create_with_priority(phStream, flags, priority); });
 }
 
+POOLCUDA_EXPORT CUresult cuStreamDestroy(CUstream hStream) {
+  if (pc::bypass()) return dr::cuStreamDestroy()(hStream);
+  return pc::guarded([&] { return dh::stream_destroy(dr::cuStreamDestroy(), hStream); });
+}
+
 POOLCUDA_EXPORT CUresult cuStreamDestroy_v2(CUstream hStream) {
   if (pc::bypass()) return dr::cuStreamDestroy_v2()(hStream);
-  return pc::guarded([&] { return dh::stream_destroy(hStream); });
+  return pc::guarded([&] { return dh::stream_destroy(dr::cuStreamDestroy_v2(), hStream); });
 }
 
 POOLCUDA_EXPORT CUresult cuDevicePrimaryCtxReset(CUdevice dev) {
@@ -143,9 +148,14 @@ POOLCUDA_EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev) {
   return pc::guarded([&] { return dh::primary_ctx_release(dr::cuDevicePrimaryCtxRelease_v2(), dev); });
 }
 
+POOLCUDA_EXPORT CUresult cuCtxDestroy(CUcontext ctx) {
+  if (pc::bypass()) return dr::cuCtxDestroy()(ctx);
+  return pc::guarded([&] { return dh::ctx_destroy(dr::cuCtxDestroy(), ctx); });
+}
+
 POOLCUDA_EXPORT CUresult cuCtxDestroy_v2(CUcontext ctx) {
   if (pc::bypass()) return dr::cuCtxDestroy_v2()(ctx);
-  return pc::guarded([&] { return dh::ctx_destroy(ctx); });
+  return pc::guarded([&] { return dh::ctx_destroy(dr::cuCtxDestroy_v2(), ctx); });
 }
 
 // ---- Capture: the capture layer's begin and end (capture_hooks.cpp) -------------------------

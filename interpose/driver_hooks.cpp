@@ -200,12 +200,12 @@ CUresult stream_create_with_priority(CUstream* stream, unsigned int flags, int p
   return track(driver_real::cuStreamCreateWithPriority()(stream, flags, priority), stream, flags);
 }
 
-CUresult stream_destroy(CUstream stream) {
+CUresult stream_destroy(CUresult (*real)(CUstream), CUstream stream) {
   // A capture still open on the stream ends with it, as failed.
   int capture_device = -1;
   const unsigned long long capture = hooks::stream_capture_id(as_runtime(stream), &capture_device);
   pooling::untrack_stream(as_runtime(stream));
-  const CUresult result = driver_real::cuStreamDestroy_v2()(stream);
+  const CUresult result = real(stream);
   if (capture != 0) {
     hooks::stream_destroyed_while_capturing(as_runtime(stream), capture_device, capture,
                                             result == CUDA_SUCCESS);
@@ -227,12 +227,11 @@ CUresult primary_ctx_release(CUresult (*real)(CUdevice), CUdevice device) {
   return result;
 }
 
-CUresult ctx_destroy(CUcontext ctx) {
+CUresult ctx_destroy(CUresult (*real)(CUcontext), CUcontext ctx) {
   int device = -1;
   const bool primary = driver::is_primary(ctx, &device);
-  if (!primary) return driver_real::cuCtxDestroy_v2()(ctx);
-  return static_cast<CUresult>(
-      pooling::reset_device(device, [&] { return driver_real::cuCtxDestroy_v2()(ctx); }));
+  if (!primary) return real(ctx);
+  return static_cast<CUresult>(pooling::reset_device(device, [&] { return real(ctx); }));
 }
 
 void map_resolved(bool found, void** fn) {

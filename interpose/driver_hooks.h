@@ -26,12 +26,12 @@ CUresult mem_get_info(std::size_t* free_bytes, std::size_t* total_bytes);
 CUresult ipc_get_mem_handle(CUipcMemHandle* handle, CUdeviceptr dptr);
 CUresult stream_create(CUstream* stream, unsigned int flags);
 CUresult stream_create_with_priority(CUstream* stream, unsigned int flags, int priority);
-CUresult stream_destroy(CUstream stream);
 
 // `real` is the variant the program called (v1 or _v2).
+CUresult stream_destroy(CUresult (*real)(CUstream), CUstream stream);
 CUresult primary_ctx_reset(CUresult (*real)(CUdevice), CUdevice device);
 CUresult primary_ctx_release(CUresult (*real)(CUdevice), CUdevice device);
-CUresult ctx_destroy(CUcontext ctx);
+CUresult ctx_destroy(CUresult (*real)(CUcontext), CUcontext ctx);
 
 // A resolver's answer (cuGetProcAddress, cudaGetDriverEntryPoint): a hooked variant's real
 // function becomes the library's hook; anything else, and every failure, passes unchanged.

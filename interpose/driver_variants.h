@@ -17,12 +17,16 @@
 #undef cuDevicePrimaryCtxRelease
 #undef cuMemFreeAsync
 #undef cuMemAllocAsync
+#undef cuStreamDestroy
+#undef cuCtxDestroy
 
 // Variants cuda.h declares only for internal or per-thread builds.
 extern "C" {
 CUresult cuGetProcAddress(const char* symbol, void** pfn, int cudaVersion, cuuint64_t flags);
 CUresult cuDevicePrimaryCtxReset(CUdevice dev);
 CUresult cuDevicePrimaryCtxRelease(CUdevice dev);
+CUresult cuStreamDestroy(CUstream hStream);
+CUresult cuCtxDestroy(CUcontext ctx);
 CUresult cuStreamBeginCapture(CUstream hStream);
 CUresult cuStreamBeginCapture_ptsz(CUstream hStream);
 CUresult cuStreamBeginCapture_v2_ptsz(CUstream hStream, CUstreamCaptureMode mode);
@@ -54,11 +58,13 @@ CUresult cuStreamAddCallback_ptsz(CUstream hStream, CUstreamCallback callback, v
   X(cuMemAllocAsync_ptsz, "cuMemAllocAsync", 11020, true)                              \
   X(cuStreamCreate, "cuStreamCreate", 2000, false)                                     \
   X(cuStreamCreateWithPriority, "cuStreamCreateWithPriority", 5050, false)             \
+  X(cuStreamDestroy, "cuStreamDestroy", 2000, false)                                   \
   X(cuStreamDestroy_v2, "cuStreamDestroy", 4000, false)                                \
   X(cuDevicePrimaryCtxReset, "cuDevicePrimaryCtxReset", 7000, false)                   \
   X(cuDevicePrimaryCtxReset_v2, "cuDevicePrimaryCtxReset", 11000, false)               \
   X(cuDevicePrimaryCtxRelease, "cuDevicePrimaryCtxRelease", 7000, false)               \
   X(cuDevicePrimaryCtxRelease_v2, "cuDevicePrimaryCtxRelease", 11000, false)           \
+  X(cuCtxDestroy, "cuCtxDestroy", 2000, false)                                         \
   X(cuCtxDestroy_v2, "cuCtxDestroy", 4000, false)                                      \
   X(cuStreamBeginCapture, "cuStreamBeginCapture", 10000, false)                        \
   X(cuStreamBeginCapture_ptsz, "cuStreamBeginCapture", 10000, true)                    \

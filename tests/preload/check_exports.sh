@@ -31,8 +31,8 @@ for hooked in poolcuda_library_marker cudaMalloc cudaFree cudaFreeAsync cudaFree
               cuGetProcAddress cuGetProcAddress_v2 cuMemAlloc_v2 cuMemFree_v2 cuMemGetInfo_v2 \
               cuMemFreeAsync cuMemFreeAsync_ptsz cuMemAllocAsync cuMemAllocAsync_ptsz cudaMallocPitch \
               cuMemAllocPitch_v2 cuMemAllocManaged cuStreamCreate cuStreamCreateWithPriority \
-              cuStreamDestroy_v2 cuDevicePrimaryCtxReset_v2 cuDevicePrimaryCtxRelease_v2 \
-              cuCtxDestroy_v2 cuStreamBeginCapture cuStreamBeginCapture_v2 \
+              cuStreamDestroy cuStreamDestroy_v2 cuDevicePrimaryCtxReset_v2 \
+              cuDevicePrimaryCtxRelease_v2 cuCtxDestroy cuCtxDestroy_v2 cuStreamBeginCapture cuStreamBeginCapture_v2 \
               cuStreamBeginCapture_v2_ptsz cuStreamBeginCaptureToGraph cuStreamEndCapture \
               cuStreamEndCapture_ptsz; do
   if ! echo "$symbols" | grep -qx "$hooked"; then

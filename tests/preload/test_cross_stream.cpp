@@ -12,7 +12,8 @@
 // for it although the stream no longer exists).
 // With the argument "driver-streams" the streams are created with cuStreamCreate and destroyed
 // with cuStreamDestroy_v2 (from cudaGetDriverEntryPointByVersion): the runtime's stream hooks
-// never see them, the driver hooks must.
+// never see them, the driver hooks must. "driver-streams-v1" destroys them with the CUDA 2.0
+// cuStreamDestroy instead, as programs that find driver functions by their plain names do.
 #include <cuda.h>
 
 #include <atomic>
@@ -32,6 +33,7 @@ using preload_test::wait_at_gate;
 constexpr std::size_t kSize = 1 << 20;
 
 bool driver_streams = false;
+bool destroy_v1 = false;  // cuStreamDestroy (CUDA 2.0) instead of cuStreamDestroy_v2
 
 cudaStream_t create_stream(unsigned int flags) {
   cudaStream_t stream = nullptr;
@@ -49,7 +51,8 @@ void destroy_stream(cudaStream_t stream) {
     CHECK_CUDA(cudaStreamDestroy(stream));
     return;
   }
-  static auto destroy = driver_entry<decltype(&cuStreamDestroy_v2)>("cuStreamDestroy", 4000);
+  static auto destroy =
+      driver_entry<decltype(&cuStreamDestroy_v2)>("cuStreamDestroy", destroy_v1 ? 2000 : 4000);
   CHECK(destroy(reinterpret_cast<CUstream>(stream)) == CUDA_SUCCESS);
 }
 // Enough 1 MiB buffers to fill the page the freed one came from.
@@ -141,6 +144,7 @@ int main(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     expect_race |= std::string(argv[i]) == "expect-race";
     driver_streams |= std::string(argv[i]) == "driver-streams";
+    destroy_v1 |= std::string(argv[i]) == "driver-streams-v1";
   }
   CHECK_CUDA(cudaFree(nullptr));
   run_case("destroyed non-blocking stream", cudaStreamNonBlocking, expect_race, true);

@@ -5,11 +5,13 @@
 //    through; data round-trips; a double free is refused with CUDA_ERROR_INVALID_VALUE.
 //  - In a context made with cuCtxCreate, allocations are the driver's (not one more pooled
 //    reservation), and a thread with no current context gets the driver's own answer.
-//  - The last cuDevicePrimaryCtxRelease and cuDevicePrimaryCtxReset destroy the context's memory:
+//  - The last cuDevicePrimaryCtxRelease, cuDevicePrimaryCtxReset and cuCtxDestroy (of either
+//    version) of the primary context destroy the context's memory:
 //    the pools forget theirs, so later allocations are valid memory (a stale pool would hand out
 //    freed addresses, which the stand-in refuses to copy to).
 // Runs on a GPU too (no stand-in check).
 #include <cuda.h>
+#include <dlfcn.h>
 
 #include <cstring>
 #include <string>
@@ -52,6 +54,13 @@ int child() {
   churn();
   // The last release resets the primary context: its memory is gone.
   CHECK_CU(cuDevicePrimaryCtxRelease_v2(0));
+  primary = retain_and_bind();
+  churn();
+  // So does destroying it, also through the CUDA 2.0 entry point (found by its plain name).
+  using CtxDestroyFn = CUresult (*)(CUcontext);
+  const auto destroy_v1 = reinterpret_cast<CtxDestroyFn>(::dlsym(RTLD_DEFAULT, "cuCtxDestroy"));
+  CHECK(destroy_v1 != nullptr);
+  CHECK_CU(destroy_v1(primary));
   primary = retain_and_bind();
   churn();
   CHECK_CU(cuDevicePrimaryCtxReset_v2(0));

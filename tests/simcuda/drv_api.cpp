@@ -144,6 +144,9 @@ CUresult cuCtxDestroy_v2(CUcontext ctx) {
   return as_cu(destroy_context(as_context(ctx)));
 }
 
+// The CUDA 2.0 entry point; the stand-in does not model how it differed.
+extern "C" CUresult cuCtxDestroy(CUcontext ctx) { return cuCtxDestroy_v2(ctx); }
+
 CUresult cuDevicePrimaryCtxRetain(CUcontext* pctx, CUdevice dev) {
   if (CUresult r = guard()) return r;
   if (!pctx) return CUDA_ERROR_INVALID_VALUE;
@@ -208,6 +211,7 @@ const Entry kEntries[] = {
     {"cuCtxCreate", 3020, false, SIM_FN(cuCtxCreate_v2)},
     {"cuCtxCreate", 11040, false, SIM_FN(cuCtxCreate_v3)},
     {"cuCtxCreate", 12050, false, SIM_FN(cuCtxCreate_v4)},
+    {"cuCtxDestroy", 2000, false, SIM_FN(cuCtxDestroy)},
     {"cuCtxDestroy", 4000, false, SIM_FN(cuCtxDestroy_v2)},
     {"cuCtxGetCurrent", 4000, false, SIM_FN(cuCtxGetCurrent)},
     {"cuCtxSetCurrent", 4000, false, SIM_FN(cuCtxSetCurrent)},
