@@ -37,6 +37,17 @@
 // table's lock) and carries on with the other streams. Its remaining work, if any, is not
 // covered; nothing could record on it anyway. Other failures still count as "capture open".
 //
+// Note [Frees on another device's stream]
+// cudaFreeAsync(ptr, s) may name a stream of another device than ptr's: a device-1 stream that
+// wrote device-0 memory through peer access frees it where it used it. Only s orders the free
+// (Note [Stream-ordered frees] in pools/memory_manager.cpp), and no fence of device 0's streams
+// waits for s. So such a free's fence is an event of s's device recorded on s: the fence of
+// device 0's pools holds it beside its own events (as a borrowed peer event, given back to its
+// device's cache when the fence goes, unless that device was reset meanwhile). The stream is
+// named as the program named it, with its own device current: a tracked stream is found in the
+// table with its device, and the legacy and per-thread handles, which mean the current device's
+// streams, travel as a token that carries that device (other_device_stream()).
+//
 // Depends on pools/device.h, real_cuda.h and stream_table.h.
 #include "interpose/cuda_device.h"
 
@@ -82,8 +93,21 @@ bool is_capturing(cudaStream_t stream) { return capture_state(stream) == Capture
 struct CudaDevice::Fence {
   std::vector<cudaEvent_t> events;  // owned: recycled by fence_destroy
   std::vector<cudaEvent_t> tails;   // borrowed (Note [Destroyed streams])
+  std::vector<PeerEvent> peers;     // other devices' (Note [Frees on another device's stream])
   std::uint64_t generation = 0;     // the device's generation when its events were taken
 };
+
+namespace {
+
+// Note [Frees on another device's stream]: the legacy (1) or per-thread (2) handle of `device`.
+// Bit 62 is set in no user-space address, bit 63 marks the lanes of tracked streams.
+constexpr StreamToken kOtherDeviceStream = StreamToken{1} << 62;
+
+bool names_other_device_stream(StreamToken token) {
+  return (token & (StreamToken{3} << 62)) == kOtherDeviceStream;
+}
+
+}  // namespace
 
 CudaDevice::CudaDevice(int device, StreamTable& streams) : device_(device), streams_(streams) {
   total_bytes_ = memory_info().total_bytes;
@@ -181,6 +205,8 @@ CudaDevice::Fence* CudaDevice::new_fence() {
 }
 
 void CudaDevice::recycle(Fence* fence) {
+  for (const PeerEvent& peer : fence->peers) peer.owner->return_peer_event(peer);
+  fence->peers.clear();
   std::lock_guard<RankedMutex> hold(mutex_);
   // Events from before a device reset are dead: never reuse them (forget_events).
   if (fence->generation == generation_)
@@ -296,24 +322,82 @@ FenceHandle CudaDevice::fence_record() {
   return reinterpret_cast<FenceHandle>(fence);
 }
 
+StreamToken CudaDevice::other_device_stream(int device, StreamToken stream) {
+  const auto handle = reinterpret_cast<cudaStream_t>(stream);
+  if (handle != cudaStreamLegacy && handle != cudaStreamPerThread) return stream;
+  return kOtherDeviceStream | (static_cast<StreamToken>(device) << 2) |
+         (handle == cudaStreamLegacy ? 1 : 2);
+}
+
+CudaDevice::PeerEvent CudaDevice::record_for_peer(cudaStream_t stream) {
+  OwnCallScope scope(device_);
+  if (!scope.ok()) return {};
+  if (hooked_capture_open() || is_capturing(stream)) return {};
+  PeerEvent peer{this, nullptr, 0};
+  {
+    std::lock_guard<RankedMutex> hold(mutex_);
+    peer.generation = generation_;
+  }
+  peer.event = take_event();
+  if (peer.event == nullptr) return {};
+  if (own::cudaEventRecord()(peer.event, stream) != cudaSuccess) {
+    return_peer_event(peer);
+    return {};
+  }
+  return peer;
+}
+
+// An event is asked, and waited for, with its own device current.
+bool CudaDevice::peer_event_passed(const PeerEvent& peer) {
+  OwnCallScope scope(device_);
+  return !scope.ok() || own::cudaEventQuery()(peer.event) != cudaErrorNotReady;
+}
+
+void CudaDevice::peer_event_wait(const PeerEvent& peer) {
+  OwnCallScope scope(device_);
+  if (scope.ok()) own::cudaEventSynchronize()(peer.event);
+}
+
+void CudaDevice::return_peer_event(const PeerEvent& peer) {
+  std::lock_guard<RankedMutex> hold(mutex_);
+  // An event from before a reset is dead (forget_events).
+  if (peer.generation == generation_) events_.push_back(peer.event);
+}
+
 FenceHandle CudaDevice::fence_record_on(StreamToken token, StreamToken& lane) {
-  const auto stream = reinterpret_cast<cudaStream_t>(token);
+  auto stream = reinterpret_cast<cudaStream_t>(token);
+  int stream_device = device_;
   lane = token;
+  if (names_other_device_stream(token)) {
+    stream_device = static_cast<int>((token & ~kOtherDeviceStream) >> 2);
+    stream = (token & 3) == 1 ? cudaStreamLegacy : cudaStreamPerThread;
+  }
   OwnCallScope scope(device_);
   if (!scope.ok()) return kNoFence;  // Note [Own calls]
   auto table = streams_.lock();
   if (stream != cudaStreamLegacy && stream != cudaStreamPerThread) {
-    bool mine = false;
+    bool known = false;
     for (const TrackedStream& tracked : streams_.streams()) {
       if (tracked.stream == stream) {
-        mine = tracked.device == device_;
+        known = true;
+        stream_device = tracked.device;
         // The stream's creation, not its handle, which a later stream may be given: the top bit
         // keeps it apart from the two fixed handles (no user-space address has it).
         lane = tracked.serial | (StreamToken{1} << 63);
         break;
       }
     }
-    if (!mine) return kNoFence;
+    if (!known) return kNoFence;
+  }
+  if (stream_device != device_) {
+    // Note [Frees on another device's stream]
+    CudaDevice* other = Registry::instance().device(stream_device);
+    if (other == nullptr) return kNoFence;
+    const PeerEvent peer = other->record_for_peer(stream);
+    if (peer.event == nullptr) return kNoFence;
+    Fence* fence = new_fence();
+    fence->peers.push_back(peer);
+    return reinterpret_cast<FenceHandle>(fence);
   }
   // An event on a stream that does not capture changes no other stream's capture (the legacy
   // stream answers "capturing" while a blocking stream does), so only this stream is asked;
@@ -339,6 +423,8 @@ bool CudaDevice::fence_passed(FenceHandle handle) {
       if (own::cudaEventQuery()(event) == cudaErrorNotReady) return false;
     }
   }
+  for (const PeerEvent& peer : fence->peers)
+    if (!peer.owner->peer_event_passed(peer)) return false;
   return true;
 }
 
@@ -348,6 +434,7 @@ void CudaDevice::fence_wait(FenceHandle handle) {
   auto* fence = reinterpret_cast<Fence*>(handle);
   for (cudaEvent_t event : fence->events) own::cudaEventSynchronize()(event);
   for (cudaEvent_t event : fence->tails) own::cudaEventSynchronize()(event);
+  for (const PeerEvent& peer : fence->peers) peer.owner->peer_event_wait(peer);
 }
 
 void CudaDevice::fence_destroy(FenceHandle handle) {

@@ -41,8 +41,10 @@ class CudaDevice final : public Device {
   DeviceMemoryInfo memory_info() override;
   std::uint64_t alignment() const override { return kAlignment; }
   FenceHandle fence_record() override;
-  // On cudaStreamLegacy, cudaStreamPerThread (both this device's) or a stream the table holds
-  // for this device; kNoFence for any other (a record there fails).
+  // On cudaStreamLegacy, cudaStreamPerThread (both this device's), a stream the table holds
+  // (of this device or another: Note [Frees on another device's stream] in cuda_device.cpp), or
+  // another device's legacy or per-thread stream named by other_device_stream(); kNoFence for
+  // any other.
   FenceHandle fence_record_on(StreamToken stream, StreamToken& lane) override;
   bool fence_passed(FenceHandle fence) override;
   void fence_wait(FenceHandle fence) override;
@@ -70,6 +72,24 @@ class CudaDevice final : public Device {
   // no event created or recorded before the reset is ever used again (a fence that comes back
   // from before the reset is dropped, not recycled).
   void forget_events();
+
+  // How a stream-ordered free on `stream`, named while `device` was current, reaches the fences
+  // of another device's pools: a stream the table holds stands for itself; the legacy and
+  // per-thread handles, which mean the current device's streams, get a token of their own.
+  static StreamToken other_device_stream(int device, StreamToken stream);
+
+  // For another device's fence: an event of this device recorded on `stream`, one of this
+  // device's streams; `event` is null when none could be recorded (a capture is open, the
+  // stream is gone). Each event goes back through return_peer_event.
+  struct PeerEvent {
+    CudaDevice* owner = nullptr;
+    cudaEvent_t event = nullptr;
+    std::uint64_t generation = 0;  // the owner's, when the event was taken
+  };
+  PeerEvent record_for_peer(cudaStream_t stream);
+  bool peer_event_passed(const PeerEvent& peer);
+  void peer_event_wait(const PeerEvent& peer);
+  void return_peer_event(const PeerEvent& peer);
 
   int index() const { return device_; }
   std::uint64_t total_bytes() const { return total_bytes_; }

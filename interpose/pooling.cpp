@@ -45,6 +45,7 @@
 #include <chrono>
 
 #include "interpose/budget.h"
+#include "interpose/cuda_device.h"
 #include "interpose/foreign_frees.h"
 #include "interpose/lifecycle.h"
 #include "interpose/log.h"
@@ -193,11 +194,17 @@ Freed release(int device, const void* ptr, StreamToken stream) {
   freed.outcome = free_managed(registry, device, address, &freed.owner);
   if (freed.outcome != FreeOutcome::not_mine) return freed;
   freed.outcome = free_on(registry, device, address, stream);
-  // A pointer allocated on another device may be freed with any device current.
+  // A pointer allocated on another device may be freed with any device current, and on any
+  // device's stream (Note [Frees on another device's stream] in cuda_device.cpp).
+  StreamToken named = kNoStream;
+  if (stream != kNoStream) {
+    named = CudaDevice::other_device_stream(device, stream);
+    registry.manager_or_create(device);  // records the fence on its legacy or per-thread stream
+  }
   for (int other = 0; freed.outcome == FreeOutcome::not_mine && other < Registry::kMaxDevices;
        ++other) {
     if (other == device) continue;
-    freed.outcome = free_on(registry, other, address);
+    freed.outcome = free_on(registry, other, address, named);
     freed.owner = other;
   }
   return freed;
@@ -345,7 +352,12 @@ int reset_device(int device, const std::function<int()>& real) {
 
 void track_stream(cudaStream_t stream, int device, unsigned int flags) {
   if (stream == nullptr || device < 0) return;
-  Registry::instance().streams().add(stream, device, flags);
+  Registry& registry = Registry::instance();
+  // A stream-ordered free on this stream may be of another device's memory: its fence is an
+  // event of this device (Note [Frees on another device's stream] in cuda_device.cpp), which
+  // only a device the registry knows can record.
+  registry.manager_or_create(device);
+  registry.streams().add(stream, device, flags);
   stream_order::stream_created(device, stream, (flags & cudaStreamNonBlocking) != 0);
 }
 

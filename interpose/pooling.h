@@ -50,8 +50,9 @@ struct Freed {
 
 // Returns `ptr` to the pools that own it: the managed slabs first, then `device`'s pools, then
 // every other device's (a pointer may be freed with any device current). not_mine: the real
-// free answers. `stream`: a stream-ordered free on that stream of `device`, the current device
-// (Note [Stream-ordered frees] in pools/memory_manager.cpp); another device's pools ignore it.
+// free answers. `stream`: a stream-ordered free on that stream, named with `device` current
+// (Note [Stream-ordered frees] in pools/memory_manager.cpp); it may be another device's stream
+// than the memory's (Note [Frees on another device's stream] in cuda_device.cpp).
 Freed release(int device, const void* ptr, StreamToken stream = kNoStream);
 
 // The device whose pools (managed slabs or pages) hold `ptr`, live or free; -1 for none. A

@@ -101,8 +101,8 @@ class Device {
   // Records a fence after all work issued so far on `stream` alone, from the calling thread
   // (a per-thread default stream is the caller's): what a stream-ordered free waits for (Note
   // [Stream-ordered frees] in memory_manager.cpp). kNoFence when it cannot now (a capture is
-  // open, the stream is unknown or of another device); the caller then fences the free as any
-  // other. Never blocks. The default: never.
+  // open, the stream is unknown); the caller then fences the free as any other. Never blocks.
+  // The default: never.
   // `lane` receives what names this stream for as long as it lives and never a later stream
   // (a destroyed stream's handle may be the next stream's): the frees that wait in one lane pass
   // in the order recorded only while they are frees of one stream.

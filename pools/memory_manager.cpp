@@ -94,7 +94,7 @@
 // lanes (at the limit, those whose fences passed are taken back first), and a stream-ordered
 // free past them joins the open epoch as a cudaFree's would, as it does when
 // Device::fence_record_on cannot record (the stream captures, a capture begun through the hooks
-// is open on the device, the stream is unknown or of another device).
+// is open on its device, the stream is unknown).
 // Fences no longer pass in the order recorded: a cudaFreeAsync never blocks, so its fence may
 // lie behind a park of its own stream, older than fences about to pass. So while any lane holds
 // a free, a wait for the oldest fence lasts at most kLaneWaitSliceMicros and takes back whatever

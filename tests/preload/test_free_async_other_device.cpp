@@ -1,0 +1,97 @@
+// Preload test: cudaFreeAsync of device-0 memory on a stream of device 1 (a device-1 stream
+// wrote it through peer access and frees it where it used it). The free is ordered only on that
+// stream, so the pools must not hand the memory out again before the device-1 stream has run
+// past the free, although none of device 0's streams waits for it (Note [Frees on another
+// device's stream] in interpose/cuda_device.cpp). The device-1 stream is held behind a gate
+// while device-0 buffers are allocated and written; once it runs, its late write must find no
+// new owner: every new buffer keeps its bytes and the stand-in's race detector counts nothing.
+// With the argument "expect-race" (run under free_fence:none) the memory is reused at once and
+// the late write is caught, which proves each case can fail.
+//
+// Cases: a non-blocking device-1 stream freed with device 1 current and with device 0 current,
+// and device 1's legacy and per-thread default streams (which name device 1's streams only
+// while device 1 is current).
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "check.h"
+
+namespace {
+
+using preload_test::Gate;
+using preload_test::wait_at_gate;
+
+constexpr std::size_t kSize = 1 << 20;
+constexpr int kMaxAllocations = 32;
+
+// Returns true when a new device-0 buffer was corrupted by the device-1 stream's late write.
+bool run_case(const char* name, cudaStream_t device1_stream, int current_at_free,
+              bool expect_race) {
+  CHECK_CUDA(cudaSetDevice(0));
+  cudaStream_t device0_stream = nullptr;
+  CHECK_CUDA(cudaStreamCreateWithFlags(&device0_stream, cudaStreamNonBlocking));
+  void* freed = nullptr;
+  CHECK_CUDA(cudaMalloc(&freed, kSize));
+  CHECK_CUDA(cudaMemset(freed, 0, kSize));
+  const std::uint64_t races_before = preload_test::counter("races");
+
+  CHECK_CUDA(cudaSetDevice(1));
+  Gate gate;
+  CHECK_CUDA(cudaLaunchHostFunc(device1_stream, wait_at_gate, &gate));
+  CHECK_CUDA(cudaMemsetAsync(freed, 0xaa, kSize, device1_stream));  // held behind the gate
+  CHECK_CUDA(cudaSetDevice(current_at_free));
+  CHECK_CUDA(cudaFreeAsync(freed, device1_stream));
+
+  CHECK_CUDA(cudaSetDevice(0));
+  std::vector<void*> taken;
+  bool reused = false;
+  for (int i = 0; i < kMaxAllocations && !reused; ++i) {
+    void* buffer = nullptr;
+    CHECK_CUDA(cudaMalloc(&buffer, kSize));
+    CHECK_CUDA(cudaMemsetAsync(buffer, 0xbb, kSize, device0_stream));
+    CHECK_CUDA(cudaStreamSynchronize(device0_stream));
+    taken.push_back(buffer);
+    reused = buffer == freed;
+  }
+  gate.open.store(true);
+  CHECK_CUDA(cudaSetDevice(1));
+  CHECK_CUDA(cudaDeviceSynchronize());
+  CHECK_CUDA(cudaSetDevice(0));
+  CHECK_CUDA(cudaDeviceSynchronize());
+  bool corrupted = false;
+  for (void* buffer : taken) corrupted |= !preload_test::device_bytes_equal(buffer, kSize, 0xbb);
+  const std::uint64_t races = preload_test::counter("races") - races_before;
+  std::printf("%s: %zu allocations, reused %d, corrupted %d, races %llu\n", name, taken.size(),
+              reused, corrupted, static_cast<unsigned long long>(races));
+  if (!expect_race) {
+    CHECK_MSG(!corrupted, std::string(name) + ": a new buffer was overwritten by the late write");
+    CHECK_MSG(races == 0, std::string(name) + ": the race detector saw the late write");
+  }
+  for (void* buffer : taken) CHECK_CUDA(cudaFree(buffer));
+  CHECK_CUDA(cudaStreamDestroy(device0_stream));
+  return corrupted || races != 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  preload_test::require_preloaded();
+  int devices = 0;
+  CHECK_CUDA(cudaGetDeviceCount(&devices));
+  if (devices < 2) preload_test::skip("needs two devices");
+  const bool expect_race = argc > 1 && std::string(argv[1]) == "expect-race";
+  CHECK_CUDA(cudaSetDevice(1));
+  cudaStream_t device1_stream = nullptr;
+  CHECK_CUDA(cudaStreamCreateWithFlags(&device1_stream, cudaStreamNonBlocking));
+  bool caught = true;
+  caught &= run_case("non-blocking stream, device 1 current", device1_stream, 1, expect_race);
+  caught &= run_case("non-blocking stream, device 0 current", device1_stream, 0, expect_race);
+  caught &= run_case("legacy stream", cudaStreamLegacy, 1, expect_race);
+  caught &= run_case("per-thread stream", cudaStreamPerThread, 1, expect_race);
+  if (expect_race) CHECK_MSG(caught, "a case reused the memory without the late write being seen");
+  CHECK_CUDA(cudaSetDevice(1));
+  CHECK_CUDA(cudaStreamDestroy(device1_stream));
+  std::printf("ok\n");
+  return 0;
+}
