@@ -45,7 +45,9 @@ pooling::Freed release(const driver::CurrentContext& ctx, CUdeviceptr dptr,
 CUresult mem_alloc(CUdeviceptr* dptr, std::size_t size) {
   stream_order::driver_used_directly();  // Note [Stream-ordered reuse]
   const driver::CurrentContext ctx = driver::current_context();
-  if (!ctx.primary) return driver_real::cuMemAlloc_v2()(dptr, size);
+  // Memory the pools do not serve (another context's, or no pool takes the size) still finds
+  // the room their idle pages take.
+  if (!ctx.primary) return with_room([&] { return driver_real::cuMemAlloc_v2()(dptr, size); });
   void* ptr = nullptr;
   void** out = dptr != nullptr ? &ptr : nullptr;
   switch (pooling::allocate("cuMemAlloc", ctx.device, size, out)) {
@@ -54,7 +56,7 @@ CUresult mem_alloc(CUdeviceptr* dptr, std::size_t size) {
       return CUDA_SUCCESS;
     case pooling::Route::forward: {
       const int result = pooling::forward(ctx.device, size, out, [&] {
-        const CUresult real = driver_real::cuMemAlloc_v2()(dptr, size);
+        const CUresult real = with_room([&] { return driver_real::cuMemAlloc_v2()(dptr, size); });
         if (real == CUDA_SUCCESS) ptr = as_pointer(*dptr);
         return static_cast<int>(real);
       });

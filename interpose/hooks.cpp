@@ -102,8 +102,11 @@ cudaError_t raise_out_of_memory() {
 namespace {
 
 cudaError_t forward_malloc(int device, void** ptr, std::size_t size) {
-  const int result =
-      pooling::forward(device, size, ptr, [&] { return real::cudaMalloc()(ptr, size); });
+  // No pool serves it, but the pools' idle pages take room it may need (Note [Stream-ordered
+  // allocations]).
+  const int result = pooling::forward(device, size, ptr, [&] {
+    return with_room(device, size, [&] { return real::cudaMalloc()(ptr, size); });
+  });
   if (result != pooling::kOverBudget) return static_cast<cudaError_t>(result);
   return raise_out_of_memory();
 }

@@ -278,7 +278,8 @@ bool ipc_exportable(const char* api, const void* ptr) {
 
 // Note [Room for what the pools do not serve]
 // Pitched, managed (past the slabs), stream-ordered and driver-managed allocations come from the
-// driver, never from the pools, but draw on the same device: the pools' idle pages and the
+// driver, never from the pools, and so do plain allocations of a size no pool takes and those
+// made in a context of cuCtxCreate; but they all draw on the same device: the pools' idle pages and the
 // memory waiting for its free fences are memory plain CUDA would have given back at the
 // program's frees, and so are managed slabs with nothing live in them. So such a call that the
 // driver (or the budget) refuses for lack of memory gets all of it back (give_back_idle) and is

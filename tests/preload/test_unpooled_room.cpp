@@ -4,7 +4,9 @@
 // each allocator that goes to the driver: cudaMallocPitch, cudaMallocManaged past the managed
 // slab, cuMemAllocPitch, cuMemAllocManaged and cuMemAllocAsync. Each succeeds, as it does
 // without the library, and the runtime's leave the last-error slot as the plain call does: clean
-// when it was clean, the program's own error when it held one.
+// when it was clean, the program's own error when it held one. A child whose layout has no pool
+// for 700 MiB does the same with cudaMalloc and cuMemAlloc, which the pools then pass to the
+// driver, and with cuMemAlloc in a context of cuCtxCreate, whose memory is never pooled.
 // Runs on a GPU too, where 700 MiB only needs to fit next to nothing else.
 #include <cuda.h>
 
@@ -47,9 +49,44 @@ void driver_allocation(const char* what, const std::function<CUresult(CUdevicept
   CHECK_CU(cuCtxSynchronize());
 }
 
+// Under a layout whose largest pool takes 512 MiB: two 400 MiB pooled buffers, freed.
+void leave_idle_pages_beside_no_pool() {
+  void* a = nullptr;
+  void* b = nullptr;
+  CHECK_CUDA(cudaMalloc(&a, 400u << 20));
+  CHECK_CUDA(cudaMalloc(&b, 400u << 20));
+  CHECK_CUDA(cudaFree(a));
+  CHECK_CUDA(cudaFree(b));
+}
+
+int passed_through_child() {
+  CHECK_CUDA(cudaFree(nullptr));
+  leave_idle_pages_beside_no_pool();
+  void* ptr = nullptr;
+  CHECK_MSG(cudaMalloc(&ptr, kBig) == cudaSuccess,
+            "a cudaMalloc no pool serves failed beside idle pages");
+  CHECK_CUDA(cudaGetLastError());
+  CHECK_CUDA(cudaFree(ptr));
+  leave_idle_pages_beside_no_pool();
+  CUdeviceptr dptr = 0;
+  CHECK_MSG(cuMemAlloc_v2(&dptr, kBig) == CUDA_SUCCESS,
+            "a cuMemAlloc no pool serves failed beside idle pages");
+  CHECK_CU(cuMemFree_v2(dptr));
+  leave_idle_pages_beside_no_pool();
+  CUcontext own = nullptr;
+  CHECK_CU(cuCtxCreate(&own, nullptr, 0, 0));
+  CHECK_MSG(cuMemAlloc_v2(&dptr, kBig) == CUDA_SUCCESS,
+            "a cuMemAlloc in a context of cuCtxCreate failed beside idle pages");
+  CHECK_CU(cuMemFree_v2(dptr));
+  CHECK_CU(cuCtxDestroy_v2(own));
+  std::printf("passed-through child ok\n");
+  return 0;
+}
+
 }  // namespace
 
-int main() {
+int main(int argc, char** argv) {
+  if (argc > 1 && std::string(argv[1]) == "passed-through") return passed_through_child();
   preload_test::require_preloaded();
   CHECK_CUDA(cudaFree(nullptr));
   for (const bool dirty : {false, true}) {
@@ -71,6 +108,9 @@ int main() {
   driver_allocation("cuMemAllocAsync", [](CUdeviceptr* p) {
     return cuMemAllocAsync(p, kBig, nullptr);
   }, true);
+  const preload_test::ChildResult passed = preload_test::run_self(
+      "passed-through", {"POOLCUDA_CONF=pools:[sliced(page=2M,slice=512K);exclusive(max=512M)]"});
+  CHECK_MSG(passed.status == 0, passed.output);
   std::printf("ok\n");
   return 0;
 }
