@@ -56,7 +56,10 @@ CUresult mem_alloc(CUdeviceptr* dptr, std::size_t size) {
       return CUDA_SUCCESS;
     case pooling::Route::forward: {
       const int result = pooling::forward(ctx.device, size, out, [&] {
-        const CUresult real = with_room([&] { return driver_real::cuMemAlloc_v2()(dptr, size); });
+        const auto allocate = [&] { return driver_real::cuMemAlloc_v2()(dptr, size); };
+        // A request larger than the device fails whatever comes back: the pools keep their pages.
+        const CUresult real =
+            pooling::beyond_device(ctx.device, size) ? allocate() : with_room(allocate);
         if (real == CUDA_SUCCESS) ptr = as_pointer(*dptr);
         return static_cast<int>(real);
       });

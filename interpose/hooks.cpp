@@ -282,7 +282,8 @@ cudaError_t with_room(int device, std::size_t size, const std::function<cudaErro
   if (!slot_clean && driver_short_of(size)) pooling::give_back_idle(device);
   const cudaError_t result = real();
   if (result != cudaErrorMemoryAllocation || !slot_clean) return result;
-  if (!pooling::give_back_idle(device)) return result;
+  // A request larger than the device fails whatever comes back: the pools keep their pages.
+  if (pooling::beyond_device(device, size) || !pooling::give_back_idle(device)) return result;
   real::cudaGetLastError()();
   return real();
 }

@@ -177,7 +177,7 @@ void before_host_function() {
         std::chrono::duration_cast<std::chrono::microseconds>(deadline - Clock::now()).count();
     const auto bound = static_cast<std::uint32_t>(
         std::max<std::int64_t>(left, kParkGiveBackMicros / 10));
-    manager->give_back_all(bound);
+    manager->give_back_all(bound, GiveBackWait::cudafree_fences);
     // Empty managed slabs too, as a free would have had them back (not during a capture: a
     // trim records fences).
     const CapturePolicy* capture = registry.capture(device);
@@ -289,6 +289,13 @@ bool ipc_exportable(const char* api, const void* ptr) {
 // Note [Stream-ordered allocations] in hooks.cpp); the driver's have none
 // (driver_hooks::with_room). Allocators the library does not hook (arrays, cuMemCreate) are not
 // covered: docs/pools.md says what to do there.
+bool beyond_device(int device, std::size_t size) {
+  const CudaDevice* cuda = Registry::instance().device(device);
+  if (cuda == nullptr) return false;
+  const std::uint64_t limit = budget::limit(device).value_or(cuda->total_bytes());
+  return size > std::min<std::uint64_t>(limit, cuda->total_bytes());
+}
+
 bool give_back_idle(int device) {
   // As long as out-of-memory recovery waits (ManagerOptions::recovery_wait_micros).
   constexpr std::uint32_t kGiveBackMicros = 10000000;

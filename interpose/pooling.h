@@ -75,6 +75,10 @@ bool ipc_exportable(const char* api, const void* ptr);
 // when the pools had anything to give.
 bool give_back_idle(int device);
 
+// Whether `size` bytes are more than `device` has at all (under a budget, more than its limit):
+// no memory given back could make room for them.
+bool beyond_device(int device, std::size_t size);
+
 // Whether `ptr` lies in a pooled page outside every live allocation: memory the program freed
 // (or never got), which the driver, knowing only the page, would call allocated.
 bool in_pooled_free_memory(const void* ptr);

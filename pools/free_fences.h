@@ -72,6 +72,8 @@ class FenceQueue {
   bool open_hint() const { return open_published_.load(std::memory_order_relaxed); }
   // Whether any free waits for a fence already recorded.
   bool any_closed() const { return !closed_.empty() || !lanes_.empty(); }
+  // Whether any free that is not stream-ordered does.
+  bool any_closed_epoch() const { return !closed_.empty(); }
   // Whether any stream-ordered free waits: fences then need not pass in the order recorded, so
   // a wait for the oldest must not outlast a short slice (Note [Stream-ordered frees]).
   bool any_lanes() const { return !lanes_.empty(); }
@@ -109,12 +111,14 @@ class FenceQueue {
     return returned;
   }
 
-  // A ticket for the oldest fence recorded (a closed epoch's or a stream lane's), or an empty
-  // one when none is.
-  FenceTicket borrow_oldest() {
+  // A ticket for the oldest fence recorded (a closed epoch's or, `with_lanes`, a stream lane's),
+  // or an empty one when none is.
+  FenceTicket borrow_oldest(bool with_lanes = true) {
     Epoch* oldest = closed_.empty() ? nullptr : &closed_.front();
-    for (StreamLane& lane : lanes_)
+    for (StreamLane& lane : lanes_) {
+      if (!with_lanes) break;
       if (oldest == nullptr || lane.frees.front().id < oldest->id) oldest = &lane.frees.front();
+    }
     if (oldest == nullptr) return {};
     ++oldest->waiters;
     return FenceTicket{oldest->id, oldest->fence};

@@ -397,7 +397,7 @@ void MemoryManager::fence_open_frees() {
   });
 }
 
-GiveBack MemoryManager::give_back_all(std::uint32_t max_microseconds) {
+GiveBack MemoryManager::give_back_all(std::uint32_t max_microseconds, GiveBackWait wait) {
   const auto deadline =
       std::chrono::steady_clock::now() + std::chrono::microseconds(max_microseconds);
   GiveBack result = GiveBack::nothing;
@@ -405,13 +405,13 @@ GiveBack MemoryManager::give_back_all(std::uint32_t max_microseconds) {
     const auto left = std::chrono::duration_cast<std::chrono::microseconds>(
         deadline - std::chrono::steady_clock::now());
     const GiveBack one =
-        m.give_back(static_cast<std::uint32_t>(std::max<std::int64_t>(left.count(), 0)));
+        m.give_back(static_cast<std::uint32_t>(std::max<std::int64_t>(left.count(), 0)), wait);
     result = std::max(result, one);  // timed_out over done over nothing
   });
   return result;
 }
 
-GiveBack MemoryManager::Impl::give_back(std::uint32_t max_microseconds) {
+GiveBack MemoryManager::Impl::give_back(std::uint32_t max_microseconds, GiveBackWait wait) {
   const auto deadline =
       std::chrono::steady_clock::now() + std::chrono::microseconds(max_microseconds);
   Scope scope(*this);
@@ -427,11 +427,15 @@ GiveBack MemoryManager::Impl::give_back(std::uint32_t max_microseconds) {
   if (idle() == 0 && give_back_stuck && give_back_stuck->same_as(now)) return GiveBack::timed_out;
   ++give_backs;
   bool timed_out = false;
-  while (pending() != 0) {
+  const bool with_lanes = wait == GiveBackWait::every_fence;
+  const auto waiting = [&] {
+    return with_lanes ? pending() != 0 : fences.open_count() != 0 || fences.any_closed_epoch();
+  };
+  while (waiting()) {
     // Frees other threads made while the lock was released wait in the open epoch.
-    if (!fences.any_closed()) close_epoch();
-    if (!fences.any_closed()) break;  // no fence could be recorded
-    if (wait_for_oldest_fence(scope, deadline) == FenceWait::none) {
+    if (with_lanes ? !fences.any_closed() : !fences.any_closed_epoch()) close_epoch();
+    if (with_lanes ? !fences.any_closed() : !fences.any_closed_epoch()) break;  // no fence
+    if (wait_for_oldest_fence(scope, deadline, with_lanes) == FenceWait::none) {
       timed_out = true;
       break;
     }

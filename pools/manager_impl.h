@@ -233,7 +233,7 @@ struct MemoryManager::Impl {
   // Frees `ptr` when it lies in this shard's pages; not_mine (nothing changed) otherwise.
   FreeOutcome free_pointer(DevicePtr ptr, StreamToken stream);
   // give_back_all() for this shard.
-  GiveBack give_back(std::uint32_t max_microseconds);
+  GiveBack give_back(std::uint32_t max_microseconds, GiveBackWait wait);
 
   // --- memory_manager.cpp --------------------------------------------------------------------
   void build_pools(const PoolLayout& layout);
@@ -282,7 +282,9 @@ struct MemoryManager::Impl {
   // `slice` when a slice ran out with the deadline still ahead (route again, then wait again);
   // `none` when no fence is recorded or the deadline has come.
   enum class FenceWait : std::uint8_t { none, passed, slice };
-  FenceWait wait_for_oldest_fence(Scope& scope, std::chrono::steady_clock::time_point deadline);
+  // `with_lanes` false: the oldest closed epoch's fence only, never a stream-ordered free's.
+  FenceWait wait_for_oldest_fence(Scope& scope, std::chrono::steady_clock::time_point deadline,
+                                  bool with_lanes = true);
   // Whether `size` bytes exceed what the device could give even once every page the pools hold
   // for no live slice were back with the driver: then no recovery step can help.
   // `elsewhere`: bytes the other shards hold for no request.

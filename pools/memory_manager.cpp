@@ -164,6 +164,10 @@
 // functions without freeing in between pays nothing. The wait is bounded (a stream parked
 // earlier would hold it forever; the plain call would not wait at all): past the bound the host
 // function goes on and the remaining pages reach the driver when the device gets to them.
+// Stream-ordered frees are not waited for: the plain cudaFreeAsync gives its memory to the
+// stream-ordered pool when the stream gets there, never to the driver before a park, and one
+// behind a park of its own stream (which may never pass while the program runs) made every
+// later host function pay the whole bound again (GiveBackWait::cudafree_fences).
 // Graph launches, whose nodes may be host functions too, only close the open epoch: waiting for
 // the device before every launch would undo what graphs are for.
 //
@@ -352,11 +356,11 @@ bool MemoryManager::Impl::wait_for_oldest_fence(Scope& scope, bool until_passed)
 }
 
 MemoryManager::Impl::FenceWait MemoryManager::Impl::wait_for_oldest_fence(
-    Scope& scope, std::chrono::steady_clock::time_point deadline) {
+    Scope& scope, std::chrono::steady_clock::time_point deadline, bool with_lanes) {
   using Clock = std::chrono::steady_clock;
   const Clock::time_point now = Clock::now();
   if (now >= deadline) return FenceWait::none;
-  const FenceTicket ticket = fences.borrow_oldest();
+  const FenceTicket ticket = fences.borrow_oldest(with_lanes);
   if (!ticket) return FenceWait::none;
   const bool sliced = fences.any_lanes();
   const auto left = std::chrono::duration_cast<std::chrono::microseconds>(deadline - now);

@@ -37,6 +37,10 @@ inline constexpr std::uint32_t kMaxShards = 8;
 // What MemoryManager::give_back_all() did.
 enum class GiveBack : std::uint8_t { nothing, done, timed_out };
 
+// Which fences MemoryManager::give_back_all() waits for: every one, or only those of frees that
+// are not stream-ordered (Note [Idle memory before a park] in memory_manager.cpp).
+enum class GiveBackWait : std::uint8_t { every_fence, cudafree_fences };
+
 // Receives the manager's log lines (spill warnings, out-of-memory breakdowns, per-allocation
 // traces under log:full). Called after the manager's lock is released, from the thread whose
 // call produced the line.
@@ -229,7 +233,9 @@ class MemoryManager {
   // on its way back (or a capture is open, or the manager is frozen). timed_out: the bound
   // expired first, or an earlier call's did and nothing moved since (that call's wait is not
   // repeated). Reports count the calls that gave memory back and those that timed out.
-  GiveBack give_back_all(std::uint32_t max_microseconds);
+  // cudafree_fences: stream-ordered frees whose fences have not passed stay pending.
+  GiveBack give_back_all(std::uint32_t max_microseconds,
+                         GiveBackWait wait = GiveBackWait::every_fence);
 
   // Closes the open free-fence epoch and waits (Device::fence_wait) for every closed one, so
   // every pending slice is free again. Blocks: never for the hot path. Returns false when the

@@ -14,6 +14,10 @@
 //            succeeds as the plain one does.
 //   oom_burst The same, but the free comes right after another one, so it waits in an open
 //            epoch: the host function's hook records its fence before the park.
+//   host_functions_beside_park  A buffer freed with cudaFreeAsync on a stream parked until
+//            the end; then a loop on another stream allocates, launches a host function and
+//            frees stream-ordered. The plain calls never wait for the parked free, and each
+//            host function must not wait for it either (it would cost a second each).
 // A watchdog fails the test instead of hanging; every gate opens by itself after ten seconds.
 #include <atomic>
 #include <chrono>
@@ -165,6 +169,36 @@ void oom_case(bool burst) {
 
 }  // namespace
 
+void host_functions_beside_park_case() {
+  cudaStream_t parked = nullptr;
+  cudaStream_t working = nullptr;
+  CHECK_CUDA(cudaStreamCreateWithFlags(&parked, cudaStreamNonBlocking));
+  CHECK_CUDA(cudaStreamCreateWithFlags(&working, cudaStreamNonBlocking));
+  void* held = nullptr;
+  CHECK_CUDA(cudaMalloc(&held, 1 << 20));
+  Gate gate;
+  CHECK_CUDA(cudaLaunchHostFunc(parked, wait_at_gate, &gate));
+  while (!gate.entered.load()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  CHECK_CUDA(cudaFreeAsync(held, parked));  // waits for the park, as it does plainly
+  std::atomic<bool> done{false};
+  std::thread dog = watchdog(done, gate, 5, "ten host functions beside a parked free");
+  for (int i = 0; i < 10; ++i) {
+    void* buffer = nullptr;
+    CHECK_CUDA(cudaMalloc(&buffer, 1 << 20));
+    CHECK_CUDA(cudaMemsetAsync(buffer, 1, 1 << 20, working));
+    CHECK_CUDA(cudaLaunchHostFunc(working, [](void*) {}, nullptr));
+    CHECK_CUDA(cudaFreeAsync(buffer, working));
+  }
+  CHECK_CUDA(cudaStreamSynchronize(working));
+  done.store(true);
+  dog.join();
+  gate.open.store(true);
+  CHECK_CUDA(cudaDeviceSynchronize());
+  CHECK_CUDA(cudaStreamDestroy(parked));
+  CHECK_CUDA(cudaStreamDestroy(working));
+  std::printf("host_functions_beside_park: no host function waited for the parked free\n");
+}
+
 int main(int argc, char** argv) {
   preload_test::require_preloaded();
   CHECK(argc == 2);
@@ -176,6 +210,7 @@ int main(int argc, char** argv) {
   else if (which == "give_back") give_back_case(Park::host_function, "give_back");
   else if (which == "give_back_callback") give_back_case(Park::callback, "give_back_callback");
   else if (which == "give_back_driver") give_back_case(Park::driver, "give_back_driver");
+  else if (which == "host_functions_beside_park") host_functions_beside_park_case();
   else preload_test::fail(__FILE__, __LINE__, "unknown case " + which);
   return 0;
 }
