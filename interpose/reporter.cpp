@@ -29,8 +29,9 @@
 // thread is then the only thread that accepts the signal, so the kernel hands it every `kill`,
 // and without care the program would never see one. The kernel picks the thread for a signal
 // sent to the process (si_code SI_USER) by trying the main thread first, so such a signal that
-// reaches the handler on the reporter thread tells that the main thread blocks it. The handler
-// then passes it on: it adds the signal to the mask the reporter thread gets back when the
+// reaches the handler on the reporter thread tells that the main thread most likely blocks it
+// (not surely: the kernel also passes over a main thread that is not running and already has a
+// signal pending, which a storm of signals makes common). The handler then passes it on: it adds the signal to the mask the reporter thread gets back when the
 // handler returns, and sends it to the process again, where it stays pending until the program
 // takes it, as without the library. From then on the reporter thread blocks the signal, so
 // reports come only from a signal that reaches a thread of the program's that accepts it (a
@@ -38,7 +39,9 @@
 // request to the reporter thread alone would wait in vain, and the library says so once. No
 // descriptor is opened (reading the main thread's mask from /proc would need one that the
 // program may close under us). The one signal passed on carries the library's process ID as its
-// sender.
+// sender. When the signal then reaches the handler on a thread of the program's after all (the
+// guess was wrong, or the program unblocked it), the reporter thread accepts it again and the
+// mark comes back: a storm of signals never turns reports off for good.
 //
 // Depends on the report channel, the report writer, the library's threads, the log and the
 // configuration.
@@ -86,6 +89,8 @@ std::mutex g_busy;
 pthread_t g_reporter_thread{};
 std::atomic<bool> g_reporter_known{false};
 std::atomic<bool> g_passed_on{false};  // Note [A signal the program waits for]
+// A program thread took the signal while it was passed on: the reporter accepts it again.
+std::atomic<bool> g_accepted_again{false};
 
 extern "C" void on_report_signal(int signal, siginfo_t* info, void* context) {
   const int saved = errno;
@@ -99,6 +104,8 @@ extern "C" void on_report_signal(int signal, siginfo_t* info, void* context) {
     errno = saved;
     return;
   }
+  if (g_passed_on.load(std::memory_order_relaxed) && !g_accepted_again.exchange(true))
+    ::sem_post(&g_wake);  // Note [A signal the program waits for]
   bool channel_request = false;
   if (info != nullptr && info->si_code == SI_QUEUE) {
     const auto word =
@@ -130,14 +137,35 @@ void publish_mark() {
 // Note [Report signal]: the mark follows the signal's disposition.
 void check_handler() {
   static bool told = false;
+  static bool told_passed_on = false;
+  static bool told_accepted = false;
+  if (g_accepted_again.exchange(false) && g_passed_on.load()) {
+    // Note [A signal the program waits for]: a thread of the program's took it after all.
+    sigset_t only;
+    ::sigemptyset(&only);
+    ::sigaddset(&only, g_signal);
+    ::pthread_sigmask(SIG_UNBLOCK, &only, nullptr);
+    g_passed_on.store(false);
+    if (!told_accepted) {
+      told_accepted = true;
+      log_when_touched(LogLevel::basic,
+                       std::string("a thread of the program took ") + g_signal_name +
+                           " after all: report requests are served again");
+    }
+  }
   if (g_passed_on.load()) {
     if (g_mark == nullptr) return;
     ::munmap(g_mark, kMarkBytes);
     g_mark = nullptr;
-    log_when_touched(LogLevel::basic,
-                     std::string("every thread of the program blocks ") + g_signal_name +
-                         ": the program takes it itself, so the library passes it on and "
-                         "refuses report requests from now on (report_signal:USR2 keeps them)");
+    if (!told_passed_on) {
+      told_passed_on = true;
+      log_when_touched(LogLevel::basic,
+                       std::string("every thread of the program seems to block ") +
+                           g_signal_name +
+                           ": the program takes it itself, so the library passes it on and "
+                           "refuses report requests until a thread of the program takes one "
+                           "(report_signal:USR2 keeps them)");
+    }
     return;
   }
   const bool ours = handler_is_ours();
@@ -241,6 +269,7 @@ void restore_report_signal_after_fork() {
   g_plain_request.store(false);
   g_reporter_known.store(false);  // a new thread of the child may reuse the old one's identity
   g_passed_on.store(false);
+  g_accepted_again.store(false);
   ChannelRequest stale;
   while (g_slots.pop(&stale)) {
   }

@@ -3,7 +3,8 @@
 // (Note [A signal the program waits for] in interpose/reporter.cpp), and the library writes no
 // report for them. Before, the library's reporter thread, the only one not blocking the signal,
 // took each of them for a report. Once the main thread accepts the signal again, a signal
-// reaching it asks for a report as usual.
+// reaching it asks for a report as usual, and the readiness mark (withdrawn while the library
+// passed the signal on) comes back, so `poolcuda report` works again.
 #include <poll.h>
 #include <signal.h>
 #include <sys/signalfd.h>
@@ -13,6 +14,8 @@
 #include <atomic>
 #include <chrono>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <string>
 #include <thread>
 
@@ -62,6 +65,14 @@ int run() {
   CHECK(pthread_sigmask(SIG_UNBLOCK, &usr1, nullptr) == 0);
   const std::string report = preload_test::signal_report("SIGNAL_WAIT_REPORTS");
   CHECK(report.find("\"reuse\"") != std::string::npos);
+  bool marked = false;
+  for (int k = 0; k < 300 && !marked; ++k) {
+    std::ifstream maps("/proc/self/maps");
+    const std::string text((std::istreambuf_iterator<char>(maps)), std::istreambuf_iterator<char>());
+    marked = text.find("poolcuda-ready.") != std::string::npos;
+    if (!marked) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  CHECK_MSG(marked, "the readiness mark did not come back");
   CHECK_CUDA(cudaFree(ptr));
   std::printf("child ok\n");
   return 0;
