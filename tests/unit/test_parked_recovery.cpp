@@ -287,6 +287,31 @@ TEST_CASE("give_back_all_behind_an_earlier_park_costs_its_bound_once") {
   CHECK(rig.manager.check_consistency().empty());
 }
 
+TEST_CASE("give_back_all_before_a_host_function_leaves_stream_ordered_frees_behind_a_park") {
+  // A cudaFreeAsync on a parked stream: its memory is the stream's until the park ends, as
+  // under plain CUDA, so a give-back that waits only for cudaFree fences does not wait for it,
+  // while a cudaFree's fence is still waited for and its page returned.
+  Rig rig(custom({exclusive(32 * MiB)}), 512, 64 * MiB);
+  const StreamToken parked = 0x2000;
+  rig.device.park_stream(parked);
+  const DevicePtr ordered = rig.reserve(4 * MiB);
+  const DevicePtr plain = rig.reserve(8 * MiB);
+  REQUIRE((ordered != 0 && plain != 0));
+  REQUIRE(rig.manager.free(ordered, parked) == FreeOutcome::freed);
+  REQUIRE(rig.manager.free(plain) == FreeOutcome::freed);
+  const auto start = std::chrono::steady_clock::now();
+  CHECK(rig.manager.give_back_all(2000000, GiveBackWait::cudafree_fences) == GiveBack::done);
+  CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(1));
+  CHECK(rig.device.outstanding_bytes() == 4 * MiB);  // the parked free's page only
+  CHECK(rig.manager.report().pending_fence_bytes == 4 * MiB);
+  // Waiting for every fence runs out of its bound behind the park.
+  CHECK(rig.manager.give_back_all(20000) == GiveBack::timed_out);
+  rig.device.complete_fences();
+  CHECK(rig.manager.give_back_all(2000000) == GiveBack::done);
+  CHECK(rig.device.outstanding_bytes() == 0);
+  CHECK(rig.manager.check_consistency().empty());
+}
+
 TEST_CASE("give_back_all_does_nothing_during_a_capture") {
   Rig rig(custom({sliced(1 * MiB)}), 512, 16 * MiB);
   const DevicePtr a = rig.reserve(1000);
