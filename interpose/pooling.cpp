@@ -317,7 +317,7 @@ void adjust_memory_info(int device, std::size_t* free_bytes, std::size_t* total_
   // only requests that fit a hole, so counting it would let an allocation of the reported free
   // size fail.
   const ManagedSlabs* slabs = Registry::instance().managed(device);
-  const std::uint64_t idle = (manager != nullptr ? manager->idle_bytes() : 0) +
+  const std::uint64_t idle = (manager != nullptr ? manager->idle_bytes_now() : 0) +
                              (slabs != nullptr ? slabs->empty_bytes() : 0);
   if (config().memgetinfo == MemGetInfoMode::pooled && idle != 0) {
     const std::uint64_t room = total_bytes != nullptr && *total_bytes > *free_bytes

@@ -496,6 +496,16 @@ std::uint64_t MemoryManager::idle_bytes() const {
   return idle;
 }
 
+std::uint64_t MemoryManager::idle_bytes_now() {
+  std::uint64_t idle = 0;
+  shards_->each([&](Impl& m) {
+    Impl::Scope scope(m);
+    if (m.frozen == 0 && m.fences.any()) m.close_and_reap();
+    idle += m.idle() + m.parked_page_bytes();
+  });
+  return idle;
+}
+
 void MemoryManager::forget() {
   Shards& s = *shards_;
   s.each([](Impl& m) {

@@ -168,6 +168,9 @@ class MemoryManager {
   // thread caches' parked slices keep: what cudaMemGetInfo may add to "free" under
   // memgetinfo:pooled.
   std::uint64_t idle_bytes() const;
+  // idle_bytes(), once the memory whose free fences have passed is back (the open epoch closed
+  // first): what a memory query reports as free after the program synchronized.
+  std::uint64_t idle_bytes_now();
 
   ManagerReport report() const;
 

@@ -2,7 +2,7 @@
 // default), while the real runtime counts them as used. Run with the argument "raw" under
 // memgetinfo:raw, the program sees the real numbers. Free space inside pages that live slices
 // keep is never counted: a request of the reported free size must succeed, as it does without
-// the library.
+// the library. Memory freed before a synchronize counts as free even when frees wait for fences.
 #include <string>
 #include <vector>
 
@@ -80,6 +80,26 @@ int main(int argc, char** argv) {
               "cudaMalloc of the reported free size (" + std::to_string(reported) + ") failed");
     CHECK_CUDA(cudaFree(all));
     for (std::size_t i = 1; i < small.size(); i += 2) CHECK_CUDA(cudaFree(small[i]));
+  }
+
+  // With a non-blocking stream every free waits for a fence. Once the program synchronized, a
+  // freed buffer is free again for the query, as it is without the library.
+  if (!raw) {
+    cudaStream_t stream = nullptr;
+    CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    std::size_t free_first = 0;
+    CHECK_CUDA(cudaMemGetInfo(&free_first, &seen_total));
+    void* big = nullptr;
+    CHECK_CUDA(cudaMalloc(&big, total / 8));
+    CHECK_CUDA(cudaMemsetAsync(big, 1, total / 8, stream));
+    CHECK_CUDA(cudaFree(big));
+    CHECK_CUDA(cudaDeviceSynchronize());
+    std::size_t free_after = 0;
+    CHECK_CUDA(cudaMemGetInfo(&free_after, &seen_total));
+    CHECK_MSG(free_after + (2 << 20) >= free_first,
+              "a buffer freed before a synchronize was not free: " + std::to_string(free_after) +
+                  " against " + std::to_string(free_first));
+    CHECK_CUDA(cudaStreamDestroy(stream));
   }
   std::printf("ok\n");
   return 0;
