@@ -36,6 +36,10 @@
 // capture then takes everything from memory already held. The largest single profile, not a
 // sum or an element-wise maximum of all profiles: graphs of decreasing sizes (one per batch
 // size, largest first) leave at most one working set of spare slices, never one per graph.
+// Spare slices take at most half of what the device has free when the capture begins: inside
+// the window no idle memory can go back to the driver (a free would invalidate the capture), so
+// near a full device they would take the room an allocation the pools do not serve (graph
+// memory, cudaMallocAsync) needs there, and fail it where the plain run succeeds.
 // The explicit priming phase (begin(id, true) ... priming_end(id)) serves a warm-up pass run
 // before the capture: slices it frees are held until priming ends, so the pool grows to the
 // pass's whole working set rather than its transient peak, and the recorded run finds them.

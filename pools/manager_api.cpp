@@ -586,12 +586,18 @@ std::uint64_t MemoryManager::prime(const CaptureProfile& profile) {
   std::uint32_t budget = kPrimeWaitMicros;
   while (m.persistent->pending_bytes() > 0 && budget > 0 && m.fences.any_closed())
     m.wait_for_oldest_fence(scope, &budget);
+  // Near a full device the spare slices would take room the window may need for memory the
+  // pools do not serve, which nothing can give back until the capture ends (Note [Priming]):
+  // they take at most half of what the device has free.
+  const std::uint64_t room = m.device.memory_info().free_bytes / 2;
   std::uint64_t added = 0;
   for (const auto& [size, count] : profile) {
     if (size == 0 || size > kLargestRequest) continue;
+    const std::uint64_t slice = align_up(size, m.ctx.alignment);
     for (std::uint64_t have = m.persistent->free_count(size); have < count; ++have) {
+      if (added + slice > room) return added;
       if (m.frozen != 0 || m.persistent->add_free(size) != AllocStatus::ok) return added;
-      added += align_up(size, m.ctx.alignment);
+      added += slice;
     }
   }
   return added;

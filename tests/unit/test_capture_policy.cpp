@@ -278,6 +278,21 @@ TEST_CASE("a_primed_capture_makes_no_device_call_in_its_window") {
   rig.policy.release(first);
 }
 
+TEST_CASE("priming_takes_at_most_half_of_what_the_device_has_free") {
+  // A 128 MiB device; a first capture's graph stays alive with its working set pinned.
+  for (const std::uint64_t working_set : {20 * MiB, 50 * MiB}) {
+    CaptureRig rig;
+    rig.policy.begin(1);
+    rig.policy.free(rig.allocate(working_set));
+    PinSet* first = rig.policy.end(1, true);
+    rig.policy.prime();
+    // 20 MiB of spare slices leave the window 88 MiB; 50 MiB would leave it 28 MiB for memory
+    // the pools do not serve, which nothing could give back during the capture.
+    CHECK(rig.policy.stats().primed_bytes == (working_set == 20 * MiB ? working_set : 0));
+    rig.policy.release(first);
+  }
+}
+
 TEST_CASE("shared_capture_memory_serves_later_captures_and_goes_with_the_last_graph") {
   CaptureRig rig(true);
   rig.policy.begin(1);
