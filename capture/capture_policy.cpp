@@ -39,7 +39,10 @@
 // Spare slices take at most half of what the device has free when the capture begins: inside
 // the window no idle memory can go back to the driver (a free would invalidate the capture), so
 // near a full device they would take the room an allocation the pools do not serve (graph
-// memory, cudaMallocAsync) needs there, and fail it where the plain run succeeds.
+// memory, cudaMallocAsync) needs there, and fail it where the plain run succeeds. When that
+// half is too small, the pools first give their idle memory back (bounded, as before a host
+// function): the capture then finds the room its last run needed, which idle pages of other
+// sizes would have kept from it.
 // The explicit priming phase (begin(id, true) ... priming_end(id)) serves a warm-up pass run
 // before the capture: slices it frees are held until priming ends, so the pool grows to the
 // pass's whole working set rather than its transient peak, and the recorded run finds them.
@@ -91,7 +94,13 @@ void CapturePolicy::prime() {
     if (options_.share || largest_profile_.empty()) return;
     profile = largest_profile_;
   }
-  const std::uint64_t added = manager_.prime(profile);
+  bool short_of_room = false;
+  std::uint64_t added = manager_.prime(profile, &short_of_room);
+  // Idle pages first, while no window is open yet: what the last capture needed is better spent
+  // on its spare slices than on memory no one uses (Note [Priming]).
+  constexpr std::uint32_t kRoomMicros = 100000;
+  if (short_of_room && manager_.give_back_all(kRoomMicros) != GiveBack::nothing)
+    added += manager_.prime(profile);
   std::lock_guard hold(mutex_);
   stats_.primed_bytes += added;
 }

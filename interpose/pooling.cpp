@@ -43,6 +43,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <thread>
 
 #include "interpose/budget.h"
 #include "interpose/cuda_device.h"
@@ -88,6 +89,26 @@ FreeOutcome free_managed(Registry& registry, int device, DevicePtr address, int*
   return FreeOutcome::not_mine;
 }
 
+// Note [Graphs dying]
+// CUDA runs the destructor that tells the pools a graph is gone on a thread of its own, some
+// time after cudaGraphDestroy or cudaGraphExecDestroy returned. Until then the memory the
+// graph pinned stays with it, also what the program freed already: an allocation right after
+// the destroy that needs that memory failed for lack of it where the plain run, which has no
+// pins, succeeded. So an allocation about to fail for lack of memory while graphs hold pinned
+// memory (and no capture is open) waits a little for such a release, and routes once more when
+// one came. The wait costs only allocations that would otherwise fail.
+bool graph_release_arrived(CapturePolicy& capture) {
+  constexpr auto kWait = std::chrono::milliseconds(100);
+  if (capture.open() || capture.stats().pinned_bytes == 0) return false;
+  const auto deadline = std::chrono::steady_clock::now() + kWait;
+  while (!capture.releases_pending()) {
+    if (std::chrono::steady_clock::now() >= deadline) return false;
+    std::this_thread::sleep_for(std::chrono::microseconds(500));
+  }
+  capture.drain_releases();
+  return true;
+}
+
 }  // namespace
 
 Route allocate(const char* api, int device, std::size_t size, void** ptr) {
@@ -102,6 +123,10 @@ Route allocate(const char* api, int device, std::size_t size, void** ptr) {
   if (capture.releases_pending()) capture.drain_releases();  // Note [Graph lifetimes]
   // Out-of-memory recovery gives back empty managed slabs too (Device::give_back_elsewhere).
   Reservation reservation = capture.open() ? capture.allocate(size) : manager->allocate(size);
+  if (reservation.ptr == 0 && reservation.error.kind == ErrorKind::out_of_memory &&
+      graph_release_arrived(capture)) {
+    reservation = manager->allocate(size);
+  }
   // A sticky context error is not checked on a hit: that would cost a CUDA call on every
   // allocation, and the program's next launch or synchronisation reports the error anyway.
   if (reservation.ptr != 0) {

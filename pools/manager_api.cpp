@@ -576,7 +576,7 @@ bool MemoryManager::release_retained(const RetainedSlice& pin) {
   return true;
 }
 
-std::uint64_t MemoryManager::prime(const CaptureProfile& profile) {
+std::uint64_t MemoryManager::prime(const CaptureProfile& profile, bool* short_of_room) {
   // A capture's reservations come from the first shard (its gate is closed meanwhile).
   Impl& m = shards_->at(0);
   Impl::Scope scope(m);
@@ -595,7 +595,10 @@ std::uint64_t MemoryManager::prime(const CaptureProfile& profile) {
     if (size == 0 || size > kLargestRequest) continue;
     const std::uint64_t slice = align_up(size, m.ctx.alignment);
     for (std::uint64_t have = m.persistent->free_count(size); have < count; ++have) {
-      if (added + slice > room) return added;
+      if (added + slice > room) {
+        if (short_of_room != nullptr) *short_of_room = true;
+        return added;
+      }
       if (m.frozen != 0 || m.persistent->add_free(size) != AllocStatus::ok) return added;
       added += slice;
     }

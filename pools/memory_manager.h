@@ -210,7 +210,9 @@ class MemoryManager {
   // A graph capture begins with this, so that its window finds the memory it will ask for
   // (Note [Priming] in capture/capture_policy.cpp). Returns the bytes added; stops at the first
   // page the device refuses.
-  std::uint64_t prime(const CaptureProfile& profile);
+  // `short_of_room` (when not null) is set when the device's free memory stopped it: half of
+  // what is free is the most it adds (Note [Priming] in capture/capture_policy.cpp).
+  std::uint64_t prime(const CaptureProfile& profile, bool* short_of_room = nullptr);
 
   // A slice the program freed while `pin` held it ("held") is handed out again, as a live
   // allocation of `requested` bytes (at most its size) at the same address; the pin stays.

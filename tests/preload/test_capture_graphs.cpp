@@ -17,6 +17,10 @@
 //   threads      two threads capture at once in thread-local mode; a third frees pooled memory
 //                (recording free fences) the whole time, and no capture is ever invalidated
 //   to_graph     cudaStreamBeginCaptureToGraph into a graph the program created
+//   destroyed    a relaxed-mode capture allocates a workspace of 40% of the device's free
+//                memory; right after its graph is destroyed and the workspace freed, an
+//                allocation of 70% succeeds, as plainly, although CUDA tells the library that
+//                the graph is gone only later, on a thread of its own (five rounds)
 // Sizes are fractions of small fixed amounts, so the same program runs on a GPU; the driver
 // counters (the stand-in's) are checked only on the stand-in. What graphs still hold is read
 // from the library's own report (its capture section): the program runs itself as a child
@@ -348,6 +352,36 @@ void to_graph_case() {
 
 }  // namespace
 
+void destroyed_case() {
+  cudaStream_t stream = nullptr;
+  CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  std::size_t free_bytes = 0, total = 0;
+  CHECK_CUDA(cudaMemGetInfo(&free_bytes, &total));
+  const std::size_t workspace_size = free_bytes / 10 * 4;
+  const std::size_t big_size = free_bytes / 10 * 7;
+  for (int round = 0; round < 5; ++round) {
+    CHECK_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeRelaxed));
+    void* workspace = nullptr;
+    CHECK_CUDA(cudaMalloc(&workspace, workspace_size));
+    CHECK_CUDA(cudaMemsetAsync(workspace, 3, workspace_size, stream));
+    cudaGraph_t graph = nullptr;
+    CHECK_CUDA(cudaStreamEndCapture(stream, &graph));
+    cudaGraphExec_t exec = nullptr;
+    CHECK_CUDA(cudaGraphInstantiate(&exec, graph, 0));
+    CHECK_CUDA(cudaGraphLaunch(exec, stream));
+    CHECK_CUDA(cudaStreamSynchronize(stream));
+    CHECK_CUDA(cudaGraphExecDestroy(exec));
+    CHECK_CUDA(cudaGraphDestroy(graph));
+    CHECK_CUDA(cudaFree(workspace));
+    CHECK_CUDA(cudaDeviceSynchronize());
+    void* big = nullptr;
+    CHECK_MSG(cudaMalloc(&big, big_size) == cudaSuccess,
+              "round " + std::to_string(round) + ": the destroyed graph's memory did not come back");
+    CHECK_CUDA(cudaFree(big));
+  }
+  CHECK_CUDA(cudaStreamDestroy(stream));
+}
+
 int main(int argc, char** argv) {
   preload_test::require_preloaded();
   CHECK(argc == 2);
@@ -363,6 +397,7 @@ int main(int argc, char** argv) {
   else if (which == "batches_shared") batches_case(true);
   else if (which == "threads") threads_case();
   else if (which == "to_graph") to_graph_case();
+  else if (which == "destroyed") destroyed_case();
   else preload_test::fail(__FILE__, __LINE__, "unknown case " + which);
   CHECK_CUDA(cudaGetLastError());
   std::printf("%s: ok\n", which.c_str());
