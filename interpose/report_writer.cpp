@@ -10,27 +10,57 @@
 // let alone followed), then renamed over the report's name: a link planted there is replaced,
 // not followed. The temporary is removed when anything fails.
 //
-// Depends on the snapshots, the registry, the log and the configuration.
+// Note [Reports into devices and FIFOs]
+// report_path may name something that is not a file: /dev/null, /dev/stderr (a link to
+// /proc/self/fd/2), a terminal, a FIFO a reader tails. Renaming over such a name would replace
+// the node with a regular file (as root, the system's /dev/null or /dev/stderr). So
+// report_target() (report_destination.h) looks first. A FIFO, a character device or a socket,
+// links followed, is written into in place, opened O_WRONLY | O_APPEND | O_NOCTTY (a terminal
+// must not become the process's controlling terminal); so is anything a link into /proc leads
+// to, a regular file too, and a link to /proc/self/fd/N is descriptor N itself, whose offset the
+// program's own writes share (a second open of a file redirected with 2>FILE would be
+// overwritten). A link into /proc to nothing or to a directory, and a block device (writing into
+// a disk, or renaming over its node, would destroy it), are refused. A FIFO is opened O_NONBLOCK: with
+// no reader the open fails and the report is dropped rather than holding the thread, and a
+// reader gets kNodeWriteBound to take the whole report before the rest is dropped (at exit
+// too). A socket cannot be opened, so its reports are dropped. SIGPIPE is blocked around the
+// write: a reader that goes away must not kill the program when the report is written at exit,
+// on one of its threads. Links to regular files or to nothing keep Note [Report files], and so
+// does a link another user owns (other than root): it may have been planted to make reports land
+// in a device, and is replaced, never followed. What is written to must be what was looked at
+// (device and inode), so a name changed in between gets nothing.
+//
+// Depends on the snapshots, the registry, the log, the configuration and report_destination.h.
 #include "interpose/report_writer.h"
 
 #include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
 #include <sys/random.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <cerrno>
+#include <chrono>
 #include <cstring>
 #include <ctime>
 #include <mutex>
 
 #include "interpose/lifecycle.h"
 #include "interpose/log.h"
+#include "interpose/report_destination.h"
 #include "interpose/registry.h"
 
 namespace poolcuda {
 
 namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// How long a FIFO's reader may take to read one report (Note [Reports into devices and FIFOs]).
+constexpr std::chrono::milliseconds kNodeWriteBound{2000};
 
 std::atomic<std::uint64_t> g_sequence{0};
 
@@ -63,12 +93,22 @@ std::string random_suffix() {
   return out;
 }
 
-bool write_all(int fd, std::string_view text) {
+// Writes all of `text`. A non-blocking descriptor waits for room until `deadline`.
+bool write_all(int fd, std::string_view text,
+               Clock::time_point deadline = Clock::time_point::max()) {
   while (!text.empty()) {
     const ssize_t n = ::write(fd, text.data(), text.size());
+    if (n > 0) {
+      text.remove_prefix(static_cast<std::size_t>(n));
+      continue;
+    }
     if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return false;
-    text.remove_prefix(static_cast<std::size_t>(n));
+    if (n == 0 || errno != EAGAIN) return false;
+    const auto left =
+        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
+    if (left <= 0) return false;  // errno stays EAGAIN
+    pollfd ready{fd, POLLOUT, 0};
+    if (::poll(&ready, 1, static_cast<int>(left)) < 0 && errno != EINTR) return false;
   }
   return true;
 }
@@ -103,6 +143,67 @@ bool replace_file(const std::string& path, std::string_view text) {
   return ok;
 }
 
+// Blocks SIGPIPE in this thread while it lives; one that a write raised meanwhile is consumed
+// (Note [Reports into devices and FIFOs]).
+class NoSigpipe {
+ public:
+  NoSigpipe() {
+    ::sigemptyset(&pipe_);
+    ::sigaddset(&pipe_, SIGPIPE);
+    sigset_t pending;
+    was_pending_ = ::sigpending(&pending) == 0 && ::sigismember(&pending, SIGPIPE) == 1;
+    ::pthread_sigmask(SIG_BLOCK, &pipe_, &saved_);
+  }
+  ~NoSigpipe() {
+    sigset_t pending;
+    if (!was_pending_ && ::sigpending(&pending) == 0 && ::sigismember(&pending, SIGPIPE) == 1) {
+      const timespec now{};
+      while (::sigtimedwait(&pipe_, nullptr, &now) < 0 && errno == EINTR) {
+      }
+    }
+    ::pthread_sigmask(SIG_SETMASK, &saved_, nullptr);
+  }
+  NoSigpipe(const NoSigpipe&) = delete;
+  NoSigpipe& operator=(const NoSigpipe&) = delete;
+
+ private:
+  sigset_t pipe_;
+  sigset_t saved_;
+  bool was_pending_ = false;
+};
+
+// Note [Reports into devices and FIFOs]: writes into what `path` leads to. Empty when written;
+// otherwise why not.
+std::string write_in_place(const std::string& path, const ReportTarget& target,
+                           std::string_view text) {
+  const bool fifo = S_ISFIFO(target.info.st_mode);
+  const bool own = target.descriptor >= 0;
+  const int fd = own ? target.descriptor
+                     : ::open(path.c_str(), O_WRONLY | O_APPEND | O_NOCTTY | O_CLOEXEC |
+                                                (fifo ? O_NONBLOCK : 0));
+  if (fd < 0) {
+    if (fifo && errno == ENXIO) return "no process has the FIFO open for reading";
+    if (S_ISSOCK(target.info.st_mode))
+      return std::string("it is a socket, which cannot be opened (") + std::strerror(errno) + ")";
+    return std::strerror(errno);
+  }
+  std::string why;
+  struct stat opened {};
+  if (::fstat(fd, &opened) != 0 || opened.st_dev != target.info.st_dev ||
+      opened.st_ino != target.info.st_ino) {
+    why = "it was replaced between the look and the open";  // so nothing is written
+  } else {
+    NoSigpipe no_sigpipe;
+    if (!write_all(fd, text, Clock::now() + kNodeWriteBound)) {
+      why = errno == EAGAIN ? "its reader did not take the whole report within " +
+                                  std::to_string(kNodeWriteBound.count()) + " ms"
+                            : std::strerror(errno);
+    }
+  }
+  if (!own) ::close(fd);
+  return why;
+}
+
 }  // namespace
 
 RenderedReport render_snapshots(std::string_view reason, ReportFormat format,
@@ -135,18 +236,30 @@ RenderedReport render_snapshots(std::string_view reason, ReportFormat format,
 Delivery deliver(const RenderedReport& report) {
   const Config& conf = config();
   std::lock_guard<std::mutex> hold(output_mutex());
-  if (conf.report_path == "stderr") {
+  if (is_stderr_keyword(conf.report_path)) {
     write_stderr(report.text);
     return Delivery{true, "standard error"};
   }
   const std::string path =
       expand_report_path(conf.report_path, static_cast<long>(::getpid()), report.sequence);
-  if (replace_file(path, report.text)) {
+  std::string why;
+  const ReportTarget target = report_target(path);
+  switch (target.destination) {
+    case ReportDestination::in_place:
+      why = write_in_place(path, target, report.text);
+      break;
+    case ReportDestination::refused:
+      why = target.refusal;
+      break;
+    case ReportDestination::replace:
+      if (!replace_file(path, report.text)) why = std::strerror(errno);
+      break;
+  }
+  if (why.empty()) {
     log_format(LogLevel::basic, "report %llu written to %s",
                static_cast<unsigned long long>(report.sequence), path.c_str());
     return Delivery{true, path};
   }
-  const std::string why = std::strerror(errno);
   log_format(LogLevel::basic, "cannot write report %llu to %s: %s",
              static_cast<unsigned long long>(report.sequence), path.c_str(), why.c_str());
   return Delivery{false, "cannot write " + path + ": " + why};

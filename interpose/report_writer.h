@@ -1,6 +1,7 @@
 // Rendering a report from snapshots and delivering it where report_path says: standard error,
-// or a file replaced atomically (Note [Report files] in report_writer.cpp). Reports are numbered
-// per process (%n in report_path); two deliveries never interleave.
+// a file replaced atomically, or a FIFO or device written in place (Note [Report files] and
+// Note [Reports into devices and FIFOs] in report_writer.cpp). Reports are numbered per process
+// (%n in report_path); two deliveries never interleave.
 //
 // Depends on the snapshots, the registry (the document), the log and the configuration. Never
 // called from a signal handler.

@@ -28,6 +28,9 @@ trap cleanup EXIT
 # LD_PRELOAD (and `poolcuda run` keeps it first for the programs it runs); this script and its
 # helpers do not (a sanitizer runtime preloaded into bash crashes it).
 sanitizer_preload=${CLI_SANITIZER_PRELOAD:-}
+# CLI_FAILING_READ: tests/cli/failing_read.cpp, built (report-target-exits preloads it).
+failing_read=${CLI_FAILING_READ:-}
+unset CLI_FAILING_READ POOLCUDA_CLI_TEST_FAIL_READ
 unset POOLCUDA_CONF POOLCUDA_LIBRARY POOLCUDA_CLI_TEST_MARKER POOLCUDA_RUN_SUMMARY
 unset CLI_TARGET_CONSTRUCTOR CLI_TARGET_MARKER LD_LIBRARY_PATH LD_PRELOAD CLI_SANITIZER_PRELOAD
 gpu=0
@@ -150,6 +153,24 @@ check-conf-report-path)
   run_cli 0 check-conf "report_path:$work/reports/r-%p-%n.json"
   is_empty err
   run_cli 0 check-conf "report_path:stderr"
+  # The keyword in any case: not a file named STDERR (here a directory, which would be refused).
+  mkdir "$work/STDERR"
+  (cd "$work" && run_cli 0 check-conf "report_path:STDERR") || exit 1
+  is_empty err
+  # FIFOs and character devices (links followed) are written in place; a socket cannot be.
+  mkfifo "$work/fifo"
+  run_cli 0 check-conf "report_path:$work/fifo"
+  is_empty err
+  ln -s /dev/null "$work/null-link"
+  run_cli 0 check-conf "report_path:$work/null-link"
+  is_empty err
+  ln -s /proc/self/fd/987 "$work/closed-link"
+  run_cli 1 check-conf "report_path:$work/closed-link"
+  has err "it is a link into /proc to nothing"
+  python3 -c 'import socket, sys; socket.socket(socket.AF_UNIX).bind(sys.argv[1])' \
+    "$work/socket" || fail "cannot make a socket"
+  run_cli 1 check-conf "report_path:$work/socket"
+  has err "'$work/socket' is a socket, which cannot be opened; reports would be lost"
   # A directory this user cannot write to (root writes everywhere, so only checked for others).
   if [ "$(id -u)" -ne 0 ]; then
     mkdir "$work/locked" && chmod 555 "$work/locked"
@@ -377,6 +398,27 @@ report-refuses)
     [ "$(cat "$work/marker-$signal")" = loaded ] || fail "the process was signalled"
     stop_target
   done
+  ;;
+report-target-exits)
+  # The process exits while the CLI reads its /proc files: a read that fails with ESRCH (made to
+  # fail here every time) is that exit, and the CLI says so with status 1; it used to abort on
+  # an exception.
+  [ -n "$failing_read" ] || { echo "skipped: CLI_FAILING_READ is not set"; exit 77; }
+  sleep 30 &
+  background_pid=$!
+  for file in status maps environ; do
+    POOLCUDA_CLI_TEST_FAIL_READ=/proc/$background_pid/$file LD_PRELOAD=$failing_read \
+      run_cli 1 report "$background_pid"
+    has err "process $background_pid exited before it answered"
+  done
+  POOLCUDA_CLI_TEST_FAIL_READ=/proc/$background_pid/maps LD_PRELOAD=$failing_read \
+    run_cli 1 trim "$background_pid"
+  has err "process $background_pid exited before it answered"
+  # A thread's name that cannot be read only means that thread is not the reporter.
+  POOLCUDA_CLI_TEST_FAIL_READ=/proc/$background_pid/task/$background_pid/comm \
+    LD_PRELOAD=$failing_read run_cli 1 report "$background_pid"
+  has err "process $background_pid has not loaded libpoolcuda.so"
+  stop_target
   ;;
 real-report)
   start_target -- "$target" cuda 60

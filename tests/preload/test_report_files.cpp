@@ -3,12 +3,24 @@
 // ("<name>.tmp<pid>"), is never followed: the file it points to keeps its bytes, the report
 // lands as a regular file of its own, and no temporary is left behind.
 //
+// Names that are not files (Note [Reports into devices and FIFOs]) are written into, never
+// replaced: a FIFO with a reader gets the report; a FIFO without one, or whose reader goes away
+// mid-report, loses it with a log line and neither blocks nor kills the program; a socket loses
+// it; a link to /dev/null or to the program's standard error (a pipe, or a regular file) stays a
+// link and the report goes through it (one to a closed descriptor gets nothing), but a link
+// another user owns is replaced, not followed.
+// The stderr keyword is recognised in any case (report_path:STDERR).
+//
 // The program runs itself as children with POOLCUDA_CONF set (read when the library loads).
 #include <dirent.h>
+#include <fcntl.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 
 #include <chrono>
+#include <cstring>
 #include <fstream>
 #include <sstream>
 #include <string>
@@ -43,10 +55,12 @@ std::vector<std::string> entries(const std::string& dir) {
   return out;
 }
 
-bool is_regular_file(const std::string& path) {
+mode_t kind_of(const std::string& path) {
   struct stat info {};
-  return ::lstat(path.c_str(), &info) == 0 && S_ISREG(info.st_mode);
+  return ::lstat(path.c_str(), &info) == 0 ? info.st_mode & S_IFMT : 0;
 }
+
+bool is_regular_file(const std::string& path) { return kind_of(path) == S_IFREG; }
 
 // Waits up to ten seconds for `path` to be a regular file holding a report.
 bool wait_for_report(const std::string& path) {
@@ -76,11 +90,165 @@ int child() {
   return 0;
 }
 
+// The child of the cases below: touches CUDA (so report_at_exit:1 writes a report) from the
+// directory CHILD_DIR, and exits.
+int exit_child() {
+  CHECK(::chdir(std::getenv("CHILD_DIR")) == 0);
+  if (const char* file = std::getenv("CHILD_STDERR")) {  // as 2>FILE does (no O_APPEND)
+    const int fd = ::open(file, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    CHECK(fd >= 0 && ::dup2(fd, 2) == 2);
+  }
+  CHECK_CUDA(cudaFree(nullptr));
+  return 0;
+}
+
+// Runs exit_child with report_path `report_path` and a report at exit; it must exit at once
+// and with status 0 (not blocked, not killed by SIGPIPE).
+preload_test::ChildResult run_exit_child(const std::string& dir, const std::string& report_path,
+                                        const std::string& stderr_file = "") {
+  const preload_test::ChildResult result = preload_test::run_self(
+      "exit-child",
+      {"POOLCUDA_CONF=report_at_exit:1,report_path:" + report_path, "CHILD_DIR=" + dir,
+       stderr_file.empty() ? "CHILD_STDERR" : "CHILD_STDERR=" + stderr_file},
+      20);
+  std::printf("report_path:%s:\n%s", report_path.c_str(), result.output.c_str());
+  CHECK_MSG(result.status == 0 && !result.timed_out,
+            report_path + ": the child exited with " + std::to_string(result.status));
+  return result;
+}
+
+// What is waiting in the pipe behind `fd` (non-blocking).
+std::string drain(int fd) {
+  std::string text;
+  char buffer[4096];
+  ssize_t n;
+  while ((n = ::read(fd, buffer, sizeof buffer)) > 0) {
+    text.append(buffer, static_cast<std::size_t>(n));
+  }
+  return text;
+}
+
+// Note [Reports into devices and FIFOs], from the outside.
+void check_nodes(const std::string& dir) {
+  const std::string fifo = dir + "/fifo";
+  CHECK(::mkfifo(fifo.c_str(), 0600) == 0);
+
+  // A reader (held open here: O_RDWR never waits for a writer) gets the whole report.
+  int reader = ::open(fifo.c_str(), O_RDWR | O_NONBLOCK | O_CLOEXEC);
+  CHECK(reader >= 0);
+  auto result = run_exit_child(dir, fifo);
+  CHECK(result.output.find("report 1 written to " + fifo) != std::string::npos);
+  const std::string report = drain(reader);
+  CHECK_MSG(report.find("poolcuda report #1 (pid ") != std::string::npos, "FIFO got: " + report);
+  CHECK(report.ends_with("\n"));
+  ::close(reader);
+  CHECK(kind_of(fifo) == S_IFIFO);
+
+  // Nobody reads: the report is dropped at once.
+  result = run_exit_child(dir, fifo);
+  CHECK(result.output.find("cannot write report 1 to " + fifo +
+                           ": no process has the FIFO open for reading") != std::string::npos);
+  CHECK(kind_of(fifo) == S_IFIFO);
+
+  // The reader goes away while the report waits for room (the pipe is full): the write fails
+  // with EPIPE, and the SIGPIPE it raises on the exiting thread must not kill the program. (If
+  // the reader is gone before the child opens the FIFO, the report is dropped as above.)
+  reader = ::open(fifo.c_str(), O_RDWR | O_NONBLOCK | O_CLOEXEC);
+  CHECK(reader >= 0);
+  ::fcntl(reader, F_SETPIPE_SZ, 4096);
+  const std::string filler(4096, 'x');
+  while (::write(reader, filler.data(), filler.size()) > 0) {
+  }
+  std::thread closer([reader] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));
+    ::close(reader);
+  });
+  result = run_exit_child(dir, fifo);
+  closer.join();
+  CHECK(result.output.find("cannot write report 1 to " + fifo) != std::string::npos);
+  CHECK(kind_of(fifo) == S_IFIFO);
+
+  // A socket cannot be opened: the report is lost, the socket stays.
+  const std::string socket_path = dir + "/socket";
+  const int listener = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_un address{};
+  address.sun_family = AF_UNIX;
+  CHECK(socket_path.size() < sizeof address.sun_path);
+  std::memcpy(address.sun_path, socket_path.c_str(), socket_path.size() + 1);
+  CHECK(::bind(listener, reinterpret_cast<const sockaddr*>(&address), sizeof address) == 0);
+  result = run_exit_child(dir, socket_path);
+  CHECK(result.output.find("cannot write report 1 to " + socket_path + ": it is a socket") !=
+        std::string::npos);
+  CHECK(kind_of(socket_path) == S_IFSOCK);
+  ::close(listener);
+
+  // Links to character devices and pipes are followed, and stay links. (Should this regress,
+  // a rename replaces the link, never /dev/null itself.)
+  const std::string null_link = dir + "/null-link";
+  CHECK(::symlink("/dev/null", null_link.c_str()) == 0);
+  result = run_exit_child(dir, null_link);
+  CHECK(result.output.find("report 1 written to " + null_link) != std::string::npos);
+  CHECK(kind_of(null_link) == S_IFLNK);
+  CHECK(kind_of("/dev/null") == S_IFCHR);
+  const std::string stderr_link = dir + "/stderr-link";  // the child's stderr: run_self's pipe
+  CHECK(::symlink("/proc/self/fd/2", stderr_link.c_str()) == 0);
+  result = run_exit_child(dir, stderr_link);
+  CHECK(result.output.find("poolcuda report #1 (pid ") != std::string::npos);
+  CHECK(result.output.find("report 1 written to " + stderr_link) != std::string::npos);
+  CHECK(kind_of(stderr_link) == S_IFLNK);
+  // Through a link into /proc, a regular file too is written in place: renaming would replace
+  // the link (as root, /dev/stderr itself). /proc/self/fd/2 is descriptor 2 itself, so the log
+  // line written after the report, at descriptor 2's offset, does not overwrite it.
+  const std::string stderr_file = dir + "/stderr.txt";
+  run_exit_child(dir, stderr_link, stderr_file);
+  const std::string appended = read_file(stderr_file);
+  CHECK_MSG(appended.find("poolcuda report #1 (pid ") != std::string::npos &&
+                appended.find("report 1 written to " + stderr_link) != std::string::npos,
+            "standard error got: " + appended);
+  CHECK(kind_of(stderr_link) == S_IFLNK);
+
+  // A link into /proc to nothing (a closed descriptor) is refused, not replaced.
+  const std::string closed_link = dir + "/closed-link";
+  CHECK(::symlink("/proc/self/fd/987", closed_link.c_str()) == 0);
+  result = run_exit_child(dir, closed_link);
+  CHECK(result.output.find("cannot write report 1 to " + closed_link +
+                           ": it is a link into /proc to nothing") != std::string::npos);
+  CHECK(kind_of(closed_link) == S_IFLNK);
+
+  // A link another user owns may have been planted: replaced by the report, never followed.
+  // (Only root can give a link away.)
+  const std::string others_link = dir + "/others-link";
+  if (::geteuid() == 0) {
+    CHECK(::symlink("/dev/null", others_link.c_str()) == 0);
+    CHECK(::lchown(others_link.c_str(), 65534, 65534) == 0);
+    run_exit_child(dir, others_link);
+    CHECK_MSG(is_regular_file(others_link) &&
+                  read_file(others_link).find("poolcuda report #1") != std::string::npos,
+              "a link of another user's was followed");
+    CHECK(kind_of("/dev/null") == S_IFCHR);
+  }
+
+  // The stderr keyword in another case is still the keyword, not a file in the working
+  // directory.
+  for (const std::string keyword : {"STDERR", "Stderr"}) {
+    result = run_exit_child(dir, keyword);
+    CHECK_MSG(result.output.find("poolcuda report #1 (pid ") != std::string::npos,
+              keyword + ": no report on stderr");
+    CHECK_MSG(kind_of(dir + "/" + keyword) == 0, keyword + " was written as a file");
+  }
+
+  for (const char* name : {"fifo", "socket", "null-link", "stderr-link", "stderr.txt",
+                           "closed-link", "others-link"}) {
+    ::unlink((dir + "/" + name).c_str());
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   preload_test::require_preloaded();
   if (argc > 1 && std::string(argv[1]) == "child") return child();
+  if (argc > 1 && std::string(argv[1]) == "exit-child") return exit_child();
 
   char dir_template[] = "/tmp/poolcuda-report-files-XXXXXX";
   CHECK(::mkdtemp(dir_template) != nullptr);
@@ -107,6 +275,8 @@ int main(int argc, char** argv) {
   CHECK_MSG(result.status == 0, "link child exited with " + std::to_string(result.status));
   CHECK_MSG(read_file(victim) == "not a report", "a planted link was followed");
   CHECK_MSG(is_regular_file(path), "the report is not a file of its own");
+
+  check_nodes(dir);
 
   // Only the reports, the victim and the planted old-temporary link remain: no temporaries.
   for (const std::string& name : entries(dir)) {

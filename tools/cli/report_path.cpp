@@ -2,7 +2,9 @@
 // configuration says. The parser checks only the grammar (config/ does no I/O); this looks at
 // the directory as the user running check-conf sees it, from its working directory. The library
 // itself never refuses to start over a report path: a report it cannot write is logged and lost.
-// Depends on config/ (expand_report_path) and POSIX only.
+// Which paths the library writes into in place, and which it replaces, is decided by
+// interpose/report_destination.h for both (Note [Reports into devices and FIFOs]).
+// Depends on config/ (expand_report_path), interpose/report_destination.h and POSIX only.
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -11,21 +13,35 @@
 
 #include "cli.h"
 #include "config/config.h"
+#include "interpose/report_destination.h"
 
 namespace poolcuda::cli {
 
 std::string report_path_problem(const std::string& pattern) {
-  if (pattern == "stderr") return {};
-  // The library writes a temporary file beside the report and renames it: the directory must
-  // exist and take new files. It creates no directory, so a directory named with %p or %n does
-  // not exist before the run.
+  if (is_stderr_keyword(pattern)) return {};
   const std::string path = expand_report_path(pattern, static_cast<long>(::getpid()), 1);
+  // What the library does with what is there now (report_destination.h): what it writes into
+  // in place must be writable, and a socket cannot be opened.
+  const ReportTarget target = report_target(path);
+  if (target.destination == ReportDestination::refused) return target.refusal;
+  if (target.destination == ReportDestination::in_place) {
+    if (target.descriptor >= 0) return {};  // the program's own descriptor, open already
+    if (S_ISSOCK(target.info.st_mode)) return "'" + path + "' is a socket, which cannot be opened";
+    if (::access(path.c_str(), W_OK) != 0)
+      return "'" + path + "' cannot be written: " + std::strerror(errno);
+    return {};
+  }
+  struct stat info {};
+  if (::lstat(path.c_str(), &info) == 0 && S_ISDIR(info.st_mode))  // a link to one is replaced
+    return "'" + path + "' is a directory, not a file";
+  // Otherwise the library writes a temporary file beside the report and renames it: the
+  // directory must exist and take new files. It creates no directory, so a directory named with
+  // %p or %n does not exist before the run.
   const auto slash = path.rfind('/');
   const std::string directory =
       slash == std::string::npos ? "." : slash == 0 ? "/" : path.substr(0, slash);
   const auto pattern_slash = pattern.rfind('/');
   const bool expands = pattern_slash != std::string::npos && pattern.find('%') < pattern_slash;
-  struct stat info {};
   if (::stat(directory.c_str(), &info) != 0) {
     return "directory '" + directory + "': " + std::strerror(errno) +
            (expands ? " (%p and %n change per process and report, and the library creates no "
@@ -35,8 +51,6 @@ std::string report_path_problem(const std::string& pattern) {
   if (!S_ISDIR(info.st_mode)) return "'" + directory + "' is not a directory";
   if (::access(directory.c_str(), W_OK | X_OK) != 0)
     return "directory '" + directory + "' does not take new files: " + std::strerror(errno);
-  if (::stat(path.c_str(), &info) == 0 && S_ISDIR(info.st_mode))
-    return "'" + path + "' is a directory, not a file";
   return {};
 }
 

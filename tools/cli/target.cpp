@@ -6,13 +6,13 @@
 //
 // Depends on config/config.h and interpose/channel_protocol.h.
 #include <dirent.h>
+#include <fcntl.h>
 #include <signal.h>
+#include <unistd.h>
 
 #include <cerrno>
 #include <charconv>
 #include <cstring>
-#include <fstream>
-#include <iterator>
 #include <string_view>
 
 #include "config/config.h"
@@ -22,11 +22,29 @@ namespace poolcuda::cli {
 
 namespace {
 
-// Reads a whole /proc file; nothing (with errno kept) when it cannot be opened.
+// Reads a whole /proc file; nothing (with errno kept) when it cannot be opened or read. A read
+// fails with ESRCH when the process exits after the open. Plain read(2), not a stream: a
+// filebuf throws on a read error, and that would escape as an abort.
 std::optional<std::string> read_proc_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return std::nullopt;
-  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return std::nullopt;
+  std::string text;
+  char buffer[4096];
+  ssize_t n;
+  while ((n = ::read(fd, buffer, sizeof buffer)) != 0) {
+    if (n > 0) {
+      text.append(buffer, static_cast<std::size_t>(n));
+    } else if (errno != EINTR) {
+      break;
+    }
+  }
+  const int error = errno;
+  ::close(fd);
+  if (n < 0) {
+    errno = error;
+    return std::nullopt;
+  }
+  return text;
 }
 
 // Calls `line_fn` for each line of `text` separated by `separator`.
@@ -45,6 +63,14 @@ std::string describe_errno(int error) {
     return std::string(std::strerror(error)) + "; run as the process's user or as root";
   }
   return std::strerror(error);
+}
+
+// What to say when a /proc file of a process that did exist cannot be read: ENOENT or ESRCH
+// mean it exited meanwhile, which `ask` reports in the same words.
+std::string cannot_read(long pid, const std::string& what, int error) {
+  if (error == ENOENT || error == ESRCH)
+    return "process " + std::to_string(pid) + " exited before it answered";
+  return what + ": " + describe_errno(error);
 }
 
 // The mapped file of one /proc/PID/maps line (everything after the fifth field).
@@ -115,15 +141,16 @@ std::optional<Target> inspect(long pid, std::string* error) {
   target.pid = pid;
   const auto status = read_proc_file(proc + "/status");
   if (!status) {
+    // ENOENT at the open: there is no such process; ESRCH at the read: it just exited.
     *error = errno == ENOENT ? "no process with PID " + std::to_string(pid)
-                             : "cannot read " + proc + "/status: " + describe_errno(errno);
+                             : cannot_read(pid, "cannot read " + proc + "/status", errno);
     return std::nullopt;
   }
   read_status(*status, &target);
   const auto maps = read_proc_file(proc + "/maps");
   const auto environ_block = maps ? read_proc_file(proc + "/environ") : std::nullopt;
   if (!maps || !environ_block) {
-    *error = "cannot inspect process " + std::to_string(pid) + ": " + describe_errno(errno);
+    *error = cannot_read(pid, "cannot inspect process " + std::to_string(pid), errno);
     return std::nullopt;
   }
   read_maps(*maps, &target);

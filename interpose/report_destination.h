@@ -1,0 +1,88 @@
+// Where report_path sends a report: standard error, or what is at the expanded name when the
+// report is written, which decides whether it is replaced by a new file or written into in
+// place (Note [Reports into devices and FIFOs] in report_writer.cpp says why).
+//
+// Header-only, POSIX and the standard library only: the library's report writer decides with it,
+// and the CLI's check-conf (tools/cli/report_path.cpp) includes it without linking the library,
+// so the two never disagree about a path.
+#pragma once
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <charconv>
+#include <string>
+#include <string_view>
+
+namespace poolcuda {
+
+// The keyword value of report_path, in any case (keyword values of POOLCUDA_CONF ignore case).
+inline bool is_stderr_keyword(std::string_view report_path) {
+  constexpr std::string_view kKeyword = "stderr";
+  if (report_path.size() != kKeyword.size()) return false;
+  for (std::size_t i = 0; i < kKeyword.size(); ++i) {
+    const char c = report_path[i];
+    if ((c >= 'A' && c <= 'Z' ? static_cast<char>(c + 32) : c) != kKeyword[i]) return false;
+  }
+  return true;
+}
+
+enum class ReportDestination {
+  replace,   // a new file renamed over the name (Note [Report files])
+  in_place,  // written into what the name leads to
+  refused,   // nothing is written or replaced
+};
+
+struct ReportTarget {
+  ReportDestination destination = ReportDestination::replace;
+  struct stat info {};          // what the name leads to, links followed; set when in_place
+  int descriptor = -1;          // a link to /proc/self/fd/N: the process's own descriptor N
+  const char* refusal = "";     // why, when refused
+};
+
+// What is at `path` now. Links are followed unless another user (not this one, not root) owns
+// the link: such a link may have been planted, and is replaced, never followed. A link into
+// /proc (as /dev/stdout and /dev/stderr are) is never replaced: renaming over it would replace
+// the link itself (as root, /dev/stderr). It is written into whatever it leads to, and a link to
+// /proc/self/fd/N through descriptor N itself, sharing its offset as a shell's 2>/dev/stderr
+// does: a new open of a file the program writes at its own offset would be overwritten.
+inline ReportTarget report_target(const std::string& path) {
+  ReportTarget target;
+  struct stat name {};
+  if (::lstat(path.c_str(), &name) != 0) return target;
+  const bool link = S_ISLNK(name.st_mode);
+  if (link && name.st_uid != ::geteuid() && name.st_uid != 0) return target;
+  bool into_proc = false;
+  if (link) {
+    char to[64];
+    const ssize_t length = ::readlink(path.c_str(), to, sizeof to);
+    const std::string_view points_to(to, length > 0 ? static_cast<std::size_t>(length) : 0);
+    into_proc = points_to.starts_with("/proc/");
+    for (std::string_view own : {"/proc/self/fd/", "/proc/thread-self/fd/"}) {
+      if (!points_to.starts_with(own)) continue;
+      const std::string_view number = points_to.substr(own.size());
+      int descriptor = -1;
+      const auto [end, error] =
+          std::from_chars(number.data(), number.data() + number.size(), descriptor);
+      if (error == std::errc() && end == number.data() + number.size() && descriptor >= 0)
+        target.descriptor = descriptor;
+    }
+  }
+  const auto refuse = [&target](const char* why) {
+    target.destination = ReportDestination::refused;
+    target.refusal = why;
+    return target;
+  };
+  if (::stat(path.c_str(), &target.info) != 0) {
+    if (into_proc) return refuse("it is a link into /proc to nothing (a closed descriptor?)");
+    return target;  // a link to nothing is replaced
+  }
+  const mode_t mode = target.info.st_mode;
+  if (S_ISBLK(mode)) return refuse("it is a block device, which is never written");
+  if (S_ISDIR(mode) && into_proc) return refuse("it is a link into /proc to a directory");
+  if (S_ISFIFO(mode) || S_ISCHR(mode) || S_ISSOCK(mode) || (S_ISREG(mode) && into_proc))
+    target.destination = ReportDestination::in_place;
+  return target;
+}
+
+}  // namespace poolcuda
