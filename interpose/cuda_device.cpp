@@ -161,6 +161,7 @@ DeviceMemoryInfo CudaDevice::memory_info() {
   std::size_t free_bytes = 0;
   std::size_t total_bytes = 0;
   if (own::cudaMemGetInfo()(&free_bytes, &total_bytes) != cudaSuccess) return {};
+  device_bytes_.store(total_bytes, std::memory_order_relaxed);
   // Under a budget the device is, to the pools, as large as the budget: everything they scale
   // with its size (the layout, the padding budgets, the thread caches' bound) scales with the
   // budget, and what is free is what the budget has left.

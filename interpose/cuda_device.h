@@ -92,7 +92,9 @@ class CudaDevice final : public Device {
   void return_peer_event(const PeerEvent& peer);
 
   int index() const { return device_; }
-  std::uint64_t total_bytes() const { return total_bytes_; }
+  std::uint64_t total_bytes() const { return total_bytes_; }  // under a budget, at most its limit
+  // The device's own memory size, whatever the budget (0 until it was read).
+  std::uint64_t device_bytes() const { return device_bytes_.load(std::memory_order_relaxed); }
 
  private:
   struct Fence;
@@ -107,6 +109,7 @@ class CudaDevice final : public Device {
   int device_;
   StreamTable& streams_;
   std::uint64_t total_bytes_ = 0;
+  std::atomic<std::uint64_t> device_bytes_{0};
   RankedMutex mutex_{LockRank::device};  // guards the caches below
   std::vector<cudaEvent_t> events_;  // created, not in use
   std::vector<cudaEvent_t> tails_;   // recorded last on destroyed streams, maybe not complete

@@ -148,6 +148,19 @@ POOLCUDA_EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev) {
   return pc::guarded([&] { return dh::primary_ctx_release(dr::cuDevicePrimaryCtxRelease_v2(), dev); });
 }
 
+// Note [Graphs dying] in pooling.cpp: the memory a graph pins comes back a little later.
+POOLCUDA_EXPORT CUresult cuGraphDestroy(CUgraph graph) {
+  const CUresult result = dr::cuGraphDestroy()(graph);
+  if (result == CUDA_SUCCESS) poolcuda::pooling::graph_destroyed();
+  return result;
+}
+
+POOLCUDA_EXPORT CUresult cuGraphExecDestroy(CUgraphExec exec) {
+  const CUresult result = dr::cuGraphExecDestroy()(exec);
+  if (result == CUDA_SUCCESS) poolcuda::pooling::graph_destroyed();
+  return result;
+}
+
 POOLCUDA_EXPORT CUresult cuCtxDestroy(CUcontext ctx) {
   if (pc::bypass()) return dr::cuCtxDestroy()(ctx);
   return pc::guarded([&] { return dh::ctx_destroy(dr::cuCtxDestroy(), ctx); });

@@ -74,6 +74,8 @@ CUresult cuStreamAddCallback_ptsz(CUstream hStream, CUstreamCallback callback, v
   X(cuStreamBeginCaptureToGraph_ptsz, "cuStreamBeginCaptureToGraph", 12030, true)      \
   X(cuStreamEndCapture, "cuStreamEndCapture", 10000, false)                            \
   X(cuStreamEndCapture_ptsz, "cuStreamEndCapture", 10000, true)                       \
+  X(cuGraphDestroy, "cuGraphDestroy", 10000, false)                                    \
+  X(cuGraphExecDestroy, "cuGraphExecDestroy", 10000, false)                            \
   X(cuLaunchHostFunc, "cuLaunchHostFunc", 10000, false)                                \
   X(cuLaunchHostFunc_ptsz, "cuLaunchHostFunc", 10000, true)                            \
   X(cuStreamAddCallback, "cuStreamAddCallback", 5000, false)                           \

@@ -12,6 +12,7 @@
 
 #include "interpose/exports_common.h"
 #include "interpose/hooks.h"
+#include "interpose/pooling.h"
 #include "interpose/real_cuda.h"
 
 namespace pc = poolcuda;
@@ -86,6 +87,19 @@ POOLCUDA_EXPORT cudaError_t cudaStreamCreateWithPriority(cudaStream_t* stream, u
 POOLCUDA_EXPORT cudaError_t cudaStreamDestroy(cudaStream_t stream) {
   if (pc::bypass()) return pc::real::cudaStreamDestroy()(stream);
   return pc::guarded([&] { return pc::hooks::stream_destroy(stream); });
+}
+
+// Note [Graphs dying] in pooling.cpp: the memory a graph pins comes back a little later.
+POOLCUDA_EXPORT cudaError_t cudaGraphDestroy(cudaGraph_t graph) {
+  const cudaError_t result = pc::real::cudaGraphDestroy()(graph);
+  if (result == cudaSuccess) pc::pooling::graph_destroyed();
+  return result;
+}
+
+POOLCUDA_EXPORT cudaError_t cudaGraphExecDestroy(cudaGraphExec_t exec) {
+  const cudaError_t result = pc::real::cudaGraphExecDestroy()(exec);
+  if (result == cudaSuccess) pc::pooling::graph_destroyed();
+  return result;
 }
 
 POOLCUDA_EXPORT cudaError_t cudaStreamBeginCapture(cudaStream_t stream,

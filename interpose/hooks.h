@@ -123,6 +123,8 @@ cudaError_t raise_out_of_memory();
   X(cudaStreamAddCallback_ptsz)             \
   X(cudaGraphLaunch)                        \
   X(cudaGraphLaunch_ptsz)                   \
+  X(cudaGraphDestroy)                       \
+  X(cudaGraphExecDestroy)                   \
   X(cudaEventRecord)                        \
   X(cudaEventRecord_ptsz)                   \
   X(cudaStreamWaitEvent)                    \

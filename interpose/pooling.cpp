@@ -42,6 +42,8 @@
 #include "interpose/pooling.h"
 
 #include <algorithm>
+#include <limits>
+#include <atomic>
 #include <chrono>
 #include <thread>
 
@@ -94,11 +96,24 @@ FreeOutcome free_managed(Registry& registry, int device, DevicePtr address, int*
 // time after cudaGraphDestroy or cudaGraphExecDestroy returned. Until then the memory the
 // graph pinned stays with it, also what the program freed already: an allocation right after
 // the destroy that needs that memory failed for lack of it where the plain run, which has no
-// pins, succeeded. So an allocation about to fail for lack of memory while graphs hold pinned
-// memory (and no capture is open) waits a little for such a release, and routes once more when
-// one came. The wait costs only allocations that would otherwise fail.
+// pins, succeeded. So an allocation about to fail for lack of memory within a second of such a
+// destroy (the hooks note the time), while graphs hold pinned memory and no capture is open,
+// waits a little for the release, and routes once more when one came. Only allocations that
+// would otherwise fail pay, and only near a destroy: a program that keeps its graphs alive and
+// probes for the largest size that fits does not.
+std::atomic<std::int64_t> g_last_graph_destroy_ns{std::numeric_limits<std::int64_t>::min() / 2};
+
+std::int64_t steady_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
 bool graph_release_arrived(CapturePolicy& capture) {
   constexpr auto kWait = std::chrono::milliseconds(100);
+  constexpr std::int64_t kSinceDestroyNs = 1000000000;
+  if (steady_ns() - g_last_graph_destroy_ns.load(std::memory_order_relaxed) > kSinceDestroyNs)
+    return false;
   if (capture.open() || capture.stats().pinned_bytes == 0) return false;
   const auto deadline = std::chrono::steady_clock::now() + kWait;
   while (!capture.releases_pending()) {
@@ -123,8 +138,9 @@ Route allocate(const char* api, int device, std::size_t size, void** ptr) {
   if (capture.releases_pending()) capture.drain_releases();  // Note [Graph lifetimes]
   // Out-of-memory recovery gives back empty managed slabs too (Device::give_back_elsewhere).
   Reservation reservation = capture.open() ? capture.allocate(size) : manager->allocate(size);
+  // A capture that began during the wait takes the request in its window next time.
   if (reservation.ptr == 0 && reservation.error.kind == ErrorKind::out_of_memory &&
-      graph_release_arrived(capture)) {
+      graph_release_arrived(capture) && !capture.open()) {
     reservation = manager->allocate(size);
   }
   // A sticky context error is not checked on a hit: that would cost a CUDA call on every
@@ -235,6 +251,10 @@ Freed release(int device, const void* ptr, StreamToken stream) {
   return freed;
 }
 
+void graph_destroyed() {
+  g_last_graph_destroy_ns.store(steady_ns(), std::memory_order_relaxed);
+}
+
 int holder_device(const void* ptr) {
   Registry& registry = Registry::instance();
   const auto address = reinterpret_cast<DevicePtr>(ptr);
@@ -315,10 +335,9 @@ bool ipc_exportable(const char* api, const void* ptr) {
 // (driver_hooks::with_room). Allocators the library does not hook (arrays, cuMemCreate) are not
 // covered: docs/pools.md says what to do there.
 bool beyond_device(int device, std::size_t size) {
+  // The device's own size, not a budget's: most of what comes here is not charged to one.
   const CudaDevice* cuda = Registry::instance().device(device);
-  if (cuda == nullptr) return false;
-  const std::uint64_t limit = budget::limit(device).value_or(cuda->total_bytes());
-  return size > std::min<std::uint64_t>(limit, cuda->total_bytes());
+  return cuda != nullptr && cuda->device_bytes() != 0 && size > cuda->device_bytes();
 }
 
 bool give_back_idle(int device) {

@@ -59,6 +59,9 @@ Freed release(int device, const void* ptr, StreamToken stream = kNoStream);
 // snapshot: memory allocated or given back meanwhile may or may not be seen.
 int holder_device(const void* ptr);
 
+// The program destroyed a graph or an executable graph (Note [Graphs dying] in pooling.cpp).
+void graph_destroyed();
+
 // Logs a refused free (double free, interior pointer, never allocated), naming `api`.
 void log_refused_free(const char* api, const void* ptr, const Freed& freed);
 
@@ -75,8 +78,8 @@ bool ipc_exportable(const char* api, const void* ptr);
 // when the pools had anything to give.
 bool give_back_idle(int device);
 
-// Whether `size` bytes are more than `device` has at all (under a budget, more than its limit):
-// no memory given back could make room for them.
+// Whether `size` bytes are more than `device` has at all: no memory given back could make room
+// for them.
 bool beyond_device(int device, std::size_t size);
 
 // Whether `ptr` lies in a pooled page outside every live allocation: memory the program freed

@@ -230,6 +230,8 @@ cudaError_t cudaMemset3DAsync_ptsz(cudaPitchedPtr ptr, int value, cudaExtent ext
   X(cudaStreamAddCallback_ptsz)             \
   X(cudaGraphLaunch)                        \
   X(cudaGraphLaunch_ptsz)                   \
+  X(cudaGraphDestroy)                       \
+  X(cudaGraphExecDestroy)                   \
   X(cudaEventRecord_ptsz)                   \
   X(cudaMemcpyPeer)                         \
   X(cudaMemcpyPeerAsync)                    \

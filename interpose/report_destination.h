@@ -79,6 +79,11 @@ inline ReportTarget report_target(const std::string& path) {
   }
   const mode_t mode = target.info.st_mode;
   if (S_ISBLK(mode)) return refuse("it is a block device, which is never written");
+  // A FIFO or socket another user made (in a shared directory such as /tmp) would receive the
+  // reports: renaming over it failed before, and writing into it must not succeed now.
+  if ((S_ISFIFO(mode) || S_ISSOCK(mode)) && !into_proc && target.info.st_uid != ::geteuid() &&
+      target.info.st_uid != 0)
+    return refuse("it is a FIFO or socket another user owns");
   if (S_ISDIR(mode) && into_proc) return refuse("it is a link into /proc to a directory");
   if (S_ISFIFO(mode) || S_ISCHR(mode) || S_ISSOCK(mode) || (S_ISREG(mode) && into_proc))
     target.destination = ReportDestination::in_place;

@@ -140,12 +140,14 @@ void check_handler() {
   static bool told_passed_on = false;
   static bool told_accepted = false;
   if (g_accepted_again.exchange(false) && g_passed_on.load()) {
-    // Note [A signal the program waits for]: a thread of the program's took it after all.
+    // Note [A signal the program waits for]: a thread of the program's took it after all. The
+    // mark clears first: a signal pending now reaches this thread as the unblock returns, and
+    // its handler must see that it is not passed on yet, so that it passes it on and says so.
+    g_passed_on.store(false);
     sigset_t only;
     ::sigemptyset(&only);
     ::sigaddset(&only, g_signal);
     ::pthread_sigmask(SIG_UNBLOCK, &only, nullptr);
-    g_passed_on.store(false);
     if (!told_accepted) {
       told_accepted = true;
       log_when_touched(LogLevel::basic,

@@ -34,7 +34,8 @@ for hooked in poolcuda_library_marker cudaMalloc cudaFree cudaFreeAsync cudaFree
               cuStreamDestroy cuStreamDestroy_v2 cuDevicePrimaryCtxReset_v2 \
               cuDevicePrimaryCtxRelease_v2 cuCtxDestroy cuCtxDestroy_v2 cuStreamBeginCapture cuStreamBeginCapture_v2 \
               cuStreamBeginCapture_v2_ptsz cuStreamBeginCaptureToGraph cuStreamEndCapture \
-              cuStreamEndCapture_ptsz; do
+              cuStreamEndCapture_ptsz cudaGraphDestroy cudaGraphExecDestroy cuGraphDestroy \
+              cuGraphExecDestroy; do
   if ! echo "$symbols" | grep -qx "$hooked"; then
     echo "hooked entry point not exported: $hooked"
     status=1

@@ -226,6 +226,21 @@ void check_nodes(const std::string& dir) {
                   read_file(others_link).find("poolcuda report #1") != std::string::npos,
               "a link of another user's was followed");
     CHECK(kind_of("/dev/null") == S_IFCHR);
+    // A FIFO another user made gets nothing, although a reader waits on it.
+    const std::string others_fifo = dir + "/others-fifo";
+    CHECK(::mkfifo(others_fifo.c_str(), 0666) == 0);
+    CHECK(::chown(others_fifo.c_str(), 65534, 65534) == 0);
+    const int reader = ::open(others_fifo.c_str(), O_RDWR | O_NONBLOCK | O_CLOEXEC);
+    CHECK(reader >= 0);
+    const auto refused = run_exit_child(dir, others_fifo);
+    CHECK_MSG(refused.output.find("cannot write report 1 to " + others_fifo +
+                                  ": it is a FIFO or socket another user owns") !=
+                  std::string::npos,
+              refused.output);
+    char byte = 0;
+    CHECK_MSG(::read(reader, &byte, 1) < 0, "a report went into another user's FIFO");
+    ::close(reader);
+    CHECK(kind_of(others_fifo) == S_IFIFO);
   }
 
   // The stderr keyword in another case is still the keyword, not a file in the working
@@ -238,7 +253,7 @@ void check_nodes(const std::string& dir) {
   }
 
   for (const char* name : {"fifo", "socket", "null-link", "stderr-link", "stderr.txt",
-                           "closed-link", "others-link"}) {
+                           "closed-link", "others-link", "others-fifo"}) {
     ::unlink((dir + "/" + name).c_str());
   }
 }

@@ -6,7 +6,9 @@
 // without the library, and the runtime's leave the last-error slot as the plain call does: clean
 // when it was clean, the program's own error when it held one. A child whose layout has no pool
 // for 700 MiB does the same with cudaMalloc and cuMemAlloc, which the pools then pass to the
-// driver, and with cuMemAlloc in a context of cuCtxCreate, whose memory is never pooled.
+// driver, and with cuMemAlloc in a context of cuCtxCreate, whose memory is never pooled. And a
+// cudaMallocAsync larger than a budget's limit (which does not charge it) but not than the
+// device gets the idle pages back too.
 // Runs on a GPU too, where 700 MiB only needs to fit next to nothing else.
 #include <cuda.h>
 
@@ -83,10 +85,26 @@ int passed_through_child() {
   return 0;
 }
 
+// Under limit:650M on the 1 GiB device: a 400 MiB pooled buffer, freed, then 700 MiB through
+// cudaMallocAsync, which the budget does not charge: more than the limit, less than the device.
+int beside_budget_child() {
+  void* pooled = nullptr;
+  CHECK_CUDA(cudaMalloc(&pooled, 400u << 20));
+  CHECK_CUDA(cudaFree(pooled));
+  void* ptr = nullptr;
+  CHECK_MSG(cudaMallocAsync(&ptr, kBig, nullptr) == cudaSuccess,
+            "a cudaMallocAsync above the budget's limit failed beside idle pages");
+  CHECK_CUDA(cudaFreeAsync(ptr, nullptr));
+  CHECK_CUDA(cudaDeviceSynchronize());
+  std::printf("beside-budget child ok\n");
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   if (argc > 1 && std::string(argv[1]) == "passed-through") return passed_through_child();
+  if (argc > 1 && std::string(argv[1]) == "beside-budget") return beside_budget_child();
   preload_test::require_preloaded();
   CHECK_CUDA(cudaFree(nullptr));
   for (const bool dirty : {false, true}) {
@@ -111,6 +129,9 @@ int main(int argc, char** argv) {
   const preload_test::ChildResult passed = preload_test::run_self(
       "passed-through", {"POOLCUDA_CONF=pools:[sliced(page=2M,slice=512K);exclusive(max=512M)]"});
   CHECK_MSG(passed.status == 0, passed.output);
+  const preload_test::ChildResult beside =
+      preload_test::run_self("beside-budget", {"POOLCUDA_CONF=limit:650M"});
+  CHECK_MSG(beside.status == 0, beside.output);
   std::printf("ok\n");
   return 0;
 }
