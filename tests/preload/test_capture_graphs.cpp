@@ -366,12 +366,7 @@ void destroyed_case() {
     CHECK_CUDA(cudaMemsetAsync(workspace, 3, workspace_size, stream));
     cudaGraph_t graph = nullptr;
     CHECK_CUDA(cudaStreamEndCapture(stream, &graph));
-    cudaGraphExec_t exec = nullptr;
-    CHECK_CUDA(cudaGraphInstantiate(&exec, graph, 0));
-    CHECK_CUDA(cudaGraphLaunch(exec, stream));
-    CHECK_CUDA(cudaStreamSynchronize(stream));
-    CHECK_CUDA(cudaGraphExecDestroy(exec));
-    CHECK_CUDA(cudaGraphDestroy(graph));
+    preload_test::launch_once(graph, stream);  // and destroys the graph and its executable
     CHECK_CUDA(cudaFree(workspace));
     CHECK_CUDA(cudaDeviceSynchronize());
     void* big = nullptr;
