@@ -355,6 +355,8 @@ bool give_back_idle(int device) {
 
 void adjust_memory_info(int device, std::size_t* free_bytes, std::size_t* total_bytes) {
   if (free_bytes == nullptr) return;
+  // Under memgetinfo:raw without a budget the driver's numbers stand: nothing to look at.
+  if (config().memgetinfo == MemGetInfoMode::raw && !budget::limit(device)) return;
   MemoryManager* manager = Registry::instance().manager(device);
   // Only whole idle pages: the out-of-memory path returns them to the driver, so a request of
   // any size can really get them. Free space inside pages that live slices keep (holes) serves
