@@ -42,9 +42,9 @@
 #include "interpose/pooling.h"
 
 #include <algorithm>
-#include <limits>
 #include <atomic>
 #include <chrono>
+#include <limits>
 #include <thread>
 
 #include "interpose/budget.h"
