@@ -94,9 +94,9 @@ std::atomic<bool> g_accepted_again{false};
 
 extern "C" void on_report_signal(int signal, siginfo_t* info, void* context) {
   const int saved = errno;
-  if (info != nullptr && info->si_code == SI_USER && context != nullptr &&
-      g_reporter_known.load(std::memory_order_acquire) &&
-      ::pthread_equal(::pthread_self(), g_reporter_thread)) {
+  const bool on_reporter = g_reporter_known.load(std::memory_order_acquire) &&
+                           ::pthread_equal(::pthread_self(), g_reporter_thread);
+  if (on_reporter && info != nullptr && info->si_code == SI_USER && context != nullptr) {
     // Note [A signal the program waits for].
     ::sigaddset(&static_cast<ucontext_t*>(context)->uc_sigmask, signal);
     ::kill(::getpid(), signal);
@@ -104,7 +104,9 @@ extern "C" void on_report_signal(int signal, siginfo_t* info, void* context) {
     errno = saved;
     return;
   }
-  if (g_passed_on.load(std::memory_order_relaxed) && !g_accepted_again.exchange(true))
+  // Only a thread of the program's taking it proves the program does not wait for it.
+  if (!on_reporter && g_passed_on.load(std::memory_order_relaxed) &&
+      !g_accepted_again.exchange(true))
     ::sem_post(&g_wake);  // Note [A signal the program waits for]
   bool channel_request = false;
   if (info != nullptr && info->si_code == SI_QUEUE) {
