@@ -19,6 +19,8 @@
 #include "interpose/hooks.h"
 #include "interpose/pooling.h"
 
+#include <cstdint>
+
 namespace pc = poolcuda;
 namespace dh = poolcuda::driver_hooks;
 namespace dr = poolcuda::driver_real;
@@ -84,27 +86,75 @@ POOLCUDA_EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr* dptr, size_t* pPitch,
     return dr::cuMemAllocPitch_v2()(dptr, pPitch, WidthInBytes, Height, ElementSizeBytes);
   };
   if (pc::bypass()) return real();
-  return pc::guarded([&] { return dh::with_room(real); });
+  // Only weighed against the device's size: a product that overflows is more than any has.
+  const std::size_t size = Height != 0 && WidthInBytes > SIZE_MAX / Height
+                               ? SIZE_MAX
+                               : WidthInBytes * Height;
+  return pc::guarded([&] { return dh::with_room(size, real); });
 }
 
 POOLCUDA_EXPORT CUresult cuMemAllocManaged(CUdeviceptr* dptr, size_t bytesize,
                                            unsigned int flags) {
   auto real = [&] { return dr::cuMemAllocManaged()(dptr, bytesize, flags); };
   if (pc::bypass()) return real();
-  return pc::guarded([&] { return dh::with_room(real); });
+  return pc::guarded([&] { return dh::with_room(bytesize, real); });
 }
 
 POOLCUDA_EXPORT CUresult cuMemAllocAsync(CUdeviceptr* dptr, size_t bytesize, CUstream hStream) {
   auto real = [&] { return dr::cuMemAllocAsync()(dptr, bytesize, hStream); };
   if (pc::bypass()) return real();
-  return pc::guarded([&] { return dh::with_room(real); });
+  return pc::guarded([&] { return dh::with_room(bytesize, real); });
 }
 
 POOLCUDA_EXPORT CUresult cuMemAllocAsync_ptsz(CUdeviceptr* dptr, size_t bytesize,
                                               CUstream hStream) {
   auto real = [&] { return dr::cuMemAllocAsync_ptsz()(dptr, bytesize, hStream); };
   if (pc::bypass()) return real();
-  return pc::guarded([&] { return dh::with_room(real); });
+  return pc::guarded([&] { return dh::with_room(bytesize, real); });
+}
+
+// Memory the pools never see, which draws on the same device: a stream-ordered pool's, physical
+// memory of the virtual memory management API, arrays. Each is tried once more after the pools
+// gave their idle memory back when the driver refused it for lack of memory (Note [Room for what
+// the pools do not serve] in pooling.cpp). The runtime's cudaMallocFromPoolAsync,
+// cudaMallocArray and cudaMalloc3DArray reach these through the driver.
+POOLCUDA_EXPORT CUresult cuMemAllocFromPoolAsync(CUdeviceptr* dptr, size_t bytesize,
+                                                 CUmemoryPool pool, CUstream hStream) {
+  auto real = [&] { return dr::cuMemAllocFromPoolAsync()(dptr, bytesize, pool, hStream); };
+  if (pc::bypass()) return real();
+  return pc::guarded([&] { return dh::with_room_anywhere(bytesize, real); });
+}
+
+POOLCUDA_EXPORT CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr* dptr, size_t bytesize,
+                                                      CUmemoryPool pool, CUstream hStream) {
+  auto real = [&] { return dr::cuMemAllocFromPoolAsync_ptsz()(dptr, bytesize, pool, hStream); };
+  if (pc::bypass()) return real();
+  return pc::guarded([&] { return dh::with_room_anywhere(bytesize, real); });
+}
+
+POOLCUDA_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle* handle, size_t size,
+                                     const CUmemAllocationProp* prop, unsigned long long flags) {
+  auto real = [&] { return dr::cuMemCreate()(handle, size, prop, flags); };
+  if (pc::bypass()) return real();
+  // Only device memory competes with the pools; the device is the one named, not the current.
+  const int device = prop != nullptr && prop->location.type == CU_MEM_LOCATION_TYPE_DEVICE
+                         ? prop->location.id
+                         : -1;
+  return pc::guarded([&] { return dh::with_room_on(device, size, real); });
+}
+
+POOLCUDA_EXPORT CUresult cuArrayCreate_v2(CUarray* pHandle,
+                                          const CUDA_ARRAY_DESCRIPTOR* pAllocateArray) {
+  auto real = [&] { return dr::cuArrayCreate_v2()(pHandle, pAllocateArray); };
+  if (pc::bypass()) return real();
+  return pc::guarded([&] { return dh::with_room(dh::kSizeUnknown, real); });
+}
+
+POOLCUDA_EXPORT CUresult cuArray3DCreate_v2(CUarray* pHandle,
+                                            const CUDA_ARRAY3D_DESCRIPTOR* pAllocateArray) {
+  auto real = [&] { return dr::cuArray3DCreate_v2()(pHandle, pAllocateArray); };
+  if (pc::bypass()) return real();
+  return pc::guarded([&] { return dh::with_room(dh::kSizeUnknown, real); });
 }
 
 POOLCUDA_EXPORT CUresult cuStreamCreate(CUstream* phStream, unsigned int Flags) {

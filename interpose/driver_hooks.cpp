@@ -15,6 +15,7 @@
 #include "interpose/hooks.h"
 #include "interpose/pooling.h"
 #include "interpose/real_driver.h"
+#include "interpose/registry.h"
 #include "interpose/stream_order.h"
 
 namespace poolcuda::driver_hooks {
@@ -47,7 +48,8 @@ CUresult mem_alloc(CUdeviceptr* dptr, std::size_t size) {
   const driver::CurrentContext ctx = driver::current_context();
   // Memory the pools do not serve (another context's, or no pool takes the size) still finds
   // the room their idle pages take.
-  if (!ctx.primary) return with_room([&] { return driver_real::cuMemAlloc_v2()(dptr, size); });
+  if (!ctx.primary)
+    return with_room(size, [&] { return driver_real::cuMemAlloc_v2()(dptr, size); });
   void* ptr = nullptr;
   void** out = dptr != nullptr ? &ptr : nullptr;
   switch (pooling::allocate("cuMemAlloc", ctx.device, size, out)) {
@@ -56,10 +58,8 @@ CUresult mem_alloc(CUdeviceptr* dptr, std::size_t size) {
       return CUDA_SUCCESS;
     case pooling::Route::forward: {
       const int result = pooling::forward(ctx.device, size, out, [&] {
-        const auto allocate = [&] { return driver_real::cuMemAlloc_v2()(dptr, size); };
-        // A request larger than the device fails whatever comes back: the pools keep their pages.
         const CUresult real =
-            pooling::beyond_device(ctx.device, size) ? allocate() : with_room(allocate);
+            with_room(size, [&] { return driver_real::cuMemAlloc_v2()(dptr, size); });
         if (real == CUDA_SUCCESS) ptr = as_pointer(*dptr);
         return static_cast<int>(real);
       });
@@ -146,20 +146,41 @@ CUresult mem_free_async(CUdeviceptr dptr, CUstream stream, bool per_thread) {
   return finish_free("cuMemFreeAsync", ctx, dptr, freed, real_call);
 }
 
-CUresult with_room(const std::function<CUresult()>& real) {
+namespace {
+
+// Gives `device`'s idle pool memory back; false when nothing went back. The pools' own calls run
+// in the device's primary context only; the caller's retry runs in the caller's context.
+bool give_back_on(const driver::CurrentContext& ctx, int device) {
+  if (ctx.primary && ctx.device == device) return pooling::give_back_idle(device);
+  driver::PrimaryScope scope(device);
+  return scope.ok() && pooling::give_back_idle(device);
+}
+
+}  // namespace
+
+CUresult with_room_on(int device, std::size_t size, const std::function<CUresult()>& real) {
   const CUresult first = real();
-  if (first != CUDA_ERROR_OUT_OF_MEMORY) return first;
+  if (first != CUDA_ERROR_OUT_OF_MEMORY || device < 0) return first;
+  // A request larger than the device fails whatever comes back: the pools keep their pages.
+  if (pooling::beyond_device(device, size)) return first;
+  return give_back_on(driver::current_context(), device) ? real() : first;
+}
+
+CUresult with_room(std::size_t size, const std::function<CUresult()>& real) {
   const driver::CurrentContext ctx = driver::current_context();
-  if (ctx.handle == nullptr) return first;
-  // The pools' own calls run in the primary context only; the retry in the caller's.
+  return with_room_on(ctx.handle != nullptr ? ctx.device : -1, size, real);
+}
+
+CUresult with_room_anywhere(std::size_t size, const std::function<CUresult()>& real) {
+  const CUresult result = with_room(size, real);
+  if (result != CUDA_ERROR_OUT_OF_MEMORY) return result;
+  const driver::CurrentContext ctx = driver::current_context();
   bool gave = false;
-  if (ctx.primary) {
-    gave = pooling::give_back_idle(ctx.device);
-  } else {
-    driver::PrimaryScope scope(ctx.device);
-    gave = scope.ok() && pooling::give_back_idle(ctx.device);
+  for (const int device : Registry::instance().devices()) {
+    if (device == ctx.device || pooling::beyond_device(device, size)) continue;
+    gave = give_back_on(ctx, device) || gave;
   }
-  return gave ? real() : first;
+  return gave ? real() : result;
 }
 
 CUresult mem_get_info(std::size_t* free_bytes, std::size_t* total_bytes) {

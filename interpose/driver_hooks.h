@@ -19,9 +19,16 @@ CUresult mem_free(CUdeviceptr dptr);
 // cuMemFreeAsync(_ptsz): pooled memory as cuMemFree frees it (the free fence covers the work
 // ordered before the free on `stream`); the rest to the real call.
 CUresult mem_free_async(CUdeviceptr dptr, CUstream stream, bool per_thread);
-// An allocation the pools do not serve: `real`, and once more after the current device's pools
-// gave their idle memory back when the driver refused it for lack of memory.
-CUresult with_room(const std::function<CUresult()>& real);
+// An allocation of `size` bytes the pools do not serve: `real`, and once more after the current
+// device's pools gave their idle memory back when the driver refused it for lack of memory,
+// unless `size` is more than the device has.
+inline constexpr std::size_t kSizeUnknown = 0;  // never more than the device
+CUresult with_room(std::size_t size, const std::function<CUresult()>& real);
+// The same for memory of `device` (cuMemCreate names it; it need not be current).
+CUresult with_room_on(int device, std::size_t size, const std::function<CUresult()>& real);
+// The same for memory of a device the library cannot tell (a memory pool's): the current
+// device's idle memory goes back first, and every other device's when that was not enough.
+CUresult with_room_anywhere(std::size_t size, const std::function<CUresult()>& real);
 CUresult mem_get_info(std::size_t* free_bytes, std::size_t* total_bytes);
 CUresult ipc_get_mem_handle(CUipcMemHandle* handle, CUdeviceptr dptr);
 CUresult stream_create(CUstream* stream, unsigned int flags);

@@ -19,6 +19,7 @@
 #undef cuMemAllocAsync
 #undef cuStreamDestroy
 #undef cuCtxDestroy
+#undef cuMemAllocFromPoolAsync
 
 // Variants cuda.h declares only for internal or per-thread builds.
 extern "C" {
@@ -37,6 +38,8 @@ CUresult cuStreamBeginCaptureToGraph_ptsz(CUstream hStream, CUgraph hGraph,
 CUresult cuStreamEndCapture_ptsz(CUstream hStream, CUgraph* phGraph);
 CUresult cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream hStream);
 CUresult cuMemAllocAsync_ptsz(CUdeviceptr* dptr, size_t bytesize, CUstream hStream);
+CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr* dptr, size_t bytesize, CUmemoryPool pool,
+                                      CUstream hStream);
 CUresult cuLaunchHostFunc_ptsz(CUstream hStream, CUhostFn fn, void* userData);
 CUresult cuStreamAddCallback_ptsz(CUstream hStream, CUstreamCallback callback, void* userData,
                                   unsigned int flags);
@@ -56,6 +59,11 @@ CUresult cuStreamAddCallback_ptsz(CUstream hStream, CUstreamCallback callback, v
   X(cuMemAllocManaged, "cuMemAllocManaged", 6000, false)                               \
   X(cuMemAllocAsync, "cuMemAllocAsync", 11020, false)                                  \
   X(cuMemAllocAsync_ptsz, "cuMemAllocAsync", 11020, true)                              \
+  X(cuMemAllocFromPoolAsync, "cuMemAllocFromPoolAsync", 11020, false)                  \
+  X(cuMemAllocFromPoolAsync_ptsz, "cuMemAllocFromPoolAsync", 11020, true)              \
+  X(cuMemCreate, "cuMemCreate", 10020, false)                                          \
+  X(cuArrayCreate_v2, "cuArrayCreate", 3020, false)                                    \
+  X(cuArray3DCreate_v2, "cuArray3DCreate", 3020, false)                                \
   X(cuStreamCreate, "cuStreamCreate", 2000, false)                                     \
   X(cuStreamCreateWithPriority, "cuStreamCreateWithPriority", 5050, false)             \
   X(cuStreamDestroy, "cuStreamDestroy", 2000, false)                                   \

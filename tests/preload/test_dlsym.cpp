@@ -124,6 +124,11 @@ constexpr Ask kAsks[] = {
     {"cuMemAllocAsync", 13000, kPtds, "cuMemAllocAsync_ptsz"},
     {"cuMemFreeAsync", 13000, kPtds, "cuMemFreeAsync_ptsz"},
     {"cuMemPoolCreate", 13000, 0, nullptr},
+    {"cuMemAllocFromPoolAsync", 13000, 0, "cuMemAllocFromPoolAsync"},
+    {"cuMemAllocFromPoolAsync", 13000, kPtds, "cuMemAllocFromPoolAsync_ptsz"},
+    {"cuMemCreate", 13000, 0, "cuMemCreate"},
+    {"cuArrayCreate", 3020, 0, "cuArrayCreate_v2"},
+    {"cuArray3DCreate", 13000, 0, "cuArray3DCreate_v2"},
     {"cuCtxGetCurrent", 13000, 0, nullptr},
     {"cuMemAllocAsync", 11000, 0, nullptr},  // version not sufficient
     {"cuNoSuchFunction", 13000, 0, nullptr},

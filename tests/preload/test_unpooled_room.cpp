@@ -2,13 +2,16 @@
 // (Note [Room for what the pools do not serve] in interpose/pooling.cpp). On a 1 GiB device the
 // program frees a 700 MiB buffer, whose page the pools keep idle, then asks for 700 MiB through
 // each allocator that goes to the driver: cudaMallocPitch, cudaMallocManaged past the managed
-// slab, cuMemAllocPitch, cuMemAllocManaged and cuMemAllocAsync. Each succeeds, as it does
-// without the library, and the runtime's leave the last-error slot as the plain call does: clean
-// when it was clean, the program's own error when it held one. A child whose layout has no pool
-// for 700 MiB does the same with cudaMalloc and cuMemAlloc, which the pools then pass to the
-// driver, and with cuMemAlloc in a context of cuCtxCreate, whose memory is never pooled. And a
+// slab, cudaMallocArray, cudaMalloc3DArray and cudaMallocFromPoolAsync (which the runtime makes
+// through the driver), cuMemAllocPitch, cuMemAllocManaged, cuMemAllocAsync,
+// cuMemAllocFromPoolAsync, cuMemCreate, cuArrayCreate and cuArray3DCreate. Each succeeds, as it
+// does without the library, and the runtime's leave the last-error slot as the plain call does:
+// clean when it was clean, the program's own error when it held one. A child whose layout has no
+// pool for 700 MiB does the same with cudaMalloc and cuMemAlloc, which the pools then pass to
+// the driver, and with cuMemAlloc in a context of cuCtxCreate, whose memory is never pooled. A
 // cudaMallocAsync larger than a budget's limit (which does not charge it) but not than the
-// device gets the idle pages back too.
+// device gets the idle pages back too. And with two devices, physical memory and a memory pool's
+// allocation on device 1 while device 0 is current find the room device 1's pools kept.
 // Runs on a GPU too, where 700 MiB only needs to fit next to nothing else.
 #include <cuda.h>
 
@@ -31,15 +34,86 @@ void leave_an_idle_page() {
   CHECK_CUDA(cudaFree(buffer));
 }
 
-void runtime_allocation(const char* what, const std::function<cudaError_t(void**)>& allocate,
+// `allocate` makes a 700 MiB allocation beside an idle page and returns a call that frees it.
+void runtime_allocation(const char* what,
+                        const std::function<cudaError_t(std::function<void()>*)>& allocate,
                         bool dirty_slot) {
   leave_an_idle_page();
   if (dirty_slot) CHECK(cudaSetDevice(1 << 20) == cudaErrorInvalidDevice);  // the program's own
-  void* ptr = nullptr;
-  CHECK_MSG(allocate(&ptr) == cudaSuccess, std::string(what) + " failed beside idle pages");
+  std::function<void()> release;
+  CHECK_MSG(allocate(&release) == cudaSuccess, std::string(what) + " failed beside idle pages");
   CHECK_MSG(cudaGetLastError() == (dirty_slot ? cudaErrorInvalidDevice : cudaSuccess),
             std::string(what) + " changed the last-error slot");
-  CHECK_CUDA(cudaFree(ptr));
+  release();
+}
+
+// For runtime_allocation: an allocation cudaFree frees.
+std::function<cudaError_t(std::function<void()>*)> freed_by_cuda_free(
+    const std::function<cudaError_t(void**)>& allocate) {
+  return [allocate](std::function<void()>* release) {
+    void* ptr = nullptr;
+    const cudaError_t result = allocate(&ptr);
+    *release = [ptr] { CHECK_CUDA(cudaFree(ptr)); };
+    return result;
+  };
+}
+
+// A 700 MiB array of four-byte texels: 16384 wide, 11200 high (or deep, in 3D).
+constexpr std::size_t kTexelsWide = 16384;
+constexpr std::size_t kTexelRows = kBig / 4 / kTexelsWide;
+
+cudaError_t runtime_array(std::function<void()>* release, bool three_d) {
+  const cudaChannelFormatDesc texel =
+      cudaCreateChannelDesc(8, 8, 8, 8, cudaChannelFormatKindUnsigned);
+  cudaArray_t array = nullptr;
+  const cudaError_t result =
+      three_d ? cudaMalloc3DArray(&array, &texel, cudaExtent{kTexelsWide, 1, kTexelRows})
+              : cudaMallocArray(&array, &texel, kTexelsWide, kTexelRows);
+  *release = [array] { CHECK_CUDA(cudaFreeArray(array)); };
+  return result;
+}
+
+cudaError_t runtime_pool_allocation(std::function<void()>* release) {
+  cudaMemPoolProps props{};
+  props.allocType = cudaMemAllocationTypePinned;
+  props.location.type = cudaMemLocationTypeDevice;
+  props.location.id = 0;
+  cudaMemPool_t pool = nullptr;
+  CHECK_CUDA(cudaMemPoolCreate(&pool, &props));
+  void* ptr = nullptr;
+  const cudaError_t result = cudaMallocFromPoolAsync(&ptr, kBig, pool, nullptr);
+  *release = [ptr, pool] {
+    CHECK_CUDA(cudaFreeAsync(ptr, nullptr));
+    CHECK_CUDA(cudaDeviceSynchronize());
+    CHECK_CUDA(cudaMemPoolDestroy(pool));
+  };
+  return result;
+}
+
+CUmemAllocationProp device_memory(int device) {
+  CUmemAllocationProp prop{};
+  prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+  prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  prop.location.id = device;
+  return prop;
+}
+
+CUmemoryPool driver_pool(int device) {
+  CUmemPoolProps props{};
+  props.allocType = CU_MEM_ALLOCATION_TYPE_PINNED;
+  props.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  props.location.id = device;
+  CUmemoryPool pool = nullptr;
+  CHECK_CU(cuMemPoolCreate(&pool, &props));
+  return pool;
+}
+
+// Allocations that are not device pointers: `allocate` returns the call that frees its handle.
+void driver_handle(const char* what, const std::function<CUresult(std::function<void()>*)>& allocate) {
+  leave_an_idle_page();
+  std::function<void()> release;
+  CHECK_MSG(allocate(&release) == CUDA_SUCCESS, std::string(what) + " failed beside idle pages");
+  release();
 }
 
 void driver_allocation(const char* what, const std::function<CUresult(CUdeviceptr*)>& allocate,
@@ -100,21 +174,55 @@ int beside_budget_child() {
   return 0;
 }
 
+// With two devices, device 0 current: device 1's pools keep a 700 MiB page idle, then physical
+// memory and a memory pool's allocation are made on device 1.
+int other_device_child() {
+  CHECK_CUDA(cudaSetDevice(1));
+  leave_an_idle_page();
+  CHECK_CUDA(cudaSetDevice(0));
+  CHECK_CUDA(cudaFree(nullptr));
+  CUmemGenericAllocationHandle handle = 0;
+  const CUmemAllocationProp prop = device_memory(1);
+  CHECK_MSG(cuMemCreate(&handle, kBig, &prop, 0) == CUDA_SUCCESS,
+            "cuMemCreate on device 1 failed beside its idle pages");
+  CHECK_CU(cuMemRelease(handle));
+  CHECK_CUDA(cudaSetDevice(1));
+  leave_an_idle_page();
+  CHECK_CUDA(cudaSetDevice(0));
+  const CUmemoryPool pool = driver_pool(1);
+  CUdeviceptr ptr = 0;
+  CHECK_MSG(cuMemAllocFromPoolAsync(&ptr, kBig, pool, nullptr) == CUDA_SUCCESS,
+            "cuMemAllocFromPoolAsync from device 1's pool failed beside its idle pages");
+  CHECK_CU(cuMemFreeAsync(ptr, nullptr));
+  CHECK_CU(cuCtxSynchronize());
+  CHECK_CU(cuMemPoolDestroy(pool));
+  std::printf("other-device child ok\n");
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   if (argc > 1 && std::string(argv[1]) == "passed-through") return passed_through_child();
   if (argc > 1 && std::string(argv[1]) == "beside-budget") return beside_budget_child();
+  if (argc > 1 && std::string(argv[1]) == "other-device") return other_device_child();
   preload_test::require_preloaded();
   CHECK_CUDA(cudaFree(nullptr));
   for (const bool dirty : {false, true}) {
-    runtime_allocation("cudaMallocPitch", [](void** p) {
+    runtime_allocation("cudaMallocPitch", freed_by_cuda_free([](void** p) {
       std::size_t pitch = 0;
       return cudaMallocPitch(p, &pitch, 1 << 20, kBig >> 20);
-    }, dirty);
-    runtime_allocation("cudaMallocManaged", [](void** p) {
+    }), dirty);
+    runtime_allocation("cudaMallocManaged", freed_by_cuda_free([](void** p) {
       return cudaMallocManaged(p, kBig);
+    }), dirty);
+    runtime_allocation("cudaMallocArray", [](std::function<void()>* release) {
+      return runtime_array(release, false);
     }, dirty);
+    runtime_allocation("cudaMalloc3DArray", [](std::function<void()>* release) {
+      return runtime_array(release, true);
+    }, dirty);
+    runtime_allocation("cudaMallocFromPoolAsync", runtime_pool_allocation, dirty);
   }
   driver_allocation("cuMemAllocPitch", [](CUdeviceptr* p) {
     std::size_t pitch = 0;
@@ -126,12 +234,50 @@ int main(int argc, char** argv) {
   driver_allocation("cuMemAllocAsync", [](CUdeviceptr* p) {
     return cuMemAllocAsync(p, kBig, nullptr);
   }, true);
+  const CUmemoryPool pool = driver_pool(0);
+  driver_allocation("cuMemAllocFromPoolAsync", [pool](CUdeviceptr* p) {
+    return cuMemAllocFromPoolAsync(p, kBig, pool, nullptr);
+  }, true);
+  CHECK_CU(cuMemPoolDestroy(pool));
+  driver_handle("cuMemCreate", [](std::function<void()>* release) {
+    CUmemGenericAllocationHandle handle = 0;
+    const CUmemAllocationProp prop = device_memory(0);
+    const CUresult result = cuMemCreate(&handle, kBig, &prop, 0);
+    *release = [handle] { CHECK_CU(cuMemRelease(handle)); };
+    return result;
+  });
+  driver_handle("cuArrayCreate", [](std::function<void()>* release) {
+    CUDA_ARRAY_DESCRIPTOR shape{};
+    shape.Width = kTexelsWide;
+    shape.Height = kTexelRows;
+    shape.Format = CU_AD_FORMAT_UNSIGNED_INT8;
+    shape.NumChannels = 4;
+    CUarray array = nullptr;
+    const CUresult result = cuArrayCreate_v2(&array, &shape);
+    *release = [array] { CHECK_CU(cuArrayDestroy(array)); };
+    return result;
+  });
+  driver_handle("cuArray3DCreate", [](std::function<void()>* release) {
+    CUDA_ARRAY3D_DESCRIPTOR shape{};
+    shape.Width = kTexelsWide;
+    shape.Height = 1;
+    shape.Depth = kTexelRows;
+    shape.Format = CU_AD_FORMAT_UNSIGNED_INT8;
+    shape.NumChannels = 4;
+    CUarray array = nullptr;
+    const CUresult result = cuArray3DCreate_v2(&array, &shape);
+    *release = [array] { CHECK_CU(cuArrayDestroy(array)); };
+    return result;
+  });
   const preload_test::ChildResult passed = preload_test::run_self(
       "passed-through", {"POOLCUDA_CONF=pools:[sliced(page=2M,slice=512K);exclusive(max=512M)]"});
   CHECK_MSG(passed.status == 0, passed.output);
   const preload_test::ChildResult beside =
       preload_test::run_self("beside-budget", {"POOLCUDA_CONF=limit:650M"});
   CHECK_MSG(beside.status == 0, beside.output);
+  const preload_test::ChildResult other =
+      preload_test::run_self("other-device", {"SIMCUDA_DEVICES=2"});
+  CHECK_MSG(other.status == 0, other.output);
   std::printf("ok\n");
   return 0;
 }

@@ -223,18 +223,19 @@ cudaError_t capture_info(const StreamRef& s, cudaStreamCaptureStatus* status,
   return cudaSuccess;
 }
 
-cudaError_t malloc_async(const StreamRef& s, size_t size, void** out) {
+cudaError_t malloc_async(const StreamRef& s, size_t size, void** out, int device) {
   if (!out) return cudaErrorInvalidValue;
   if (!s) return cudaErrorInvalidResourceHandle;
+  if (device < 0) device = s->device;
   std::lock_guard lock(state_mutex());
   if (!s->capture) {
     if (s->kind == StreamKind::legacy && invalidate_blocking_captures_locked(s->device))
       return cudaErrorStreamCaptureImplicit;
-    return mem_alloc(s->device, size, AllocKind::async, out);
+    return mem_alloc(device, size, AllocKind::async, out);
   }
   if (s->capture->invalidated) return cudaErrorStreamCaptureInvalidated;
   uint64_t id = 0;
-  cudaError_t err = mem_alloc(s->device, size, AllocKind::graph, out, &id);
+  cudaError_t err = mem_alloc(device, size, AllocKind::graph, out, &id);
   if (err != cudaSuccess) return err;
   s->capture->graph->mems.push_back(make_graph_mem(*out, id));
   Work w;

@@ -67,6 +67,11 @@ enum class Counter {
   cudaMemPrefetchBatchAsync,
   cudaMemDiscardBatchAsync,
   cudaMemDiscardAndPrefetchBatchAsync,
+  cuMemCreate,
+  cuMemRelease,
+  cuArrayCreate,  // cuArrayCreate_v2 and cuArray3DCreate_v2
+  cuArrayDestroy,
+  cuMemAllocFromPoolAsync,
   count_
 };
 void bump(Counter c);
@@ -287,8 +292,9 @@ cudaGraph_t abandon_capture_locked(Stream& s);
 cudaError_t begin_capture(const StreamRef& s, cudaStreamCaptureMode mode, cudaGraph_t into = nullptr);
 cudaError_t end_capture(const StreamRef& s, cudaGraph_t* graph);
 // Stream-ordered allocation: memory nodes inside a capture, an allocation now (and a free when
-// the stream reaches it) outside one.
-cudaError_t malloc_async(const StreamRef& s, size_t size, void** out);
+// the stream reaches it) outside one. The memory is `device`'s (an explicit pool's device), by
+// default the stream's.
+cudaError_t malloc_async(const StreamRef& s, size_t size, void** out, int device = -1);
 cudaError_t free_async(const StreamRef& s, void* ptr);
 // Joins s to the capture `cap` (state_mutex held).
 void capture_join_locked(const StreamRef& s, const std::shared_ptr<Capture>& cap);

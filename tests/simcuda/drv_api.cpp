@@ -2,8 +2,9 @@
 // with their reference counts, contexts made by cuCtxCreate), and cuGetProcAddress /
 // cuGetProcAddress_v2, which map a base name, a CUDA version and stream flags to the exact entry
 // point variant, as the real driver does (see Note [Driver entry point table]). Memory, streams
-// and events are in drv_work.cpp; capture, graphs and user objects in drv_capture.cpp. Shares
-// all state with the runtime stand-in through the core.
+// and events are in drv_work.cpp; physical allocations, arrays and explicit memory pools in
+// drv_unpooled.cpp; capture, graphs and user objects in drv_capture.cpp. Shares all state with
+// the runtime stand-in through the core.
 #include <cstdio>
 #include <cstring>
 
@@ -239,6 +240,18 @@ const Entry kEntries[] = {
     {"cuMemAllocAsync", 11020, true, SIM_FN(cuMemAllocAsync_ptsz)},
     {"cuMemFreeAsync", 11020, false, SIM_FN(cuMemFreeAsync)},
     {"cuMemFreeAsync", 11020, true, SIM_FN(cuMemFreeAsync_ptsz)},
+    {"cuMemGetAllocationGranularity", 10020, false, SIM_FN(cuMemGetAllocationGranularity)},
+    {"cuMemCreate", 10020, false, SIM_FN(cuMemCreate)},
+    {"cuMemRelease", 10020, false, SIM_FN(cuMemRelease)},
+    {"cuArrayCreate", 2000, false, SIM_FN(cuArrayCreate)},
+    {"cuArrayCreate", 3020, false, SIM_FN(cuArrayCreate_v2)},
+    {"cuArray3DCreate", 2000, false, SIM_FN(cuArray3DCreate)},
+    {"cuArray3DCreate", 3020, false, SIM_FN(cuArray3DCreate_v2)},
+    {"cuArrayDestroy", 2000, false, SIM_FN(cuArrayDestroy)},
+    {"cuMemPoolCreate", 11020, false, SIM_FN(cuMemPoolCreate)},
+    {"cuMemPoolDestroy", 11020, false, SIM_FN(cuMemPoolDestroy)},
+    {"cuMemAllocFromPoolAsync", 11020, false, SIM_FN(cuMemAllocFromPoolAsync)},
+    {"cuMemAllocFromPoolAsync", 11020, true, SIM_FN(cuMemAllocFromPoolAsync_ptsz)},
     {"cuMemsetD8", 3020, false, SIM_FN(cuMemsetD8_v2)},
     {"cuMemcpyHtoD", 3020, false, SIM_FN(cuMemcpyHtoD_v2)},
     {"cuMemcpyDtoH", 3020, false, SIM_FN(cuMemcpyDtoH_v2)},

@@ -26,6 +26,8 @@
 #undef cuMemcpyHtoD
 #undef cuMemcpyDtoH
 #undef cuStreamGetCaptureInfo
+#undef cuArrayCreate
+#undef cuArray3DCreate
 
 extern "C" {
 CUresult cuGetProcAddress(const char* symbol, void** pfn, int cudaVersion, cuuint64_t flags);
@@ -67,6 +69,12 @@ CUresult cuLaunchHostFunc_ptsz(CUstream stream, CUhostFn fn, void* user_data);
 CUresult cuStreamAddCallback_ptsz(CUstream stream, CUstreamCallback callback, void* user_data,
                                   unsigned int flags);
 CUresult cuMemAllocAsync_ptsz(CUdeviceptr* dptr, size_t bytesize, CUstream stream);
+CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr* dptr, size_t bytesize, CUmemoryPool pool,
+                                      CUstream stream);
+// CUDA 2.0's array entry points, 32-bit descriptors (cuda.h keeps those types to the driver's
+// own build); the generated fallbacks define them.
+CUresult cuArrayCreate(CUarray* pHandle, const void* pAllocateArray);
+CUresult cuArray3DCreate(CUarray* pHandle, const void* pAllocateArray);
 CUresult cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream stream);
 CUresult cuMemsetD8_v2(CUdeviceptr dst, unsigned char value, size_t count);
 CUresult cuMemcpyHtoD_v2(CUdeviceptr dst, const void* src, size_t count);

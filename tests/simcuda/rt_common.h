@@ -39,6 +39,8 @@ cudaError_t cudaMemset_ptds(void* devPtr, int value, size_t count);
 cudaError_t cudaMemsetAsync_ptsz(void* devPtr, int value, size_t count, cudaStream_t stream);
 cudaError_t cudaMallocAsync_ptsz(void** devPtr, size_t size, cudaStream_t stream);
 cudaError_t cudaFreeAsync_ptsz(void* devPtr, cudaStream_t stream);
+cudaError_t cudaMallocFromPoolAsync_ptsz(void** ptr, size_t size, cudaMemPool_t memPool,
+                                         cudaStream_t stream);
 cudaError_t cudaStreamSynchronize_ptsz(cudaStream_t stream);
 cudaError_t cudaStreamQuery_ptsz(cudaStream_t stream);
 cudaError_t cudaStreamWaitEvent_ptsz(cudaStream_t stream, cudaEvent_t event, unsigned int flags);

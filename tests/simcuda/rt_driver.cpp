@@ -7,14 +7,21 @@
 // point by base name, CUDA version and stream flavour. The static archive of the stand-in
 // (libcudart_static_sim.a, the same rt_*.cpp built with SIMCUDA_STATIC_RUNTIME) does the same
 // for the calls an allocator cares about: cudaMalloc, cudaFree, cudaMallocManaged,
-// cudaMemGetInfo, the stream create/destroy calls and capture begin/end. Everything else calls
-// the shared core directly (the state the driver stand-in sees too). A test program linked with
-// the archive and not with libcudart.so.13 is therefore, to an interposer, exactly a program
-// built with nvcc's default static cudart.
+// cudaMemGetInfo, the stream create/destroy calls and capture begin/end. Everything else but the
+// array and explicit-pool calls (below) calls the shared core directly (the state the driver
+// stand-in sees too). A test program linked with the archive and not with libcudart.so.13 is
+// therefore, to an interposer, exactly a program built with nvcc's default static cudart.
+//
+// Both builds make their array and explicit-pool calls (cudaMallocArray, cudaMalloc3DArray,
+// cudaFreeArray, cudaMemPoolCreate, cudaMemPoolDestroy, cudaMallocFromPoolAsync) through the
+// resolver, as the real shared runtime does: an interposer on libcuda.so.1 sees that memory
+// allocated whichever runtime the program uses.
 #include "rt_driver.h"
 
 #include <cuda.h>
 #include <dlfcn.h>
+
+#include <cstddef>
 
 namespace poolcuda::sim {
 namespace {
@@ -51,6 +58,45 @@ cudaError_t as_rt(CUresult r) { return static_cast<cudaError_t>(r); }  // the co
 
 CUdeviceptr* as_dptr(void** p) { return reinterpret_cast<CUdeviceptr*>(p); }
 CUstream as_cu(cudaStream_t s) { return reinterpret_cast<CUstream>(s); }
+
+// The driver's format and channel count for a runtime channel description: 1, 2 or 4 channels,
+// each as wide as x; false for a description no CUDA array holds.
+bool array_format(const cudaChannelFormatDesc& desc, CUarray_format* format, unsigned* channels) {
+  *channels = 0;
+  for (int bits : {desc.x, desc.y, desc.z, desc.w}) {
+    if (bits == 0) continue;
+    if (bits != desc.x) return false;
+    ++*channels;
+  }
+  if (*channels != 1 && *channels != 2 && *channels != 4) return false;
+  struct Row {
+    cudaChannelFormatKind kind;
+    int bits;
+    CUarray_format format;
+  };
+  static constexpr Row kFormats[] = {
+      {cudaChannelFormatKindSigned, 8, CU_AD_FORMAT_SIGNED_INT8},
+      {cudaChannelFormatKindSigned, 16, CU_AD_FORMAT_SIGNED_INT16},
+      {cudaChannelFormatKindSigned, 32, CU_AD_FORMAT_SIGNED_INT32},
+      {cudaChannelFormatKindUnsigned, 8, CU_AD_FORMAT_UNSIGNED_INT8},
+      {cudaChannelFormatKindUnsigned, 16, CU_AD_FORMAT_UNSIGNED_INT16},
+      {cudaChannelFormatKindUnsigned, 32, CU_AD_FORMAT_UNSIGNED_INT32},
+      {cudaChannelFormatKindFloat, 16, CU_AD_FORMAT_HALF},
+      {cudaChannelFormatKindFloat, 32, CU_AD_FORMAT_FLOAT}};
+  for (const Row& row : kFormats)
+    if (row.kind == desc.f && row.bits == desc.x) {
+      *format = row.format;
+      return true;
+    }
+  return false;
+}
+
+CUarray* as_array(cudaArray_t* a) { return reinterpret_cast<CUarray*>(a); }
+
+// The runtime's and the driver's pool properties are one layout (the headers say so).
+static_assert(sizeof(cudaMemPoolProps) == sizeof(CUmemPoolProps));
+static_assert(offsetof(cudaMemPoolProps, location) == offsetof(CUmemPoolProps, location));
+static_assert(offsetof(cudaMemPoolProps, maxSize) == offsetof(CUmemPoolProps, maxSize));
 
 }  // namespace
 
@@ -137,6 +183,61 @@ cudaError_t end_capture(cudaStream_t stream, cudaGraph_t* graph, bool per_thread
   }
   SIM_DRIVER(end, End, "cuStreamEndCapture", 10000);
   return as_rt(end(as_cu(stream), reinterpret_cast<CUgraph*>(graph)));
+}
+
+// cudaMallocArray: the 2D entry point; flags (surface load/store) only fit the 3D descriptor.
+cudaError_t malloc_array(cudaArray_t* array, const cudaChannelFormatDesc* desc, size_t width,
+                         size_t height, unsigned int flags) {
+  if (flags != 0) return malloc_3d_array(array, desc, cudaExtent{width, height, 0}, flags);
+  if (!array || !desc) return cudaErrorInvalidValue;
+  CUDA_ARRAY_DESCRIPTOR d{};
+  if (!array_format(*desc, &d.Format, &d.NumChannels)) return cudaErrorInvalidChannelDescriptor;
+  d.Width = width;
+  d.Height = height;
+  SIM_DRIVER(create, decltype(&cuArrayCreate_v2), "cuArrayCreate", 3020);
+  return as_rt(create(as_array(array), &d));
+}
+
+cudaError_t malloc_3d_array(cudaArray_t* array, const cudaChannelFormatDesc* desc,
+                            cudaExtent extent, unsigned int flags) {
+  if (!array || !desc) return cudaErrorInvalidValue;
+  CUDA_ARRAY3D_DESCRIPTOR d{};
+  if (!array_format(*desc, &d.Format, &d.NumChannels)) return cudaErrorInvalidChannelDescriptor;
+  d.Width = extent.width;
+  d.Height = extent.height;
+  d.Depth = extent.depth;
+  d.Flags = flags;
+  SIM_DRIVER(create, decltype(&cuArray3DCreate_v2), "cuArray3DCreate", 3020);
+  return as_rt(create(as_array(array), &d));
+}
+
+cudaError_t free_array(cudaArray_t array) {
+  if (!array) return cudaSuccess;  // as cudaFree(NULL)
+  SIM_DRIVER(destroy, decltype(&cuArrayDestroy), "cuArrayDestroy", 2000);
+  return as_rt(destroy(reinterpret_cast<CUarray>(array)));
+}
+
+cudaError_t mem_pool_create(cudaMemPool_t* pool, const cudaMemPoolProps* props) {
+  SIM_DRIVER(create, decltype(&cuMemPoolCreate), "cuMemPoolCreate", 11020);
+  return as_rt(create(reinterpret_cast<CUmemoryPool*>(pool),
+                      reinterpret_cast<const CUmemPoolProps*>(props)));
+}
+
+cudaError_t mem_pool_destroy(cudaMemPool_t pool) {
+  SIM_DRIVER(destroy, decltype(&cuMemPoolDestroy), "cuMemPoolDestroy", 11020);
+  return as_rt(destroy(reinterpret_cast<CUmemoryPool>(pool)));
+}
+
+cudaError_t malloc_from_pool_async(void** ptr, size_t size, cudaMemPool_t pool,
+                                   cudaStream_t stream, bool per_thread) {
+  using Alloc = decltype(&cuMemAllocFromPoolAsync);
+  auto* p = reinterpret_cast<CUmemoryPool>(pool);
+  if (per_thread) {
+    SIM_DRIVER(alloc, Alloc, "cuMemAllocFromPoolAsync", 11020, true);
+    return as_rt(alloc(as_dptr(ptr), size, p, as_cu(stream)));
+  }
+  SIM_DRIVER(alloc, Alloc, "cuMemAllocFromPoolAsync", 11020);
+  return as_rt(alloc(as_dptr(ptr), size, p, as_cu(stream)));
 }
 
 }  // namespace via_driver

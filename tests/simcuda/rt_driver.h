@@ -1,10 +1,11 @@
 // How the runtime stand-in reaches the driver stand-in: as the real runtime does, through
 // dlopen("libcuda.so.1"), dlsym(handle, "cuGetProcAddress_v2") and then that resolver for each
-// entry point, so an interposer on libcuda.so.1 sees every lookup. cudaGetDriverEntryPoint uses
-// it in both builds. In the static-runtime archive (SIMCUDA_STATIC_RUNTIME, see
+// entry point, so an interposer on libcuda.so.1 sees every lookup. cudaGetDriverEntryPoint, the
+// array calls and the explicit-pool calls use it in both builds (their `via_driver` functions
+// below), as the real runtime's do. In the static-runtime archive (SIMCUDA_STATIC_RUNTIME, see
 // Note [Static runtime] in rt_driver.cpp) the memory, memory-info, stream create/destroy and
-// capture begin/end entry points also go through it (the `via_driver` functions), exactly like a
-// program built with nvcc's default static cudart.
+// capture begin/end entry points also go through it, exactly like a program built with nvcc's
+// default static cudart.
 #pragma once
 
 #include "rt_common.h"
@@ -31,5 +32,17 @@ cudaError_t stream_create_with_priority(cudaStream_t* stream, unsigned int flags
 cudaError_t stream_destroy(cudaStream_t stream);
 cudaError_t begin_capture(cudaStream_t stream, cudaStreamCaptureMode mode, bool per_thread);
 cudaError_t end_capture(cudaStream_t stream, cudaGraph_t* graph, bool per_thread);
+
+// Both builds. Height 0 is a 1D array; a channel description no CUDA array holds is
+// cudaErrorInvalidChannelDescriptor. Freeing NULL does nothing.
+cudaError_t malloc_array(cudaArray_t* array, const cudaChannelFormatDesc* desc, size_t width,
+                         size_t height, unsigned int flags);
+cudaError_t malloc_3d_array(cudaArray_t* array, const cudaChannelFormatDesc* desc,
+                            cudaExtent extent, unsigned int flags);
+cudaError_t free_array(cudaArray_t array);
+cudaError_t mem_pool_create(cudaMemPool_t* pool, const cudaMemPoolProps* props);
+cudaError_t mem_pool_destroy(cudaMemPool_t pool);
+cudaError_t malloc_from_pool_async(void** ptr, size_t size, cudaMemPool_t pool,
+                                   cudaStream_t stream, bool per_thread);
 
 }  // namespace poolcuda::sim::via_driver

@@ -1,9 +1,10 @@
 // Runtime stand-in entry points for memory: allocation (device, pitched, managed, pinned host,
-// stream-ordered), free, cudaMemGetInfo, copies, memsets and pointer attributes. Copies and
-// memsets (transfer.cpp) are stream operations declaring the device ranges they read and write;
-// the synchronous forms run on the legacy (or per-thread) default stream and wait for it. In the
-// static-runtime archive, cudaMalloc, cudaFree, cudaMallocManaged and cudaMemGetInfo call the
-// driver (Note [Static runtime] in rt_driver.cpp).
+// stream-ordered, arrays, explicit pools), free, cudaMemGetInfo, copies, memsets and pointer
+// attributes. Copies and memsets (transfer.cpp) are stream operations declaring the device ranges
+// they read and write; the synchronous forms run on the legacy (or per-thread) default stream and
+// wait for it. Arrays and explicit pools always call the driver; in the static-runtime archive
+// cudaMalloc, cudaFree, cudaMallocManaged and cudaMemGetInfo do too (Note [Static runtime] in
+// rt_driver.cpp).
 #include <cstdio>
 #include <cstring>
 
@@ -105,6 +106,53 @@ cudaError_t cudaFreeAsync(void* devPtr, cudaStream_t stream) {
 cudaError_t cudaFreeAsync_ptsz(void* devPtr, cudaStream_t stream) {
   SIM_ENTER();
   SIM_RETURN(free_async(resolve_stream(stream, true), devPtr));
+}
+
+// A pure function (no context, no error state), which the headers' cudaCreateChannelDesc<T>()
+// templates call.
+cudaChannelFormatDesc cudaCreateChannelDesc(int x, int y, int z, int w, cudaChannelFormatKind f) {
+  return cudaChannelFormatDesc{x, y, z, w, f};
+}
+
+// Arrays and explicit pools: only through the driver's entry points, so that an interposer on
+// libcuda.so.1 sees them, as with the real runtime (rt_driver.h).
+cudaError_t cudaMallocArray(cudaArray_t* array, const cudaChannelFormatDesc* desc, size_t width,
+                            size_t height, unsigned int flags) {
+  SIM_ENTER();
+  SIM_RETURN(via_driver::malloc_array(array, desc, width, height, flags));
+}
+
+cudaError_t cudaMalloc3DArray(cudaArray_t* array, const cudaChannelFormatDesc* desc,
+                              cudaExtent extent, unsigned int flags) {
+  SIM_ENTER();
+  SIM_RETURN(via_driver::malloc_3d_array(array, desc, extent, flags));
+}
+
+cudaError_t cudaFreeArray(cudaArray_t array) {
+  SIM_ENTER();
+  SIM_RETURN(via_driver::free_array(array));
+}
+
+cudaError_t cudaMemPoolCreate(cudaMemPool_t* memPool, const cudaMemPoolProps* poolProps) {
+  SIM_ENTER();
+  SIM_RETURN(via_driver::mem_pool_create(memPool, poolProps));
+}
+
+cudaError_t cudaMemPoolDestroy(cudaMemPool_t memPool) {
+  SIM_ENTER();
+  SIM_RETURN(via_driver::mem_pool_destroy(memPool));
+}
+
+cudaError_t cudaMallocFromPoolAsync(void** ptr, size_t size, cudaMemPool_t memPool,
+                                    cudaStream_t stream) {
+  SIM_ENTER();
+  SIM_RETURN(via_driver::malloc_from_pool_async(ptr, size, memPool, stream, false));
+}
+
+cudaError_t cudaMallocFromPoolAsync_ptsz(void** ptr, size_t size, cudaMemPool_t memPool,
+                                         cudaStream_t stream) {
+  SIM_ENTER();
+  SIM_RETURN(via_driver::malloc_from_pool_async(ptr, size, memPool, stream, true));
 }
 
 cudaError_t cudaMemGetInfo(size_t* free, size_t* total) {

@@ -23,8 +23,10 @@ extern "C" {
 /* Number of calls made to the stand-in (successful or not) for "cudaMalloc", "cudaFree",
  * "cudaMallocManaged", "cuMemAlloc", "cuMemFree", "cudaEventRecord", "cudaStreamSynchronize",
  * "cudaDeviceSynchronize", "cudaMemPrefetchBatchAsync", "cudaMemDiscardBatchAsync",
- * "cudaMemDiscardAndPrefetchBatchAsync" (the last three with their _ptsz forms); races detected
- * so far for "races"; the current number and requested bytes of live device-memory allocations
+ * "cudaMemDiscardAndPrefetchBatchAsync" (the last three with their _ptsz forms), "cuMemCreate",
+ * "cuMemRelease", "cuArrayCreate" (cuArrayCreate_v2 and cuArray3DCreate_v2), "cuArrayDestroy",
+ * "cuMemAllocFromPoolAsync" (and _ptsz; the runtime's array and pool calls reach these driver
+ * functions, so they count too); races detected so far for "races"; the current number and requested bytes of live device-memory allocations
  * (every kind, every device) for "live_allocations" and "live_bytes"; the most "live_bytes"
  * reached since the last reset for "live_bytes_peak". Unknown names give UINT64_MAX. */
 uint64_t simcuda_counter(const char* name);

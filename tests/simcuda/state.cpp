@@ -66,7 +66,9 @@ constexpr std::array<const char*, static_cast<size_t>(Counter::count_)> kCounter
     "races",         "cudaMalloc",      "cudaFree",
     "cudaMallocManaged", "cuMemAlloc",  "cuMemFree",
     "cudaEventRecord", "cudaStreamSynchronize", "cudaDeviceSynchronize",
-    "cudaMemPrefetchBatchAsync", "cudaMemDiscardBatchAsync", "cudaMemDiscardAndPrefetchBatchAsync"};
+    "cudaMemPrefetchBatchAsync", "cudaMemDiscardBatchAsync",
+    "cudaMemDiscardAndPrefetchBatchAsync", "cuMemCreate", "cuMemRelease", "cuArrayCreate",
+    "cuArrayDestroy", "cuMemAllocFromPoolAsync"};
 
 std::array<std::atomic<uint64_t>, static_cast<size_t>(Counter::count_)> g_counters{};
 std::atomic<int> g_sticky{0};

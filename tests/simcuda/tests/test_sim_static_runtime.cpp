@@ -60,3 +60,26 @@ TEST_CASE("the static runtime reaches the driver through cuGetProcAddress only")
   CHECK_EQ(cudaStreamDestroy(stream), cudaErrorInvalidResourceHandle);
   cudaGetLastError();
 }
+
+TEST_CASE("the static runtime's arrays and explicit pools reach the driver too") {
+  simcuda_reset_counters();
+  const cudaChannelFormatDesc texel =
+      cudaCreateChannelDesc(8, 8, 8, 8, cudaChannelFormatKindUnsigned);
+  cudaArray_t array = nullptr;
+  CUDA_OK(cudaMallocArray(&array, &texel, 256, 256, cudaArrayDefault));
+  CUDA_OK(cudaFreeArray(array));
+  cudaMemPoolProps props{};
+  props.allocType = cudaMemAllocationTypePinned;
+  props.location.type = cudaMemLocationTypeDevice;
+  cudaMemPool_t pool = nullptr;
+  CUDA_OK(cudaMemPoolCreate(&pool, &props));
+  void* p = nullptr;
+  CUDA_OK(cudaMallocFromPoolAsync(&p, 1 << 20, pool, nullptr));
+  CUDA_OK(cudaFreeAsync(p, nullptr));
+  CUDA_OK(cudaDeviceSynchronize());
+  CUDA_OK(cudaMemPoolDestroy(pool));
+  CHECK_EQ(simcuda_counter("cuArrayCreate"), 1u);
+  CHECK_EQ(simcuda_counter("cuArrayDestroy"), 1u);
+  CHECK_EQ(simcuda_counter("cuMemAllocFromPoolAsync"), 1u);
+  CHECK_EQ(simcuda_counter("live_allocations"), 0u);
+}
