@@ -47,6 +47,10 @@ class CudaDevice final : public Device {
   // any other.
   FenceHandle fence_record_on(StreamToken stream, StreamToken& lane) override;
   bool fence_passed(FenceHandle fence) override;
+  // A fence after the work issued so far on every device's streams, not this device's alone,
+  // for memory any device can reach without peer access (Note [Managed memory on every device]
+  // in cuda_device.cpp). kNoFence when one of them cannot be recorded now.
+  FenceHandle fence_record_everywhere();
   void fence_wait(FenceHandle fence) override;
   void fence_destroy(FenceHandle fence) override;
   void synchronize() override;

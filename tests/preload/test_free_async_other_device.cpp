@@ -10,7 +10,8 @@
 //
 // Cases: a non-blocking device-1 stream freed with device 1 current and with device 0 current,
 // and device 1's legacy and per-thread default streams (which name device 1's streams only
-// while device 1 is current).
+// while device 1 is current). And managed memory of device 0, which a device-1 stream reaches
+// without peer access (Note [Managed memory on every device] in interpose/cuda_device.cpp).
 #include <cstring>
 #include <string>
 #include <vector>
@@ -73,6 +74,52 @@ bool run_case(const char* name, cudaStream_t device1_stream, int current_at_free
   return corrupted || races != 0;
 }
 
+// Managed memory: a slab rewinds only once nothing in it is live, so the new allocations are
+// freed as they come until one gets the freed address back (or none does).
+constexpr std::size_t kManagedSize = 4096;
+constexpr int kManagedTries = 20000;
+
+bool run_managed_case(cudaStream_t device1_stream, bool expect_race) {
+  CHECK_CUDA(cudaSetDevice(0));
+  void* freed = nullptr;
+  CHECK_CUDA(cudaMallocManaged(&freed, kManagedSize));
+  const std::uint64_t races_before = preload_test::counter("races");
+  CHECK_CUDA(cudaSetDevice(1));
+  Gate gate;
+  CHECK_CUDA(cudaLaunchHostFunc(device1_stream, wait_at_gate, &gate));
+  CHECK_CUDA(cudaMemsetAsync(freed, 0xaa, kManagedSize, device1_stream));  // behind the gate
+  CHECK_CUDA(cudaFreeAsync(freed, device1_stream));
+  CHECK_CUDA(cudaSetDevice(0));
+  void* reused = nullptr;
+  int tries = 0;
+  for (; tries < kManagedTries && reused == nullptr; ++tries) {
+    void* buffer = nullptr;
+    CHECK_CUDA(cudaMallocManaged(&buffer, kManagedSize));
+    if (buffer == freed) {
+      reused = buffer;
+      CHECK_CUDA(cudaMemset(reused, 0xbb, kManagedSize));
+    } else {
+      CHECK_CUDA(cudaFree(buffer));
+    }
+  }
+  gate.open.store(true);
+  CHECK_CUDA(cudaSetDevice(1));
+  CHECK_CUDA(cudaDeviceSynchronize());
+  CHECK_CUDA(cudaSetDevice(0));
+  CHECK_CUDA(cudaDeviceSynchronize());
+  const bool corrupted =
+      reused != nullptr && !preload_test::device_bytes_equal(reused, kManagedSize, 0xbb);
+  const std::uint64_t races = preload_test::counter("races") - races_before;
+  std::printf("managed memory: %d allocations, reused %d, corrupted %d, races %llu\n", tries,
+              reused != nullptr, corrupted, static_cast<unsigned long long>(races));
+  if (!expect_race) {
+    CHECK_MSG(!corrupted, "managed memory: a new allocation was overwritten by the late write");
+    CHECK_MSG(races == 0, "managed memory: the race detector saw the late write");
+  }
+  if (reused != nullptr) CHECK_CUDA(cudaFree(reused));
+  return corrupted || races != 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -89,6 +136,7 @@ int main(int argc, char** argv) {
   caught &= run_case("non-blocking stream, device 0 current", device1_stream, 0, expect_race);
   caught &= run_case("legacy stream", cudaStreamLegacy, 1, expect_race);
   caught &= run_case("per-thread stream", cudaStreamPerThread, 1, expect_race);
+  caught &= run_managed_case(device1_stream, expect_race);
   if (expect_race) CHECK_MSG(caught, "a case reused the memory without the late write being seen");
   CHECK_CUDA(cudaSetDevice(1));
   CHECK_CUDA(cudaStreamDestroy(device1_stream));
