@@ -233,7 +233,15 @@ Freed release(int device, const void* ptr, StreamToken stream) {
   freed.owner = device;
   // Managed slabs first: a range test per slab, no lock.
   freed.outcome = free_managed(registry, device, address, &freed.owner);
-  if (freed.outcome != FreeOutcome::not_mine) return freed;
+  if (freed.outcome != FreeOutcome::not_mine) {
+    // free_fence:sync makes every free outside a capture the barrier the real cudaFree is, as
+    // the pools' frees are (a slab's reuse waits for its own fence in every mode).
+    CudaDevice* owner = registry.device(freed.owner);
+    if (freed.outcome == FreeOutcome::freed && config().free_fence == FreeFence::sync &&
+        owner != nullptr && !owner->capture_active())
+      owner->synchronize();
+    return freed;
+  }
   freed.outcome = free_on(registry, device, address, stream);
   // A pointer allocated on another device may be freed with any device current, and on any
   // device's stream (Note [Frees on another device's stream] in cuda_device.cpp).

@@ -8,6 +8,7 @@
 // cudaMalloc short of memory gets it back from empty slabs. With the default slab size (a child),
 // slabs turn over in windows (Note [Managed windows]) while freed memory is still being written
 // by a lagging stream: no allocation ever sees those writes, and the stand-in sees no race.
+// Under free_fence:sync (a child), a managed cudaFree is the barrier the real one is.
 #include <algorithm>
 #include <cstdint>
 #include <thread>
@@ -220,10 +221,29 @@ int child(const char* mode) {
 
 }  // namespace
 
+// Under free_fence:sync: what a stream wrote before a managed cudaFree is there for the host
+// after it, as with the real cudaFree, which synchronizes the device.
+int child_sync_barrier() {
+  cudaStream_t stream;
+  CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  constexpr std::size_t kSize = 1 << 20;
+  void* written = managed(kSize);
+  void* barrier = managed(4096);
+  CHECK_CUDA(cudaMemsetAsync(written, 0x5a, kSize, stream));
+  CHECK_CUDA(cudaFree(barrier));
+  CHECK_MSG(host_bytes(written, kSize, 0x5a),
+            "the stream's bytes were not all there after a managed cudaFree under free_fence:sync");
+  CHECK_CUDA(cudaFree(written));
+  CHECK_CUDA(cudaStreamDestroy(stream));
+  std::printf("barrier held\n");
+  return 0;
+}
+
 int main(int argc, char** argv) {
   if (argc > 1) {
     const std::string mode = argv[1];
     if (mode == "out-of-memory") return child_out_of_memory();
+    if (mode == "sync-barrier") return child_sync_barrier();
     if (mode == "windows") return child_windows();
     return child(argv[1]);
   }
@@ -269,6 +289,10 @@ int main(int argc, char** argv) {
         preload_test::run_self("windows", {"POOLCUDA_CONF", "SIMCUDA_OP_DELAY_US=100"});
     CHECK_MSG(windows.status == 0 && windows.output.find("turned over") != std::string::npos,
               windows.output);
+    preload_test::ChildResult barrier = preload_test::run_self(
+        "sync-barrier", {"POOLCUDA_CONF=free_fence:sync", "SIMCUDA_OP_DELAY_US=50000"});
+    CHECK_MSG(barrier.status == 0 && barrier.output.find("barrier held") != std::string::npos,
+              barrier.output);
   }
 
   device_reset_forgets();
