@@ -73,16 +73,44 @@ FreeOutcome free_on(Registry& registry, int device, DevicePtr address,
   return capture.routes_frees() ? capture.free(address) : manager->free(address, stream);
 }
 
+// Note [Managed frees during a capture]
+// A pooled slice freed while a capture is open stays pinned until the graphs of that capture
+// are gone (capture/). A managed slab allocation has no pin: its chain would take it back at
+// once, the slab would rewind after the capture (no graph work is queued yet, so its fence
+// passes), and a later launch of the graph would write into whatever the bytes were handed out
+// for. The plain cudaFree fails there (cudaErrorStreamCaptureUnsupported) and frees nothing.
+// So a managed allocation freed while a capture is open on any device (the graph may run on
+// any) is never taken back: the free succeeds, as the pools' frees in a window do, and the
+// bytes stay allocated for the life of the process, as they do after the plain call's refusal.
+// A log line says so once per device. A second free of the pointer then frees it (plain CUDA
+// would free it then too).
+FreeOutcome free_from_chain(Registry& registry, ManagedSlabs& chain, int device,
+                            DevicePtr address) {
+  if (CapturePolicy::open_anywhere()) {
+    const ManagedLookup found = chain.find(address);
+    if (found.kind == ManagedLookup::Kind::live && found.start == address) {
+      if (registry.first_time(Registry::Once::managed_held_for_capture, device)) {
+        log_format(LogLevel::basic,
+                   "device %d: managed memory freed while a stream capture is open stays "
+                   "allocated (a graph may still use it)",
+                   device);
+      }
+      return FreeOutcome::freed;
+    }
+  }
+  return chain.free(address);
+}
+
 // A managed slab allocation goes back to its chain: the device's own first, then every other.
 FreeOutcome free_managed(Registry& registry, int device, DevicePtr address, int* owner) {
   if (ManagedSlabs* chain = registry.managed(device)) {
-    const FreeOutcome outcome = chain->free(address);
+    const FreeOutcome outcome = free_from_chain(registry, *chain, device, address);
     if (outcome != FreeOutcome::not_mine) return outcome;
   }
   for (int other = 0; other < registry.managed_bound(); ++other) {
     ManagedSlabs* chain = other == device ? nullptr : registry.managed(other);
     if (chain == nullptr) continue;
-    const FreeOutcome outcome = chain->free(address);
+    const FreeOutcome outcome = free_from_chain(registry, *chain, other, address);
     if (outcome != FreeOutcome::not_mine) {
       *owner = other;
       return outcome;

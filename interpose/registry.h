@@ -95,7 +95,14 @@ class Registry {
   PassthroughCounters* passthrough(int device);
 
   // Conditions logged once per device.
-  enum class Once { unreadable_size, no_pool_accepts, managed_unpooled, managed_full, count };
+  enum class Once {
+    unreadable_size,
+    no_pool_accepts,
+    managed_unpooled,
+    managed_full,
+    managed_held_for_capture,
+    count
+  };
   // True for the first caller only, per condition and device (false when out of range).
   bool first_time(Once what, int device);
 

@@ -21,6 +21,8 @@
 //                memory; right after its graph is destroyed and the workspace freed, an
 //                allocation of 70% succeeds, as plainly, although CUDA tells the library that
 //                the graph is gone only later, on a thread of its own (five rounds)
+//   managed_freed  managed memory freed inside a capture: the free succeeds and its bytes
+//                never serve a new allocation while the graph may still write them
 // Sizes are fractions of small fixed amounts, so the same program runs on a GPU; the driver
 // counters (the stand-in's) are checked only on the stand-in. What graphs still hold is read
 // from the library's own report (its capture section): the program runs itself as a child
@@ -352,6 +354,35 @@ void to_graph_case() {
 
 }  // namespace
 
+// Note [Managed frees during a capture] in interpose/pooling.cpp.
+void managed_freed_case() {
+  constexpr std::size_t kSize = 4096;
+  cudaStream_t stream = nullptr;
+  CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  void* freed = nullptr;
+  CHECK_CUDA(cudaMallocManaged(&freed, kSize));
+  CHECK_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
+  CHECK_CUDA(cudaMemsetAsync(freed, 0xab, kSize, stream));
+  CHECK_CUDA(cudaFree(freed));
+  cudaGraph_t graph = nullptr;
+  CHECK_CUDA(cudaStreamEndCapture(stream, &graph));
+  cudaGraphExec_t exec = nullptr;
+  CHECK_CUDA(cudaGraphInstantiate(&exec, graph, 0));
+  // Slabs turn over every few thousand small allocations freed as they come.
+  for (int i = 0; i < 20000; ++i) {
+    void* buffer = nullptr;
+    CHECK_CUDA(cudaMallocManaged(&buffer, kSize));
+    CHECK_MSG(buffer != freed, "memory freed in a capture went to a new allocation after " +
+                                   std::to_string(i) + " allocations");
+    CHECK_CUDA(cudaFree(buffer));
+  }
+  CHECK_CUDA(cudaGraphLaunch(exec, stream));
+  CHECK_CUDA(cudaStreamSynchronize(stream));
+  CHECK_CUDA(cudaGraphExecDestroy(exec));
+  CHECK_CUDA(cudaGraphDestroy(graph));
+  CHECK_CUDA(cudaStreamDestroy(stream));
+}
+
 void destroyed_case() {
   cudaStream_t stream = nullptr;
   CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
@@ -393,6 +424,7 @@ int main(int argc, char** argv) {
   else if (which == "threads") threads_case();
   else if (which == "to_graph") to_graph_case();
   else if (which == "destroyed") destroyed_case();
+  else if (which == "managed_freed") managed_freed_case();
   else preload_test::fail(__FILE__, __LINE__, "unknown case " + which);
   CHECK_CUDA(cudaGetLastError());
   std::printf("%s: ok\n", which.c_str());
