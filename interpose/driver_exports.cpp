@@ -67,6 +67,14 @@ POOLCUDA_EXPORT CUresult cuMemGetInfo_v2(size_t* free, size_t* total) {
   return pc::guarded([&] { return dh::mem_get_info(free, total); });
 }
 
+// A managed slab allocation's own range, not its slab's (Note [Managed address ranges] in
+// driver_hooks.cpp).
+POOLCUDA_EXPORT CUresult cuMemGetAddressRange_v2(CUdeviceptr* pbase, size_t* psize,
+                                                 CUdeviceptr dptr) {
+  if (pc::bypass()) return dr::cuMemGetAddressRange_v2()(pbase, psize, dptr);
+  return pc::guarded([&] { return dh::mem_get_address_range(pbase, psize, dptr); });
+}
+
 // A handle of a slice inside a pooled page would open the wrong bytes (Note [IPC handles] in
 // pooling.cpp).
 POOLCUDA_EXPORT CUresult cuIpcGetMemHandle(CUipcMemHandle* pHandle, CUdeviceptr dptr) {

@@ -191,6 +191,31 @@ CUresult mem_get_info(std::size_t* free_bytes, std::size_t* total_bytes) {
   return result;
 }
 
+// Note [Managed address ranges]
+// The driver knows a managed slab as one allocation, so its answer for a pointer in a slab is
+// the whole slab: a program that zeroes or copies "the allocation" the answer names would reach
+// its neighbours. So for a live slab allocation the answer is that allocation (its first byte
+// and the size asked for), and for a slab's free space CUDA_ERROR_NOT_FOUND, as for memory the
+// program freed. Managed memory has no IPC handle, so nothing needs the slab itself (pooled
+// pages keep the page's range: Note [IPC handles] in pooling.cpp). The real call answers first:
+// its refusals (no context, a null pointer) stand.
+CUresult mem_get_address_range(CUdeviceptr* base, std::size_t* size, CUdeviceptr dptr) {
+  const CUresult result = driver_real::cuMemGetAddressRange_v2()(base, size, dptr);
+  if (result != CUDA_SUCCESS) return result;
+  Registry& registry = Registry::instance();
+  for (int device = 0; device < registry.managed_bound(); ++device) {
+    const ManagedSlabs* chain = registry.managed(device);
+    if (chain == nullptr) continue;
+    const ManagedLookup found = chain->find(static_cast<DevicePtr>(dptr));
+    if (found.kind == ManagedLookup::Kind::not_mine) continue;
+    if (found.kind != ManagedLookup::Kind::live) return CUDA_ERROR_NOT_FOUND;
+    if (base != nullptr) *base = static_cast<CUdeviceptr>(found.start);
+    if (size != nullptr) *size = found.size;
+    return CUDA_SUCCESS;
+  }
+  return result;
+}
+
 CUresult ipc_get_mem_handle(CUipcMemHandle* handle, CUdeviceptr dptr) {
   if (pooling::ipc_exportable("cuIpcGetMemHandle", as_pointer(dptr)))
     return driver_real::cuIpcGetMemHandle()(handle, dptr);

@@ -54,6 +54,7 @@ CUresult cuStreamAddCallback_ptsz(CUstream hStream, CUstreamCallback callback, v
   X(cuMemFreeAsync, "cuMemFreeAsync", 11020, false)                                    \
   X(cuMemFreeAsync_ptsz, "cuMemFreeAsync", 11020, true)                                \
   X(cuMemGetInfo_v2, "cuMemGetInfo", 3020, false)                                      \
+  X(cuMemGetAddressRange_v2, "cuMemGetAddressRange", 3020, false)                      \
   X(cuIpcGetMemHandle, "cuIpcGetMemHandle", 4010, false)                               \
   X(cuMemAllocPitch_v2, "cuMemAllocPitch", 3020, false)                                \
   X(cuMemAllocManaged, "cuMemAllocManaged", 6000, false)                               \

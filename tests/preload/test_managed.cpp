@@ -9,8 +9,13 @@
 // slabs turn over in windows (Note [Managed windows]) while freed memory is still being written
 // by a lagging stream: no allocation ever sees those writes, and the stand-in sees no race.
 // Under free_fence:sync (a child), a managed cudaFree is the barrier the real one is.
+// cuMemGetAddressRange names a slab allocation's own bytes, not its slab's.
+#include <cuda.h>
+
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -239,6 +244,31 @@ int child_sync_barrier() {
   return 0;
 }
 
+// Note [Managed address ranges] in interpose/driver_hooks.cpp: a program that clears "the
+// allocation" cuMemGetAddressRange names must not reach the neighbour.
+void address_ranges() {
+  using RangeFn = CUresult (*)(CUdeviceptr*, std::size_t*, CUdeviceptr);
+  const auto range = preload_test::driver_entry<RangeFn>("cuMemGetAddressRange", 3020);
+  auto* first = static_cast<unsigned char*>(managed(1000));
+  auto* neighbour = static_cast<unsigned char*>(managed(1000));
+  std::memset(neighbour, 7, 1000);
+  const auto address = reinterpret_cast<CUdeviceptr>(first);
+  for (const CUdeviceptr asked : {address, address + 999}) {
+    CUdeviceptr base = 0;
+    std::size_t size = 0;
+    CHECK(range(&base, &size, asked) == CUDA_SUCCESS);
+    CHECK_MSG(base == address && size == 1000,
+              "cuMemGetAddressRange named " + std::to_string(size) + " bytes at another base");
+    CHECK_CUDA(cudaMemset(reinterpret_cast<void*>(base), 0, size));
+  }
+  CHECK_CUDA(cudaDeviceSynchronize());
+  CHECK_MSG(host_bytes(neighbour, 1000, 7), "clearing the named range reached the neighbour");
+  CHECK_CUDA(cudaFree(first));
+  CUdeviceptr base = 0;
+  CHECK(range(&base, nullptr, address) == CUDA_ERROR_NOT_FOUND);  // freed, as plainly
+  CHECK_CUDA(cudaFree(neighbour));
+}
+
 int main(int argc, char** argv) {
   if (argc > 1) {
     const std::string mode = argv[1];
@@ -254,6 +284,7 @@ int main(int argc, char** argv) {
   few_real_calls();
   passes_through();
   refused_frees();
+  address_ranges();
 
   // The report's managed section (JSON, at exit).
   preload_test::ChildResult report = preload_test::run_self(
