@@ -165,6 +165,11 @@ POOLCUDA_EXPORT CUresult cuArray3DCreate_v2(CUarray* pHandle,
   return pc::guarded([&] { return dh::with_room(dh::kSizeUnknown, real); });
 }
 
+POOLCUDA_EXPORT CUresult cuCtxSynchronize() {
+  if (pc::bypass()) return dr::cuCtxSynchronize()();
+  return pc::guarded([&] { return dh::ctx_synchronize(); });
+}
+
 POOLCUDA_EXPORT CUresult cuStreamCreate(CUstream* phStream, unsigned int Flags) {
   if (pc::bypass()) return dr::cuStreamCreate()(phStream, Flags);
   return pc::guarded([&] { return dh::stream_create(phStream, Flags); });

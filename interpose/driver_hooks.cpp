@@ -183,6 +183,13 @@ CUresult with_room_anywhere(std::size_t size, const std::function<CUresult()>& r
   return gave ? real() : result;
 }
 
+// Note [Memory info after a synchronize] in pooling.cpp; only the primary context is pooled.
+CUresult ctx_synchronize() {
+  const driver::CurrentContext ctx = driver::current_context();
+  if (ctx.primary) pooling::before_device_synchronize(ctx.device);
+  return driver_real::cuCtxSynchronize()();
+}
+
 CUresult mem_get_info(std::size_t* free_bytes, std::size_t* total_bytes) {
   const CUresult result = driver_real::cuMemGetInfo_v2()(free_bytes, total_bytes);
   if (result != CUDA_SUCCESS || free_bytes == nullptr) return result;

@@ -30,6 +30,7 @@ CUresult with_room_on(int device, std::size_t size, const std::function<CUresult
 // device's idle memory goes back first, and every other device's when that was not enough.
 CUresult with_room_anywhere(std::size_t size, const std::function<CUresult()>& real);
 CUresult mem_get_info(std::size_t* free_bytes, std::size_t* total_bytes);
+CUresult ctx_synchronize();
 CUresult mem_get_address_range(CUdeviceptr* base, std::size_t* size, CUdeviceptr dptr);
 CUresult ipc_get_mem_handle(CUipcMemHandle* handle, CUdeviceptr dptr);
 CUresult stream_create(CUstream* stream, unsigned int flags);

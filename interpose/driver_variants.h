@@ -74,6 +74,7 @@ CUresult cuStreamAddCallback_ptsz(CUstream hStream, CUstreamCallback callback, v
   X(cuDevicePrimaryCtxRelease, "cuDevicePrimaryCtxRelease", 7000, false)               \
   X(cuDevicePrimaryCtxRelease_v2, "cuDevicePrimaryCtxRelease", 11000, false)           \
   X(cuCtxDestroy, "cuCtxDestroy", 2000, false)                                         \
+  X(cuCtxSynchronize, "cuCtxSynchronize", 2000, false)                                 \
   X(cuCtxDestroy_v2, "cuCtxDestroy", 4000, false)                                      \
   X(cuStreamBeginCapture, "cuStreamBeginCapture", 10000, false)                        \
   X(cuStreamBeginCapture_ptsz, "cuStreamBeginCapture", 10000, true)                    \

@@ -63,6 +63,11 @@ POOLCUDA_EXPORT cudaError_t cudaMemGetInfo(size_t* free_bytes, size_t* total_byt
   return pc::guarded([&] { return pc::hooks::mem_get_info(free_bytes, total_bytes); });
 }
 
+POOLCUDA_EXPORT cudaError_t cudaDeviceSynchronize() {
+  if (pc::bypass()) return pc::real::cudaDeviceSynchronize()();
+  return pc::guarded([&] { return pc::hooks::device_synchronize(); });
+}
+
 POOLCUDA_EXPORT cudaError_t cudaDeviceReset() {
   if (pc::bypass()) return pc::real::cudaDeviceReset()();
   return pc::guarded([&] { return pc::hooks::device_reset(); });

@@ -318,6 +318,11 @@ cudaError_t ipc_get_mem_handle(cudaIpcMemHandle_t* handle, void* ptr) {
   return real::cudaIpcGetMemHandle()(handle, ptr);
 }
 
+cudaError_t device_synchronize() {
+  pooling::before_device_synchronize(current_device());
+  return real::cudaDeviceSynchronize()();
+}
+
 cudaError_t device_reset() {
   return static_cast<cudaError_t>(
       pooling::reset_device(current_device(), [] { return real::cudaDeviceReset()(); }));

@@ -28,6 +28,7 @@ cudaError_t with_room(int device, std::size_t size, const std::function<cudaErro
 cudaError_t mem_get_info(std::size_t* free_bytes, std::size_t* total_bytes);
 cudaError_t ipc_get_mem_handle(cudaIpcMemHandle_t* handle, void* ptr);
 cudaError_t device_reset();
+cudaError_t device_synchronize();
 cudaError_t stream_create(cudaStream_t* stream);
 cudaError_t stream_create_with_flags(cudaStream_t* stream, unsigned int flags);
 cudaError_t stream_create_with_priority(cudaStream_t* stream, unsigned int flags, int priority);
@@ -136,6 +137,7 @@ cudaError_t raise_out_of_memory();
   X(cudaSetDevice)                          \
   X(cudaMemGetInfo)                         \
   X(cudaDeviceReset)                        \
+  X(cudaDeviceSynchronize)                  \
   X(cudaStreamCreate)                       \
   X(cudaStreamCreateWithFlags)              \
   X(cudaStreamCreateWithPriority)           \

@@ -101,6 +101,11 @@ int reset_device(int device, const std::function<int()>& real);
 // device with pools when no free waits in an open epoch.
 void fence_before_host_work();
 
+// A device-wide synchronize of `device` is about to begin: its pools' open batch of frees gets
+// its fence now, so that the synchronize passes it and memory freed before it counts as free
+// right after (cudaMemGetInfo, Note [Memory info after a synchronize] in pooling.cpp).
+void before_device_synchronize(int device);
+
 // The most a host function waits for the pools' idle memory to reach the driver before it is
 // passed on: far above the time a device takes to finish the work queued before it, short
 // enough that a stream parked earlier (which holds the driver's frees) costs a call little.

@@ -110,6 +110,7 @@ constexpr Ask kAsks[] = {
     {"cuMemAlloc", 2000, 0, nullptr},
     {"cuMemAllocPitch", 3020, 0, "cuMemAllocPitch_v2"},
     {"cuMemGetAddressRange", 3020, 0, "cuMemGetAddressRange_v2"},
+    {"cuCtxSynchronize", 13000, 0, "cuCtxSynchronize"},
     {"cuStreamBeginCapture", 10000, 0, "cuStreamBeginCapture"},
     {"cuStreamBeginCapture", 10000, kPtds, "cuStreamBeginCapture_ptsz"},
     {"cuStreamBeginCapture", 13000, 0, "cuStreamBeginCapture_v2"},

@@ -2,7 +2,12 @@
 // default), while the real runtime counts them as used. Run with the argument "raw" under
 // memgetinfo:raw, the program sees the real numbers. Free space inside pages that live slices
 // keep is never counted: a request of the reported free size must succeed, as it does without
-// the library. Memory freed before a synchronize counts as free even when frees wait for fences.
+// the library. Memory freed before a synchronize counts as free even when frees wait for fences:
+// one large buffer, and many small ones whose frees still wait in an open batch when the
+// program synchronizes (cudaDeviceSynchronize, and cuCtxSynchronize with cuMemGetInfo).
+#include <cuda.h>
+
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -11,6 +16,26 @@
 namespace {
 
 using MemGetInfoFn = cudaError_t (*)(std::size_t*, std::size_t*);
+
+// Twenty 1 MiB buffers written on `stream` and freed, then `synchronize`: "free" is back where it
+// was (Note [Memory info after a synchronize] in interpose/pooling.cpp).
+void small_frees_then_synchronize(cudaStream_t stream, const char* how,
+                                  const std::function<void()>& synchronize,
+                                  const std::function<std::size_t()>& free_now) {
+  const std::size_t free_first = free_now();
+  std::vector<void*> buffers(20);
+  for (void*& buffer : buffers) {
+    CHECK_CUDA(cudaMalloc(&buffer, 1 << 20));
+    CHECK_CUDA(cudaMemsetAsync(buffer, 1, 1 << 20, stream));
+  }
+  CHECK_CUDA(cudaStreamSynchronize(stream));
+  for (void* buffer : buffers) CHECK_CUDA(cudaFree(buffer));
+  synchronize();
+  const std::size_t free_after = free_now();
+  CHECK_MSG(free_after + (1 << 20) > free_first,
+            std::string(how) + ": small buffers freed before it were not free: " +
+                std::to_string(free_after) + " against " + std::to_string(free_first));
+}
 
 }  // namespace
 
@@ -99,6 +124,24 @@ int main(int argc, char** argv) {
     CHECK_MSG(free_after + (2 << 20) >= free_first,
               "a buffer freed before a synchronize was not free: " + std::to_string(free_after) +
                   " against " + std::to_string(free_first));
+    small_frees_then_synchronize(
+        stream, "cudaDeviceSynchronize", [] { CHECK_CUDA(cudaDeviceSynchronize()); },
+        [] {
+          std::size_t free_bytes = 0, total_bytes = 0;
+          CHECK_CUDA(cudaMemGetInfo(&free_bytes, &total_bytes));
+          return free_bytes;
+        });
+    using SyncFn = CUresult (*)();
+    using InfoFn = CUresult (*)(std::size_t*, std::size_t*);
+    const auto ctx_synchronize = preload_test::driver_entry<SyncFn>("cuCtxSynchronize", 2000);
+    const auto driver_info = preload_test::driver_entry<InfoFn>("cuMemGetInfo", 3020);
+    small_frees_then_synchronize(
+        stream, "cuCtxSynchronize", [&] { CHECK(ctx_synchronize() == CUDA_SUCCESS); },
+        [&] {
+          std::size_t free_bytes = 0, total_bytes = 0;
+          CHECK(driver_info(&free_bytes, &total_bytes) == CUDA_SUCCESS);
+          return free_bytes;
+        });
     CHECK_CUDA(cudaStreamDestroy(stream));
   }
   std::printf("ok\n");
