@@ -114,7 +114,6 @@ void CapturePolicy::begin(CaptureId id, bool explicit_priming) {
   captures_.emplace(id, std::move(capture));
   manager_.set_capture_window(true);
   open_.fetch_add(1, std::memory_order_acq_rel);
-  open_anywhere_.fetch_add(1, std::memory_order_acq_rel);
 }
 
 // The slices the warm-up freed become free again (through their fence) and can serve the
@@ -201,7 +200,6 @@ PinSet* CapturePolicy::end(CaptureId id, bool ok) {
   finish_priming(*c);  // priming never ended: as priming_end would
   manager_.set_capture_window(false);
   open_.fetch_sub(1, std::memory_order_acq_rel);
-  open_anywhere_.fetch_sub(1, std::memory_order_acq_rel);
   if (ok) {
     ++stats_.captures;
   } else {
@@ -349,8 +347,6 @@ void CapturePolicy::release_shared_if_unused() {
 void CapturePolicy::forget() {
   std::lock_guard hold(mutex_);
   for (std::size_t i = 0; i < captures_.size(); ++i) manager_.set_capture_window(false);
-  open_anywhere_.fetch_sub(static_cast<std::uint32_t>(captures_.size()),
-                           std::memory_order_acq_rel);
   open_.store(0, std::memory_order_release);
   captures_.clear();
   graphs_.clear();  // their pin sets come back to release() as no-ops, or never

@@ -75,8 +75,6 @@ class CapturePolicy {
 
   // True while a capture is open on the device: one atomic load, for the hot path.
   bool open() const { return open_.load(std::memory_order_acquire) != 0; }
-  // True while a capture is open on any device's policy (one atomic load).
-  static bool open_anywhere() { return open_anywhere_.load(std::memory_order_acquire) != 0; }
   // Whether frees must come through free(): a window is open, or shared capture memory exists.
   bool routes_frees() const {
     return open() || shared_count_.load(std::memory_order_acquire) != 0;
@@ -140,7 +138,6 @@ class CapturePolicy {
   const CaptureOptions options_;
   mutable RankedMutex mutex_{LockRank::capture};
   std::atomic<std::uint32_t> open_{0};
-  inline static std::atomic<std::uint32_t> open_anywhere_{0};  // open_, over every policy
   std::atomic<std::uint64_t> shared_count_{0};  // slices in shared capture memory
   std::atomic<PinSet*> pending_{nullptr};
   std::unordered_map<CaptureId, std::unique_ptr<Capture>> captures_;

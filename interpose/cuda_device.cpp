@@ -323,43 +323,26 @@ FenceHandle CudaDevice::fence_record() {
   return reinterpret_cast<FenceHandle>(fence);
 }
 
-// Note [Managed memory on every device]
-// A managed slab is reachable from every device without peer access, so the work that may
-// still touch a freed slab allocation can sit on any device's streams: a cudaFreeAsync of
-// device-0 managed memory on a device-1 stream, or a device-1 kernel still reading it at a
-// cudaFree. A slab's fence (recorded when it is to rewind, Note [Managed free fences] in
-// pools/managed_chain.cpp) therefore holds, besides this device's own fence, an event of each
-// other device the library knows, on its legacy stream and on each of its non-blocking
-// streams: every other stream of that device orders itself behind the legacy one. Those
-// events are recorded and asked with their own device current (record_for_peer). When one
-// cannot be recorded (a capture is open on that device), there is no fence and the slab waits,
-// as it does for a capture on its own device. A program on one device records what it did.
-FenceHandle CudaDevice::fence_record_everywhere() {
-  const FenceHandle handle = fence_record();
-  if (handle == kNoFence) return kNoFence;
-  auto* fence = reinterpret_cast<Fence*>(handle);
-  Registry& registry = Registry::instance();
-  bool recorded = true;
-  {
-    auto table = streams_.lock();
-    for (int other = 0; recorded && other < Registry::kMaxDevices; ++other) {
-      CudaDevice* cuda = other == device_ ? nullptr : registry.device(other);
-      if (cuda == nullptr) continue;
-      const auto add = [&](cudaStream_t stream) {
-        const PeerEvent peer = cuda->record_for_peer(stream);
-        if (peer.event != nullptr) fence->peers.push_back(peer);
-        return peer.event != nullptr;
-      };
-      recorded = add(cudaStreamLegacy);
-      for (const TrackedStream& tracked : streams_.streams()) {
-        if (!recorded) break;
-        if (tracked.device == other && tracked.non_blocking) recorded = add(tracked.stream);
-      }
-    }
+CudaDevice::PeerEvent CudaDevice::record_if_other_device(StreamToken token) {
+  auto stream = reinterpret_cast<cudaStream_t>(token);
+  int stream_device = device_;
+  if (names_other_device_stream(token)) {
+    stream_device = static_cast<int>((token & ~kOtherDeviceStream) >> 2);
+    stream = (token & 3) == 1 ? cudaStreamLegacy : cudaStreamPerThread;
   }
-  if (recorded) return handle;
-  fence_destroy(handle);
-  return kNoFence;
+  // The table stays locked while the event is recorded: a stream it holds is not destroyed
+  // meanwhile (as in fence_record_on).
+  auto table = streams_.lock();
+  if (stream != cudaStreamLegacy && stream != cudaStreamPerThread) {
+    const TrackedStream* tracked = nullptr;
+    for (const TrackedStream& candidate : streams_.streams())
+      if (candidate.stream == stream) tracked = &candidate;
+    if (tracked == nullptr) return {};
+    stream_device = tracked->device;
+  }
+  if (stream_device == device_) return {};
+  CudaDevice* other = Registry::instance().device(stream_device);
+  return other == nullptr ? PeerEvent{} : other->record_for_peer(stream);
 }
 
 StreamToken CudaDevice::other_device_stream(int device, StreamToken stream) {

@@ -47,10 +47,6 @@ class CudaDevice final : public Device {
   // any other.
   FenceHandle fence_record_on(StreamToken stream, StreamToken& lane) override;
   bool fence_passed(FenceHandle fence) override;
-  // A fence after the work issued so far on every device's streams, not this device's alone,
-  // for memory any device can reach without peer access (Note [Managed memory on every device]
-  // in cuda_device.cpp). kNoFence when one of them cannot be recorded now.
-  FenceHandle fence_record_everywhere();
   void fence_wait(FenceHandle fence) override;
   void fence_destroy(FenceHandle fence) override;
   void synchronize() override;
@@ -91,6 +87,11 @@ class CudaDevice final : public Device {
     std::uint64_t generation = 0;  // the owner's, when the event was taken
   };
   PeerEvent record_for_peer(cudaStream_t stream);
+  // For a stream-ordered free of memory this device's own fences cover only for its own
+  // streams (a managed slab's, Note [Managed frees on another device's stream] in pooling.cpp):
+  // an event on `stream` (a token as for fence_record_on) when that is another device's stream;
+  // empty for this device's streams, one the table does not know, or when none can be recorded.
+  PeerEvent record_if_other_device(StreamToken stream);
   bool peer_event_passed(const PeerEvent& peer);
   void peer_event_wait(const PeerEvent& peer);
   void return_peer_event(const PeerEvent& peer);

@@ -2,9 +2,8 @@
 // runtime for one device. Slabs are real cudaMallocManaged(cudaMemAttachGlobal) allocations made
 // on that device and charged to its budget (`limit`), released through the release worker as the
 // device's pages are (never on an allocating thread, held back while a capture is open, dropped
-// by a device reset); fences are the device's, with events of every other device the library
-// knows (CudaDevice::fence_record_everywhere and friends, which are thread-safe); zeroing is a
-// host memset (Note [Managed zeroing] in cuda_managed.cpp).
+// by a device reset); fences are the device's own (CudaDevice::fence_record and friends, which
+// are thread-safe); zeroing is a host memset (Note [Managed zeroing] in cuda_managed.cpp).
 // Every CUDA call goes through OwnCallScope (Note [Own calls] in own_call.h).
 //
 // Depends on pools/managed_backing.h, the CUDA device, the budget, the release worker and the
@@ -27,9 +26,6 @@ class CudaManagedBacking final : public DeviceFencedBacking {
   AllocStatus allocate_slab(std::uint64_t size, DevicePtr* out) override;
   void release_slab(DevicePtr base, std::uint64_t size) override;
   bool zero(DevicePtr ptr, std::uint64_t size) override;
-  // Every device's streams, not the slab device's alone (Note [Managed memory on every device]
-  // in cuda_device.cpp).
-  FenceHandle fence_record() override { return device_.fence_record_everywhere(); }
 
   // True when every device of the process reports concurrent managed access, the condition
   // for serving managed memory from slabs at all (Note [Managed attach] in managed_hooks.cpp).

@@ -45,7 +45,9 @@
 #include <atomic>
 #include <chrono>
 #include <limits>
+#include <mutex>
 #include <thread>
+#include <vector>
 
 #include "interpose/budget.h"
 #include "interpose/cuda_device.h"
@@ -79,16 +81,64 @@ FreeOutcome free_on(Registry& registry, int device, DevicePtr address,
 // once, the slab would rewind after the capture (no graph work is queued yet, so its fence
 // passes), and a later launch of the graph would write into whatever the bytes were handed out
 // for. The plain cudaFree fails there (cudaErrorStreamCaptureUnsupported) and frees nothing.
-// So a managed allocation freed while a capture is open on any device (the graph may run on
-// any) is never taken back: the free succeeds, as the pools' frees in a window do, and the
-// bytes stay allocated for the life of the process, as they do after the plain call's refusal.
-// A log line says so once per device. A second free of the pointer then frees it (plain CUDA
-// would free it then too).
+// So a managed allocation freed while a capture is open on its device is never taken back: the
+// free succeeds, as the pools' frees in a window do, and the bytes stay allocated for the life
+// of the process, as they do after the plain call's refusal. A log line says so once per device.
+// A capture on another device does not count: there the plain free succeeds, so the memory
+// goes back as usual. A second free of a kept pointer frees it (as plain CUDA would).
+//
+// Note [Managed frees on another device's stream]
+// A slab's fence covers its own device's streams. Managed memory needs no peer access, so a
+// cudaFreeAsync of device-0 managed memory may name a device-1 stream, whose work before the
+// free no fence of device 0 waits for: the chain would take the memory back at once, and the
+// stream's late writes would land in a new allocation. Such a free is held instead: an event of
+// the stream's device is recorded on the stream, and the allocation goes back to its chain once
+// that event has passed, looked at by the next free, memory query or give-back; not under
+// free_fence:none, which reuses at once. (Recording the other devices' events in every slab
+// fence instead let a capture or a parked stream on any device stop every slab from rewinding.)
+struct HeldManagedFree {
+  DevicePtr address = 0;
+  int owner = -1;
+  CudaDevice::PeerEvent event;
+};
+std::mutex g_held_mutex;
+std::vector<HeldManagedFree> g_held;  // under g_held_mutex
+std::atomic<std::size_t> g_held_count{0};
+
+void release_passed_managed_frees(Registry& registry) {
+  if (g_held_count.load(std::memory_order_acquire) == 0) return;
+  std::vector<HeldManagedFree> held;
+  {
+    std::lock_guard<std::mutex> hold(g_held_mutex);
+    held.swap(g_held);
+  }
+  std::vector<HeldManagedFree> waiting;
+  for (const HeldManagedFree& free : held) {
+    if (!free.event.owner->peer_event_passed(free.event)) {
+      waiting.push_back(free);
+      continue;
+    }
+    free.event.owner->return_peer_event(free.event);
+    if (ManagedSlabs* chain = registry.managed(free.owner)) chain->free(free.address);
+  }
+  std::lock_guard<std::mutex> hold(g_held_mutex);
+  g_held.insert(g_held.end(), waiting.begin(), waiting.end());
+  g_held_count.store(g_held.size(), std::memory_order_release);
+}
+
+// `stream`: a stream-ordered free's stream, as other_device_stream names it (or kNoStream).
 FreeOutcome free_from_chain(Registry& registry, ManagedSlabs& chain, int device,
-                            DevicePtr address) {
-  if (CapturePolicy::open_anywhere()) {
+                            DevicePtr address, StreamToken stream) {
+  const CapturePolicy* capture = registry.capture(device);
+  const bool capturing = capture != nullptr && capture->open();
+  // Under free_fence:none the program orders reuse itself (Note [Managed frees on another
+  // device's stream]).
+  const bool fenced = stream != kNoStream && config().free_fence != FreeFence::none;
+  if (capturing || fenced) {
     const ManagedLookup found = chain.find(address);
-    if (found.kind == ManagedLookup::Kind::live && found.start == address) {
+    if (found.kind != ManagedLookup::Kind::live || found.start != address)
+      return chain.free(address);  // the chain says what it is
+    if (capturing) {
       if (registry.first_time(Registry::Once::managed_held_for_capture, device)) {
         log_format(LogLevel::basic,
                    "device %d: managed memory freed while a stream capture is open stays "
@@ -97,20 +147,30 @@ FreeOutcome free_from_chain(Registry& registry, ManagedSlabs& chain, int device,
       }
       return FreeOutcome::freed;
     }
+    CudaDevice* cuda = registry.device(device);
+    const CudaDevice::PeerEvent event =
+        cuda != nullptr ? cuda->record_if_other_device(stream) : CudaDevice::PeerEvent{};
+    if (event.event != nullptr) {
+      std::lock_guard<std::mutex> hold(g_held_mutex);
+      g_held.push_back(HeldManagedFree{address, device, event});
+      g_held_count.store(g_held.size(), std::memory_order_release);
+      return FreeOutcome::freed;
+    }
   }
   return chain.free(address);
 }
 
 // A managed slab allocation goes back to its chain: the device's own first, then every other.
-FreeOutcome free_managed(Registry& registry, int device, DevicePtr address, int* owner) {
+FreeOutcome free_managed(Registry& registry, int device, DevicePtr address, StreamToken stream,
+                         int* owner) {
   if (ManagedSlabs* chain = registry.managed(device)) {
-    const FreeOutcome outcome = free_from_chain(registry, *chain, device, address);
+    const FreeOutcome outcome = free_from_chain(registry, *chain, device, address, stream);
     if (outcome != FreeOutcome::not_mine) return outcome;
   }
   for (int other = 0; other < registry.managed_bound(); ++other) {
     ManagedSlabs* chain = other == device ? nullptr : registry.managed(other);
     if (chain == nullptr) continue;
-    const FreeOutcome outcome = free_from_chain(registry, *chain, other, address);
+    const FreeOutcome outcome = free_from_chain(registry, *chain, other, address, stream);
     if (outcome != FreeOutcome::not_mine) {
       *owner = other;
       return outcome;
@@ -271,8 +331,16 @@ Freed release(int device, const void* ptr, StreamToken stream) {
   const auto address = reinterpret_cast<DevicePtr>(ptr);
   Freed freed;
   freed.owner = device;
+  release_passed_managed_frees(registry);
+  // A pointer allocated on another device may be freed with any device current, and on any
+  // device's stream (Note [Frees on another device's stream] in cuda_device.cpp).
+  StreamToken named = kNoStream;
+  if (stream != kNoStream) {
+    named = CudaDevice::other_device_stream(device, stream);
+    registry.manager_or_create(device);  // records the fence on its legacy or per-thread stream
+  }
   // Managed slabs first: a range test per slab, no lock.
-  freed.outcome = free_managed(registry, device, address, &freed.owner);
+  freed.outcome = free_managed(registry, device, address, named, &freed.owner);
   if (freed.outcome != FreeOutcome::not_mine) {
     // free_fence:sync makes every free outside a capture the barrier the real cudaFree is, as
     // the pools' frees are (a slab's reuse waits for its own fence in every mode).
@@ -283,13 +351,6 @@ Freed release(int device, const void* ptr, StreamToken stream) {
     return freed;
   }
   freed.outcome = free_on(registry, device, address, stream);
-  // A pointer allocated on another device may be freed with any device current, and on any
-  // device's stream (Note [Frees on another device's stream] in cuda_device.cpp).
-  StreamToken named = kNoStream;
-  if (stream != kNoStream) {
-    named = CudaDevice::other_device_stream(device, stream);
-    registry.manager_or_create(device);  // records the fence on its legacy or per-thread stream
-  }
   for (int other = 0; freed.outcome == FreeOutcome::not_mine && other < Registry::kMaxDevices;
        ++other) {
     if (other == device) continue;
@@ -395,6 +456,7 @@ bool give_back_idle(int device) {
   // As long as out-of-memory recovery waits (ManagerOptions::recovery_wait_micros).
   constexpr std::uint32_t kGiveBackMicros = 10000000;
   Registry& registry = Registry::instance();
+  release_passed_managed_frees(registry);
   MemoryManager* manager = device >= 0 ? registry.manager(device) : nullptr;
   const bool pages =
       manager != nullptr && manager->give_back_all(kGiveBackMicros) != GiveBack::nothing;
@@ -408,6 +470,7 @@ void adjust_memory_info(int device, std::size_t* free_bytes, std::size_t* total_
   if (free_bytes == nullptr) return;
   // Under memgetinfo:raw without a budget the driver's numbers stand: nothing to look at.
   if (config().memgetinfo == MemGetInfoMode::raw && !budget::limit(device)) return;
+  release_passed_managed_frees(Registry::instance());
   MemoryManager* manager = Registry::instance().manager(device);
   // Only whole idle pages: the out-of-memory path returns them to the driver, so a request of
   // any size can really get them. Free space inside pages that live slices keep (holes) serves

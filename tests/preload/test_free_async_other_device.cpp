@@ -11,7 +11,9 @@
 // Cases: a non-blocking device-1 stream freed with device 1 current and with device 0 current,
 // and device 1's legacy and per-thread default streams (which name device 1's streams only
 // while device 1 is current). And managed memory of device 0, which a device-1 stream reaches
-// without peer access (Note [Managed memory on every device] in interpose/cuda_device.cpp).
+// without peer access (Note [Managed frees on another device's stream] in interpose/pooling.cpp).
+// And a capture open on device 1 does not keep device 0's managed frees from going back (Note
+// [Managed frees during a capture]): more than the device is allocated and freed meanwhile.
 #include <cstring>
 #include <string>
 #include <vector>
@@ -120,6 +122,30 @@ bool run_managed_case(cudaStream_t device1_stream, bool expect_race) {
   return corrupted || races != 0;
 }
 
+void managed_frees_beside_another_capture() {
+  CHECK_CUDA(cudaSetDevice(1));
+  cudaStream_t capturing = nullptr;
+  CHECK_CUDA(cudaStreamCreateWithFlags(&capturing, cudaStreamNonBlocking));
+  CHECK_CUDA(cudaStreamBeginCapture(capturing, cudaStreamCaptureModeRelaxed));
+  CHECK_CUDA(cudaSetDevice(0));
+  std::size_t free_bytes = 0, total = 0;
+  CHECK_CUDA(cudaMemGetInfo(&free_bytes, &total));
+  constexpr std::size_t kRound = 4 << 20;
+  for (std::size_t done = 0; done < total + total / 4; done += kRound) {
+    void* buffer = nullptr;
+    CHECK_MSG(cudaMallocManaged(&buffer, kRound) == cudaSuccess,
+              "device 0's managed frees did not go back while device 1 captured, after " +
+                  std::to_string(done >> 20) + " MiB");
+    CHECK_CUDA(cudaFree(buffer));
+  }
+  CHECK_CUDA(cudaSetDevice(1));
+  cudaGraph_t graph = nullptr;
+  CHECK_CUDA(cudaStreamEndCapture(capturing, &graph));
+  if (graph != nullptr) CHECK_CUDA(cudaGraphDestroy(graph));
+  CHECK_CUDA(cudaStreamDestroy(capturing));
+  CHECK_CUDA(cudaSetDevice(0));
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -137,6 +163,7 @@ int main(int argc, char** argv) {
   caught &= run_case("legacy stream", cudaStreamLegacy, 1, expect_race);
   caught &= run_case("per-thread stream", cudaStreamPerThread, 1, expect_race);
   caught &= run_managed_case(device1_stream, expect_race);
+  if (!expect_race) managed_frees_beside_another_capture();
   if (expect_race) CHECK_MSG(caught, "a case reused the memory without the late write being seen");
   CHECK_CUDA(cudaSetDevice(1));
   CHECK_CUDA(cudaStreamDestroy(device1_stream));
