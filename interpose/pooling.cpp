@@ -101,16 +101,25 @@ struct HeldManagedFree {
   int owner = -1;
   CudaDevice::PeerEvent event;
 };
-std::mutex g_held_mutex;
-std::vector<HeldManagedFree> g_held;  // under g_held_mutex
-std::atomic<std::size_t> g_held_count{0};
+struct HeldManagedFrees {
+  std::mutex mutex;
+  std::vector<HeldManagedFree> list;  // under mutex
+};
+// Never destroyed (a free may come during exit), and no dynamic initialiser (Note [Load order]
+// in lifecycle.cpp).
+HeldManagedFrees& held_frees() {
+  static auto* held = new HeldManagedFrees;
+  return *held;
+}
+std::atomic<std::size_t> g_held_count{0};  // held_frees().list.size(), read without the mutex
 
 void release_passed_managed_frees(Registry& registry) {
   if (g_held_count.load(std::memory_order_acquire) == 0) return;
+  HeldManagedFrees& frees = held_frees();
   std::vector<HeldManagedFree> held;
   {
-    std::lock_guard<std::mutex> hold(g_held_mutex);
-    held.swap(g_held);
+    std::lock_guard<std::mutex> hold(frees.mutex);
+    held.swap(frees.list);
   }
   std::vector<HeldManagedFree> waiting;
   for (const HeldManagedFree& free : held) {
@@ -121,9 +130,9 @@ void release_passed_managed_frees(Registry& registry) {
     free.event.owner->return_peer_event(free.event);
     if (ManagedSlabs* chain = registry.managed(free.owner)) chain->free(free.address);
   }
-  std::lock_guard<std::mutex> hold(g_held_mutex);
-  g_held.insert(g_held.end(), waiting.begin(), waiting.end());
-  g_held_count.store(g_held.size(), std::memory_order_release);
+  std::lock_guard<std::mutex> hold(frees.mutex);
+  frees.list.insert(frees.list.end(), waiting.begin(), waiting.end());
+  g_held_count.store(frees.list.size(), std::memory_order_release);
 }
 
 // `stream`: a stream-ordered free's stream, as other_device_stream names it (or kNoStream).
@@ -151,9 +160,10 @@ FreeOutcome free_from_chain(Registry& registry, ManagedSlabs& chain, int device,
     const CudaDevice::PeerEvent event =
         cuda != nullptr ? cuda->record_if_other_device(stream) : CudaDevice::PeerEvent{};
     if (event.event != nullptr) {
-      std::lock_guard<std::mutex> hold(g_held_mutex);
-      g_held.push_back(HeldManagedFree{address, device, event});
-      g_held_count.store(g_held.size(), std::memory_order_release);
+      HeldManagedFrees& frees = held_frees();
+      std::lock_guard<std::mutex> hold(frees.mutex);
+      frees.list.push_back(HeldManagedFree{address, device, event});
+      g_held_count.store(frees.list.size(), std::memory_order_release);
       return FreeOutcome::freed;
     }
   }

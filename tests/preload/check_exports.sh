@@ -35,7 +35,9 @@ for hooked in poolcuda_library_marker cudaMalloc cudaFree cudaFreeAsync cudaFree
               cuDevicePrimaryCtxRelease_v2 cuCtxDestroy cuCtxDestroy_v2 cuStreamBeginCapture cuStreamBeginCapture_v2 \
               cuStreamBeginCapture_v2_ptsz cuStreamBeginCaptureToGraph cuStreamEndCapture \
               cuStreamEndCapture_ptsz cudaGraphDestroy cudaGraphExecDestroy cuGraphDestroy \
-              cuGraphExecDestroy; do
+              cuGraphExecDestroy cuMemCreate cuArrayCreate_v2 cuArray3DCreate_v2 \
+              cuMemAllocFromPoolAsync cuMemAllocFromPoolAsync_ptsz cuMemGetAddressRange_v2 \
+              cuCtxSynchronize cudaDeviceSynchronize; do
   if ! echo "$symbols" | grep -qx "$hooked"; then
     echo "hooked entry point not exported: $hooked"
     status=1
