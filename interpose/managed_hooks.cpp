@@ -8,10 +8,12 @@
 // every device has concurrent managed access (Note [Managed attach]), and requests the chain
 // cannot serve. A full chain (its cap of slabs reached) is logged once per device with the
 // request and the limit, and the request then goes to the real call: the cap is the library's,
-// not a budget the program chose, so it must not fail an allocation plain CUDA would make. A
-// new slab refused for lack of memory first trims the device's idle pool pages and retries;
-// after that, as for any other failure, the real call's own answer is the program's answer
-// (Note [Last error] in hooks.cpp).
+// not a budget the program chose, so it must not fail an allocation plain CUDA would make. So
+// is a request the held bound refuses a slab for (slabs kept by small live allocations, Note
+// [Managed held bound] in pools/managed_bound.cpp), logged once per device: plain CUDA would
+// give it memory of its own. A new slab refused for lack of memory first trims the device's
+// idle pool pages and retries; after that, as for any other failure, the real call's own answer
+// is the program's answer (Note [Last error] in hooks.cpp).
 //
 // Note [Managed attach]
 // cudaStreamAttachMemAsync changes the stream association of a whole managed allocation (length
@@ -46,9 +48,16 @@
 // discard the neighbours that share a page with it, bytes their owners never gave up. A discard
 // only permits the memory to lose its contents, so not discarding is always a correct
 // implementation of it, and a slab range never reaches the driver's discard. Each range of a
-// batch that starts in a slab is checked as cudaMemPrefetchAsync checks its range (it starts in a
-// live allocation and, when not empty, ends inside it); one that fails refuses the whole call
-// with cudaErrorInvalidValue and nothing is done. Then:
+// batch that starts in a slab must start in a live allocation, end inside it and not be empty
+// (the runtime refuses an empty range of a batch; an empty slab range of a discard, which never
+// reaches it, must be refused here). One that fails refuses the whole call, and so does a bad
+// location array below; the answer is then the runtime's own, to the same call with every slab
+// range replaced by one it refuses whatever else it is given (NULL, one byte). So the stream,
+// the flags and the other arrays are judged in the runtime's order (on the stand-in an unknown
+// stream is cudaErrorInvalidResourceHandle before any range is looked at, and everything else
+// cudaErrorInvalidValue), the last-error slot holds what the plain call leaves there, and no
+// slab range reaches the driver. Should the runtime take such a call, the answer is
+// cudaErrorInvalidValue. Then:
 // - cudaMemDiscardBatchAsync forwards the other ranges as a batch of their own. When none is
 //   left no call is made, and the answer is the runtime's for a valid batch on that stream:
 //   cudaErrorInvalidValue for flags other than 0 or the legacy stream (which the batch calls do
@@ -125,24 +134,42 @@ bool range_allowed(const ManagedLookup& found, const void* ptr, std::size_t coun
   return count <= found.size - offset;
 }
 
-// Note [Managed discard]: false (after a refusal) when a range that starts in a slab is not
-// inside a live allocation. With `in_slab`, marks the ranges that start in a slab; it stays
-// empty when none does.
+// Note [Managed discard]: marks the ranges that start in a slab (`in_slab` stays empty when none
+// does); false when one of them is empty or not inside a live allocation.
 bool check_batch(void* const* ptrs, const std::size_t* sizes, std::size_t count,
                  std::vector<unsigned char>* in_slab) {
   if (ptrs == nullptr || sizes == nullptr) return true;
+  bool allowed = true;
   for (std::size_t i = 0; i < count; ++i) {
     const ManagedLookup found = find_managed(ptrs[i]);
     if (found.kind == ManagedLookup::Kind::not_mine) continue;
-    if (!range_allowed(found, ptrs[i], sizes[i])) {
-      refuse();
-      return false;
-    }
-    if (in_slab == nullptr) continue;
+    allowed = allowed && sizes[i] != 0 && range_allowed(found, ptrs[i], sizes[i]);
     if (in_slab->empty()) in_slab->resize(count);
     (*in_slab)[i] = 1;
   }
-  return true;
+  return allowed;
+}
+
+// Note [Managed discard]: a refused batch's ranges for the runtime, each slab range replaced by
+// one the runtime refuses whatever else the call says.
+struct RefusedRanges {
+  std::vector<void*> ptrs;
+  std::vector<std::size_t> sizes;
+
+  RefusedRanges(void* const* program_ptrs, const std::size_t* program_sizes, std::size_t count,
+                const std::vector<unsigned char>& in_slab)
+      : ptrs(program_ptrs, program_ptrs + count), sizes(program_sizes, program_sizes + count) {
+    for (std::size_t i = 0; i < count; ++i) {
+      if (in_slab[i] == 0) continue;
+      ptrs[i] = nullptr;
+      sizes[i] = 1;
+    }
+  }
+};
+
+// The runtime's refusal, or (should it have taken the batch after all) cudaErrorInvalidValue.
+cudaError_t refused_by(cudaError_t result) {
+  return result != cudaSuccess ? result : refuse();
 }
 
 // The location arrays of a batch of `count` ranges, as CUDA documents them: firsts[k] is the
@@ -221,6 +248,13 @@ cudaError_t malloc_managed(void** ptr, std::size_t size, unsigned int flags) {
                "device %d: managed slabs full (%s); passing such requests to cudaMallocManaged",
                device, describe(allocation.error).c_str());
   }
+  if (allocation.error.kind == ManagedErrorKind::pinned &&
+      registry.first_time(Registry::Once::managed_pinned, device)) {
+    log_format(LogLevel::basic,
+               "device %d: managed slabs kept by few live bytes (%s); passing the requests "
+               "they cannot take to cudaMallocManaged",
+               device, describe(allocation.error).c_str());
+  }
   return forward_managed(device, ptr, size, flags);
 }
 
@@ -283,9 +317,14 @@ cudaError_t mem_prefetch_batch(void** ptrs, std::size_t* sizes, std::size_t coun
                                cudaMemLocation* locations, std::size_t* firsts,
                                std::size_t location_count, unsigned long long flags,
                                cudaStream_t stream, bool per_thread) {
-  if (!check_batch(ptrs, sizes, count, nullptr)) return cudaErrorInvalidValue;
   auto prefetch =
       per_thread ? real::cudaMemPrefetchBatchAsync_ptsz() : real::cudaMemPrefetchBatchAsync();
+  std::vector<unsigned char> in_slab;
+  if (!check_batch(ptrs, sizes, count, &in_slab)) {
+    RefusedRanges refused(ptrs, sizes, count, in_slab);
+    return refused_by(prefetch(refused.ptrs.data(), refused.sizes.data(), count, locations,
+                               firsts, location_count, flags, stream));
+  }
   return prefetch(ptrs, sizes, count, locations, firsts, location_count, flags, stream);
 }
 
@@ -294,7 +333,10 @@ cudaError_t mem_discard_batch(void** ptrs, std::size_t* sizes, std::size_t count
   auto discard =
       per_thread ? real::cudaMemDiscardBatchAsync_ptsz() : real::cudaMemDiscardBatchAsync();
   std::vector<unsigned char> in_slab;
-  if (!check_batch(ptrs, sizes, count, &in_slab)) return cudaErrorInvalidValue;
+  if (!check_batch(ptrs, sizes, count, &in_slab)) {
+    RefusedRanges refused(ptrs, sizes, count, in_slab);
+    return refused_by(discard(refused.ptrs.data(), refused.sizes.data(), count, flags, stream));
+  }
   if (in_slab.empty()) return discard(ptrs, sizes, count, flags, stream);
   // Note [Managed discard]: only the ranges outside the slabs are discarded.
   std::vector<void*> kept_ptrs;
@@ -315,12 +357,16 @@ cudaError_t mem_discard_and_prefetch_batch(void** ptrs, std::size_t* sizes, std:
   auto both = per_thread ? real::cudaMemDiscardAndPrefetchBatchAsync_ptsz()
                          : real::cudaMemDiscardAndPrefetchBatchAsync();
   std::vector<unsigned char> in_slab;
-  if (!check_batch(ptrs, sizes, count, &in_slab)) return cudaErrorInvalidValue;
+  const bool allowed = check_batch(ptrs, sizes, count, &in_slab);
   if (in_slab.empty()) {
     return both(ptrs, sizes, count, locations, firsts, location_count, flags, stream);
   }
   // Note [Managed discard]: the slab ranges are only prefetched, first.
-  if (!locations_valid(count, locations, firsts, location_count)) return refuse();
+  if (!allowed || !locations_valid(count, locations, firsts, location_count)) {
+    RefusedRanges refused(ptrs, sizes, count, in_slab);
+    return refused_by(both(refused.ptrs.data(), refused.sizes.data(), count, locations, firsts,
+                           location_count, flags, stream));
+  }
   SubBatch slab;
   SubBatch rest;
   std::size_t run = 0;

@@ -100,6 +100,7 @@ class Registry {
     no_pool_accepts,
     managed_unpooled,
     managed_full,
+    managed_pinned,
     managed_held_for_capture,
     count
   };

@@ -3,7 +3,8 @@
 // window) or the current slab cannot fit it (another slab that can, an empty slab whose free
 // fence passed, a new slab), and the chain's upkeep (rewinds, giving slabs back after disuse and
 // on trims, forgetting them on a device reset, reports). The lock-free part and Note [Managed
-// slabs] are in managed_slabs.cpp.
+// slabs] are in managed_slabs.cpp; which slabs the slow path may take (Note [Managed held
+// bound]) in managed_bound.cpp.
 //
 // Note [Managed free fences]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~
@@ -35,9 +36,10 @@
 // - else a spare of the lane's (a slab it allocated from, now no lane's current) that is empty
 //   and whose free fence has passed is rewound and becomes the lane's current; the slab left
 //   behind records its fence if it is empty (quiet()), to be rewound in turn a window later;
-// - else, if the lane has no spare at all, a new slab becomes its current, and the old one is
-//   left behind as above (its last live allocations may be freed meanwhile), or, if no new slab
-//   can be had, another lane's spare as above;
+// - else, if the lane has no spare at all, a new slab becomes its current (where the held bound
+//   allows one more in use, Note [Managed held bound]), and the old one is left behind as above
+//   (its last live allocations may be freed meanwhile), or, if no new slab can be had, another
+//   lane's spare as above;
 // - else the current slab's window widens: nothing waits for a fence at a window's end.
 // So a lane that frees what it allocates takes turns between two slabs, each bumping through
 // one window while the other's fence passes, and rewrites the same two MiB or so while they
@@ -74,6 +76,7 @@ ManagedAllocation ManagedSlabs::allocate_slow(std::uint64_t size, std::uint64_t 
                                              std::uint32_t lane) {
   std::vector<DevicePtr> retired;
   ManagedError error;
+  Admission admits(*this, size, granules, lane);  // Note [Managed held bound]
   int chosen = -1;
   std::uint64_t start = 0;
   {
@@ -91,7 +94,8 @@ ManagedAllocation ManagedSlabs::allocate_slow(std::uint64_t size, std::uint64_t 
       // 1. The next slab, round the chain from the lane's current one, that fits now.
       for (std::uint32_t k = 0; chosen < 0 && k < used; ++k) {
         const std::uint32_t i = (current + k) % used;
-        if (!skip(i) && try_bump(slabs_[i], granules, &start) == Fit::ok) {
+        if (!skip(i) && slabs_[i].base->load(std::memory_order_relaxed) != 0 && admits(i) &&
+            try_bump(slabs_[i], granules, &start) == Fit::ok) {
           chosen = static_cast<int>(i);
         }
       }
@@ -99,17 +103,22 @@ ManagedAllocation ManagedSlabs::allocate_slow(std::uint64_t size, std::uint64_t 
       // first, so that the others can age into disuse.
       for (std::uint32_t k = 0; chosen < 0 && k < used; ++k) {
         const std::uint32_t i = (current + k) % used;
-        if (skip(i) || slabs_[i].base->load(std::memory_order_relaxed) == 0) continue;
+        if (skip(i) || slabs_[i].base->load(std::memory_order_relaxed) == 0 || !admits(i)) {
+          continue;
+        }
         if (reuse(slabs_[i], granules, &start)) chosen = static_cast<int>(i);
       }
       if (share == 1) break;
-      // 3. The empty slab whose fence is the oldest, once it passes within a bounded wait.
+      // 3. The empty slab whose fence is the oldest, once it passes within a bounded wait (only
+      // the lane's current one where the held bound takes no other).
       if (chosen < 0) {
-        const int i = wait_oldest_fence(lane);
+        const int i = wait_oldest_fence(lane, admits.another());
         if (i >= 0 && try_bump(slabs_[i], granules, &start) == Fit::ok) chosen = i;
       }
-      // 4. A new slab.
-      if (chosen < 0) {
+      // 4. A new slab, if the held bound allows one more in use.
+      if (chosen < 0 && !admits.another()) {
+        error = admits.error;
+      } else if (chosen < 0) {
         chosen = populate(size, &error);
         // The device has room again; but a slab made because a trim took the lane's current
         // one (sealed) says nothing against the trim's shortage.
@@ -183,6 +192,7 @@ bool ManagedSlabs::rewind(Slab& slab, std::uint64_t state) {
   }
   if (slab.fence != kNoFence) backing_.fence_destroy(slab.fence);
   slab.fence = kNoFence;
+  slab.live_state = kSealed;  // its next words may repeat old ones (Note [Managed held bound])
   ++slab.resets;
   slab.window_end.store(window_granules_, std::memory_order_relaxed);
   slab.state.store(pack(0, 0), std::memory_order_release);
@@ -209,6 +219,7 @@ void ManagedSlabs::open_window(Slab& slab, std::uint64_t bump, std::uint64_t gra
 ManagedAllocation ManagedSlabs::next_window(std::uint64_t size, std::uint64_t granules,
                                            std::uint32_t lane) {
   std::vector<DevicePtr> retired;
+  Admission admits(*this, size, granules, lane);  // Note [Managed held bound]
   int chosen = -1;
   std::uint64_t start = 0;
   {
@@ -238,14 +249,14 @@ ManagedAllocation ManagedSlabs::next_window(std::uint64_t size, std::uint64_t gr
             continue;
           }
           own_spare = own_spare || own;
-          if (reuse(spare, granules, &start)) chosen = static_cast<int>(i);
+          if (admits(i) && reuse(spare, granules, &start)) chosen = static_cast<int>(i);
         }
       };
       if (chosen < 0) take_spare(/*own=*/true);
       if (chosen < 0 && !own_spare) {
         if (!spare_refused_ || tick_ - spare_refused_tick_ > options_.disuse_period) {
           ManagedError ignored;  // without a new slab the window widens instead
-          chosen = populate(size, &ignored);
+          if (admits.another()) chosen = populate(size, &ignored);
           if (chosen >= 0 && try_bump(slabs_[chosen], granules, &start) != Fit::ok) chosen = -1;
           spare_refused_ = chosen < 0;
           spare_refused_tick_ = tick_;
@@ -275,13 +286,17 @@ ManagedAllocation ManagedSlabs::next_window(std::uint64_t size, std::uint64_t gr
 }
 
 // Waits a bounded time for the oldest fence among the empty slabs (each had quiet() record one
-// for its current word) and rewinds that slab when it passed. Its index, or -1.
-int ManagedSlabs::wait_oldest_fence(std::uint32_t lane) {
+// for its current word) and rewinds that slab when it passed. Its index, or -1. Without
+// `others`, only the lane's current slab is waited for (Note [Managed held bound]: no fence is
+// waited for where no slab may be taken).
+int ManagedSlabs::wait_oldest_fence(std::uint32_t lane, bool others) {
   const std::uint32_t used = used_slots_.load(std::memory_order_relaxed);
+  const std::uint32_t current = current_[lane].load(std::memory_order_relaxed);
   int oldest = -1;
   for (std::uint32_t i = 0; i < used; ++i) {
     const Slab& slab = slabs_[i];
-    if (current_of_other_lane(i, lane) || slab.base->load(std::memory_order_relaxed) == 0 ||
+    if ((!others && i != current) || current_of_other_lane(i, lane) ||
+        slab.base->load(std::memory_order_relaxed) == 0 ||
         slab.fence == kNoFence ||
         slab.fence_state != slab.state.load(std::memory_order_acquire)) {
       continue;
@@ -302,6 +317,7 @@ bool ManagedSlabs::retire(Slab& slab, std::uint64_t state, std::vector<DevicePtr
   }
   if (slab.fence != kNoFence) backing_.fence_destroy(slab.fence);
   slab.fence = kNoFence;
+  slab.live_state = kSealed;
   retired_issued_ += slab.issued_before + issued_since_rewind(slab, bump_of(state));
   slab.issued_before = 0;
   retired_resets_ += slab.resets;
@@ -349,6 +365,7 @@ int ManagedSlabs::populate(std::uint64_t size, ManagedError* error) {
   slab.window_end.store(window_granules_, std::memory_order_relaxed);
   slab.fence = kNoFence;
   slab.resets = 0;
+  slab.live_state = kSealed;
   slab.base->store(base, std::memory_order_release);
   slab.state.store(pack(0, 0), std::memory_order_release);
   if (static_cast<std::uint32_t>(slot) >= used_slots_.load(std::memory_order_relaxed)) {
@@ -474,6 +491,7 @@ void ManagedSlabs::forget() {
     Slab& slab = slabs_[i];
     if (slab.fence != kNoFence) backing_.fence_destroy(slab.fence);
     slab.fence = kNoFence;
+    slab.live_state = kSealed;
     retired_issued_ +=
         slab.issued_before + (sealed(state) ? 0 : issued_since_rewind(slab, bump_of(state)));
     slab.issued_before = 0;

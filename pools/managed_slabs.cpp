@@ -37,9 +37,9 @@
 // has kManagedLanes current slabs, and each thread allocates through one lane (its own number,
 // given round-robin when it first allocates). The slow path gives a lane a slab no other lane
 // is on (the next one that fits, an empty one rewound, a new one) and shares another lane's
-// current slab only when nothing else is left (the chain is full). A single-threaded program
-// uses one lane and two slabs (Note [Managed windows]). Frees go to whichever slab holds the
-// pointer, as before.
+// current slab only when nothing else is left (the chain is full, or Note [Managed held bound]
+// takes no other). A single-threaded program uses one lane and two slabs (Note [Managed
+// windows]). Frees go to whichever slab holds the pointer, as before.
 //
 // Zero on hand-out. A fresh slab reads as zero. A slab's dirty mark is the highest bump it
 // reached before any rewind; bytes above it have never been handed out since the slab was
@@ -67,6 +67,10 @@ std::string describe(const ManagedError& error) {
       return "bad request: size " + requested + " or its alignment is not allowed";
     case ManagedErrorKind::too_large:
       return "too large: requested " + requested + ", limit " + limit;
+    case ManagedErrorKind::pinned:
+      return "slabs pinned: requested " + requested + "; one more slab would make those in use " +
+             limit + ", more than twice their live bytes and " +
+             std::to_string(kManagedSlackSlabsPerLane) + " slabs per lane";
     case ManagedErrorKind::out_of_memory:
       return "out of memory for a new slab of " + limit + " (requested " + requested + ")";
     case ManagedErrorKind::device_error:

@@ -6,7 +6,8 @@
 // has passed; every byte handed out reads as zero. Note [Managed slabs] in managed_slabs.cpp
 // explains the state word, the marks and why a rewind can never race an allocation; Note
 // [Managed windows] in managed_chain.cpp why a lane's allocations stay within a few MiB
-// while they are freed as fast as they are made.
+// while they are freed as fast as they are made; Note [Managed held bound] in managed_bound.cpp
+// why slabs that small live allocations keep are never more than about twice what is live.
 //
 // Also the snapshot of a chain for reports (ManagedReport) and its two renderings.
 //
@@ -41,6 +42,9 @@ inline constexpr std::uint32_t kManagedFenceWaitMicros = 2000;
 // slab to rewind, and the least number of its requests a window holds.
 inline constexpr std::uint64_t kManagedWindow = 1 * MiB;
 inline constexpr std::uint64_t kManagedWindowRequests = 64;
+// Note [Managed held bound]: the slabs in use may hold twice their live bytes and this many
+// slabs more per lane.
+inline constexpr std::uint32_t kManagedSlackSlabsPerLane = 3;
 
 struct ManagedOptions {
   std::uint64_t slab_size = 64 * MiB;  // bytes per slab, rounded up to the granule
@@ -56,12 +60,15 @@ enum class ManagedErrorKind : std::uint8_t {
   none,
   bad_request,    // size 0, or an alignment that is 0, not a power of two or above the slab
   too_large,      // the request does not fit: `limit` is the slab size or the chain's capacity
+  pinned,         // only a slab not in use would do, and the slabs in use hold too little that
+                  // is live to take one more (Note [Managed held bound])
   out_of_memory,  // the backing refused a new slab (out of memory)
   device_error,   // the backing failed otherwise (a slab or the zeroing)
 };
 
 // Why an allocation failed; `requested` is the size asked for. For too_large, `limit` is the
-// slab size (the request can never fit a slab) or max_slabs x slab size (the chain is full).
+// slab size (the request can never fit a slab) or max_slabs x slab size (the chain is full); for
+// pinned, the bytes the slabs in use would hold with one more, which the held bound refuses.
 struct ManagedError {
   ManagedErrorKind kind = ManagedErrorKind::none;
   std::uint64_t requested = 0;
@@ -209,12 +216,25 @@ class ManagedSlabs {
   bool rewind(Slab& slab, std::uint64_t state);
   bool reuse(Slab& slab, std::uint64_t granules, std::uint64_t* start);
   void open_window(Slab& slab, std::uint64_t bump, std::uint64_t granules);
-  int wait_oldest_fence(std::uint32_t lane);
+  // Waits for the oldest fence of the empty slabs; only the lane's current one's when `others`
+  // is false (the held bound refuses another slab).
+  int wait_oldest_fence(std::uint32_t lane, bool others);
   bool retire(Slab& slab, std::uint64_t state, std::vector<DevicePtr>* retired);
   int populate(std::uint64_t size, ManagedError* error);
   std::uint32_t collect_empty(bool disused_only, std::vector<DevicePtr>* retired,
                               std::chrono::steady_clock::time_point deadline = {});
   void release_all(const std::vector<DevicePtr>& retired);  // without mutex_
+
+  // The held bound (managed_bound.cpp, Note [Managed held bound]); the caller holds mutex_.
+  struct Admission;
+  // True when the slot's slab is in use: it holds a live allocation or is a lane's current.
+  bool in_use(std::uint32_t slot) const;
+  // Whether one more slab may come into use for a request of `size` bytes (`granules`) from
+  // `lane`; *error is set when not.
+  bool may_take_slab(std::uint64_t size, std::uint64_t granules, std::uint32_t lane,
+                     ManagedError* error);
+  // Granules of the live allocations in the slab, whose state word read `state`.
+  std::uint64_t live_granules(Slab& slab, std::uint64_t state);
 
   ManagedBacking& backing_;
   const ManagedOptions options_;

@@ -69,6 +69,30 @@ struct alignas(64) ManagedSlabs::Slab {
   // The lane it last served as current slab (kManagedLanes: none yet); a lane takes back the
   // spares it left before it takes another lane's (Note [Managed windows]).
   std::uint32_t lane = kManagedLanes;
+  // The granules of its live allocations, counted when the state word read live_state
+  // (managed::kSealed: not counted since the slab was last made, rewound or given back).
+  std::uint64_t live_state = managed::kSealed;
+  std::uint64_t live_granules = 0;
+};
+
+// One slow path's use of the held bound (Note [Managed held bound] in managed_bound.cpp): a slab
+// not in use may be taken only if the bound allows one more, which is worked out once, when
+// first asked, for the request of `size` bytes (`granules`) from `lane`.
+struct ManagedSlabs::Admission {
+  Admission(ManagedSlabs& chain, std::uint64_t size, std::uint64_t granules, std::uint32_t lane)
+      : chain(chain), size(size), granules(granules), lane(lane) {}
+
+  ManagedSlabs& chain;
+  std::uint64_t size;
+  std::uint64_t granules;
+  std::uint32_t lane;
+  int verdict = -1;    // -1: not asked yet; else whether one more slab may come into use
+  ManagedError error;  // pinned, when the verdict is no
+
+  // Whether the request may go to `slot` (a new slab: any slot not in use).
+  bool operator()(std::uint32_t slot);
+  // Whether a slab not in use may be taken.
+  bool another();
 };
 
 }  // namespace poolcuda

@@ -4,7 +4,9 @@
 // discarded), through cudaMemDiscardAndPrefetchBatchAsync (slab ranges only prefetched) or
 // through the per-thread variants. Slab ranges are checked as a prefetch checks its range, and a
 // refused batch does nothing at all. A batch with only slab ranges gets the answer a batch of
-// the runtime's own managed memory gets for its flags and stream. On the stand-in, the real
+// the runtime's own managed memory gets for its flags and stream, and a refused batch (an empty
+// slab range, or one of freed slab memory) the answer the runtime gives the same batch of its
+// own memory, on every stream, an unknown one included. On the stand-in, the real
 // discard of the same range (asked of the runtime directly) poisons the neighbour: the damage
 // the hook prevents (Note [Discard poison] in tests/simcuda/rt_managed.cpp).
 #include <cstdint>
@@ -130,8 +132,8 @@ int main() {
   CHECK_CUDA(cudaMemPrefetchBatchAsync(mixed, sizes, 3, where, firsts, 2, 0, stream));
   expect(m, stream, false);
 
-  // Refused, and nothing done: a slab range beyond its allocation, in freed slab memory, empty
-  // where the allocation ends; location indices that do not start at 0.
+  // Refused, and nothing done: a slab range beyond its allocation, in freed slab memory;
+  // location indices that do not start at 0.
   discards = calls("cudaMemDiscardBatchAsync");
   void* bad_ptrs[2] = {m.own, m.a};
   std::size_t too_long[2] = {100, 3001};
@@ -145,7 +147,9 @@ int main() {
   std::size_t late_firsts[1] = {1};
   refused(
       cudaMemDiscardAndPrefetchBatchAsync(bad_ptrs, small, 2, where, late_firsts, 1, 0, stream));
-  if (preload_test::on_stand_in()) CHECK(calls("cudaMemDiscardBatchAsync") == discards);
+  // The runtime answered the two discards, asked with every slab range replaced by one it
+  // refuses, and discarded nothing (not even the range of its own allocation).
+  if (preload_test::on_stand_in()) CHECK(calls("cudaMemDiscardBatchAsync") == discards + 2);
   expect(m, stream, false);
 
   // Only slab ranges, nothing to call: the answer a batch of the runtime's own memory gets.
@@ -164,6 +168,53 @@ int main() {
   }
   CHECK_CUDA(cudaStreamSynchronize(stream));
   fill(m);
+
+  // A refused batch gets the runtime's own answer, and leaves it as the last error: an empty
+  // slab range (which the runtime refuses in a batch) or one of freed slab memory answers as an
+  // empty range of the runtime's own allocation and one past its end do, on every stream.
+  cudaStream_t streams[4] = {stream, cudaStreamLegacy, nullptr, stream};
+  if (preload_test::on_stand_in()) {  // a handle never created: only the stand-in is asked
+    streams[3] = reinterpret_cast<cudaStream_t>(std::uintptr_t{0x1234});
+  }
+  struct Ranges {
+    void* theirs;
+    std::size_t their_size;
+    void* ours;
+    std::size_t our_size;
+  };
+  const Ranges ranges[] = {{m.own, 0, m.b, 0}, {m.own, (std::size_t{2} << 20) + 1, freed, 100}};
+  for (cudaStream_t s : streams) {
+    for (const Ranges& r : ranges) {
+      void* their_ptrs[2] = {m.own, r.theirs};
+      std::size_t their_sizes[2] = {100, r.their_size};
+      void* our_ptrs[2] = {m.own, r.ours};
+      std::size_t our_sizes[2] = {100, r.our_size};
+      std::size_t one_location[1] = {0};
+      const auto same = [&](const char* what, auto&& call) {
+        const cudaError_t theirs = call(their_ptrs, their_sizes);
+        const cudaError_t their_last = cudaGetLastError();
+        const cudaError_t ours = call(our_ptrs, our_sizes);
+        const cudaError_t our_last = cudaGetLastError();
+        CHECK_MSG(theirs != cudaSuccess, std::string(what) + " took a bad range");
+        CHECK_MSG(theirs == ours && their_last == our_last,
+                  std::string(what) + ": " + preload_test::error_text(theirs) + " vs " +
+                      preload_test::error_text(ours));
+      };
+      same("discard", [&](void** p, std::size_t* z) {
+        return cudaMemDiscardBatchAsync(p, z, 2, 0, s);
+      });
+      same("discard alone", [&](void** p, std::size_t* z) {
+        return cudaMemDiscardBatchAsync(p + 1, z + 1, 1, 0, s);
+      });
+      same("discard and prefetch", [&](void** p, std::size_t* z) {
+        return cudaMemDiscardAndPrefetchBatchAsync(p, z, 2, where, one_location, 1, 0, s);
+      });
+      same("prefetch", [&](void** p, std::size_t* z) {
+        return cudaMemPrefetchBatchAsync(p, z, 2, where, one_location, 1, 0, s);
+      });
+    }
+  }
+  expect(m, stream, false);
 
   // The per-thread variants, with the per-thread default stream.
   auto discard_ptsz =

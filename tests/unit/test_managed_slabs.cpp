@@ -14,62 +14,17 @@
 #include <thread>
 #include <vector>
 
-#include "pools/host_managed_backing.h"
-#include "pools/managed_slabs.h"
+#include "managed_test_util.h"
 #include "pools/report.h"
 
 using namespace poolcuda;
 
-namespace {
-
-constexpr std::uint64_t kGranule = 512;
-constexpr std::uint32_t kNoWait = 0;
-constexpr std::uint32_t kLongWait = 10000000;  // a trim's bound on waiting for fences
-
-// A HostDevice, the backing over it, and a chain of `max_slabs` slabs of `slab` bytes.
-struct Chain {
-  explicit Chain(std::uint64_t slab = 4 * KiB, std::uint32_t max_slabs = 4,
-                 std::uint64_t capacity = 256 * MiB, bool fences = true,
-                 std::uint32_t disuse = 8)
-      : device(capacity, kGranule), backing(device), slabs(backing, options(slab, max_slabs,
-                                                                             fences, disuse)) {}
-
-  static ManagedOptions options(std::uint64_t slab, std::uint32_t max_slabs, bool fences,
-                                std::uint32_t disuse) {
-    ManagedOptions o;
-    o.slab_size = slab;
-    o.granule = kGranule;
-    o.max_slabs = max_slabs;
-    o.fences = fences;
-    o.disuse_period = disuse;
-    return o;
-  }
-
-  DevicePtr allocate(std::uint64_t size, std::uint64_t alignment = kGranule) {
-    const ManagedAllocation a = slabs.allocate(size, alignment);
-    REQUIRE_MESSAGE(a.ptr != 0, describe(a.error));
-    return a.ptr;
-  }
-  ManagedReport report() const { return slabs.report(); }
-
-  HostDevice device;
-  HostManagedBacking backing;
-  ManagedSlabs slabs;
-};
-
-bool all_bytes(DevicePtr ptr, std::uint64_t size, unsigned char value) {
-  const auto* bytes = reinterpret_cast<const unsigned char*>(ptr);
-  if (size == 0) return true;
-  // Every byte equals the first when the range equals itself shifted by one: one memcmp, where
-  // a loop over the bytes costs most of this test's time under ThreadSanitizer.
-  return bytes[0] == value && std::memcmp(bytes, bytes + 1, size - 1) == 0;
-}
-
-void fill(DevicePtr ptr, std::uint64_t size, unsigned char value) {
-  std::memset(reinterpret_cast<void*>(ptr), value, size);
-}
-
-}  // namespace
+using test::all_bytes;
+using test::Chain;
+using test::fill;
+using test::kGranule;
+using test::kLongWait;
+using test::kNoWait;
 
 TEST_SUITE("unit") {
 
@@ -260,6 +215,11 @@ TEST_CASE("managed: threads churning across many small slabs never share a byte"
   constexpr int kThreads = 8;
   Chain c(64 * KiB, 64);
   std::atomic<int> failures{0};
+  // Requests the held bound refuses a slab for (Note [Managed held bound]), which the interposer
+  // passes to the real call (they stay in the thread's window, as the real allocations would):
+  // with slabs this small, an allocation in another slab's last bytes can keep it in use a
+  // little longer.
+  std::atomic<int> passed_on{0};
   std::vector<std::thread> threads;
   for (int t = 0; t < kThreads; ++t) {
     threads.emplace_back([&, t] {
@@ -269,23 +229,33 @@ TEST_CASE("managed: threads churning across many small slabs never share a byte"
       for (int i = 0; i < 3000; ++i) {
         const std::uint64_t size = 1 + random() % (8 * KiB);
         const ManagedAllocation a = c.slabs.allocate(size, kGranule);
-        if (a.ptr == 0 || !all_bytes(a.ptr, size, 0)) ++failures;
-        if (a.ptr == 0) continue;
-        fill(a.ptr, size, mark);
+        if (a.error.kind == ManagedErrorKind::pinned) {
+          ++passed_on;
+        } else if (a.ptr == 0 || !all_bytes(a.ptr, size, 0)) {
+          ++failures;
+        }
+        if (a.ptr != 0) fill(a.ptr, size, mark);
         window.emplace_back(a.ptr, size);
         if (window.size() > 8) {
           auto [ptr, bytes] = window.front();
           window.erase(window.begin());
-          if (!all_bytes(ptr, bytes, mark) || c.slabs.free(ptr) != FreeOutcome::freed) ++failures;
+          if (ptr != 0 &&
+              (!all_bytes(ptr, bytes, mark) || c.slabs.free(ptr) != FreeOutcome::freed)) {
+            ++failures;
+          }
         }
       }
       for (auto [ptr, bytes] : window) {
-        if (!all_bytes(ptr, bytes, mark) || c.slabs.free(ptr) != FreeOutcome::freed) ++failures;
+        if (ptr != 0 &&
+            (!all_bytes(ptr, bytes, mark) || c.slabs.free(ptr) != FreeOutcome::freed)) {
+          ++failures;
+        }
       }
     });
   }
   for (auto& thread : threads) thread.join();
   CHECK(failures.load() == 0);
+  CHECK(passed_on.load() < kThreads * 3000 / 100);
   const ManagedReport r = c.report();
   CHECK(r.live_allocations == 0);
   CHECK(r.resets > 0);
