@@ -19,6 +19,7 @@
 #include "interpose/hooks.h"
 #include "interpose/pooling.h"
 
+#include <algorithm>
 #include <cstdint>
 
 namespace pc = poolcuda;
@@ -151,18 +152,56 @@ POOLCUDA_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle* handle, size_
   return pc::guarded([&] { return dh::with_room_on(device, size, real); });
 }
 
+namespace {
+
+// An array's bytes, as far as its shape tells (dh::kSizeUnknown for formats of another kind),
+// only to weigh it against the device's size: a product that overflows is more than any has.
+std::size_t array_bytes(std::size_t width, std::size_t height, std::size_t depth,
+                        CUarray_format format, unsigned int channels) {
+  std::size_t element = 0;
+  switch (format) {
+    case CU_AD_FORMAT_UNSIGNED_INT8:
+    case CU_AD_FORMAT_SIGNED_INT8: element = 1; break;
+    case CU_AD_FORMAT_UNSIGNED_INT16:
+    case CU_AD_FORMAT_SIGNED_INT16:
+    case CU_AD_FORMAT_HALF: element = 2; break;
+    case CU_AD_FORMAT_UNSIGNED_INT32:
+    case CU_AD_FORMAT_SIGNED_INT32:
+    case CU_AD_FORMAT_FLOAT: element = 4; break;
+    default: return dh::kSizeUnknown;
+  }
+  std::size_t bytes = element;
+  for (const std::size_t factor : {width, std::max<std::size_t>(height, 1),
+                                   std::max<std::size_t>(depth, 1), std::size_t{channels}}) {
+    if (factor != 0 && bytes > SIZE_MAX / factor) return SIZE_MAX;
+    bytes *= factor;
+  }
+  return bytes;
+}
+
+}  // namespace
+
 POOLCUDA_EXPORT CUresult cuArrayCreate_v2(CUarray* pHandle,
                                           const CUDA_ARRAY_DESCRIPTOR* pAllocateArray) {
   auto real = [&] { return dr::cuArrayCreate_v2()(pHandle, pAllocateArray); };
   if (pc::bypass()) return real();
-  return pc::guarded([&] { return dh::with_room(dh::kSizeUnknown, real); });
+  const CUDA_ARRAY_DESCRIPTOR* shape = pAllocateArray;
+  const std::size_t size = shape == nullptr ? dh::kSizeUnknown
+                                            : array_bytes(shape->Width, shape->Height, 1,
+                                                          shape->Format, shape->NumChannels);
+  return pc::guarded([&] { return dh::with_room(size, real); });
 }
 
 POOLCUDA_EXPORT CUresult cuArray3DCreate_v2(CUarray* pHandle,
                                             const CUDA_ARRAY3D_DESCRIPTOR* pAllocateArray) {
   auto real = [&] { return dr::cuArray3DCreate_v2()(pHandle, pAllocateArray); };
   if (pc::bypass()) return real();
-  return pc::guarded([&] { return dh::with_room(dh::kSizeUnknown, real); });
+  const CUDA_ARRAY3D_DESCRIPTOR* shape = pAllocateArray;
+  const std::size_t size =
+      shape == nullptr ? dh::kSizeUnknown
+                       : array_bytes(shape->Width, shape->Height, shape->Depth, shape->Format,
+                                     shape->NumChannels);
+  return pc::guarded([&] { return dh::with_room(size, real); });
 }
 
 POOLCUDA_EXPORT CUresult cuCtxSynchronize() {
