@@ -32,15 +32,24 @@
 //
 // cudaMemAdvise and cudaMemPrefetchAsync act on [ptr, ptr + count), which the driver rounds out
 // to CPU pages. For a slab pointer the range must start in a live allocation and, when count is
-// not 0, end within it, or the call is refused with cudaErrorInvalidValue as for a range outside
-// a real allocation; then the real call gets the program's arguments unchanged (count 0 included,
-// so the driver answers it as it would). The page rounding can extend the hint to neighbours
-// that share a page: these calls are hints about placement and never change a byte, and a
-// real managed allocation shares its pages with nothing only because the driver gives each one
-// whole pages. cudaPointerGetAttributes of a live slab allocation (start or inside) is the real
-// answer for managed memory; of slab memory in no live allocation, it is what the runtime says
-// of memory it does not know (asked of a library-owned host byte, with that byte's address in
-// the answer replaced by the pointer asked about), as it would say of a freed allocation.
+// not 0, end within it, or the call is refused as for a range outside a real allocation; then the
+// real call gets the program's arguments unchanged (count 0 included, so the driver answers it as
+// it would). The page rounding can extend the hint to neighbours that share a page: these calls
+// are hints about placement and never change a byte, and a real managed allocation shares its
+// pages with nothing only because the driver gives each one whole pages. cudaPointerGetAttributes
+// of a live slab allocation (start or inside) is the real answer for managed memory; of slab
+// memory in no live allocation, it is what the runtime says of memory it does not know (asked of
+// a library-owned host byte, with that byte's address in the answer replaced by the pointer asked
+// about), as it would say of a freed allocation.
+//
+// A refused attach or prefetch is answered by the runtime itself, as a refused batch is (Note
+// [Managed discard]): the same call with the program's stream, flags and location and a range it
+// refuses whatever else it is given, NULL (with length 0 for attach, which only a managed
+// allocation may be given; one byte for a prefetch). So the stream and the flags are judged in
+// the runtime's order (on the stand-in an unknown stream is cudaErrorInvalidResourceHandle before
+// any range is looked at) and the last-error slot holds what the plain call leaves there; should
+// the runtime take such a call, the answer is cudaErrorInvalidValue. cudaMemAdvise, which takes
+// no stream, is refused with cudaErrorInvalidValue.
 //
 // Note [Managed discard]
 // cudaMemDiscardBatchAsync makes the contents of its ranges indeterminate until they are written
@@ -167,7 +176,7 @@ struct RefusedRanges {
   }
 };
 
-// The runtime's refusal, or (should it have taken the batch after all) cudaErrorInvalidValue.
+// The runtime's refusal, or (should it have taken the call after all) cudaErrorInvalidValue.
 cudaError_t refused_by(cudaError_t result) {
   return result != cudaSuccess ? result : refuse();
 }
@@ -264,13 +273,12 @@ cudaError_t stream_attach_mem(cudaStream_t stream, void* ptr, std::size_t length
       per_thread ? real::cudaStreamAttachMemAsync_ptsz() : real::cudaStreamAttachMemAsync();
   const ManagedLookup found = find_managed(ptr);
   if (found.kind == ManagedLookup::Kind::not_mine) return attach(stream, ptr, length, flags);
-  // Note [Managed attach].
-  if (found.kind != ManagedLookup::Kind::live) return refuse();
-  if (flags != cudaMemAttachGlobal && flags != cudaMemAttachHost && flags != cudaMemAttachSingle) {
-    return refuse();
-  }
-  if (length != 0 && (reinterpret_cast<DevicePtr>(ptr) != found.start || length != found.size)) {
-    return refuse();
+  // Note [Managed attach]; a refusal is the runtime's, asked of a null pointer.
+  const bool flags_valid =
+      flags == cudaMemAttachGlobal || flags == cudaMemAttachHost || flags == cudaMemAttachSingle;
+  if (found.kind != ManagedLookup::Kind::live || !flags_valid ||
+      (length != 0 && (reinterpret_cast<DevicePtr>(ptr) != found.start || length != found.size))) {
+    return refused_by(attach(stream, nullptr, 0, flags));
   }
   return attach(stream, reinterpret_cast<void*>(found.slab), 0, cudaMemAttachGlobal);
 }
@@ -286,11 +294,12 @@ cudaError_t mem_advise(const void* ptr, std::size_t count, cudaMemoryAdvise advi
 
 cudaError_t mem_prefetch(const void* ptr, std::size_t count, cudaMemLocation location,
                          unsigned int flags, cudaStream_t stream, bool per_thread) {
-  const ManagedLookup found = find_managed(ptr);
-  if (found.kind != ManagedLookup::Kind::not_mine && !range_allowed(found, ptr, count)) {
-    return refuse();
-  }
   auto prefetch = per_thread ? real::cudaMemPrefetchAsync_ptsz() : real::cudaMemPrefetchAsync();
+  const ManagedLookup found = find_managed(ptr);
+  // Note [Managed attach]: a refusal is the runtime's, asked of a range it always refuses.
+  if (found.kind != ManagedLookup::Kind::not_mine && !range_allowed(found, ptr, count)) {
+    return refused_by(prefetch(nullptr, 1, location, flags, stream));
+  }
   return prefetch(ptr, count, location, flags, stream);
 }
 

@@ -5,8 +5,13 @@
 // beyond it or in freed memory, the per-thread variants behave the same, an attach on a
 // capturing stream is answered as for any managed allocation, cudaPointerGetAttributes says
 // "managed" for live allocations and "unregistered" for freed ones, and no call changes a byte
-// of the allocation or of its neighbours in the slab.
+// of the allocation or of its neighbours in the slab. A refused attach or prefetch gets the answer
+// and last error the runtime gives the same bad range of its own memory, on every stream (an
+// unknown or destroyed one included).
 #include <cstdint>
+#include <iterator>
+#include <string>
+#include <vector>
 
 #include "managed_check.h"
 
@@ -74,6 +79,90 @@ int main() {
   refused(attach_ptsz(nullptr, a, 1, cudaMemAttachGlobal));
   CHECK_CUDA(prefetch_ptsz(b, 1000, on_device, 0, nullptr));
   refused(prefetch_ptsz(b, 2000, on_device, 0, nullptr));
+
+  // A refused attach or prefetch gets the runtime's own answer and leaves it as the last error:
+  // a slab range that is a part, runs past its allocation, is freed or lies in the padding after
+  // one answers as such a range of the runtime's own memory does, with the same flags, location
+  // and stream; an unknown or destroyed stream handle is refused first there (only the stand-in
+  // is given such a handle).
+  {
+    constexpr std::size_t kOwn = std::size_t{2} << 20;  // > a slab
+    char* own = managed(kOwn);
+    char* gone = managed(kOwn);
+    CHECK_CUDA(cudaFree(gone));
+    char* padding = a + 3000;
+    CHECK(b > padding);
+    std::vector<cudaStream_t> streams = {stream, nullptr, cudaStreamLegacy};
+    if (preload_test::on_stand_in()) {
+      cudaStream_t destroyed = nullptr;
+      CHECK_CUDA(cudaStreamCreate(&destroyed));
+      CHECK_CUDA(cudaStreamDestroy(destroyed));
+      streams.push_back(destroyed);
+      streams.push_back(reinterpret_cast<cudaStream_t>(std::uintptr_t{0x1234}));
+    }
+    struct Case {
+      char* theirs;
+      std::size_t their_size;
+      char* ours;
+      std::size_t our_size;
+      unsigned int flags;
+      cudaMemLocation where;  // prefetch only
+    };
+    const cudaMemLocation no_device = location(cudaMemLocationTypeDevice, 999);
+    const Case attaches[] = {
+        {own + 1, kOwn - 1, a + 1, 2999, cudaMemAttachGlobal, on_device},  // a part
+        {own, kOwn + 1, a, 3001, cudaMemAttachGlobal, on_device},          // past the end
+        {gone, 0, c, 0, cudaMemAttachGlobal, on_device},                   // freed
+        {gone, 0, padding, 0, cudaMemAttachHost, on_device},
+        {own, 0, a, 0, 0x8, on_device},  // only the flags
+        {own, kOwn + 1, a, 3001, 0x8, on_device},
+    };
+    const Case prefetches[] = {
+        {own + kOwn - 1, 2, a + 2000, std::size_t{1} << 20, 0, on_device},  // past the end
+        {gone, 500, c, 500, 0, on_host},                                    // freed
+        {gone, 1, padding, 1, 0, on_device},
+        {own + kOwn - 1, 2, a + 2000, std::size_t{1} << 20, 1, on_device},
+        {gone, 500, c, 500, 0, no_device},
+    };
+    const auto same = [](const std::string& what, const auto& call) {
+      const cudaError_t theirs = call(true);
+      const cudaError_t their_last = cudaGetLastError();
+      const cudaError_t ours = call(false);
+      const cudaError_t our_last = cudaGetLastError();
+      CHECK_MSG(theirs != cudaSuccess, what + " took a bad range");
+      CHECK_MSG(theirs == ours && their_last == our_last,
+                what + ": " + preload_test::error_text(theirs) + " vs " +
+                    preload_test::error_text(ours) + ", last " +
+                    preload_test::error_text(their_last) + " vs " +
+                    preload_test::error_text(our_last));
+    };
+    for (std::size_t s = 0; s < streams.size(); ++s) {
+      const std::string on = " on stream " + std::to_string(s) + ", case ";
+      for (std::size_t i = 0; i < std::size(attaches); ++i) {
+        const Case& k = attaches[i];
+        same("attach" + on + std::to_string(i), [&](bool theirs) {
+          return theirs ? cudaStreamAttachMemAsync(streams[s], k.theirs, k.their_size, k.flags)
+                        : cudaStreamAttachMemAsync(streams[s], k.ours, k.our_size, k.flags);
+        });
+        same("attach_ptsz" + on + std::to_string(i), [&](bool theirs) {
+          return theirs ? attach_ptsz(streams[s], k.theirs, k.their_size, k.flags)
+                        : attach_ptsz(streams[s], k.ours, k.our_size, k.flags);
+        });
+      }
+      for (std::size_t i = 0; i < std::size(prefetches); ++i) {
+        const Case& k = prefetches[i];
+        same("prefetch" + on + std::to_string(i), [&](bool theirs) {
+          return theirs ? cudaMemPrefetchAsync(k.theirs, k.their_size, k.where, k.flags, streams[s])
+                        : cudaMemPrefetchAsync(k.ours, k.our_size, k.where, k.flags, streams[s]);
+        });
+        same("prefetch_ptsz" + on + std::to_string(i), [&](bool theirs) {
+          return theirs ? prefetch_ptsz(k.theirs, k.their_size, k.where, k.flags, streams[s])
+                        : prefetch_ptsz(k.ours, k.our_size, k.where, k.flags, streams[s]);
+        });
+      }
+    }
+    CHECK_CUDA(cudaFree(own));
+  }
 
   // Pointer attributes: managed memory while live, anywhere inside; unknown once freed.
   cudaPointerAttributes attributes{};
