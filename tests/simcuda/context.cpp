@@ -2,8 +2,8 @@
 // share, one primary context per device with its reference count (held by the runtime once it
 // used the device, and by cuDevicePrimaryCtxRetain), contexts made by cuCtxCreate, each
 // thread's current context and the contexts below it (cuCtxCreate pushes, cuCtxDestroy pops),
-// and the device reset that a primary context's reset or last release performs. Depends only on
-// core.h.
+// and the device reset that a primary context's reset or last release performs (which also
+// returns the device's contexts to their default limits, limits.cpp). Depends only on core.h.
 #include "core.h"
 
 #include <atomic>
@@ -120,9 +120,12 @@ cudaError_t destroy_context(Context* ctx) {
   if (ctx->primary) {
     device_reset(ctx->device);
   } else {
-    std::lock_guard lock(state_mutex());
-    if (ctx->destroyed) return cudaErrorContextIsDestroyed;
-    ctx->destroyed = true;
+    {
+      std::lock_guard lock(state_mutex());
+      if (ctx->destroyed) return cudaErrorContextIsDestroyed;
+      ctx->destroyed = true;
+    }
+    drop_context_limits(ctx);  // its heap, FIFO and stack reservations go with it
   }
   if (thread_context() == ctx) {  // popped, as by cuCtxPopCurrent
     std::vector<Context*>& below = contexts_below();
@@ -141,6 +144,7 @@ void device_reset(int device) {
   device_drain(device);
   device_reset_streams(device);
   device_reset_events(device);
+  drop_limits(device);
   mem_free_all(device);
 }
 

@@ -1,12 +1,14 @@
 // The CUDA stand-in's core: configuration, counters, device memory arenas, streams with their
-// worker threads, events, the race detector, capture state, graphs and user objects. Both
-// stand-in libraries (libcudart.so.13 and libcuda.so.1) are thin shims over this one shared
-// library, so the runtime and the driver see the same devices, memory and streams.
+// worker threads, events, the race detector, capture state, graphs and user objects, contexts
+// and their limits. Both stand-in libraries (libcudart.so.13 and libcuda.so.1) are thin shims
+// over this one shared library, so the runtime and the driver see the same devices, memory and
+// streams.
 //
 // Locking (see Note [Lock order]): state_mutex() guards registries, capture state and event
 // record state; each Stream has its own queue mutex; memory, user objects and the race detector
-// have leaf mutexes of their own. Nothing waits for a stream while holding state_mutex().
-// This layer must not depend on the exported shims (rt_*.cpp, drv_api.cpp).
+// have leaf mutexes of their own; context limits have one taken before memory's. Nothing waits
+// for a stream while holding state_mutex(). This layer must not depend on the exported shims
+// (rt_*.cpp, drv_api.cpp).
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -26,9 +28,9 @@
 namespace poolcuda::sim {
 
 // Note [Lock order]
-// state_mutex -> Stream::m -> {mem, user objects, race, event time} (leaves). A worker thread runs
-// an operation with no lock held; an operation may take state_mutex (e.g. to release a graph),
-// so enqueueing code must never wait on a stream while holding state_mutex.
+// state_mutex -> Stream::m -> {mem, user objects, race, event time} (leaves); limits -> mem. A
+// worker thread runs an operation with no lock held; an operation may take state_mutex (e.g. to
+// release a graph), so enqueueing code must never wait on a stream while holding state_mutex.
 
 struct Config {
   int devices = 1;
@@ -72,6 +74,10 @@ enum class Counter {
   cuArrayCreate,  // cuArrayCreate_v2 and cuArray3DCreate_v2
   cuArrayDestroy,
   cuMemAllocFromPoolAsync,
+  cuMipmappedArrayCreate,
+  cuMipmappedArrayDestroy,
+  cuCtxSetLimit,
+  cuCtxGetLimit,
   count_
 };
 void bump(Counter c);
@@ -92,6 +98,12 @@ struct AllocInfo {
 // Reserves `size` bytes of device `device`'s capacity; returns cudaErrorMemoryAllocation when the
 // capacity (or the device's address range) is exhausted. size 0 yields a null pointer.
 cudaError_t mem_alloc(int device, size_t size, AllocKind kind, void** out, uint64_t* id = nullptr);
+// Replaces the allocation at `old` carrying `old_id` (none: `old` null, or no longer carrying
+// that id, e.g. after a device reset) by one of `size` bytes on `device`, in one step: the new
+// one must fit once the old one is given back, else cudaErrorMemoryAllocation and the old one
+// stays. size 0 only gives the old one back (*out null, *id 0).
+cudaError_t mem_replace(int device, const void* old, uint64_t old_id, size_t size, AllocKind kind,
+                        void** out, uint64_t* id);
 // Frees an allocation by its base address; interior or unknown pointers -> cudaErrorInvalidValue.
 // When `id` is non-zero, frees only if the allocation still carries that id.
 cudaError_t mem_free(const void* ptr, uint64_t id = 0, AllocInfo* freed = nullptr);
@@ -379,7 +391,23 @@ Context* create_context(int device);
 // context current on the calling thread is popped.
 cudaError_t destroy_context(Context* ctx);
 // cudaDeviceReset, cuDevicePrimaryCtxReset, the last release of a primary context: every capture
-// of the device is invalidated, its work drained, its streams, events and memory destroyed.
+// of the device is invalidated, its work drained, its streams, events and memory destroyed, and
+// its contexts' limits back at their defaults.
 void device_reset(int device);
+
+// ---- Context limits (limits.cpp) -----------------------------------------------------------
+// cuCtxSetLimit / cuCtxGetLimit on `ctx`, `limit` in the driver's numbering (CUlimit; the
+// runtime's cudaLimit values coincide). Setting the heap, printf FIFO or stack size re-charges
+// ctx's device (Note [Limit reservations] in limits.cpp): cudaErrorMemoryAllocation, the limit
+// unchanged, when the device cannot hold it. cudaErrorUnsupportedLimit for a limit the device
+// does not have.
+cudaError_t set_limit(Context* ctx, int limit, size_t value);
+cudaError_t get_limit(const Context* ctx, int limit, size_t* value);
+// Whether setting `limit` may reserve device memory.
+bool limit_reserves_memory(int limit);
+// Gives back the reservations of every context of `device` and returns their limits to the
+// defaults (a device reset); drop_context_limits does it for one context (its destruction).
+void drop_limits(int device);
+void drop_context_limits(const Context* ctx);
 
 }  // namespace poolcuda::sim

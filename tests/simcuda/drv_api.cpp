@@ -2,9 +2,9 @@
 // with their reference counts, contexts made by cuCtxCreate), and cuGetProcAddress /
 // cuGetProcAddress_v2, which map a base name, a CUDA version and stream flags to the exact entry
 // point variant, as the real driver does (see Note [Driver entry point table]). Memory, streams
-// and events are in drv_work.cpp; physical allocations, arrays and explicit memory pools in
-// drv_unpooled.cpp; capture, graphs and user objects in drv_capture.cpp. Shares all state with
-// the runtime stand-in through the core.
+// and events are in drv_work.cpp; physical allocations, arrays, mipmapped arrays and explicit
+// memory pools in drv_unpooled.cpp; context limits in drv_limits.cpp; capture, graphs and user
+// objects in drv_capture.cpp. Shares all state with the runtime stand-in through the core.
 #include <cstdio>
 #include <cstring>
 
@@ -104,15 +104,32 @@ CUresult cuCtxGetId(CUcontext ctx, unsigned long long* id) {
   return CUDA_SUCCESS;
 }
 
-CUresult cuCtxSynchronize(void) {
-  if (CUresult r = guard(true)) return r;
-  int device = context_device();
+namespace {
+
+// Waits for everything submitted on the device; illegal while a capture is open on it.
+CUresult synchronize_device(int device) {
   {
     std::lock_guard lock(state_mutex());
     if (invalidate_device_captures_locked(device)) return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
   }
   device_drain(device);
   return CUDA_SUCCESS;
+}
+
+}  // namespace
+
+CUresult cuCtxSynchronize(void) {
+  if (CUresult r = guard(true)) return r;
+  return synchronize_device(context_device());
+}
+
+// CUDA 13's form names the context (NULL: the current one); the stand-in's work belongs to
+// devices, so it waits for the context's device, as cuCtxSynchronize there would.
+CUresult cuCtxSynchronize_v2(CUcontext ctx) {
+  if (CUresult r = guard(ctx == nullptr)) return r;
+  Context* c = ctx ? as_context(ctx) : thread_context();
+  if (c->destroyed) return CUDA_ERROR_CONTEXT_IS_DESTROYED;
+  return synchronize_device(c->device);
 }
 
 namespace {
@@ -219,6 +236,9 @@ const Entry kEntries[] = {
     {"cuCtxGetDevice", 2000, false, SIM_FN(cuCtxGetDevice)},
     {"cuCtxGetId", 12000, false, SIM_FN(cuCtxGetId)},
     {"cuCtxSynchronize", 2000, false, SIM_FN(cuCtxSynchronize)},
+    {"cuCtxSynchronize", 13000, false, SIM_FN(cuCtxSynchronize_v2)},
+    {"cuCtxSetLimit", 3010, false, SIM_FN(cuCtxSetLimit)},
+    {"cuCtxGetLimit", 3010, false, SIM_FN(cuCtxGetLimit)},
     {"cuDevicePrimaryCtxRetain", 7000, false, SIM_FN(cuDevicePrimaryCtxRetain)},
     {"cuDevicePrimaryCtxRelease", 7000, false, SIM_FN(cuDevicePrimaryCtxRelease)},
     {"cuDevicePrimaryCtxRelease", 11000, false, SIM_FN(cuDevicePrimaryCtxRelease_v2)},
@@ -248,6 +268,9 @@ const Entry kEntries[] = {
     {"cuArray3DCreate", 2000, false, SIM_FN(cuArray3DCreate)},
     {"cuArray3DCreate", 3020, false, SIM_FN(cuArray3DCreate_v2)},
     {"cuArrayDestroy", 2000, false, SIM_FN(cuArrayDestroy)},
+    {"cuMipmappedArrayCreate", 5000, false, SIM_FN(cuMipmappedArrayCreate)},
+    {"cuMipmappedArrayGetLevel", 5000, false, SIM_FN(cuMipmappedArrayGetLevel)},
+    {"cuMipmappedArrayDestroy", 5000, false, SIM_FN(cuMipmappedArrayDestroy)},
     {"cuMemPoolCreate", 11020, false, SIM_FN(cuMemPoolCreate)},
     {"cuMemPoolDestroy", 11020, false, SIM_FN(cuMemPoolDestroy)},
     {"cuMemAllocFromPoolAsync", 11020, false, SIM_FN(cuMemAllocFromPoolAsync)},

@@ -1,11 +1,14 @@
 // The driver stand-in's device-memory allocators besides cuMemAlloc and the stream-ordered
 // default pool: physical allocations of the virtual memory management API
 // (cuMemGetAllocationGranularity, cuMemCreate, cuMemRelease; nothing maps them), CUDA arrays
-// (cuArrayCreate_v2, cuArray3DCreate_v2, cuArrayDestroy) and explicit memory pools
-// (cuMemPoolCreate, cuMemPoolDestroy, cuMemAllocFromPoolAsync and _ptsz). Each draws on a
+// (cuArrayCreate_v2, cuArray3DCreate_v2, cuArrayDestroy), mipmapped arrays
+// (cuMipmappedArrayCreate, cuMipmappedArrayGetLevel, cuMipmappedArrayDestroy) and explicit memory
+// pools (cuMemPoolCreate, cuMemPoolDestroy, cuMemAllocFromPoolAsync and _ptsz). Each draws on a
 // device's capacity through the core's mem_alloc, as cuMemAlloc does, so it can run out of
 // memory and cuMemGetInfo sees it. The handles are those of Note [Unpooled handles].
 #include <algorithm>
+#include <bit>
+#include <cstddef>
 #include <set>
 
 #include "drv_common.h"
@@ -16,12 +19,12 @@ using namespace poolcuda::sim::drv;
 namespace {
 
 // Note [Unpooled handles]
-// A handle from cuMemCreate, cuArrayCreate_v2 / cuArray3DCreate_v2 or cuMemPoolCreate is the
-// address of a heap object this file registered (a Block or a Pool), never a device address. A
-// handle the registry does not know is refused, so a device pointer passed as a handle is
-// unknown, and a handle passed where a pointer is expected (cudaFree, a copy) is not device
-// memory. A Block remembers its allocation's id: one whose memory a device reset already freed
-// frees nothing that reuses the address.
+// A handle from cuMemCreate, cuArrayCreate_v2 / cuArray3DCreate_v2, cuMipmappedArrayCreate or
+// cuMemPoolCreate is the address of a heap object this file registered (a Block, a Mipmap or a
+// Pool), never a device address. A handle the registry does not know is refused, so a device
+// pointer passed as a handle is unknown, and a handle passed where a pointer is expected
+// (cudaFree, a copy) is not device memory. A Block remembers its allocation's id: one whose
+// memory a device reset already freed frees nothing that reuses the address.
 
 constexpr size_t kGranularity = size_t{2} << 20;  // what a real GPU reports, both flavours
 
@@ -84,14 +87,18 @@ Registry<Pool>& pools() {
   return *r;
 }
 
-// A synchronous allocation on `device` (potentially unsafe during a capture, as cuMemAlloc),
-// registered in `reg`.
-CUresult allocate(Registry<Block>& reg, int device, size_t bytes, Block** out) {
+// A synchronous allocation on `device` (potentially unsafe during a capture, as cuMemAlloc).
+CUresult take(int device, size_t bytes, Block* out) {
   if (cudaError_t err = check_unsafe_call(); err != cudaSuccess) return as_cu(err);
+  return alloc_result(mem_alloc(device, bytes, AllocKind::device, &out->base, &out->id));
+}
+
+// take(), registered in `reg`.
+CUresult allocate(Registry<Block>& reg, int device, size_t bytes, Block** out) {
   Block b{};
-  cudaError_t err = mem_alloc(device, bytes, AllocKind::device, &b.base, &b.id);
-  if (err == cudaSuccess) *out = reg.add(b);
-  return alloc_result(err);
+  CUresult r = take(device, bytes, &b);
+  if (r == CUDA_SUCCESS) *out = reg.add(b);
+  return r;
 }
 
 CUresult release(Registry<Block>& reg, const void* handle, CUresult unknown) {
@@ -163,17 +170,33 @@ size_t element_size(CUarray_format format) {
   }
 }
 
+// The bytes of one element: 0 for a format or channel count no array holds.
+size_t texel_bytes(CUarray_format format, unsigned channels) {
+  if (channels != 1 && channels != 2 && channels != 4) return 0;
+  return element_size(format) * channels;
+}
+
+// texel x width x height x depth, a zero height or depth counting as 1 (a 1D or 2D array); false
+// when size_t cannot count it.
+bool extent_bytes(size_t texel, size_t width, size_t height, size_t depth, size_t* out) {
+  size_t bytes = texel;
+  for (size_t extent : {width, std::max<size_t>(height, 1), std::max<size_t>(depth, 1)}) {
+    if (bytes > SIZE_MAX / extent) return false;
+    bytes *= extent;
+  }
+  *out = bytes;
+  return true;
+}
+
 // Charges the current context's device (callers passed guard(true)) the array's bytes, without
 // padding.
 CUresult create_array(CUarray* out, size_t width, size_t height, size_t depth,
                       CUarray_format format, unsigned channels) {
-  size_t bytes = element_size(format) * channels;
-  if (!out || width == 0 || bytes == 0 || (channels != 1 && channels != 2 && channels != 4))
-    return CUDA_ERROR_INVALID_VALUE;
-  for (size_t extent : {width, std::max<size_t>(height, 1), std::max<size_t>(depth, 1)}) {
-    if (bytes > SIZE_MAX / extent) return CUDA_ERROR_OUT_OF_MEMORY;  // as cuMemAllocPitch_v2
-    bytes *= extent;
-  }
+  const size_t texel = texel_bytes(format, channels);
+  if (!out || width == 0 || texel == 0) return CUDA_ERROR_INVALID_VALUE;
+  size_t bytes = 0;
+  if (!extent_bytes(texel, width, height, depth, &bytes))
+    return CUDA_ERROR_OUT_OF_MEMORY;  // as cuMemAllocPitch_v2
   Block* b = nullptr;
   CUresult r = allocate(arrays(), context_device(), bytes, &b);
   if (r == CUDA_SUCCESS) *out = reinterpret_cast<CUarray>(b);
@@ -204,6 +227,86 @@ CUresult cuArrayDestroy(CUarray hArray) {
   bump(Counter::cuArrayDestroy);
   if (CUresult r = guard(true)) return r;
   return release(arrays(), hArray, CUDA_ERROR_INVALID_HANDLE);
+}
+
+// ---- Mipmapped arrays ------------------------------------------------------------------------
+// One allocation holds every level: the level array of cuMipmappedArrayGetLevel is part of its
+// mipmapped array, and cuArrayDestroy, which knows only the arrays of cuArrayCreate_v2 and
+// cuArray3DCreate_v2, refuses it.
+
+namespace {
+
+constexpr unsigned kMaxLevels = 64;  // 1 + floor(log2(SIZE_MAX))
+
+// A level's handle is the address of its byte in `level_tags`: inside the Mipmap, so never
+// another object's handle, and alive exactly as long as the mipmapped array.
+struct Mipmap {
+  Block memory;
+  unsigned levels;
+  char level_tags[kMaxLevels];
+};
+
+Registry<Mipmap>& mipmaps() {
+  static auto* r = new Registry<Mipmap>;  // never destroyed, as the other registries
+  return *r;
+}
+
+// A level's extent: half the level above's, at least 1; the zero height or depth of a 1D or 2D
+// array stays zero.
+size_t level_extent(size_t extent, unsigned level) {
+  return extent == 0 ? 0 : std::max<size_t>(extent >> level, 1);
+}
+
+}  // namespace
+
+// CUDA clamps the level count to [1, 1 + floor(log2(largest extent))]. Layered and cube map
+// arrays keep their layer count at every level, a layout the stand-in does not model.
+CUresult cuMipmappedArrayCreate(CUmipmappedArray* pHandle, const CUDA_ARRAY3D_DESCRIPTOR* desc,
+                                unsigned int numMipmapLevels) {
+  bump(Counter::cuMipmappedArrayCreate);
+  if (CUresult r = guard(true)) return r;
+  if (!desc) return CUDA_ERROR_INVALID_VALUE;
+  if (desc->Flags & ~unsigned{CUDA_ARRAY3D_SURFACE_LDST}) return CUDA_ERROR_NOT_SUPPORTED;
+  const size_t texel = texel_bytes(desc->Format, desc->NumChannels);
+  if (!pHandle || desc->Width == 0 || texel == 0) return CUDA_ERROR_INVALID_VALUE;
+  const size_t largest = std::max({desc->Width, desc->Height, desc->Depth});
+  const unsigned levels =
+      std::clamp(numMipmapLevels, 1u, static_cast<unsigned>(std::bit_width(largest)));
+  size_t total = 0;
+  for (unsigned level = 0; level < levels; ++level) {
+    size_t bytes = 0;
+    if (!extent_bytes(texel, level_extent(desc->Width, level), level_extent(desc->Height, level),
+                      level_extent(desc->Depth, level), &bytes) ||
+        bytes > SIZE_MAX - total)
+      return CUDA_ERROR_OUT_OF_MEMORY;  // as create_array
+    total += bytes;
+  }
+  Mipmap m{};
+  m.levels = levels;
+  CUresult r = take(context_device(), total, &m.memory);
+  if (r == CUDA_SUCCESS) *pHandle = reinterpret_cast<CUmipmappedArray>(mipmaps().add(m));
+  return r;
+}
+
+CUresult cuMipmappedArrayGetLevel(CUarray* pLevelArray, CUmipmappedArray hMipmappedArray,
+                                  unsigned int level) {
+  if (CUresult r = guard(true)) return r;
+  Mipmap m{};
+  if (!mipmaps().get(hMipmappedArray, &m)) return CUDA_ERROR_INVALID_HANDLE;
+  if (!pLevelArray || level >= m.levels) return CUDA_ERROR_INVALID_VALUE;
+  *pLevelArray = reinterpret_cast<CUarray>(reinterpret_cast<uintptr_t>(hMipmappedArray) +
+                                           offsetof(Mipmap, level_tags) + level);
+  return CUDA_SUCCESS;
+}
+
+CUresult cuMipmappedArrayDestroy(CUmipmappedArray hMipmappedArray) {
+  bump(Counter::cuMipmappedArrayDestroy);
+  if (CUresult r = guard(true)) return r;
+  Mipmap m{};
+  if (!mipmaps().take(hMipmappedArray, &m)) return CUDA_ERROR_INVALID_HANDLE;
+  // A device reset freed the memory, and with it every mipmapped array it held.
+  return mem_free(m.memory.base, m.memory.id) == cudaSuccess ? CUDA_SUCCESS
+                                                             : CUDA_ERROR_INVALID_HANDLE;
 }
 
 // ---- Explicit memory pools ------------------------------------------------------------------

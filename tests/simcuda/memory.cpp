@@ -121,6 +121,40 @@ void forget(Memory& mem, Arena& a, std::map<uintptr_t, Live>::iterator it) {
   a.live.erase(it);
 }
 
+// Maps a new allocation of `size` bytes (non-zero) in `a` and books it; the caller checked the
+// capacity. False when the address range has no room (or the pages cannot be made accessible).
+bool place(Memory& mem, Arena& a, size_t size, AllocKind kind, void** out, uint64_t* id) {
+  if (!reserve(a)) return false;
+  size_t span = round_up(size, kPage);
+  for (auto it = a.free_ranges.begin(); it != a.free_ranges.end(); ++it) {
+    if (it->second < span) continue;
+    uintptr_t start = it->first;
+    size_t rest = it->second - span;
+    a.free_ranges.erase(it);
+    if (rest) a.free_ranges.emplace(start + span, rest);
+    if (mprotect(reinterpret_cast<void*>(start), span, PROT_READ | PROT_WRITE) != 0) {
+      release_span(a, start, span);
+      return false;
+    }
+    uint64_t new_id = mem.next_id++;
+    a.live.emplace(start, Live{size, span, kind, new_id});
+    a.used += round_up(size, kCharge);
+    mem.live_count += 1;
+    mem.live_bytes += size;
+    mem.live_bytes_peak = std::max(mem.live_bytes_peak, mem.live_bytes);
+    if (id) *id = new_id;
+    *out = reinterpret_cast<void*>(start);
+    return true;
+  }
+  return false;
+}
+
+// Whether `size` more bytes fit in `a` once `released` charged bytes are given back.
+bool fits(const Arena& a, size_t size, size_t released) {
+  return size <= config().memory &&
+         round_up(size, kCharge) <= config().memory - (a.used - released);
+}
+
 }  // namespace
 
 cudaError_t mem_alloc(int device, size_t size, AllocKind kind, void** out, uint64_t* id) {
@@ -131,31 +165,33 @@ cudaError_t mem_alloc(int device, size_t size, AllocKind kind, void** out, uint6
   Memory& mem = memory();
   std::lock_guard lock(mem.m);
   Arena& a = mem.arenas[static_cast<size_t>(device)];
-  if (size > config().memory || round_up(size, kCharge) > config().memory - a.used)
+  if (!fits(a, size, 0)) return cudaErrorMemoryAllocation;
+  return place(mem, a, size, kind, out, id) ? cudaSuccess : cudaErrorMemoryAllocation;
+}
+
+cudaError_t mem_replace(int device, const void* old, uint64_t old_id, size_t size, AllocKind kind,
+                        void** out, uint64_t* id) {
+  if (!out) return cudaErrorInvalidValue;
+  if (!valid_device(device)) return cudaErrorInvalidDevice;
+  Memory& mem = memory();
+  std::lock_guard lock(mem.m);
+  Arena& a = mem.arenas[static_cast<size_t>(device)];
+  auto it = a.live.find(reinterpret_cast<uintptr_t>(old));
+  if (old == nullptr || it == a.live.end() || it->second.id != old_id) it = a.live.end();
+  const size_t released = it == a.live.end() ? 0 : round_up(it->second.size, kCharge);
+  if (size > 0 && !fits(a, size, released)) return cudaErrorMemoryAllocation;
+  // The new pages are found while the old are still mapped (the range has room for both), so a
+  // refusal leaves the old allocation exactly as it was; the peak never sees the two at once.
+  void* placed = nullptr;
+  uint64_t placed_id = 0;
+  const uint64_t peak = mem.live_bytes_peak;
+  if (size > 0 && !place(mem, a, size, kind, &placed, &placed_id))
     return cudaErrorMemoryAllocation;
-  if (!reserve(a)) return cudaErrorMemoryAllocation;
-  size_t span = round_up(size, kPage);
-  for (auto it = a.free_ranges.begin(); it != a.free_ranges.end(); ++it) {
-    if (it->second < span) continue;
-    uintptr_t start = it->first;
-    size_t rest = it->second - span;
-    a.free_ranges.erase(it);
-    if (rest) a.free_ranges.emplace(start + span, rest);
-    if (mprotect(reinterpret_cast<void*>(start), span, PROT_READ | PROT_WRITE) != 0) {
-      release_span(a, start, span);
-      return cudaErrorMemoryAllocation;
-    }
-    uint64_t new_id = mem.next_id++;
-    a.live.emplace(start, Live{size, span, kind, new_id});
-    a.used += round_up(size, kCharge);
-    mem.live_count += 1;
-    mem.live_bytes += size;
-    mem.live_bytes_peak = std::max(mem.live_bytes_peak, mem.live_bytes);
-    if (id) *id = new_id;
-    *out = reinterpret_cast<void*>(start);
-    return cudaSuccess;
-  }
-  return cudaErrorMemoryAllocation;
+  if (it != a.live.end()) forget(mem, a, it);
+  mem.live_bytes_peak = std::max(peak, mem.live_bytes);
+  *out = placed;
+  if (id) *id = placed_id;
+  return cudaSuccess;
 }
 
 cudaError_t mem_free(const void* ptr, uint64_t id, AllocInfo* freed) {

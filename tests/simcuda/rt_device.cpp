@@ -1,6 +1,7 @@
-// Runtime stand-in entry points for devices, errors and versions, plus the stand-in-only C API
-// of simcuda.h. Each entry point is a guard (bind the primary context, honour the sticky error)
-// and a call into the core; error codes go through record_error for cudaGetLastError.
+// Runtime stand-in entry points for devices (their limits included), errors and versions, plus
+// the stand-in-only C API of simcuda.h. Each entry point is a guard (bind the primary context,
+// honour the sticky error) and a call into the core (the limits: into the driver); error codes
+// go through record_error for cudaGetLastError.
 #include <cstdio>
 #include <cstring>
 #include <mutex>
@@ -168,6 +169,19 @@ cudaError_t cudaDeviceSynchronize(void) {
   SIM_RETURN(sticky_error());  // a fault in the work just waited for is reported here
 }
 
+// The heap, printf FIFO and stack sizes reserve device memory: through the driver, as the real
+// runtime does (rt_driver.h).
+cudaError_t cudaDeviceSetLimit(cudaLimit limit, size_t value) {
+  SIM_ENTER();
+  SIM_RETURN(via_driver::device_set_limit(limit, value));
+}
+
+cudaError_t cudaDeviceGetLimit(size_t* pValue, cudaLimit limit) {
+  SIM_ENTER();
+  SIM_RETURN(via_driver::device_get_limit(pValue, limit));
+}
+
+// Also returns the device's limits to their defaults (limits.cpp).
 cudaError_t cudaDeviceReset(void) {
   runtime_touch();
   device_reset(current_device());

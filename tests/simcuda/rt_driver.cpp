@@ -12,10 +12,12 @@
 // stand-in sees too). A test program linked with the archive and not with libcudart.so.13 is
 // therefore, to an interposer, exactly a program built with nvcc's default static cudart.
 //
-// Both builds make their array and explicit-pool calls (cudaMallocArray, cudaMalloc3DArray,
-// cudaFreeArray, cudaMemPoolCreate, cudaMemPoolDestroy, cudaMallocFromPoolAsync) through the
-// resolver, as the real shared runtime does: an interposer on libcuda.so.1 sees that memory
-// allocated whichever runtime the program uses.
+// Both builds make their array, mipmapped-array, explicit-pool and limit calls (cudaMallocArray,
+// cudaMalloc3DArray, cudaFreeArray, cudaMallocMipmappedArray, cudaGetMipmappedArrayLevel,
+// cudaFreeMipmappedArray, cudaMemPoolCreate, cudaMemPoolDestroy, cudaMallocFromPoolAsync,
+// cudaDeviceSetLimit, cudaDeviceGetLimit) through the resolver, as the real shared runtime does:
+// an interposer on libcuda.so.1 sees that memory allocated, and the limits that reserve memory
+// set, whichever runtime the program uses.
 #include "rt_driver.h"
 
 #include <cuda.h>
@@ -91,7 +93,22 @@ bool array_format(const cudaChannelFormatDesc& desc, CUarray_format* format, uns
   return false;
 }
 
+// The driver's 3D descriptor for a runtime channel description, extent and flags (the runtime's
+// cudaArray* flags are the driver's CUDA_ARRAY3D_* bits); false as array_format().
+bool descriptor_3d(const cudaChannelFormatDesc& desc, cudaExtent extent, unsigned flags,
+                   CUDA_ARRAY3D_DESCRIPTOR* out) {
+  if (!array_format(desc, &out->Format, &out->NumChannels)) return false;
+  out->Width = extent.width;
+  out->Height = extent.height;
+  out->Depth = extent.depth;
+  out->Flags = flags;
+  return true;
+}
+
 CUarray* as_array(cudaArray_t* a) { return reinterpret_cast<CUarray*>(a); }
+CUmipmappedArray as_mipmap(cudaMipmappedArray_const_t m) {
+  return reinterpret_cast<CUmipmappedArray>(const_cast<cudaMipmappedArray*>(m));
+}
 
 // The runtime's and the driver's pool properties are one layout (the headers say so).
 static_assert(sizeof(cudaMemPoolProps) == sizeof(CUmemPoolProps));
@@ -202,11 +219,7 @@ cudaError_t malloc_3d_array(cudaArray_t* array, const cudaChannelFormatDesc* des
                             cudaExtent extent, unsigned int flags) {
   if (!array || !desc) return cudaErrorInvalidValue;
   CUDA_ARRAY3D_DESCRIPTOR d{};
-  if (!array_format(*desc, &d.Format, &d.NumChannels)) return cudaErrorInvalidChannelDescriptor;
-  d.Width = extent.width;
-  d.Height = extent.height;
-  d.Depth = extent.depth;
-  d.Flags = flags;
+  if (!descriptor_3d(*desc, extent, flags, &d)) return cudaErrorInvalidChannelDescriptor;
   SIM_DRIVER(create, decltype(&cuArray3DCreate_v2), "cuArray3DCreate", 3020);
   return as_rt(create(as_array(array), &d));
 }
@@ -215,6 +228,37 @@ cudaError_t free_array(cudaArray_t array) {
   if (!array) return cudaSuccess;  // as cudaFree(NULL)
   SIM_DRIVER(destroy, decltype(&cuArrayDestroy), "cuArrayDestroy", 2000);
   return as_rt(destroy(reinterpret_cast<CUarray>(array)));
+}
+
+cudaError_t malloc_mipmapped_array(cudaMipmappedArray_t* array, const cudaChannelFormatDesc* desc,
+                                   cudaExtent extent, unsigned int levels, unsigned int flags) {
+  if (!array || !desc) return cudaErrorInvalidValue;
+  CUDA_ARRAY3D_DESCRIPTOR d{};
+  if (!descriptor_3d(*desc, extent, flags, &d)) return cudaErrorInvalidChannelDescriptor;
+  SIM_DRIVER(create, decltype(&cuMipmappedArrayCreate), "cuMipmappedArrayCreate", 5000);
+  return as_rt(create(reinterpret_cast<CUmipmappedArray*>(array), &d, levels));
+}
+
+cudaError_t get_mipmapped_array_level(cudaArray_t* level_array, cudaMipmappedArray_const_t array,
+                                      unsigned int level) {
+  SIM_DRIVER(get, decltype(&cuMipmappedArrayGetLevel), "cuMipmappedArrayGetLevel", 5000);
+  return as_rt(get(as_array(level_array), as_mipmap(array), level));
+}
+
+cudaError_t free_mipmapped_array(cudaMipmappedArray_t array) {
+  if (!array) return cudaSuccess;  // documented: no operation
+  SIM_DRIVER(destroy, decltype(&cuMipmappedArrayDestroy), "cuMipmappedArrayDestroy", 5000);
+  return as_rt(destroy(as_mipmap(array)));
+}
+
+cudaError_t device_set_limit(cudaLimit limit, size_t value) {
+  SIM_DRIVER(set, decltype(&cuCtxSetLimit), "cuCtxSetLimit", 3010);
+  return as_rt(set(static_cast<CUlimit>(limit), value));
+}
+
+cudaError_t device_get_limit(size_t* value, cudaLimit limit) {
+  SIM_DRIVER(get, decltype(&cuCtxGetLimit), "cuCtxGetLimit", 3010);
+  return as_rt(get(value, static_cast<CUlimit>(limit)));
 }
 
 cudaError_t mem_pool_create(cudaMemPool_t* pool, const cudaMemPoolProps* props) {

@@ -1,11 +1,11 @@
 // How the runtime stand-in reaches the driver stand-in: as the real runtime does, through
 // dlopen("libcuda.so.1"), dlsym(handle, "cuGetProcAddress_v2") and then that resolver for each
 // entry point, so an interposer on libcuda.so.1 sees every lookup. cudaGetDriverEntryPoint, the
-// array calls and the explicit-pool calls use it in both builds (their `via_driver` functions
-// below), as the real runtime's do. In the static-runtime archive (SIMCUDA_STATIC_RUNTIME, see
-// Note [Static runtime] in rt_driver.cpp) the memory, memory-info, stream create/destroy and
-// capture begin/end entry points also go through it, exactly like a program built with nvcc's
-// default static cudart.
+// array, mipmapped-array, explicit-pool and device-limit calls use it in both builds (their
+// `via_driver` functions below), as the real runtime's do. In the static-runtime archive
+// (SIMCUDA_STATIC_RUNTIME, see Note [Static runtime] in rt_driver.cpp) the memory, memory-info,
+// stream create/destroy and capture begin/end entry points also go through it, exactly like a
+// program built with nvcc's default static cudart.
 #pragma once
 
 #include "rt_common.h"
@@ -40,6 +40,15 @@ cudaError_t malloc_array(cudaArray_t* array, const cudaChannelFormatDesc* desc, 
 cudaError_t malloc_3d_array(cudaArray_t* array, const cudaChannelFormatDesc* desc,
                             cudaExtent extent, unsigned int flags);
 cudaError_t free_array(cudaArray_t array);
+// numLevels is the driver's to clamp; freeing NULL does nothing.
+cudaError_t malloc_mipmapped_array(cudaMipmappedArray_t* array, const cudaChannelFormatDesc* desc,
+                                   cudaExtent extent, unsigned int levels, unsigned int flags);
+cudaError_t get_mipmapped_array_level(cudaArray_t* level_array, cudaMipmappedArray_const_t array,
+                                      unsigned int level);
+cudaError_t free_mipmapped_array(cudaMipmappedArray_t array);
+// The current context's limits (the device's primary context, once the runtime bound it).
+cudaError_t device_set_limit(cudaLimit limit, size_t value);
+cudaError_t device_get_limit(size_t* value, cudaLimit limit);
 cudaError_t mem_pool_create(cudaMemPool_t* pool, const cudaMemPoolProps* props);
 cudaError_t mem_pool_destroy(cudaMemPool_t pool);
 cudaError_t malloc_from_pool_async(void** ptr, size_t size, cudaMemPool_t pool,

@@ -1,10 +1,10 @@
 // Runtime stand-in entry points for memory: allocation (device, pitched, managed, pinned host,
-// stream-ordered, arrays, explicit pools), free, cudaMemGetInfo, copies, memsets and pointer
-// attributes. Copies and memsets (transfer.cpp) are stream operations declaring the device ranges
-// they read and write; the synchronous forms run on the legacy (or per-thread) default stream and
-// wait for it. Arrays and explicit pools always call the driver; in the static-runtime archive
-// cudaMalloc, cudaFree, cudaMallocManaged and cudaMemGetInfo do too (Note [Static runtime] in
-// rt_driver.cpp).
+// stream-ordered, arrays, mipmapped arrays, explicit pools), free, cudaMemGetInfo, copies,
+// memsets and pointer attributes. Copies and memsets (transfer.cpp) are stream operations
+// declaring the device ranges they read and write; the synchronous forms run on the legacy (or
+// per-thread) default stream and wait for it. Arrays, mipmapped arrays and explicit pools always
+// call the driver; in the static-runtime archive cudaMalloc, cudaFree, cudaMallocManaged and
+// cudaMemGetInfo do too (Note [Static runtime] in rt_driver.cpp).
 #include <cstdio>
 #include <cstring>
 
@@ -114,8 +114,8 @@ cudaChannelFormatDesc cudaCreateChannelDesc(int x, int y, int z, int w, cudaChan
   return cudaChannelFormatDesc{x, y, z, w, f};
 }
 
-// Arrays and explicit pools: only through the driver's entry points, so that an interposer on
-// libcuda.so.1 sees them, as with the real runtime (rt_driver.h).
+// Arrays, mipmapped arrays and explicit pools: only through the driver's entry points, so that
+// an interposer on libcuda.so.1 sees them, as with the real runtime (rt_driver.h).
 cudaError_t cudaMallocArray(cudaArray_t* array, const cudaChannelFormatDesc* desc, size_t width,
                             size_t height, unsigned int flags) {
   SIM_ENTER();
@@ -131,6 +131,25 @@ cudaError_t cudaMalloc3DArray(cudaArray_t* array, const cudaChannelFormatDesc* d
 cudaError_t cudaFreeArray(cudaArray_t array) {
   SIM_ENTER();
   SIM_RETURN(via_driver::free_array(array));
+}
+
+cudaError_t cudaMallocMipmappedArray(cudaMipmappedArray_t* mipmappedArray,
+                                     const cudaChannelFormatDesc* desc, cudaExtent extent,
+                                     unsigned int numLevels, unsigned int flags) {
+  SIM_ENTER();
+  SIM_RETURN(via_driver::malloc_mipmapped_array(mipmappedArray, desc, extent, numLevels, flags));
+}
+
+cudaError_t cudaGetMipmappedArrayLevel(cudaArray_t* levelArray,
+                                       cudaMipmappedArray_const_t mipmappedArray,
+                                       unsigned int level) {
+  SIM_ENTER();
+  SIM_RETURN(via_driver::get_mipmapped_array_level(levelArray, mipmappedArray, level));
+}
+
+cudaError_t cudaFreeMipmappedArray(cudaMipmappedArray_t mipmappedArray) {
+  SIM_ENTER();
+  SIM_RETURN(via_driver::free_mipmapped_array(mipmappedArray));
 }
 
 cudaError_t cudaMemPoolCreate(cudaMemPool_t* memPool, const cudaMemPoolProps* poolProps) {

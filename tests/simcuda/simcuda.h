@@ -25,10 +25,13 @@ extern "C" {
  * "cudaDeviceSynchronize", "cudaMemPrefetchBatchAsync", "cudaMemDiscardBatchAsync",
  * "cudaMemDiscardAndPrefetchBatchAsync" (the last three with their _ptsz forms), "cuMemCreate",
  * "cuMemRelease", "cuArrayCreate" (cuArrayCreate_v2 and cuArray3DCreate_v2), "cuArrayDestroy",
- * "cuMemAllocFromPoolAsync" (and _ptsz; the runtime's array and pool calls reach these driver
- * functions, so they count too); races detected so far for "races"; the current number and requested bytes of live device-memory allocations
- * (every kind, every device) for "live_allocations" and "live_bytes"; the most "live_bytes"
- * reached since the last reset for "live_bytes_peak". Unknown names give UINT64_MAX. */
+ * "cuMemAllocFromPoolAsync" (and _ptsz), "cuMipmappedArrayCreate", "cuMipmappedArrayDestroy",
+ * "cuCtxSetLimit", "cuCtxGetLimit" (the runtime's array, mipmapped-array, pool and device-limit
+ * calls reach these driver functions, so they count too); races detected so far for "races";
+ * the current number and requested bytes of live device-memory allocations (every kind, every
+ * device, a context's limit reservation included) for "live_allocations" and "live_bytes"; the
+ * most "live_bytes" reached since the last reset for "live_bytes_peak". Unknown names give
+ * UINT64_MAX. */
 uint64_t simcuda_counter(const char* name);
 
 /* Sets every call counter and the race counter back to zero, and "live_bytes_peak" to the current

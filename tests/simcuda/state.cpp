@@ -68,7 +68,8 @@ constexpr std::array<const char*, static_cast<size_t>(Counter::count_)> kCounter
     "cudaEventRecord", "cudaStreamSynchronize", "cudaDeviceSynchronize",
     "cudaMemPrefetchBatchAsync", "cudaMemDiscardBatchAsync",
     "cudaMemDiscardAndPrefetchBatchAsync", "cuMemCreate", "cuMemRelease", "cuArrayCreate",
-    "cuArrayDestroy", "cuMemAllocFromPoolAsync"};
+    "cuArrayDestroy", "cuMemAllocFromPoolAsync", "cuMipmappedArrayCreate",
+    "cuMipmappedArrayDestroy", "cuCtxSetLimit", "cuCtxGetLimit"};
 
 std::array<std::atomic<uint64_t>, static_cast<size_t>(Counter::count_)> g_counters{};
 std::atomic<int> g_sticky{0};

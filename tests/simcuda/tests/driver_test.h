@@ -35,4 +35,21 @@ inline Driver& driver() {
   return d;
 }
 
+// The current device's free bytes, as cudaMemGetInfo reports them.
+inline size_t free_bytes() {
+  size_t free = 0, total = 0;
+  CUDA_OK(cudaMemGetInfo(&free, &total));
+  return free;
+}
+
+// `device`'s free bytes; the current device stays.
+inline size_t free_on(int device) {
+  int current = 0;
+  CUDA_OK(cudaGetDevice(&current));
+  CUDA_OK(cudaSetDevice(device));
+  size_t free = free_bytes();
+  CUDA_OK(cudaSetDevice(current));
+  return free;
+}
+
 }  // namespace simtest

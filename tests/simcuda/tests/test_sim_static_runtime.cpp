@@ -1,8 +1,9 @@
 // The static-runtime archive (Note [Static runtime] in rt_driver.cpp): this program links
 // libcudart_static_sim.a instead of libcudart.so.13, as a program built with nvcc's default
 // static cudart does. Its runtime calls are its own (no dynamic cudaMalloc in the process), and
-// its memory calls reach the driver through the resolver, where the driver's counters see them;
-// after its first call the driver is initialized and the primary context current.
+// its memory calls (arrays, mipmapped arrays, pools and device limits included) reach the driver
+// through the resolver, where the driver's counters see them; after its first call the driver is
+// initialized and the primary context current.
 // Stand-in only (suite standin): it is linked with the stand-in.
 #include <cuda.h>
 
@@ -81,5 +82,30 @@ TEST_CASE("the static runtime's arrays and explicit pools reach the driver too")
   CHECK_EQ(simcuda_counter("cuArrayCreate"), 1u);
   CHECK_EQ(simcuda_counter("cuArrayDestroy"), 1u);
   CHECK_EQ(simcuda_counter("cuMemAllocFromPoolAsync"), 1u);
+  CHECK_EQ(simcuda_counter("live_allocations"), 0u);
+}
+
+TEST_CASE("the static runtime's mipmapped arrays and device limits reach the driver too") {
+  simcuda_reset_counters();
+  size_t free_before = 0, total = 0;
+  CUDA_OK(cudaMemGetInfo(&free_before, &total));
+  const cudaChannelFormatDesc texel =
+      cudaCreateChannelDesc(32, 0, 0, 0, cudaChannelFormatKindFloat);
+  cudaMipmappedArray_t mipmap = nullptr;
+  CUDA_OK(cudaMallocMipmappedArray(&mipmap, &texel, cudaExtent{256, 256, 0}, 9, 0));
+  cudaArray_t level = nullptr;
+  CUDA_OK(cudaGetMipmappedArrayLevel(&level, mipmap, 8));
+  CUDA_OK(cudaFreeMipmappedArray(mipmap));
+  CUDA_OK(cudaDeviceSetLimit(cudaLimitMallocHeapSize, size_t{16} << 20));
+  size_t heap = 0, free_now = 0;
+  CUDA_OK(cudaDeviceGetLimit(&heap, cudaLimitMallocHeapSize));
+  CHECK_EQ(heap, size_t{16} << 20);
+  CUDA_OK(cudaMemGetInfo(&free_now, &total));
+  CHECK_EQ(free_before - free_now, size_t{8} << 20);  // beyond the 8 MiB default
+  CUDA_OK(cudaDeviceSetLimit(cudaLimitMallocHeapSize, size_t{8} << 20));
+  CHECK_EQ(simcuda_counter("cuMipmappedArrayCreate"), 1u);
+  CHECK_EQ(simcuda_counter("cuMipmappedArrayDestroy"), 1u);
+  CHECK_EQ(simcuda_counter("cuCtxSetLimit"), 2u);
+  CHECK_EQ(simcuda_counter("cuCtxGetLimit"), 1u);
   CHECK_EQ(simcuda_counter("live_allocations"), 0u);
 }

@@ -1,13 +1,15 @@
 // Device memory outside cudaMalloc / cuMemAlloc: physical allocations (cuMemCreate), CUDA arrays
-// (driver and runtime) and explicit memory pools (driver and runtime). Each charges a device, runs
-// out of memory past what is free, and gives its memory back when freed. The exact accounting
-// holds on the stand-in only; a real GPU rounds and caches.
+// and mipmapped arrays (driver and runtime) and explicit memory pools (driver and runtime). Each
+// charges a device, runs out of memory past what is free, and gives its memory back when freed.
+// The exact accounting holds on the stand-in only; a real GPU rounds and caches.
 #include <cstdint>
 
 #include "driver_test.h"
 
 using simtest::counter;
 using simtest::driver;
+using simtest::free_bytes;
+using simtest::free_on;
 using simtest::stand_in;
 
 extern "C" cudaError_t cudaMallocFromPoolAsync_ptsz(void** ptr, size_t size, cudaMemPool_t pool,
@@ -16,21 +18,6 @@ extern "C" cudaError_t cudaMallocFromPoolAsync_ptsz(void** ptr, size_t size, cud
 namespace {
 
 constexpr size_t kMiB = size_t{1} << 20;
-
-size_t free_bytes() {
-  size_t free = 0, total = 0;
-  CUDA_OK(cudaMemGetInfo(&free, &total));
-  return free;
-}
-
-size_t free_on(int device) {
-  int current = 0;
-  CUDA_OK(cudaGetDevice(&current));
-  CUDA_OK(cudaSetDevice(device));
-  size_t free = free_bytes();
-  CUDA_OK(cudaSetDevice(current));
-  return free;
-}
 
 // The stand-in's documented code; a real driver only has to refuse.
 void check_refused(CUresult r, CUresult expected) {
@@ -57,6 +44,20 @@ CUDA_ARRAY_DESCRIPTOR array_desc(size_t width, size_t height, CUarray_format for
   d.NumChannels = channels;
   return d;
 }
+
+CUDA_ARRAY3D_DESCRIPTOR array3d_desc(size_t width, size_t height, size_t depth,
+                                     CUarray_format format, unsigned channels) {
+  CUDA_ARRAY3D_DESCRIPTOR d{};
+  d.Width = width;
+  d.Height = height;
+  d.Depth = depth;
+  d.Format = format;
+  d.NumChannels = channels;
+  return d;
+}
+
+// What the stand-in charges for `bytes`: whole 256-byte units, as for cudaMalloc.
+size_t charged(size_t bytes) { return (bytes + 255) / 256 * 256; }
 
 }  // namespace
 
@@ -264,6 +265,203 @@ TEST_CASE("cudaMallocArray, cudaMalloc3DArray and cudaFreeArray reach the driver
   CHECK_EQ(counter("live_allocations"), 0u);
 }
 
+TEST_CASE("cuMipmappedArrayCreate charges every level; cuMipmappedArrayDestroy gives it back") {
+  CUDA_OK(cudaFree(nullptr));
+  auto create =
+      driver().get<decltype(&cuMipmappedArrayCreate)>("cuMipmappedArrayCreate", 5000);
+  auto level_of =
+      driver().get<decltype(&cuMipmappedArrayGetLevel)>("cuMipmappedArrayGetLevel", 5000);
+  auto destroy =
+      driver().get<decltype(&cuMipmappedArrayDestroy)>("cuMipmappedArrayDestroy", 5000);
+  if (stand_in()) stand_in()->reset_counters();
+
+  const size_t before = free_bytes();
+  // 256 x 128 float4, 9 levels down to 1 x 1: the height reaches 1 a level before the width.
+  CUDA_ARRAY3D_DESCRIPTOR d = array3d_desc(256, 128, 0, CU_AD_FORMAT_FLOAT, 4);
+  CUmipmappedArray image = nullptr;
+  REQUIRE_EQ(create(&image, &d, 9), CUDA_SUCCESS);
+  const size_t image_bytes =
+      16 * (256 * 128 + 128 * 64 + 64 * 32 + 32 * 16 + 16 * 8 + 8 * 4 + 4 * 2 + 2 * 1 + 1 * 1);
+  if (stand_in()) {
+    CHECK_EQ(before - free_bytes(), charged(image_bytes));
+    CHECK_EQ(counter("live_allocations"), 1u);  // one allocation holds every level
+  }
+  CUarray levels[9] = {};
+  for (unsigned level = 0; level < 9; ++level)
+    REQUIRE_EQ(level_of(&levels[level], image, level), CUDA_SUCCESS);
+  for (unsigned level = 1; level < 9; ++level) CHECK(levels[level] != levels[level - 1]);
+  CUarray same = nullptr;
+  CHECK_EQ(level_of(&same, image, 3), CUDA_SUCCESS);
+  CHECK_EQ(same, levels[3]);
+  CHECK_EQ(level_of(&same, image, 9), CUDA_ERROR_INVALID_VALUE);
+  CHECK_EQ(level_of(nullptr, image, 0), CUDA_ERROR_INVALID_VALUE);
+
+  // More levels than the extents allow are clamped: 64^3 uchar2 has 7; 0 levels means 1.
+  CUDA_ARRAY3D_DESCRIPTOR d3 = array3d_desc(64, 64, 64, CU_AD_FORMAT_UNSIGNED_INT8, 2);
+  CUmipmappedArray volume = nullptr;
+  REQUIRE_EQ(create(&volume, &d3, 100), CUDA_SUCCESS);
+  const size_t volume_bytes = 2 * (64 * 64 * 64 + 32 * 32 * 32 + 16 * 16 * 16 + 8 * 8 * 8 +
+                                   4 * 4 * 4 + 2 * 2 * 2 + 1);
+  CHECK_EQ(level_of(&same, volume, 6), CUDA_SUCCESS);
+  CHECK_EQ(level_of(&same, volume, 7), CUDA_ERROR_INVALID_VALUE);
+  CUDA_ARRAY3D_DESCRIPTOR line = array3d_desc(4096, 0, 0, CU_AD_FORMAT_HALF, 1);  // 1D
+  CUmipmappedArray single = nullptr;
+  REQUIRE_EQ(create(&single, &line, 0), CUDA_SUCCESS);
+  CHECK_EQ(level_of(&same, single, 0), CUDA_SUCCESS);
+  CHECK_EQ(level_of(&same, single, 1), CUDA_ERROR_INVALID_VALUE);
+  if (stand_in())
+    CHECK_EQ(before - free_bytes(),
+             charged(image_bytes) + charged(volume_bytes) + charged(4096 * 2));
+  CHECK_EQ(destroy(image), CUDA_SUCCESS);
+  CHECK_EQ(destroy(volume), CUDA_SUCCESS);
+  CHECK_EQ(destroy(single), CUDA_SUCCESS);
+  if (stand_in()) CHECK_EQ(free_bytes(), before);
+
+  // The format and channel rules of cuArray3DCreate_v2.
+  CUDA_ARRAY3D_DESCRIPTOR bad = array3d_desc(256, 256, 0, CU_AD_FORMAT_FLOAT, 3);
+  check_refused(create(&image, &bad, 4), CUDA_ERROR_INVALID_VALUE);
+  bad = array3d_desc(256, 256, 0, static_cast<CUarray_format>(0x77), 1);
+  check_refused(create(&image, &bad, 4), CUDA_ERROR_INVALID_VALUE);
+  bad = array3d_desc(0, 256, 0, CU_AD_FORMAT_FLOAT, 1);
+  check_refused(create(&image, &bad, 4), CUDA_ERROR_INVALID_VALUE);
+  check_refused(create(&image, nullptr, 4), CUDA_ERROR_INVALID_VALUE);
+  check_refused(create(nullptr, &d, 4), CUDA_ERROR_INVALID_VALUE);
+
+  SIM_SKIP_REST_UNLESS(stand_in(), "out of memory and unknown handles need the exact capacity");
+  CHECK_EQ(free_bytes(), before);
+  bad = array3d_desc(256, 256, 6, CU_AD_FORMAT_FLOAT, 1);
+  bad.Flags = CUDA_ARRAY3D_CUBEMAP;  // a layout the stand-in does not model
+  CHECK_EQ(create(&image, &bad, 4), CUDA_ERROR_NOT_SUPPORTED);
+  CUDA_ARRAY3D_DESCRIPTOR huge = array3d_desc(size_t{1} << 20, 1024, 0, CU_AD_FORMAT_FLOAT, 4);
+  CHECK_EQ(create(&image, &huge, 1), CUDA_ERROR_OUT_OF_MEMORY);  // 16 GiB
+  huge = array3d_desc(SIZE_MAX / 2, 4, 0, CU_AD_FORMAT_FLOAT, 4);  // overflows size_t
+  CHECK_EQ(create(&image, &huge, 64), CUDA_ERROR_OUT_OF_MEMORY);
+  // With the device full but 1 MiB: the top level of 512 x 512 float fits, the levels do not.
+  void* filler = nullptr;
+  CUDA_OK(cudaMalloc(&filler, free_bytes() - kMiB));
+  CUDA_ARRAY3D_DESCRIPTOR square = array3d_desc(512, 512, 0, CU_AD_FORMAT_FLOAT, 1);
+  CHECK_EQ(create(&image, &square, 1), CUDA_SUCCESS);
+  CHECK_EQ(free_bytes(), 0u);
+  CHECK_EQ(destroy(image), CUDA_SUCCESS);
+  CHECK_EQ(create(&image, &square, 2), CUDA_ERROR_OUT_OF_MEMORY);
+  CHECK_EQ(free_bytes(), kMiB);
+  CUDA_OK(cudaFree(filler));
+  CHECK_EQ(free_bytes(), before);
+
+  // Handles it does not know: destroyed, null, a pointer, an array, a level.
+  CHECK_EQ(destroy(image), CUDA_ERROR_INVALID_HANDLE);
+  CHECK_EQ(destroy(nullptr), CUDA_ERROR_INVALID_HANDLE);
+  CHECK_EQ(level_of(&same, image, 0), CUDA_ERROR_INVALID_HANDLE);
+  CHECK_EQ(level_of(&same, nullptr, 0), CUDA_ERROR_INVALID_HANDLE);
+  void* plain = nullptr;
+  CUDA_OK(cudaMalloc(&plain, kMiB));
+  CHECK_EQ(destroy(reinterpret_cast<CUmipmappedArray>(plain)), CUDA_ERROR_INVALID_HANDLE);
+  CUDA_OK(cudaFree(plain));
+  auto array_create = driver().get<decltype(&cuArrayCreate_v2)>("cuArrayCreate", 3020);
+  auto array_destroy = driver().get<decltype(&cuArrayDestroy)>("cuArrayDestroy", 2000);
+  CUDA_ARRAY_DESCRIPTOR flat = array_desc(64, 64, CU_AD_FORMAT_FLOAT, 1);
+  CUarray array = nullptr;
+  REQUIRE_EQ(array_create(&array, &flat), CUDA_SUCCESS);
+  CHECK_EQ(destroy(reinterpret_cast<CUmipmappedArray>(array)), CUDA_ERROR_INVALID_HANDLE);
+  CHECK_EQ(array_destroy(array), CUDA_SUCCESS);
+  REQUIRE_EQ(create(&image, &d, 2), CUDA_SUCCESS);
+  REQUIRE_EQ(level_of(&same, image, 1), CUDA_SUCCESS);
+  CHECK_EQ(array_destroy(same), CUDA_ERROR_INVALID_HANDLE);  // part of its mipmapped array
+  CHECK_EQ(destroy(reinterpret_cast<CUmipmappedArray>(same)), CUDA_ERROR_INVALID_HANDLE);
+  CHECK_EQ(destroy(image), CUDA_SUCCESS);
+  CHECK_EQ(free_bytes(), before);
+  CHECK_EQ(counter("cuMipmappedArrayCreate"), 14u);
+  CHECK_EQ(counter("cuMipmappedArrayDestroy"), 10u);
+  CHECK_EQ(counter("live_allocations"), 0u);
+}
+
+TEST_CASE("cudaMallocMipmappedArray, cudaGetMipmappedArrayLevel and cudaFreeMipmappedArray reach "
+          "the driver") {
+  CUDA_OK(cudaFree(nullptr));
+  if (stand_in()) stand_in()->reset_counters();
+  const size_t before = free_bytes();
+  const cudaChannelFormatDesc float2_desc =
+      cudaCreateChannelDesc(32, 32, 0, 0, cudaChannelFormatKindFloat);
+  cudaMipmappedArray_t mipmap = nullptr;
+  CUDA_OK(cudaMallocMipmappedArray(&mipmap, &float2_desc, cudaExtent{128, 128, 0}, 8,
+                                   cudaArrayDefault));
+  const size_t mipmap_bytes =
+      8 * (128 * 128 + 64 * 64 + 32 * 32 + 16 * 16 + 8 * 8 + 4 * 4 + 2 * 2 + 1);
+  if (stand_in()) {
+    CHECK_EQ(before - free_bytes(), charged(mipmap_bytes));
+    CHECK_EQ(counter("cuMipmappedArrayCreate"), 1u);  // the driver's entry point made it
+  }
+  cudaArray_t level = nullptr;
+  CUDA_OK(cudaGetMipmappedArrayLevel(&level, mipmap, 7));
+  CHECK(level != nullptr);
+  CHECK_EQ(cudaGetMipmappedArrayLevel(&level, mipmap, 8), cudaErrorInvalidValue);
+  CHECK_EQ(cudaGetLastError(), cudaErrorInvalidValue);
+  CHECK_EQ(cudaGetMipmappedArrayLevel(&level, nullptr, 0), cudaErrorInvalidResourceHandle);
+  CHECK_EQ(cudaGetLastError(), cudaErrorInvalidResourceHandle);
+  cudaMipmappedArray_t surface = nullptr;
+  CUDA_OK(cudaMallocMipmappedArray(&surface, &float2_desc, cudaExtent{64, 64, 64}, 1,
+                                   cudaArraySurfaceLoadStore));
+  if (stand_in()) CHECK_EQ(before - free_bytes(), charged(mipmap_bytes) + 64 * 64 * 64 * 8);
+  CUDA_OK(cudaFreeMipmappedArray(mipmap));
+  CUDA_OK(cudaFreeMipmappedArray(surface));
+  CUDA_OK(cudaFreeMipmappedArray(nullptr));
+  if (stand_in()) {
+    CHECK_EQ(free_bytes(), before);
+    CHECK_EQ(counter("cuMipmappedArrayDestroy"), 2u);
+  }
+
+  // A driver mipmapped array is a runtime one.
+  void* fn = nullptr;
+  cudaDriverEntryPointQueryResult status = cudaDriverEntryPointSymbolNotFound;
+  CUDA_OK(cudaGetDriverEntryPointByVersion("cuMipmappedArrayCreate", &fn, 5000, cudaEnableDefault,
+                                           &status));
+  REQUIRE_EQ(status, cudaDriverEntryPointSuccess);
+  CUDA_ARRAY3D_DESCRIPTOR d = array3d_desc(512, 512, 0, CU_AD_FORMAT_UNSIGNED_INT8, 1);
+  CUmipmappedArray driver_mipmap = nullptr;
+  REQUIRE_EQ(reinterpret_cast<decltype(&cuMipmappedArrayCreate)>(fn)(&driver_mipmap, &d, 10),
+             CUDA_SUCCESS);
+  CUDA_OK(cudaFreeMipmappedArray(reinterpret_cast<cudaMipmappedArray_t>(driver_mipmap)));
+  if (stand_in()) CHECK_EQ(free_bytes(), before);
+
+  const cudaChannelFormatDesc three =
+      cudaCreateChannelDesc(8, 8, 8, 0, cudaChannelFormatKindUnsigned);
+  const cudaError_t refused =
+      cudaMallocMipmappedArray(&mipmap, &three, cudaExtent{64, 64, 0}, 2, cudaArrayDefault);
+  CHECK_NE(refused, cudaSuccess);
+  if (stand_in()) CHECK_EQ(refused, cudaErrorInvalidChannelDescriptor);
+  CHECK_EQ(cudaGetLastError(), refused);
+  CHECK_EQ(cudaMallocMipmappedArray(&mipmap, nullptr, cudaExtent{64, 64, 0}, 2, cudaArrayDefault),
+           cudaErrorInvalidValue);
+  CHECK_EQ(cudaGetLastError(), cudaErrorInvalidValue);
+
+  SIM_SKIP_REST_UNLESS(stand_in(), "out of memory and unknown handles need the exact capacity");
+  CHECK_EQ(cudaMallocMipmappedArray(&mipmap, &float2_desc, cudaExtent{size_t{1} << 16, 1 << 14, 0},
+                                    4, cudaArrayDefault),
+           cudaErrorMemoryAllocation);  // 8 GiB and its levels
+  CHECK_EQ(cudaGetLastError(), cudaErrorMemoryAllocation);
+  CHECK_EQ(cudaFreeMipmappedArray(surface), cudaErrorInvalidResourceHandle);  // freed above
+  CHECK_EQ(cudaGetLastError(), cudaErrorInvalidResourceHandle);
+  CHECK_EQ(free_bytes(), before);
+  CHECK_EQ(counter("live_allocations"), 0u);
+}
+
+TEST_CASE("a device reset frees the mipmapped arrays it held" * STAND_IN_ONLY) {
+  CUDA_OK(cudaSetDevice(0));
+  CUDA_OK(cudaFree(nullptr));
+  const size_t before = free_bytes();
+  const cudaChannelFormatDesc texel =
+      cudaCreateChannelDesc(8, 0, 0, 0, cudaChannelFormatKindSigned);
+  cudaMipmappedArray_t mipmap = nullptr;
+  CUDA_OK(cudaMallocMipmappedArray(&mipmap, &texel, cudaExtent{1024, 1024, 0}, 11,
+                                   cudaArrayDefault));
+  CHECK(free_bytes() < before);
+  CUDA_OK(cudaDeviceReset());
+  CUDA_OK(cudaFree(nullptr));
+  CHECK_EQ(free_bytes(), before);
+  CHECK_EQ(cudaFreeMipmappedArray(mipmap), cudaErrorInvalidResourceHandle);  // gone with it
+  cudaGetLastError();
+}
+
 TEST_CASE("explicit pools: cuMemAllocFromPoolAsync charges the pool's device") {
   CUDA_OK(cudaFree(nullptr));
   auto pool_create = driver().get<decltype(&cuMemPoolCreate)>("cuMemPoolCreate", 11020);
@@ -393,6 +591,12 @@ TEST_CASE("the resolver's rows for these allocators" * STAND_IN_ONLY) {
   CHECK_EQ(drv.get<void*>("cuMemRelease", 13000), dlsym(drv.lib, "cuMemRelease"));
   CHECK_EQ(drv.get<void*>("cuMemGetAllocationGranularity", 13000),
            dlsym(drv.lib, "cuMemGetAllocationGranularity"));
+  CHECK_EQ(drv.get<void*>("cuMipmappedArrayCreate", 5000),
+           dlsym(drv.lib, "cuMipmappedArrayCreate"));
+  CHECK_EQ(drv.get<void*>("cuMipmappedArrayGetLevel", 13000),
+           dlsym(drv.lib, "cuMipmappedArrayGetLevel"));
+  CHECK_EQ(drv.get<void*>("cuMipmappedArrayDestroy", 13000),
+           dlsym(drv.lib, "cuMipmappedArrayDestroy"));
   CHECK_EQ(drv.get<void*>("cuMemPoolCreate", 11020), dlsym(drv.lib, "cuMemPoolCreate"));
   CHECK_EQ(drv.get<void*>("cuMemPoolDestroy", 11020), dlsym(drv.lib, "cuMemPoolDestroy"));
   CHECK_EQ(drv.get<void*>("cuMemAllocFromPoolAsync", 13000),
@@ -404,5 +608,7 @@ TEST_CASE("the resolver's rows for these allocators" * STAND_IN_ONLY) {
   CHECK_EQ(drv.get_proc("cuMemCreate", &fn, 10010, 0, &status), CUDA_ERROR_NOT_FOUND);
   CHECK_EQ(status, CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT);
   CHECK_EQ(drv.get_proc("cuMemAllocFromPoolAsync", &fn, 11010, 0, &status), CUDA_ERROR_NOT_FOUND);
+  CHECK_EQ(status, CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT);
+  CHECK_EQ(drv.get_proc("cuMipmappedArrayCreate", &fn, 4020, 0, &status), CUDA_ERROR_NOT_FOUND);
   CHECK_EQ(status, CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT);
 }
