@@ -204,9 +204,57 @@ POOLCUDA_EXPORT CUresult cuArray3DCreate_v2(CUarray* pHandle,
   return pc::guarded([&] { return dh::with_room(size, real); });
 }
 
+// A mipmapped array holds every level: each halves the extents of the one before, to 1.
+POOLCUDA_EXPORT CUresult cuMipmappedArrayCreate(CUmipmappedArray* pHandle,
+                                                const CUDA_ARRAY3D_DESCRIPTOR* pMipmappedArrayDesc,
+                                                unsigned int numMipmapLevels) {
+  auto real = [&] {
+    return dr::cuMipmappedArrayCreate()(pHandle, pMipmappedArrayDesc, numMipmapLevels);
+  };
+  if (pc::bypass()) return real();
+  // An extent of 0 (a 1D or 2D array's) stays 0.
+  auto halved = [](std::size_t extent) {
+    return extent == 0 ? 0 : std::max<std::size_t>(extent / 2, 1);
+  };
+  std::size_t size = dh::kSizeUnknown;
+  if (const CUDA_ARRAY3D_DESCRIPTOR* shape = pMipmappedArrayDesc; shape != nullptr) {
+    std::size_t width = shape->Width, height = shape->Height, depth = shape->Depth;
+    size = 0;
+    for (unsigned int level = 0; level < numMipmapLevels && size != SIZE_MAX; ++level) {
+      const std::size_t bytes =
+          array_bytes(width, height, depth, shape->Format, shape->NumChannels);
+      if (bytes == dh::kSizeUnknown) {
+        size = dh::kSizeUnknown;
+        break;
+      }
+      size = bytes > SIZE_MAX - size ? SIZE_MAX : size + bytes;
+      width = halved(width);
+      height = halved(height);
+      depth = halved(depth);
+    }
+  }
+  return pc::guarded([&] { return dh::with_room(size, real); });
+}
+
+// A larger heap, printf buffer or stack is device memory the context reserves when the limit
+// is set, for the device's whole thread capacity in the case of the stack: its size is not the
+// value's.
+POOLCUDA_EXPORT CUresult cuCtxSetLimit(CUlimit limit, size_t value) {
+  auto real = [&] { return dr::cuCtxSetLimit()(limit, value); };
+  if (pc::bypass()) return real();
+  const bool sized = limit == CU_LIMIT_MALLOC_HEAP_SIZE || limit == CU_LIMIT_PRINTF_FIFO_SIZE;
+  return pc::guarded([&] { return dh::with_room(sized ? value : dh::kSizeUnknown, real); });
+}
+
 POOLCUDA_EXPORT CUresult cuCtxSynchronize() {
   if (pc::bypass()) return dr::cuCtxSynchronize()();
   return pc::guarded([&] { return dh::ctx_synchronize(); });
+}
+
+// CUDA 13's synchronize of a named context (null: the current one).
+POOLCUDA_EXPORT CUresult cuCtxSynchronize_v2(CUcontext ctx) {
+  if (pc::bypass()) return dr::cuCtxSynchronize_v2()(ctx);
+  return pc::guarded([&] { return dh::ctx_synchronize_named(ctx); });
 }
 
 POOLCUDA_EXPORT CUresult cuStreamCreate(CUstream* phStream, unsigned int Flags) {

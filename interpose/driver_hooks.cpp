@@ -190,6 +190,23 @@ CUresult ctx_synchronize() {
   return driver_real::cuCtxSynchronize()();
 }
 
+CUresult ctx_synchronize_named(CUcontext ctx) {
+  // A driver older than CUDA 13 lacks it, and resolves the name to cuCtxSynchronize, which
+  // would ignore `ctx`: answered as a missing function (real_driver.h).
+  if (reinterpret_cast<void*>(driver_real::cuCtxSynchronize_v2()) ==
+      reinterpret_cast<void*>(driver_real::cuCtxSynchronize()))
+    return CUDA_ERROR_NOT_FOUND;
+  int device = -1;  // stays -1 for a context of cuCtxCreate
+  if (ctx == nullptr) {
+    const driver::CurrentContext current = driver::current_context();
+    if (current.primary) device = current.device;
+  } else {
+    driver::is_primary(ctx, &device);
+  }
+  if (device >= 0) pooling::before_device_synchronize(device);
+  return driver_real::cuCtxSynchronize_v2()(ctx);
+}
+
 CUresult mem_get_info(std::size_t* free_bytes, std::size_t* total_bytes) {
   const CUresult result = driver_real::cuMemGetInfo_v2()(free_bytes, total_bytes);
   if (result != CUDA_SUCCESS || free_bytes == nullptr) return result;

@@ -31,6 +31,8 @@ CUresult with_room_on(int device, std::size_t size, const std::function<CUresult
 CUresult with_room_anywhere(std::size_t size, const std::function<CUresult()>& real);
 CUresult mem_get_info(std::size_t* free_bytes, std::size_t* total_bytes);
 CUresult ctx_synchronize();
+// cuCtxSynchronize_v2: the same for `ctx`, or the current context when it is null.
+CUresult ctx_synchronize_named(CUcontext ctx);
 CUresult mem_get_address_range(CUdeviceptr* base, std::size_t* size, CUdeviceptr dptr);
 CUresult ipc_get_mem_handle(CUipcMemHandle* handle, CUdeviceptr dptr);
 CUresult stream_create(CUstream* stream, unsigned int flags);

@@ -65,6 +65,8 @@ CUresult cuStreamAddCallback_ptsz(CUstream hStream, CUstreamCallback callback, v
   X(cuMemCreate, "cuMemCreate", 10020, false)                                          \
   X(cuArrayCreate_v2, "cuArrayCreate", 3020, false)                                    \
   X(cuArray3DCreate_v2, "cuArray3DCreate", 3020, false)                                \
+  X(cuMipmappedArrayCreate, "cuMipmappedArrayCreate", 5000, false)                     \
+  X(cuCtxSetLimit, "cuCtxSetLimit", 3010, false)                                       \
   X(cuStreamCreate, "cuStreamCreate", 2000, false)                                     \
   X(cuStreamCreateWithPriority, "cuStreamCreateWithPriority", 5050, false)             \
   X(cuStreamDestroy, "cuStreamDestroy", 2000, false)                                   \
@@ -75,6 +77,7 @@ CUresult cuStreamAddCallback_ptsz(CUstream hStream, CUstreamCallback callback, v
   X(cuDevicePrimaryCtxRelease_v2, "cuDevicePrimaryCtxRelease", 11000, false)           \
   X(cuCtxDestroy, "cuCtxDestroy", 2000, false)                                         \
   X(cuCtxSynchronize, "cuCtxSynchronize", 2000, false)                                 \
+  X(cuCtxSynchronize_v2, "cuCtxSynchronize", 13000, false)                             \
   X(cuCtxDestroy_v2, "cuCtxDestroy", 4000, false)                                      \
   X(cuStreamBeginCapture, "cuStreamBeginCapture", 10000, false)                        \
   X(cuStreamBeginCapture_ptsz, "cuStreamBeginCapture", 10000, true)                    \

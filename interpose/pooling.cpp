@@ -443,8 +443,9 @@ bool ipc_exportable(const char* api, const void* ptr) {
 // Note [Room for what the pools do not serve]
 // Pitched, managed (past the slabs), stream-ordered and driver-managed allocations come from the
 // driver, never from the pools, and so do plain allocations of a size no pool takes, those made
-// in a context of cuCtxCreate, a memory pool's allocations, physical memory (cuMemCreate) and
-// arrays; but they all draw on the same device: the pools' idle pages and the memory waiting for
+// in a context of cuCtxCreate, a memory pool's allocations, physical memory (cuMemCreate),
+// arrays (mipmapped too), and what a context takes for a larger heap, printf buffer or stack
+// (cuCtxSetLimit); but they all draw on the same device: the pools' idle pages and the memory waiting for
 // its free fences are memory plain CUDA would have given back at the program's frees, and so are
 // managed slabs with nothing live in them. So such a call that the driver (or the budget)
 // refuses for lack of memory gets all of it back (give_back_idle) and is tried once more: under
@@ -454,8 +455,8 @@ bool ipc_exportable(const char* api, const void* ptr) {
 // allocations] in hooks.cpp); the driver's have none (driver_hooks::with_room). cuMemCreate
 // names its device, which need not be current; a memory pool's device cannot be asked, so its
 // allocations get the current device's idle memory first and every other device's after
-// (driver_hooks::with_room_anywhere). Mipmapped arrays, and graph memory a GPU allocates at
-// instantiation or launch, are not covered: docs/pools.md says what to do there.
+// (driver_hooks::with_room_anywhere). Graph memory a GPU allocates at instantiation or launch,
+// and a module a launch loads lazily, are not covered: docs/pools.md says what to do there.
 bool beyond_device(int device, std::size_t size) {
   // The device's own size, not a budget's: most of what comes here is not charged to one.
   const CudaDevice* cuda = Registry::instance().device(device);

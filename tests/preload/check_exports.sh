@@ -37,7 +37,8 @@ for hooked in poolcuda_library_marker cudaMalloc cudaFree cudaFreeAsync cudaFree
               cuStreamEndCapture_ptsz cudaGraphDestroy cudaGraphExecDestroy cuGraphDestroy \
               cuGraphExecDestroy cuMemCreate cuArrayCreate_v2 cuArray3DCreate_v2 \
               cuMemAllocFromPoolAsync cuMemAllocFromPoolAsync_ptsz cuMemGetAddressRange_v2 \
-              cuCtxSynchronize cudaDeviceSynchronize; do
+              cuCtxSynchronize cudaDeviceSynchronize cuCtxSynchronize_v2 cuCtxSetLimit \
+              cuMipmappedArrayCreate; do
   if ! echo "$symbols" | grep -qx "$hooked"; then
     echo "hooked entry point not exported: $hooked"
     status=1

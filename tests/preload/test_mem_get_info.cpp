@@ -4,7 +4,8 @@
 // keep is never counted: a request of the reported free size must succeed, as it does without
 // the library. Memory freed before a synchronize counts as free even when frees wait for fences:
 // one large buffer, and many small ones whose frees still wait in an open batch when the
-// program synchronizes (cudaDeviceSynchronize, and cuCtxSynchronize with cuMemGetInfo).
+// program synchronizes (cudaDeviceSynchronize, and cuCtxSynchronize and cuCtxSynchronize_v2
+// with cuMemGetInfo).
 #include <cuda.h>
 
 #include <functional>
@@ -142,6 +143,25 @@ int main(int argc, char** argv) {
           CHECK(driver_info(&free_bytes, &total_bytes) == CUDA_SUCCESS);
           return free_bytes;
         });
+    // CUDA 13's cuCtxSynchronize_v2, with the primary context named and with null (current).
+    using NamedSyncFn = CUresult (*)(CUcontext);
+    const auto ctx_synchronize_v2 =
+        preload_test::driver_entry<NamedSyncFn>("cuCtxSynchronize", 13000);
+    using CurrentFn = CUresult (*)(CUcontext*);
+    CUcontext primary = nullptr;
+    CHECK(preload_test::driver_entry<CurrentFn>("cuCtxGetCurrent", 4000)(&primary) ==
+              CUDA_SUCCESS &&
+          primary != nullptr);
+    for (const CUcontext named : {primary, CUcontext{nullptr}}) {
+      small_frees_then_synchronize(
+          stream, "cuCtxSynchronize_v2",
+          [&] { CHECK(ctx_synchronize_v2(named) == CUDA_SUCCESS); },
+          [&] {
+            std::size_t free_bytes = 0, total_bytes = 0;
+            CHECK(driver_info(&free_bytes, &total_bytes) == CUDA_SUCCESS);
+            return free_bytes;
+          });
+    }
     CHECK_CUDA(cudaStreamDestroy(stream));
   }
   std::printf("ok\n");

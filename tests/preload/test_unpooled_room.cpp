@@ -2,11 +2,13 @@
 // (Note [Room for what the pools do not serve] in interpose/pooling.cpp). On a 1 GiB device the
 // program frees a 700 MiB buffer, whose page the pools keep idle, then asks for 700 MiB through
 // each allocator that goes to the driver: cudaMallocPitch, cudaMallocManaged past the managed
-// slab, cudaMallocArray, cudaMalloc3DArray and cudaMallocFromPoolAsync (which the runtime makes
-// through the driver), cuMemAllocPitch, cuMemAllocManaged, cuMemAllocAsync,
-// cuMemAllocFromPoolAsync, cuMemCreate, cuArrayCreate and cuArray3DCreate. Each succeeds, as it
-// does without the library, and the runtime's leave the last-error slot as the plain call does:
-// clean when it was clean, the program's own error when it held one. A child whose layout has no
+// slab, cudaMallocArray, cudaMalloc3DArray, cudaMallocMipmappedArray, cudaMallocFromPoolAsync and
+// cudaDeviceSetLimit's heap (which the runtime makes through the driver), cuMemAllocPitch,
+// cuMemAllocManaged, cuMemAllocAsync, cuMemAllocFromPoolAsync, cuMemCreate, cuArrayCreate,
+// cuArray3DCreate, cuMipmappedArrayCreate and cuCtxSetLimit's heap. Each succeeds, as it does
+// without the library, and the runtime's leave the last-error slot as the plain call does:
+// clean when it was clean, the program's own error when it held one. An array larger than the
+// device fails without taking the pools' idle page from them. A child whose layout has no
 // pool for 700 MiB does the same with cudaMalloc and cuMemAlloc, which the pools then pass to
 // the driver, and with cuMemAlloc in a context of cuCtxCreate, whose memory is never pooled. A
 // cudaMallocAsync larger than a budget's limit (which does not charge it) but not than the
@@ -73,6 +75,29 @@ cudaError_t runtime_array(std::function<void()>* release, bool three_d) {
   return result;
 }
 
+// Two levels of 700 MiB in all: 16384 by 8960 texels (560 MiB), then 8192 by 4480 (140 MiB).
+constexpr std::size_t kMipmapRows = kTexelRows * 4 / 5;
+constexpr unsigned kMipmapLevels = 2;
+
+cudaError_t runtime_mipmapped_array(std::function<void()>* release) {
+  const cudaChannelFormatDesc texel =
+      cudaCreateChannelDesc(8, 8, 8, 8, cudaChannelFormatKindUnsigned);
+  cudaMipmappedArray_t array = nullptr;
+  const cudaError_t result = cudaMallocMipmappedArray(
+      &array, &texel, cudaExtent{kTexelsWide, kMipmapRows, 0}, kMipmapLevels);
+  *release = [array] { CHECK_CUDA(cudaFreeMipmappedArray(array)); };
+  return result;
+}
+
+// The device-side heap's default, which the limit goes back to.
+constexpr std::size_t kDefaultHeap = 8u << 20;
+
+cudaError_t runtime_heap_limit(std::function<void()>* release) {
+  const cudaError_t result = cudaDeviceSetLimit(cudaLimitMallocHeapSize, kBig);
+  *release = [] { CHECK_CUDA(cudaDeviceSetLimit(cudaLimitMallocHeapSize, kDefaultHeap)); };
+  return result;
+}
+
 cudaError_t runtime_pool_allocation(std::function<void()>* release) {
   cudaMemPoolProps props{};
   props.allocType = cudaMemAllocationTypePinned;
@@ -123,6 +148,22 @@ void driver_allocation(const char* what, const std::function<CUresult(CUdevicept
   CHECK_MSG(allocate(&ptr) == CUDA_SUCCESS, std::string(what) + " failed beside idle pages");
   CHECK_CU(stream_ordered ? cuMemFreeAsync(ptr, nullptr) : cuMemFree_v2(ptr));
   CHECK_CU(cuCtxSynchronize());
+}
+
+// An array of 2 GiB on the stand-in's 1 GiB device fails whatever the pools give back: they keep their
+// idle page (the device's live bytes stay), as they do for a cudaMalloc larger than the device.
+void array_beyond_the_device() {
+  leave_an_idle_page();
+  const std::uint64_t live = preload_test::counter("live_bytes");
+  CUDA_ARRAY_DESCRIPTOR shape{};
+  shape.Width = kTexelsWide;
+  shape.Height = (std::size_t{2} << 30) / 4 / kTexelsWide;
+  shape.Format = CU_AD_FORMAT_UNSIGNED_INT8;
+  shape.NumChannels = 4;
+  CUarray array = nullptr;
+  CHECK(cuArrayCreate_v2(&array, &shape) == CUDA_ERROR_OUT_OF_MEMORY);
+  CHECK_MSG(preload_test::counter("live_bytes") == live,
+            "an array larger than the device emptied the pools");
 }
 
 // Under a layout whose largest pool takes 512 MiB: two 400 MiB pooled buffers, freed.
@@ -222,7 +263,9 @@ int main(int argc, char** argv) {
     runtime_allocation("cudaMalloc3DArray", [](std::function<void()>* release) {
       return runtime_array(release, true);
     }, dirty);
+    runtime_allocation("cudaMallocMipmappedArray", runtime_mipmapped_array, dirty);
     runtime_allocation("cudaMallocFromPoolAsync", runtime_pool_allocation, dirty);
+    runtime_allocation("cudaDeviceSetLimit", runtime_heap_limit, dirty);
   }
   driver_allocation("cuMemAllocPitch", [](CUdeviceptr* p) {
     std::size_t pitch = 0;
@@ -269,6 +312,23 @@ int main(int argc, char** argv) {
     *release = [array] { CHECK_CU(cuArrayDestroy(array)); };
     return result;
   });
+  driver_handle("cuMipmappedArrayCreate", [](std::function<void()>* release) {
+    CUDA_ARRAY3D_DESCRIPTOR shape{};
+    shape.Width = kTexelsWide;
+    shape.Height = kMipmapRows;
+    shape.Format = CU_AD_FORMAT_UNSIGNED_INT8;
+    shape.NumChannels = 4;
+    CUmipmappedArray array = nullptr;
+    const CUresult result = cuMipmappedArrayCreate(&array, &shape, kMipmapLevels);
+    *release = [array] { CHECK_CU(cuMipmappedArrayDestroy(array)); };
+    return result;
+  });
+  driver_handle("cuCtxSetLimit", [](std::function<void()>* release) {
+    const CUresult result = cuCtxSetLimit(CU_LIMIT_MALLOC_HEAP_SIZE, kBig);
+    *release = [] { CHECK_CU(cuCtxSetLimit(CU_LIMIT_MALLOC_HEAP_SIZE, kDefaultHeap)); };
+    return result;
+  });
+  if (preload_test::on_stand_in()) array_beyond_the_device();  // a GPU has more than 2 GiB
   const preload_test::ChildResult passed = preload_test::run_self(
       "passed-through", {"POOLCUDA_CONF=pools:[sliced(page=2M,slice=512K);exclusive(max=512M)]"});
   CHECK_MSG(passed.status == 0, passed.output);
