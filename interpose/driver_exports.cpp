@@ -20,6 +20,7 @@
 #include "interpose/pooling.h"
 
 #include <algorithm>
+#include <bit>
 #include <cstdint>
 
 namespace pc = poolcuda;
@@ -212,15 +213,22 @@ POOLCUDA_EXPORT CUresult cuMipmappedArrayCreate(CUmipmappedArray* pHandle,
     return dr::cuMipmappedArrayCreate()(pHandle, pMipmappedArrayDesc, numMipmapLevels);
   };
   if (pc::bypass()) return real();
-  // An extent of 0 (a 1D or 2D array's) stays 0.
-  auto halved = [](std::size_t extent) {
-    return extent == 0 ? 0 : std::max<std::size_t>(extent / 2, 1);
-  };
   std::size_t size = dh::kSizeUnknown;
   if (const CUDA_ARRAY3D_DESCRIPTOR* shape = pMipmappedArrayDesc; shape != nullptr) {
+    // A layered or cube map array's depth counts its layers, which every level keeps.
+    const bool layered = (shape->Flags & (CUDA_ARRAY3D_LAYERED | CUDA_ARRAY3D_CUBEMAP)) != 0;
     std::size_t width = shape->Width, height = shape->Height, depth = shape->Depth;
+    // The driver clamps the count to 1 + floor(log2(largest extent)); layers left out, so that
+    // the sum never exceeds what the driver takes.
+    const std::size_t largest = std::max({width, height, layered ? 0 : depth, std::size_t{1}});
+    const unsigned int levels = std::clamp<unsigned int>(
+        numMipmapLevels, 1, static_cast<unsigned int>(std::bit_width(largest)));
+    // An extent of 0 (a 1D or 2D array's) stays 0.
+    auto halved = [](std::size_t extent) {
+      return extent == 0 ? 0 : std::max<std::size_t>(extent / 2, 1);
+    };
     size = 0;
-    for (unsigned int level = 0; level < numMipmapLevels && size != SIZE_MAX; ++level) {
+    for (unsigned int level = 0; level < levels && size != SIZE_MAX; ++level) {
       const std::size_t bytes =
           array_bytes(width, height, depth, shape->Format, shape->NumChannels);
       if (bytes == dh::kSizeUnknown) {
@@ -230,20 +238,16 @@ POOLCUDA_EXPORT CUresult cuMipmappedArrayCreate(CUmipmappedArray* pHandle,
       size = bytes > SIZE_MAX - size ? SIZE_MAX : size + bytes;
       width = halved(width);
       height = halved(height);
-      depth = halved(depth);
+      if (!layered) depth = halved(depth);
     }
   }
   return pc::guarded([&] { return dh::with_room(size, real); });
 }
 
-// A larger heap, printf buffer or stack is device memory the context reserves when the limit
-// is set, for the device's whole thread capacity in the case of the stack: its size is not the
-// value's.
 POOLCUDA_EXPORT CUresult cuCtxSetLimit(CUlimit limit, size_t value) {
   auto real = [&] { return dr::cuCtxSetLimit()(limit, value); };
   if (pc::bypass()) return real();
-  const bool sized = limit == CU_LIMIT_MALLOC_HEAP_SIZE || limit == CU_LIMIT_PRINTF_FIFO_SIZE;
-  return pc::guarded([&] { return dh::with_room(sized ? value : dh::kSizeUnknown, real); });
+  return pc::guarded([&] { return dh::with_room(dh::limit_growth(limit, value), real); });
 }
 
 POOLCUDA_EXPORT CUresult cuCtxSynchronize() {

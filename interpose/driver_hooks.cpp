@@ -183,6 +183,31 @@ CUresult with_room_anywhere(std::size_t size, const std::function<CUresult()>& r
   return gave ? real() : result;
 }
 
+std::size_t limit_growth(CUlimit limit, std::size_t value) {
+  if (limit != CU_LIMIT_MALLOC_HEAP_SIZE && limit != CU_LIMIT_PRINTF_FIFO_SIZE &&
+      limit != CU_LIMIT_STACK_SIZE)
+    return kSizeUnknown;
+  std::size_t current = 0;
+  if (real_driver::cuCtxGetLimit()(&current, limit) != CUDA_SUCCESS || value <= current)
+    return kSizeUnknown;
+  const std::size_t more = value - current;
+  if (limit != CU_LIMIT_STACK_SIZE) return more;
+  CUdevice device = 0;
+  int multiprocessors = 0;
+  int threads = 0;
+  if (real_driver::cuCtxGetDevice()(&device) != CUDA_SUCCESS ||
+      real_driver::cuDeviceGetAttribute()(&multiprocessors,
+                                          CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
+                                          device) != CUDA_SUCCESS ||
+      real_driver::cuDeviceGetAttribute()(
+          &threads, CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR, device) != CUDA_SUCCESS ||
+      multiprocessors <= 0 || threads <= 0)
+    return more;  // at least that much
+  const std::size_t resident = static_cast<std::size_t>(multiprocessors) *
+                               static_cast<std::size_t>(threads);
+  return more > SIZE_MAX / resident ? SIZE_MAX : more * resident;
+}
+
 // Note [Memory info after a synchronize] in pooling.cpp; only the primary context is pooled.
 CUresult ctx_synchronize() {
   const driver::CurrentContext ctx = driver::current_context();

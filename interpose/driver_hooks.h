@@ -29,6 +29,11 @@ CUresult with_room_on(int device, std::size_t size, const std::function<CUresult
 // The same for memory of a device the library cannot tell (a memory pool's): the current
 // device's idle memory goes back first, and every other device's when that was not enough.
 CUresult with_room_anywhere(std::size_t size, const std::function<CUresult()>& real);
+// The device memory the current context takes more when `limit` is set to `value`: a larger
+// heap or printf buffer takes the difference, a larger stack the difference for every thread
+// the device holds at once; kSizeUnknown for other limits, a smaller value, or when the driver
+// does not tell.
+std::size_t limit_growth(CUlimit limit, std::size_t value);
 CUresult mem_get_info(std::size_t* free_bytes, std::size_t* total_bytes);
 CUresult ctx_synchronize();
 // cuCtxSynchronize_v2: the same for `ctx`, or the current context when it is null.

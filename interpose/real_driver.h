@@ -36,6 +36,8 @@ void* symbol(const char* name);
   X(cuCtxGetDevice, "cuCtxGetDevice", 2000)                                 \
   X(cuCtxGetId, "cuCtxGetId", 12000)                                        \
   X(cuCtxSynchronize, "cuCtxSynchronize", 2000)                             \
+  X(cuCtxGetLimit, "cuCtxGetLimit", 3010)                                   \
+  X(cuDeviceGetAttribute, "cuDeviceGetAttribute", 2000)                     \
   X(cuDeviceGetCount, "cuDeviceGetCount", 2000)                             \
   X(cuDevicePrimaryCtxGetState, "cuDevicePrimaryCtxGetState", 7000)         \
   X(cuDevicePrimaryCtxRetain, "cuDevicePrimaryCtxRetain", 7000)             \

@@ -7,8 +7,11 @@
 // cuMemAllocManaged, cuMemAllocAsync, cuMemAllocFromPoolAsync, cuMemCreate, cuArrayCreate,
 // cuArray3DCreate, cuMipmappedArrayCreate and cuCtxSetLimit's heap. Each succeeds, as it does
 // without the library, and the runtime's leave the last-error slot as the plain call does:
-// clean when it was clean, the program's own error when it held one. An array larger than the
-// device fails without taking the pools' idle page from them. A child whose layout has no
+// clean when it was clean, the program's own error when it held one. A mipmapped array asked for
+// more levels than it can have gets the ones it has. On the stand-in, limits weigh what they add
+// (a heap larger than the device that adds less than it succeeds), and an array or a stack
+// larger than the device fails without taking the pools' idle page from them. A child whose
+// layout has no
 // pool for 700 MiB does the same with cudaMalloc and cuMemAlloc, which the pools then pass to
 // the driver, and with cuMemAlloc in a context of cuCtxCreate, whose memory is never pooled. A
 // cudaMallocAsync larger than a budget's limit (which does not charge it) but not than the
@@ -17,6 +20,7 @@
 // Runs on a GPU too, where 700 MiB only needs to fit next to nothing else.
 #include <cuda.h>
 
+#include <climits>
 #include <cstdio>
 #include <functional>
 #include <string>
@@ -79,12 +83,14 @@ cudaError_t runtime_array(std::function<void()>* release, bool three_d) {
 constexpr std::size_t kMipmapRows = kTexelRows * 4 / 5;
 constexpr unsigned kMipmapLevels = 2;
 
-cudaError_t runtime_mipmapped_array(std::function<void()>* release) {
+// `levels` past the last (1 + log2 of the largest extent) are clamped by the driver: every
+// level, 747 MiB in all.
+cudaError_t runtime_mipmapped_array(std::function<void()>* release, unsigned levels) {
   const cudaChannelFormatDesc texel =
       cudaCreateChannelDesc(8, 8, 8, 8, cudaChannelFormatKindUnsigned);
   cudaMipmappedArray_t array = nullptr;
   const cudaError_t result = cudaMallocMipmappedArray(
-      &array, &texel, cudaExtent{kTexelsWide, kMipmapRows, 0}, kMipmapLevels);
+      &array, &texel, cudaExtent{kTexelsWide, kMipmapRows, 0}, levels);
   *release = [array] { CHECK_CUDA(cudaFreeMipmappedArray(array)); };
   return result;
 }
@@ -164,6 +170,31 @@ void array_beyond_the_device() {
   CHECK(cuArrayCreate_v2(&array, &shape) == CUDA_ERROR_OUT_OF_MEMORY);
   CHECK_MSG(preload_test::counter("live_bytes") == live,
             "an array larger than the device emptied the pools");
+}
+
+// A limit costs what it adds (the stand-in charges the excess over the defaults: 8 MiB of heap,
+// 1 KiB of stack for each of 132 x 2048 threads). A heap of 1 GiB + 4 MiB adds 1020 MiB, which
+// fits the device once the pools give their idle page back; a stack of 4 KiB adds 792 MiB; a
+// stack larger than the device (8 KiB adds 1.8 GiB) keeps the pools' idle page, as an array
+// larger than the device does.
+void limits_by_their_growth() {
+  driver_handle("cuCtxSetLimit of a heap larger than the device", [](std::function<void()>* release) {
+    const CUresult result = cuCtxSetLimit(CU_LIMIT_MALLOC_HEAP_SIZE, (1u << 30) + (4u << 20));
+    *release = [] { CHECK_CU(cuCtxSetLimit(CU_LIMIT_MALLOC_HEAP_SIZE, kDefaultHeap)); };
+    return result;
+  });
+  driver_handle("cuCtxSetLimit of the stack", [](std::function<void()>* release) {
+    const CUresult result = cuCtxSetLimit(CU_LIMIT_STACK_SIZE, 4096);
+    *release = [] { CHECK_CU(cuCtxSetLimit(CU_LIMIT_STACK_SIZE, 1024)); };
+    return result;
+  });
+  leave_an_idle_page();
+  const std::uint64_t live = preload_test::counter("live_bytes");
+  for (const std::size_t stack : {std::size_t{8192}, SIZE_MAX / 2}) {  // 1.8 GiB, and overflow
+    CHECK(cuCtxSetLimit(CU_LIMIT_STACK_SIZE, stack) == CUDA_ERROR_OUT_OF_MEMORY);
+    CHECK_MSG(preload_test::counter("live_bytes") == live,
+              "a stack larger than the device emptied the pools: " + std::to_string(stack));
+  }
 }
 
 // Under a layout whose largest pool takes 512 MiB: two 400 MiB pooled buffers, freed.
@@ -263,7 +294,12 @@ int main(int argc, char** argv) {
     runtime_allocation("cudaMalloc3DArray", [](std::function<void()>* release) {
       return runtime_array(release, true);
     }, dirty);
-    runtime_allocation("cudaMallocMipmappedArray", runtime_mipmapped_array, dirty);
+    runtime_allocation("cudaMallocMipmappedArray", [](std::function<void()>* release) {
+      return runtime_mipmapped_array(release, kMipmapLevels);
+    }, dirty);
+    runtime_allocation("cudaMallocMipmappedArray of every level", [](std::function<void()>* release) {
+      return runtime_mipmapped_array(release, UINT_MAX);
+    }, dirty);
     runtime_allocation("cudaMallocFromPoolAsync", runtime_pool_allocation, dirty);
     runtime_allocation("cudaDeviceSetLimit", runtime_heap_limit, dirty);
   }
@@ -328,7 +364,10 @@ int main(int argc, char** argv) {
     *release = [] { CHECK_CU(cuCtxSetLimit(CU_LIMIT_MALLOC_HEAP_SIZE, kDefaultHeap)); };
     return result;
   });
-  if (preload_test::on_stand_in()) array_beyond_the_device();  // a GPU has more than 2 GiB
+  if (preload_test::on_stand_in()) {  // a GPU has more than 2 GiB, and other limits' costs
+    array_beyond_the_device();
+    limits_by_their_growth();
+  }
   const preload_test::ChildResult passed = preload_test::run_self(
       "passed-through", {"POOLCUDA_CONF=pools:[sliced(page=2M,slice=512K);exclusive(max=512M)]"});
   CHECK_MSG(passed.status == 0, passed.output);

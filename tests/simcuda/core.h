@@ -32,6 +32,11 @@ namespace poolcuda::sim {
 // worker thread runs an operation with no lock held; an operation may take state_mutex (e.g. to
 // release a graph), so enqueueing code must never wait on a stream while holding state_mutex.
 
+// Every device's shape as both APIs report it (an H100 SXM or H200): multiprocessors, and the
+// threads one holds at once. The context limits' stacks are sized from them.
+inline constexpr int kMultiprocessors = 132;
+inline constexpr int kThreadsPerMultiprocessor = 2048;
+
 struct Config {
   int devices = 1;
   size_t memory = size_t{16} << 30;

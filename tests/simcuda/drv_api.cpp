@@ -51,6 +51,21 @@ CUresult cuDeviceTotalMem_v2(size_t* bytes, CUdevice dev) {
   return CUDA_SUCCESS;
 }
 
+// Only the device's shape, which sizes its threads' stacks (core.h); other attributes are not
+// modelled in the driver.
+CUresult cuDeviceGetAttribute(int* value, CUdevice_attribute attrib, CUdevice dev) {
+  if (CUresult r = guard()) return r;
+  if (!value) return CUDA_ERROR_INVALID_VALUE;
+  if (!valid_device(dev)) return CUDA_ERROR_INVALID_DEVICE;
+  switch (attrib) {
+    case CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT: *value = kMultiprocessors; return CUDA_SUCCESS;
+    case CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR:
+      *value = kThreadsPerMultiprocessor;
+      return CUDA_SUCCESS;
+    default: return CUDA_ERROR_NOT_SUPPORTED;
+  }
+}
+
 CUresult cuDeviceGetName(char* name, int len, CUdevice dev) {
   if (CUresult r = guard()) return r;
   if (!name || len <= 0) return CUDA_ERROR_INVALID_VALUE;
@@ -224,6 +239,7 @@ const Entry kEntries[] = {
     {"cuDeviceGet", 2000, false, SIM_FN(cuDeviceGet)},
     {"cuDeviceGetCount", 2000, false, SIM_FN(cuDeviceGetCount)},
     {"cuDeviceGetName", 2000, false, SIM_FN(cuDeviceGetName)},
+    {"cuDeviceGetAttribute", 2000, false, SIM_FN(cuDeviceGetAttribute)},
     {"cuDeviceTotalMem", 2000, false, SIM_FN(cuDeviceTotalMem)},
     {"cuDeviceTotalMem", 3020, false, SIM_FN(cuDeviceTotalMem_v2)},
     {"cuCtxCreate", 3020, false, SIM_FN(cuCtxCreate_v2)},

@@ -29,9 +29,8 @@ namespace {
 // (the stand-in's contexts share their device's memory, core.h), so it returns every context of
 // the device to the default limits, not only the primary one.
 
-// The threads a device holds at once: the multiprocessors and threads per multiprocessor the
-// runtime stand-in reports (132 x 2048, an H100 SXM or H200).
-constexpr size_t kResidentThreads = size_t{132} * 2048;
+// The threads a device holds at once.
+constexpr size_t kResidentThreads = size_t{kMultiprocessors} * kThreadsPerMultiprocessor;
 
 enum class Rule {
   reserves,     // heap, FIFO, stack: device memory beyond the default

@@ -37,7 +37,7 @@ void fill_properties(cudaDeviceProp* p, int device) {
   p->minor = 0;
   p->textureAlignment = 512;
   p->texturePitchAlignment = 32;
-  p->multiProcessorCount = 132;
+  p->multiProcessorCount = kMultiprocessors;
   p->canMapHostMemory = 1;
   p->concurrentKernels = 1;
   p->pciBusID = device + 1;
@@ -45,7 +45,7 @@ void fill_properties(cudaDeviceProp* p, int device) {
   p->unifiedAddressing = 1;
   p->memoryBusWidth = 5120;
   p->l2CacheSize = 50 << 20;
-  p->maxThreadsPerMultiProcessor = 2048;
+  p->maxThreadsPerMultiProcessor = kThreadsPerMultiprocessor;
   p->streamPrioritiesSupported = 1;
   p->sharedMemPerMultiprocessor = 228 << 10;
   p->regsPerMultiprocessor = 65536;
