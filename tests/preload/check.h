@@ -157,6 +157,25 @@ struct ChildResult {
 // 0 for none) a child still running after it is killed (SIGKILL) and marked timed_out.
 inline ChildResult run_self(const char* argument, const std::vector<std::string>& env,
                             int time_limit = 0) {
+  // Everything the child needs is made before the fork: a thread of this process (a sanitizer's,
+  // the library's) may hold the heap's lock at the fork, and the child would wait for it forever.
+  char self[4096];
+  const ssize_t length = ::readlink("/proc/self/exe", self, sizeof self - 1);
+  if (length <= 0) fail(__FILE__, __LINE__, "readlink /proc/self/exe");
+  self[length] = '\0';
+  std::vector<std::string> entries;
+  for (char** at = environ; *at != nullptr; ++at) entries.emplace_back(*at);
+  for (const std::string& change : env) {
+    const std::string name = change.substr(0, change.find('='));
+    std::erase_if(entries, [&](const std::string& entry) {
+      return entry.compare(0, name.size() + 1, name + "=") == 0;
+    });
+    if (change.find('=') != std::string::npos) entries.push_back(change);
+  }
+  std::vector<char*> envp;
+  for (std::string& entry : entries) envp.push_back(entry.data());
+  envp.push_back(nullptr);
+  char* argv[] = {self, const_cast<char*>(argument), nullptr};
   int fds[2];
   if (::pipe(fds) != 0) fail(__FILE__, __LINE__, "pipe");
   pid_t pid = ::fork();
@@ -166,20 +185,7 @@ inline ChildResult run_self(const char* argument, const std::vector<std::string>
     ::dup2(fds[1], 2);
     ::close(fds[0]);
     ::close(fds[1]);
-    for (const std::string& entry : env) {
-      auto eq = entry.find('=');
-      if (eq == std::string::npos) {
-        ::unsetenv(entry.c_str());
-      } else {
-        ::setenv(entry.substr(0, eq).c_str(), entry.substr(eq + 1).c_str(), 1);
-      }
-    }
-    char self[4096];
-    ssize_t n = ::readlink("/proc/self/exe", self, sizeof self - 1);
-    if (n <= 0) ::_exit(125);
-    self[n] = '\0';
-    char* argv[] = {self, const_cast<char*>(argument), nullptr};
-    ::execv(self, argv);
+    ::execve(self, argv, envp.data());
     ::_exit(126);
   }
   ::close(fds[1]);
