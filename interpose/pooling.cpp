@@ -445,9 +445,9 @@ bool ipc_exportable(const char* api, const void* ptr) {
 // driver, never from the pools, and so do plain allocations of a size no pool takes, those made
 // in a context of cuCtxCreate, a memory pool's allocations, physical memory (cuMemCreate),
 // arrays (mipmapped too), and what a context takes for a larger heap, printf buffer or stack
-// (cuCtxSetLimit); but they all draw on the same device: the pools' idle pages and the memory waiting for
-// its free fences are memory plain CUDA would have given back at the program's frees, and so are
-// managed slabs with nothing live in them. So such a call that the driver (or the budget)
+// (cuCtxSetLimit); but they all draw on the same device: the pools' idle pages and the memory
+// waiting for its free fences are memory plain CUDA would have given back at the program's
+// frees, and so are managed slabs with nothing live in them. So such a call that the driver (or the budget)
 // refuses for lack of memory gets all of it back (give_back_idle) and is tried once more: under
 // the pools it fails only where the plain call would. (Managed slabs wait while a capture is
 // open: a trim records fences, which a capture must never see.) The runtime's calls also keep
