@@ -3,7 +3,8 @@
 // used the device, and by cuDevicePrimaryCtxRetain), contexts made by cuCtxCreate, each
 // thread's current context and the contexts below it (cuCtxCreate pushes, cuCtxDestroy pops),
 // and the device reset that a primary context's reset or last release performs (which also
-// returns the device's contexts to their default limits, limits.cpp). Depends only on core.h.
+// returns the device's contexts to their default limits, limits.cpp, and drops the code loaded
+// on the device, code.cpp). Depends only on core.h.
 #include "core.h"
 
 #include <atomic>
@@ -126,6 +127,7 @@ cudaError_t destroy_context(Context* ctx) {
       ctx->destroyed = true;
     }
     drop_context_limits(ctx);  // its heap, FIFO and stack reservations go with it
+    drop_context_code(ctx);    // and the modules loaded into it
   }
   if (thread_context() == ctx) {  // popped, as by cuCtxPopCurrent
     std::vector<Context*>& below = contexts_below();
@@ -145,6 +147,7 @@ void device_reset(int device) {
   device_reset_streams(device);
   device_reset_events(device);
   drop_limits(device);
+  drop_code(device);
   mem_free_all(device);
 }
 

@@ -1,14 +1,14 @@
 // The CUDA stand-in's core: configuration, counters, device memory arenas, streams with their
 // worker threads, events, the race detector, capture state, graphs and user objects, contexts
-// and their limits. Both stand-in libraries (libcudart.so.13 and libcuda.so.1) are thin shims
-// over this one shared library, so the runtime and the driver see the same devices, memory and
-// streams.
+// and their limits, the memory code takes. Both stand-in libraries (libcudart.so.13 and
+// libcuda.so.1) are thin shims over this one shared library, so the runtime and the driver see
+// the same devices, memory and streams.
 //
 // Locking (see Note [Lock order]): state_mutex() guards registries, capture state and event
 // record state; each Stream has its own queue mutex; memory, user objects and the race detector
-// have leaf mutexes of their own; context limits have one taken before memory's. Nothing waits
-// for a stream while holding state_mutex(). This layer must not depend on the exported shims
-// (rt_*.cpp, drv_api.cpp).
+// have leaf mutexes of their own; context limits and code memory have one each, taken before
+// memory's. Nothing waits for a stream while holding state_mutex(). This layer must not depend
+// on the exported shims (rt_*.cpp, drv_api.cpp).
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -28,9 +28,10 @@
 namespace poolcuda::sim {
 
 // Note [Lock order]
-// state_mutex -> Stream::m -> {mem, user objects, race, event time} (leaves); limits -> mem. A
-// worker thread runs an operation with no lock held; an operation may take state_mutex (e.g. to
-// release a graph), so enqueueing code must never wait on a stream while holding state_mutex.
+// state_mutex -> Stream::m -> {mem, user objects, race, event time} (leaves); limits -> mem;
+// code -> mem. A worker thread runs an operation with no lock held; an operation may take
+// state_mutex (e.g. to release a graph), so enqueueing code must never wait on a stream while
+// holding state_mutex.
 
 // Every device's shape as both APIs report it (an H100 SXM or H200): multiprocessors, and the
 // threads one holds at once. The context limits' stacks are sized from them.
@@ -52,6 +53,9 @@ struct Config {
   // runtime entry does (SIMCUDA_GET_DEVICE_BINDS=0: it only reads the thread's device, as a real
   // runtime's query may).
   bool get_device_binds = true;
+  // The device memory one module of code takes when loaded, by a kernel's first launch on a
+  // device or explicitly (SIMCUDA_CODE_BYTES; Note [Code memory] in code.cpp).
+  size_t code_bytes = 0;
 };
 const Config& config();
 // Waits config().free_delay_us: the latency of cudaFree / cuMemFree before the lookup.
@@ -83,6 +87,7 @@ enum class Counter {
   cuMipmappedArrayDestroy,
   cuCtxSetLimit,
   cuCtxGetLimit,
+  cuLaunchKernel,  // cuLaunchKernel and cuLaunchKernel_ptsz
   count_
 };
 void bump(Counter c);
@@ -397,7 +402,7 @@ Context* create_context(int device);
 cudaError_t destroy_context(Context* ctx);
 // cudaDeviceReset, cuDevicePrimaryCtxReset, the last release of a primary context: every capture
 // of the device is invalidated, its work drained, its streams, events and memory destroyed, and
-// its contexts' limits back at their defaults.
+// its contexts' limits back at their defaults, its code unloaded (drop_code).
 void device_reset(int device);
 
 // ---- Context limits (limits.cpp) -----------------------------------------------------------
@@ -414,5 +419,25 @@ bool limit_reserves_memory(int limit);
 // defaults (a device reset); drop_context_limits does it for one context (its destruction).
 void drop_limits(int device);
 void drop_context_limits(const Context* ctx);
+
+// ---- Device code (code.cpp) ----------------------------------------------------------------
+// The memory modules of code take on their device (Note [Code memory] in code.cpp).
+// A launch of `fn` (any non-null key) on `device`: its first loads the function's module,
+// config().code_bytes of the device's memory; cudaErrorMemoryAllocation, nothing remembered, when
+// the device cannot hold it; cudaSuccess once loaded (or when code_bytes is 0).
+cudaError_t load_for_launch(int device, const void* fn);
+enum class CodeKind { module, library };
+// An explicit load into `ctx` (a library is charged to ctx's device but belongs to no context):
+// a fresh handle in *handle; cudaErrorMemoryAllocation, *handle untouched, when the device cannot
+// hold it.
+cudaError_t code_load(const Context* ctx, CodeKind kind, void** handle);
+// Unloads a handle code_load returned for `kind` and gives its memory back;
+// cudaErrorInvalidResourceHandle when it is not loaded (unknown, unloaded, or gone with a reset).
+cudaError_t code_unload(const void* handle, CodeKind kind);
+// A device reset: forgets the device's lazily loaded modules and unloads its contexts' modules,
+// their memory freed; the device's libraries stay loaded without memory.
+void drop_code(int device);
+// A created context destroyed: its modules are unloaded.
+void drop_context_code(const Context* ctx);
 
 }  // namespace poolcuda::sim

@@ -4,7 +4,8 @@
 // point variant, as the real driver does (see Note [Driver entry point table]). Memory, streams
 // and events are in drv_work.cpp; physical allocations, arrays, mipmapped arrays and explicit
 // memory pools in drv_unpooled.cpp; context limits in drv_limits.cpp; capture, graphs and user
-// objects in drv_capture.cpp. Shares all state with the runtime stand-in through the core.
+// objects in drv_capture.cpp; launches and module and library loads in drv_code.cpp. Shares all
+// state with the runtime stand-in through the core.
 #include <cstdio>
 #include <cstring>
 
@@ -223,8 +224,8 @@ namespace {
 // the requested name and flavour, the newest whose version does not exceed the caller's; a name
 // with no per-thread flavour serves both. Versions below a _v2's introduction get the v1 row,
 // which the stand-in exports but may not implement (32-bit sizes: CUDA_ERROR_NOT_SUPPORTED).
-// Rows whose function is one of the generated fallbacks (cuLaunchKernel, cuCtxCreate_v3...) are
-// listed so that the version rules hold; calling them reports "not supported".
+// Rows whose function is one of the generated fallbacks (cuCtxCreate_v3...) are listed so that
+// the version rules hold; calling them reports "not supported".
 struct Entry {
   const char* name;
   int version;
@@ -356,6 +357,18 @@ const Entry kEntries[] = {
     {"cuGraphReleaseUserObject", 11030, false, SIM_FN(cuGraphReleaseUserObject)},
     {"cuLaunchKernel", 4000, false, SIM_FN(cuLaunchKernel)},
     {"cuLaunchKernel", 7000, true, SIM_FN(cuLaunchKernel_ptsz)},
+    {"cuLaunchKernelEx", 11060, false, SIM_FN(cuLaunchKernelEx)},
+    {"cuLaunchKernelEx", 11060, true, SIM_FN(cuLaunchKernelEx_ptsz)},
+    {"cuLaunchCooperativeKernel", 9000, false, SIM_FN(cuLaunchCooperativeKernel)},
+    {"cuLaunchCooperativeKernel", 9000, true, SIM_FN(cuLaunchCooperativeKernel_ptsz)},
+    {"cuModuleLoad", 2000, false, SIM_FN(cuModuleLoad)},
+    {"cuModuleLoadData", 2000, false, SIM_FN(cuModuleLoadData)},
+    {"cuModuleLoadDataEx", 2010, false, SIM_FN(cuModuleLoadDataEx)},
+    {"cuModuleLoadFatBinary", 2000, false, SIM_FN(cuModuleLoadFatBinary)},
+    {"cuModuleUnload", 2000, false, SIM_FN(cuModuleUnload)},
+    {"cuLibraryLoadData", 12000, false, SIM_FN(cuLibraryLoadData)},
+    {"cuLibraryLoadFromFile", 12000, false, SIM_FN(cuLibraryLoadFromFile)},
+    {"cuLibraryUnload", 12000, false, SIM_FN(cuLibraryUnload)},
     {"cuGetProcAddress", 11030, false, SIM_FN(cuGetProcAddress)},
     {"cuGetProcAddress", 12000, false, SIM_FN(cuGetProcAddress_v2)},
 };

@@ -106,6 +106,13 @@ CUresult cuLaunchKernel_ptsz(CUfunction f, unsigned int grid_x, unsigned int gri
                              unsigned int grid_z, unsigned int block_x, unsigned int block_y,
                              unsigned int block_z, unsigned int shared_bytes, CUstream stream,
                              void** params, void** extra);
+CUresult cuLaunchKernelEx_ptsz(const CUlaunchConfig* config, CUfunction f, void** params,
+                               void** extra);
+CUresult cuLaunchCooperativeKernel_ptsz(CUfunction f, unsigned int grid_x, unsigned int grid_y,
+                                        unsigned int grid_z, unsigned int block_x,
+                                        unsigned int block_y, unsigned int block_z,
+                                        unsigned int shared_bytes, CUstream stream,
+                                        void** params);
 }
 
 namespace poolcuda::sim::drv {

@@ -7,10 +7,13 @@
 // point by base name, CUDA version and stream flavour. The static archive of the stand-in
 // (libcudart_static_sim.a, the same rt_*.cpp built with SIMCUDA_STATIC_RUNTIME) does the same
 // for the calls an allocator cares about: cudaMalloc, cudaFree, cudaMallocManaged,
-// cudaMemGetInfo, the stream create/destroy calls and capture begin/end. Everything else but the
-// array and explicit-pool calls (below) calls the shared core directly (the state the driver
-// stand-in sees too). A test program linked with the archive and not with libcudart.so.13 is
-// therefore, to an interposer, exactly a program built with nvcc's default static cudart.
+// cudaMemGetInfo, the stream create/destroy calls, capture begin/end, and the kernel launches
+// (whose first one on a device loads the kernel's module into device memory: cudaLaunchKernel,
+// cudaLaunchKernelExC, cudaLaunchCooperativeKernel, __cudaLaunchKernel and their _ptsz forms, all
+// through cuLaunchKernel or its _ptsz form). Everything else but the array and explicit-pool
+// calls (below) calls the shared core directly (the state the driver stand-in sees too). A test
+// program linked with the archive and not with libcudart.so.13 is therefore, to an interposer,
+// exactly a program built with nvcc's default static cudart.
 //
 // Both builds make their array, mipmapped-array, explicit-pool and limit calls (cudaMallocArray,
 // cudaMalloc3DArray, cudaFreeArray, cudaMallocMipmappedArray, cudaGetMipmappedArrayLevel,
@@ -200,6 +203,22 @@ cudaError_t end_capture(cudaStream_t stream, cudaGraph_t* graph, bool per_thread
   }
   SIM_DRIVER(end, End, "cuStreamEndCapture", 10000);
   return as_rt(end(as_cu(stream), reinterpret_cast<CUgraph*>(graph)));
+}
+
+cudaError_t launch_kernel(const void* func, dim3 grid, dim3 block, void** args, size_t shared_bytes,
+                          cudaStream_t stream, bool per_thread) {
+  if (!func) return cudaErrorInvalidDeviceFunction;
+  using Launch = decltype(&cuLaunchKernel);
+  auto* f = reinterpret_cast<CUfunction>(const_cast<void*>(func));
+  const auto shared = static_cast<unsigned int>(shared_bytes);
+  if (per_thread) {
+    SIM_DRIVER(launch, Launch, "cuLaunchKernel", 7000, true);
+    return as_rt(launch(f, grid.x, grid.y, grid.z, block.x, block.y, block.z, shared,
+                        as_cu(stream), args, nullptr));
+  }
+  SIM_DRIVER(launch, Launch, "cuLaunchKernel", 4000);
+  return as_rt(launch(f, grid.x, grid.y, grid.z, block.x, block.y, block.z, shared, as_cu(stream),
+                      args, nullptr));
 }
 
 // cudaMallocArray: the 2D entry point; flags (surface load/store) only fit the 3D descriptor.

@@ -4,8 +4,8 @@
 // array, mipmapped-array, explicit-pool and device-limit calls use it in both builds (their
 // `via_driver` functions below), as the real runtime's do. In the static-runtime archive
 // (SIMCUDA_STATIC_RUNTIME, see Note [Static runtime] in rt_driver.cpp) the memory, memory-info,
-// stream create/destroy and capture begin/end entry points also go through it, exactly like a
-// program built with nvcc's default static cudart.
+// stream create/destroy, capture begin/end and kernel launch entry points also go through it,
+// exactly like a program built with nvcc's default static cudart.
 #pragma once
 
 #include "rt_common.h"
@@ -32,6 +32,11 @@ cudaError_t stream_create_with_priority(cudaStream_t* stream, unsigned int flags
 cudaError_t stream_destroy(cudaStream_t stream);
 cudaError_t begin_capture(cudaStream_t stream, cudaStreamCaptureMode mode, bool per_thread);
 cudaError_t end_capture(cudaStream_t stream, cudaGraph_t* graph, bool per_thread);
+// Every kernel launch (cuLaunchKernel, or its _ptsz form for the runtime's _ptsz forms): the
+// driver loads the function's module, then refuses. A null function never reaches the driver
+// (cudaErrorInvalidDeviceFunction).
+cudaError_t launch_kernel(const void* func, dim3 grid, dim3 block, void** args, size_t shared_bytes,
+                          cudaStream_t stream, bool per_thread);
 
 // Both builds. Height 0 is a 1D array; a channel description no CUDA array holds is
 // cudaErrorInvalidChannelDescriptor. Freeing NULL does nothing.

@@ -1,13 +1,16 @@
 // Runtime stand-in entry points for device code, which the stand-in cannot run. Registration of
 // a module (__cudaRegisterFatBinary, then its kernels and variables) is accepted with one line on
 // stderr per module: those calls have no error channel, and a program that never launches its
-// kernels must still run. Every launch fails with cudaErrorNotSupported, also left as the
-// thread's last error, with one line on stderr: the <<<...>>> syntax (__cudaPushCallConfiguration,
-// __cudaPopCallConfiguration, __cudaLaunchKernel), cudaLaunchKernel, cudaLaunchKernelExC,
-// cudaLaunchCooperativeKernel and their _ptsz variants.
+// kernels must still run. A launch (the <<<...>>> syntax: __cudaPushCallConfiguration,
+// __cudaPopCallConfiguration, __cudaLaunchKernel; cudaLaunchKernel, cudaLaunchKernelExC,
+// cudaLaunchCooperativeKernel and their _ptsz variants) first loads the kernel's module, which
+// takes device memory at the kernel's first launch on a device (Note [Code memory] in code.cpp;
+// cudaErrorMemoryAllocation when the device cannot hold it), then fails with
+// cudaErrorNotSupported and one line on stderr; either error is left as the thread's last error.
+// The static runtime launches through the driver's cuLaunchKernel (Note [Static runtime]).
 #include <cstdio>
 
-#include "rt_common.h"
+#include "rt_driver.h"
 
 using namespace poolcuda::sim;
 
@@ -58,10 +61,30 @@ LaunchConfiguration& pushed() {
   return configuration;
 }
 
-cudaError_t refuse_launch(const char* name) {
+// Every launch of `func` (a kernel's host stub, or its cudaKernel_t: the same pointer) with
+// this configuration.
+cudaError_t launch(const char* name, const void* func, dim3 grid, dim3 block, void** args,
+                   size_t shared_bytes, cudaStream_t stream, bool per_thread) {
   SIM_ENTER();
+  if (rt::kStaticRuntime) {
+    SIM_RETURN(
+        via_driver::launch_kernel(func, grid, block, args, shared_bytes, stream, per_thread));
+  }
+  if (!func) SIM_RETURN(cudaErrorInvalidDeviceFunction);
+  if (cudaError_t err = load_for_launch(current_device(), func); err != cudaSuccess)
+    SIM_RETURN(err);
   std::fprintf(stderr, "simcuda: %s: the CUDA stand-in cannot run device code\n", name);
   SIM_RETURN(cudaErrorNotSupported);
+}
+
+cudaError_t launch_ex(const char* name, const cudaLaunchConfig_t* config, const void* func,
+                      void** args, bool per_thread) {
+  if (!config) {
+    SIM_ENTER();
+    SIM_RETURN(cudaErrorInvalidValue);
+  }
+  return launch(name, func, config->gridDim, config->blockDim, args, config->dynamicSmemBytes,
+                config->stream, per_thread);
 }
 
 }  // namespace
@@ -107,28 +130,36 @@ cudaError_t __cudaGetKernel(cudaKernel_t* kernel, const void* function) {
   return cudaSuccess;
 }
 
-cudaError_t __cudaLaunchKernel(cudaKernel_t, dim3, dim3, void**, size_t, cudaStream_t) {
-  return refuse_launch("__cudaLaunchKernel");
+cudaError_t __cudaLaunchKernel(cudaKernel_t kernel, dim3 grid, dim3 block, void** args,
+                               size_t shared_bytes, cudaStream_t stream) {
+  return launch("__cudaLaunchKernel", kernel, grid, block, args, shared_bytes, stream, false);
 }
-cudaError_t __cudaLaunchKernel_ptsz(cudaKernel_t, dim3, dim3, void**, size_t, cudaStream_t) {
-  return refuse_launch("__cudaLaunchKernel_ptsz");
+cudaError_t __cudaLaunchKernel_ptsz(cudaKernel_t kernel, dim3 grid, dim3 block, void** args,
+                                    size_t shared_bytes, cudaStream_t stream) {
+  return launch("__cudaLaunchKernel_ptsz", kernel, grid, block, args, shared_bytes, stream, true);
 }
-cudaError_t cudaLaunchKernel(const void*, dim3, dim3, void**, size_t, cudaStream_t) {
-  return refuse_launch("cudaLaunchKernel");
+cudaError_t cudaLaunchKernel(const void* func, dim3 grid, dim3 block, void** args,
+                             size_t shared_bytes, cudaStream_t stream) {
+  return launch("cudaLaunchKernel", func, grid, block, args, shared_bytes, stream, false);
 }
-cudaError_t cudaLaunchKernel_ptsz(const void*, dim3, dim3, void**, size_t, cudaStream_t) {
-  return refuse_launch("cudaLaunchKernel_ptsz");
+cudaError_t cudaLaunchKernel_ptsz(const void* func, dim3 grid, dim3 block, void** args,
+                                  size_t shared_bytes, cudaStream_t stream) {
+  return launch("cudaLaunchKernel_ptsz", func, grid, block, args, shared_bytes, stream, true);
 }
-cudaError_t cudaLaunchKernelExC(const cudaLaunchConfig_t*, const void*, void**) {
-  return refuse_launch("cudaLaunchKernelExC");
+cudaError_t cudaLaunchKernelExC(const cudaLaunchConfig_t* config, const void* func, void** args) {
+  return launch_ex("cudaLaunchKernelExC", config, func, args, false);
 }
-cudaError_t cudaLaunchKernelExC_ptsz(const cudaLaunchConfig_t*, const void*, void**) {
-  return refuse_launch("cudaLaunchKernelExC_ptsz");
+cudaError_t cudaLaunchKernelExC_ptsz(const cudaLaunchConfig_t* config, const void* func,
+                                     void** args) {
+  return launch_ex("cudaLaunchKernelExC_ptsz", config, func, args, true);
 }
-cudaError_t cudaLaunchCooperativeKernel(const void*, dim3, dim3, void**, size_t, cudaStream_t) {
-  return refuse_launch("cudaLaunchCooperativeKernel");
+cudaError_t cudaLaunchCooperativeKernel(const void* func, dim3 grid, dim3 block, void** args,
+                                        size_t shared_bytes, cudaStream_t stream) {
+  return launch("cudaLaunchCooperativeKernel", func, grid, block, args, shared_bytes, stream,
+                false);
 }
-cudaError_t cudaLaunchCooperativeKernel_ptsz(const void*, dim3, dim3, void**, size_t,
-                                             cudaStream_t) {
-  return refuse_launch("cudaLaunchCooperativeKernel_ptsz");
+cudaError_t cudaLaunchCooperativeKernel_ptsz(const void* func, dim3 grid, dim3 block, void** args,
+                                             size_t shared_bytes, cudaStream_t stream) {
+  return launch("cudaLaunchCooperativeKernel_ptsz", func, grid, block, args, shared_bytes, stream,
+                true);
 }

@@ -27,9 +27,10 @@ extern "C" {
  * "cuMemRelease", "cuArrayCreate" (cuArrayCreate_v2 and cuArray3DCreate_v2), "cuArrayDestroy",
  * "cuMemAllocFromPoolAsync" (and _ptsz), "cuMipmappedArrayCreate", "cuMipmappedArrayDestroy",
  * "cuCtxSetLimit", "cuCtxGetLimit" (the runtime's array, mipmapped-array, pool and device-limit
- * calls reach these driver functions, so they count too); races detected so far for "races";
- * the current number and requested bytes of live device-memory allocations (every kind, every
- * device, a context's limit reservation included) for "live_allocations" and "live_bytes"; the
+ * calls reach these driver functions, so they count too), "cuLaunchKernel" (and _ptsz, which the
+ * static runtime's launches reach); races detected so far for "races"; the current number and
+ * requested bytes of live device-memory allocations (every kind, every device, a context's limit
+ * reservation and loaded code included) for "live_allocations" and "live_bytes"; the
  * most "live_bytes" reached since the last reset for "live_bytes_peak". Unknown names give
  * UINT64_MAX. */
 uint64_t simcuda_counter(const char* name);

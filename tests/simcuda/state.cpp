@@ -48,6 +48,13 @@ Config load_config() {
       std::abort();
     }
   }
+  if (const char* v = std::getenv("SIMCUDA_CODE_BYTES")) {
+    if (!parse_size(v, &c.code_bytes)) {
+      std::fprintf(stderr,
+                   "simcuda: SIMCUDA_CODE_BYTES=%s: expected a byte count such as 0 or 2M\n", v);
+      std::abort();
+    }
+  }
   c.op_delay_us = delay_from_env("SIMCUDA_OP_DELAY_US");
   c.free_delay_us = delay_from_env("SIMCUDA_FREE_DELAY_US");
   c.lookup_delay_us = delay_from_env("SIMCUDA_LOOKUP_DELAY_US");
@@ -69,7 +76,7 @@ constexpr std::array<const char*, static_cast<size_t>(Counter::count_)> kCounter
     "cudaMemPrefetchBatchAsync", "cudaMemDiscardBatchAsync",
     "cudaMemDiscardAndPrefetchBatchAsync", "cuMemCreate", "cuMemRelease", "cuArrayCreate",
     "cuArrayDestroy", "cuMemAllocFromPoolAsync", "cuMipmappedArrayCreate",
-    "cuMipmappedArrayDestroy", "cuCtxSetLimit", "cuCtxGetLimit"};
+    "cuMipmappedArrayDestroy", "cuCtxSetLimit", "cuCtxGetLimit", "cuLaunchKernel"};
 
 std::array<std::atomic<uint64_t>, static_cast<size_t>(Counter::count_)> g_counters{};
 std::atomic<int> g_sticky{0};

@@ -185,7 +185,7 @@ inline std::string run_child(const char* argument, std::initializer_list<const c
     close(fds[0]);
     close(fds[1]);
     for (const char* name : {"SIMCUDA_DEVICES", "SIMCUDA_DEVICE_MEMORY", "SIMCUDA_OP_DELAY_US",
-                             "SIMCUDA_STRICT", "SIMCUDA_CONCURRENT_MANAGED"})
+                             "SIMCUDA_STRICT", "SIMCUDA_CONCURRENT_MANAGED", "SIMCUDA_CODE_BYTES"})
       unsetenv(name);
     for (const char* e : env) putenv(const_cast<char*>(e));
     char self[4096];
