@@ -250,6 +250,124 @@ POOLCUDA_EXPORT CUresult cuCtxSetLimit(CUlimit limit, size_t value) {
   return pc::guarded([&] { return dh::with_room(dh::limit_growth(limit, value), real); });
 }
 
+// Code takes device memory too: a kernel's module loads at its first launch (lazy loading, the
+// default since CUDA 12.2), a module or library when the program loads it. Refused for lack of
+// memory, the call is tried once more after the pools gave their idle memory back (Note [Room
+// for what the pools do not serve] in pooling.cpp); a refused launch was never queued. The
+// check costs a launch nothing more when the driver accepts it.
+namespace {
+
+template <typename Call>
+CUresult with_room_for_code(Call&& real) {
+  const CUresult result = real();
+  if (result != CUDA_ERROR_OUT_OF_MEMORY || pc::bypass()) return result;
+  return pc::guarded([&] { return dh::again_with_room(real); });
+}
+
+}  // namespace
+
+POOLCUDA_EXPORT CUresult cuLaunchKernel(CUfunction f, unsigned int gridDimX,
+                                        unsigned int gridDimY, unsigned int gridDimZ,
+                                        unsigned int blockDimX, unsigned int blockDimY,
+                                        unsigned int blockDimZ, unsigned int sharedMemBytes,
+                                        CUstream hStream, void** kernelParams, void** extra) {
+  return with_room_for_code([&] {
+    return dr::cuLaunchKernel()(f, gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY,
+                                blockDimZ, sharedMemBytes, hStream, kernelParams, extra);
+  });
+}
+
+POOLCUDA_EXPORT CUresult cuLaunchKernel_ptsz(CUfunction f, unsigned int gridDimX,
+                                             unsigned int gridDimY, unsigned int gridDimZ,
+                                             unsigned int blockDimX, unsigned int blockDimY,
+                                             unsigned int blockDimZ, unsigned int sharedMemBytes,
+                                             CUstream hStream, void** kernelParams,
+                                             void** extra) {
+  return with_room_for_code([&] {
+    return dr::cuLaunchKernel_ptsz()(f, gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY,
+                                     blockDimZ, sharedMemBytes, hStream, kernelParams, extra);
+  });
+}
+
+POOLCUDA_EXPORT CUresult cuLaunchKernelEx(const CUlaunchConfig* config, CUfunction f,
+                                          void** kernelParams, void** extra) {
+  return with_room_for_code([&] { return dr::cuLaunchKernelEx()(config, f, kernelParams, extra); });
+}
+
+POOLCUDA_EXPORT CUresult cuLaunchKernelEx_ptsz(const CUlaunchConfig* config, CUfunction f,
+                                               void** kernelParams, void** extra) {
+  return with_room_for_code(
+      [&] { return dr::cuLaunchKernelEx_ptsz()(config, f, kernelParams, extra); });
+}
+
+POOLCUDA_EXPORT CUresult cuLaunchCooperativeKernel(CUfunction f, unsigned int gridDimX,
+                                                   unsigned int gridDimY, unsigned int gridDimZ,
+                                                   unsigned int blockDimX, unsigned int blockDimY,
+                                                   unsigned int blockDimZ,
+                                                   unsigned int sharedMemBytes, CUstream hStream,
+                                                   void** kernelParams) {
+  return with_room_for_code([&] {
+    return dr::cuLaunchCooperativeKernel()(f, gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY,
+                                           blockDimZ, sharedMemBytes, hStream, kernelParams);
+  });
+}
+
+POOLCUDA_EXPORT CUresult cuLaunchCooperativeKernel_ptsz(
+    CUfunction f, unsigned int gridDimX, unsigned int gridDimY, unsigned int gridDimZ,
+    unsigned int blockDimX, unsigned int blockDimY, unsigned int blockDimZ,
+    unsigned int sharedMemBytes, CUstream hStream, void** kernelParams) {
+  return with_room_for_code([&] {
+    return dr::cuLaunchCooperativeKernel_ptsz()(f, gridDimX, gridDimY, gridDimZ, blockDimX,
+                                                blockDimY, blockDimZ, sharedMemBytes, hStream,
+                                                kernelParams);
+  });
+}
+
+POOLCUDA_EXPORT CUresult cuModuleLoad(CUmodule* module, const char* fname) {
+  return with_room_for_code([&] { return dr::cuModuleLoad()(module, fname); });
+}
+
+POOLCUDA_EXPORT CUresult cuModuleLoadData(CUmodule* module, const void* image) {
+  return with_room_for_code([&] { return dr::cuModuleLoadData()(module, image); });
+}
+
+POOLCUDA_EXPORT CUresult cuModuleLoadDataEx(CUmodule* module, const void* image,
+                                            unsigned int numOptions, CUjit_option* options,
+                                            void** optionValues) {
+  return with_room_for_code([&] {
+    return dr::cuModuleLoadDataEx()(module, image, numOptions, options, optionValues);
+  });
+}
+
+POOLCUDA_EXPORT CUresult cuModuleLoadFatBinary(CUmodule* module, const void* fatCubin) {
+  return with_room_for_code([&] { return dr::cuModuleLoadFatBinary()(module, fatCubin); });
+}
+
+POOLCUDA_EXPORT CUresult cuLibraryLoadData(CUlibrary* library, const void* code,
+                                           CUjit_option* jitOptions, void** jitOptionsValues,
+                                           unsigned int numJitOptions,
+                                           CUlibraryOption* libraryOptions,
+                                           void** libraryOptionValues,
+                                           unsigned int numLibraryOptions) {
+  return with_room_for_code([&] {
+    return dr::cuLibraryLoadData()(library, code, jitOptions, jitOptionsValues, numJitOptions,
+                                   libraryOptions, libraryOptionValues, numLibraryOptions);
+  });
+}
+
+POOLCUDA_EXPORT CUresult cuLibraryLoadFromFile(CUlibrary* library, const char* fileName,
+                                               CUjit_option* jitOptions, void** jitOptionsValues,
+                                               unsigned int numJitOptions,
+                                               CUlibraryOption* libraryOptions,
+                                               void** libraryOptionValues,
+                                               unsigned int numLibraryOptions) {
+  return with_room_for_code([&] {
+    return dr::cuLibraryLoadFromFile()(library, fileName, jitOptions, jitOptionsValues,
+                                       numJitOptions, libraryOptions, libraryOptionValues,
+                                       numLibraryOptions);
+  });
+}
+
 POOLCUDA_EXPORT CUresult cuCtxSynchronize() {
   if (pc::bypass()) return dr::cuCtxSynchronize()();
   return pc::guarded([&] { return dh::ctx_synchronize(); });

@@ -166,6 +166,12 @@ CUresult with_room_on(int device, std::size_t size, const std::function<CUresult
   return give_back_on(driver::current_context(), device) ? real() : first;
 }
 
+CUresult again_with_room(const std::function<CUresult()>& real) {
+  const driver::CurrentContext ctx = driver::current_context();
+  if (ctx.handle == nullptr) return CUDA_ERROR_OUT_OF_MEMORY;
+  return give_back_on(ctx, ctx.device) ? real() : CUDA_ERROR_OUT_OF_MEMORY;
+}
+
 CUresult with_room(std::size_t size, const std::function<CUresult()>& real) {
   const driver::CurrentContext ctx = driver::current_context();
   return with_room_on(ctx.handle != nullptr ? ctx.device : -1, size, real);

@@ -20,6 +20,9 @@
 #undef cuStreamDestroy
 #undef cuCtxDestroy
 #undef cuMemAllocFromPoolAsync
+#undef cuLaunchKernel
+#undef cuLaunchKernelEx
+#undef cuLaunchCooperativeKernel
 
 // Variants cuda.h declares only for internal or per-thread builds.
 extern "C" {
@@ -43,6 +46,17 @@ CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr* dptr, size_t bytesize, CUmemo
 CUresult cuLaunchHostFunc_ptsz(CUstream hStream, CUhostFn fn, void* userData);
 CUresult cuStreamAddCallback_ptsz(CUstream hStream, CUstreamCallback callback, void* userData,
                                   unsigned int flags);
+CUresult cuLaunchKernel_ptsz(CUfunction f, unsigned int gridDimX, unsigned int gridDimY,
+                             unsigned int gridDimZ, unsigned int blockDimX, unsigned int blockDimY,
+                             unsigned int blockDimZ, unsigned int sharedMemBytes, CUstream hStream,
+                             void** kernelParams, void** extra);
+CUresult cuLaunchKernelEx_ptsz(const CUlaunchConfig* config, CUfunction f, void** kernelParams,
+                               void** extra);
+CUresult cuLaunchCooperativeKernel_ptsz(CUfunction f, unsigned int gridDimX,
+                                        unsigned int gridDimY, unsigned int gridDimZ,
+                                        unsigned int blockDimX, unsigned int blockDimY,
+                                        unsigned int blockDimZ, unsigned int sharedMemBytes,
+                                        CUstream hStream, void** kernelParams);
 }
 
 // symbol, base name, version that introduced it, per-thread-default-stream flavour
@@ -92,7 +106,19 @@ CUresult cuStreamAddCallback_ptsz(CUstream hStream, CUstreamCallback callback, v
   X(cuLaunchHostFunc, "cuLaunchHostFunc", 10000, false)                                \
   X(cuLaunchHostFunc_ptsz, "cuLaunchHostFunc", 10000, true)                            \
   X(cuStreamAddCallback, "cuStreamAddCallback", 5000, false)                           \
-  X(cuStreamAddCallback_ptsz, "cuStreamAddCallback", 7000, true)
+  X(cuStreamAddCallback_ptsz, "cuStreamAddCallback", 7000, true)                      \
+  X(cuLaunchKernel, "cuLaunchKernel", 4000, false)                                     \
+  X(cuLaunchKernel_ptsz, "cuLaunchKernel", 7000, true)                                 \
+  X(cuLaunchKernelEx, "cuLaunchKernelEx", 11060, false)                                \
+  X(cuLaunchKernelEx_ptsz, "cuLaunchKernelEx", 11060, true)                            \
+  X(cuLaunchCooperativeKernel, "cuLaunchCooperativeKernel", 9000, false)               \
+  X(cuLaunchCooperativeKernel_ptsz, "cuLaunchCooperativeKernel", 9000, true)           \
+  X(cuModuleLoad, "cuModuleLoad", 2000, false)                                         \
+  X(cuModuleLoadData, "cuModuleLoadData", 2000, false)                                 \
+  X(cuModuleLoadDataEx, "cuModuleLoadDataEx", 2010, false)                             \
+  X(cuModuleLoadFatBinary, "cuModuleLoadFatBinary", 2000, false)                       \
+  X(cuLibraryLoadData, "cuLibraryLoadData", 12000, false)                              \
+  X(cuLibraryLoadFromFile, "cuLibraryLoadFromFile", 12000, false)
 
 namespace poolcuda::driver {
 

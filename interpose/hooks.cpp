@@ -288,6 +288,22 @@ cudaError_t with_room(int device, std::size_t size, const std::function<cudaErro
   return real();
 }
 
+// Note [Launches short of memory]
+// A kernel's first launch loads its module (lazy loading, the default since CUDA 12.2), and a
+// launch may need more local memory than the context holds: both take device memory, which the
+// pools' idle pages may hold. A launch refused for lack of memory was never queued, so it is
+// tried once more after the pools gave their idle memory back. Through a runtime that reaches the
+// driver's launch the driver hook does that first (driver_exports.cpp), and the runtime never
+// sees the refusal; this is for one that does not. The refusal left cudaErrorMemoryAllocation in
+// the last-error slot, which a successful retry must not show, so the slot is cleared then. An
+// error of the program's own still waiting there goes with it: asking the slot before every
+// launch, to keep it, would cost every launch for the sake of one that may never fail.
+cudaError_t launch_again(cudaError_t first, const std::function<cudaError_t()>& real) {
+  if (!pooling::give_back_idle(current_device())) return first;
+  real::cudaGetLastError()();
+  return real();
+}
+
 cudaError_t malloc_async(void** ptr, std::size_t size, cudaStream_t stream, bool per_thread) {
   return with_room(current_device(), size, [&] {
     return per_thread ? real::cudaMallocAsync_ptsz()(ptr, size, stream)

@@ -455,8 +455,10 @@ bool ipc_exportable(const char* api, const void* ptr) {
 // allocations] in hooks.cpp); the driver's have none (driver_hooks::with_room). cuMemCreate
 // names its device, which need not be current; a memory pool's device cannot be asked, so its
 // allocations get the current device's idle memory first and every other device's after
-// (driver_hooks::with_room_anywhere). Graph memory a GPU allocates at instantiation or launch,
-// and a module a launch loads lazily, are not covered: docs/pools.md says what to do there.
+// (driver_hooks::with_room_anywhere). Code the driver loads (a kernel's module at its first
+// launch, modules and libraries) gets the same (Note [Launches short of memory] in hooks.cpp).
+// Graph memory a GPU allocates at instantiation or launch is not covered: docs/pools.md says
+// what to do there.
 bool beyond_device(int device, std::size_t size) {
   // The device's own size, not a budget's: most of what comes here is not charged to one.
   const CudaDevice* cuda = Registry::instance().device(device);

@@ -3,6 +3,8 @@
 // function unchanged: kernel launches, copies, memsets, host functions, graph launches, event
 // records and waits (in both the legacy and the per-thread-default-stream flavours), device
 // switches, peer access and peer copies. Each costs two atomic loads when no device is ordered.
+// A kernel launch refused for lack of memory is tried once more after the pools gave their idle
+// memory back (Note [Launches short of memory] in hooks.cpp).
 //
 // Host functions and graph launches also record the free fences of earlier frees first; host
 // functions (cudaLaunchHostFunc, cudaStreamAddCallback) also get the pools' idle memory back to
@@ -12,6 +14,7 @@
 #include <cuda_runtime_api.h>
 
 #include "interpose/exports_common.h"
+#include "interpose/hooks.h"
 #include "interpose/pooling.h"
 #include "interpose/real_cuda.h"
 #include "interpose/stream_order.h"
@@ -55,6 +58,17 @@ inline void before_host_function() {
     return pc::real::name() args;                                \
   }
 
+// A kernel launch, tried once more after the pools gave their idle memory back when it was
+// refused for lack of memory (Note [Launches short of memory] in hooks.cpp).
+#define POOLCUDA_LAUNCH(name, flavour, stream_expr, params, args)                 \
+  POOLCUDA_EXPORT cudaError_t name params {                                       \
+    watch(stream_expr, flavour);                                                  \
+    const cudaError_t result = pc::real::name() args;                             \
+    if (result != cudaErrorMemoryAllocation || pc::bypass()) return result;       \
+    const auto again = [&] { return pc::real::name() args; };                     \
+    return pc::guarded([&] { return pc::hooks::launch_again(result, again); });   \
+  }
+
 // A copy between two devices: as cudaMemcpyPeer, every device leaves ordered reuse.
 #define POOLCUDA_WATCHED_PEER(name, flavour, stream_expr, params, args)             \
   POOLCUDA_EXPORT cudaError_t name params {                                        \
@@ -74,33 +88,33 @@ inline void before_host_function() {
     return pc::real::name() args;                                  \
   }
 
-POOLCUDA_WATCHED(cudaLaunchKernel, false, stream,
+POOLCUDA_LAUNCH(cudaLaunchKernel, false, stream,
                  (const void* func, dim3 grid, dim3 block, void** args, size_t shared,
                   cudaStream_t stream),
                  (func, grid, block, args, shared, stream))
-POOLCUDA_WATCHED(cudaLaunchKernel_ptsz, true, stream,
+POOLCUDA_LAUNCH(cudaLaunchKernel_ptsz, true, stream,
                  (const void* func, dim3 grid, dim3 block, void** args, size_t shared,
                   cudaStream_t stream),
                  (func, grid, block, args, shared, stream))
-POOLCUDA_WATCHED(__cudaLaunchKernel, false, stream,
+POOLCUDA_LAUNCH(__cudaLaunchKernel, false, stream,
                  (cudaKernel_t kernel, dim3 grid, dim3 block, void** args, size_t shared,
                   cudaStream_t stream),
                  (kernel, grid, block, args, shared, stream))
-POOLCUDA_WATCHED(__cudaLaunchKernel_ptsz, true, stream,
+POOLCUDA_LAUNCH(__cudaLaunchKernel_ptsz, true, stream,
                  (cudaKernel_t kernel, dim3 grid, dim3 block, void** args, size_t shared,
                   cudaStream_t stream),
                  (kernel, grid, block, args, shared, stream))
-POOLCUDA_WATCHED(cudaLaunchKernelExC, false, config != nullptr ? config->stream : nullptr,
+POOLCUDA_LAUNCH(cudaLaunchKernelExC, false, config != nullptr ? config->stream : nullptr,
                  (const cudaLaunchConfig_t* config, const void* func, void** args),
                  (config, func, args))
-POOLCUDA_WATCHED(cudaLaunchKernelExC_ptsz, true, config != nullptr ? config->stream : nullptr,
+POOLCUDA_LAUNCH(cudaLaunchKernelExC_ptsz, true, config != nullptr ? config->stream : nullptr,
                  (const cudaLaunchConfig_t* config, const void* func, void** args),
                  (config, func, args))
-POOLCUDA_WATCHED(cudaLaunchCooperativeKernel, false, stream,
+POOLCUDA_LAUNCH(cudaLaunchCooperativeKernel, false, stream,
                  (const void* func, dim3 grid, dim3 block, void** args, size_t shared,
                   cudaStream_t stream),
                  (func, grid, block, args, shared, stream))
-POOLCUDA_WATCHED(cudaLaunchCooperativeKernel_ptsz, true, stream,
+POOLCUDA_LAUNCH(cudaLaunchCooperativeKernel_ptsz, true, stream,
                  (const void* func, dim3 grid, dim3 block, void** args, size_t shared,
                   cudaStream_t stream),
                  (func, grid, block, args, shared, stream))

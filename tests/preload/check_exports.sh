@@ -38,7 +38,10 @@ for hooked in poolcuda_library_marker cudaMalloc cudaFree cudaFreeAsync cudaFree
               cuGraphExecDestroy cuMemCreate cuArrayCreate_v2 cuArray3DCreate_v2 \
               cuMemAllocFromPoolAsync cuMemAllocFromPoolAsync_ptsz cuMemGetAddressRange_v2 \
               cuCtxSynchronize cudaDeviceSynchronize cuCtxSynchronize_v2 cuCtxSetLimit \
-              cuMipmappedArrayCreate; do
+              cuMipmappedArrayCreate cuLaunchKernel cuLaunchKernel_ptsz cuLaunchKernelEx \
+              cuLaunchKernelEx_ptsz cuLaunchCooperativeKernel cuLaunchCooperativeKernel_ptsz \
+              cuModuleLoad cuModuleLoadData cuModuleLoadDataEx cuModuleLoadFatBinary \
+              cuLibraryLoadData cuLibraryLoadFromFile; do
   if ! echo "$symbols" | grep -qx "$hooked"; then
     echo "hooked entry point not exported: $hooked"
     status=1

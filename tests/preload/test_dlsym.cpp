@@ -122,7 +122,12 @@ constexpr Ask kAsks[] = {
     {"cuGetProcAddress", 13000, 0, "cuGetProcAddress_v2"},
     {"cuGraphLaunch", 13000, 0, nullptr},
     {"cuGraphLaunch", 13000, kPtds, nullptr},
-    {"cuLaunchKernel", 13000, 0, nullptr},
+    {"cuLaunchKernel", 13000, 0, "cuLaunchKernel"},
+    {"cuLaunchKernel", 13000, kPtds, "cuLaunchKernel_ptsz"},
+    {"cuLaunchKernel", 3020, 0, nullptr},  // before the entry point existed
+    {"cuLaunchKernelEx", 13000, kPtds, "cuLaunchKernelEx_ptsz"},
+    {"cuModuleLoadData", 13000, 0, "cuModuleLoadData"},
+    {"cuLibraryLoadData", 13000, 0, "cuLibraryLoadData"},
     {"cuMemAllocAsync", 13000, 0, "cuMemAllocAsync"},
     {"cuMemAllocAsync", 13000, kPtds, "cuMemAllocAsync_ptsz"},
     {"cuMemFreeAsync", 13000, kPtds, "cuMemFreeAsync_ptsz"},

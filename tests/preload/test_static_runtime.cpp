@@ -14,6 +14,8 @@
 //    through the driver (there is no runtime to make them), so memory freed in the window goes
 //    to no later allocation while the graph or its exec can replay it, replays leave new
 //    buffers intact, and the report shows the pins released once both are destroyed.
+//  - A kernel's first launch, whose module takes device memory, finds the room the pools' idle
+//    page took: the runtime launches through the driver's cuLaunchKernel, which the library hooks.
 // Stand-in only (suite standin): the program is linked with the stand-in.
 #include <cuda.h>
 
@@ -158,6 +160,31 @@ int capture_child() {
   return 0;
 }
 
+// Run with SIMCUDA_CODE_BYTES=64M on a 1 GiB device, memgetinfo:raw: a kernel's first launch,
+// which this runtime makes through the driver's cuLaunchKernel, finds the room the pools' idle
+// page took (Note [Launches short of memory] in interpose/hooks.cpp), and the runtime never sees
+// a refusal: the launch ends as every stand-in launch does, refused as device code it cannot run.
+int launch_child() {
+  constexpr std::size_t kCode = 64u << 20;
+  CHECK_CUDA(cudaFree(nullptr));
+  std::size_t free_bytes = 0;
+  std::size_t total_bytes = 0;
+  CHECK_CUDA(cudaMemGetInfo(&free_bytes, &total_bytes));
+  void* buffer = nullptr;
+  CHECK_CUDA(cudaMalloc(&buffer, (free_bytes - kCode / 2) & ~((std::size_t{1} << 20) - 1)));
+  CHECK_CUDA(cudaFree(buffer));
+  CHECK_CUDA(cudaMemGetInfo(&free_bytes, &total_bytes));
+  CHECK_MSG(free_bytes < kCode, "the freed buffer's page did not stay with the pools");
+  static const char kernel = 0;
+  const cudaError_t result = cudaLaunchKernel(&kernel, dim3{1, 1, 1}, dim3{1, 1, 1}, nullptr, 0,
+                                              nullptr);
+  CHECK_MSG(result == cudaErrorNotSupported, preload_test::error_text(result));
+  CHECK(cudaGetLastError() == cudaErrorNotSupported);
+  CHECK(cudaGetLastError() == cudaSuccess);
+  std::printf("launch child ok\n");
+  return 0;
+}
+
 int child() {
   CHECK(::dlsym(RTLD_DEFAULT, "cudaMalloc") != nullptr);  // the library's: nothing else exports it
   CHECK_CUDA(cudaFree(nullptr));
@@ -182,12 +209,17 @@ int child() {
 int main(int argc, char** argv) {
   if (argc > 1 && std::string(argv[1]) == "child") return child();
   if (argc > 1 && std::string(argv[1]) == "child:capture") return capture_child();
+  if (argc > 1 && std::string(argv[1]) == "launch") return launch_child();
   preload_test::require_preloaded();
   CHECK(preload_test::on_stand_in());
   preload_test::ExitReport report = preload_test::run_with_exit_report("child");
   CHECK(report.reservations >= kPairs);
   CHECK(report.forwarded_mallocs == 0);
   CHECK(preload_test::run_capture_child("capture", {"SIMCUDA_STRICT=1"}) == 0);
+  const preload_test::ChildResult launch = preload_test::run_self(
+      "launch", {"SIMCUDA_CODE_BYTES=67108864", "SIMCUDA_DEVICE_MEMORY=1G",
+                 "POOLCUDA_CONF=memgetinfo:raw"});
+  CHECK_MSG(launch.status == 0, launch.output);
   std::printf("ok\n");
   return 0;
 }
