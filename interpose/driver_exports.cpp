@@ -22,6 +22,7 @@
 #include <algorithm>
 #include <bit>
 #include <cstdint>
+#include <vector>
 
 namespace pc = poolcuda;
 namespace dh = poolcuda::driver_hooks;
@@ -250,18 +251,52 @@ POOLCUDA_EXPORT CUresult cuCtxSetLimit(CUlimit limit, size_t value) {
   return pc::guarded([&] { return dh::with_room(dh::limit_growth(limit, value), real); });
 }
 
-// Code takes device memory too: a kernel's module loads at its first launch (lazy loading, the
-// default since CUDA 12.2), a module or library when the program loads it. Refused for lack of
-// memory, the call is tried once more after the pools gave their idle memory back (Note [Room
-// for what the pools do not serve] in pooling.cpp); a refused launch was never queued. The
-// check costs a launch nothing more when the driver accepts it.
+// Code takes device memory too: a kernel's module at its first launch, a module or library the
+// program loads. Refused for lack of memory, the call is tried once more after the pools gave
+// their idle memory back (Note [Launches short of memory] in hooks.cpp). A launch the driver
+// accepts pays the hook's call and one comparison.
 namespace {
 
 template <typename Call>
-CUresult with_room_for_code(Call&& real) {
+CUresult launch_with_room(CUstream stream, Call&& real) {
   const CUresult result = real();
   if (result != CUDA_ERROR_OUT_OF_MEMORY || pc::bypass()) return result;
-  return pc::guarded([&] { return dh::again_with_room(real); });
+  return pc::guarded([&] { return dh::again_with_room_on(dh::stream_device(stream), real); });
+}
+
+// The option values a load was given, for its retry: the driver writes some back (the sizes of
+// the JIT's log buffers, the threads per block it chose). A count past any the driver knows is a
+// program's error the driver answers; its values are not kept.
+class OptionValues {
+ public:
+  OptionValues(void** values, unsigned int count) : values_(values) {
+    if (values != nullptr && count <= kMostKept) kept_.assign(values, values + count);
+  }
+  void restore() const { std::copy(kept_.begin(), kept_.end(), values_); }
+
+ private:
+  static constexpr unsigned int kMostKept = 1024;
+  void** values_;
+  std::vector<void*> kept_;
+};
+
+enum class Loads { into_current, into_every_context };
+
+template <typename Call>
+CUresult load_with_room(Loads where, void** values, unsigned int count, Call&& real) {
+  if (pc::bypass()) return real();
+  return pc::guarded([&] {
+    const OptionValues given(values, count);
+    const CUresult result = real();
+    if (result != CUDA_ERROR_OUT_OF_MEMORY) return result;
+    const auto again = [&] {
+      given.restore();
+      return real();
+    };
+    return where == Loads::into_every_context
+               ? dh::again_with_room_anywhere(again)
+               : dh::again_with_room_on(dh::stream_device(nullptr), again);
+  });
 }
 
 }  // namespace
@@ -271,7 +306,7 @@ POOLCUDA_EXPORT CUresult cuLaunchKernel(CUfunction f, unsigned int gridDimX,
                                         unsigned int blockDimX, unsigned int blockDimY,
                                         unsigned int blockDimZ, unsigned int sharedMemBytes,
                                         CUstream hStream, void** kernelParams, void** extra) {
-  return with_room_for_code([&] {
+  return launch_with_room(hStream, [&] {
     return dr::cuLaunchKernel()(f, gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY,
                                 blockDimZ, sharedMemBytes, hStream, kernelParams, extra);
   });
@@ -283,7 +318,7 @@ POOLCUDA_EXPORT CUresult cuLaunchKernel_ptsz(CUfunction f, unsigned int gridDimX
                                              unsigned int blockDimZ, unsigned int sharedMemBytes,
                                              CUstream hStream, void** kernelParams,
                                              void** extra) {
-  return with_room_for_code([&] {
+  return launch_with_room(hStream, [&] {
     return dr::cuLaunchKernel_ptsz()(f, gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY,
                                      blockDimZ, sharedMemBytes, hStream, kernelParams, extra);
   });
@@ -291,13 +326,15 @@ POOLCUDA_EXPORT CUresult cuLaunchKernel_ptsz(CUfunction f, unsigned int gridDimX
 
 POOLCUDA_EXPORT CUresult cuLaunchKernelEx(const CUlaunchConfig* config, CUfunction f,
                                           void** kernelParams, void** extra) {
-  return with_room_for_code([&] { return dr::cuLaunchKernelEx()(config, f, kernelParams, extra); });
+  return launch_with_room(config != nullptr ? config->hStream : nullptr,
+                          [&] { return dr::cuLaunchKernelEx()(config, f, kernelParams, extra); });
 }
 
 POOLCUDA_EXPORT CUresult cuLaunchKernelEx_ptsz(const CUlaunchConfig* config, CUfunction f,
                                                void** kernelParams, void** extra) {
-  return with_room_for_code(
-      [&] { return dr::cuLaunchKernelEx_ptsz()(config, f, kernelParams, extra); });
+  return launch_with_room(config != nullptr ? config->hStream : nullptr, [&] {
+    return dr::cuLaunchKernelEx_ptsz()(config, f, kernelParams, extra);
+  });
 }
 
 POOLCUDA_EXPORT CUresult cuLaunchCooperativeKernel(CUfunction f, unsigned int gridDimX,
@@ -306,7 +343,7 @@ POOLCUDA_EXPORT CUresult cuLaunchCooperativeKernel(CUfunction f, unsigned int gr
                                                    unsigned int blockDimZ,
                                                    unsigned int sharedMemBytes, CUstream hStream,
                                                    void** kernelParams) {
-  return with_room_for_code([&] {
+  return launch_with_room(hStream, [&] {
     return dr::cuLaunchCooperativeKernel()(f, gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY,
                                            blockDimZ, sharedMemBytes, hStream, kernelParams);
   });
@@ -316,7 +353,7 @@ POOLCUDA_EXPORT CUresult cuLaunchCooperativeKernel_ptsz(
     CUfunction f, unsigned int gridDimX, unsigned int gridDimY, unsigned int gridDimZ,
     unsigned int blockDimX, unsigned int blockDimY, unsigned int blockDimZ,
     unsigned int sharedMemBytes, CUstream hStream, void** kernelParams) {
-  return with_room_for_code([&] {
+  return launch_with_room(hStream, [&] {
     return dr::cuLaunchCooperativeKernel_ptsz()(f, gridDimX, gridDimY, gridDimZ, blockDimX,
                                                 blockDimY, blockDimZ, sharedMemBytes, hStream,
                                                 kernelParams);
@@ -324,23 +361,26 @@ POOLCUDA_EXPORT CUresult cuLaunchCooperativeKernel_ptsz(
 }
 
 POOLCUDA_EXPORT CUresult cuModuleLoad(CUmodule* module, const char* fname) {
-  return with_room_for_code([&] { return dr::cuModuleLoad()(module, fname); });
+  return load_with_room(Loads::into_current, nullptr, 0,
+                        [&] { return dr::cuModuleLoad()(module, fname); });
 }
 
 POOLCUDA_EXPORT CUresult cuModuleLoadData(CUmodule* module, const void* image) {
-  return with_room_for_code([&] { return dr::cuModuleLoadData()(module, image); });
+  return load_with_room(Loads::into_current, nullptr, 0,
+                        [&] { return dr::cuModuleLoadData()(module, image); });
 }
 
 POOLCUDA_EXPORT CUresult cuModuleLoadDataEx(CUmodule* module, const void* image,
                                             unsigned int numOptions, CUjit_option* options,
                                             void** optionValues) {
-  return with_room_for_code([&] {
+  return load_with_room(Loads::into_current, optionValues, numOptions, [&] {
     return dr::cuModuleLoadDataEx()(module, image, numOptions, options, optionValues);
   });
 }
 
 POOLCUDA_EXPORT CUresult cuModuleLoadFatBinary(CUmodule* module, const void* fatCubin) {
-  return with_room_for_code([&] { return dr::cuModuleLoadFatBinary()(module, fatCubin); });
+  return load_with_room(Loads::into_current, nullptr, 0,
+                        [&] { return dr::cuModuleLoadFatBinary()(module, fatCubin); });
 }
 
 POOLCUDA_EXPORT CUresult cuLibraryLoadData(CUlibrary* library, const void* code,
@@ -349,7 +389,7 @@ POOLCUDA_EXPORT CUresult cuLibraryLoadData(CUlibrary* library, const void* code,
                                            CUlibraryOption* libraryOptions,
                                            void** libraryOptionValues,
                                            unsigned int numLibraryOptions) {
-  return with_room_for_code([&] {
+  return load_with_room(Loads::into_every_context, jitOptionsValues, numJitOptions, [&] {
     return dr::cuLibraryLoadData()(library, code, jitOptions, jitOptionsValues, numJitOptions,
                                    libraryOptions, libraryOptionValues, numLibraryOptions);
   });
@@ -361,7 +401,7 @@ POOLCUDA_EXPORT CUresult cuLibraryLoadFromFile(CUlibrary* library, const char* f
                                                CUlibraryOption* libraryOptions,
                                                void** libraryOptionValues,
                                                unsigned int numLibraryOptions) {
-  return with_room_for_code([&] {
+  return load_with_room(Loads::into_every_context, jitOptionsValues, numJitOptions, [&] {
     return dr::cuLibraryLoadFromFile()(library, fileName, jitOptions, jitOptionsValues,
                                        numJitOptions, libraryOptions, libraryOptionValues,
                                        numLibraryOptions);

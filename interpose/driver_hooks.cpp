@@ -150,11 +150,16 @@ namespace {
 
 // Gives `device`'s idle pool memory back; false when nothing went back. The pools' own calls run
 // in the device's primary context only; the caller's retry runs in the caller's context.
-bool give_back_on(const driver::CurrentContext& ctx, int device) {
-  if (ctx.primary && ctx.device == device) return pooling::give_back_idle(device);
+bool give_back_on(const driver::CurrentContext& ctx, int device,
+                  GiveBackWait wait = GiveBackWait::every_fence) {
+  if (ctx.primary && ctx.device == device) return pooling::give_back_idle(device, wait);
   driver::PrimaryScope scope(device);
-  return scope.ok() && pooling::give_back_idle(device);
+  return scope.ok() && pooling::give_back_idle(device, wait);
 }
+
+// Code waits only for the fences of frees that were not stream-ordered (Note [Launches short of
+// memory] in hooks.cpp).
+constexpr GiveBackWait kForCode = GiveBackWait::cudafree_fences;
 
 }  // namespace
 
@@ -166,10 +171,33 @@ CUresult with_room_on(int device, std::size_t size, const std::function<CUresult
   return give_back_on(driver::current_context(), device) ? real() : first;
 }
 
-CUresult again_with_room(const std::function<CUresult()>& real) {
+int stream_device(CUstream stream) {
+  if (stream != nullptr && stream != CU_STREAM_LEGACY && stream != CU_STREAM_PER_THREAD) {
+    CUdevice device = 0;
+    if (real_driver::cuStreamGetDevice()(stream, &device) == CUDA_SUCCESS) return device;
+  }
   const driver::CurrentContext ctx = driver::current_context();
-  if (ctx.handle == nullptr) return CUDA_ERROR_OUT_OF_MEMORY;
-  return give_back_on(ctx, ctx.device) ? real() : CUDA_ERROR_OUT_OF_MEMORY;
+  return ctx.handle != nullptr ? ctx.device : -1;
+}
+
+CUresult again_with_room_on(int device, const std::function<CUresult()>& real) {
+  if (device < 0) return CUDA_ERROR_OUT_OF_MEMORY;
+  return give_back_on(driver::current_context(), device, kForCode) ? real()
+                                                                   : CUDA_ERROR_OUT_OF_MEMORY;
+}
+
+CUresult again_with_room_anywhere(const std::function<CUresult()>& real) {
+  const driver::CurrentContext ctx = driver::current_context();
+  if (ctx.handle != nullptr && give_back_on(ctx, ctx.device, kForCode)) {
+    const CUresult result = real();
+    if (result != CUDA_ERROR_OUT_OF_MEMORY) return result;
+  }
+  bool gave = false;
+  for (const int device : Registry::instance().devices()) {
+    if (ctx.handle != nullptr && device == ctx.device) continue;
+    gave = give_back_on(ctx, device, kForCode) || gave;
+  }
+  return gave ? real() : CUDA_ERROR_OUT_OF_MEMORY;
 }
 
 CUresult with_room(std::size_t size, const std::function<CUresult()>& real) {

@@ -29,10 +29,19 @@ CUresult with_room_on(int device, std::size_t size, const std::function<CUresult
 // The same for memory of a device the library cannot tell (a memory pool's): the current
 // device's idle memory goes back first, and every other device's when that was not enough.
 CUresult with_room_anywhere(std::size_t size, const std::function<CUresult()>& real);
-// `real` was just refused with CUDA_ERROR_OUT_OF_MEMORY for memory of the current context's
-// device it does not say the size of (code the driver loads): `real` once more after that
-// device's pools gave their idle memory back, or CUDA_ERROR_OUT_OF_MEMORY when nothing went back.
-CUresult again_with_room(const std::function<CUresult()>& real);
+// Code the driver loads (Note [Launches short of memory] in hooks.cpp). `real` was just refused
+// with CUDA_ERROR_OUT_OF_MEMORY for memory of `device` it does not say the size of: `real` once
+// more after that device's pools gave their idle memory back (waiting only for the fences of
+// frees that were not stream-ordered), or CUDA_ERROR_OUT_OF_MEMORY when nothing went back or
+// `device` is negative.
+CUresult again_with_room_on(int device, const std::function<CUresult()>& real);
+// The same when the memory may be any device's (a library loads into every context): the
+// current device's idle memory first, every other device's when that was not enough.
+CUresult again_with_room_anywhere(const std::function<CUresult()>& real);
+// The device whose work `stream` carries (a launch of a CUkernel runs in its stream's context);
+// for the default streams, or a driver without cuStreamGetDevice, the current context's; -1
+// without one.
+int stream_device(CUstream stream);
 // The device memory the current context takes more when `limit` is set to `value`: a larger
 // heap or printf buffer takes the difference, a larger stack the difference for every thread
 // the device holds at once; kSizeUnknown for other limits, a smaller value, or when the driver

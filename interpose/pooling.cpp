@@ -465,14 +465,14 @@ bool beyond_device(int device, std::size_t size) {
   return cuda != nullptr && cuda->device_bytes() != 0 && size > cuda->device_bytes();
 }
 
-bool give_back_idle(int device) {
+bool give_back_idle(int device, GiveBackWait wait) {
   // As long as out-of-memory recovery waits (ManagerOptions::recovery_wait_micros).
   constexpr std::uint32_t kGiveBackMicros = 10000000;
   Registry& registry = Registry::instance();
   release_passed_managed_frees(registry);
   MemoryManager* manager = device >= 0 ? registry.manager(device) : nullptr;
   const bool pages =
-      manager != nullptr && manager->give_back_all(kGiveBackMicros) != GiveBack::nothing;
+      manager != nullptr && manager->give_back_all(kGiveBackMicros, wait) != GiveBack::nothing;
   const CapturePolicy* capture = registry.capture(device);
   const bool slabs =
       (capture == nullptr || !capture->open()) && registry.trim_managed(device, kGiveBackMicros);

@@ -73,10 +73,11 @@ void log_refused_free(const char* api, const void* ptr, const Freed& freed);
 bool ipc_exportable(const char* api, const void* ptr);
 
 // Gives everything `device`'s pools keep for no live slice back to the driver, waiting (10 s
-// at most, as out-of-memory recovery) for the fences of freed memory and for the pages to get
-// there (MemoryManager::give_back_all(); Note [Stream-ordered allocations] in hooks.cpp). True
-// when the pools had anything to give.
-bool give_back_idle(int device);
+// at most, as out-of-memory recovery) for the fences of freed memory (with cudafree_fences, only
+// of memory freed by a free that is not stream-ordered) and for the pages to get there
+// (MemoryManager::give_back_all(); Note [Stream-ordered allocations] in hooks.cpp). True when the
+// pools had anything to give.
+bool give_back_idle(int device, GiveBackWait wait = GiveBackWait::every_fence);
 
 // Whether `size` bytes are more than `device` has at all: no memory given back could make room
 // for them.

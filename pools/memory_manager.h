@@ -37,10 +37,6 @@ inline constexpr std::uint32_t kMaxShards = 8;
 // What MemoryManager::give_back_all() did.
 enum class GiveBack : std::uint8_t { nothing, done, timed_out };
 
-// Which fences MemoryManager::give_back_all() waits for: every one, or only those of frees that
-// are not stream-ordered (Note [Idle memory before a park] in memory_manager.cpp).
-enum class GiveBackWait : std::uint8_t { every_fence, cudafree_fences };
-
 // Receives the manager's log lines (spill warnings, out-of-memory breakdowns, per-allocation
 // traces under log:full). Called after the manager's lock is released, from the thread whose
 // call produced the line.

@@ -6,10 +6,12 @@
 // (which the stand-in goes on to refuse as device code it cannot run, so the last-error slot must
 // hold exactly that refusal), the driver's launches, called and resolved, and explicit module and
 // library loads (test_static_runtime.cpp has a program whose runtime reaches the driver's launch
-// itself). A launch short of memory that only live buffers hold still fails, with the driver's
-// error. Runs on the stand-in only: a GPU would need real kernels.
+// itself). A launch short of memory that only live buffers hold, or a buffer freed onto a parked
+// stream, still fails, at once and with the driver's error. Runs on the stand-in only: a GPU
+// would need real kernels.
 #include <cuda.h>
 
+#include <chrono>
 #include <cstdio>
 #include <functional>
 #include <string>
@@ -187,6 +189,33 @@ void explicit_loads(const char* program) {
   });
 }
 
+// Memory freed onto a stream the program has parked is not free under plain CUDA either: a
+// launch short of memory fails at once rather than wait for that stream (10 s, the bound of an
+// allocation's give-back), and gets the memory once the stream has passed the free.
+void parked_stream_frees() {
+  cudaStream_t stream = nullptr;
+  CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  preload_test::Gate gate;
+  preload_test::park(stream, gate);
+  void* buffer = nullptr;
+  CHECK_CUDA(cudaMalloc(&buffer, (driver_free() - kCode / 2) & ~((std::size_t{1} << 20) - 1)));
+  CHECK_CUDA(cudaFreeAsync(buffer, stream));
+  const auto start = std::chrono::steady_clock::now();
+  const cudaError_t result = cudaLaunchKernel(new_kernel(), kOne, kOne, nullptr, 0, nullptr);
+  CHECK_MSG(result == cudaErrorMemoryAllocation, preload_test::error_text(result));
+  CHECK(cudaGetLastError() == cudaErrorMemoryAllocation);
+  CHECK(cuLaunchKernel(new_function(), 1, 1, 1, 1, 1, 1, 0, nullptr, nullptr, nullptr) ==
+        CUDA_ERROR_OUT_OF_MEMORY);
+  const auto waited = std::chrono::steady_clock::now() - start;
+  CHECK_MSG(waited < std::chrono::seconds(5), "the launches waited for the parked stream");
+  gate.open.store(true);
+  CHECK_CUDA(cudaStreamSynchronize(stream));
+  CHECK_CUDA(cudaStreamDestroy(stream));
+  runtime_launch("cudaLaunchKernel after the stream passed the free", [](const void* kernel) {
+    return cudaLaunchKernel(kernel, kOne, kOne, nullptr, 0, nullptr);
+  });
+}
+
 // With nothing idle to give back, a launch short of memory fails as the plain one does, and the
 // slot holds the refusal.
 void no_room_anywhere() {
@@ -213,6 +242,7 @@ int main(int, char** argv) {
   launches_through_the_runtime();
   launches_through_the_driver();
   explicit_loads(argv[0]);
+  parked_stream_frees();
   no_room_anywhere();
   std::printf("ok\n");
   return 0;
