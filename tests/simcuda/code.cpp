@@ -1,11 +1,12 @@
-// Device memory the stand-in's driver takes for code (SIMCUDA_CODE_BYTES a module): the modules
-// that launches load lazily, one per function and device, and the modules and libraries loaded
-// explicitly (cuModuleLoad*, cuLibraryLoad*), each with its handle. The stand-in never runs the
-// code; it only charges the memory. Depends only on core.h; takes its own mutex, then the memory
-// module's.
+// Device memory the stand-in's driver takes for code (SIMCUDA_CODE_BYTES a module): the functions
+// that launches and the driver's getters load, one per function and device, and the modules and
+// libraries loaded explicitly (cuModuleLoad*, cuLibraryLoad*), each with its handle, eagerly or
+// lazily (CUDA_MODULE_LOADING). The stand-in never runs the code; it only charges the memory.
+// Depends only on core.h; takes its own mutex, then the memory module's.
 #include "core.h"
 
 #include <deque>
+#include <string>
 
 namespace poolcuda::sim {
 namespace {
@@ -14,26 +15,41 @@ namespace {
 // With lazy loading (CUDA's default since 12.2) a kernel's module is loaded into the device at
 // the kernel's first launch, and that takes device memory: on a full device the launch fails
 // with out of memory and nothing is enqueued. An explicit module or library load takes its
-// memory at once. The stand-in models both with one size, config().code_bytes, charged as one
-// allocation (live_allocations counts it, cudaMemGetInfo sees it):
+// memory at once when loading is eager (CUDA_MODULE_LOADING=EAGER, the stand-in's default);
+// when it is lazy (CUDA_MODULE_LOADING=LAZY) the load takes nothing and each of its kernels is
+// loaded at its first use. The stand-in models all of it with one size, config().code_bytes,
+// charged as one allocation (live_allocations counts it, cudaMemGetInfo sees it):
 //
-// - A launch keys its module by the function (the runtime's func pointer or cudaKernel_t, the
-//   driver's CUfunction) and the device. The first launch takes the memory; a launch that cannot
-//   have it fails and remembers nothing, so the next one tries again; later launches take
-//   nothing. The check and the charge happen under one lock, so concurrent first launches of one
-//   function charge it once.
-// - An explicit load takes the memory of its context's device and returns the address of an
-//   object kept for the process's life (never reused); an unload gives the memory back, and
-//   refuses a handle that is not loaded.
-// - A device reset frees all the device's memory (mem_free_all), so it forgets the device's
-//   lazily loaded modules and unloads the explicit modules of its contexts (their handles are
+// - Loaded functions are keyed by (device, function): the runtime's func pointer or cudaKernel_t,
+//   the driver's CUfunction or CUkernel. The first load takes the memory; a load that cannot have
+//   it fails and remembers nothing, so the next one tries again; later ones take nothing. The
+//   check and the charge happen under one lock, so concurrent first loads charge once.
+// - A launch loads its function on the current device; so do cuKernelGetFunction (key: the
+//   kernel, whose own value is the function it returns) and cuFuncLoad.
+// - An explicit load returns the address of an object kept for the process's life (never
+//   reused); an unload gives the memory back, the memory of its lazily loaded functions with it,
+//   and refuses a handle that is not loaded. Eager, the load takes the memory of its context's
+//   device at once.
+// - cuModuleGetFunction and cuLibraryGetKernel hand out one object per (module or library,
+//   name), also kept for the process's life. The rule for them: eager, they were loaded with
+//   their module or library, so nothing takes memory for them (not cuModuleGetFunction, not
+//   their launches, not cuKernelGetFunction, not cuFuncLoad); lazy, they load like any function
+//   (cuModuleGetFunction loads its function on the module's device; cuLibraryGetKernel loads
+//   nothing). Every other function (the runtime's kernels, a CUfunction the stand-in did not hand
+//   out) loads at its first launch in both modes. Once the module or library is unloaded, its
+//   functions and kernels are refused as invalid handles.
+// - A device reset frees all the device's memory (mem_free_all), so it forgets the functions
+//   loaded on the device and unloads the explicit modules of its contexts (their handles are
 //   refused afterwards). Libraries are not a context's: a library loaded on the device loses its
 //   memory but stays loaded, and its unload succeeds. Destroying a created context unloads its
 //   modules.
 
+struct Loaded;
+
 struct Charge {
   void* base = nullptr;
   uint64_t id = 0;
+  const Loaded* owner = nullptr;  // the module or library of a function it handed out
 };
 
 struct Loaded {
@@ -41,13 +57,21 @@ struct Loaded {
   int device = 0;
   const Context* ctx = nullptr;  // the context a module belongs to
   bool live = false;
-  Charge charge;
+  Charge charge;  // eager: the whole module's
+};
+
+// A module's function or a library's kernel: its handle is its address.
+struct Got {
+  const Loaded* owner = nullptr;
 };
 
 struct Table {
   std::mutex m;
-  std::map<std::pair<int, const void*>, Charge> launched;  // (device, function) -> its module
+  std::map<std::pair<int, const void*>, Charge> launched;  // (device, function) -> its code
   std::deque<Loaded> loads;  // every explicit load, kept: handles are their addresses
+  std::deque<Got> got;       // every function and kernel handed out, kept likewise
+  std::map<std::pair<const Loaded*, std::string>, Got*> by_name;
+  std::map<const void*, const Got*> by_handle;
 };
 
 Table& table() {
@@ -64,25 +88,56 @@ cudaError_t charge(int device, Charge* out) {
   return mem_alloc(device, config().code_bytes, AllocKind::device, &out->base, &out->id);
 }
 
-}  // namespace
+Loaded* find_load(Table& t, const void* handle, CodeKind kind) {
+  for (Loaded& l : t.loads)
+    if (&l == handle) return l.live && l.kind == kind ? &l : nullptr;
+  return nullptr;
+}
 
-cudaError_t load_for_launch(int device, const void* fn) {
+cudaError_t load_locked(Table& t, int device, const void* fn) {
+  const Loaded* owner = nullptr;
+  if (auto it = t.by_handle.find(fn); it != t.by_handle.end()) {
+    owner = it->second->owner;
+    if (!owner->live) return cudaErrorInvalidResourceHandle;
+    if (!config().lazy_loading) return cudaSuccess;  // loaded with its module or library
+  }
   if (config().code_bytes == 0) return cudaSuccess;
-  Table& t = table();
-  std::lock_guard lock(t.m);
   const auto key = std::make_pair(device, fn);
   if (t.launched.count(key)) return cudaSuccess;
   Charge c;
   if (cudaError_t err = charge(device, &c); err != cudaSuccess) return err;
+  c.owner = owner;
   t.launched.emplace(key, c);
   return cudaSuccess;
+}
+
+// `l` unloaded: its memory and its functions' given back.
+void unload_locked(Table& t, Loaded& l) {
+  give_back(l.charge);
+  l.charge = Charge{};
+  l.live = false;
+  std::erase_if(t.launched, [&](auto& entry) {
+    if (entry.second.owner != &l) return false;
+    give_back(entry.second);
+    return true;
+  });
+}
+
+}  // namespace
+
+cudaError_t load_function(int device, const void* fn) {
+  Table& t = table();
+  std::lock_guard lock(t.m);
+  return load_locked(t, device, fn);
 }
 
 cudaError_t code_load(const Context* ctx, CodeKind kind, void** handle) {
   Table& t = table();
   std::lock_guard lock(t.m);
   Charge c;
-  if (cudaError_t err = charge(ctx->device, &c); err != cudaSuccess) return err;
+  if (!config().lazy_loading) {
+    if (cudaError_t err = charge(ctx->device, &c); err != cudaSuccess) return err;
+  }
   Loaded& l = t.loads.emplace_back();
   l.kind = kind;
   l.device = ctx->device;
@@ -96,15 +151,28 @@ cudaError_t code_load(const Context* ctx, CodeKind kind, void** handle) {
 cudaError_t code_unload(const void* handle, CodeKind kind) {
   Table& t = table();
   std::lock_guard lock(t.m);
-  for (Loaded& l : t.loads) {
-    if (&l != handle) continue;
-    if (!l.live || l.kind != kind) break;
-    give_back(l.charge);
-    l.charge = Charge{};
-    l.live = false;
-    return cudaSuccess;
+  Loaded* l = find_load(t, handle, kind);
+  if (!l) return cudaErrorInvalidResourceHandle;
+  unload_locked(t, *l);
+  return cudaSuccess;
+}
+
+cudaError_t code_get(const void* handle, CodeKind kind, const char* name, void** out) {
+  Table& t = table();
+  std::lock_guard lock(t.m);
+  Loaded* l = find_load(t, handle, kind);
+  if (!l) return cudaErrorInvalidResourceHandle;
+  Got*& got = t.by_name[{l, name}];
+  if (!got) {
+    got = &t.got.emplace_back();
+    got->owner = l;
+    t.by_handle.emplace(got, got);
   }
-  return cudaErrorInvalidResourceHandle;
+  if (kind == CodeKind::module) {
+    if (cudaError_t err = load_locked(t, l->device, got); err != cudaSuccess) return err;
+  }
+  *out = got;
+  return cudaSuccess;
 }
 
 void drop_code(int device) {
@@ -117,21 +185,20 @@ void drop_code(int device) {
   });
   for (Loaded& l : t.loads) {
     if (!l.live || l.device != device) continue;
-    give_back(l.charge);
-    l.charge = Charge{};
-    if (l.kind == CodeKind::module) l.live = false;
+    if (l.kind == CodeKind::module) {
+      unload_locked(t, l);
+    } else {
+      give_back(l.charge);
+      l.charge = Charge{};
+    }
   }
 }
 
 void drop_context_code(const Context* ctx) {
   Table& t = table();
   std::lock_guard lock(t.m);
-  for (Loaded& l : t.loads) {
-    if (!l.live || l.kind != CodeKind::module || l.ctx != ctx) continue;
-    give_back(l.charge);
-    l.charge = Charge{};
-    l.live = false;
-  }
+  for (Loaded& l : t.loads)
+    if (l.live && l.kind == CodeKind::module && l.ctx == ctx) unload_locked(t, l);
 }
 
 }  // namespace poolcuda::sim

@@ -56,6 +56,9 @@ struct Config {
   // The device memory one module of code takes when loaded, by a kernel's first launch on a
   // device or explicitly (SIMCUDA_CODE_BYTES; Note [Code memory] in code.cpp).
   size_t code_bytes = 0;
+  // Whether explicit module and library loads defer their kernels' memory to the kernels' first
+  // use (CUDA_MODULE_LOADING=LAZY; unset or EAGER: loaded with the module).
+  bool lazy_loading = false;
 };
 const Config& config();
 // Waits config().free_delay_us: the latency of cudaFree / cuMemFree before the lookup.
@@ -422,19 +425,29 @@ void drop_context_limits(const Context* ctx);
 
 // ---- Device code (code.cpp) ----------------------------------------------------------------
 // The memory modules of code take on their device (Note [Code memory] in code.cpp).
-// A launch of `fn` (any non-null key) on `device`: its first loads the function's module,
+// Loads function `fn` (any non-null key) on `device`, as its first launch there does: the first
+// load of a function the stand-in did not hand out, or (lazy loading) of one it did, takes
 // config().code_bytes of the device's memory; cudaErrorMemoryAllocation, nothing remembered, when
-// the device cannot hold it; cudaSuccess once loaded (or when code_bytes is 0).
-cudaError_t load_for_launch(int device, const void* fn);
+// the device cannot hold it; cudaSuccess once loaded (or when code_bytes is 0, or when `fn` was
+// loaded with its module or library). cudaErrorInvalidResourceHandle for a function or kernel
+// handed out by code_get whose module or library is no longer loaded.
+cudaError_t load_function(int device, const void* fn);
 enum class CodeKind { module, library };
 // An explicit load into `ctx` (a library is charged to ctx's device but belongs to no context):
-// a fresh handle in *handle; cudaErrorMemoryAllocation, *handle untouched, when the device cannot
-// hold it.
+// a fresh handle in *handle, having taken config().code_bytes unless loading is lazy;
+// cudaErrorMemoryAllocation, *handle untouched, when the device cannot hold it.
 cudaError_t code_load(const Context* ctx, CodeKind kind, void** handle);
-// Unloads a handle code_load returned for `kind` and gives its memory back;
-// cudaErrorInvalidResourceHandle when it is not loaded (unknown, unloaded, or gone with a reset).
+// Unloads a handle code_load returned for `kind` and gives its memory back, with that of its
+// functions or kernels; cudaErrorInvalidResourceHandle when it is not loaded (unknown, unloaded,
+// or gone with a reset).
 cudaError_t code_unload(const void* handle, CodeKind kind);
-// A device reset: forgets the device's lazily loaded modules and unloads its contexts' modules,
+// The function `name` of a module, or the kernel `name` of a library, `handle` from code_load:
+// the same handle in *out for the same pair every time. A module's function is loaded on the
+// module's device (load_function); a library's kernel is not loaded. cudaErrorInvalidResourceHandle
+// when `handle` is not loaded as `kind`; cudaErrorMemoryAllocation as load_function; *out untouched
+// on failure.
+cudaError_t code_get(const void* handle, CodeKind kind, const char* name, void** out);
+// A device reset: forgets the functions loaded on the device and unloads its contexts' modules,
 // their memory freed; the device's libraries stay loaded without memory.
 void drop_code(int device);
 // A created context destroyed: its modules are unloaded.

@@ -369,6 +369,11 @@ const Entry kEntries[] = {
     {"cuLibraryLoadData", 12000, false, SIM_FN(cuLibraryLoadData)},
     {"cuLibraryLoadFromFile", 12000, false, SIM_FN(cuLibraryLoadFromFile)},
     {"cuLibraryUnload", 12000, false, SIM_FN(cuLibraryUnload)},
+    {"cuModuleGetFunction", 2000, false, SIM_FN(cuModuleGetFunction)},
+    {"cuModuleGetLoadingMode", 11070, false, SIM_FN(cuModuleGetLoadingMode)},
+    {"cuLibraryGetKernel", 12000, false, SIM_FN(cuLibraryGetKernel)},
+    {"cuKernelGetFunction", 12000, false, SIM_FN(cuKernelGetFunction)},
+    {"cuFuncLoad", 12040, false, SIM_FN(cuFuncLoad)},
     {"cuGetProcAddress", 11030, false, SIM_FN(cuGetProcAddress)},
     {"cuGetProcAddress", 12000, false, SIM_FN(cuGetProcAddress_v2)},
 };

@@ -1,12 +1,14 @@
 // The driver stand-in's entry points for device code, which it cannot run but whose memory it
 // charges (Note [Code memory] in code.cpp): kernel launches (cuLaunchKernel, cuLaunchKernelEx,
-// cuLaunchCooperativeKernel and their _ptsz forms) load the function's module at its first launch
-// on a device, then fail with CUDA_ERROR_NOT_SUPPORTED and a line on stderr, as every
-// unimplemented entry point does; explicit module and library loads (cuModuleLoad,
-// cuModuleLoadData, cuModuleLoadDataEx, cuModuleLoadFatBinary, cuLibraryLoadData,
-// cuLibraryLoadFromFile) take their memory and hand out a handle, which cuModuleUnload /
-// cuLibraryUnload give back. Images are not read, options are ignored; any non-null CUfunction is
-// a function.
+// cuLaunchCooperativeKernel and their _ptsz forms) load the function at its first launch on a
+// device, then fail with CUDA_ERROR_NOT_SUPPORTED and a line on stderr, as every unimplemented
+// entry point does; explicit module and library loads (cuModuleLoad, cuModuleLoadData,
+// cuModuleLoadDataEx, cuModuleLoadFatBinary, cuLibraryLoadData, cuLibraryLoadFromFile) hand out a
+// handle, taking their memory unless loading is lazy (CUDA_MODULE_LOADING=LAZY), which
+// cuModuleUnload / cuLibraryUnload give back; cuModuleGetFunction, cuLibraryGetKernel,
+// cuKernelGetFunction and cuFuncLoad hand out and load functions; cuModuleGetLoadingMode reports
+// the mode. Images are not read (any name is in every module), options are ignored; any non-null
+// CUfunction or CUkernel is a function.
 #include <cstdio>
 
 #include "drv_common.h"
@@ -18,13 +20,13 @@ extern "C" int simcuda_unsupported(const char* name);  // state.cpp: the line on
 
 namespace {
 
-// Every launch: the function's module loaded (out of memory when the device cannot hold it, and
-// nothing enqueued), then the refusal.
+// Every launch: the function loaded (out of memory when the device cannot hold it, and nothing
+// enqueued; an invalid handle when its module or library is unloaded), then the refusal.
 CUresult launch(const char* name, CUfunction f, void** params, void** extra) {
   if (CUresult r = guard(true)) return r;
   if (!f) return CUDA_ERROR_INVALID_HANDLE;
   if (params && extra) return CUDA_ERROR_INVALID_VALUE;  // the parameters given twice
-  if (cudaError_t err = load_for_launch(context_device(), f); err != cudaSuccess)
+  if (cudaError_t err = load_function(context_device(), f); err != cudaSuccess)
     return alloc_result(err);
   return static_cast<CUresult>(simcuda_unsupported(name));
 }
@@ -136,4 +138,54 @@ CUresult cuLibraryUnload(CUlibrary library) {
   if (CUresult r = guard()) return r;
   if (!library) return CUDA_ERROR_INVALID_VALUE;
   return as_cu(code_unload(library, CodeKind::library));
+}
+
+// The same handle for the same (module, name); lazy, the function's first get loads it on the
+// module's device. Null or unloaded module: CUDA_ERROR_INVALID_HANDLE.
+CUresult cuModuleGetFunction(CUfunction* hfunc, CUmodule hmod, const char* name) {
+  if (CUresult r = guard(true)) return r;
+  if (!hfunc || !name) return CUDA_ERROR_INVALID_VALUE;
+  if (!hmod) return CUDA_ERROR_INVALID_HANDLE;
+  void* f = nullptr;
+  if (cudaError_t err = code_get(hmod, CodeKind::module, name, &f); err != cudaSuccess)
+    return alloc_result(err);
+  *hfunc = static_cast<CUfunction>(f);
+  return CUDA_SUCCESS;
+}
+
+// The same handle for the same (library, name), loaded nowhere; like the library, it needs no
+// context.
+CUresult cuLibraryGetKernel(CUkernel* pKernel, CUlibrary library, const char* name) {
+  if (CUresult r = guard()) return r;
+  if (!pKernel || !name) return CUDA_ERROR_INVALID_VALUE;
+  if (!library) return CUDA_ERROR_INVALID_HANDLE;
+  void* k = nullptr;
+  if (cudaError_t err = code_get(library, CodeKind::library, name, &k); err != cudaSuccess)
+    return alloc_result(err);
+  *pKernel = static_cast<CUkernel>(k);
+  return CUDA_SUCCESS;
+}
+
+// The kernel loaded on the current context's device; the function is the kernel's own value.
+CUresult cuKernelGetFunction(CUfunction* pFunc, CUkernel kernel) {
+  if (CUresult r = guard(true)) return r;
+  if (!pFunc || !kernel) return CUDA_ERROR_INVALID_VALUE;
+  if (cudaError_t err = load_function(context_device(), kernel); err != cudaSuccess)
+    return alloc_result(err);
+  *pFunc = reinterpret_cast<CUfunction>(kernel);
+  return CUDA_SUCCESS;
+}
+
+// The function loaded on the current context's device, as its first launch would load it.
+CUresult cuFuncLoad(CUfunction function) {
+  if (CUresult r = guard(true)) return r;
+  if (!function) return CUDA_ERROR_INVALID_HANDLE;
+  return alloc_result(load_function(context_device(), function));
+}
+
+CUresult cuModuleGetLoadingMode(CUmoduleLoadingMode* mode) {
+  if (CUresult r = guard()) return r;
+  if (!mode) return CUDA_ERROR_INVALID_VALUE;
+  *mode = config().lazy_loading ? CU_MODULE_LAZY_LOADING : CU_MODULE_EAGER_LOADING;
+  return CUDA_SUCCESS;
 }

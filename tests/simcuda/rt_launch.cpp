@@ -71,7 +71,7 @@ cudaError_t launch(const char* name, const void* func, dim3 grid, dim3 block, vo
         via_driver::launch_kernel(func, grid, block, args, shared_bytes, stream, per_thread));
   }
   if (!func) SIM_RETURN(cudaErrorInvalidDeviceFunction);
-  if (cudaError_t err = load_for_launch(current_device(), func); err != cudaSuccess)
+  if (cudaError_t err = load_function(current_device(), func); err != cudaSuccess)
     SIM_RETURN(err);
   std::fprintf(stderr, "simcuda: %s: the CUDA stand-in cannot run device code\n", name);
   SIM_RETURN(cudaErrorNotSupported);

@@ -55,6 +55,16 @@ Config load_config() {
       std::abort();
     }
   }
+  // CUDA's own variable. CUDA also takes DEFAULT (lazy since 12.2); the stand-in refuses it, as
+  // its default is eager.
+  if (const char* v = std::getenv("CUDA_MODULE_LOADING")) {
+    if (std::strcmp(v, "LAZY") == 0) {
+      c.lazy_loading = true;
+    } else if (std::strcmp(v, "EAGER") != 0) {
+      std::fprintf(stderr, "simcuda: CUDA_MODULE_LOADING=%s: expected LAZY or EAGER\n", v);
+      std::abort();
+    }
+  }
   c.op_delay_us = delay_from_env("SIMCUDA_OP_DELAY_US");
   c.free_delay_us = delay_from_env("SIMCUDA_FREE_DELAY_US");
   c.lookup_delay_us = delay_from_env("SIMCUDA_LOOKUP_DELAY_US");

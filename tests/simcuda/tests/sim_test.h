@@ -173,7 +173,8 @@ bool eventually(Pred pred, double seconds = 5.0) {
 }
 
 // Runs this program again as a child with `argument` and the extra environment entries `env`
-// ("NAME=value"); returns the child's stderr and sets its wait status.
+// ("NAME=value"; the stand-in's knobs and CUDA_MODULE_LOADING are unset first); returns the
+// child's stderr and sets its wait status.
 inline std::string run_child(const char* argument, std::initializer_list<const char*> env,
                              int* status) {
   int fds[2];
@@ -185,7 +186,8 @@ inline std::string run_child(const char* argument, std::initializer_list<const c
     close(fds[0]);
     close(fds[1]);
     for (const char* name : {"SIMCUDA_DEVICES", "SIMCUDA_DEVICE_MEMORY", "SIMCUDA_OP_DELAY_US",
-                             "SIMCUDA_STRICT", "SIMCUDA_CONCURRENT_MANAGED", "SIMCUDA_CODE_BYTES"})
+                             "SIMCUDA_STRICT", "SIMCUDA_CONCURRENT_MANAGED", "SIMCUDA_CODE_BYTES",
+                             "CUDA_MODULE_LOADING"})
       unsetenv(name);
     for (const char* e : env) putenv(const_cast<char*>(e));
     char self[4096];

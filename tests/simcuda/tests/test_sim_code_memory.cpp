@@ -3,7 +3,11 @@
 // out of memory, and remembers nothing, when the device cannot hold it), before the stand-in
 // refuses the launch as device code it cannot run; explicit module and library loads take it
 // until unloaded; a device reset gives it all back. Through the runtime's launches (the function
-// pointer or cudaKernel_t is the kernel) and the driver's (the CUfunction is).
+// pointer or cudaKernel_t is the kernel) and the driver's (the CUfunction is). The functions and
+// kernels got from loaded code (cuModuleGetFunction, cuLibraryGetKernel, cuKernelGetFunction,
+// cuFuncLoad) take nothing more when loading is eager (CUDA_MODULE_LOADING unset or EAGER, this
+// program); the cases named "lazy: ..." run in a child with CUDA_MODULE_LOADING=LAZY, where loads
+// take nothing and each function loads at its first use, and "any mode: ..." in both.
 // Runs with two devices of 1 GiB and 4 MiB a module. Built twice: against libcudart.so.13, and
 // (SIMTEST_STATIC_RUNTIME) against the static-runtime archive, whose launches reach the driver's
 // cuLaunchKernel through the resolver (Note [Static runtime] in rt_driver.cpp). Stand-in only: a
@@ -93,6 +97,15 @@ struct Api {
       driver().get<decltype(&cuLibraryLoadFromFile)>("cuLibraryLoadFromFile", 12000);
   decltype(&cuLibraryUnload) library_unload =
       driver().get<decltype(&cuLibraryUnload)>("cuLibraryUnload", 12000);
+  decltype(&cuModuleGetFunction) get_function =
+      driver().get<decltype(&cuModuleGetFunction)>("cuModuleGetFunction", 2000);
+  decltype(&cuLibraryGetKernel) get_kernel =
+      driver().get<decltype(&cuLibraryGetKernel)>("cuLibraryGetKernel", 12000);
+  decltype(&cuKernelGetFunction) kernel_function =
+      driver().get<decltype(&cuKernelGetFunction)>("cuKernelGetFunction", 12000);
+  decltype(&cuFuncLoad) func_load = driver().get<decltype(&cuFuncLoad)>("cuFuncLoad", 12040);
+  decltype(&cuModuleGetLoadingMode) loading_mode =
+      driver().get<decltype(&cuModuleGetLoadingMode)>("cuModuleGetLoadingMode", 11070);
   decltype(&cuDevicePrimaryCtxReset_v2) primary_reset =
       driver().get<decltype(&cuDevicePrimaryCtxReset_v2)>("cuDevicePrimaryCtxReset", 11000);
   decltype(&cuCtxCreate_v4) create = driver().get<decltype(&cuCtxCreate_v4)>("cuCtxCreate", 12050);
@@ -141,6 +154,79 @@ void* fill_but(size_t left) {
   CUDA_OK(cudaMalloc(&filler, free_bytes() - left));
   REQUIRE_EQ(free_bytes(), left);
   return filler;
+}
+
+CUmodule load_module() {
+  CUmodule module = nullptr;
+  REQUIRE_EQ(api().module_load_data(&module, kImage), CUDA_SUCCESS);
+  return module;
+}
+
+CUlibrary load_library() {
+  CUlibrary library = nullptr;
+  REQUIRE_EQ(api().library_load_data(&library, kImage, nullptr, nullptr, 0, nullptr, nullptr, 0),
+             CUDA_SUCCESS);
+  return library;
+}
+
+CUfunction get_function(CUmodule module, const char* name) {
+  CUfunction f = nullptr;
+  REQUIRE_EQ(api().get_function(&f, module, name), CUDA_SUCCESS);
+  REQUIRE(f != nullptr);
+  return f;
+}
+
+CUkernel get_kernel(CUlibrary library, const char* name) {
+  CUkernel k = nullptr;
+  REQUIRE_EQ(api().get_kernel(&k, library, name), CUDA_SUCCESS);
+  REQUIRE(k != nullptr);
+  return k;
+}
+
+CUfunction kernel_function(CUkernel kernel) {
+  CUfunction f = nullptr;
+  REQUIRE_EQ(api().kernel_function(&f, kernel), CUDA_SUCCESS);
+  return f;
+}
+
+CUresult launch_function(CUfunction f) {
+  return api().launch(f, 1, 1, 1, 32, 1, 1, 0, nullptr, nullptr, nullptr);
+}
+
+CUmoduleLoadingMode loading_mode() {
+  CUmoduleLoadingMode mode{};
+  REQUIRE_EQ(api().loading_mode(&mode), CUDA_SUCCESS);
+  return mode;
+}
+
+const auto kUntouchedFunction = reinterpret_cast<CUfunction>(uintptr_t{0x5ca1ab1e});
+const auto kUntouchedKernel = reinterpret_cast<CUkernel>(uintptr_t{0x5ca1ab1e});
+
+// The number of "lazy: ..." and "any mode: ..." cases: the lazy child must run them all.
+constexpr int kLazyChildCases = 7;
+
+// ---- The child that reports the loading mode --------------------------------------------------
+// 1: eager (the mode says so and a load takes SIMCUDA_CODE_BYTES=4M); 2: lazy (it says so and a
+// load takes nothing); otherwise the number of the check that failed.
+int mode_child() {
+  if (cudaFree(nullptr) != cudaSuccess) return 40;
+  void* lib = dlopen("libcuda.so.1", RTLD_NOW);
+  auto mode_of = reinterpret_cast<decltype(&cuModuleGetLoadingMode)>(
+      dlsym(lib, "cuModuleGetLoadingMode"));
+  auto load = reinterpret_cast<decltype(&cuModuleLoadData)>(dlsym(lib, "cuModuleLoadData"));
+  auto unload = reinterpret_cast<decltype(&cuModuleUnload)>(dlsym(lib, "cuModuleUnload"));
+  if (!mode_of || !load || !unload) return 41;
+  CUmoduleLoadingMode mode{};
+  if (mode_of(&mode) != CUDA_SUCCESS) return 42;
+  size_t before = 0, after = 0, total = 0;
+  CUmodule module = nullptr;
+  if (cudaMemGetInfo(&before, &total) != cudaSuccess) return 43;
+  if (load(&module, kImage) != CUDA_SUCCESS) return 44;
+  if (cudaMemGetInfo(&after, &total) != cudaSuccess) return 45;
+  if (unload(module) != CUDA_SUCCESS) return 46;
+  if (mode == CU_MODULE_EAGER_LOADING && before - after == kCode) return 1;
+  if (mode == CU_MODULE_LAZY_LOADING && before == after) return 2;
+  return 47;
 }
 
 // ---- The child with SIMCUDA_CODE_BYTES=0 -------------------------------------------------------
@@ -644,7 +730,428 @@ TEST_CASE("threads launching one kernel at once load it once") {
   CHECK_EQ(counter("live_allocations"), static_cast<uint64_t>(kThreads + 1));
 }
 
-TEST_CASE("the resolver's rows for launches and loads") {
+TEST_CASE("CUDA_MODULE_LOADING picks eager or lazy loading; other values stop the program") {
+  struct Run {
+    std::initializer_list<const char*> env;
+    int exit_code;
+  };
+  const Run runs[] = {
+      {{"SIMCUDA_CODE_BYTES=4M"}, 1},
+      {{"SIMCUDA_CODE_BYTES=4M", "CUDA_MODULE_LOADING=EAGER"}, 1},
+      {{"SIMCUDA_CODE_BYTES=4M", "CUDA_MODULE_LOADING=LAZY"}, 2},
+  };
+  for (const Run& run : runs) {
+    CAPTURE(*(run.env.end() - 1));
+    int status = 0;
+    const std::string err = simtest::run_child("--mode", run.env, &status);
+    INFO(err);
+    REQUIRE(WIFEXITED(status));
+    CHECK_EQ(WEXITSTATUS(status), run.exit_code);
+  }
+  for (const char* bad : {"CUDA_MODULE_LOADING=lazy", "CUDA_MODULE_LOADING=DEFAULT",
+                          "CUDA_MODULE_LOADING=", "CUDA_MODULE_LOADING=LAZY "}) {
+    CAPTURE(bad);
+    int status = 0;
+    const std::string err = simtest::run_child("--mode", {"SIMCUDA_CODE_BYTES=4M", bad}, &status);
+    CHECK(WIFSIGNALED(status));
+    CHECK(err.find("simcuda: CUDA_MODULE_LOADING=") != std::string::npos);
+  }
+}
+
+TEST_CASE("CUDA_MODULE_LOADING=LAZY: the lazy cases pass in a child") {
+  int status = 0;
+  const std::string err = simtest::run_child(
+      "--lazy",
+      {"SIMCUDA_DEVICES=2", "SIMCUDA_DEVICE_MEMORY=1G", "SIMCUDA_CODE_BYTES=4M",
+       "CUDA_MODULE_LOADING=LAZY"},
+      &status);
+  INFO(err);
+  REQUIRE(WIFEXITED(status));
+  CHECK_EQ(WEXITSTATUS(status), 0);
+  // Every lazy case ran, and passed.
+  const size_t at = err.find("[doctest] test cases:");
+  REQUIRE(at != std::string::npos);
+  int ran = -1, passed = -1, failed = -1;
+  REQUIRE_EQ(std::sscanf(err.c_str() + at, "[doctest] test cases: %d | %d passed | %d failed", &ran,
+                         &passed, &failed),
+             3);
+  CHECK_EQ(ran, kLazyChildCases);
+  CHECK_EQ(passed, kLazyChildCases);
+  CHECK_EQ(failed, 0);
+}
+
+TEST_CASE("eager: what is got from loaded code was loaded with it; other functions load as "
+          "launched") {
+  fresh();
+  const Api& a = api();
+  CHECK_EQ(loading_mode(), CU_MODULE_EAGER_LOADING);
+  const CUmodule module = load_module();
+  CHECK_EQ(free_bytes(), kCapacity - kCode);
+
+  // A module's functions: one handle per name, no memory, not even on a full device.
+  const CUfunction fa = get_function(module, "a");
+  CHECK_EQ(get_function(module, "a"), fa);
+  const CUfunction fb = get_function(module, "b");
+  CHECK(fb != fa);
+  CHECK_EQ(free_bytes(), kCapacity - kCode);
+  CHECK_EQ(launch_function(fa), CUDA_ERROR_NOT_SUPPORTED);
+  CHECK_EQ(a.func_load(fb), CUDA_SUCCESS);
+  CHECK_EQ(free_bytes(), kCapacity - kCode);
+  void* filler = fill_but(kCode - 256);
+  const CUfunction fc = get_function(module, "c");
+  CHECK_EQ(launch_function(fc), CUDA_ERROR_NOT_SUPPORTED);
+  CHECK_EQ(free_bytes(), kCode - 256);
+  CUDA_OK(cudaFree(filler));
+
+  // A library's kernels and their functions, on either device.
+  const CUlibrary library = load_library();
+  CHECK_EQ(free_bytes(), kCapacity - 2 * kCode);
+  const CUkernel ka = get_kernel(library, "a");
+  CHECK_EQ(get_kernel(library, "a"), ka);
+  CHECK(get_kernel(library, "b") != ka);
+  CHECK(reinterpret_cast<void*>(ka) != reinterpret_cast<void*>(fa));  // the library's own
+  const CUfunction kfa = kernel_function(ka);
+  CHECK_EQ(reinterpret_cast<void*>(kfa), reinterpret_cast<void*>(ka));
+  CHECK_EQ(launch_function(kfa), CUDA_ERROR_NOT_SUPPORTED);
+  CHECK_EQ(a.func_load(kfa), CUDA_SUCCESS);
+  CHECK_EQ(free_bytes(), kCapacity - 2 * kCode);
+  CUDA_OK(cudaSetDevice(1));
+  CHECK_EQ(kernel_function(ka), kfa);
+  CHECK_EQ(launch_function(fa), CUDA_ERROR_NOT_SUPPORTED);
+  CHECK_EQ(free_bytes(), kCapacity);
+  CUDA_OK(cudaSetDevice(0));
+
+  // Functions the stand-in did not hand out load as their first launch would, once.
+  const CUfunction other = as_function(new_kernel());
+  CHECK_EQ(a.func_load(other), CUDA_SUCCESS);
+  CHECK_EQ(free_bytes(), kCapacity - 3 * kCode);
+  CHECK_EQ(a.func_load(other), CUDA_SUCCESS);
+  CHECK_EQ(launch_function(other), CUDA_ERROR_NOT_SUPPORTED);
+  CHECK_EQ(free_bytes(), kCapacity - 3 * kCode);
+  const auto runtime_kernel = reinterpret_cast<CUkernel>(const_cast<void*>(new_kernel()));
+  CHECK_EQ(kernel_function(runtime_kernel), reinterpret_cast<CUfunction>(runtime_kernel));
+  CHECK_EQ(free_bytes(), kCapacity - 4 * kCode);
+  refused(rt_launch(runtime_kernel));
+  CHECK_EQ(free_bytes(), kCapacity - 4 * kCode);
+  filler = fill_but(kCode - 256);
+  CUfunction f = kUntouchedFunction;
+  CHECK_EQ(a.func_load(as_function(new_kernel())), CUDA_ERROR_OUT_OF_MEMORY);
+  CHECK_EQ(a.kernel_function(&f, reinterpret_cast<CUkernel>(const_cast<void*>(new_kernel()))),
+           CUDA_ERROR_OUT_OF_MEMORY);
+  CHECK_EQ(f, kUntouchedFunction);
+  CHECK_EQ(free_bytes(), kCode - 256);
+  CUDA_OK(cudaFree(filler));
+
+  // Unloaded, the module's functions and the library's kernels are refused.
+  CHECK_EQ(a.module_unload(module), CUDA_SUCCESS);
+  CHECK_EQ(free_bytes(), kCapacity - 3 * kCode);
+  CHECK_EQ(a.get_function(&f, module, "a"), CUDA_ERROR_INVALID_HANDLE);
+  CHECK_EQ(launch_function(fa), CUDA_ERROR_INVALID_HANDLE);
+  CHECK_EQ(a.func_load(fb), CUDA_ERROR_INVALID_HANDLE);
+  CHECK_EQ(a.library_unload(library), CUDA_SUCCESS);
+  CHECK_EQ(free_bytes(), kCapacity - 2 * kCode);
+  CUkernel k = kUntouchedKernel;
+  CHECK_EQ(a.get_kernel(&k, library, "a"), CUDA_ERROR_INVALID_HANDLE);
+  CHECK_EQ(a.kernel_function(&f, ka), CUDA_ERROR_INVALID_HANDLE);
+  CHECK_EQ(launch_function(kfa), CUDA_ERROR_INVALID_HANDLE);
+  CHECK_EQ(f, kUntouchedFunction);
+  CHECK_EQ(k, kUntouchedKernel);
+  CHECK_EQ(free_bytes(), kCapacity - 2 * kCode);
+}
+
+TEST_CASE("eager: a reset refuses a module's functions; a library's kernels still take nothing") {
+  fresh();
+  const Api& a = api();
+  const CUmodule module = load_module();
+  const CUfunction f = get_function(module, "a");
+  const CUlibrary library = load_library();
+  const CUkernel k = get_kernel(library, "a");
+  CHECK_EQ(free_bytes(), kCapacity - 2 * kCode);
+  CHECK_EQ(a.primary_reset(0), CUDA_SUCCESS);
+  CUDA_OK(cudaFree(nullptr));
+  CHECK_EQ(free_bytes(), kCapacity);
+  CHECK_EQ(launch_function(f), CUDA_ERROR_INVALID_HANDLE);
+  CHECK_EQ(a.func_load(f), CUDA_ERROR_INVALID_HANDLE);
+  CHECK_EQ(kernel_function(k), reinterpret_cast<CUfunction>(k));
+  CHECK_EQ(launch_function(reinterpret_cast<CUfunction>(k)), CUDA_ERROR_NOT_SUPPORTED);
+  CHECK_EQ(free_bytes(), kCapacity);
+  CHECK_EQ(a.library_unload(library), CUDA_SUCCESS);
+}
+
+TEST_CASE("any mode: the getters' arguments, handles and contexts") {
+  fresh();
+  const Api& a = api();
+  const CUmodule module = load_module();
+  const CUlibrary library = load_library();
+  const size_t loaded = free_bytes();
+  CUfunction f = kUntouchedFunction;
+  CUkernel k = kUntouchedKernel;
+  CHECK_EQ(a.get_function(nullptr, module, "a"), CUDA_ERROR_INVALID_VALUE);
+  CHECK_EQ(a.get_function(&f, module, nullptr), CUDA_ERROR_INVALID_VALUE);
+  CHECK_EQ(a.get_function(&f, nullptr, "a"), CUDA_ERROR_INVALID_HANDLE);
+  CHECK_EQ(a.get_function(&f, reinterpret_cast<CUmodule>(library), "a"),
+           CUDA_ERROR_INVALID_HANDLE);
+  CHECK_EQ(a.get_function(&f, reinterpret_cast<CUmodule>(&f), "a"), CUDA_ERROR_INVALID_HANDLE);
+  CHECK_EQ(a.get_kernel(nullptr, library, "a"), CUDA_ERROR_INVALID_VALUE);
+  CHECK_EQ(a.get_kernel(&k, library, nullptr), CUDA_ERROR_INVALID_VALUE);
+  CHECK_EQ(a.get_kernel(&k, nullptr, "a"), CUDA_ERROR_INVALID_HANDLE);
+  CHECK_EQ(a.get_kernel(&k, reinterpret_cast<CUlibrary>(module), "a"), CUDA_ERROR_INVALID_HANDLE);
+  const CUkernel kernel = get_kernel(library, "a");
+  CHECK_EQ(a.kernel_function(nullptr, kernel), CUDA_ERROR_INVALID_VALUE);
+  CHECK_EQ(a.kernel_function(&f, nullptr), CUDA_ERROR_INVALID_VALUE);
+  CHECK_EQ(a.func_load(nullptr), CUDA_ERROR_INVALID_HANDLE);
+  CHECK_EQ(a.loading_mode(nullptr), CUDA_ERROR_INVALID_VALUE);
+  CHECK_EQ(f, kUntouchedFunction);
+  CHECK_EQ(k, kUntouchedKernel);
+  // A module's function never shares a library's kernel's handle, nor another module's.
+  const CUmodule other = load_module();
+  CHECK(get_function(module, "a") != get_function(other, "a"));
+  CHECK(reinterpret_cast<void*>(get_function(module, "a")) != reinterpret_cast<void*>(kernel));
+
+  // Only cuLibraryGetKernel needs no current context.
+  CUresult got_function = CUDA_SUCCESS, got_kernel = CUDA_ERROR_UNKNOWN;
+  CUresult kernel_function = CUDA_SUCCESS, func_load = CUDA_SUCCESS;
+  CUkernel kb = nullptr;
+  const size_t before = free_bytes();
+  std::thread([&] {
+    got_function = a.get_function(&f, module, "z");
+    got_kernel = a.get_kernel(&kb, library, "b");
+    kernel_function = a.kernel_function(&f, kernel);
+    func_load = a.func_load(as_function(new_kernel()));
+  }).join();
+  CHECK_EQ(got_function, CUDA_ERROR_INVALID_CONTEXT);
+  CHECK_EQ(got_kernel, CUDA_SUCCESS);
+  CHECK_EQ(kb, get_kernel(library, "b"));
+  CHECK_EQ(kernel_function, CUDA_ERROR_INVALID_CONTEXT);
+  CHECK_EQ(func_load, CUDA_ERROR_INVALID_CONTEXT);
+  CHECK_EQ(f, kUntouchedFunction);
+  CHECK_EQ(free_bytes(), before);
+  CHECK(before <= loaded);
+  CHECK_EQ(a.module_unload(module), CUDA_SUCCESS);
+  CHECK_EQ(a.module_unload(other), CUDA_SUCCESS);
+  CHECK_EQ(a.library_unload(library), CUDA_SUCCESS);
+  CHECK_EQ(free_bytes(), kCapacity);
+}
+
+TEST_CASE("lazy: loads take nothing; a module's function loads at its first get, once a name") {
+  fresh();
+  const Api& a = api();
+  CHECK_EQ(loading_mode(), CU_MODULE_LAZY_LOADING);
+  CUmodule modules[4] = {};
+  REQUIRE_EQ(a.module_load_data(&modules[0], kImage), CUDA_SUCCESS);
+  REQUIRE_EQ(a.module_load_data_ex(&modules[1], kImage, 0, nullptr, nullptr), CUDA_SUCCESS);
+  REQUIRE_EQ(a.module_load_fat_binary(&modules[2], kImage), CUDA_SUCCESS);
+  REQUIRE_EQ(a.module_load(&modules[3], "/proc/self/exe"), CUDA_SUCCESS);
+  CUlibrary libraries[2] = {};
+  REQUIRE_EQ(a.library_load_data(&libraries[0], kImage, nullptr, nullptr, 0, nullptr, nullptr, 0),
+             CUDA_SUCCESS);
+  REQUIRE_EQ(a.library_load_from_file(&libraries[1], "/proc/self/exe", nullptr, nullptr, 0,
+                                      nullptr, nullptr, 0),
+             CUDA_SUCCESS);
+  CHECK_EQ(free_bytes(), kCapacity);
+  CHECK_EQ(counter("live_allocations"), 0u);
+
+  const CUfunction fa = get_function(modules[0], "a");
+  CHECK_EQ(free_bytes(), kCapacity - kCode);
+  CHECK_EQ(counter("live_allocations"), 1u);
+  CHECK_EQ(get_function(modules[0], "a"), fa);
+  CHECK_EQ(free_bytes(), kCapacity - kCode);
+  const CUfunction fb = get_function(modules[0], "b");
+  CHECK(fb != fa);
+  CHECK_EQ(free_bytes(), kCapacity - 2 * kCode);
+  const CUfunction other = get_function(modules[3], "a");
+  CHECK(other != fa);
+  CHECK_EQ(free_bytes(), kCapacity - 3 * kCode);
+
+  // Loaded: launches and cuFuncLoad take nothing more.
+  CHECK_EQ(launch_function(fa), CUDA_ERROR_NOT_SUPPORTED);
+  CHECK_EQ(drv_launch(fb), CUDA_ERROR_NOT_SUPPORTED);
+  CHECK_EQ(a.func_load(fa), CUDA_SUCCESS);
+  CHECK_EQ(free_bytes(), kCapacity - 3 * kCode);
+  // The runtime's kernels load at their first launch, as when eager.
+  refused(rt_launch(new_kernel()));
+  CHECK_EQ(free_bytes(), kCapacity - 4 * kCode);
+
+  // An unload gives back what its functions took, and refuses them afterwards.
+  CHECK_EQ(a.module_unload(modules[0]), CUDA_SUCCESS);
+  CHECK_EQ(free_bytes(), kCapacity - 2 * kCode);
+  CUfunction f = kUntouchedFunction;
+  CHECK_EQ(a.get_function(&f, modules[0], "a"), CUDA_ERROR_INVALID_HANDLE);
+  CHECK_EQ(launch_function(fa), CUDA_ERROR_INVALID_HANDLE);
+  CHECK_EQ(a.func_load(fb), CUDA_ERROR_INVALID_HANDLE);
+  CHECK_EQ(f, kUntouchedFunction);
+  for (int i = 1; i < 4; ++i) CHECK_EQ(a.module_unload(modules[i]), CUDA_SUCCESS);
+  for (CUlibrary library : libraries) CHECK_EQ(a.library_unload(library), CUDA_SUCCESS);
+  CHECK_EQ(free_bytes(), kCapacity - kCode);
+  CHECK_EQ(counter("live_allocations"), 1u);
+}
+
+TEST_CASE("lazy: a function the device cannot hold is out of memory and remembered nowhere") {
+  fresh();
+  const Api& a = api();
+  const CUmodule module = load_module();
+  const CUlibrary library = load_library();
+  const CUkernel kernel = get_kernel(library, "k");
+  const CUkernel launched = get_kernel(library, "launched");
+  CUfunction f = kUntouchedFunction;
+  void* filler = fill_but(kCode - 256);
+  CHECK_EQ(a.get_function(&f, module, "a"), CUDA_ERROR_OUT_OF_MEMORY);
+  CHECK_EQ(a.kernel_function(&f, kernel), CUDA_ERROR_OUT_OF_MEMORY);
+  CHECK_EQ(f, kUntouchedFunction);
+  CHECK_EQ(a.func_load(reinterpret_cast<CUfunction>(kernel)), CUDA_ERROR_OUT_OF_MEMORY);
+  CHECK_EQ(launch_function(reinterpret_cast<CUfunction>(launched)), CUDA_ERROR_OUT_OF_MEMORY);
+  CHECK_EQ(free_bytes(), kCode - 256);
+  CHECK_EQ(counter("live_allocations"), 1u);
+  CUDA_OK(cudaFree(filler));
+
+  const CUfunction fa = get_function(module, "a");
+  CHECK_EQ(free_bytes(), kCapacity - kCode);
+  CHECK_EQ(get_function(module, "a"), fa);  // the same handle as the refused get would have had
+  CHECK_EQ(a.func_load(reinterpret_cast<CUfunction>(kernel)), CUDA_SUCCESS);
+  CHECK_EQ(kernel_function(kernel), reinterpret_cast<CUfunction>(kernel));
+  CHECK_EQ(free_bytes(), kCapacity - 2 * kCode);
+  CHECK_EQ(launch_function(reinterpret_cast<CUfunction>(launched)), CUDA_ERROR_NOT_SUPPORTED);
+  CHECK_EQ(free_bytes(), kCapacity - 3 * kCode);
+  CHECK_EQ(a.module_unload(module), CUDA_SUCCESS);
+  CHECK_EQ(a.library_unload(library), CUDA_SUCCESS);
+  CHECK_EQ(free_bytes(), kCapacity);
+}
+
+TEST_CASE("lazy: a library's kernels load at cuKernelGetFunction, cuFuncLoad or first launch, "
+          "once a device") {
+  fresh();
+  const Api& a = api();
+  const CUlibrary library = load_library();
+  const CUlibrary other = load_library();
+  const CUkernel ka = get_kernel(library, "a");
+  CHECK_EQ(get_kernel(library, "a"), ka);
+  const CUkernel kb = get_kernel(library, "b");
+  const CUkernel kc = get_kernel(library, "c");
+  CHECK(kb != ka);
+  CHECK(get_kernel(other, "a") != ka);
+  CHECK_EQ(free_bytes(), kCapacity);
+  CHECK_EQ(counter("live_allocations"), 0u);
+
+  const CUfunction fa = kernel_function(ka);
+  CHECK_EQ(reinterpret_cast<void*>(fa), reinterpret_cast<void*>(ka));
+  CHECK_EQ(free_bytes(), kCapacity - kCode);
+  CHECK_EQ(kernel_function(ka), fa);
+  CHECK_EQ(a.func_load(fa), CUDA_SUCCESS);
+  CHECK_EQ(launch_function(fa), CUDA_ERROR_NOT_SUPPORTED);
+  CHECK_EQ(free_bytes(), kCapacity - kCode);
+
+  CHECK_EQ(a.func_load(reinterpret_cast<CUfunction>(kb)), CUDA_SUCCESS);
+  CHECK_EQ(free_bytes(), kCapacity - 2 * kCode);
+  CHECK_EQ(kernel_function(kb), reinterpret_cast<CUfunction>(kb));
+  CHECK_EQ(free_bytes(), kCapacity - 2 * kCode);
+
+  CHECK_EQ(launch_function(reinterpret_cast<CUfunction>(kc)), CUDA_ERROR_NOT_SUPPORTED);
+  CHECK_EQ(free_bytes(), kCapacity - 3 * kCode);
+  CHECK_EQ(kernel_function(kc), reinterpret_cast<CUfunction>(kc));
+  CHECK_EQ(free_bytes(), kCapacity - 3 * kCode);
+
+  // Another device loads its own.
+  CUDA_OK(cudaSetDevice(1));
+  CHECK_EQ(kernel_function(ka), fa);
+  CHECK_EQ(free_bytes(), kCapacity - kCode);
+  CHECK_EQ(launch_function(fa), CUDA_ERROR_NOT_SUPPORTED);
+  CHECK_EQ(free_bytes(), kCapacity - kCode);
+  CUDA_OK(cudaSetDevice(0));
+  CHECK_EQ(free_bytes(), kCapacity - 3 * kCode);
+
+  // The library's unload gives back what its kernels took, on every device.
+  CHECK_EQ(a.library_unload(library), CUDA_SUCCESS);
+  CHECK_EQ(free_bytes(), kCapacity);
+  CHECK_EQ(free_on(1), kCapacity);
+  CUfunction f = kUntouchedFunction;
+  CUkernel k = kUntouchedKernel;
+  CHECK_EQ(a.kernel_function(&f, ka), CUDA_ERROR_INVALID_HANDLE);
+  CHECK_EQ(a.func_load(fa), CUDA_ERROR_INVALID_HANDLE);
+  CHECK_EQ(a.get_kernel(&k, library, "a"), CUDA_ERROR_INVALID_HANDLE);
+  CHECK_EQ(f, kUntouchedFunction);
+  CHECK_EQ(k, kUntouchedKernel);
+  CHECK_EQ(a.library_unload(other), CUDA_SUCCESS);
+}
+
+TEST_CASE("lazy: a reset forgets what was loaded on the device") {
+  fresh();
+  const Api& a = api();
+  const CUmodule module = load_module();
+  const CUfunction f = get_function(module, "a");
+  const CUlibrary library = load_library();
+  const CUkernel k = get_kernel(library, "a");
+  CHECK_EQ(kernel_function(k), reinterpret_cast<CUfunction>(k));
+  CUDA_OK(cudaSetDevice(1));
+  CHECK_EQ(kernel_function(k), reinterpret_cast<CUfunction>(k));
+  CUDA_OK(cudaSetDevice(0));
+  CHECK_EQ(free_bytes(), kCapacity - 2 * kCode);
+
+  CHECK_EQ(a.primary_reset(0), CUDA_SUCCESS);
+  CUDA_OK(cudaFree(nullptr));
+  CHECK_EQ(free_bytes(), kCapacity);
+  CHECK_EQ(free_on(1), kCapacity - kCode);  // another device keeps its own
+  CHECK_EQ(a.module_unload(module), CUDA_ERROR_INVALID_HANDLE);
+  CHECK_EQ(launch_function(f), CUDA_ERROR_INVALID_HANDLE);
+  // The library stays loaded: its kernel loads again.
+  CHECK_EQ(kernel_function(k), reinterpret_cast<CUfunction>(k));
+  CHECK_EQ(free_bytes(), kCapacity - kCode);
+  CHECK_EQ(kernel_function(k), reinterpret_cast<CUfunction>(k));
+  CHECK_EQ(free_bytes(), kCapacity - kCode);
+  CHECK_EQ(a.library_unload(library), CUDA_SUCCESS);
+  CHECK_EQ(free_bytes(), kCapacity);
+  CHECK_EQ(free_on(1), kCapacity);
+  CHECK_EQ(counter("live_allocations"), 0u);
+}
+
+TEST_CASE("lazy: destroying a created context gives back its modules' functions") {
+  fresh();
+  const Api& a = api();
+  CUcontext own = nullptr;
+  REQUIRE_EQ(a.create(&own, nullptr, 0, 0), CUDA_SUCCESS);  // current now
+  const CUmodule module = load_module();
+  const CUfunction f = get_function(module, "a");
+  get_function(module, "b");
+  CHECK_EQ(free_bytes(), kCapacity - 2 * kCode);
+  CHECK_EQ(a.destroy(own), CUDA_SUCCESS);
+  CHECK_EQ(free_bytes(), kCapacity);
+  CHECK_EQ(a.module_unload(module), CUDA_ERROR_INVALID_HANDLE);
+  CHECK_EQ(launch_function(f), CUDA_ERROR_INVALID_HANDLE);
+  CHECK_EQ(free_bytes(), kCapacity);
+}
+
+TEST_CASE("lazy: threads getting one function at once load it once") {
+  fresh();
+  constexpr int kThreads = 8;
+  const CUmodule module = load_module();
+  const CUlibrary library = load_library();
+  const CUkernel kernel = get_kernel(library, "shared");
+  std::atomic<int> ready{0};
+  std::atomic<int> wrong{0};
+  std::vector<CUfunction> got(kThreads);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      if (cudaFree(nullptr) != cudaSuccess) wrong.fetch_add(1);  // binds device 0's context
+      ready.fetch_add(1);
+      while (ready.load() < kThreads) std::this_thread::yield();
+      CUfunction f = nullptr;
+      if (api().get_function(&got[static_cast<size_t>(t)], module, "shared") != CUDA_SUCCESS)
+        wrong.fetch_add(1);
+      if (api().kernel_function(&f, kernel) != CUDA_SUCCESS) wrong.fetch_add(1);
+      if (api().func_load(f) != CUDA_SUCCESS) wrong.fetch_add(1);
+    });
+  }
+  for (std::thread& thread : threads) thread.join();
+  CHECK_EQ(wrong.load(), 0);
+  for (CUfunction f : got) CHECK_EQ(f, got[0]);
+  CHECK_EQ(free_bytes(), kCapacity - 2 * kCode);
+  CHECK_EQ(counter("live_allocations"), 2u);
+  CHECK_EQ(api().module_unload(module), CUDA_SUCCESS);
+  CHECK_EQ(api().library_unload(library), CUDA_SUCCESS);
+  CHECK_EQ(free_bytes(), kCapacity);
+}
+
+TEST_CASE("the resolver's rows for launches, loads and getters") {
   simtest::Driver& drv = driver();
   constexpr cuuint64_t kPerThread = CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM;
   struct Row {
@@ -666,6 +1173,11 @@ TEST_CASE("the resolver's rows for launches and loads") {
       {"cuLibraryLoadData", 12000, "cuLibraryLoadData", "cuLibraryLoadData"},
       {"cuLibraryLoadFromFile", 12000, "cuLibraryLoadFromFile", "cuLibraryLoadFromFile"},
       {"cuLibraryUnload", 12000, "cuLibraryUnload", "cuLibraryUnload"},
+      {"cuModuleGetFunction", 2000, "cuModuleGetFunction", "cuModuleGetFunction"},
+      {"cuModuleGetLoadingMode", 11070, "cuModuleGetLoadingMode", "cuModuleGetLoadingMode"},
+      {"cuLibraryGetKernel", 12000, "cuLibraryGetKernel", "cuLibraryGetKernel"},
+      {"cuKernelGetFunction", 12000, "cuKernelGetFunction", "cuKernelGetFunction"},
+      {"cuFuncLoad", 12040, "cuFuncLoad", "cuFuncLoad"},
   };
   for (const Row& row : rows) {
     CAPTURE(row.name);
@@ -685,12 +1197,24 @@ TEST_CASE("the resolver's rows for launches and loads") {
 int main(int argc, char** argv) {
   if (argc == 2 && std::strcmp(argv[1], "--knob-zero") == 0) return knob_zero_child();
   if (argc == 2 && std::strcmp(argv[1], "--routing") == 0) return routing_child();
+  if (argc == 2 && std::strcmp(argv[1], "--mode") == 0) return mode_child();
+  if (argc == 2 && std::strcmp(argv[1], "--lazy") == 0) {
+    dup2(2, 1);  // doctest's report where run_child reads
+    doctest::Context context;
+    context.addFilter("test-case", "lazy: *,any mode: *");
+    return context.run();
+  }
   simtest::exit_77_without_stand_in(kProgram);
   const char* knob = std::getenv("SIMCUDA_CODE_BYTES");
-  if (!knob || std::strcmp(knob, "4M") != 0) {
-    std::fprintf(stderr, "%s: expects SIMCUDA_CODE_BYTES=4M (meson.build sets it)\n", kProgram);
+  const char* mode = std::getenv("CUDA_MODULE_LOADING");
+  if (!knob || std::strcmp(knob, "4M") != 0 || !mode || std::strcmp(mode, "EAGER") != 0) {
+    std::fprintf(stderr,
+                 "%s: expects SIMCUDA_CODE_BYTES=4M and CUDA_MODULE_LOADING=EAGER (meson.build "
+                 "sets them)\n",
+                 kProgram);
     return 1;
   }
   doctest::Context context(argc, argv);
+  context.addFilter("test-case-exclude", "lazy: *");
   return context.run();
 }

@@ -101,7 +101,8 @@ TEST_CASE("malformed values stop the program with a message naming the variable"
                        "SIMCUDA_DEVICE_MEMORY=0",    "SIMCUDA_DEVICE_MEMORY=-1G",
                        "SIMCUDA_DEVICES=two",        "SIMCUDA_DEVICES=-1",
                        "SIMCUDA_DEVICES=65",         "SIMCUDA_OP_DELAY_US=1ms",
-                       "SIMCUDA_CODE_BYTES=4Q",      "SIMCUDA_CODE_BYTES=-1"};
+                       "SIMCUDA_CODE_BYTES=4Q",      "SIMCUDA_CODE_BYTES=-1",
+                       "CUDA_MODULE_LOADING=DEFAULT"};
   for (const char* env : bad) {
     CAPTURE(env);
     int status = 0;
