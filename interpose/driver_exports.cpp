@@ -408,6 +408,28 @@ POOLCUDA_EXPORT CUresult cuLibraryLoadFromFile(CUlibrary* library, const char* f
   });
 }
 
+// With lazy loading a module's kernels load when the program asks for them, not with the module.
+POOLCUDA_EXPORT CUresult cuModuleGetFunction(CUfunction* hfunc, CUmodule hmod, const char* name) {
+  return load_with_room(Loads::into_current, nullptr, 0,
+                        [&] { return dr::cuModuleGetFunction()(hfunc, hmod, name); });
+}
+
+POOLCUDA_EXPORT CUresult cuLibraryGetKernel(CUkernel* pKernel, CUlibrary library,
+                                            const char* name) {
+  return load_with_room(Loads::into_every_context, nullptr, 0,
+                        [&] { return dr::cuLibraryGetKernel()(pKernel, library, name); });
+}
+
+POOLCUDA_EXPORT CUresult cuKernelGetFunction(CUfunction* pFunc, CUkernel kernel) {
+  return load_with_room(Loads::into_current, nullptr, 0,
+                        [&] { return dr::cuKernelGetFunction()(pFunc, kernel); });
+}
+
+POOLCUDA_EXPORT CUresult cuFuncLoad(CUfunction function) {
+  return load_with_room(Loads::into_current, nullptr, 0,
+                        [&] { return dr::cuFuncLoad()(function); });
+}
+
 POOLCUDA_EXPORT CUresult cuCtxSynchronize() {
   if (pc::bypass()) return dr::cuCtxSynchronize()();
   return pc::guarded([&] { return dh::ctx_synchronize(); });

@@ -118,7 +118,11 @@ CUresult cuLaunchCooperativeKernel_ptsz(CUfunction f, unsigned int gridDimX,
   X(cuModuleLoadDataEx, "cuModuleLoadDataEx", 2010, false)                             \
   X(cuModuleLoadFatBinary, "cuModuleLoadFatBinary", 2000, false)                       \
   X(cuLibraryLoadData, "cuLibraryLoadData", 12000, false)                              \
-  X(cuLibraryLoadFromFile, "cuLibraryLoadFromFile", 12000, false)
+  X(cuLibraryLoadFromFile, "cuLibraryLoadFromFile", 12000, false)                      \
+  X(cuModuleGetFunction, "cuModuleGetFunction", 2000, false)                           \
+  X(cuLibraryGetKernel, "cuLibraryGetKernel", 12000, false)                            \
+  X(cuKernelGetFunction, "cuKernelGetFunction", 12000, false)                          \
+  X(cuFuncLoad, "cuFuncLoad", 12040, false)
 
 namespace poolcuda::driver {
 

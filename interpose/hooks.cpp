@@ -294,8 +294,8 @@ cudaError_t with_room(int device, std::size_t size, const std::function<cudaErro
 // pools' idle pages may hold; so does a module or library the program loads. A launch or load
 // refused for lack of memory was never queued or loaded, so it is tried once more after the pools
 // gave their idle memory back: a launch's from its stream's device (a CUkernel runs in its
-// stream's context), a module's from the current device, a library's (which loads into every
-// context) from the current device and then every other. The give-back waits only for the
+// stream's context), a library's load or kernel (a library loads into every context) from the
+// current device and then every other, the others from the current device. The give-back waits only for the
 // fences of frees that were not stream-ordered: memory freed onto a stream the program has
 // parked is not free under plain CUDA either, and a launch must not wait 10 s for it. Through a
 // runtime that reaches the driver's launch the driver hook does all that (driver_exports.cpp),
@@ -304,9 +304,10 @@ cudaError_t with_room(int device, std::size_t size, const std::function<cudaErro
 // so the slot is cleared then. An error of the program's own still waiting there goes with it:
 // asking the slot before every launch, to keep it, would cost every launch for the sake of one
 // that may never fail.
-// Not covered: the other places where lazy loading may load a module (the runtime's
-// cudaFuncSetAttribute, cudaFuncGetAttributes, occupancy and symbol calls; the driver's
-// cuModuleGetFunction, cuLibraryGetKernel, cuKernelGetFunction, cuFuncLoad), graph
+// With lazy loading a module's or library's kernels load when the program asks for them
+// (cuModuleGetFunction, cuLibraryGetKernel, cuKernelGetFunction, cuFuncLoad): those get the same.
+// Not covered: the runtime's other calls where lazy loading may load a module
+// (cudaFuncSetAttribute, cudaFuncGetAttributes, occupancy and symbol calls), graph
 // instantiation, and anything during a stream capture, where the pools give nothing back.
 cudaError_t launch_again(cudaError_t first, const std::function<cudaError_t()>& real) {
   if (!pooling::give_back_idle(current_device(), GiveBackWait::cudafree_fences)) return first;

@@ -41,7 +41,8 @@ for hooked in poolcuda_library_marker cudaMalloc cudaFree cudaFreeAsync cudaFree
               cuMipmappedArrayCreate cuLaunchKernel cuLaunchKernel_ptsz cuLaunchKernelEx \
               cuLaunchKernelEx_ptsz cuLaunchCooperativeKernel cuLaunchCooperativeKernel_ptsz \
               cuModuleLoad cuModuleLoadData cuModuleLoadDataEx cuModuleLoadFatBinary \
-              cuLibraryLoadData cuLibraryLoadFromFile; do
+              cuLibraryLoadData cuLibraryLoadFromFile cuModuleGetFunction cuLibraryGetKernel \
+              cuKernelGetFunction cuFuncLoad; do
   if ! echo "$symbols" | grep -qx "$hooked"; then
     echo "hooked entry point not exported: $hooked"
     status=1

@@ -5,8 +5,8 @@
 // keep idle; every load then succeeds, as it does without the library: the runtime's launches
 // (which the stand-in goes on to refuse as device code it cannot run, so the last-error slot must
 // hold exactly that refusal), the driver's launches, called and resolved, and explicit module and
-// library loads (test_static_runtime.cpp has a program whose runtime reaches the driver's launch
-// itself). A launch short of memory that only live buffers hold, or a buffer freed onto a parked
+// library loads, and with lazy loading the calls that load a module's or library's kernels
+// (test_static_runtime.cpp has a program whose runtime reaches the driver's launch itself). A launch short of memory that only live buffers hold, or a buffer freed onto a parked
 // stream, still fails, at once and with the driver's error. Runs on the stand-in only: a GPU
 // would need real kernels.
 #include <cuda.h>
@@ -189,6 +189,35 @@ void explicit_loads(const char* program) {
   });
 }
 
+// Run with CUDA_MODULE_LOADING=LAZY: loads take nothing, and a module's kernel loads when the
+// program asks for it, a library's when it is got as a function or loaded: each finds the room.
+int lazy_child() {
+  CHECK_CUDA(cudaFree(nullptr));
+  CUmodule module = nullptr;
+  CHECK_CU(cuModuleLoadData(&module, kImage));
+  driver_call("cuModuleGetFunction", CUDA_SUCCESS, [module] {
+    CUfunction function = nullptr;
+    return cuModuleGetFunction(&function, module, "kernel");
+  });
+  CUlibrary library = nullptr;
+  CHECK_CU(cuLibraryLoadData(&library, kImage, nullptr, nullptr, 0, nullptr, nullptr, 0));
+  CUkernel first = nullptr;
+  CUkernel second = nullptr;
+  driver_call("cuLibraryGetKernel", CUDA_SUCCESS,
+              [&] { return cuLibraryGetKernel(&first, library, "first"); });
+  CHECK_CU(cuLibraryGetKernel(&second, library, "second"));
+  driver_call("cuKernelGetFunction", CUDA_SUCCESS, [first] {
+    CUfunction function = nullptr;
+    return cuKernelGetFunction(&function, first);
+  });
+  driver_call("cuFuncLoad", CUDA_SUCCESS,
+              [second] { return cuFuncLoad(reinterpret_cast<CUfunction>(second)); });
+  CHECK_CU(cuLibraryUnload(library));
+  CHECK_CU(cuModuleUnload(module));
+  std::printf("lazy child ok\n");
+  return 0;
+}
+
 // Memory freed onto a stream the program has parked is not free under plain CUDA either: a
 // launch short of memory fails at once rather than wait for that stream (10 s, the bound of an
 // allocation's give-back), and gets the memory once the stream has passed the free.
@@ -232,18 +261,19 @@ void no_room_anywhere() {
 
 }  // namespace
 
-int main(int, char** argv) {
+int main(int argc, char** argv) {
   preload_test::require_preloaded();
-  if (!preload_test::on_stand_in()) {
-    std::printf("skipped: launches of kernels that do not exist need the stand-in\n");
-    return 0;
-  }
+  if (!preload_test::on_stand_in()) preload_test::skip("launches kernels that do not exist");
+  if (argc > 1 && std::string(argv[1]) == "lazy") return lazy_child();
   CHECK_CUDA(cudaFree(nullptr));
   launches_through_the_runtime();
   launches_through_the_driver();
   explicit_loads(argv[0]);
   parked_stream_frees();
   no_room_anywhere();
+  const preload_test::ChildResult lazy =
+      preload_test::run_self("lazy", {"CUDA_MODULE_LOADING=LAZY"});
+  CHECK_MSG(lazy.status == 0, lazy.output);
   std::printf("ok\n");
   return 0;
 }
