@@ -20,9 +20,9 @@
 #include "interpose/pooling.h"
 
 #include <algorithm>
+#include <array>
 #include <bit>
 #include <cstdint>
-#include <vector>
 
 namespace pc = poolcuda;
 namespace dh = poolcuda::driver_hooks;
@@ -252,9 +252,11 @@ POOLCUDA_EXPORT CUresult cuCtxSetLimit(CUlimit limit, size_t value) {
 }
 
 // Code takes device memory too: a kernel's module at its first launch, a module or library the
-// program loads. Refused for lack of memory, the call is tried once more after the pools gave
-// their idle memory back (Note [Launches short of memory] in hooks.cpp). A launch the driver
-// accepts pays the hook's call and one comparison.
+// program loads, a kernel it asks for when loading is lazy. Refused for lack of memory, the call
+// is tried once more after the pools gave their idle memory back (Note [Launches short of
+// memory] in hooks.cpp). A call the driver accepts pays the hook's call and one comparison (a
+// load also a copy of its option values), and never marks the process as one that used CUDA
+// through the library (Note [Silent processes] in lifecycle.cpp).
 namespace {
 
 template <typename Call>
@@ -265,30 +267,33 @@ CUresult launch_with_room(CUstream stream, Call&& real) {
 }
 
 // The option values a load was given, for its retry: the driver writes some back (the sizes of
-// the JIT's log buffers, the threads per block it chose). A count past any the driver knows is a
-// program's error the driver answers; its values are not kept.
+// the JIT's log buffers, the threads per block it chose). Kept without allocating, so that a
+// load the driver accepts runs no code of the library's that could fail; CUjit_option has about
+// thirty kinds, and a longer list is not kept.
 class OptionValues {
  public:
-  OptionValues(void** values, unsigned int count) : values_(values) {
-    if (values != nullptr && count <= kMostKept) kept_.assign(values, values + count);
+  OptionValues(void** values, unsigned int count)
+      : values_(values), count_(values != nullptr && count <= kMostKept ? count : 0) {
+    std::copy_n(values_, count_, kept_.begin());
   }
-  void restore() const { std::copy(kept_.begin(), kept_.end(), values_); }
+  void restore() const { std::copy_n(kept_.begin(), count_, values_); }
 
  private:
-  static constexpr unsigned int kMostKept = 1024;
+  static constexpr unsigned int kMostKept = 64;
   void** values_;
-  std::vector<void*> kept_;
+  unsigned int count_;
+  std::array<void*, kMostKept> kept_{};
 };
 
 enum class Loads { into_current, into_every_context };
 
+// As launch_with_room, for a load into the current context or, for a library, into every one.
 template <typename Call>
 CUresult load_with_room(Loads where, void** values, unsigned int count, Call&& real) {
-  if (pc::bypass()) return real();
+  const OptionValues given(values, count);
+  const CUresult result = real();
+  if (result != CUDA_ERROR_OUT_OF_MEMORY || pc::bypass()) return result;
   return pc::guarded([&] {
-    const OptionValues given(values, count);
-    const CUresult result = real();
-    if (result != CUDA_ERROR_OUT_OF_MEMORY) return result;
     const auto again = [&] {
       given.restore();
       return real();

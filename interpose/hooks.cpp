@@ -295,17 +295,17 @@ cudaError_t with_room(int device, std::size_t size, const std::function<cudaErro
 // refused for lack of memory was never queued or loaded, so it is tried once more after the pools
 // gave their idle memory back: a launch's from its stream's device (a CUkernel runs in its
 // stream's context), a library's load or kernel (a library loads into every context) from the
-// current device and then every other, the others from the current device. The give-back waits only for the
-// fences of frees that were not stream-ordered: memory freed onto a stream the program has
-// parked is not free under plain CUDA either, and a launch must not wait 10 s for it. Through a
-// runtime that reaches the driver's launch the driver hook does all that (driver_exports.cpp),
-// and the runtime never sees the refusal; launch_again is for one that does not. The refusal
-// left cudaErrorMemoryAllocation in the last-error slot, which a successful retry must not show,
-// so the slot is cleared then. An error of the program's own still waiting there goes with it:
-// asking the slot before every launch, to keep it, would cost every launch for the sake of one
-// that may never fail.
-// With lazy loading a module's or library's kernels load when the program asks for them
-// (cuModuleGetFunction, cuLibraryGetKernel, cuKernelGetFunction, cuFuncLoad): those get the same.
+// current device and then every other, the others from the current device. With lazy loading a
+// module's or library's kernels load when the program asks for them (cuModuleGetFunction,
+// cuLibraryGetKernel, cuKernelGetFunction, cuFuncLoad): those get the same. The give-back waits
+// only for the fences of frees that were not stream-ordered: memory freed onto a stream the
+// program has parked is not free under plain CUDA either, and a launch must not wait 10 s for
+// it. Through a runtime that reaches the driver's launch the driver hook does all that
+// (driver_exports.cpp), and the runtime never sees the refusal; launch_again is for one that
+// does not. The refusal left cudaErrorMemoryAllocation in the last-error slot, which a
+// successful retry must not show, so the slot is cleared then. An error of the program's own
+// still waiting there goes with it: asking the slot before every launch, to keep it, would cost
+// every launch for the sake of one that may never fail.
 // Not covered: the runtime's other calls where lazy loading may load a module
 // (cudaFuncSetAttribute, cudaFuncGetAttributes, occupancy and symbol calls), graph
 // instantiation, and anything during a stream capture, where the pools give nothing back.
