@@ -6,9 +6,10 @@
 // (which the stand-in goes on to refuse as device code it cannot run, so the last-error slot must
 // hold exactly that refusal), the driver's launches, called and resolved, and explicit module and
 // library loads, and with lazy loading the calls that load a module's or library's kernels
-// (test_static_runtime.cpp has a program whose runtime reaches the driver's launch itself). A launch short of memory that only live buffers hold, or a buffer freed onto a parked
-// stream, still fails, at once and with the driver's error. Runs on the stand-in only: a GPU
-// would need real kernels.
+// (test_static_runtime.cpp has a program whose runtime reaches the driver's launch itself). A
+// launch short of memory that only live buffers hold, or a buffer freed onto a parked stream,
+// still fails, at once and with the driver's error. Runs on the stand-in only: a GPU would need
+// real kernels.
 #include <cuda.h>
 
 #include <chrono>
