@@ -282,7 +282,7 @@ class OptionValues {
   static constexpr unsigned int kMostKept = 64;
   void** values_;
   unsigned int count_;
-  std::array<void*, kMostKept> kept_{};
+  std::array<void*, kMostKept> kept_;  // the first count_ only: no fill on every load
 };
 
 enum class Loads { into_current, into_every_context };
