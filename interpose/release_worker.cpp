@@ -37,11 +37,33 @@
 // from hanging where plain CUDA would not; past it the begin goes ahead. A free the driver still
 // refuses for a capture leaves the page held back, never lost.
 //
+// Note [Spinning before sleeping]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// A growth past the held bound waits for the pages given up before it to reach the driver
+// (Note [Releases before growth] in pools/memory_manager.cpp): the lane's thread must wake, free,
+// and wake the flusher. Each of those wakes is a futex sleep and wake, about 25 us on the 2-core
+// build machine (Note [Spinning before parking] in pools/lock_order.h), while the stand-in's free
+// itself takes a few: on the 1 GiB random traces, where a quarter of the pairs grow past the
+// bound, the waits were most of the time, and two threads made fewer pairs per second than
+// one. So a lane's thread that runs out of pages, and a flush whose pages are not back yet,
+// first watch the lane's change count, with the lock released, for kSpinBeforeSleep; only then
+// do they sleep. Not where the lane's thread may run on one CPU only (read once, when it
+// starts): the watcher would hold the very CPU the other needs, and on one CPU the replays ran
+// 3.4 times as long; nor with a syscall per watch (reading the mask at each took the whole
+// gain away on this machine). Measured on the stand-in, interleaved runs: `rmm-100k-1GiB` went
+// from 0.12M to 0.25M pairs per second with one thread, and from 0.07-0.09M to 0.29-0.35M with
+// two; pinned to one CPU, unchanged. The price is CPU: at most kSpinBeforeSleep per page freed
+// and per flush, about what a real driver's free of a large page takes anyway; a program whose
+// pools give no page back pays nothing. Held-back pages (a capture open) are retried on their
+// timer, not watched.
+//
 // Depends on the real-function table, OwnCallScope, the library's threads and the log.
 #include "interpose/release_worker.h"
 
 #include <pthread.h>
+#include <sched.h>
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <deque>
@@ -61,6 +83,9 @@ namespace poolcuda {
 namespace {
 
 constexpr int kRetryMillis = 20;
+// How long a lane's thread with nothing to do, and a flush whose pages are not yet back, watch
+// for the change they wait for before they sleep (Note [Spinning before sleeping]).
+constexpr std::chrono::microseconds kSpinBeforeSleep{50};
 
 struct Page {
   void* ptr;
@@ -90,6 +115,18 @@ struct ReleaseLane {
   bool start_failed = false;   // said once
   bool freeing_inline = false;  // a flush frees the queue itself (no thread)
   ReleaseWorker::State* state = nullptr;
+  // Bumped (under State::mutex) whenever a page is queued, and whenever one leaves the queue
+  // for the driver or for held_back: what a spinner watches without the lock.
+  std::atomic<std::uint64_t> changes{0};
+  // The lane's thread may run on another CPU than a flusher's: watching pays (Note [Spinning
+  // before sleeping]). Read once, when the thread starts.
+  bool watch = false;
+
+  // Wakes whoever waits for this lane: its thread, a flush, a capture's begin or a reset.
+  void signal() {
+    changes.fetch_add(1, std::memory_order_release);
+    changed.notify_all();
+  }
 
   // The smallest ticket of this lane not yet released, or `next` when none is waiting.
   std::uint64_t low_water(std::uint64_t next) const {
@@ -179,7 +216,7 @@ void free_front(ReleaseLane& lane, std::unique_lock<RankedMutex>& lock) {
   lane.queue.pop_front();
   if (lane.resetting || lane.captures_beginning > 0) {
     lane.held_back.push_back(page);  // end_reset drops it, or capture_begun retries it
-    lane.changed.notify_all();       // a flush waiting for the queue to empty
+    lane.signal();                   // a flush waiting for the queue to empty
     return;
   }
   lane.in_flight = page.ticket;
@@ -195,7 +232,25 @@ void free_front(ReleaseLane& lane, std::unique_lock<RankedMutex>& lock) {
   lane.in_flight_ptr = nullptr;
   lane.in_flight_size = 0;
   if (!freed) lane.held_back.push_back(page);
-  lane.changed.notify_all();
+  lane.signal();
+}
+
+// Whether the calling thread may run on more than one CPU.
+bool runs_on_several_cpus() {
+  cpu_set_t cpus;
+  return sched_getaffinity(0, sizeof(cpus), &cpus) == 0 && CPU_COUNT(&cpus) > 1;
+}
+
+// Watches, with `lock` released, until `lane.changes` is no longer `seen` or `until` passes
+// (Note [Spinning before sleeping]).
+void watch_changes(ReleaseLane& lane, std::uint64_t seen, std::unique_lock<RankedMutex>& lock,
+                   std::chrono::steady_clock::time_point until) {
+  lock.unlock();
+  for (unsigned i = 1; lane.changes.load(std::memory_order_acquire) == seen; ++i) {
+    cpu_relax();
+    if (i % 64 == 0 && std::chrono::steady_clock::now() >= until) break;
+  }
+  lock.lock();
 }
 
 void* lane_main(void* arg);
@@ -219,11 +274,20 @@ void* lane_main(void* arg) {
   auto* lane = static_cast<ReleaseLane*>(arg);
   ReleaseWorker::State* s = lane->state;
   adopt_device(lane->device);
+  const bool watch = runs_on_several_cpus();
   std::unique_lock<RankedMutex> lock(s->mutex);
+  lane->watch = watch;
+  bool watched = false;  // since the last page
   for (;;) {
     if (lane->queue.empty()) {
       if (lane->held_back.empty()) {
-        lane->changed.wait(lock);
+        if (!watched && lane->watch) {
+          watched = true;
+          watch_changes(*lane, lane->changes.load(std::memory_order_relaxed), lock,
+                        std::chrono::steady_clock::now() + kSpinBeforeSleep);
+        } else {
+          lane->changed.wait(lock);
+        }
       } else {
         lane->changed.wait_for(lock, std::chrono::milliseconds(kRetryMillis));
         // Retry the held-back pages: a capture may have ended behind the hooks' back.
@@ -231,6 +295,7 @@ void* lane_main(void* arg) {
       }
       continue;
     }
+    watched = false;
     free_front(*lane, lock);
   }
 }
@@ -258,7 +323,7 @@ void ReleaseWorker::release(int device, void* ptr, std::uint64_t size) {
   // shard's lock, since the free waits for the device. Not while a flush frees inline: the lane
   // has one free in flight at a time.
   if (!lane.started && !lane.freeing_inline && !start_lane(lane)) return;
-  lane.changed.notify_all();
+  lane.signal();
 }
 
 bool ReleaseWorker::flush(int device, std::uint32_t max_microseconds) {
@@ -272,7 +337,7 @@ bool ReleaseWorker::flush(int device, std::uint32_t max_microseconds) {
   // longer would not release it.
   if (!lane.resetting) {
     lane.retry_held_back();
-    lane.changed.notify_all();
+    lane.signal();
   }
   NoCancel no_cancel;  // a wait inside the program's call (Note [Cancellation])
   const auto deadline =
@@ -289,6 +354,11 @@ bool ReleaseWorker::flush(int device, std::uint32_t max_microseconds) {
   const auto queue_left = [&] {
     return !lane.started && !lane.freeing_inline && !lane.queue.empty();
   };
+  const auto watch_until =
+      std::min(std::chrono::steady_clock::now() + kSpinBeforeSleep, deadline);
+  if (lane.watch)
+    while (!done() && !queue_left() && std::chrono::steady_clock::now() < watch_until)
+      watch_changes(lane, lane.changes.load(std::memory_order_relaxed), lock, watch_until);
   for (;;) {
     if (queue_left() && !start_lane(lane)) {
       lane.freeing_inline = true;
@@ -296,7 +366,7 @@ bool ReleaseWorker::flush(int device, std::uint32_t max_microseconds) {
         free_front(lane, lock);
       } while (!lane.queue.empty() && std::chrono::steady_clock::now() < deadline);
       lane.freeing_inline = false;
-      lane.changed.notify_all();
+      lane.signal();
     }
     const bool woke = lane.changed.wait_until(lock, deadline, [&] {
       return done() || queue_left();
@@ -312,7 +382,7 @@ void ReleaseWorker::wake() {
   for (ReleaseLane& lane : s.lanes) {
     if (lane.resetting || lane.held_back.empty()) continue;
     lane.retry_held_back();
-    lane.changed.notify_all();
+    lane.signal();
   }
 }
 
@@ -335,7 +405,7 @@ void ReleaseWorker::capture_begun(int device) {
   --lane.captures_beginning;
   // What was held back meanwhile is tried again; an open capture holds it back once more.
   if (lane.captures_beginning == 0 && !lane.resetting) lane.retry_held_back();
-  lane.changed.notify_all();
+  lane.signal();
 }
 
 void ReleaseWorker::begin_reset(int device) {
@@ -348,7 +418,7 @@ void ReleaseWorker::begin_reset(int device) {
   lane.held_back.clear();
   NoCancel no_cancel;  // inside the program's cudaDeviceReset (Note [Cancellation])
   lane.changed.wait(lock, [&] { return lane.in_flight == 0; });
-  lane.changed.notify_all();
+  lane.signal();
 }
 
 void ReleaseWorker::end_reset(int device) {
@@ -359,7 +429,7 @@ void ReleaseWorker::end_reset(int device) {
   lane.resetting = false;
   lane.queue.clear();
   lane.held_back.clear();
-  lane.changed.notify_all();
+  lane.signal();
 }
 
 bool ReleaseWorker::owns(const void* ptr, std::uint64_t ticket) const {
