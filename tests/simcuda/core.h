@@ -53,11 +53,11 @@ struct Config {
   // runtime entry does (SIMCUDA_GET_DEVICE_BINDS=0: it only reads the thread's device, as a real
   // runtime's query may).
   bool get_device_binds = true;
-  // The device memory one module of code takes when loaded, by a kernel's first launch on a
+  // The device memory one module of code takes when loaded, by a kernel's first use on a
   // device or explicitly (SIMCUDA_CODE_BYTES; Note [Code memory] in code.cpp).
   size_t code_bytes = 0;
-  // Whether explicit module and library loads defer their kernels' memory to the kernels' first
-  // use (CUDA_MODULE_LOADING=LAZY; unset or EAGER: loaded with the module).
+  // Whether explicit module and library loads defer their kernels' and variables' memory to each
+  // one's first use (CUDA_MODULE_LOADING=LAZY; unset or EAGER: loaded with the module).
   bool lazy_loading = false;
 };
 const Config& config();
@@ -447,6 +447,15 @@ cudaError_t code_unload(const void* handle, CodeKind kind);
 // when `handle` is not loaded as `kind`; cudaErrorMemoryAllocation as load_function; *out untouched
 // on failure.
 cudaError_t code_get(const void* handle, CodeKind kind, const char* name, void** out);
+// The variable `name` of a module or library, `handle` from code_load: its address in *address,
+// inside the code memory that holds it (Note [Code memory]), kVariableBytes long. Lazy, the
+// variable loads as its function would, a module's on the module's device, a library's on
+// `device`; eager, it lives in the module's or library's own memory. cudaErrorInvalidResourceHandle
+// when `handle` is not loaded as `kind`; cudaErrorMemoryAllocation as load_function;
+// cudaErrorNotSupported when no code memory can hold it; *address untouched on failure.
+inline constexpr size_t kVariableBytes = 256;
+cudaError_t code_variable(const void* handle, CodeKind kind, int device, const char* name,
+                          void** address);
 // A device reset: forgets the functions loaded on the device and unloads its contexts' modules,
 // their memory freed; the device's libraries stay loaded without memory.
 void drop_code(int device);

@@ -4,8 +4,9 @@
 // point variant, as the real driver does (see Note [Driver entry point table]). Memory, streams
 // and events are in drv_work.cpp; physical allocations, arrays, mipmapped arrays and explicit
 // memory pools in drv_unpooled.cpp; context limits in drv_limits.cpp; capture, graphs and user
-// objects in drv_capture.cpp; launches and module and library loads in drv_code.cpp. Shares all
-// state with the runtime stand-in through the core.
+// objects in drv_capture.cpp; launches and module and library loads in drv_code.cpp; function
+// attributes, occupancy and variables in drv_code_use.cpp. Shares all state with the runtime
+// stand-in through the core.
 #include <cstdio>
 #include <cstring>
 
@@ -374,6 +375,27 @@ const Entry kEntries[] = {
     {"cuLibraryGetKernel", 12000, false, SIM_FN(cuLibraryGetKernel)},
     {"cuKernelGetFunction", 12000, false, SIM_FN(cuKernelGetFunction)},
     {"cuFuncLoad", 12040, false, SIM_FN(cuFuncLoad)},
+    {"cuFuncGetAttribute", 2020, false, SIM_FN(cuFuncGetAttribute)},
+    {"cuFuncSetAttribute", 9000, false, SIM_FN(cuFuncSetAttribute)},
+    {"cuFuncSetCacheConfig", 3000, false, SIM_FN(cuFuncSetCacheConfig)},
+    {"cuKernelGetAttribute", 12000, false, SIM_FN(cuKernelGetAttribute)},
+    {"cuKernelSetAttribute", 12000, false, SIM_FN(cuKernelSetAttribute)},
+    {"cuKernelSetCacheConfig", 12000, false, SIM_FN(cuKernelSetCacheConfig)},
+    {"cuOccupancyMaxActiveBlocksPerMultiprocessor", 6050, false,
+     SIM_FN(cuOccupancyMaxActiveBlocksPerMultiprocessor)},
+    {"cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags", 7000, false,
+     SIM_FN(cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags)},
+    {"cuOccupancyMaxPotentialBlockSize", 6050, false, SIM_FN(cuOccupancyMaxPotentialBlockSize)},
+    {"cuOccupancyMaxPotentialBlockSizeWithFlags", 7000, false,
+     SIM_FN(cuOccupancyMaxPotentialBlockSizeWithFlags)},
+    {"cuOccupancyAvailableDynamicSMemPerBlock", 10020, false,
+     SIM_FN(cuOccupancyAvailableDynamicSMemPerBlock)},
+    {"cuOccupancyMaxPotentialClusterSize", 11070, false,
+     SIM_FN(cuOccupancyMaxPotentialClusterSize)},
+    {"cuOccupancyMaxActiveClusters", 11070, false, SIM_FN(cuOccupancyMaxActiveClusters)},
+    {"cuModuleGetGlobal", 2000, false, SIM_FN(cuModuleGetGlobal)},
+    {"cuModuleGetGlobal", 3020, false, SIM_FN(cuModuleGetGlobal_v2)},
+    {"cuLibraryGetGlobal", 12000, false, SIM_FN(cuLibraryGetGlobal)},
     {"cuGetProcAddress", 11030, false, SIM_FN(cuGetProcAddress)},
     {"cuGetProcAddress", 12000, false, SIM_FN(cuGetProcAddress_v2)},
 };

@@ -8,7 +8,8 @@
 // cuModuleUnload / cuLibraryUnload give back; cuModuleGetFunction, cuLibraryGetKernel,
 // cuKernelGetFunction and cuFuncLoad hand out and load functions; cuModuleGetLoadingMode reports
 // the mode. Images are not read (any name is in every module), options are ignored; any non-null
-// CUfunction or CUkernel is a function.
+// CUfunction or CUkernel is a function. The other uses of loaded code (attributes, occupancy,
+// variables) are in drv_code_use.cpp.
 #include <cstdio>
 
 #include "drv_common.h"

@@ -28,6 +28,7 @@
 #undef cuStreamGetCaptureInfo
 #undef cuArrayCreate
 #undef cuArray3DCreate
+#undef cuModuleGetGlobal
 
 extern "C" {
 CUresult cuGetProcAddress(const char* symbol, void** pfn, int cudaVersion, cuuint64_t flags);
@@ -75,6 +76,9 @@ CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr* dptr, size_t bytesize, CUmemo
 // own build); the generated fallbacks define them.
 CUresult cuArrayCreate(CUarray* pHandle, const void* pAllocateArray);
 CUresult cuArray3DCreate(CUarray* pHandle, const void* pAllocateArray);
+// CUDA 2.0's cuModuleGetGlobal, 32-bit address and size: a generated fallback.
+CUresult cuModuleGetGlobal(unsigned int* dptr, unsigned int* bytes, CUmodule hmod,
+                           const char* name);
 CUresult cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream stream);
 CUresult cuMemsetD8_v2(CUdeviceptr dst, unsigned char value, size_t count);
 CUresult cuMemcpyHtoD_v2(CUdeviceptr dst, const void* src, size_t count);

@@ -7,7 +7,10 @@
 // kernels got from loaded code (cuModuleGetFunction, cuLibraryGetKernel, cuKernelGetFunction,
 // cuFuncLoad) take nothing more when loading is eager (CUDA_MODULE_LOADING unset or EAGER, this
 // program); the cases named "lazy: ..." run in a child with CUDA_MODULE_LOADING=LAZY, where loads
-// take nothing and each function loads at its first use, and "any mode: ..." in both.
+// take nothing and each function loads at its first use, and "any mode: ..." in both. Attribute,
+// cache and occupancy calls are uses too (cuFuncGetAttribute...: on the current device,
+// cuKernelGetAttribute...: on the device named), and a variable (cuModuleGetGlobal,
+// cuLibraryGetGlobal) lives in the memory of its code, which its first use loads when lazy.
 // Runs with two devices of 1 GiB and 4 MiB a module. Built twice: against libcudart.so.13, and
 // (SIMTEST_STATIC_RUNTIME) against the static-runtime archive, whose launches reach the driver's
 // cuLaunchKernel through the resolver (Note [Static runtime] in rt_driver.cpp). Stand-in only: a
@@ -106,6 +109,48 @@ struct Api {
   decltype(&cuFuncLoad) func_load = driver().get<decltype(&cuFuncLoad)>("cuFuncLoad", 12040);
   decltype(&cuModuleGetLoadingMode) loading_mode =
       driver().get<decltype(&cuModuleGetLoadingMode)>("cuModuleGetLoadingMode", 11070);
+  decltype(&cuFuncGetAttribute) func_get_attribute =
+      driver().get<decltype(&cuFuncGetAttribute)>("cuFuncGetAttribute", 2020);
+  decltype(&cuFuncSetAttribute) func_set_attribute =
+      driver().get<decltype(&cuFuncSetAttribute)>("cuFuncSetAttribute", 9000);
+  decltype(&cuFuncSetCacheConfig) func_set_cache_config =
+      driver().get<decltype(&cuFuncSetCacheConfig)>("cuFuncSetCacheConfig", 3000);
+  decltype(&cuKernelGetAttribute) kernel_get_attribute =
+      driver().get<decltype(&cuKernelGetAttribute)>("cuKernelGetAttribute", 12000);
+  decltype(&cuKernelSetAttribute) kernel_set_attribute =
+      driver().get<decltype(&cuKernelSetAttribute)>("cuKernelSetAttribute", 12000);
+  decltype(&cuKernelSetCacheConfig) kernel_set_cache_config =
+      driver().get<decltype(&cuKernelSetCacheConfig)>("cuKernelSetCacheConfig", 12000);
+  decltype(&cuOccupancyMaxActiveBlocksPerMultiprocessor) active_blocks =
+      driver().get<decltype(&cuOccupancyMaxActiveBlocksPerMultiprocessor)>(
+          "cuOccupancyMaxActiveBlocksPerMultiprocessor", 6050);
+  decltype(&cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags) active_blocks_flags =
+      driver().get<decltype(&cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags)>(
+          "cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags", 7000);
+  decltype(&cuOccupancyMaxPotentialBlockSize) block_size =
+      driver().get<decltype(&cuOccupancyMaxPotentialBlockSize)>("cuOccupancyMaxPotentialBlockSize",
+                                                                6050);
+  decltype(&cuOccupancyMaxPotentialBlockSizeWithFlags) block_size_flags =
+      driver().get<decltype(&cuOccupancyMaxPotentialBlockSizeWithFlags)>(
+          "cuOccupancyMaxPotentialBlockSizeWithFlags", 7000);
+  decltype(&cuOccupancyAvailableDynamicSMemPerBlock) dynamic_shared =
+      driver().get<decltype(&cuOccupancyAvailableDynamicSMemPerBlock)>(
+          "cuOccupancyAvailableDynamicSMemPerBlock", 10020);
+  decltype(&cuOccupancyMaxPotentialClusterSize) cluster_size =
+      driver().get<decltype(&cuOccupancyMaxPotentialClusterSize)>(
+          "cuOccupancyMaxPotentialClusterSize", 11070);
+  decltype(&cuOccupancyMaxActiveClusters) active_clusters =
+      driver().get<decltype(&cuOccupancyMaxActiveClusters)>("cuOccupancyMaxActiveClusters", 11070);
+  decltype(&cuModuleGetGlobal_v2) module_global =
+      driver().get<decltype(&cuModuleGetGlobal_v2)>("cuModuleGetGlobal", 3020);
+  decltype(&cuLibraryGetGlobal) library_global =
+      driver().get<decltype(&cuLibraryGetGlobal)>("cuLibraryGetGlobal", 12000);
+  decltype(&cuMemcpyHtoD_v2) copy_to =
+      driver().get<decltype(&cuMemcpyHtoD_v2)>("cuMemcpyHtoD", 3020);
+  decltype(&cuMemcpyDtoH_v2) copy_from =
+      driver().get<decltype(&cuMemcpyDtoH_v2)>("cuMemcpyDtoH", 3020);
+  decltype(&cuMemGetAddressRange_v2) address_range =
+      driver().get<decltype(&cuMemGetAddressRange_v2)>("cuMemGetAddressRange", 3020);
   decltype(&cuDevicePrimaryCtxReset_v2) primary_reset =
       driver().get<decltype(&cuDevicePrimaryCtxReset_v2)>("cuDevicePrimaryCtxReset", 11000);
   decltype(&cuCtxCreate_v4) create = driver().get<decltype(&cuCtxCreate_v4)>("cuCtxCreate", 12050);
@@ -201,9 +246,151 @@ CUmoduleLoadingMode loading_mode() {
 
 const auto kUntouchedFunction = reinterpret_cast<CUfunction>(uintptr_t{0x5ca1ab1e});
 const auto kUntouchedKernel = reinterpret_cast<CUkernel>(uintptr_t{0x5ca1ab1e});
+constexpr CUdeviceptr kUntouchedAddress = 0x5ca1ab1e;
+
+CUkernel as_kernel(const void* kernel) {
+  return reinterpret_cast<CUkernel>(const_cast<void*>(kernel));
+}
+
+CUfunction as_function(CUkernel kernel) { return reinterpret_cast<CUfunction>(kernel); }
+
+// One block of 32 threads, for the cluster queries.
+const CUlaunchConfig* launch_config() {
+  static const CUlaunchConfig config = [] {
+    CUlaunchConfig c{};
+    c.gridDimX = c.gridDimY = c.gridDimZ = 1;
+    c.blockDimX = 32;
+    c.blockDimY = c.blockDimZ = 1;
+    return c;
+  }();
+  return &config;
+}
+
+// The calls that use a function without launching it, on the current context's device (their
+// answers are checked on their own).
+struct FunctionUse {
+  const char* name;
+  std::function<CUresult(CUfunction)> call;
+};
+
+std::vector<FunctionUse> function_uses() {
+  const Api& a = api();
+  return {
+      {"cuFuncGetAttribute",
+       [&a](CUfunction f) {
+         int value = 0;
+         return a.func_get_attribute(&value, CU_FUNC_ATTRIBUTE_NUM_REGS, f);
+       }},
+      {"cuFuncSetAttribute",
+       [&a](CUfunction f) {
+         return a.func_set_attribute(f, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, 1024);
+       }},
+      {"cuFuncSetCacheConfig",
+       [&a](CUfunction f) { return a.func_set_cache_config(f, CU_FUNC_CACHE_PREFER_L1); }},
+      {"cuOccupancyMaxActiveBlocksPerMultiprocessor",
+       [&a](CUfunction f) {
+         int blocks = 0;
+         return a.active_blocks(&blocks, f, 256, 0);
+       }},
+      {"cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags",
+       [&a](CUfunction f) {
+         int blocks = 0;
+         return a.active_blocks_flags(&blocks, f, 256, 0, CU_OCCUPANCY_DISABLE_CACHING_OVERRIDE);
+       }},
+      {"cuOccupancyMaxPotentialBlockSize",
+       [&a](CUfunction f) {
+         int grid = 0, block = 0;
+         return a.block_size(&grid, &block, f, nullptr, 0, 0);
+       }},
+      {"cuOccupancyMaxPotentialBlockSizeWithFlags",
+       [&a](CUfunction f) {
+         int grid = 0, block = 0;
+         return a.block_size_flags(&grid, &block, f, nullptr, 0, 0, CU_OCCUPANCY_DEFAULT);
+       }},
+      {"cuOccupancyAvailableDynamicSMemPerBlock",
+       [&a](CUfunction f) {
+         size_t bytes = 0;
+         return a.dynamic_shared(&bytes, f, 1, 256);
+       }},
+      {"cuOccupancyMaxPotentialClusterSize",
+       [&a](CUfunction f) {
+         int size = 0;
+         return a.cluster_size(&size, f, launch_config());
+       }},
+      {"cuOccupancyMaxActiveClusters",
+       [&a](CUfunction f) {
+         int clusters = 0;
+         return a.active_clusters(&clusters, f, launch_config());
+       }},
+  };
+}
+
+// The calls that use a kernel on the device they name.
+struct KernelUse {
+  const char* name;
+  std::function<CUresult(CUkernel, CUdevice)> call;
+};
+
+std::vector<KernelUse> kernel_uses() {
+  const Api& a = api();
+  return {
+      {"cuKernelGetAttribute",
+       [&a](CUkernel k, CUdevice dev) {
+         int value = 0;
+         return a.kernel_get_attribute(&value, CU_FUNC_ATTRIBUTE_NUM_REGS, k, dev);
+       }},
+      {"cuKernelSetAttribute",
+       [&a](CUkernel k, CUdevice dev) {
+         return a.kernel_set_attribute(CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, 1024, k,
+                                       dev);
+       }},
+      {"cuKernelSetCacheConfig",
+       [&a](CUkernel k, CUdevice dev) {
+         return a.kernel_set_cache_config(k, CU_FUNC_CACHE_PREFER_SHARED, dev);
+       }},
+  };
+}
+
+constexpr size_t kVariable = 256;  // every variable's size (Note [Code memory])
+
+CUdeviceptr module_variable(CUmodule module, const char* name) {
+  CUdeviceptr address = 0;
+  size_t bytes = 0;
+  REQUIRE_EQ(api().module_global(&address, &bytes, module, name), CUDA_SUCCESS);
+  REQUIRE(address != 0);
+  REQUIRE_EQ(bytes, kVariable);
+  return address;
+}
+
+CUdeviceptr library_variable(CUlibrary library, const char* name) {
+  CUdeviceptr address = 0;
+  size_t bytes = 0;
+  REQUIRE_EQ(api().library_global(&address, &bytes, library, name), CUDA_SUCCESS);
+  REQUIRE(address != 0);
+  REQUIRE_EQ(bytes, kVariable);
+  return address;
+}
+
+// The device allocation holding `address`: its base and size.
+std::pair<CUdeviceptr, size_t> holder(CUdeviceptr address) {
+  CUdeviceptr base = 0;
+  size_t size = 0;
+  REQUIRE_EQ(api().address_range(&base, &size, address), CUDA_SUCCESS);
+  return {base, size};
+}
+
+CUresult write_word(CUdeviceptr address, uint64_t value) {
+  return api().copy_to(address, &value, sizeof value);
+}
+
+uint64_t read_word(CUdeviceptr address) {
+  uint64_t value = 0;
+  REQUIRE_EQ(api().copy_from(&value, address, sizeof value), CUDA_SUCCESS);
+  return value;
+}
 
 // The number of "lazy: ..." and "any mode: ..." cases: the lazy child must run them all.
-constexpr int kLazyChildCases = 7;
+constexpr int kLazyChildCases = 13;
 
 // ---- The child that reports the loading mode --------------------------------------------------
 // 1: eager (the mode says so and a load takes SIMCUDA_CODE_BYTES=4M); 2: lazy (it says so and a
@@ -255,6 +442,22 @@ int knob_zero_child() {
   size_t free1 = 0;
   if (cudaMemGetInfo(&free1, &total) != cudaSuccess || free1 != total) return 17;
   if (simtest::counter("live_allocations") != 0) return 18;
+  // A function's attributes load it, taking nothing; a variable has no code memory to live in.
+  auto attribute =
+      reinterpret_cast<decltype(&cuFuncGetAttribute)>(dlsym(lib, "cuFuncGetAttribute"));
+  auto global =
+      reinterpret_cast<decltype(&cuModuleGetGlobal_v2)>(dlsym(lib, "cuModuleGetGlobal_v2"));
+  if (!attribute || !global) return 21;
+  int registers = 0;
+  if (attribute(&registers, CU_FUNC_ATTRIBUTE_NUM_REGS, as_function(&kernel)) != CUDA_SUCCESS ||
+      registers != 32)
+    return 22;
+  CUdeviceptr address = kUntouchedAddress;
+  size_t bytes = 0;
+  if (global(&address, &bytes, module, "v") != CUDA_ERROR_NOT_SUPPORTED) return 23;
+  if (address != kUntouchedAddress) return 24;
+  size_t free2 = 0;
+  if (cudaMemGetInfo(&free2, &total) != cudaSuccess || free2 != total) return 25;
   if (unload(module) != CUDA_SUCCESS) return 19;
   if (unload(module) != CUDA_ERROR_INVALID_HANDLE) return 20;
   return 0;
@@ -280,7 +483,7 @@ int count(const std::string& text, const std::string& what) {
 }  // namespace
 
 TEST_CASE("SIMCUDA_CODE_BYTES=0: launches take nothing and are still refused; loads take "
-          "nothing") {
+          "nothing; variables are refused") {
   int status = 0;
   const std::string err = simtest::run_child("--knob-zero", {"SIMCUDA_CODE_BYTES=0"}, &status);
   INFO(err);
@@ -288,6 +491,9 @@ TEST_CASE("SIMCUDA_CODE_BYTES=0: launches take nothing and are still refused; lo
   CHECK_EQ(WEXITSTATUS(status), 0);
   CHECK_EQ(count(err, "simcuda: cuLaunchKernel is not supported by the CUDA stand-in"),
            kStaticRuntime ? 3 : 1);
+  CHECK_EQ(count(err, "simcuda: cuModuleGetGlobal(\"v\"): no code memory holds the variable "
+                      "(SIMCUDA_CODE_BYTES=0;"),
+           1);
 }
 
 TEST_CASE("a kernel's first launch on a device takes its module's memory, later ones nothing") {
@@ -1119,15 +1325,17 @@ TEST_CASE("lazy: destroying a created context gives back its modules' functions"
   CHECK_EQ(free_bytes(), kCapacity);
 }
 
-TEST_CASE("lazy: threads getting one function at once load it once") {
+TEST_CASE("lazy: threads getting or using one function or variable at once load it once") {
   fresh();
   constexpr int kThreads = 8;
   const CUmodule module = load_module();
   const CUlibrary library = load_library();
   const CUkernel kernel = get_kernel(library, "shared");
+  const CUkernel queried = get_kernel(library, "queried");
   std::atomic<int> ready{0};
   std::atomic<int> wrong{0};
   std::vector<CUfunction> got(kThreads);
+  std::vector<CUdeviceptr> variables(kThreads);
   std::vector<std::thread> threads;
   for (int t = 0; t < kThreads; ++t) {
     threads.emplace_back([&, t] {
@@ -1139,19 +1347,543 @@ TEST_CASE("lazy: threads getting one function at once load it once") {
         wrong.fetch_add(1);
       if (api().kernel_function(&f, kernel) != CUDA_SUCCESS) wrong.fetch_add(1);
       if (api().func_load(f) != CUDA_SUCCESS) wrong.fetch_add(1);
+      int registers = 0;
+      if (api().func_get_attribute(&registers, CU_FUNC_ATTRIBUTE_NUM_REGS,
+                                   as_function(queried)) != CUDA_SUCCESS)
+        wrong.fetch_add(1);
+      if (api().library_global(&variables[static_cast<size_t>(t)], nullptr, library,
+                               "variable") != CUDA_SUCCESS)
+        wrong.fetch_add(1);
     });
   }
   for (std::thread& thread : threads) thread.join();
   CHECK_EQ(wrong.load(), 0);
   for (CUfunction f : got) CHECK_EQ(f, got[0]);
-  CHECK_EQ(free_bytes(), kCapacity - 2 * kCode);
-  CHECK_EQ(counter("live_allocations"), 2u);
+  for (CUdeviceptr v : variables) CHECK_EQ(v, variables[0]);
+  CHECK_EQ(free_bytes(), kCapacity - 4 * kCode);
+  CHECK_EQ(counter("live_allocations"), 4u);
   CHECK_EQ(api().module_unload(module), CUDA_SUCCESS);
   CHECK_EQ(api().library_unload(library), CUDA_SUCCESS);
   CHECK_EQ(free_bytes(), kCapacity);
 }
 
-TEST_CASE("the resolver's rows for launches, loads and getters") {
+TEST_CASE("any mode: attribute, cache and occupancy calls load a function on the current device, "
+          "once, as its first launch would") {
+  fresh();
+  const Api& a = api();
+  const std::vector<FunctionUse> uses = function_uses();
+  size_t taken = 0, taken_on_1 = 0;
+  for (const FunctionUse& use : uses) {
+    CAPTURE(use.name);
+    const CUfunction f = as_function(new_kernel());
+    CHECK_EQ(use.call(f), CUDA_SUCCESS);
+    taken += kCode;
+    CHECK_EQ(free_bytes(), kCapacity - taken);
+    CHECK_EQ(use.call(f), CUDA_SUCCESS);
+    CHECK_EQ(launch_function(f), CUDA_ERROR_NOT_SUPPORTED);
+    CHECK_EQ(a.func_load(f), CUDA_SUCCESS);
+    CHECK_EQ(free_bytes(), kCapacity - taken);
+
+    // Another device loads its own.
+    CUDA_OK(cudaSetDevice(1));
+    CHECK_EQ(use.call(f), CUDA_SUCCESS);
+    taken_on_1 += kCode;
+    CHECK_EQ(free_bytes(), kCapacity - taken_on_1);
+    CUDA_OK(cudaSetDevice(0));
+
+    // A device that cannot hold it: out of memory, nothing remembered; with room, loaded.
+    const CUfunction starved = as_function(new_kernel());
+    void* filler = fill_but(kCode - 256);
+    CHECK_EQ(use.call(starved), CUDA_ERROR_OUT_OF_MEMORY);
+    CHECK_EQ(use.call(starved), CUDA_ERROR_OUT_OF_MEMORY);
+    CHECK_EQ(free_bytes(), kCode - 256);
+    CUDA_OK(cudaFree(filler));
+    CHECK_EQ(use.call(starved), CUDA_SUCCESS);
+    taken += kCode;
+    CHECK_EQ(launch_function(starved), CUDA_ERROR_NOT_SUPPORTED);
+    CHECK_EQ(free_bytes(), kCapacity - taken);
+  }
+  CHECK_EQ(counter("live_allocations"), 3 * uses.size());
+}
+
+TEST_CASE("any mode: a kernel's attribute and cache calls load it on the device named, under the "
+          "key cuKernelGetFunction uses") {
+  fresh();
+  const std::vector<KernelUse> uses = kernel_uses();
+  size_t taken = 0, taken_on_1 = 0;
+  for (const KernelUse& use : uses) {
+    CAPTURE(use.name);
+    const CUkernel k = as_kernel(new_kernel());
+    CHECK_EQ(use.call(k, 1), CUDA_SUCCESS);  // device 0 is current
+    taken_on_1 += kCode;
+    CHECK_EQ(free_on(1), kCapacity - taken_on_1);
+    CHECK_EQ(free_bytes(), kCapacity - taken);
+    CHECK_EQ(use.call(k, 1), CUDA_SUCCESS);
+    CUDA_OK(cudaSetDevice(1));
+    CHECK_EQ(kernel_function(k), as_function(k));  // loaded there already
+    CHECK_EQ(free_bytes(), kCapacity - taken_on_1);
+    CUDA_OK(cudaSetDevice(0));
+
+    // On device 0, the other way round: cuKernelGetFunction loads it, the call takes nothing.
+    CHECK_EQ(kernel_function(k), as_function(k));
+    taken += kCode;
+    CHECK_EQ(use.call(k, 0), CUDA_SUCCESS);
+    CHECK_EQ(free_bytes(), kCapacity - taken);
+
+    const CUkernel starved = as_kernel(new_kernel());
+    void* filler = fill_but(kCode - 256);
+    CHECK_EQ(use.call(starved, 0), CUDA_ERROR_OUT_OF_MEMORY);
+    CHECK_EQ(use.call(starved, 0), CUDA_ERROR_OUT_OF_MEMORY);
+    CHECK_EQ(free_bytes(), kCode - 256);
+    CUDA_OK(cudaFree(filler));
+    CHECK_EQ(use.call(starved, 0), CUDA_SUCCESS);
+    taken += kCode;
+    CHECK_EQ(launch_function(as_function(starved)), CUDA_ERROR_NOT_SUPPORTED);
+    CHECK_EQ(free_bytes(), kCapacity - taken);
+  }
+  CHECK_EQ(counter("live_allocations"), 3 * uses.size());
+}
+
+TEST_CASE("any mode: the answers of attribute, cache and occupancy calls, and their arguments") {
+  fresh();
+  const Api& a = api();
+  const CUfunction f = as_function(new_kernel());
+  const CUkernel k = as_kernel(f);
+  int value = -1;
+  CHECK_EQ(a.func_get_attribute(&value, CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK, f), CUDA_SUCCESS);
+  CHECK_EQ(value, 1024);
+  CHECK_EQ(a.func_get_attribute(&value, CU_FUNC_ATTRIBUTE_NUM_REGS, f), CUDA_SUCCESS);
+  CHECK_EQ(value, 32);
+  for (int attrib = 0; attrib < CU_FUNC_ATTRIBUTE_MAX; ++attrib) {
+    if (attrib == CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK || attrib == CU_FUNC_ATTRIBUTE_NUM_REGS)
+      continue;
+    CAPTURE(attrib);
+    value = -1;
+    CHECK_EQ(a.func_get_attribute(&value, static_cast<CUfunction_attribute>(attrib), f),
+             CUDA_SUCCESS);
+    CHECK_EQ(value, 0);
+  }
+  CHECK_EQ(a.kernel_get_attribute(&value, CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK, k, 0),
+           CUDA_SUCCESS);
+  CHECK_EQ(value, 1024);
+  CHECK_EQ(a.func_set_attribute(f, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, 0),
+           CUDA_SUCCESS);
+  CHECK_EQ(a.func_set_cache_config(f, CU_FUNC_CACHE_PREFER_EQUAL), CUDA_SUCCESS);
+  CHECK_EQ(a.kernel_set_attribute(CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, 0, k, 0),
+           CUDA_SUCCESS);
+  CHECK_EQ(a.kernel_set_cache_config(k, CU_FUNC_CACHE_PREFER_NONE, 0), CUDA_SUCCESS);
+
+  int blocks = -1;
+  CHECK_EQ(a.active_blocks(&blocks, f, 256, 0), CUDA_SUCCESS);
+  CHECK_EQ(blocks, 8);
+  CHECK_EQ(a.active_blocks_flags(&blocks, f, 1024, 4096, CU_OCCUPANCY_DEFAULT), CUDA_SUCCESS);
+  CHECK_EQ(blocks, 2);
+  int grid = -1, block = -1;
+  CHECK_EQ(a.block_size(&grid, &block, f, nullptr, 0, 0), CUDA_SUCCESS);
+  CHECK_EQ(block, 1024);
+  CHECK_EQ(grid, 132 * 2);
+  CHECK_EQ(a.block_size(&grid, &block, f, nullptr, 0, 4096), CUDA_SUCCESS);
+  CHECK_EQ(block, 1024);
+  CHECK_EQ(a.block_size_flags(&grid, &block, f, nullptr, 0, 128, CU_OCCUPANCY_DEFAULT),
+           CUDA_SUCCESS);
+  CHECK_EQ(block, 128);
+  CHECK_EQ(grid, 132 * 16);
+  size_t shared = 0;
+  CHECK_EQ(a.dynamic_shared(&shared, f, 4, 256), CUDA_SUCCESS);
+  CHECK_EQ(shared, 48u << 10);
+  int cluster = -1;
+  CHECK_EQ(a.cluster_size(&cluster, f, launch_config()), CUDA_SUCCESS);
+  CHECK_EQ(cluster, 8);
+  CHECK_EQ(a.active_clusters(&cluster, f, launch_config()), CUDA_SUCCESS);
+  CHECK_EQ(cluster, 1);
+  CHECK_EQ(free_bytes(), kCapacity - kCode);  // one load for all of them
+  CHECK_EQ(free_on(1), kCapacity);
+
+  // Refused before anything loads, the outputs untouched.
+  const CUfunction g = as_function(new_kernel());
+  const CUkernel kg = as_kernel(g);
+  const auto bad_attribute = static_cast<CUfunction_attribute>(CU_FUNC_ATTRIBUTE_MAX);
+  const auto negative_attribute = static_cast<CUfunction_attribute>(-1);
+  const auto bad_cache = static_cast<CUfunc_cache>(CU_FUNC_CACHE_PREFER_EQUAL + 1);
+  const auto regs = CU_FUNC_ATTRIBUTE_NUM_REGS;
+  constexpr unsigned kBadFlags = 2;
+  value = blocks = grid = block = cluster = -1;
+  shared = 7;
+  CHECK_EQ(a.func_get_attribute(nullptr, regs, g), CUDA_ERROR_INVALID_VALUE);
+  CHECK_EQ(a.func_get_attribute(&value, regs, nullptr), CUDA_ERROR_INVALID_HANDLE);
+  CHECK_EQ(a.func_get_attribute(&value, bad_attribute, g), CUDA_ERROR_INVALID_VALUE);
+  CHECK_EQ(a.func_get_attribute(&value, negative_attribute, g), CUDA_ERROR_INVALID_VALUE);
+  CHECK_EQ(a.func_set_attribute(nullptr, regs, 0), CUDA_ERROR_INVALID_HANDLE);
+  CHECK_EQ(a.func_set_attribute(g, bad_attribute, 0), CUDA_ERROR_INVALID_VALUE);
+  CHECK_EQ(a.func_set_cache_config(nullptr, CU_FUNC_CACHE_PREFER_L1), CUDA_ERROR_INVALID_HANDLE);
+  CHECK_EQ(a.func_set_cache_config(g, bad_cache), CUDA_ERROR_INVALID_VALUE);
+  CHECK_EQ(a.kernel_get_attribute(nullptr, regs, kg, 0), CUDA_ERROR_INVALID_VALUE);
+  CHECK_EQ(a.kernel_get_attribute(&value, regs, nullptr, 0), CUDA_ERROR_INVALID_HANDLE);
+  CHECK_EQ(a.kernel_get_attribute(&value, bad_attribute, kg, 0), CUDA_ERROR_INVALID_VALUE);
+  CHECK_EQ(a.kernel_get_attribute(&value, regs, kg, 2), CUDA_ERROR_INVALID_DEVICE);
+  CHECK_EQ(a.kernel_get_attribute(&value, regs, kg, -1), CUDA_ERROR_INVALID_DEVICE);
+  CHECK_EQ(a.kernel_set_attribute(regs, 0, nullptr, 0), CUDA_ERROR_INVALID_HANDLE);
+  CHECK_EQ(a.kernel_set_attribute(bad_attribute, 0, kg, 0), CUDA_ERROR_INVALID_VALUE);
+  CHECK_EQ(a.kernel_set_attribute(regs, 0, kg, 2), CUDA_ERROR_INVALID_DEVICE);
+  CHECK_EQ(a.kernel_set_cache_config(nullptr, CU_FUNC_CACHE_PREFER_L1, 0),
+           CUDA_ERROR_INVALID_HANDLE);
+  CHECK_EQ(a.kernel_set_cache_config(kg, bad_cache, 0), CUDA_ERROR_INVALID_VALUE);
+  CHECK_EQ(a.kernel_set_cache_config(kg, CU_FUNC_CACHE_PREFER_L1, 2), CUDA_ERROR_INVALID_DEVICE);
+  CHECK_EQ(a.active_blocks(nullptr, g, 256, 0), CUDA_ERROR_INVALID_VALUE);
+  CHECK_EQ(a.active_blocks(&blocks, nullptr, 256, 0), CUDA_ERROR_INVALID_HANDLE);
+  CHECK_EQ(a.active_blocks(&blocks, g, 0, 0), CUDA_ERROR_INVALID_VALUE);
+  CHECK_EQ(a.active_blocks(&blocks, g, -32, 0), CUDA_ERROR_INVALID_VALUE);
+  CHECK_EQ(a.active_blocks_flags(&blocks, g, 0, 0, 0), CUDA_ERROR_INVALID_VALUE);
+  CHECK_EQ(a.active_blocks_flags(&blocks, g, 256, 0, kBadFlags), CUDA_ERROR_INVALID_VALUE);
+  CHECK_EQ(a.block_size(nullptr, &block, g, nullptr, 0, 0), CUDA_ERROR_INVALID_VALUE);
+  CHECK_EQ(a.block_size(&grid, nullptr, g, nullptr, 0, 0), CUDA_ERROR_INVALID_VALUE);
+  CHECK_EQ(a.block_size(&grid, &block, nullptr, nullptr, 0, 0), CUDA_ERROR_INVALID_HANDLE);
+  CHECK_EQ(a.block_size(&grid, &block, g, nullptr, 0, -1), CUDA_ERROR_INVALID_VALUE);
+  CHECK_EQ(a.block_size_flags(&grid, &block, g, nullptr, 0, 0, kBadFlags),
+           CUDA_ERROR_INVALID_VALUE);
+  CHECK_EQ(a.dynamic_shared(nullptr, g, 1, 256), CUDA_ERROR_INVALID_VALUE);
+  CHECK_EQ(a.dynamic_shared(&shared, nullptr, 1, 256), CUDA_ERROR_INVALID_HANDLE);
+  CHECK_EQ(a.dynamic_shared(&shared, g, 0, 256), CUDA_ERROR_INVALID_VALUE);
+  CHECK_EQ(a.dynamic_shared(&shared, g, 1, 0), CUDA_ERROR_INVALID_VALUE);
+  CHECK_EQ(a.cluster_size(nullptr, g, launch_config()), CUDA_ERROR_INVALID_VALUE);
+  CHECK_EQ(a.cluster_size(&cluster, g, nullptr), CUDA_ERROR_INVALID_VALUE);
+  CHECK_EQ(a.cluster_size(&cluster, nullptr, launch_config()), CUDA_ERROR_INVALID_HANDLE);
+  CHECK_EQ(a.active_clusters(nullptr, g, launch_config()), CUDA_ERROR_INVALID_VALUE);
+  CHECK_EQ(a.active_clusters(&cluster, g, nullptr), CUDA_ERROR_INVALID_VALUE);
+  CHECK_EQ(a.active_clusters(&cluster, nullptr, launch_config()), CUDA_ERROR_INVALID_HANDLE);
+  CHECK_EQ(value, -1);
+  CHECK_EQ(blocks, -1);
+  CHECK_EQ(grid, -1);
+  CHECK_EQ(block, -1);
+  CHECK_EQ(cluster, -1);
+  CHECK_EQ(shared, 7u);
+  CHECK_EQ(free_bytes(), kCapacity - kCode);
+  CHECK_EQ(free_on(1), kCapacity);
+
+  // Out of memory leaves the outputs alone too.
+  void* filler = fill_but(kCode - 256);
+  CHECK_EQ(a.func_get_attribute(&value, regs, g), CUDA_ERROR_OUT_OF_MEMORY);
+  CHECK_EQ(a.kernel_get_attribute(&value, regs, kg, 0), CUDA_ERROR_OUT_OF_MEMORY);
+  CHECK_EQ(a.block_size(&grid, &block, g, nullptr, 0, 0), CUDA_ERROR_OUT_OF_MEMORY);
+  CHECK_EQ(value, -1);
+  CHECK_EQ(grid, -1);
+  CHECK_EQ(block, -1);
+  CUDA_OK(cudaFree(filler));
+
+  // Only the kernel's calls, which name their device, need no current context.
+  CUresult got = CUDA_SUCCESS, set = CUDA_SUCCESS, occupancy = CUDA_SUCCESS;
+  CUresult kernel_got = CUDA_ERROR_UNKNOWN, kernel_cache = CUDA_ERROR_UNKNOWN;
+  std::thread([&] {
+    got = a.func_get_attribute(&value, regs, g);
+    set = a.func_set_cache_config(g, CU_FUNC_CACHE_PREFER_L1);
+    occupancy = a.active_blocks(&blocks, g, 256, 0);
+    kernel_got = a.kernel_get_attribute(&value, regs, kg, 1);
+    kernel_cache = a.kernel_set_cache_config(kg, CU_FUNC_CACHE_PREFER_L1, 1);
+  }).join();
+  CHECK_EQ(got, CUDA_ERROR_INVALID_CONTEXT);
+  CHECK_EQ(set, CUDA_ERROR_INVALID_CONTEXT);
+  CHECK_EQ(occupancy, CUDA_ERROR_INVALID_CONTEXT);
+  CHECK_EQ(kernel_got, CUDA_SUCCESS);
+  CHECK_EQ(kernel_cache, CUDA_SUCCESS);
+  CHECK_EQ(value, 32);
+  CHECK_EQ(blocks, -1);
+  CHECK_EQ(free_bytes(), kCapacity - kCode);
+  CHECK_EQ(free_on(1), kCapacity - kCode);
+}
+
+TEST_CASE("eager: attribute, cache and occupancy calls take nothing for loaded code") {
+  fresh();
+  const CUmodule module = load_module();
+  const CUlibrary library = load_library();
+  CHECK_EQ(free_bytes(), kCapacity - 2 * kCode);
+  void* filler = fill_but(kCode - 256);  // not even a full device stops them
+  for (const FunctionUse& use : function_uses()) {
+    CAPTURE(use.name);
+    CHECK_EQ(use.call(get_function(module, use.name)), CUDA_SUCCESS);
+    CHECK_EQ(use.call(as_function(get_kernel(library, use.name))), CUDA_SUCCESS);
+  }
+  for (const KernelUse& use : kernel_uses()) {
+    CAPTURE(use.name);
+    const CUkernel k = get_kernel(library, use.name);
+    CHECK_EQ(use.call(k, 0), CUDA_SUCCESS);
+    CHECK_EQ(use.call(k, 1), CUDA_SUCCESS);
+  }
+  CHECK_EQ(free_bytes(), kCode - 256);
+  CHECK_EQ(free_on(1), kCapacity);
+  CUDA_OK(cudaFree(filler));
+
+  // Unloaded, their functions and kernels are refused.
+  const CUfunction f = get_function(module, "f");
+  const CUkernel k = get_kernel(library, "k");
+  CHECK_EQ(api().module_unload(module), CUDA_SUCCESS);
+  CHECK_EQ(api().library_unload(library), CUDA_SUCCESS);
+  for (const FunctionUse& use : function_uses()) {
+    CAPTURE(use.name);
+    CHECK_EQ(use.call(f), CUDA_ERROR_INVALID_HANDLE);
+    CHECK_EQ(use.call(as_function(k)), CUDA_ERROR_INVALID_HANDLE);
+  }
+  for (const KernelUse& use : kernel_uses()) {
+    CAPTURE(use.name);
+    CHECK_EQ(use.call(k, 1), CUDA_ERROR_INVALID_HANDLE);
+  }
+  CHECK_EQ(free_bytes(), kCapacity);
+  CHECK_EQ(free_on(1), kCapacity);
+}
+
+TEST_CASE("lazy: a library's kernels load at their first attribute, cache or occupancy call") {
+  fresh();
+  const Api& a = api();
+  const CUmodule module = load_module();
+  const CUlibrary library = load_library();
+  size_t taken = 0, taken_on_1 = 0;
+  for (const FunctionUse& use : function_uses()) {
+    CAPTURE(use.name);
+    const CUkernel k = get_kernel(library, use.name);
+    CHECK_EQ(free_bytes(), kCapacity - taken);
+    CHECK_EQ(use.call(as_function(k)), CUDA_SUCCESS);
+    taken += kCode;
+    CHECK_EQ(free_bytes(), kCapacity - taken);
+    CHECK_EQ(use.call(as_function(k)), CUDA_SUCCESS);
+    CHECK_EQ(kernel_function(k), as_function(k));
+    CHECK_EQ(free_bytes(), kCapacity - taken);
+    // A module's function was loaded by its get.
+    const CUfunction f = get_function(module, use.name);
+    taken += kCode;
+    CHECK_EQ(use.call(f), CUDA_SUCCESS);
+    CHECK_EQ(free_bytes(), kCapacity - taken);
+
+    const std::string starved_name = std::string(use.name) + " starved";
+    const CUkernel starved = get_kernel(library, starved_name.c_str());
+    void* filler = fill_but(kCode - 256);
+    CHECK_EQ(use.call(as_function(starved)), CUDA_ERROR_OUT_OF_MEMORY);
+    CHECK_EQ(use.call(as_function(starved)), CUDA_ERROR_OUT_OF_MEMORY);
+    CUDA_OK(cudaFree(filler));
+    CHECK_EQ(use.call(as_function(starved)), CUDA_SUCCESS);
+    taken += kCode;
+    CHECK_EQ(free_bytes(), kCapacity - taken);
+  }
+  for (const KernelUse& use : kernel_uses()) {
+    CAPTURE(use.name);
+    const CUkernel k = get_kernel(library, use.name);
+    CHECK_EQ(use.call(k, 1), CUDA_SUCCESS);
+    taken_on_1 += kCode;
+    CHECK_EQ(use.call(k, 1), CUDA_SUCCESS);
+    CHECK_EQ(free_on(1), kCapacity - taken_on_1);
+    CHECK_EQ(free_bytes(), kCapacity - taken);
+
+    const std::string starved_name = std::string(use.name) + " starved";
+    const CUkernel starved = get_kernel(library, starved_name.c_str());
+    void* filler = fill_but(kCode - 256);
+    CHECK_EQ(use.call(starved, 0), CUDA_ERROR_OUT_OF_MEMORY);
+    CUDA_OK(cudaFree(filler));
+    CHECK_EQ(use.call(starved, 0), CUDA_SUCCESS);
+    taken += kCode;
+    CHECK_EQ(free_bytes(), kCapacity - taken);
+  }
+
+  // The unloads give it all back, on both devices, and refuse what they loaded.
+  const CUkernel gone = get_kernel(library, "cuKernelGetAttribute");
+  CHECK_EQ(a.module_unload(module), CUDA_SUCCESS);
+  CHECK_EQ(a.library_unload(library), CUDA_SUCCESS);
+  CHECK_EQ(free_bytes(), kCapacity);
+  CHECK_EQ(free_on(1), kCapacity);
+  for (const FunctionUse& use : function_uses()) {
+    CAPTURE(use.name);
+    CHECK_EQ(use.call(as_function(gone)), CUDA_ERROR_INVALID_HANDLE);
+  }
+  for (const KernelUse& use : kernel_uses()) {
+    CAPTURE(use.name);
+    CHECK_EQ(use.call(gone, 1), CUDA_ERROR_INVALID_HANDLE);
+  }
+  CHECK_EQ(counter("live_allocations"), 0u);
+}
+
+TEST_CASE("eager: a variable lives in its module's or library's memory and takes nothing more") {
+  fresh();
+  const Api& a = api();
+  const CUmodule module = load_module();
+  CHECK_EQ(free_bytes(), kCapacity - kCode);
+  const CUdeviceptr va = module_variable(module, "a");
+  CHECK_EQ(holder(va), std::make_pair(va, kCode));  // the module's memory, from its start
+  const CUdeviceptr vb = module_variable(module, "b");
+  CHECK_EQ(vb, va + kVariable);
+  CHECK_EQ(module_variable(module, "a"), va);
+  CHECK_EQ(free_bytes(), kCapacity - kCode);
+  CHECK_EQ(counter("live_allocations"), 1u);
+
+  // It holds what is written there.
+  CHECK_EQ(write_word(va, 0x600dcafe), CUDA_SUCCESS);
+  CHECK_EQ(write_word(vb, 0xfeed), CUDA_SUCCESS);
+  CHECK_EQ(read_word(va), 0x600dcafeu);
+  CHECK_EQ(read_word(vb), 0xfeedu);
+  CUDA_OK(cudaMemset(reinterpret_cast<void*>(static_cast<uintptr_t>(vb)), 0, sizeof(uint64_t)));
+  CHECK_EQ(read_word(vb), 0u);
+  CHECK_EQ(read_word(va), 0x600dcafeu);
+
+  // Either output may be null; a full device changes nothing.
+  void* filler = fill_but(0);
+  size_t bytes = 0;
+  CHECK_EQ(a.module_global(nullptr, &bytes, module, "c"), CUDA_SUCCESS);
+  CHECK_EQ(bytes, kVariable);
+  CUdeviceptr vc = 0;
+  CHECK_EQ(a.module_global(&vc, nullptr, module, "c"), CUDA_SUCCESS);
+  CHECK_EQ(vc, va + 2 * kVariable);
+  CUDA_OK(cudaFree(filler));
+
+  // A library's: in its memory, on the device current at its load, whichever is current now.
+  const CUlibrary library = load_library();
+  CHECK_EQ(free_bytes(), kCapacity - 2 * kCode);
+  const CUdeviceptr lv = library_variable(library, "a");
+  CHECK_EQ(holder(lv), std::make_pair(lv, kCode));
+  CHECK(lv != va);
+  CUDA_OK(cudaSetDevice(1));
+  CHECK_EQ(library_variable(library, "a"), lv);
+  CHECK_EQ(free_bytes(), kCapacity);
+  CUDA_OK(cudaSetDevice(0));
+  CHECK_EQ(free_bytes(), kCapacity - 2 * kCode);
+
+  // Unloaded: refused, and the memory gone with the code.
+  CHECK_EQ(a.module_unload(module), CUDA_SUCCESS);
+  CUdeviceptr address = kUntouchedAddress;
+  CHECK_EQ(a.module_global(&address, &bytes, module, "a"), CUDA_ERROR_INVALID_HANDLE);
+  CHECK_EQ(address, kUntouchedAddress);
+  CHECK_EQ(write_word(va, 1), CUDA_ERROR_INVALID_VALUE);
+  CHECK_EQ(a.library_unload(library), CUDA_SUCCESS);
+  CHECK_EQ(a.library_global(&address, &bytes, library, "a"), CUDA_ERROR_INVALID_HANDLE);
+  CHECK_EQ(write_word(lv, 1), CUDA_ERROR_INVALID_VALUE);
+  CHECK_EQ(address, kUntouchedAddress);
+  CHECK_EQ(free_bytes(), kCapacity);
+}
+
+TEST_CASE("eager: variables with no memory to live in are refused as unsupported") {
+  fresh();
+  const Api& a = api();
+  // A module's memory holds kCode / kVariable of them.
+  const CUmodule module = load_module();
+  const CUdeviceptr first = module_variable(module, "v0");
+  CUdeviceptr address = 0;
+  for (size_t i = 1; i < kCode / kVariable; ++i) {
+    const std::string name = "v" + std::to_string(i);
+    REQUIRE_EQ(a.module_global(&address, nullptr, module, name.c_str()), CUDA_SUCCESS);
+  }
+  CHECK_EQ(address, first + kCode - kVariable);
+  address = kUntouchedAddress;
+  CHECK_EQ(a.module_global(&address, nullptr, module, "one too many"), CUDA_ERROR_NOT_SUPPORTED);
+  CHECK_EQ(address, kUntouchedAddress);
+  CHECK_EQ(module_variable(module, "v1"), first + kVariable);  // the others stay
+  CHECK_EQ(a.module_unload(module), CUDA_SUCCESS);
+
+  // A library stays loaded through a reset, without memory.
+  const CUlibrary library = load_library();
+  library_variable(library, "a");
+  CHECK_EQ(a.primary_reset(0), CUDA_SUCCESS);
+  CUDA_OK(cudaFree(nullptr));
+  CHECK_EQ(a.library_global(&address, nullptr, library, "a"), CUDA_ERROR_NOT_SUPPORTED);
+  CHECK_EQ(a.library_global(&address, nullptr, library, "b"), CUDA_ERROR_NOT_SUPPORTED);
+  CHECK_EQ(address, kUntouchedAddress);
+  CHECK_EQ(free_bytes(), kCapacity);
+  CHECK_EQ(a.library_unload(library), CUDA_SUCCESS);
+}
+
+TEST_CASE("lazy: a variable's first use loads it, as its function would, once a device") {
+  fresh();
+  const Api& a = api();
+  const CUmodule module = load_module();
+  const CUlibrary library = load_library();
+  CHECK_EQ(free_bytes(), kCapacity);
+
+  const CUdeviceptr va = module_variable(module, "a");
+  CHECK_EQ(free_bytes(), kCapacity - kCode);
+  CHECK_EQ(counter("live_allocations"), 1u);
+  CHECK_EQ(holder(va), std::make_pair(va, kCode));  // at the start of its own load
+  CHECK_EQ(module_variable(module, "a"), va);
+  get_function(module, "a");  // the same load
+  CHECK_EQ(free_bytes(), kCapacity - kCode);
+  const CUdeviceptr vb = module_variable(module, "b");
+  CHECK(vb != va);
+  CHECK_EQ(free_bytes(), kCapacity - 2 * kCode);
+
+  // A library's, on the current context's device: one copy a device, each its own bytes.
+  const CUdeviceptr lv0 = library_variable(library, "v");
+  CHECK_EQ(free_bytes(), kCapacity - 3 * kCode);
+  CUDA_OK(cudaSetDevice(1));
+  const CUdeviceptr lv1 = library_variable(library, "v");
+  CHECK(lv1 != lv0);
+  CHECK_EQ(library_variable(library, "v"), lv1);
+  CHECK_EQ(free_bytes(), kCapacity - kCode);
+  CHECK_EQ(kernel_function(get_kernel(library, "v")), as_function(get_kernel(library, "v")));
+  CHECK_EQ(free_bytes(), kCapacity - kCode);  // the kernel of that name: the same load
+  CUDA_OK(cudaSetDevice(0));
+  CHECK_EQ(free_bytes(), kCapacity - 3 * kCode);
+  CHECK_EQ(write_word(lv0, 10), CUDA_SUCCESS);
+  CHECK_EQ(write_word(lv1, 11), CUDA_SUCCESS);
+  CHECK_EQ(read_word(lv0), 10u);
+  CHECK_EQ(read_word(lv1), 11u);
+
+  // A device that cannot hold it: out of memory, the outputs untouched, nothing remembered.
+  void* filler = fill_but(kCode - 256);
+  CUdeviceptr address = kUntouchedAddress;
+  size_t bytes = 7;
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    CHECK_EQ(a.module_global(&address, &bytes, module, "c"), CUDA_ERROR_OUT_OF_MEMORY);
+    CHECK_EQ(a.library_global(&address, &bytes, library, "c"), CUDA_ERROR_OUT_OF_MEMORY);
+  }
+  CHECK_EQ(address, kUntouchedAddress);
+  CHECK_EQ(bytes, 7u);
+  CHECK_EQ(free_bytes(), kCode - 256);
+  CUDA_OK(cudaFree(filler));
+  module_variable(module, "c");
+  library_variable(library, "c");
+  CHECK_EQ(free_bytes(), kCapacity - 5 * kCode);
+
+  // The unloads give the memory back; the addresses are gone with it.
+  CHECK_EQ(a.module_unload(module), CUDA_SUCCESS);
+  CHECK_EQ(free_bytes(), kCapacity - 2 * kCode);
+  CHECK_EQ(write_word(va, 1), CUDA_ERROR_INVALID_VALUE);
+  CHECK_EQ(a.library_unload(library), CUDA_SUCCESS);
+  CHECK_EQ(write_word(lv0, 1), CUDA_ERROR_INVALID_VALUE);
+  CHECK_EQ(free_bytes(), kCapacity);
+  CHECK_EQ(free_on(1), kCapacity);
+  CHECK_EQ(counter("live_allocations"), 0u);
+}
+
+TEST_CASE("any mode: the variable getters' arguments, handles and contexts") {
+  fresh();
+  const Api& a = api();
+  const CUmodule module = load_module();
+  const CUlibrary library = load_library();
+  const size_t loaded = free_bytes();
+  CUdeviceptr address = kUntouchedAddress;
+  size_t bytes = 7;
+  CHECK_EQ(a.module_global(nullptr, nullptr, module, "a"), CUDA_ERROR_INVALID_VALUE);
+  CHECK_EQ(a.module_global(&address, &bytes, module, nullptr), CUDA_ERROR_INVALID_VALUE);
+  CHECK_EQ(a.module_global(&address, &bytes, nullptr, "a"), CUDA_ERROR_INVALID_HANDLE);
+  CHECK_EQ(a.module_global(&address, &bytes, reinterpret_cast<CUmodule>(library), "a"),
+           CUDA_ERROR_INVALID_HANDLE);
+  CHECK_EQ(a.library_global(nullptr, nullptr, library, "a"), CUDA_ERROR_INVALID_VALUE);
+  CHECK_EQ(a.library_global(&address, &bytes, library, nullptr), CUDA_ERROR_INVALID_VALUE);
+  CHECK_EQ(a.library_global(&address, &bytes, nullptr, "a"), CUDA_ERROR_INVALID_HANDLE);
+  CHECK_EQ(a.library_global(&address, &bytes, reinterpret_cast<CUlibrary>(module), "a"),
+           CUDA_ERROR_INVALID_HANDLE);
+  CHECK_EQ(address, kUntouchedAddress);
+  CHECK_EQ(bytes, 7u);
+  CHECK_EQ(free_bytes(), loaded);
+
+  // Both need a current context.
+  CUresult from_module = CUDA_SUCCESS, from_library = CUDA_SUCCESS;
+  std::thread([&] {
+    from_module = a.module_global(&address, &bytes, module, "a");
+    from_library = a.library_global(&address, &bytes, library, "a");
+  }).join();
+  CHECK_EQ(from_module, CUDA_ERROR_INVALID_CONTEXT);
+  CHECK_EQ(from_library, CUDA_ERROR_INVALID_CONTEXT);
+  CHECK_EQ(address, kUntouchedAddress);
+  CHECK_EQ(free_bytes(), loaded);
+  CHECK_EQ(a.module_unload(module), CUDA_SUCCESS);
+  CHECK_EQ(a.library_unload(library), CUDA_SUCCESS);
+}
+
+TEST_CASE("the resolver's rows for launches, loads, getters and uses of code") {
   simtest::Driver& drv = driver();
   constexpr cuuint64_t kPerThread = CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM;
   struct Row {
@@ -1178,6 +1910,29 @@ TEST_CASE("the resolver's rows for launches, loads and getters") {
       {"cuLibraryGetKernel", 12000, "cuLibraryGetKernel", "cuLibraryGetKernel"},
       {"cuKernelGetFunction", 12000, "cuKernelGetFunction", "cuKernelGetFunction"},
       {"cuFuncLoad", 12040, "cuFuncLoad", "cuFuncLoad"},
+      {"cuFuncGetAttribute", 2020, "cuFuncGetAttribute", "cuFuncGetAttribute"},
+      {"cuFuncSetAttribute", 9000, "cuFuncSetAttribute", "cuFuncSetAttribute"},
+      {"cuFuncSetCacheConfig", 3000, "cuFuncSetCacheConfig", "cuFuncSetCacheConfig"},
+      {"cuKernelGetAttribute", 12000, "cuKernelGetAttribute", "cuKernelGetAttribute"},
+      {"cuKernelSetAttribute", 12000, "cuKernelSetAttribute", "cuKernelSetAttribute"},
+      {"cuKernelSetCacheConfig", 12000, "cuKernelSetCacheConfig", "cuKernelSetCacheConfig"},
+      {"cuOccupancyMaxActiveBlocksPerMultiprocessor", 6050,
+       "cuOccupancyMaxActiveBlocksPerMultiprocessor",
+       "cuOccupancyMaxActiveBlocksPerMultiprocessor"},
+      {"cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags", 7000,
+       "cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags",
+       "cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags"},
+      {"cuOccupancyMaxPotentialBlockSize", 6050, "cuOccupancyMaxPotentialBlockSize",
+       "cuOccupancyMaxPotentialBlockSize"},
+      {"cuOccupancyMaxPotentialBlockSizeWithFlags", 7000,
+       "cuOccupancyMaxPotentialBlockSizeWithFlags", "cuOccupancyMaxPotentialBlockSizeWithFlags"},
+      {"cuOccupancyAvailableDynamicSMemPerBlock", 10020, "cuOccupancyAvailableDynamicSMemPerBlock",
+       "cuOccupancyAvailableDynamicSMemPerBlock"},
+      {"cuOccupancyMaxPotentialClusterSize", 11070, "cuOccupancyMaxPotentialClusterSize",
+       "cuOccupancyMaxPotentialClusterSize"},
+      {"cuOccupancyMaxActiveClusters", 11070, "cuOccupancyMaxActiveClusters",
+       "cuOccupancyMaxActiveClusters"},
+      {"cuLibraryGetGlobal", 12000, "cuLibraryGetGlobal", "cuLibraryGetGlobal"},
   };
   for (const Row& row : rows) {
     CAPTURE(row.name);
@@ -1192,6 +1947,12 @@ TEST_CASE("the resolver's rows for launches, loads and getters") {
     CHECK_EQ(status, CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT);
   }
   CHECK_EQ(drv.get<void*>("cuLaunchKernel", 4000), dlsym(drv.lib, "cuLaunchKernel"));
+  // cuModuleGetGlobal's 32-bit CUDA 2.0 form is the generated fallback, before CUDA 3.2.
+  CHECK_EQ(drv.get<void*>("cuModuleGetGlobal", 2000), dlsym(drv.lib, "cuModuleGetGlobal"));
+  CHECK_EQ(drv.get<void*>("cuModuleGetGlobal", 3010), dlsym(drv.lib, "cuModuleGetGlobal"));
+  CHECK_EQ(drv.get<void*>("cuModuleGetGlobal", 3020), dlsym(drv.lib, "cuModuleGetGlobal_v2"));
+  CHECK_EQ(drv.get<void*>("cuModuleGetGlobal", 13000), dlsym(drv.lib, "cuModuleGetGlobal_v2"));
+  CHECK(dlsym(drv.lib, "cuModuleGetGlobal") != dlsym(drv.lib, "cuModuleGetGlobal_v2"));
 }
 
 int main(int argc, char** argv) {
