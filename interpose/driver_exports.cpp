@@ -304,6 +304,14 @@ CUresult load_with_room(Loads where, void** values, unsigned int count, Call&& r
   });
 }
 
+// As launch_with_room, for code that loads into device `device`'s context.
+template <typename Call>
+CUresult load_on_with_room(CUdevice device, Call&& real) {
+  const CUresult result = real();
+  if (result != CUDA_ERROR_OUT_OF_MEMORY || pc::bypass()) return result;
+  return pc::guarded([&] { return dh::again_with_room_on(device, real); });
+}
+
 }  // namespace
 
 POOLCUDA_EXPORT CUresult cuLaunchKernel(CUfunction f, unsigned int gridDimX,
@@ -433,6 +441,119 @@ POOLCUDA_EXPORT CUresult cuKernelGetFunction(CUfunction* pFunc, CUkernel kernel)
 POOLCUDA_EXPORT CUresult cuFuncLoad(CUfunction function) {
   return load_with_room(Loads::into_current, nullptr, 0,
                         [&] { return dr::cuFuncLoad()(function); });
+}
+
+// With lazy loading a kernel also loads when the program first asks about it or tunes it, and a
+// module when one of its variables is first used (Note [Launches short of memory] in hooks.cpp).
+POOLCUDA_EXPORT CUresult cuFuncGetAttribute(int* pi, CUfunction_attribute attrib,
+                                            CUfunction hfunc) {
+  return load_with_room(Loads::into_current, nullptr, 0,
+                        [&] { return dr::cuFuncGetAttribute()(pi, attrib, hfunc); });
+}
+
+POOLCUDA_EXPORT CUresult cuFuncSetAttribute(CUfunction hfunc, CUfunction_attribute attrib,
+                                            int value) {
+  return load_with_room(Loads::into_current, nullptr, 0,
+                        [&] { return dr::cuFuncSetAttribute()(hfunc, attrib, value); });
+}
+
+POOLCUDA_EXPORT CUresult cuFuncSetCacheConfig(CUfunction hfunc, CUfunc_cache config) {
+  return load_with_room(Loads::into_current, nullptr, 0,
+                        [&] { return dr::cuFuncSetCacheConfig()(hfunc, config); });
+}
+
+// A CUkernel's attributes are per device: it loads into the device named.
+POOLCUDA_EXPORT CUresult cuKernelGetAttribute(int* pi, CUfunction_attribute attrib,
+                                              CUkernel kernel, CUdevice dev) {
+  return load_on_with_room(dev, [&] { return dr::cuKernelGetAttribute()(pi, attrib, kernel, dev); });
+}
+
+POOLCUDA_EXPORT CUresult cuKernelSetAttribute(CUfunction_attribute attrib, int val,
+                                              CUkernel kernel, CUdevice dev) {
+  return load_on_with_room(dev,
+                           [&] { return dr::cuKernelSetAttribute()(attrib, val, kernel, dev); });
+}
+
+POOLCUDA_EXPORT CUresult cuKernelSetCacheConfig(CUkernel kernel, CUfunc_cache config,
+                                                CUdevice dev) {
+  return load_on_with_room(dev,
+                           [&] { return dr::cuKernelSetCacheConfig()(kernel, config, dev); });
+}
+
+POOLCUDA_EXPORT CUresult cuOccupancyMaxActiveBlocksPerMultiprocessor(int* numBlocks,
+                                                                     CUfunction func,
+                                                                     int blockSize,
+                                                                     size_t dynamicSMemSize) {
+  return load_with_room(Loads::into_current, nullptr, 0, [&] {
+    return dr::cuOccupancyMaxActiveBlocksPerMultiprocessor()(numBlocks, func, blockSize,
+                                                             dynamicSMemSize);
+  });
+}
+
+POOLCUDA_EXPORT CUresult cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(
+    int* numBlocks, CUfunction func, int blockSize, size_t dynamicSMemSize, unsigned int flags) {
+  return load_with_room(Loads::into_current, nullptr, 0, [&] {
+    return dr::cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags()(numBlocks, func, blockSize,
+                                                                      dynamicSMemSize, flags);
+  });
+}
+
+POOLCUDA_EXPORT CUresult cuOccupancyMaxPotentialBlockSize(
+    int* minGridSize, int* blockSize, CUfunction func,
+    CUoccupancyB2DSize blockSizeToDynamicSMemSize, size_t dynamicSMemSize, int blockSizeLimit) {
+  return load_with_room(Loads::into_current, nullptr, 0, [&] {
+    return dr::cuOccupancyMaxPotentialBlockSize()(minGridSize, blockSize, func,
+                                                  blockSizeToDynamicSMemSize, dynamicSMemSize,
+                                                  blockSizeLimit);
+  });
+}
+
+POOLCUDA_EXPORT CUresult cuOccupancyMaxPotentialBlockSizeWithFlags(
+    int* minGridSize, int* blockSize, CUfunction func,
+    CUoccupancyB2DSize blockSizeToDynamicSMemSize, size_t dynamicSMemSize, int blockSizeLimit,
+    unsigned int flags) {
+  return load_with_room(Loads::into_current, nullptr, 0, [&] {
+    return dr::cuOccupancyMaxPotentialBlockSizeWithFlags()(minGridSize, blockSize, func,
+                                                           blockSizeToDynamicSMemSize,
+                                                           dynamicSMemSize, blockSizeLimit,
+                                                           flags);
+  });
+}
+
+POOLCUDA_EXPORT CUresult cuOccupancyAvailableDynamicSMemPerBlock(size_t* dynamicSmemSize,
+                                                                 CUfunction func, int numBlocks,
+                                                                 int blockSize) {
+  return load_with_room(Loads::into_current, nullptr, 0, [&] {
+    return dr::cuOccupancyAvailableDynamicSMemPerBlock()(dynamicSmemSize, func, numBlocks,
+                                                         blockSize);
+  });
+}
+
+// The cluster queries take a launch's configuration: its stream's device, as a launch's.
+POOLCUDA_EXPORT CUresult cuOccupancyMaxPotentialClusterSize(int* clusterSize, CUfunction func,
+                                                            const CUlaunchConfig* config) {
+  return launch_with_room(config != nullptr ? config->hStream : nullptr, [&] {
+    return dr::cuOccupancyMaxPotentialClusterSize()(clusterSize, func, config);
+  });
+}
+
+POOLCUDA_EXPORT CUresult cuOccupancyMaxActiveClusters(int* numClusters, CUfunction func,
+                                                      const CUlaunchConfig* config) {
+  return launch_with_room(config != nullptr ? config->hStream : nullptr, [&] {
+    return dr::cuOccupancyMaxActiveClusters()(numClusters, func, config);
+  });
+}
+
+POOLCUDA_EXPORT CUresult cuModuleGetGlobal_v2(CUdeviceptr* dptr, size_t* bytes, CUmodule hmod,
+                                              const char* name) {
+  return load_with_room(Loads::into_current, nullptr, 0,
+                        [&] { return dr::cuModuleGetGlobal_v2()(dptr, bytes, hmod, name); });
+}
+
+POOLCUDA_EXPORT CUresult cuLibraryGetGlobal(CUdeviceptr* dptr, size_t* bytes, CUlibrary library,
+                                            const char* name) {
+  return load_with_room(Loads::into_current, nullptr, 0,
+                        [&] { return dr::cuLibraryGetGlobal()(dptr, bytes, library, name); });
 }
 
 POOLCUDA_EXPORT CUresult cuCtxSynchronize() {

@@ -122,7 +122,27 @@ CUresult cuLaunchCooperativeKernel_ptsz(CUfunction f, unsigned int gridDimX,
   X(cuModuleGetFunction, "cuModuleGetFunction", 2000, false)                           \
   X(cuLibraryGetKernel, "cuLibraryGetKernel", 12000, false)                            \
   X(cuKernelGetFunction, "cuKernelGetFunction", 12000, false)                          \
-  X(cuFuncLoad, "cuFuncLoad", 12040, false)
+  X(cuFuncLoad, "cuFuncLoad", 12040, false)                                            \
+  X(cuFuncGetAttribute, "cuFuncGetAttribute", 2020, false)                             \
+  X(cuFuncSetAttribute, "cuFuncSetAttribute", 9000, false)                             \
+  X(cuFuncSetCacheConfig, "cuFuncSetCacheConfig", 3000, false)                         \
+  X(cuKernelGetAttribute, "cuKernelGetAttribute", 12000, false)                        \
+  X(cuKernelSetAttribute, "cuKernelSetAttribute", 12000, false)                        \
+  X(cuKernelSetCacheConfig, "cuKernelSetCacheConfig", 12000, false)                    \
+  X(cuOccupancyMaxActiveBlocksPerMultiprocessor,                                       \
+    "cuOccupancyMaxActiveBlocksPerMultiprocessor", 6050, false)                        \
+  X(cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags,                              \
+    "cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags", 7000, false)               \
+  X(cuOccupancyMaxPotentialBlockSize, "cuOccupancyMaxPotentialBlockSize", 6050, false) \
+  X(cuOccupancyMaxPotentialBlockSizeWithFlags,                                         \
+    "cuOccupancyMaxPotentialBlockSizeWithFlags", 7000, false)                          \
+  X(cuOccupancyAvailableDynamicSMemPerBlock,                                           \
+    "cuOccupancyAvailableDynamicSMemPerBlock", 10020, false)                           \
+  X(cuOccupancyMaxPotentialClusterSize,                                                \
+    "cuOccupancyMaxPotentialClusterSize", 11070, false)                                \
+  X(cuOccupancyMaxActiveClusters, "cuOccupancyMaxActiveClusters", 11070, false)        \
+  X(cuModuleGetGlobal_v2, "cuModuleGetGlobal", 3020, false)                            \
+  X(cuLibraryGetGlobal, "cuLibraryGetGlobal", 12000, false)
 
 namespace poolcuda::driver {
 

@@ -297,7 +297,14 @@ cudaError_t with_room(int device, std::size_t size, const std::function<cudaErro
 // stream's context), a library's load or kernel (a library loads into every context) from the
 // current device and then every other, the others from the current device. With lazy loading a
 // module's or library's kernels load when the program asks for them (cuModuleGetFunction,
-// cuLibraryGetKernel, cuKernelGetFunction, cuFuncLoad): those get the same. The give-back waits
+// cuLibraryGetKernel, cuKernelGetFunction, cuFuncLoad), and a kernel, or a module, at its first
+// use other than a launch: asking for or setting a kernel's attributes or cache configuration
+// (cuFuncGetAttribute, cuFuncSetAttribute, cuFuncSetCacheConfig, the cuKernel forms, which load
+// into the device they name), its occupancy (the cuOccupancy calls; the cluster ones take a
+// launch's configuration, so its stream's device), a module's or library's variable
+// (cuModuleGetGlobal, cuLibraryGetGlobal). The runtime's cudaFuncGetAttributes,
+// cudaFuncSetAttribute, occupancy and symbol calls reach the driver through these. All get the
+// same. The give-back waits
 // only for the fences of frees that were not stream-ordered: memory freed onto a stream the
 // program has parked is not free under plain CUDA either, and a launch must not wait 10 s for
 // it. Through a runtime that reaches the driver's launch the driver hook does all that
@@ -306,9 +313,8 @@ cudaError_t with_room(int device, std::size_t size, const std::function<cudaErro
 // successful retry must not show, so the slot is cleared then. An error of the program's own
 // still waiting there goes with it: asking the slot before every launch, to keep it, would cost
 // every launch for the sake of one that may never fail.
-// Not covered: the runtime's other calls where lazy loading may load a module
-// (cudaFuncSetAttribute, cudaFuncGetAttributes, occupancy and symbol calls), graph
-// instantiation, and anything during a stream capture, where the pools give nothing back.
+// Not covered: a runtime that loads code without these driver calls, graph instantiation, and
+// anything during a stream capture, where the pools give nothing back.
 cudaError_t launch_again(cudaError_t first, const std::function<cudaError_t()>& real) {
   if (!pooling::give_back_idle(current_device(), GiveBackWait::cudafree_fences)) return first;
   real::cudaGetLastError()();

@@ -42,7 +42,13 @@ for hooked in poolcuda_library_marker cudaMalloc cudaFree cudaFreeAsync cudaFree
               cuLaunchKernelEx_ptsz cuLaunchCooperativeKernel cuLaunchCooperativeKernel_ptsz \
               cuModuleLoad cuModuleLoadData cuModuleLoadDataEx cuModuleLoadFatBinary \
               cuLibraryLoadData cuLibraryLoadFromFile cuModuleGetFunction cuLibraryGetKernel \
-              cuKernelGetFunction cuFuncLoad; do
+              cuKernelGetFunction cuFuncLoad cuFuncGetAttribute cuFuncSetAttribute \
+              cuFuncSetCacheConfig cuKernelGetAttribute cuKernelSetAttribute \
+              cuKernelSetCacheConfig cuOccupancyMaxActiveBlocksPerMultiprocessor \
+              cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags \
+              cuOccupancyMaxPotentialBlockSize cuOccupancyMaxPotentialBlockSizeWithFlags \
+              cuOccupancyAvailableDynamicSMemPerBlock cuOccupancyMaxPotentialClusterSize \
+              cuOccupancyMaxActiveClusters cuModuleGetGlobal_v2 cuLibraryGetGlobal; do
   if ! echo "$symbols" | grep -qx "$hooked"; then
     echo "hooked entry point not exported: $hooked"
     status=1

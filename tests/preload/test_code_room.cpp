@@ -1,15 +1,16 @@
 // Preload test: code the driver loads finds the room plain CUDA would have left it (Note
 // [Launches short of memory] in interpose/hooks.cpp). On the stand-in every module takes
-// SIMCUDA_CODE_BYTES (64 MiB here) of the 1 GiB device, a kernel's at its first launch. Before
+// SIMCUDA_CODE_BYTES (64 MiB here) of the 4 GiB device, a kernel's at its first launch. Before
 // each load the program frees a buffer sized to leave half of that free, whose page the pools
 // keep idle; every load then succeeds, as it does without the library: the runtime's launches
 // (which the stand-in goes on to refuse as device code it cannot run, so the last-error slot must
-// hold exactly that refusal), the driver's launches, called and resolved, and explicit module and
-// library loads, and with lazy loading the calls that load a module's or library's kernels
-// (test_static_runtime.cpp has a program whose runtime reaches the driver's launch itself). A
-// launch short of memory that only live buffers hold, or a buffer freed onto a parked stream,
-// still fails, at once and with the driver's error. Runs on the stand-in only: a GPU would need
-// real kernels.
+// hold exactly that refusal), the driver's launches, called and resolved, the calls that ask
+// about a kernel or tune it (attributes, cache configuration, occupancy), explicit module and
+// library loads, and with lazy loading the calls that load a module's or library's kernels or
+// variables (test_static_runtime.cpp has a program whose runtime reaches the driver's launch
+// itself). A launch short of memory that only live buffers hold, or a buffer freed onto a parked
+// stream, still fails, at once and with the driver's error. Runs on the stand-in only: a GPU
+// would need real kernels.
 #include <cuda.h>
 
 #include <chrono>
@@ -43,7 +44,7 @@ constexpr std::size_t kCode = 64u << 20;  // SIMCUDA_CODE_BYTES in meson.build
 
 // The functions launched: each address is a kernel of its own to the stand-in, whose module
 // loads at its first launch.
-char g_kernels[32];
+char g_kernels[64];
 int g_next_kernel = 0;
 
 const void* new_kernel() {
@@ -146,6 +147,68 @@ void launches_through_the_driver() {
   });
 }
 
+// The calls that ask about a kernel or tune it load it too, where launches have not yet.
+void kernels_asked_about() {
+  const auto ask = [](const char* what, const std::function<CUresult(CUfunction)>& call) {
+    driver_call(what, CUDA_SUCCESS, [&] { return call(new_function()); });
+  };
+  int value = 0;
+  std::size_t bytes = 0;
+  ask("cuFuncGetAttribute", [&](CUfunction f) {
+    return cuFuncGetAttribute(&value, CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK, f);
+  });
+  ask("cuFuncSetAttribute", [](CUfunction f) {
+    return cuFuncSetAttribute(f, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, 1024);
+  });
+  ask("cuFuncSetCacheConfig",
+      [](CUfunction f) { return cuFuncSetCacheConfig(f, CU_FUNC_CACHE_PREFER_L1); });
+  const auto kernel = [](CUfunction f) { return reinterpret_cast<CUkernel>(f); };
+  ask("cuKernelGetAttribute", [&](CUfunction f) {
+    return cuKernelGetAttribute(&value, CU_FUNC_ATTRIBUTE_NUM_REGS, kernel(f), 0);
+  });
+  ask("cuKernelSetAttribute", [&](CUfunction f) {
+    return cuKernelSetAttribute(CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, 1024, kernel(f),
+                                0);
+  });
+  ask("cuKernelSetCacheConfig", [&](CUfunction f) {
+    return cuKernelSetCacheConfig(kernel(f), CU_FUNC_CACHE_PREFER_SHARED, 0);
+  });
+  ask("cuOccupancyMaxActiveBlocksPerMultiprocessor", [&](CUfunction f) {
+    return cuOccupancyMaxActiveBlocksPerMultiprocessor(&value, f, 128, 0);
+  });
+  ask("cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags", [&](CUfunction f) {
+    return cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(&value, f, 128, 0,
+                                                                CU_OCCUPANCY_DEFAULT);
+  });
+  ask("cuOccupancyMaxPotentialBlockSize", [&](CUfunction f) {
+    int grid = 0;
+    return cuOccupancyMaxPotentialBlockSize(&grid, &value, f, nullptr, 0, 0);
+  });
+  ask("cuOccupancyMaxPotentialBlockSizeWithFlags", [&](CUfunction f) {
+    int grid = 0;
+    return cuOccupancyMaxPotentialBlockSizeWithFlags(&grid, &value, f, nullptr, 0, 0,
+                                                     CU_OCCUPANCY_DEFAULT);
+  });
+  ask("cuOccupancyAvailableDynamicSMemPerBlock", [&](CUfunction f) {
+    return cuOccupancyAvailableDynamicSMemPerBlock(&bytes, f, 1, 128);
+  });
+  CUlaunchConfig config{};
+  config.gridDimX = config.gridDimY = config.gridDimZ = 1;
+  config.blockDimX = config.blockDimY = config.blockDimZ = 1;
+  ask("cuOccupancyMaxPotentialClusterSize",
+      [&](CUfunction f) { return cuOccupancyMaxPotentialClusterSize(&value, f, &config); });
+  ask("cuOccupancyMaxActiveClusters",
+      [&](CUfunction f) { return cuOccupancyMaxActiveClusters(&value, f, &config); });
+  // As a runtime finds it: the resolver hands out the library's hook.
+  ask("cuKernelGetAttribute (resolved)", [&](CUfunction f) {
+    void* fn = nullptr;
+    CHECK_CU(cuGetProcAddress_v2("cuKernelGetAttribute", &fn, 13000, CU_GET_PROC_ADDRESS_DEFAULT,
+                                 nullptr));
+    return reinterpret_cast<decltype(&cuKernelGetAttribute)>(fn)(
+        &value, CU_FUNC_ATTRIBUTE_NUM_REGS, kernel(f), 0);
+  });
+}
+
 // Any bytes: the stand-in loads no code from them.
 const unsigned char kImage[16] = {0x7f, 'E', 'L', 'F'};
 
@@ -213,6 +276,19 @@ int lazy_child() {
   });
   driver_call("cuFuncLoad", CUDA_SUCCESS,
               [second] { return cuFuncLoad(reinterpret_cast<CUfunction>(second)); });
+  // A module's or library's variables load it at their first use.
+  CUmodule with_variable = nullptr;
+  CHECK_CU(cuModuleLoadData(&with_variable, kImage));
+  driver_call("cuModuleGetGlobal", CUDA_SUCCESS, [with_variable] {
+    CUdeviceptr variable = 0;
+    return cuModuleGetGlobal(&variable, nullptr, with_variable, "variable");
+  });
+  CHECK_CU(cuModuleUnload(with_variable));
+  driver_call("cuLibraryGetGlobal", CUDA_SUCCESS, [library] {
+    CUdeviceptr variable = 0;
+    std::size_t bytes = 0;
+    return cuLibraryGetGlobal(&variable, &bytes, library, "variable");
+  });
   CHECK_CU(cuLibraryUnload(library));
   CHECK_CU(cuModuleUnload(module));
   std::printf("lazy child ok\n");
@@ -269,6 +345,7 @@ int main(int argc, char** argv) {
   CHECK_CUDA(cudaFree(nullptr));
   launches_through_the_runtime();
   launches_through_the_driver();
+  kernels_asked_about();
   explicit_loads(argv[0]);
   parked_stream_frees();
   no_room_anywhere();

@@ -128,6 +128,11 @@ constexpr Ask kAsks[] = {
     {"cuLaunchKernelEx", 13000, kPtds, "cuLaunchKernelEx_ptsz"},
     {"cuModuleLoadData", 13000, 0, "cuModuleLoadData"},
     {"cuLibraryLoadData", 13000, 0, "cuLibraryLoadData"},
+    {"cuKernelGetAttribute", 13000, 0, "cuKernelGetAttribute"},
+    {"cuOccupancyMaxActiveBlocksPerMultiprocessor", 13000, 0,
+     "cuOccupancyMaxActiveBlocksPerMultiprocessor"},
+    {"cuModuleGetGlobal", 13000, 0, "cuModuleGetGlobal_v2"},
+    {"cuModuleGetGlobal", 2000, 0, nullptr},  // the 32-bit variant is not hooked
     {"cuMemAllocAsync", 13000, 0, "cuMemAllocAsync"},
     {"cuMemAllocAsync", 13000, kPtds, "cuMemAllocAsync_ptsz"},
     {"cuMemFreeAsync", 13000, kPtds, "cuMemFreeAsync_ptsz"},
