@@ -465,7 +465,8 @@ POOLCUDA_EXPORT CUresult cuFuncSetCacheConfig(CUfunction hfunc, CUfunc_cache con
 // A CUkernel's attributes are per device: it loads into the device named.
 POOLCUDA_EXPORT CUresult cuKernelGetAttribute(int* pi, CUfunction_attribute attrib,
                                               CUkernel kernel, CUdevice dev) {
-  return load_on_with_room(dev, [&] { return dr::cuKernelGetAttribute()(pi, attrib, kernel, dev); });
+  return load_on_with_room(dev,
+                           [&] { return dr::cuKernelGetAttribute()(pi, attrib, kernel, dev); });
 }
 
 POOLCUDA_EXPORT CUresult cuKernelSetAttribute(CUfunction_attribute attrib, int val,
