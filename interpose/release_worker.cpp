@@ -51,7 +51,7 @@
 // starts): the watcher would hold the very CPU the other needs, and on one CPU the replays ran
 // 3.4 times as long; nor with a syscall per watch (reading the mask at each took the whole
 // gain away on this machine). Measured on the stand-in, interleaved runs: `rmm-100k-1GiB` went
-// from 0.12M to 0.25M pairs per second with one thread, and from 0.07-0.09M to 0.29-0.35M with
+// from 0.12M to 0.25M pairs per second with one thread, and from 0.06-0.09M to 0.29-0.35M with
 // two; pinned to one CPU, unchanged. The price is CPU: at most kSpinBeforeSleep per page freed
 // and per flush, about what a real driver's free of a large page takes anyway; a program whose
 // pools give no page back pays nothing. Held-back pages (a capture open) are retried on their
@@ -115,8 +115,7 @@ struct ReleaseLane {
   bool start_failed = false;   // said once
   bool freeing_inline = false;  // a flush frees the queue itself (no thread)
   ReleaseWorker::State* state = nullptr;
-  // Bumped (under State::mutex) whenever a page is queued, and whenever one leaves the queue
-  // for the driver or for held_back: what a spinner watches without the lock.
+  // Bumped (under State::mutex) by every signal(): what a watcher reads without the lock.
   std::atomic<std::uint64_t> changes{0};
   // The lane's thread may run on another CPU than a flusher's: watching pays (Note [Spinning
   // before sleeping]). Read once, when the thread starts.
