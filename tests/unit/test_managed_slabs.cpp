@@ -255,7 +255,9 @@ TEST_CASE("managed: threads churning across many small slabs never share a byte"
   }
   for (auto& thread : threads) thread.join();
   CHECK(failures.load() == 0);
-  CHECK(passed_on.load() < kThreads * 3000 / 100);
+  // Rare, not absent: how many depends on how the threads interleave. Under ThreadSanitizer on
+  // 2 cores one CI run in several saw 2.3% (540 of 24,000), so the bound is 5%.
+  CHECK(passed_on.load() < kThreads * 3000 / 20);
   const ManagedReport r = c.report();
   CHECK(r.live_allocations == 0);
   CHECK(r.resets > 0);
