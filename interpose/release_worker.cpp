@@ -59,8 +59,8 @@
 // A watch pays only while the other side runs on another CPU: spinning on the CPU where the
 // other side waits to run holds it off for the whole watch. That happens even with two CPUs.
 // A futex wake puts the woken thread on the waker's CPU when the scheduler sees no idle CPU
-// that shares its cache, and on the 2-core build machine each CPU is a cache domain of its
-// own, so the two threads could stay together on one CPU while the other idled: each growth
+// that shares its cache, and the 2-core build machine reports no cache its CPUs share, so
+// the two threads could stay together on one CPU while the other idled: each growth
 // then cost two 50 us watches, and `rmm-10k-1GiB` made 35-51k pairs per second against plain
 // cudaMalloc's 140k (the same library made 195k when the threads were apart). So each side
 // publishes the CPU it runs on while awake (kAsleep while it sleeps in the lane's waits; one
