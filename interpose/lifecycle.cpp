@@ -76,7 +76,6 @@
 #include "interpose/driver_variants.h"
 #include "interpose/log.h"
 #include "interpose/reporter.h"
-#include "interpose/threads.h"
 
 // Note [Active copy]: exported (exports.map); the first definition in the global scope
 // identifies the active copy.
@@ -239,7 +238,6 @@ void exit_work() {
 __attribute__((constructor)) void load_library() {
   g_loaded_ns.store(monotonic_ns(), std::memory_order_relaxed);
   if (decide_state() != detail::active) return;  // announced at the first call (passthrough)
-  remember_process_cpus();
   const Config& conf = load_config();
   ::pthread_atfork(&before_fork, &after_fork_in_parent, &after_fork_in_child);
   start_reporter(conf);

@@ -7,12 +7,9 @@
 // Depends on pools/, the CUDA device, the log and the configuration.
 #include "interpose/registry.h"
 
-#include <dirent.h>
-#include <sched.h>
 #include <unistd.h>
 
 #include <algorithm>
-#include <cstdlib>
 
 #include "interpose/lifecycle.h"
 #include "interpose/budget.h"
@@ -20,6 +17,7 @@
 #include "interpose/own_api.h"
 #include "interpose/release_worker.h"
 #include "interpose/stream_order.h"
+#include "interpose/threads.h"
 
 namespace poolcuda {
 
@@ -32,32 +30,11 @@ namespace {
 // (Note [Shards] in pools/manager_shards.cpp: more threads than CPUs cannot all reserve at
 // once). One CPU: one shard. Linux keeps a CPU mask per thread, and a program may pin each of
 // its threads to a CPU of its own (a pinned data-loading thread, an OpenMP binding), so the
-// CPUs are the union of every thread's mask now: the calling thread's, the main thread's and
-// those /proc/self/task lists. When no mask can be read (a mask wider than cpu_set_t's 1024
-// CPUs, a filtered system call), the CPUs online count.
-bool add_mask(pid_t thread, cpu_set_t* all) {
-  cpu_set_t cpus;
-  CPU_ZERO(&cpus);
-  if (sched_getaffinity(thread, sizeof cpus, &cpus) != 0) return false;
-  CPU_OR(all, all, &cpus);
-  return true;
-}
-
+// CPUs are the union of every program thread's mask now (program_cpus()). When no mask can be
+// read (a mask wider than cpu_set_t's 1024 CPUs, a filtered system call), the CPUs online count.
 std::uint32_t auto_shards() {
   cpu_set_t all;
-  CPU_ZERO(&all);
-  bool read = add_mask(0, &all);
-  read = add_mask(::getpid(), &all) || read;
-  if (DIR* tasks = ::opendir("/proc/self/task")) {
-    while (const dirent* task = ::readdir(tasks)) {
-      char* end = nullptr;
-      const long tid = std::strtol(task->d_name, &end, 10);
-      if (end != task->d_name && *end == '\0' && tid > 0)
-        read = add_mask(static_cast<pid_t>(tid), &all) || read;  // one that exited: skipped
-    }
-    ::closedir(tasks);
-  }
-  const long cpus = read ? CPU_COUNT(&all) : ::sysconf(_SC_NPROCESSORS_ONLN);
+  const long cpus = program_cpus(&all) ? CPU_COUNT(&all) : ::sysconf(_SC_NPROCESSORS_ONLN);
   if (cpus <= 1) return 1;
   return 1 + static_cast<std::uint32_t>(std::min(cpus, 4L));
 }

@@ -63,9 +63,14 @@
 // the two threads could stay together on one CPU while the other idled: each growth
 // then cost two 50 us watches, and `rmm-10k-1GiB` made 35-51k pairs per second against plain
 // cudaMalloc's 140k (the same library made 195k when the threads were apart). So each side
-// publishes the CPU it runs on while awake (kAsleep while it sleeps in the lane's waits; one
-// read of the rseq area, no system call), and a watcher stops once the other side is not awake
-// on another CPU. A flush whose lane thread sleeps watches kWakeGrace for it to wake elsewhere.
+// publishes a hint of where it runs: the lane's thread its CPU at each pass of its loop, a
+// program thread its CPU when it queues a page or flushes (the last one wins), and kAsleep
+// while it sleeps in the lane's waits (sched_getcpu: with glibc 2.35 or later usually a read of
+// the rseq area, no system call). A watcher stops once the other side was last seen asleep or
+// on the watcher's own CPU; a stale hint costs one bounded watch at most. A flush whose lane
+// thread sleeps watches kWakeGrace for it to wake elsewhere (in vain when the thread was woken
+// onto the flush's own CPU). A lane thread that has just woken a sleeping flush does not watch:
+// that flush shows its CPU only once it has the lock back, so the next page pays a wake.
 // Interleaved runs, pairs per second, before → after: `rmm-10k-1GiB` 35-51k → 82-93k,
 // `rmm-1k-1GiB-2t` 25-49k → 48-64k, `rmm-100k-1GiB` 154-157k → 169-180k; pinned to one CPU
 // unchanged (95k); peak reserved ÷ peak live unchanged (1.50).
@@ -265,8 +270,8 @@ bool runs_on_several_cpus() {
   return sched_getaffinity(0, sizeof(cpus), &cpus) == 0 && CPU_COUNT(&cpus) > 1;
 }
 
-// The calling thread's CPU now (a read of the thread's rseq area: no system call), or kAsleep
-// when unknown.
+// The calling thread's CPU now (usually a read of the thread's rseq area, no system call), or
+// kAsleep when unknown.
 int current_cpu() {
   const int cpu = ::sched_getcpu();
   return cpu >= 0 ? cpu : kAsleep;
@@ -296,7 +301,9 @@ void* lane_main(void* arg);
 // Starts the lane's thread; false (said once in the log) when it cannot be created.
 bool start_lane(ReleaseLane& lane) {
   pthread_t thread;
-  if (!start_library_thread(&lane_main, &lane, &thread)) {
+  cpu_set_t cpus;  // Note [Library threads' CPUs] in threads.cpp
+  const bool cpus_read = program_cpus(&cpus);
+  if (!start_library_thread(&lane_main, &lane, &thread, cpus_read ? &cpus : nullptr)) {
     if (!lane.start_failed)
       log_format(LogLevel::basic, "cannot start the release thread of device %d; its pages are "
                  "freed when the pools wait for them", lane.device);

@@ -6,36 +6,51 @@
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~
 // A new thread also inherits the creating thread's CPU mask, and the release worker is created
 // by whichever program thread first gives a page back. A program that pins its threads, one
-// per CPU, would then have the release worker share one CPU with the busiest of them: its
-// frees would run only when that thread blocks, a growth that waits for them would wait on its
-// own CPU, and the worker would not watch for work (Note [Spinning before sleeping] in
-// release_worker.cpp). So the library's threads run on the CPUs the process had when the
-// library was loaded, before main: what `taskset` or a container gave the whole program, not
-// what one of its threads chose later. Where that mask is no longer allowed (the process's
-// cpuset shrank since), the thread is created with the creating thread's mask, as before.
+// per CPU, would then have the release worker share that thread's one CPU: its frees would run
+// only when that thread blocks, a growth that waits for them would wait on its own CPU, and
+// the worker would not watch for work (Note [Spinning before sleeping] in release_worker.cpp).
+// So the release worker runs on the CPUs any of the program's threads may use when it starts:
+// the union of their masks (program_cpus()), what `taskset`, a container or the program's own
+// bindings allow. A mask read once, at load, would not do: the constructors of the program's
+// libraries run first and may pin the main thread (an OpenMP binding), a forked child may pin
+// itself after the fork, and a program may narrow its CPUs from main. Threads the library
+// starts where reading /proc is not welcome (the reporter, in the constructor; the exit
+// snapshots) keep the creator's mask. Where the union cannot be read, or the thread cannot be
+// created with it (a filtered sched_setaffinity, a cpuset that shrank meanwhile), the thread
+// gets the creator's mask, as before.
 #include "interpose/threads.h"
 
-#include <errno.h>
-#include <sched.h>
+#include <dirent.h>
+#include <fcntl.h>
 #include <signal.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
 
 namespace poolcuda {
 namespace {
 
-struct ProcessCpus {
-  cpu_set_t mask;
-  bool known = false;
-};
+// Adds `thread`'s mask to `all`; false when it cannot be read (a thread that exited meanwhile).
+bool add_mask(pid_t thread, cpu_set_t* all) {
+  cpu_set_t cpus;
+  CPU_ZERO(&cpus);
+  if (::sched_getaffinity(thread, sizeof cpus, &cpus) != 0) return false;
+  CPU_OR(all, all, &cpus);
+  return true;
+}
 
-// Read at the first call, which the library's constructor makes (Note [Library threads' CPUs]).
-const ProcessCpus& process_cpus() {
-  static const ProcessCpus cpus = [] {
-    ProcessCpus read;
-    CPU_ZERO(&read.mask);
-    read.known = ::sched_getaffinity(0, sizeof(read.mask), &read.mask) == 0;
-    return read;
-  }();
-  return cpus;
+// Whether the thread /proc/self/task/`tid` is one of the library's (named "poolcuda-...").
+bool library_thread(const char* tid) {
+  char path[300];  // a d_name has at most 255 bytes
+  std::snprintf(path, sizeof path, "/proc/self/task/%s/comm", tid);
+  const int fd = ::open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return false;
+  char name[16] = {};
+  const ssize_t got = ::read(fd, name, sizeof name - 1);
+  ::close(fd);
+  return got > 0 && std::strncmp(name, "poolcuda-", 9) == 0;
 }
 
 int create_detached(void* (*main)(void*), void* argument, const cpu_set_t* cpus,
@@ -51,18 +66,34 @@ int create_detached(void* (*main)(void*), void* argument, const cpu_set_t* cpus,
 
 }  // namespace
 
-void remember_process_cpus() { process_cpus(); }
+bool program_cpus(cpu_set_t* all) {
+  CPU_ZERO(all);
+  bool read = add_mask(0, all);
+  read = add_mask(::getpid(), all) || read;
+  if (DIR* tasks = ::opendir("/proc/self/task")) {
+    while (const dirent* task = ::readdir(tasks)) {
+      char* end = nullptr;
+      const long tid = std::strtol(task->d_name, &end, 10);
+      if (end == task->d_name || *end != '\0' || tid <= 0 || library_thread(task->d_name))
+        continue;
+      read = add_mask(static_cast<pid_t>(tid), all) || read;
+    }
+    ::closedir(tasks);
+  }
+  return read;
+}
 
-bool start_library_thread(void* (*main)(void*), void* argument, pthread_t* thread) {
+bool start_library_thread(void* (*main)(void*), void* argument, pthread_t* thread,
+                          const cpu_set_t* cpus) {
   sigset_t all;
   sigset_t saved;
   ::sigfillset(&all);
   ::pthread_sigmask(SIG_SETMASK, &all, &saved);
-  const ProcessCpus& cpus = process_cpus();
   pthread_t created_thread;
-  int created = create_detached(main, argument, cpus.known ? &cpus.mask : nullptr,
-                                &created_thread);
-  if (created == EINVAL && cpus.known)
+  int created = create_detached(main, argument, cpus, &created_thread);
+  // Whatever refused the mask (glibc applies it before the thread runs any code, and returns
+  // that call's error), the thread still starts, with the creator's mask.
+  if (created != 0 && cpus != nullptr)
     created = create_detached(main, argument, nullptr, &created_thread);
   ::pthread_sigmask(SIG_SETMASK, &saved, nullptr);
   if (created == 0 && thread != nullptr) *thread = created_thread;

@@ -1,22 +1,26 @@
 // Starting one of the library's own threads (the reporter, the release worker, bounded work):
 // detached, since the library never joins them (Note [Exit] in lifecycle.cpp), and with every
 // signal blocked, so that no signal meant for the program runs its handler on a thread the
-// program does not know (a thread that wants one signal unblocks it itself), and on the CPUs
-// the process had when the library was loaded (Note [Library threads' CPUs] in threads.cpp).
+// program does not know (a thread that wants one signal unblocks it itself). The release worker
+// runs on the CPUs the program's threads may use (Note [Library threads' CPUs] in threads.cpp).
 //
-// Depends on pthreads only.
+// Depends on pthreads and /proc only.
 #pragma once
 
 #include <pthread.h>
+#include <sched.h>
 
 namespace poolcuda {
 
-// Creates a detached thread running `main(argument)` with every signal blocked. False when the
-// thread could not be created (nothing runs then). `thread` may be nullptr.
-bool start_library_thread(void* (*main)(void*), void* argument, pthread_t* thread);
+// Creates a detached thread running `main(argument)` with every signal blocked, on `cpus` when
+// given (with the creator's mask if that is refused). False when the thread could not be
+// created (nothing runs then). `thread` may be nullptr.
+bool start_library_thread(void* (*main)(void*), void* argument, pthread_t* thread,
+                          const cpu_set_t* cpus = nullptr);
 
-// Reads the CPU mask the library's threads will get: the library's constructor calls it, before
-// the program's main can pin its threads. Later calls change nothing.
-void remember_process_cpus();
+// The CPUs any of the program's threads may run on now: the union of the masks of the
+// process's threads, the library's own (named "poolcuda-...") left out. False when no mask
+// could be read. Reads /proc: not for a signal handler or the library's constructor.
+bool program_cpus(cpu_set_t* cpus);
 
 }  // namespace poolcuda
