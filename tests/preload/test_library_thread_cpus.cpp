@@ -5,7 +5,7 @@
 // starts the release thread. That thread's CPU mask must be the union, main's first mask.
 // With argument `filtered`, sched_setaffinity is refused by a seccomp filter (as a sandbox may
 // refuse it): the release thread must still start, with main's mask. Skipped where the process
-// has one CPU. Run on a 1 GiB device.
+// has one CPU, and on a GPU (the sizes below assume the stand-in's 1 GiB device).
 
 #include <dirent.h>
 #include <linux/filter.h>
@@ -17,6 +17,7 @@
 
 #include <atomic>
 #include <cerrno>
+#include <chrono>
 #include <cstddef>
 #include <cstdlib>
 #include <cstring>
@@ -63,6 +64,7 @@ bool refuse_setaffinity() {
 int main(int argc, char** argv) {
   const bool filtered = argc > 1 && std::strcmp(argv[1], "filtered") == 0;
   preload_test::require_preloaded();
+  if (!preload_test::on_stand_in()) preload_test::skip("needs the stand-in's 1 GiB device");
   cpu_set_t at_start;
   CHECK_MSG(::sched_getaffinity(0, sizeof(at_start), &at_start) == 0, "sched_getaffinity");
   if (CPU_COUNT(&at_start) < 2) preload_test::skip("needs two CPUs");
