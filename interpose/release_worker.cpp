@@ -301,8 +301,10 @@ void* lane_main(void* arg);
 // Starts the lane's thread; false (said once in the log) when it cannot be created.
 bool start_lane(ReleaseLane& lane) {
   pthread_t thread;
-  cpu_set_t cpus;  // Note [Library threads' CPUs] in threads.cpp
-  const bool cpus_read = program_cpus(&cpus);
+  // Note [Library threads' CPUs] in threads.cpp. Not again after a failed start: each later
+  // page retries it, perhaps under a shard's lock, and the scan reads /proc once per thread.
+  cpu_set_t cpus;
+  const bool cpus_read = !lane.start_failed && program_cpus(&cpus);
   if (!start_library_thread(&lane_main, &lane, &thread, cpus_read ? &cpus : nullptr)) {
     if (!lane.start_failed)
       log_format(LogLevel::basic, "cannot start the release thread of device %d; its pages are "
