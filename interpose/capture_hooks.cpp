@@ -23,6 +23,18 @@
 // the origin's end, whatever CUDA decides, and the hooks remember which stream began each
 // capture the policy has open. A capture id is unique in the process.
 //
+// Note [A capturing stream's device]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// Asking CUDA for the device of a stream that is capturing (cuStreamGetDevice, which the
+// runtime's cudaStreamGetDevice calls) fails with cudaErrorStreamCaptureUnsupported and
+// invalidates the capture, in every capture mode and from any thread: seen on an H200 with
+// driver 580. The capture-info query is legal on a capturing stream. So stream_device() asks
+// for the capture first, and for a capturing stream answers the device recorded when that
+// capture began through the library (a stream that joined it has the origin's capture id);
+// only a capture begun behind the library's back falls back to the current device. A stream
+// that begins capturing on another thread between the two queries is a race the program
+// already has: CUDA forbids using a stream from two threads around a capture's begin.
+//
 // The runtime's and the driver's entry points both come here (hooks.h): the queries below go
 // through the library's own-call table, which uses the driver in a process without a runtime.
 //
@@ -48,25 +60,38 @@ namespace {
 // nothing else is taken while it is held. Open captures are few: a vector does.
 class Origins {
  public:
-  void add(unsigned long long id, cudaStream_t stream) {
+  void add(unsigned long long id, cudaStream_t stream, int device) {
     std::lock_guard<RankedMutex> hold(mutex_);
-    open_.emplace_back(id, stream);
+    open_.push_back(Entry{id, stream, device});
   }
   void remove(unsigned long long id) {
     std::lock_guard<RankedMutex> hold(mutex_);
-    std::erase_if(open_, [&](const auto& entry) { return entry.first == id; });
+    std::erase_if(open_, [&](const Entry& entry) { return entry.id == id; });
   }
   bool began(unsigned long long id, cudaStream_t stream) {
     std::lock_guard<RankedMutex> hold(mutex_);
-    for (const auto& entry : open_) {
-      if (entry.first == id) return entry.second == stream;
+    for (const Entry& entry : open_) {
+      if (entry.id == id) return entry.stream == stream;
     }
     return false;
   }
+  // The device of the open capture `id`, or -1 when the library did not see it begin.
+  int device(unsigned long long id) {
+    std::lock_guard<RankedMutex> hold(mutex_);
+    for (const Entry& entry : open_) {
+      if (entry.id == id) return entry.device;
+    }
+    return -1;
+  }
 
  private:
+  struct Entry {
+    unsigned long long id;
+    cudaStream_t stream;
+    int device;
+  };
   RankedMutex mutex_{LockRank::device};
-  std::vector<std::pair<unsigned long long, cudaStream_t>> open_;
+  std::vector<Entry> open_;
 };
 
 Origins& origins() {
@@ -85,13 +110,11 @@ cudaStream_t normal_handle(cudaStream_t stream, bool per_thread) {
   return per_thread && stream == nullptr ? cudaStreamPerThread : stream;
 }
 
-int stream_device(cudaStream_t stream) {
+int current_device_or_none() {
   int device = -1;
-  if (own::cudaStreamGetDevice()(stream, &device) == cudaSuccess) return device;
-  // A runtime without cudaStreamGetDevice: the stream is the current device's.
-  if (own::cudaGetDevice()(&device) != cudaSuccess) return -1;
+  if (own::cudaGetDevice()(&device) == cudaSuccess) return device;
   own::cudaGetLastError()();
-  return device;
+  return -1;
 }
 
 // The capture open on `stream` now (an empty value when none is, or the stream is gone).
@@ -105,6 +128,28 @@ OpenCapture open_capture(cudaStream_t stream, int device) {
 }
 
 }  // namespace
+
+// Note [A capturing stream's device].
+int stream_device(cudaStream_t stream) {
+  if (stream == nullptr || stream == cudaStreamLegacy || stream == cudaStreamPerThread) {
+    return current_device_or_none();
+  }
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  unsigned long long id = 0;
+  const cudaError_t asked =
+      own::cudaStreamGetCaptureInfo()(stream, &status, &id, nullptr, nullptr, nullptr, nullptr);
+  if (asked == cudaSuccess && status != cudaStreamCaptureStatusNone) {
+    const int device = origins().device(id);
+    return device >= 0 ? device : current_device_or_none();
+  }
+  int device = -1;
+  if (asked == cudaSuccess && own::cudaStreamGetDevice()(stream, &device) == cudaSuccess) {
+    return device;
+  }
+  // A runtime without cudaStreamGetDevice, or a handle CUDA refused: the current device's.
+  own::cudaGetLastError()();
+  return current_device_or_none();
+}
 
 int begin_capture(cudaStream_t handle, bool per_thread, const std::function<int()>& real) {
   Registry& registry = Registry::instance();
@@ -131,7 +176,7 @@ int begin_capture(cudaStream_t handle, bool per_thread, const std::function<int(
   }
   ReleaseWorker::instance().capture_begun(device);
   if (capture) {
-    origins().add(capture.id, stream);
+    origins().add(capture.id, stream, device);
     policy.begin(capture.id);
   }
   return result;

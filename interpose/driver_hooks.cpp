@@ -172,9 +172,9 @@ CUresult with_room_on(int device, std::size_t size, const std::function<CUresult
 }
 
 int stream_device(CUstream stream) {
+  // Never cuStreamGetDevice on a capturing stream (Note [A capturing stream's device]).
   if (stream != nullptr && stream != CU_STREAM_LEGACY && stream != CU_STREAM_PER_THREAD) {
-    CUdevice device = 0;
-    if (real_driver::cuStreamGetDevice()(stream, &device) == CUDA_SUCCESS) return device;
+    return hooks::stream_device(as_runtime(stream));
   }
   const driver::CurrentContext ctx = driver::current_context();
   return ctx.handle != nullptr ? ctx.device : -1;

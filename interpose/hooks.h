@@ -49,6 +49,10 @@ cudaError_t map_driver_entry(cudaError_t result, void** fn);
 int begin_capture(cudaStream_t stream, bool per_thread, const std::function<int()>& real);
 int end_capture(cudaStream_t stream, bool per_thread, cudaGraph_t* graph,
                 const std::function<int()>& real);
+// The device of `stream` (-1 when there is none), asked without touching a capture open on it
+// (Note [A capturing stream's device] in capture_hooks.cpp): the current device's for the
+// legacy and per-thread default streams and for handles CUDA refuses.
+int stream_device(cudaStream_t stream);
 // The capture open on `stream` (0 when none) and the stream's device, asked before the stream
 // is destroyed; afterwards stream_destroyed_while_capturing closes that capture as failed when
 // the stream began it (a stream that only joined it leaves it open). `destroyed`: the destroy

@@ -219,6 +219,12 @@ cudaError_t batch_answer(unsigned long long flags, cudaStream_t stream, bool per
   if (flags != 0 || stream == cudaStreamLegacy || (stream == nullptr && !per_thread)) {
     return refuse();
   }
+  // A capturing stream is never asked for its device: that would invalidate its capture (Note
+  // [A capturing stream's device] in capture_hooks.cpp). Asking whether it captures is legal.
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  const cudaError_t asked = real::cudaStreamIsCapturing()(
+      per_thread && stream == nullptr ? cudaStreamPerThread : stream, &status);
+  if (asked != cudaSuccess || status == cudaStreamCaptureStatusActive) return asked;
   int device = 0;
   auto get_device = per_thread ? real::cudaStreamGetDevice_ptsz() : real::cudaStreamGetDevice();
   return get_device(stream, &device);

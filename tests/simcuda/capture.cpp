@@ -99,6 +99,13 @@ cudaError_t wait_capture_guard(const StreamRef& s) {
   return cudaSuccess;
 }
 
+cudaError_t device_query_capture_guard(const StreamRef& s) {
+  std::lock_guard lock(state_mutex());
+  if (!s->capture) return cudaSuccess;
+  s->capture->invalidated = true;
+  return cudaErrorStreamCaptureUnsupported;
+}
+
 bool any_capture_locked(int device) {
   for (auto& c : captures().active)
     if (c->device == device) return true;

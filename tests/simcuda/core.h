@@ -305,6 +305,10 @@ bool any_capture_locked(int device);
 // Synchronizing or querying a capturing stream is illegal and invalidates the capture; doing so
 // on the legacy stream while a blocking stream captures would depend on it implicitly.
 cudaError_t wait_capture_guard(const StreamRef& s);
+// Asking for the device of a stream in a capture fails and invalidates the capture, in every
+// capture mode and from any thread (cudaStreamGetDevice and cuStreamGetDevice, as seen on an
+// H200 with driver 580).
+cudaError_t device_query_capture_guard(const StreamRef& s);
 // Invalidates the captures of blocking streams on `device`: work on the legacy stream would
 // depend on them implicitly (cudaErrorStreamCaptureImplicit). Must hold state_mutex.
 bool invalidate_blocking_captures_locked(int device);

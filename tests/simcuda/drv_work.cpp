@@ -247,6 +247,7 @@ CUresult get_device(CUstream stream, CUdevice* device, bool per_thread) {
   if (!device) return CUDA_ERROR_INVALID_VALUE;
   StreamRef s = resolve_stream(rt(stream), per_thread);
   if (!s) return CUDA_ERROR_INVALID_HANDLE;
+  if (device_query_capture_guard(s) != cudaSuccess) return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
   *device = s->device;
   return CUDA_SUCCESS;
 }

@@ -148,8 +148,29 @@ cudaError_t cudaStreamWaitEvent_ptsz(cudaStream_t stream, cudaEvent_t event, uns
 
 SIM_STREAM_GETTER(cudaStreamGetFlags, unsigned int, flags)
 SIM_STREAM_GETTER(cudaStreamGetPriority, int, priority)
-SIM_STREAM_GETTER(cudaStreamGetDevice, int, device)
 SIM_STREAM_GETTER(cudaStreamGetId, unsigned long long, id)
+
+namespace {
+
+cudaError_t stream_get_device(cudaStream_t hStream, int* device, bool per_thread) {
+  if (!device) SIM_RETURN(cudaErrorInvalidValue);
+  StreamRef s = resolve_stream(hStream, per_thread);
+  if (!s) SIM_RETURN(cudaErrorInvalidResourceHandle);
+  if (cudaError_t err = device_query_capture_guard(s)) SIM_RETURN(err);
+  *device = s->device;
+  return cudaSuccess;
+}
+
+}  // namespace
+
+cudaError_t cudaStreamGetDevice(cudaStream_t hStream, int* device) {
+  SIM_ENTER();
+  return stream_get_device(hStream, device, false);
+}
+cudaError_t cudaStreamGetDevice_ptsz(cudaStream_t hStream, int* device) {
+  SIM_ENTER();
+  return stream_get_device(hStream, device, true);
+}
 
 cudaError_t cudaLaunchHostFunc(cudaStream_t stream, cudaHostFn_t fn, void* userData) {
   SIM_ENTER();

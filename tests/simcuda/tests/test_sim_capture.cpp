@@ -2,7 +2,8 @@
 // capture modes and cudaThreadExchangeStreamCaptureMode deciding when a "potentially unsafe"
 // call (cudaMalloc) is refused and the capture invalidated; synchronizing, querying and freeing
 // during a capture; the legacy stream's implicit dependency on a blocking capture; wrong-thread
-// and illegal-state errors; the _ptsz entry points on the per-thread stream.
+// and illegal-state errors; asking a capturing stream for its device; the _ptsz entry points on
+// the per-thread stream.
 #include <cstring>
 
 #include "sim_test.h"
@@ -209,6 +210,39 @@ TEST_CASE("synchronizing or querying the capturing stream invalidates the captur
     CHECK_EQ(cudaDeviceSynchronize(), cudaErrorStreamCaptureUnsupported);
     CHECK_EQ(cap.status(), cudaStreamCaptureStatusInvalidated);
     CHECK_EQ(cap.end(), cudaErrorStreamCaptureInvalidated);
+  }
+  cudaGetLastError();
+}
+
+TEST_CASE("asking a capturing stream for its device invalidates the capture, in every mode") {
+  for (cudaStreamCaptureMode mode : {cudaStreamCaptureModeGlobal, cudaStreamCaptureModeThreadLocal,
+                                     cudaStreamCaptureModeRelaxed}) {
+    CAPTURE(mode);
+    {
+      Capturing cap(mode);
+      int device = -1;
+      CHECK_EQ(cudaStreamGetDevice(cap.s, &device), cudaErrorStreamCaptureUnsupported);
+      CHECK_EQ(cap.status(), cudaStreamCaptureStatusInvalidated);
+      CHECK_EQ(cap.end(), cudaErrorStreamCaptureInvalidated);
+    }
+    {
+      Capturing cap(mode);
+      int device = -1;
+      cudaError_t from_other = cudaSuccess;
+      std::thread([&] { from_other = cudaStreamGetDevice(cap.s, &device); }).join();
+      CHECK_EQ(from_other, cudaErrorStreamCaptureUnsupported);
+      CHECK_EQ(cap.status(), cudaStreamCaptureStatusInvalidated);
+    }
+    {
+      // Asking whether it captures, and which capture, is legal.
+      Capturing cap(mode);
+      cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
+      unsigned long long id = 0;
+      CHECK_EQ(cudaStreamGetCaptureInfo(cap.s, &st, &id, nullptr, nullptr, nullptr, nullptr),
+               cudaSuccess);
+      CHECK_EQ(cap.status(), cudaStreamCaptureStatusActive);
+      CHECK_EQ(cap.end(), cudaSuccess);
+    }
   }
   cudaGetLastError();
 }
