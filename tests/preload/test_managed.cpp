@@ -123,7 +123,9 @@ void passes_through() {
   void* big = managed((1u << 20) + 1);  // larger than a slab
   CHECK(real_managed_calls() == before + 2);
   void* ptr = nullptr;
-  CHECK_RESULT(cudaMallocManaged(&ptr, 0, cudaMemAttachGlobal), cudaErrorInvalidValue);
+  ptr = host;
+  CHECK_CUDA(cudaMallocManaged(&ptr, 0, cudaMemAttachGlobal));  // success with NULL, as in CUDA
+  CHECK(ptr == nullptr);
   CHECK_RESULT(cudaMallocManaged(&ptr, 64, 0x40), cudaErrorInvalidValue);
   CHECK(cudaGetLastError() == cudaErrorInvalidValue);
   CHECK(real_managed_calls() == before + 4);

@@ -44,7 +44,11 @@ cudaError_t cudaMallocManaged(void** devPtr, size_t size, unsigned int flags) {
   bump(Counter::cudaMallocManaged);
   SIM_ENTER();
   if (flags != cudaMemAttachGlobal && flags != cudaMemAttachHost) SIM_RETURN(cudaErrorInvalidValue);
-  if (size == 0) SIM_RETURN(cudaErrorInvalidValue);
+  if (!devPtr) SIM_RETURN(cudaErrorInvalidValue);
+  if (size == 0) {  // as for cudaMalloc: success with NULL, and the driver is never reached
+    *devPtr = nullptr;
+    return cudaSuccess;
+  }
   if (rt::kStaticRuntime) SIM_RETURN(via_driver::malloc_managed(devPtr, size, flags));
   SIM_RETURN(alloc_checked(devPtr, size, AllocKind::managed));
 }
@@ -58,12 +62,8 @@ cudaError_t cudaFree(void* devPtr) {
   AllocInfo info;
   if (!mem_find(devPtr, &info) || info.base != reinterpret_cast<uintptr_t>(devPtr))
     SIM_RETURN(cudaErrorInvalidValue);
-  {
-    // cudaFree synchronizes the device: illegal while any capture is open on it.
-    std::lock_guard lock(state_mutex());
-    if (invalidate_device_captures_locked(info.device))
-      SIM_RETURN(cudaErrorStreamCaptureUnsupported);
-  }
+  // Potentially unsafe (Note [Capture legality] in capture.cpp): a relaxed capture allows it.
+  if (cudaError_t err = check_unsafe_call(); err != cudaSuccess) SIM_RETURN(err);
   device_drain(info.device);
   std::lock_guard lock(effects_mutex());
   SIM_RETURN(mem_free(devPtr, info.id));

@@ -188,9 +188,11 @@ TEST_CASE("cudaMallocManaged: flags, host access, attributes") {
   CHECK_EQ(attr.type, cudaMemoryTypeManaged);
   CHECK(attr.hostPointer != nullptr);
   CHECK_EQ(cudaMallocManaged(reinterpret_cast<void**>(&m), 64, 0x80), cudaErrorInvalidValue);
-  CHECK_EQ(cudaMallocManaged(reinterpret_cast<void**>(&m), 0, cudaMemAttachGlobal),
-           cudaErrorInvalidValue);
   cudaGetLastError();
+  // Size 0 succeeds with NULL, as cudaMalloc(&p, 0) does.
+  void* none = reinterpret_cast<void*>(1);
+  CUDA_OK(cudaMallocManaged(&none, 0, cudaMemAttachGlobal));
+  CHECK_EQ(none, nullptr);
   CHECK_EQ(m[0], 42);  // refused calls changed nothing
   void* host_attached = nullptr;
   CUDA_OK(cudaMallocManaged(&host_attached, 100, cudaMemAttachHost));
