@@ -112,6 +112,17 @@ CUresult cuCtxGetDevice(CUdevice* device) {
   return CUDA_SUCCESS;
 }
 
+// CUDA 13's variant, which cuGetProcAddress hands out for "cuCtxGetDevice" from version 13000:
+// the device of `ctx`, or of the current context when it is NULL.
+CUresult cuCtxGetDevice_v2(CUdevice* device, CUcontext ctx) {
+  if (CUresult r = guard(ctx == nullptr)) return r;
+  if (!device) return CUDA_ERROR_INVALID_VALUE;
+  Context* c = ctx ? as_context(ctx) : thread_context();
+  if (c->destroyed) return CUDA_ERROR_CONTEXT_IS_DESTROYED;
+  *device = c->device;
+  return CUDA_SUCCESS;
+}
+
 CUresult cuCtxGetId(CUcontext ctx, unsigned long long* id) {
   if (CUresult r = guard(ctx == nullptr)) return r;
   if (!id) return CUDA_ERROR_INVALID_VALUE;
@@ -252,6 +263,7 @@ const Entry kEntries[] = {
     {"cuCtxGetCurrent", 4000, false, SIM_FN(cuCtxGetCurrent)},
     {"cuCtxSetCurrent", 4000, false, SIM_FN(cuCtxSetCurrent)},
     {"cuCtxGetDevice", 2000, false, SIM_FN(cuCtxGetDevice)},
+    {"cuCtxGetDevice", 13000, false, SIM_FN(cuCtxGetDevice_v2)},
     {"cuCtxGetId", 12000, false, SIM_FN(cuCtxGetId)},
     {"cuCtxSynchronize", 2000, false, SIM_FN(cuCtxSynchronize)},
     {"cuCtxSynchronize", 13000, false, SIM_FN(cuCtxSynchronize_v2)},
@@ -401,8 +413,13 @@ const Entry kEntries[] = {
 };
 #undef SIM_FN
 
+// Note [Unknown names]
+// cuGetProcAddress_v2 answers CUDA_SUCCESS with a NULL function for a name it does not know and
+// for a version older than the name's first variant: only the status tells the two apart (as
+// the driver documents since CUDA 12.0, and the H200 answered). The CUDA 11 entry point without
+// a status, cuGetProcAddress, answers CUDA_ERROR_NOT_FOUND instead, as CUDA 11 documented.
 CUresult lookup(const char* symbol, void** pfn, int version, cuuint64_t flags,
-                CUdriverProcAddressQueryResult* status) {
+                CUdriverProcAddressQueryResult* status, CUresult not_found) {
   if (status) *status = CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
   if (!symbol || !pfn) return CUDA_ERROR_INVALID_VALUE;
   *pfn = nullptr;
@@ -416,7 +433,7 @@ CUresult lookup(const char* symbol, void** pfn, int version, cuuint64_t flags,
       known = true;
       has_per_thread |= e.per_thread;
     }
-  if (!known) return CUDA_ERROR_NOT_FOUND;
+  if (!known) return not_found;
   bool want_per_thread = per_thread && has_per_thread;
   const Entry* best = nullptr;
   for (const Entry& e : kEntries)
@@ -425,7 +442,7 @@ CUresult lookup(const char* symbol, void** pfn, int version, cuuint64_t flags,
       best = &e;
   if (!best) {
     if (status) *status = CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT;
-    return CUDA_ERROR_NOT_FOUND;
+    return not_found;
   }
   *pfn = best->fn;
   if (status) *status = CU_GET_PROC_ADDRESS_SUCCESS;
@@ -437,11 +454,11 @@ CUresult lookup(const char* symbol, void** pfn, int version, cuuint64_t flags,
 CUresult cuGetProcAddress_v2(const char* symbol, void** pfn, int cudaVersion, cuuint64_t flags,
                              CUdriverProcAddressQueryResult* symbolStatus) {
   lookup_latency();
-  return lookup(symbol, pfn, cudaVersion, flags, symbolStatus);
+  return lookup(symbol, pfn, cudaVersion, flags, symbolStatus, CUDA_SUCCESS);
 }
 
 extern "C" CUresult cuGetProcAddress(const char* symbol, void** pfn, int cudaVersion,
                                      cuuint64_t flags) {
   lookup_latency();
-  return lookup(symbol, pfn, cudaVersion, flags, nullptr);
+  return lookup(symbol, pfn, cudaVersion, flags, nullptr, CUDA_ERROR_NOT_FOUND);
 }

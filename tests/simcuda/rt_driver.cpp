@@ -134,9 +134,9 @@ cudaError_t driver_entry(const char* symbol, void** fn, unsigned version,
   CUdriverProcAddressQueryResult found = CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
   CUresult rc = resolve(symbol, fn, static_cast<int>(version), flags, &found);
   if (status) *status = static_cast<cudaDriverEntryPointQueryResult>(found);
-  if (rc == CUDA_SUCCESS) return cudaSuccess;
-  // Not found: reported through the status when the caller asked for it.
-  return status ? cudaSuccess : cudaErrorSymbolNotFound;
+  // Nothing found is a success with a NULL function, as for the driver (Note [Unknown names]
+  // in drv_api.cpp); only the status says why.
+  return as_rt(rc);
 }
 
 }  // namespace rt

@@ -59,7 +59,7 @@ TEST_CASE("after the runtime's first call the driver is initialized and the cont
   CUcontext ctx = current();
   REQUIRE(ctx != nullptr);
   CUdevice dev = -1;
-  CHECK_EQ(driver().get<decltype(&cuCtxGetDevice)>("cuCtxGetDevice")(&dev), CUDA_SUCCESS);
+  CHECK_EQ(driver().get<decltype(&cuCtxGetDevice)>("cuCtxGetDevice", 2000)(&dev), CUDA_SUCCESS);
   CHECK_EQ(dev, 0);
   CUdeviceptr p = 0;
   CHECK_EQ(driver().get<decltype(&cuMemAlloc_v2)>("cuMemAlloc", 3020)(&p, 4096), CUDA_SUCCESS);

@@ -31,7 +31,9 @@ TEST_CASE("devices and contexts") {
   auto total_mem = driver().get<decltype(&cuDeviceTotalMem_v2)>("cuDeviceTotalMem", 3020);
   auto get_current = driver().get<decltype(&cuCtxGetCurrent)>("cuCtxGetCurrent");
   auto set_current = driver().get<decltype(&cuCtxSetCurrent)>("cuCtxSetCurrent");
-  auto ctx_device = driver().get<decltype(&cuCtxGetDevice)>("cuCtxGetDevice");
+  // From version 13000 the name gives cuCtxGetDevice_v2, which takes a context too.
+  auto ctx_device = driver().get<decltype(&cuCtxGetDevice)>("cuCtxGetDevice", 2000);
+  auto ctx_device_v2 = driver().get<decltype(&cuCtxGetDevice_v2)>("cuCtxGetDevice", 13000);
   auto retain = driver().get<decltype(&cuDevicePrimaryCtxRetain)>("cuDevicePrimaryCtxRetain");
   auto release =
       driver().get<decltype(&cuDevicePrimaryCtxRelease_v2)>("cuDevicePrimaryCtxRelease", 11000);
@@ -59,7 +61,13 @@ TEST_CASE("devices and contexts") {
     CHECK_EQ(set_current(primary), CUDA_SUCCESS);
     CHECK_EQ(ctx_device(&d), CUDA_SUCCESS);
     CHECK_EQ(d, 0);
+    d = -1;
+    CHECK_EQ(ctx_device_v2(&d, nullptr), CUDA_SUCCESS);  // NULL: the current context
+    CHECK_EQ(d, 0);
     CHECK_EQ(set_current(nullptr), CUDA_SUCCESS);
+    d = -1;
+    CHECK_EQ(ctx_device_v2(&d, primary), CUDA_SUCCESS);  // a named one needs none current
+    CHECK_EQ(d, 0);
     // The runtime binds the device's primary context.
     CHECK_EQ(cudaFree(nullptr), cudaSuccess);
     CHECK_EQ(get_current(&ctx), CUDA_SUCCESS);
@@ -118,11 +126,15 @@ TEST_CASE("cuGetProcAddress: versions, stream flavours, unknown names, bad flags
   Driver& drv = driver();
   void* fn = nullptr;
   CUdriverProcAddressQueryResult status = CU_GET_PROC_ADDRESS_SUCCESS;
-  CHECK_EQ(drv.get_proc("cuNoSuchFunction", &fn, 13000, 0, &status), CUDA_ERROR_NOT_FOUND);
+  // Nothing found is a success with a NULL function: only the status says why.
+  fn = reinterpret_cast<void*>(1);
+  CHECK_EQ(drv.get_proc("cuNoSuchFunction", &fn, 13000, 0, &status), CUDA_SUCCESS);
   CHECK_EQ(status, CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND);
   CHECK_EQ(fn, nullptr);
-  CHECK_EQ(drv.get_proc("cuMemAllocAsync", &fn, 11000, 0, &status), CUDA_ERROR_NOT_FOUND);
+  fn = reinterpret_cast<void*>(1);
+  CHECK_EQ(drv.get_proc("cuMemAllocAsync", &fn, 11000, 0, &status), CUDA_SUCCESS);
   CHECK_EQ(status, CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT);
+  CHECK_EQ(fn, nullptr);
   CHECK_EQ(drv.get_proc("cuMemAlloc", &fn, 13000, 0x100, &status), CUDA_ERROR_INVALID_VALUE);
   CHECK_EQ(drv.get_proc("cuMemAlloc", nullptr, 13000, 0, &status), CUDA_ERROR_INVALID_VALUE);
 
@@ -146,6 +158,9 @@ TEST_CASE("cuGetProcAddress: versions, stream flavours, unknown names, bad flags
   REQUIRE(static_cast<bool>(v1));
   CHECK_EQ(v1("cuMemFree", &fn, 3020, 0), CUDA_SUCCESS);
   CHECK_EQ(fn, dlsym(drv.lib, "cuMemFree_v2"));
+  // Except that it reports nothing found as an error, as CUDA 11 documented it.
+  CHECK_EQ(v1("cuNoSuchFunction", &fn, 13000, 0), CUDA_ERROR_NOT_FOUND);
+  CHECK_EQ(fn, nullptr);
 }
 
 TEST_CASE("stream-ordered allocation through the driver") {
