@@ -104,6 +104,7 @@ CUresult allocate(Registry<Block>& reg, int device, size_t bytes, Block** out) {
 CUresult release(Registry<Block>& reg, const void* handle, CUresult unknown) {
   Block b{};
   if (!reg.take(handle, &b)) return unknown;
+  if (b.base == nullptr) return CUDA_SUCCESS;  // host memory of cuMemCreate: nothing charged
   return mem_free(b.base, b.id) == cudaSuccess ? CUDA_SUCCESS : unknown;
 }
 
@@ -111,6 +112,13 @@ CUresult release(Registry<Block>& reg, const void* handle, CUresult unknown) {
 bool device_prop(const CUmemAllocationProp* prop) {
   return prop && prop->type == CU_MEM_ALLOCATION_TYPE_PINNED &&
          prop->location.type == CU_MEM_LOCATION_TYPE_DEVICE && valid_device(prop->location.id);
+}
+
+// Pinned host memory not bound to a NUMA node (CUDA documents it for cuMemCreate; the id is
+// ignored, and such memory is not shareable).
+bool host_prop(const CUmemAllocationProp* prop) {
+  return prop && prop->type == CU_MEM_ALLOCATION_TYPE_PINNED &&
+         prop->location.type == CU_MEM_LOCATION_TYPE_HOST && prop->requestedHandleTypes == 0;
 }
 
 }  // namespace
@@ -127,13 +135,20 @@ CUresult cuMemGetAllocationGranularity(size_t* granularity, const CUmemAllocatio
   return CUDA_SUCCESS;
 }
 
-// Charges the device the properties name, whichever context is current.
+// Charges the device the properties name, whichever context is current; host memory charges
+// nothing (the stand-in keeps no host capacity).
 CUresult cuMemCreate(CUmemGenericAllocationHandle* handle, size_t size,
                      const CUmemAllocationProp* prop, unsigned long long flags) {
   bump(Counter::cuMemCreate);
   if (CUresult r = guard()) return r;
-  if (!handle || !device_prop(prop) || flags != 0 || size == 0 || size % kGranularity != 0)
+  const bool host = host_prop(prop);
+  if (!handle || !(host || device_prop(prop)) || flags != 0 || size == 0 ||
+      size % kGranularity != 0)
     return CUDA_ERROR_INVALID_VALUE;
+  if (host) {
+    *handle = reinterpret_cast<uintptr_t>(physical().add(Block{}));
+    return CUDA_SUCCESS;
+  }
   Block* b = nullptr;
   CUresult r = allocate(physical(), prop->location.id, size, &b);
   if (r == CUDA_SUCCESS) *handle = reinterpret_cast<uintptr_t>(b);
