@@ -15,9 +15,14 @@ namespace {
 //                 any other thread in global mode;
 //   thread-local: a capture begun by this thread in a non-relaxed mode;
 //   relaxed:      none.
+// A mode outside the three (the exchange accepts any value, as CUDA does) counts as global.
 // Potentially unsafe here: allocations (cudaMalloc, cudaMallocPitch, cudaMallocManaged,
-// cudaMallocHost, cudaHostAlloc, cuMemAlloc, cuMemAllocPitch, cuMemAllocManaged) and waiting for
-// or querying an event (cudaEventQuery, cudaEventSynchronize).
+// cudaMallocHost, cudaHostAlloc, cuMemAlloc, cuMemAllocPitch, cuMemAllocManaged), frees
+// (cudaFree, cuMemFree), waiting for or querying an event (cudaEventQuery, cudaEventSynchronize)
+// and waiting for or querying any stream (cudaStreamSynchronize, cudaStreamQuery and the
+// driver's): a real GPU refuses a synchronize of the legacy stream under a global capture of a
+// non-blocking stream, and a query of an unrelated stream under a thread-local one, and allows a
+// free under a relaxed capture.
 // A forbidden call fails with cudaErrorStreamCaptureUnsupported and invalidates the captures
 // that forbade it; an invalidated capture refuses further work with
 // cudaErrorStreamCaptureInvalidated and its EndCapture returns that code and no graph.
@@ -53,7 +58,7 @@ cudaError_t check_unsafe_call_locked() {
   bool refused = false;
   for (auto& c : captures().active) {
     bool mine = c->thread == self && c->mode != cudaStreamCaptureModeRelaxed;
-    bool theirs = mode == cudaStreamCaptureModeGlobal && c->thread != self &&
+    bool theirs = mode != cudaStreamCaptureModeThreadLocal && c->thread != self &&
                   c->mode == cudaStreamCaptureModeGlobal;
     if (mine || theirs) {
       c->invalidated = true;
@@ -94,6 +99,7 @@ cudaError_t wait_capture_guard(const StreamRef& s) {
     s->capture->invalidated = true;
     return cudaErrorStreamCaptureUnsupported;
   }
+  if (cudaError_t err = check_unsafe_call_locked(); err != cudaSuccess) return err;
   if (s->kind == StreamKind::legacy && invalidate_blocking_captures_locked(s->device))
     return cudaErrorStreamCaptureImplicit;
   return cudaSuccess;
@@ -169,15 +175,21 @@ cudaError_t end_capture(const StreamRef& s, cudaGraph_t* out) {
   cudaError_t err = cudaSuccess;
   {
     std::lock_guard lock(state_mutex());
+    *out = nullptr;
     if (!s->capture) return cudaErrorIllegalState;
     std::shared_ptr<Capture> c = s->capture;
     if (c->origin != s.get()) return cudaErrorStreamCaptureUnmatched;
-    if (c->mode != cudaStreamCaptureModeRelaxed && c->thread != std::this_thread::get_id())
-      return cudaErrorStreamCaptureWrongThread;
+    // Another thread ending a non-relaxed capture is refused, and the capture is over all the
+    // same: a real GPU leaves the stream not capturing and drops what was captured.
+    bool wrong_thread =
+        c->mode != cudaStreamCaptureModeRelaxed && c->thread != std::this_thread::get_id();
     detach_members(*c);
     auto& active = captures().active;
     std::erase(active, c);
-    if (c->invalidated) {
+    if (wrong_thread) {
+      doomed = c->owns_graph ? c->graph_handle : nullptr;
+      err = cudaErrorStreamCaptureWrongThread;
+    } else if (c->invalidated) {
       doomed = c->owns_graph ? c->graph_handle : nullptr;
       *out = nullptr;
       err = cudaErrorStreamCaptureInvalidated;

@@ -4,6 +4,8 @@
 // clone, instantiate, launch, destroy) and user objects held by graphs, each with its _ptsz
 // flavour where the real driver has one. Thin calls into the core's capture and graph machinery,
 // which the runtime's entry points share: driver and runtime handles are the same objects.
+#include <cstring>
+
 #include "drv_common.h"
 
 using namespace poolcuda::sim;
@@ -146,11 +148,9 @@ CUresult cuStreamGetCaptureInfo_v3_ptsz(CUstream hStream, CUstreamCaptureStatus*
 CUresult cuThreadExchangeStreamCaptureMode(CUstreamCaptureMode* mode) {
   if (CUresult r = guard()) return r;
   if (!mode) return CUDA_ERROR_INVALID_VALUE;
-  int requested = static_cast<int>(*mode);
-  if (requested != CU_STREAM_CAPTURE_MODE_GLOBAL &&
-      requested != CU_STREAM_CAPTURE_MODE_THREAD_LOCAL &&
-      requested != CU_STREAM_CAPTURE_MODE_RELAXED)
-    return CUDA_ERROR_INVALID_VALUE;
+  // Any value is taken, like the runtime's (Note [Capture legality] in capture.cpp).
+  int requested = 0;
+  std::memcpy(&requested, mode, sizeof requested);
   cudaStreamCaptureMode previous = thread_capture_mode();
   thread_capture_mode() = static_cast<cudaStreamCaptureMode>(requested);
   *mode = static_cast<CUstreamCaptureMode>(previous);
@@ -207,8 +207,9 @@ cudaUserObject_t as_rt(CUuserObject object) { return reinterpret_cast<cudaUserOb
 
 }  // namespace
 
-// The flags must be CU_USER_OBJECT_NO_DESTRUCTOR_SYNC, as in CUDA; the destructor runs on an
-// internal thread once the last reference (the program's, a graph's, an exec's) is gone.
+// The flags must be CU_USER_OBJECT_NO_DESTRUCTOR_SYNC, as in CUDA; the destructor runs once the
+// last reference (the program's, a graph's, an exec's) is gone, on the thread of the program's
+// release or on an internal one (Note [User object destructors] in graph.cpp).
 CUresult cuUserObjectCreate(CUuserObject* object_out, void* ptr, CUhostFn destroy,
                             unsigned int initialRefcount, unsigned int flags) {
   if (CUresult r = guard(true)) return r;

@@ -80,12 +80,8 @@ CUresult cuMemFree_v2(CUdeviceptr d) {
   AllocInfo info;
   if (!mem_find(ptr(d), &info) || info.base != static_cast<uintptr_t>(d))
     return CUDA_ERROR_INVALID_VALUE;
-  {
-    // Like cudaFree, cuMemFree synchronizes: illegal while a capture is open on the device.
-    std::lock_guard lock(state_mutex());
-    if (invalidate_device_captures_locked(info.device))
-      return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
-  }
+  // Potentially unsafe, like cudaFree (Note [Capture legality] in capture.cpp).
+  if (cudaError_t err = check_unsafe_call(); err != cudaSuccess) return as_cu(err);
   device_drain(info.device);
   std::lock_guard lock(effects_mutex());
   return as_cu(mem_free(ptr(d), info.id));

@@ -338,12 +338,12 @@ cudaError_t cudaStreamGetCaptureInfo_ptsz(cudaStream_t stream,
 cudaError_t cudaThreadExchangeStreamCaptureMode(cudaStreamCaptureMode* mode) {
   SIM_ENTER();
   if (!mode) SIM_RETURN(cudaErrorInvalidValue);
-  int requested = 0;  // read as an int: the caller may have stored any value in the enum
+  // Any value is taken, as a real GPU takes it (Note [Capture legality] in capture.cpp); read
+  // as an int: the caller may have stored any value in the enum.
+  int requested = 0;
   std::memcpy(&requested, mode, sizeof requested);
-  if (requested != cudaStreamCaptureModeGlobal && requested != cudaStreamCaptureModeThreadLocal &&
-      requested != cudaStreamCaptureModeRelaxed)
-    SIM_RETURN(cudaErrorInvalidValue);
-  std::swap(*mode, thread_capture_mode());
+  *mode = thread_capture_mode();
+  thread_capture_mode() = static_cast<cudaStreamCaptureMode>(requested);
   return cudaSuccess;
 }
 
