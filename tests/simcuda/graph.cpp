@@ -1,7 +1,8 @@
 // Graphs, executable graphs and user objects of the stand-in. A graph is the linear list of
 // nodes its capture produced; clones and execs copy the nodes and take their own user-object
 // references; a launch enqueues the nodes in order and keeps its exec alive until the last one
-// has run. A user object's destructor runs on an internal thread once its last reference goes.
+// has run. A user object's destructor runs once its last reference goes: on the releasing thread
+// for cudaUserObjectRelease, on an internal thread otherwise (Note [User object destructors]).
 // Graph contents and registries are guarded by state_mutex; user objects by their own mutex.
 #include "core.h"
 
@@ -60,13 +61,19 @@ void destructor_thread() {
   }
 }
 
-// Requires u.m.
-cudaError_t release_locked(UserObjects& u, UserObject* o, unsigned count) {
+// Requires u.m. With `dead`, an object whose last reference goes is handed to the caller, who
+// runs its destructor on its own thread; otherwise the internal thread runs it.
+cudaError_t release_locked(UserObjects& u, UserObject* o, unsigned count,
+                           UserObject** dead = nullptr) {
   if (!u.live.count(o)) return cudaErrorInvalidResourceHandle;
   if (count == 0 || count > o->refs) return cudaErrorInvalidValue;
   o->refs -= count;
   if (o->refs == 0) {
     u.live.erase(o);
+    if (dead) {
+      *dead = o;
+      return cudaSuccess;
+    }
     u.dying.push_back(o);
     if (!u.thread_started) {
       u.thread_started = true;
@@ -245,10 +252,25 @@ cudaError_t user_object_retain(cudaUserObject_t handle, unsigned count) {
   return cudaSuccess;
 }
 
+// Note [User object destructors]
+// CUDA documents the destructor as run by a shared internal thread, but on a real GPU (H200,
+// CUDA 13) the release that drops the last reference runs it on the calling thread before it
+// returns. The stand-in does both: cudaUserObjectRelease (and cuUserObjectRelease) runs it
+// there, outside every lock, while references that graphs and execs drop go through the
+// internal thread, so that code must be ready for either.
 cudaError_t user_object_release(cudaUserObject_t handle, unsigned count) {
   UserObjects& u = user_objects();
-  std::lock_guard lk(u.m);
-  return release_locked(u, reinterpret_cast<UserObject*>(handle), count);
+  UserObject* dead = nullptr;
+  cudaError_t err;
+  {
+    std::lock_guard lk(u.m);
+    err = release_locked(u, reinterpret_cast<UserObject*>(handle), count, &dead);
+  }
+  if (dead) {
+    dead->fn(dead->ptr);
+    delete dead;
+  }
+  return err;
 }
 
 cudaError_t graph_retain_user_object(cudaGraph_t g, cudaUserObject_t handle, unsigned count,

@@ -150,7 +150,7 @@ TEST_CASE("memory nodes: graph allocations are usable at launch") {
   if (stand_in()) CHECK_EQ(simtest::counter("live_allocations"), live_before);
 }
 
-TEST_CASE("user objects: references, destructor on another thread") {
+TEST_CASE("user objects: references, destructor at the last release") {
   Destroyed d;
   cudaUserObject_t obj = nullptr;
   CUDA_OK(cudaUserObjectCreate(&obj, &d, Destroyed::fn, 1, cudaUserObjectNoDestructorSync));
@@ -159,8 +159,9 @@ TEST_CASE("user objects: references, destructor on another thread") {
   settle();
   CHECK_EQ(d.count.load(), 0);
   CUDA_OK(cudaUserObjectRelease(obj, 1));
+  // CUDA documents an internal thread; a real GPU ran it on this one, inside the release.
   CHECK(eventually([&] { return d.count.load() == 1; }));
-  CHECK(d.on_other_thread.load());
+  if (stand_in()) CHECK_FALSE(d.on_other_thread.load());
   cudaUserObject_t bad = nullptr;
   CHECK_EQ(cudaUserObjectCreate(&bad, &d, Destroyed::fn, 1, 0), cudaErrorInvalidValue);
   CHECK_EQ(cudaUserObjectCreate(&bad, &d, Destroyed::fn, 0, cudaUserObjectNoDestructorSync),
