@@ -1,7 +1,8 @@
 // attach_to_graph (see graph_owner.h).
 //
-// The destructor runs on a thread internal to CUDA where no CUDA call is allowed: it only posts
-// the pin set to its policy's lock-free release queue. The user object is created with a
+// The destructor runs where no CUDA call is allowed, on a thread internal to CUDA or on the
+// thread that drops the last reference, inside that call (a GPU does the latter): it only posts
+// the pin set to its policy's lock-free release queue, which is safe from either. The user object is created with a
 // reference the graph takes over (cudaGraphUserObjectMove), so the graph's copies are its only
 // owners; if the retain fails, releasing that reference runs the destructor, and the pins go.
 #include "interpose/graph_owner.h"
