@@ -176,7 +176,8 @@ class Handover {
 
   // The new owner writes half `half` on `stream` of the current device, through the _ptsz
   // entry point when `ptsz`; the write must wait for the old owner (free_fence:auto) or run
-  // past it (free_fence:none). `stream` is queried from the calling thread.
+  // past it (free_fence:none). `stream` is queried from the calling thread, in relaxed mode: a
+  // query or synchronize of any stream is potentially unsafe under the thread's own capture.
   void write(int half, cudaStream_t stream, bool ptsz = false) {
     void* dst = static_cast<char*>(new_) + half * kHalf;
     if (ptsz) {
@@ -184,11 +185,14 @@ class Handover {
     } else {
       CHECK_CUDA(cudaMemcpyAsync(dst, host_[half], kHalf, cudaMemcpyHostToDevice, stream));
     }
+    cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+    CHECK_CUDA(cudaThreadExchangeStreamCaptureMode(&mode));
     if (expect_race) {
       CHECK_CUDA(cudaStreamSynchronize(stream));
     } else {
       CHECK_RESULT(cudaStreamQuery(stream), cudaErrorNotReady);
     }
+    CHECK_CUDA(cudaThreadExchangeStreamCaptureMode(&mode));
   }
 
   // A non-blocking stream created after the transition on the current device writes `half`.
