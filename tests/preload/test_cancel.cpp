@@ -5,7 +5,8 @@
 // [Cancellation] in pools/no_cancel.h). Before, the cancellation unwound into the entry point's
 // catch-all and the C library aborted the process. Now the call completes once the stream goes
 // on, the thread ends at its next cancellation point, and the process carries on with its
-// memory intact. Runs in a child, so an abort fails the test with a message.
+// memory intact. Runs in a child, so an abort fails the test with a message. The budget
+// (limit:64M in meson.build) gives a GPU the stand-in's 64 MiB.
 #include <pthread.h>
 
 #include <atomic>

@@ -7,7 +7,10 @@
 //   oldest      A free on a parked stream is the oldest fence waiting; 600 MiB freed after it on
 //               a stream that runs again 300 ms later must serve the next 600 MiB while the
 //               first stream is still parked (waits for the oldest fence take back what other
-//               streams returned meanwhile).
+//               streams returned meanwhile). The brief park comes first and the long one is
+//               queued after it: CUDA may run all host functions on one thread, and then the
+//               long park begins only when the brief one ends (on the stand-in, at once).
+// The budget (limit:1G in meson.build) gives a GPU the stand-in's 1 GiB.
 #include <atomic>
 #include <chrono>
 #include <cstring>
@@ -68,8 +71,8 @@ void oldest() {
   preload_test::Gate brief;
   held.limit_seconds = 60;
   brief.limit_seconds = 60;
-  preload_test::park(parked, held);
   preload_test::park(later, brief);
+  CHECK_CUDA(cudaLaunchHostFunc(parked, &preload_test::wait_at_gate, &held));
   CHECK_CUDA(cudaFreeAsync(small, parked));
   CHECK_CUDA(cudaFreeAsync(big, later));
   std::thread opener([&] {
