@@ -117,7 +117,10 @@ inline void require_preloaded() {
 
 // The runtime's own definition of `name`, bypassing libpoolcuda.so: the library's dlsym would
 // hand out its hook, so this asks dlvsym for the runtime's symbol version (named after its
-// soname), which the library leaves alone.
+// soname), which the library leaves alone. Only the function itself bypasses the library: the
+// real runtime reaches the driver through the hooked cuGetProcAddress, so what it asks the
+// driver goes through the library's driver hooks (the stand-in's runtime does not: see
+// docs/stand-in.md). For the driver's own figures, see real_driver.
 inline void* real_symbol(const char* name) {
   static constexpr const char* kSonames[] = {"libcudart.so.13", "libcudart.so.12"};
   for (const char* soname : kSonames) {
@@ -131,6 +134,29 @@ inline void* real_symbol(const char* name) {
 template <typename Fn>
 Fn real(const char* name) {
   return reinterpret_cast<Fn>(real_symbol(name));
+}
+
+// The C library's own dlsym: the library's exported dlsym answers a handle lookup of a hooked
+// name with the hook.
+using DlsymFn = void* (*)(void*, const char*);
+inline DlsymFn libc_dlsym() {
+  void* libc = ::dlopen("libc.so.6", RTLD_NOW | RTLD_NOLOAD);
+  if (libc == nullptr) fail(__FILE__, __LINE__, "no libc.so.6");
+  for (const char* version : {"GLIBC_2.34", "GLIBC_2.2.5", "GLIBC_2.17"}) {
+    if (void* found = ::dlvsym(libc, "dlsym", version)) return reinterpret_cast<DlsymFn>(found);
+  }
+  fail(__FILE__, __LINE__, "no dlsym in the C library");
+}
+
+// The driver's own exported `name` (libcuda.so.1's, the exact variant named: "cuMemGetInfo_v2"),
+// which no hook of the library wraps: what the driver itself answers.
+template <typename Fn>
+Fn real_driver(const char* name) {
+  void* driver = ::dlopen("libcuda.so.1", RTLD_NOW);
+  if (driver == nullptr) fail(__FILE__, __LINE__, "cannot open libcuda.so.1");
+  void* address = libc_dlsym()(driver, name);
+  if (address == nullptr) fail(__FILE__, __LINE__, std::string("no real ") + name);
+  return reinterpret_cast<Fn>(address);
 }
 
 // A driver entry point as the runtime resolves it (the library's hook where it has one).

@@ -26,24 +26,12 @@ std::size_t occurrences(const std::string& text, const std::string& what) {
   return count;
 }
 
-// The C library's own dlsym: the library's exported dlsym would answer a handle lookup of a
-// hooked name with the first copy's hook.
-using DlsymFn = void* (*)(void*, const char*);
-DlsymFn libc_dlsym() {
-  void* libc = ::dlopen("libc.so.6", RTLD_NOW | RTLD_NOLOAD);
-  CHECK(libc != nullptr);
-  for (const char* version : {"GLIBC_2.34", "GLIBC_2.2.5", "GLIBC_2.17"}) {
-    if (void* found = ::dlvsym(libc, "dlsym", version)) return reinterpret_cast<DlsymFn>(found);
-  }
-  preload_test::fail(__FILE__, __LINE__, "no dlsym in the C library");
-}
-
 int child(const std::string& copy) {
   using MallocFn = cudaError_t (*)(void**, std::size_t);
   using FreeFn = cudaError_t (*)(void*);
   void* second = ::dlopen(copy.c_str(), RTLD_NOW | RTLD_NOLOAD);
   CHECK_MSG(second != nullptr, "the copy is not loaded");
-  const DlsymFn lookup = libc_dlsym();
+  const preload_test::DlsymFn lookup = preload_test::libc_dlsym();
   const auto second_malloc = reinterpret_cast<MallocFn>(lookup(second, "cudaMalloc"));
   const auto second_free = reinterpret_cast<FreeFn>(lookup(second, "cudaFree"));
   CHECK(second_malloc != nullptr && second_free != nullptr);
