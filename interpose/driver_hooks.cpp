@@ -361,11 +361,16 @@ CUresult primary_ctx_release(CUresult (*real)(CUdevice), CUdevice device) {
   return result;
 }
 
+// The driver refuses to destroy a primary context (CUDA_ERROR_INVALID_CONTEXT on CUDA 13): its
+// memory, the pools' pages, stays, and so must what the pools know of it. Should a driver take
+// the call, the memory is gone, and the pools forget theirs after the fact, as at the last
+// release.
 CUresult ctx_destroy(CUresult (*real)(CUcontext), CUcontext ctx) {
   int device = -1;
   const bool primary = driver::is_primary(ctx, &device);
-  if (!primary) return real(ctx);
-  return static_cast<CUresult>(pooling::reset_device(device, [&] { return real(ctx); }));
+  const CUresult result = real(ctx);
+  if (primary && result == CUDA_SUCCESS) pooling::reset_device(device, [] { return 0; });
+  return result;
 }
 
 void map_resolved(bool found, void** fn) {

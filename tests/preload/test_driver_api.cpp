@@ -5,10 +5,14 @@
 //    through; data round-trips; a double free is refused with CUDA_ERROR_INVALID_VALUE.
 //  - In a context made with cuCtxCreate, allocations are the driver's (not one more pooled
 //    reservation), and a thread with no current context gets the driver's own answer.
-//  - The last cuDevicePrimaryCtxRelease, cuDevicePrimaryCtxReset and cuCtxDestroy (of either
-//    version) of the primary context destroy the context's memory:
-//    the pools forget theirs, so later allocations are valid memory (a stale pool would hand out
-//    freed addresses, which the stand-in refuses to copy to).
+//  - The last cuDevicePrimaryCtxRelease and cuDevicePrimaryCtxReset of the primary context
+//    destroy the context's memory: the pools forget theirs, so later allocations are valid memory
+//    (a stale pool would hand out freed addresses, which the stand-in refuses to copy to).
+//  - cuCtxDestroy of the primary context (of either version) is refused by the driver
+//    (CUDA_ERROR_INVALID_CONTEXT) and destroys nothing: the pools keep their memory, so an
+//    allocation made before it keeps its bytes and its free is the pools' (a pool that forgot it
+//    would pass an address inside its page to the driver, which refuses it), and the memory
+//    figures do not move.
 // Runs on a GPU too (no stand-in check).
 #include <cuda.h>
 #include <dlfcn.h>
@@ -48,6 +52,33 @@ void churn() {
   }
 }
 
+// A cuCtxDestroy of the primary context, refused: a 64 KiB slice allocated before it (not at
+// its page's start) is still the pools', with its bytes, and nothing went back to the driver.
+void refused_destroy(CUresult (*destroy)(CUcontext), CUcontext primary) {
+  CUdeviceptr kept = 0;
+  CUdeviceptr first = 0;
+  CHECK_CU(cuMemAlloc_v2(&first, 64 << 10));
+  CHECK_CU(cuMemAlloc_v2(&kept, 64 << 10));
+  CHECK_CU(cuMemsetD8_v2(kept, 0x5C, 64 << 10));
+  CHECK_CU(cuCtxSynchronize());
+  std::size_t free_before = 0, total = 0;
+  CHECK_CU(cuMemGetInfo_v2(&free_before, &total));
+  CHECK(destroy(primary) == CUDA_ERROR_INVALID_CONTEXT);
+  CUcontext current = nullptr;
+  CHECK_CU(cuCtxGetCurrent(&current));
+  CHECK(current == primary);
+  std::size_t free_after = 0;
+  CHECK_CU(cuMemGetInfo_v2(&free_after, &total));
+  CHECK_MSG(free_after == free_before, "the memory figures moved: " +
+                                           std::to_string(free_before) + " before, " +
+                                           std::to_string(free_after) + " after");
+  std::vector<unsigned char> back(64 << 10);
+  CHECK_CU(cuMemcpyDtoH_v2(back.data(), kept, back.size()));
+  CHECK(back == std::vector<unsigned char>(64 << 10, 0x5C));
+  CHECK_MSG(cuMemFree_v2(kept) == CUDA_SUCCESS, "the pools forgot a live allocation");
+  CHECK_MSG(cuMemFree_v2(first) == CUDA_SUCCESS, "the pools forgot a live allocation");
+}
+
 int child() {
   CHECK_CU(cuInit(0));
   CUcontext primary = retain_and_bind();
@@ -56,12 +87,12 @@ int child() {
   CHECK_CU(cuDevicePrimaryCtxRelease_v2(0));
   primary = retain_and_bind();
   churn();
-  // So does destroying it, also through the CUDA 2.0 entry point (found by its plain name).
+  // Destroying it is refused, also through the CUDA 2.0 entry point (found by its plain name).
   using CtxDestroyFn = CUresult (*)(CUcontext);
   const auto destroy_v1 = reinterpret_cast<CtxDestroyFn>(::dlsym(RTLD_DEFAULT, "cuCtxDestroy"));
   CHECK(destroy_v1 != nullptr);
-  CHECK_CU(destroy_v1(primary));
-  primary = retain_and_bind();
+  refused_destroy(destroy_v1, primary);
+  refused_destroy(&cuCtxDestroy_v2, primary);
   churn();
   CHECK_CU(cuDevicePrimaryCtxReset_v2(0));
   CHECK_CU(cuCtxSetCurrent(primary));

@@ -118,17 +118,16 @@ Context* create_context(int device) {
 }
 
 cudaError_t destroy_context(Context* ctx) {
-  if (ctx->primary) {
-    device_reset(ctx->device);
-  } else {
-    {
-      std::lock_guard lock(state_mutex());
-      if (ctx->destroyed) return cudaErrorContextIsDestroyed;
-      ctx->destroyed = true;
-    }
-    drop_context_limits(ctx);  // its heap, FIFO and stack reservations go with it
-    drop_context_code(ctx);    // and the modules loaded into it
+  // The real driver refuses a primary context (CUDA 13, driver 580): only its last release or a
+  // reset ends it. CUDA_ERROR_INVALID_CONTEXT, in the runtime's numbering.
+  if (ctx->primary) return cudaErrorDeviceUninitialized;
+  {
+    std::lock_guard lock(state_mutex());
+    if (ctx->destroyed) return cudaErrorContextIsDestroyed;
+    ctx->destroyed = true;
   }
+  drop_context_limits(ctx);  // its heap, FIFO and stack reservations go with it
+  drop_context_code(ctx);    // and the modules loaded into it
   if (thread_context() == ctx) {  // popped, as by cuCtxPopCurrent
     std::vector<Context*>& below = contexts_below();
     thread_context() = below.empty() ? nullptr : below.back();

@@ -404,8 +404,9 @@ bool primary_active(int device);
 // cuCtxCreate: a context of its own on `device` (no memory or streams of its own in the
 // stand-in: they belong to the device).
 Context* create_context(int device);
-// cuCtxDestroy. A primary context is reset (its device's work, streams, events and memory go). A
-// context current on the calling thread is popped.
+// cuCtxDestroy of a context of cuCtxCreate; a primary context is refused
+// (cudaErrorInvalidContext) and left as it was. A context current on the calling thread is
+// popped.
 cudaError_t destroy_context(Context* ctx);
 // cudaDeviceReset, cuDevicePrimaryCtxReset, the last release of a primary context: every capture
 // of the device is invalidated, its work drained, its streams, events and memory destroyed, and

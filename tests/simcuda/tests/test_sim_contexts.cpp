@@ -1,7 +1,7 @@
 // Driver initialization and contexts as mixed runtime/driver programs see them: after the
 // runtime's first call the driver needs no cuInit and the primary context is current; contexts
 // made with cuCtxCreate have their own identity and stack on the thread's current one; a primary
-// context's references, its reset, and the reset its last release performs.
+// context's references, its reset, the reset its last release performs, and its destroy refused.
 // Runs with two devices: device 1 is never touched by the runtime, so the program alone holds
 // references on its primary context.
 #include "driver_test.h"
@@ -140,18 +140,21 @@ TEST_CASE("cuDevicePrimaryCtxReset frees the device's memory and keeps the conte
   }).join();
 }
 
-// What the real driver does when a primary context is passed to cuCtxDestroy is not documented;
-// the stand-in resets the device, like the last release.
-TEST_CASE("the stand-in's cuCtxDestroy of a primary context resets its device" * STAND_IN_ONLY) {
+// The real driver refuses to destroy a primary context (CUDA 13, driver 580) and leaves it as it
+// was: current, its memory live.
+TEST_CASE("cuCtxDestroy of a primary context is refused") {
   std::thread([&] {
     CUcontext ctx = nullptr;
     REQUIRE_EQ(api().retain(&ctx, 0), CUDA_SUCCESS);
     REQUIRE_EQ(api().set_current(ctx), CUDA_SUCCESS);
     CUdeviceptr p = 0;
     REQUIRE_EQ(api().mem_alloc(&p, 1 << 20), CUDA_SUCCESS);
-    const uint64_t live = counter("live_allocations");
-    CHECK_EQ(api().destroy(ctx), CUDA_SUCCESS);
-    CHECK_EQ(counter("live_allocations"), live - 1);
-    CHECK_EQ(current(), nullptr);
+    const uint64_t live = stand_in() ? counter("live_allocations") : 0;
+    CHECK_EQ(api().destroy(ctx), CUDA_ERROR_INVALID_CONTEXT);
+    if (stand_in()) CHECK_EQ(counter("live_allocations"), live);
+    CHECK_EQ(current(), ctx);
+    CHECK_EQ(api().mem_free(p), CUDA_SUCCESS);
+    CHECK_EQ(api().release(0), CUDA_SUCCESS);
+    CHECK_EQ(api().set_current(nullptr), CUDA_SUCCESS);
   }).join();
 }
