@@ -48,8 +48,12 @@
 // allocation may be given; one byte for a prefetch). So the stream and the flags are judged in
 // the runtime's order (on the stand-in an unknown stream is cudaErrorInvalidResourceHandle before
 // any range is looked at) and the last-error slot holds what the plain call leaves there; should
-// the runtime take such a call, the answer is cudaErrorInvalidValue. cudaMemAdvise, which takes
-// no stream, is refused with cudaErrorInvalidValue.
+// the runtime take such a call, the answer is cudaErrorInvalidValue. A prefetch's location is
+// judged after a null pointer but before the range (a freed range to device 999 is
+// cudaErrorInvalidDevice on an H200, a null one cudaErrorInvalidValue), so a prefetch to a device
+// the runtime does not have is put to it with the slab's first byte instead, a range it takes:
+// it answers for the location as the plain call does. cudaMemAdvise, which takes no stream, is
+// refused with cudaErrorInvalidValue.
 //
 // Note [Managed discard]
 // cudaMemDiscardBatchAsync makes the contents of its ranges indeterminate until they are written
@@ -175,6 +179,16 @@ struct RefusedRanges {
     }
   }
 };
+
+// Whether `location` is a device the runtime does not have. Slabs exist only where every device
+// has concurrent managed access (CudaManagedBacking::every_device_concurrent), so that is the
+// one thing about a device location the runtime can refuse.
+bool device_unknown(const cudaMemLocation& location) {
+  if (location.type != cudaMemLocationTypeDevice) return false;
+  int count = 0;
+  return real::cudaGetDeviceCount()(&count) != cudaSuccess || location.id < 0 ||
+         location.id >= count;
+}
 
 // The runtime's refusal, or (should it have taken the call after all) cudaErrorInvalidValue.
 cudaError_t refused_by(cudaError_t result) {
@@ -302,9 +316,11 @@ cudaError_t mem_prefetch(const void* ptr, std::size_t count, cudaMemLocation loc
                          unsigned int flags, cudaStream_t stream, bool per_thread) {
   auto prefetch = per_thread ? real::cudaMemPrefetchAsync_ptsz() : real::cudaMemPrefetchAsync();
   const ManagedLookup found = find_managed(ptr);
-  // Note [Managed attach]: a refusal is the runtime's, asked of a range it always refuses.
+  // Note [Managed attach]: a refusal is the runtime's, asked of a range it always refuses, or,
+  // for a device it does not have, of the slab's first byte.
   if (found.kind != ManagedLookup::Kind::not_mine && !range_allowed(found, ptr, count)) {
-    return refused_by(prefetch(nullptr, 1, location, flags, stream));
+    const void* asked = device_unknown(location) ? reinterpret_cast<void*>(found.slab) : nullptr;
+    return refused_by(prefetch(asked, 1, location, flags, stream));
   }
   return prefetch(ptr, count, location, flags, stream);
 }
