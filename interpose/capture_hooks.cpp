@@ -35,6 +35,15 @@
 // that begins capturing on another thread between the two queries is a race the program
 // already has: CUDA forbids using a stream from two threads around a capture's begin.
 //
+// Note [Invalidated captures' ids]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// Asked about an invalidated capture, CUDA answers its status but no id (0; an H200 with driver
+// 580 closed no window for such a capture until the library stopped relying on the id). The
+// window of an invalidated capture must still close when its stream's end reports the failure,
+// or its memory stays pinned for a graph that will never exist. So a capture without an id is
+// taken to be the one its stream began, which the hooks remember; an invalidated capture that
+// the stream only joined is closed by its origin's end.
+//
 // The runtime's and the driver's entry points both come here (hooks.h): the queries below go
 // through the library's own-call table, which uses the driver in a process without a runtime.
 //
@@ -67,6 +76,14 @@ class Origins {
   void remove(unsigned long long id) {
     std::lock_guard<RankedMutex> hold(mutex_);
     std::erase_if(open_, [&](const Entry& entry) { return entry.id == id; });
+  }
+  // The open capture that `stream` began (its id and device), or {0, -1}.
+  std::pair<unsigned long long, int> begun_by(cudaStream_t stream) {
+    std::lock_guard<RankedMutex> hold(mutex_);
+    for (const Entry& entry : open_) {
+      if (entry.stream == stream) return {entry.id, entry.device};
+    }
+    return {0, -1};
   }
   bool began(unsigned long long id, cudaStream_t stream) {
     std::lock_guard<RankedMutex> hold(mutex_);
@@ -117,13 +134,18 @@ int current_device_or_none() {
   return -1;
 }
 
-// The capture open on `stream` now (an empty value when none is, or the stream is gone).
+// The capture open on `stream` now (an empty value when none is, or the stream is gone). CUDA
+// reports no id for an invalidated capture (Note [Invalidated captures' ids]).
 OpenCapture open_capture(cudaStream_t stream, int device) {
   cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
   unsigned long long id = 0;
   const cudaError_t result =
       own::cudaStreamGetCaptureInfo()(stream, &status, &id, nullptr, nullptr, nullptr, nullptr);
   if (result != cudaSuccess || status == cudaStreamCaptureStatusNone) return {};
+  if (id == 0) {
+    const auto [begun, begun_device] = origins().begun_by(stream);
+    return OpenCapture{begun_device >= 0 ? begun_device : device, begun};
+  }
   return OpenCapture{device, id};
 }
 
@@ -139,7 +161,8 @@ int stream_device(cudaStream_t stream) {
   const cudaError_t asked =
       own::cudaStreamGetCaptureInfo()(stream, &status, &id, nullptr, nullptr, nullptr, nullptr);
   if (asked == cudaSuccess && status != cudaStreamCaptureStatusNone) {
-    const int device = origins().device(id);
+    // Note [Invalidated captures' ids]: without an id, the capture the stream began.
+    const int device = id != 0 ? origins().device(id) : origins().begun_by(stream).second;
     return device >= 0 ? device : current_device_or_none();
   }
   int device = -1;

@@ -234,7 +234,8 @@ cudaError_t capture_info(const StreamRef& s, cudaStreamCaptureStatus* status,
     return cudaSuccess;
   }
   *status = c->invalidated ? cudaStreamCaptureStatusInvalidated : cudaStreamCaptureStatusActive;
-  if (id) *id = c->id;
+  // An invalidated capture has no id to report any more (0), as an H200 answers (driver 580).
+  if (id) *id = c->invalidated ? 0 : c->id;
   if (graph) *graph = c->graph_handle;
   if (deps) *deps = c->deps.empty() ? nullptr : c->deps.data();
   if (edges) *edges = c->edges.empty() ? nullptr : c->edges.data();

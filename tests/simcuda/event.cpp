@@ -118,7 +118,11 @@ cudaError_t event_wait(const StreamRef& s, const EventRef& ev, bool external) {
   }
   if (s->capture) {
     // Only an external wait on an event from outside the capture is legal: it becomes a node.
-    if (!external) return cudaErrorStreamCaptureIsolation;
+    // Another is refused and invalidates the capture, as on an H200 (driver 580).
+    if (!external) {
+      s->capture->invalidated = true;
+      return cudaErrorStreamCaptureIsolation;
+    }
     Work w;
     w.type = cudaGraphNodeTypeWaitEvent;
     w.desc = "event wait";
@@ -149,7 +153,11 @@ namespace {
 cudaError_t recorded_point(const EventRef& ev, StreamRef* s, uint64_t* seq) {
   if (!ev) return cudaErrorInvalidResourceHandle;
   std::lock_guard lock(state_mutex());
-  if (ev->captured) return cudaErrorCapturedEvent;
+  if (ev->captured) {
+    // It invalidates the capture the event was recorded in, as on an H200 (driver 580).
+    if (auto cap = ev->capture_of.lock()) cap->invalidated = true;
+    return cudaErrorCapturedEvent;
+  }
   // Querying or waiting for an event during a capture is treated as potentially unsafe (see
   // Note [Capture legality]): code that must work under capture brackets it with relaxed mode.
   if (cudaError_t err = check_unsafe_call_locked(); err != cudaSuccess) return err;
