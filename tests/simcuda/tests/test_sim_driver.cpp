@@ -136,7 +136,10 @@ TEST_CASE("cuGetProcAddress: versions, stream flavours, unknown names, bad flags
   CHECK_EQ(status, CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT);
   CHECK_EQ(fn, nullptr);
   CHECK_EQ(drv.get_proc("cuMemAlloc", &fn, 13000, 0x100, &status), CUDA_ERROR_INVALID_VALUE);
-  CHECK_EQ(drv.get_proc("cuMemAlloc", nullptr, 13000, 0, &status), CUDA_ERROR_INVALID_VALUE);
+  // A GPU's driver dereferences a NULL pfn (SIGSEGV on an H200, driver 580); the stand-in refuses.
+  if (stand_in()) {
+    CHECK_EQ(drv.get_proc("cuMemAlloc", nullptr, 13000, 0, &status), CUDA_ERROR_INVALID_VALUE);
+  }
 
   CHECK(drv.get<void*>("cuGetProcAddress", 12000) != nullptr);  // it resolves itself
   SIM_SKIP_REST_UNLESS(stand_in(), "the real driver may hand out internal addresses");
