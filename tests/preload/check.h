@@ -178,6 +178,23 @@ struct ChildResult {
   bool timed_out = false;  // killed after the time limit
 };
 
+// LD_PRELOAD without libpoolcuda.so (a sanitizer runtime stays): the plain run of a program.
+inline std::string preload_without_library() {
+  const char* value = std::getenv("LD_PRELOAD");
+  const std::string preload = value != nullptr ? value : "";
+  std::string kept;
+  for (std::size_t at = 0; at <= preload.size();) {
+    std::size_t end = preload.find_first_of(": ", at);
+    if (end == std::string::npos) end = preload.size();
+    const std::string entry = preload.substr(at, end - at);
+    if (!entry.empty() && entry.find("poolcuda") == std::string::npos) {
+      kept += (kept.empty() ? "" : ":") + entry;
+    }
+    at = end + 1;
+  }
+  return kept;
+}
+
 // Runs this program again with `argument` as argv[1] and the environment changed by `env`
 // ("NAME=value" sets, "NAME" alone unsets), capturing its output. With a time limit (seconds,
 // 0 for none) a child still running after it is killed (SIGKILL) and marked timed_out.

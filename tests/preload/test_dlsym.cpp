@@ -247,17 +247,7 @@ int main(int argc, char** argv) {
   check_handle_lookup();
 
   // RTLD_NEXT answers, with the library and without it (LD_PRELOAD minus the library).
-  std::string preload = std::getenv("LD_PRELOAD") != nullptr ? std::getenv("LD_PRELOAD") : "";
-  std::string without;
-  for (std::size_t at = 0; at <= preload.size();) {
-    std::size_t end = preload.find(':', at);
-    if (end == std::string::npos) end = preload.size();
-    std::string item = preload.substr(at, end - at);
-    if (!item.empty() && item.find("poolcuda") == std::string::npos) {
-      without += (without.empty() ? "" : ":") + item;
-    }
-    at = end + 1;
-  }
+  const std::string without = preload_test::preload_without_library();
   const std::string plugin = argv[1];
   std::string with = next_answers(plugin.c_str());
   preload_test::ChildResult plain = preload_test::run_self(
