@@ -485,10 +485,16 @@ bool CudaDevice::give_back_elsewhere() {
   return (capture == nullptr || !capture->open()) && registry.trim_managed(device_, kTrimMicros);
 }
 
-void CudaDevice::synchronize() {
+bool CudaDevice::synchronize() {
   NoCancel no_cancel;  // Note [Cancellation]
   OwnCallScope scope(device_);
-  own::cudaDeviceSynchronize()();
+  if (!scope.ok()) return false;  // Note [Own calls]
+  // Under the stream table's lock, as a fence records (Note [Capture begin and fences] in
+  // capture_hooks.cpp): a capture begun since the caller asked capture_active() would be
+  // invalidated by the synchronize, in every capture mode, and none begins while it runs.
+  auto table = streams_.lock();
+  if (capture_open()) return false;
+  return own::cudaDeviceSynchronize()() == cudaSuccess;
 }
 
 void CudaDevice::forget_events() {

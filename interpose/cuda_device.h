@@ -49,7 +49,7 @@ class CudaDevice final : public Device {
   bool fence_passed(FenceHandle fence) override;
   void fence_wait(FenceHandle fence) override;
   void fence_destroy(FenceHandle fence) override;
-  void synchronize() override;
+  bool synchronize() override;
   bool capture_active() override;
   bool give_back_elsewhere() override;  // the device's empty managed slabs
 

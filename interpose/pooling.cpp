@@ -353,10 +353,11 @@ Freed release(int device, const void* ptr, StreamToken stream) {
   freed.outcome = free_managed(registry, device, address, named, &freed.owner);
   if (freed.outcome != FreeOutcome::not_mine) {
     // free_fence:sync makes every free outside a capture the barrier the real cudaFree is, as
-    // the pools' frees are (a slab's reuse waits for its own fence in every mode).
+    // the pools' frees are (a slab's reuse waits for its own fence in every mode); the
+    // synchronize refuses while a capture is open.
     CudaDevice* owner = registry.device(freed.owner);
     if (freed.outcome == FreeOutcome::freed && config().free_fence == FreeFence::sync &&
-        owner != nullptr && !owner->capture_active())
+        owner != nullptr)
       owner->synchronize();
     return freed;
   }

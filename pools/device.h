@@ -152,10 +152,13 @@ class Device {
   // a fence may destroy it without the manager's lock.
   virtual void fence_destroy(FenceHandle fence) = 0;
 
-  // Blocks until all work issued to the device has finished (free_fence:sync). Called without
-  // the manager's lock.
-  // During capture: never called while capture_active() says one is open.
-  virtual void synchronize() = 0;
+  // Blocks until all work issued to the device has finished (free_fence:sync); false when it
+  // did not, and then nothing freed before may be reused on its account. Called without the
+  // manager's lock.
+  // During capture: not called while capture_active() says one is open; one that opens between
+  // that question and this call makes it answer false without synchronizing (a device-wide
+  // synchronize would invalidate the capture).
+  virtual bool synchronize() = 0;
 
   // True while a stream capture is open that a device-wide synchronize would invalidate; the
   // manager then retires free_fence:sync frees through a pending epoch instead. Cheap (called

@@ -34,7 +34,7 @@ class ForwardingDevice : public Device {
     return inner_.fence_wait_for(fence, max_microseconds);
   }
   void fence_destroy(FenceHandle fence) override { inner_.fence_destroy(fence); }
-  void synchronize() override { inner_.synchronize(); }
+  bool synchronize() override { return inner_.synchronize(); }
   bool capture_active() override { return inner_.capture_active(); }
 
  protected:

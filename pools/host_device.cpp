@@ -139,14 +139,18 @@ void HostDevice::fence_destroy(FenceHandle fence) {
   held_back_.erase(fence);
 }
 
-void HostDevice::synchronize() {
+bool HostDevice::synchronize() {
   std::lock_guard lock(mutex_);
   ++calls_.synchronize;
   enter("synchronize");
-  if (capture_open_) ++synchronize_during_capture_;
+  if (capture_open_) {  // refused, as CudaDevice refuses: it would invalidate the capture
+    ++synchronize_during_capture_;
+    return false;
+  }
   completed_upto_ = next_fence_ - 1;
   held_back_.clear();
   fences_completed_.notify_all();
+  return true;
 }
 
 bool HostDevice::capture_active() {

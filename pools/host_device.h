@@ -62,7 +62,7 @@ class HostDevice final : public Device {
   void fence_wait(FenceHandle fence) override;
   bool fence_wait_for(FenceHandle fence, std::uint32_t max_microseconds) override;
   void fence_destroy(FenceHandle fence) override;
-  void synchronize() override;
+  bool synchronize() override;
   bool capture_active() override;
 
   // --- Test controls -------------------------------------------------------------------------
@@ -79,8 +79,8 @@ class HostDevice final : public Device {
   void complete_fences();  // every fence recorded so far has passed; wakes fence waits
   void park_stream(StreamToken stream);  // its fence_record_on() fences are held back
   // A stream capture opens or ends: while open, fence_record() returns kNoFence,
-  // capture_active() is true, and synchronize() counts in synchronize_during_capture() (a
-  // real device-wide synchronize would invalidate the capture).
+  // capture_active() is true, and synchronize() refuses (false) and counts in
+  // synchronize_during_capture() (a real device-wide synchronize would invalidate the capture).
   void set_capture_open(bool open);
   std::uint64_t synchronize_during_capture() const;
 

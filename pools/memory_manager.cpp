@@ -1168,9 +1168,10 @@ void MemoryManager::Impl::finish_sync_frees(Scope& scope) {
   const std::uint64_t upto = sync_added;
   const std::uint64_t gen = generation;
   scope.unlock();  // Note [Outside the lock]
-  device.synchronize();
+  const bool synced = device.synchronize();
   scope.relock();
-  if (gen != generation) return;  // forgotten meanwhile: nothing left to give back
+  // Not synchronized (a capture opened meanwhile): the slices wait for the next sync free.
+  if (!synced || gen != generation) return;  // or forgotten meanwhile: nothing to give back
   while (sync_returned < upto && sync_head != nullptr) {
     Slice* slice = sync_head;
     sync_head = slice->next_pending;

@@ -6,6 +6,7 @@
 #include <chrono>
 #include <thread>
 
+#include "pools/forwarding_device.h"
 #include "pools/manager_impl.h"  // kMaxLaneFrees
 #include "pools_test_util.h"
 
@@ -139,6 +140,35 @@ TEST_CASE("sync_fence_during_capture_waits_in_an_epoch_instead_of_synchronizing"
   CHECK(rig.device.synchronize_during_capture() == 0);
   CHECK(rig.device.outstanding_fences() == 0);
   CHECK(rig.manager.check_consistency().empty());
+}
+
+// A capture that opens after the manager asked capture_active() and before its synchronize:
+// the synchronize refuses (a device-wide one would invalidate the capture), and the freed slice
+// is not handed out again until a later synchronize passes.
+TEST_CASE("sync_fence_refused_synchronize_keeps_the_slice_from_reuse") {
+  struct CaptureOpensLate : ForwardingDevice<HostDevice> {
+    using ForwardingDevice::ForwardingDevice;
+    bool capture_active() override { return false; }  // asked before the capture opened
+  };
+  HostDevice host(128 * MiB, 32);
+  CaptureOpensLate device(host);
+  ManagerOptions options;
+  options.layout = custom({sliced(1024)});
+  options.free_fence = FreeFence::sync;
+  MemoryManager manager(device, options);
+  const DevicePtr a = manager.allocate(1024).ptr;
+  host.set_capture_open(true);
+  REQUIRE(manager.free(a) == FreeOutcome::freed);
+  CHECK(host.synchronize_during_capture() == 1);
+  const DevicePtr b = manager.allocate(1024).ptr;
+  CHECK(b != a);
+  CHECK(manager.check_consistency().empty());
+  // The capture ends: the next sync free synchronizes, and both slices are free again.
+  host.set_capture_open(false);
+  REQUIRE(manager.free(b) == FreeOutcome::freed);
+  const DevicePtr c = manager.allocate(1024).ptr;
+  CHECK((c == a || c == b));
+  CHECK(manager.check_consistency().empty());
 }
 
 TEST_CASE("sync_fence_synchronizes_then_frees") {
