@@ -8,6 +8,7 @@
 // With the argument `sync` (run under free_fence:sync) the frees during the capture must not
 // synchronize the device either (that would invalidate the capture): the capture must still end
 // valid and its graph run; the event and reuse counts of the default mode do not apply.
+// A refused cudaFreeAsync (a double free) inside a global capture leaves the capture valid.
 #include <chrono>
 #include <cstring>
 #include <thread>
@@ -67,6 +68,29 @@ void run_case(const char* name, unsigned int flags) {
   std::printf("%s: ok\n", name);
 }
 
+// A refused stream-ordered free inside a global capture answers cudaErrorInvalidValue and
+// leaves the capture valid. The library raises the error with a real cudaFree of a host
+// address, in relaxed mode: a GPU's runtime may judge the call unsafe under the capture before
+// it looks at the pointer (the stand-in looks at the pointer first, so only a GPU tells).
+void refused_free_in_capture() {
+  cudaStream_t stream = nullptr;
+  CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  void* freed = nullptr;
+  CHECK_CUDA(cudaMalloc(&freed, 1024));
+  CHECK_CUDA(cudaFree(freed));
+  CHECK_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
+  CHECK_RESULT(cudaFreeAsync(freed, stream), cudaErrorInvalidValue);  // a double free
+  CHECK_RESULT(cudaGetLastError(), cudaErrorInvalidValue);
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  CHECK_CUDA(cudaStreamIsCapturing(stream, &status));
+  CHECK_MSG(status == cudaStreamCaptureStatusActive, "the refused free invalidated the capture");
+  cudaGraph_t graph = nullptr;
+  CHECK_CUDA(cudaStreamEndCapture(stream, &graph));
+  CHECK_CUDA(cudaGraphDestroy(graph));
+  CHECK_CUDA(cudaStreamDestroy(stream));
+  std::printf("refused free in a capture: ok\n");
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -75,6 +99,7 @@ int main(int argc, char** argv) {
   CHECK_CUDA(cudaFree(nullptr));
   run_case("non-blocking stream", cudaStreamNonBlocking);
   run_case("blocking stream", cudaStreamDefault);
+  refused_free_in_capture();
   std::printf("ok\n");
   return 0;
 }
