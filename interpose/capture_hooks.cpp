@@ -32,8 +32,8 @@
 // for the capture first, and for a capturing stream answers the device recorded when that
 // capture began through the library (a stream that joined it has the origin's capture id);
 // only a capture begun behind the library's back falls back to the current device. A stream
-// that begins capturing on another thread between the two queries is a race the program
-// already has: CUDA forbids using a stream from two threads around a capture's begin.
+// that begins capturing on another thread between the two queries is the program's own race:
+// it hands the stream to this call while another thread begins a capture on it.
 //
 // Note [Invalidated captures' ids]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
