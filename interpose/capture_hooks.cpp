@@ -56,6 +56,7 @@
 
 #include "interpose/graph_owner.h"
 #include "interpose/own_api.h"
+#include "interpose/own_call.h"
 #include "interpose/registry.h"
 #include "interpose/release_worker.h"
 #include "interpose/stream_order.h"
@@ -156,6 +157,7 @@ int stream_device(cudaStream_t stream) {
   if (stream == nullptr || stream == cudaStreamLegacy || stream == cudaStreamPerThread) {
     return current_device_or_none();
   }
+  RelaxedCaptureScope relaxed;  // another thread's global capture must not judge the queries
   cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
   unsigned long long id = 0;
   const cudaError_t asked =

@@ -24,6 +24,7 @@
 #include "interpose/driver_context.h"
 #include "interpose/driver_hooks.h"
 #include "interpose/foreign_frees.h"
+#include "interpose/own_call.h"
 #include "interpose/pooling.h"
 #include "interpose/real_cuda.h"
 #include "interpose/real_driver.h"
@@ -79,37 +80,16 @@ int current_device() {
   return device;
 }
 
-namespace {
-
-// The calls that raise a refusal run in relaxed capture mode: a real cudaFree or cudaMalloc is
-// "unsafe" under the program's global or thread-local capture and would invalidate it, where
-// the refused call (a cudaFreeAsync of a stale pointer, a bad cudaMemAdvise) would not.
-class RelaxedCaptureMode {
- public:
-  RelaxedCaptureMode() {
-    switched_ = real::cudaThreadExchangeStreamCaptureMode()(&mode_) == cudaSuccess;
-  }
-  ~RelaxedCaptureMode() {
-    if (switched_) real::cudaThreadExchangeStreamCaptureMode()(&mode_);
-  }
-  RelaxedCaptureMode(const RelaxedCaptureMode&) = delete;
-  RelaxedCaptureMode& operator=(const RelaxedCaptureMode&) = delete;
-
- private:
-  cudaStreamCaptureMode mode_ = cudaStreamCaptureModeRelaxed;
-  bool switched_ = false;
-};
-
-}  // namespace
-
 // A refused free (double free, interior pointer) leaves cudaErrorInvalidValue in the last-error
 // slot, as the real cudaFree of a pointer that starts no allocation does: the real call on an
 // address that is certainly no device allocation (this host variable) fails the same way and
 // touches nothing. Its answer is the refusal's: under a sticky context error that error, as the
-// plain call would have answered.
+// plain call would have answered. Both raising calls run in relaxed capture mode: a real
+// cudaFree or cudaMalloc is unsafe under the program's global or thread-local capture and would
+// invalidate it, where the refused call (a cudaFreeAsync of a stale pointer) would not.
 cudaError_t raise_invalid_value() {
   static char not_device_memory;
-  RelaxedCaptureMode relaxed;
+  RelaxedCaptureScope relaxed;
   const cudaError_t raised = real::cudaFree()(&not_device_memory);
   return raised != cudaSuccess ? raised : cudaErrorInvalidValue;
 }
@@ -118,7 +98,7 @@ cudaError_t raise_out_of_memory() {
   // Larger than any device; a real cudaMalloc of it fails with cudaErrorMemoryAllocation.
   constexpr std::size_t kImpossibleSize = std::size_t{1} << 52;
   void* ptr = nullptr;
-  RelaxedCaptureMode relaxed;
+  RelaxedCaptureScope relaxed;
   const cudaError_t raised = real::cudaMalloc()(&ptr, kImpossibleSize);
   if (raised == cudaSuccess) real::cudaFree()(ptr);
   return raised != cudaSuccess ? raised : cudaErrorMemoryAllocation;

@@ -1,6 +1,7 @@
 // OwnCallScope: how the library makes a CUDA call on its own behalf without the program
-// noticing (Note [Own calls]). Used by every part of interpose/ that calls CUDA for the pools
-// (the CUDA device, the release worker, stream order, graph owners, the managed slabs).
+// noticing (Note [Own calls]), and RelaxedCaptureScope, its capture-mode part alone. Used by
+// every part of interpose/ that calls CUDA for the pools (the CUDA device, the release worker,
+// stream order, graph owners, the managed slabs) and by the hooks' capture-safe queries.
 //
 // Note [Own calls]
 // Calls made on the library's own behalf must not change what the program observes: each runs
@@ -63,6 +64,25 @@ class OwnCallScope {
   int restore_device_ = -1;
   cudaStreamCaptureMode mode_ = cudaStreamCaptureModeRelaxed;
   bool mode_switched_ = false;
+};
+
+// Relaxed capture mode alone, for calls whose answer or error is meant for the program (a
+// refusal raised in the last-error slot) or that run on no particular device (a stream's
+// device): a global or thread-local capture would judge them unsafe and be invalidated.
+class RelaxedCaptureScope {
+ public:
+  RelaxedCaptureScope() {
+    switched_ = own::cudaThreadExchangeStreamCaptureMode()(&mode_) == cudaSuccess;
+  }
+  ~RelaxedCaptureScope() {
+    if (switched_) own::cudaThreadExchangeStreamCaptureMode()(&mode_);
+  }
+  RelaxedCaptureScope(const RelaxedCaptureScope&) = delete;
+  RelaxedCaptureScope& operator=(const RelaxedCaptureScope&) = delete;
+
+ private:
+  cudaStreamCaptureMode mode_ = cudaStreamCaptureModeRelaxed;
+  bool switched_ = false;
 };
 
 }  // namespace poolcuda
