@@ -30,42 +30,6 @@
 
 namespace poolcuda {
 
-class OwnCallScope {
- public:
-  explicit OwnCallScope(int device) {
-    prior_error_ = own::cudaPeekAtLastError()();
-    int current = -1;
-    if (own::cudaGetDevice()(&current) != cudaSuccess) {
-      ok_ = false;
-    } else if (current != device) {
-      restore_device_ = current;
-      ok_ = own::cudaSetDevice()(device) == cudaSuccess;
-    }
-    mode_ = cudaStreamCaptureModeRelaxed;
-    mode_switched_ = own::cudaThreadExchangeStreamCaptureMode()(&mode_) == cudaSuccess;
-  }
-  ~OwnCallScope() {
-    if (mode_switched_) own::cudaThreadExchangeStreamCaptureMode()(&mode_);
-    if (restore_device_ >= 0) own::cudaSetDevice()(restore_device_);
-    if (prior_error_ == cudaSuccess && own::cudaPeekAtLastError()() != cudaSuccess) {
-      own::cudaGetLastError()();
-    }
-  }
-  OwnCallScope(const OwnCallScope&) = delete;
-  OwnCallScope& operator=(const OwnCallScope&) = delete;
-
-  // False when the scope's device could not be made current.
-  bool ok() const { return ok_; }
-
- private:
-  InsideHook inside_;
-  bool ok_ = true;
-  cudaError_t prior_error_ = cudaSuccess;
-  int restore_device_ = -1;
-  cudaStreamCaptureMode mode_ = cudaStreamCaptureModeRelaxed;
-  bool mode_switched_ = false;
-};
-
 // Relaxed capture mode alone, for calls whose answer or error is meant for the program (a
 // refusal raised in the last-error slot) or that run on no particular device (a stream's
 // device): a global or thread-local capture would judge them unsafe and be invalidated.
@@ -83,6 +47,39 @@ class RelaxedCaptureScope {
  private:
   cudaStreamCaptureMode mode_ = cudaStreamCaptureModeRelaxed;
   bool switched_ = false;
+};
+
+class OwnCallScope {
+ public:
+  explicit OwnCallScope(int device) {
+    prior_error_ = own::cudaPeekAtLastError()();
+    int current = -1;
+    if (own::cudaGetDevice()(&current) != cudaSuccess) {
+      ok_ = false;
+    } else if (current != device) {
+      restore_device_ = current;
+      ok_ = own::cudaSetDevice()(device) == cudaSuccess;
+    }
+  }
+  ~OwnCallScope() {
+    if (restore_device_ >= 0) own::cudaSetDevice()(restore_device_);
+    if (prior_error_ == cudaSuccess && own::cudaPeekAtLastError()() != cudaSuccess) {
+      own::cudaGetLastError()();
+    }
+  }
+  OwnCallScope(const OwnCallScope&) = delete;
+  OwnCallScope& operator=(const OwnCallScope&) = delete;
+
+  // False when the scope's device could not be made current.
+  bool ok() const { return ok_; }
+
+ private:
+  InsideHook inside_;
+  // Before anything else, so that the device switch and its undoing run relaxed too.
+  RelaxedCaptureScope relaxed_;
+  bool ok_ = true;
+  cudaError_t prior_error_ = cudaSuccess;
+  int restore_device_ = -1;
 };
 
 }  // namespace poolcuda
