@@ -228,9 +228,15 @@ void Worker::manage_streams() {
   const int doomed = created[roll(created.size())];
   const Stream& stream = streams_[static_cast<std::size_t>(doomed)];
   // Synchronized first, its buffers move to the legacy stream; otherwise their queued work
-  // still runs after the destroy, and they wait for a device synchronization.
+  // still runs after the destroy, and they wait for a device synchronization. A stream that
+  // holds cudaMallocAsync buffers is always synchronized first (their free waits for their work,
+  // which a destroyed stream no longer offers), and is not destroyed while parked.
+  const bool holds_async = std::any_of(buffers_.begin(), buffers_.end(), [&](const Buffer& b) {
+    return b.async && b.home == doomed;
+  });
+  if (holds_async && blocked(doomed)) return;
   bool drained = false;
-  if (!blocked(doomed) && roll(2) == 0) {
+  if (!blocked(doomed) && (holds_async || roll(2) == 0)) {
     recorder_.begin("cudaStreamSynchronize(%s) before destroying it", stream.name.c_str());
     drained = recorder_.end(Call::stream_synchronize, cudaStreamSynchronize(stream.handle));
   }

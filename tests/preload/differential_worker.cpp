@@ -392,6 +392,16 @@ void Worker::release() {
     write_fill(index, false);
   }
   if (roll(4) != 0 && !ensure_device(buffer.device)) return;  // else freed from another device
+  if (buffer.async) {
+    // CUDA takes every access to cudaMallocAsync memory as complete at its cudaFree and waits
+    // for nothing: a program waits for the work queued on it first (the buffer's work is all on
+    // its home stream, which no park of this thread holds here). Without this wait an H200
+    // freed the memory under a queued memset: cudaErrorIllegalAddress in the plain run.
+    const Stream& home = streams_[static_cast<std::size_t>(buffer.home)];
+    recorder_.begin("cudaStreamSynchronize(%s) before freeing a stream-ordered buffer",
+                    home.name.c_str());
+    if (!recorder_.end(Call::stream_synchronize, cudaStreamSynchronize(home.handle))) return;
+  }
   const bool twice = roll(8) == 0;
   std::unique_lock<std::shared_mutex> hold(program_.address_lock, std::defer_lock);
   if (twice) hold.lock();

@@ -13,9 +13,8 @@
 //    allocation made before it keeps its bytes and its free is the pools' (a pool that forgot it
 //    would pass an address inside its page to the driver, which refuses it), and the memory
 //    figures do not move. That runs in a child of its own, first without the library: what
-//    the device does after a refused destroy is the driver's business (an H200 refused the
-//    next allocation in one run, with the library; whether it does so alone is not known), and
-//    with the library the child must get as far as the plain one.
+//    the device does after a refused destroy is the driver's business (without the library an
+//    H200 goes on allocating), and with the library the child must get as far as the plain one.
 // Runs on a GPU too (no stand-in check).
 #include <cuda.h>
 #include <dlfcn.h>
@@ -29,7 +28,11 @@
 
 namespace {
 
-#define CHECK_CU(expr) CHECK_MSG((expr) == CUDA_SUCCESS, #expr)
+#define CHECK_CU(expr)                                                         \
+  do {                                                                         \
+    const CUresult result_ = (expr);                                           \
+    CHECK_MSG(result_ == CUDA_SUCCESS, "returned " + std::to_string(result_)); \
+  } while (0)
 
 // The pooled allocations the child makes after its last reset; the report counts exactly these.
 constexpr int kPooled = 200 + 1;
@@ -41,8 +44,10 @@ CUcontext retain_and_bind() {
   return primary;
 }
 
-// 200 allocate/write/read/free rounds of 64 KiB.
-void churn() {
+// 200 allocate/write/read/free rounds of 64 KiB; `when` names the step in a failure.
+void churn(const char* when) {
+  std::printf("churn %s\n", when);
+  std::fflush(stdout);
   std::vector<unsigned char> data(64 << 10), back(64 << 10);
   for (int i = 0; i < 200; ++i) {
     std::memset(data.data(), i & 0xff, data.size());
@@ -87,14 +92,14 @@ void refused_destroy(CUresult (*destroy)(CUcontext), CUcontext primary) {
 int destroy_child() {
   CHECK_CU(cuInit(0));
   const CUcontext primary = retain_and_bind();
-  churn();
+  churn("first");
   using CtxDestroyFn = CUresult (*)(CUcontext);
   const auto destroy_v1 = reinterpret_cast<CtxDestroyFn>(::dlsym(RTLD_DEFAULT, "cuCtxDestroy"));
   CHECK(destroy_v1 != nullptr);
   refused_destroy(destroy_v1, primary);
   refused_destroy(&cuCtxDestroy_v2, primary);
   std::printf("destroys refused\n");
-  churn();
+  churn("after the refused destroys");
   std::printf("destroy child ok\n");
   return 0;
 }
@@ -102,14 +107,17 @@ int destroy_child() {
 int child() {
   CHECK_CU(cuInit(0));
   CUcontext primary = retain_and_bind();
-  churn();
+  churn("first");
   // The last release resets the primary context: its memory is gone.
   CHECK_CU(cuDevicePrimaryCtxRelease_v2(0));
   primary = retain_and_bind();
-  churn();
+  churn("after the last release");
   CHECK_CU(cuDevicePrimaryCtxReset_v2(0));
-  CHECK_CU(cuCtxSetCurrent(primary));
-  churn();  // the exit report counts from the last reset on: these 200 and what follows
+  // The reset destroyed the context the old handle names (an H200 then answers 709, context
+  // destroyed, to an allocation in it): a program retains the primary context anew.
+  primary = retain_and_bind();
+  // The exit report counts from the last reset on: these 200 and what follows.
+  churn("after the reset");
 
   // A context of the program's own: not pooled.
   CUcontext own = nullptr;

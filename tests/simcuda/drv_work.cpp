@@ -82,7 +82,9 @@ CUresult cuMemFree_v2(CUdeviceptr d) {
     return CUDA_ERROR_INVALID_VALUE;
   // Potentially unsafe, like cudaFree (Note [Capture legality] in capture.cpp).
   if (cudaError_t err = check_unsafe_call(); err != cudaSuccess) return as_cu(err);
-  device_drain(info.device);
+  // CUDA takes every access to stream-ordered memory as complete at this free, and waits for
+  // nothing; work still queued on it then touches freed memory (an illegal address).
+  if (info.kind != AllocKind::async) device_drain(info.device);
   std::lock_guard lock(effects_mutex());
   return as_cu(mem_free(ptr(d), info.id));
 }

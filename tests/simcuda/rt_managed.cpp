@@ -244,6 +244,10 @@ cudaError_t cudaMemAdvise(const void* devPtr, size_t count, cudaMemoryAdvise adv
     case cudaMemAdviseUnsetPreferredLocation:
       return cudaSuccess;  // the location is ignored
     case cudaMemAdviseSetPreferredLocation:
+      // An H200 answers an unknown device here with cudaErrorInvalidValue, where a prefetch's
+      // answer is cudaErrorInvalidDevice.
+      if (location.type == cudaMemLocationTypeDevice && !valid_device(location.id))
+        SIM_RETURN(cudaErrorInvalidValue);
       SIM_RETURN(check_location(location));
     case cudaMemAdviseSetAccessedBy:
     case cudaMemAdviseUnsetAccessedBy:

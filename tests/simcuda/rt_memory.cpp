@@ -64,7 +64,9 @@ cudaError_t cudaFree(void* devPtr) {
     SIM_RETURN(cudaErrorInvalidValue);
   // Potentially unsafe (Note [Capture legality] in capture.cpp): a relaxed capture allows it.
   if (cudaError_t err = check_unsafe_call(); err != cudaSuccess) SIM_RETURN(err);
-  device_drain(info.device);
+  // CUDA takes every access to stream-ordered memory as complete at this free, and waits for
+  // nothing; work still queued on it then touches freed memory (an illegal address).
+  if (info.kind != AllocKind::async) device_drain(info.device);
   std::lock_guard lock(effects_mutex());
   SIM_RETURN(mem_free(devPtr, info.id));
 }

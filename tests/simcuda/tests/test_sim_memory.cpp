@@ -233,7 +233,7 @@ TEST_CASE("managed memory: attach, advise and prefetch check their arguments") {
   CUDA_OK(cudaMemAdvise(m + 100, 1000, cudaMemAdviseSetPreferredLocation, device));
   CUDA_OK(cudaMemAdvise(m, 10000, cudaMemAdviseSetAccessedBy, host));
   CHECK_EQ(cudaMemAdvise(m, 10000, cudaMemAdviseSetPreferredLocation, no_device),
-           cudaErrorInvalidDevice);
+           cudaErrorInvalidValue);
   CHECK_EQ(cudaMemAdvise(m, 10000, static_cast<cudaMemoryAdvise>(77), device),
            cudaErrorInvalidValue);
   // Prefetch, stream-ordered, to the device or the host.
@@ -423,4 +423,25 @@ TEST_CASE("an operation reaching freed memory raises a sticky illegal address (s
   CHECK_EQ(cudaGetLastError(), cudaErrorIllegalAddress);
   CUDA_OK(cudaStreamDestroy(a));
   CUDA_OK(cudaStreamDestroy(b));
+}
+
+// CUDA takes every access to cudaMallocAsync memory as complete at a cudaFree: the free returns
+// while work on it is still queued (behind a closed gate here), which then reaches freed memory.
+// An H200 answered such a program with cudaErrorIllegalAddress.
+TEST_CASE("cudaFree of stream-ordered memory waits for nothing (stand-in)" * STAND_IN_ONLY) {
+  if (!stand_in()) return;
+  cudaStream_t a;
+  CUDA_OK(cudaStreamCreateWithFlags(&a, cudaStreamNonBlocking));
+  void* p = nullptr;
+  CUDA_OK(cudaMallocAsync(&p, 4096, a));
+  simtest::Gate gate;
+  CUDA_OK(cudaLaunchHostFunc(a, simtest::Gate::wait_fn, &gate));
+  CUDA_OK(cudaMemsetAsync(p, 1, 4096, a));
+  gate.wait_entered();
+  CUDA_OK(cudaFree(p));  // would hang here if it waited for the gate
+  gate.open();
+  CHECK_EQ(cudaStreamSynchronize(a), cudaErrorIllegalAddress);
+  stand_in()->set_sticky_error(cudaSuccess);
+  CHECK_EQ(cudaGetLastError(), cudaErrorIllegalAddress);
+  CUDA_OK(cudaStreamDestroy(a));
 }
