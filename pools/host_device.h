@@ -96,8 +96,9 @@ class HostDevice final : public Device {
   bool passed_locked(FenceHandle fence) const;  // called with mutex_ held
 
   struct Block {
-    void* base;
-    std::uint64_t size;
+    void* base;             // the mapping
+    std::uint64_t mapped;   // its length
+    std::uint64_t size;     // what was asked for
   };
 
   mutable std::mutex mutex_;

@@ -6,10 +6,9 @@
 namespace poolcuda {
 
 AllocStatus HostManagedBacking::allocate_slab(std::uint64_t size, DevicePtr* out) {
-  const AllocStatus status = device_.allocate(size, out);
-  // HostDevice hands out malloc'd memory; a driver's fresh managed memory reads as zero.
-  if (status == AllocStatus::ok) std::memset(reinterpret_cast<void*>(*out), 0, size);
-  return status;
+  // HostDevice's memory is a fresh anonymous mapping: it reads as zero, as a driver's fresh
+  // managed memory does.
+  return device_.allocate(size, out);
 }
 
 void HostManagedBacking::release_slab(DevicePtr base, std::uint64_t size) {
