@@ -664,14 +664,14 @@ TEST_CASE("managed: forget drops every slab without releasing it; no new one unt
 }
 
 TEST_CASE("managed: forget waits for allocations that passed their slab's check") {
-  // 16 threads allocate and free recycled memory (zeroed when handed out again) while another
+  // Four threads allocate and free recycled memory (zeroed when handed out again) while another
   // thread resets: forgets, releases the forgotten slabs behind the chain's back as the reset
   // frees them, forgets again and thaws. No allocation may zero memory after its slab went.
   Chain c(64 * KiB, 8, 1 * GiB);
   std::atomic<bool> stop{false};
   std::atomic<std::uint64_t> served{0};
   std::vector<std::thread> threads;
-  for (int t = 0; t < 16; ++t) {
+  for (int t = 0; t < 4; ++t) {
     threads.emplace_back([&] {
       while (!stop.load()) {
         const ManagedAllocation a = c.slabs.allocate(4 * KiB, kGranule);
