@@ -8,6 +8,7 @@
 #include "core.h"
 
 #include <atomic>
+#include <memory>
 
 namespace poolcuda::sim {
 namespace {
@@ -15,21 +16,33 @@ namespace {
 std::atomic<bool> g_driver_initialized{false};
 std::atomic<uint64_t> g_next_context_id{1};
 
+// Each device's primary context now. A reset replaces it (Note [Primary contexts after a
+// reset]); the entries change under state_mutex() and are read without it (a pointer each).
 struct Primaries {
-  std::vector<Context> contexts;
+  std::vector<std::atomic<Context*>> contexts;
   std::vector<bool> runtime_holds;  // guarded by state_mutex()
+  // Every primary context made, kept for the process's life: a handle to a reset one stays safe
+  // to look at. Guarded by state_mutex() after the first.
+  std::vector<std::unique_ptr<Context>> made;
+
+  Context* make(int device, int retains) {
+    auto ctx = std::make_unique<Context>();
+    ctx->device = device;
+    ctx->id = g_next_context_id.fetch_add(1);
+    ctx->primary = true;
+    ctx->retains = retains;
+    made.push_back(std::move(ctx));
+    return made.back().get();
+  }
 };
 
 Primaries& primaries() {
   static auto* p = [] {
     auto* v = new Primaries;  // never destroyed: worker threads outlive static destructors
-    v->contexts.resize(static_cast<size_t>(config().devices));
-    v->runtime_holds.resize(v->contexts.size());
-    for (size_t i = 0; i < v->contexts.size(); ++i) {
-      v->contexts[i].device = static_cast<int>(i);
-      v->contexts[i].id = g_next_context_id.fetch_add(1);
-      v->contexts[i].primary = true;
-    }
+    const auto n = static_cast<size_t>(config().devices);
+    v->contexts = std::vector<std::atomic<Context*>>(n);
+    v->runtime_holds.resize(n);
+    for (size_t i = 0; i < n; ++i) v->contexts[i].store(v->make(static_cast<int>(i), 0));
     return v;
   }();
   return *p;
@@ -41,7 +54,7 @@ void runtime_hold(int device) {
   Primaries& p = primaries();
   if (p.runtime_holds[static_cast<size_t>(device)]) return;
   p.runtime_holds[static_cast<size_t>(device)] = true;
-  ++p.contexts[static_cast<size_t>(device)].retains;
+  ++p.contexts[static_cast<size_t>(device)].load()->retains;
 }
 
 }  // namespace
@@ -56,7 +69,7 @@ void set_driver_initialized() {
 
 Context* primary_context(int device) {
   if (!valid_device(device)) return nullptr;
-  return &primaries().contexts[static_cast<size_t>(device)];
+  return primaries().contexts[static_cast<size_t>(device)].load();
 }
 
 Context*& thread_context() {
@@ -72,8 +85,10 @@ std::vector<Context*>& contexts_below() {
 void runtime_touch() {
   if (config().devices == 0) return;
   set_driver_initialized();
-  // The runtime binds the current device's primary context to a thread that has none.
-  if (!thread_context()) runtime_bind(current_device());
+  // The runtime binds the current device's primary context to a thread that has none, or whose
+  // primary context a reset destroyed.
+  Context* ctx = thread_context();
+  if (!ctx || (ctx->primary && ctx->destroyed)) runtime_bind(current_device());
 }
 
 void runtime_bind(int device) {
@@ -86,13 +101,13 @@ void runtime_bind(int device) {
 
 void primary_retain(int device) {
   std::lock_guard lock(state_mutex());
-  ++primaries().contexts[static_cast<size_t>(device)].retains;
+  ++primaries().contexts[static_cast<size_t>(device)].load()->retains;
 }
 
 cudaError_t primary_release(int device) {
   {
     std::lock_guard lock(state_mutex());
-    Context& ctx = primaries().contexts[static_cast<size_t>(device)];
+    Context& ctx = *primaries().contexts[static_cast<size_t>(device)].load();
     // CUDA_ERROR_INVALID_CONTEXT, in the runtime's numbering.
     if (ctx.retains == 0) return cudaErrorDeviceUninitialized;
     if (--ctx.retains > 0) return cudaSuccess;
@@ -103,7 +118,7 @@ cudaError_t primary_release(int device) {
 
 bool primary_active(int device) {
   std::lock_guard lock(state_mutex());
-  return primaries().contexts[static_cast<size_t>(device)].retains > 0;
+  return primaries().contexts[static_cast<size_t>(device)].load()->retains > 0;
 }
 
 Context* create_context(int device) {
@@ -137,6 +152,14 @@ cudaError_t destroy_context(Context* ctx) {
   return cudaSuccess;
 }
 
+// Note [Primary contexts after a reset]
+// A reset (cudaDeviceReset, cuDevicePrimaryCtxReset, the last release) destroys the primary
+// context: its handle stays destroyed, and the device's primary context is a new one with a new
+// id, which keeps the references held on the old one. On an H200 (driver 580) making the old
+// handle current succeeded and the next allocation in it failed with 709 (context destroyed);
+// a retain gave the new handle. The runtime binds the new one at its next call on a thread
+// whose primary context went; a driver call there gets 709 until the thread makes another
+// context current.
 void device_reset(int device) {
   {
     std::lock_guard lock(state_mutex());
@@ -148,6 +171,14 @@ void device_reset(int device) {
   drop_limits(device);
   drop_code(device);
   mem_free_all(device);
+  std::lock_guard lock(state_mutex());
+  Primaries& p = primaries();
+  Context* old = p.contexts[static_cast<size_t>(device)].load();
+  p.contexts[static_cast<size_t>(device)].store(p.make(device, old->retains));
+  old->destroyed = true;
+  // A thread of this one that had the old context current gets the new one (the runtime's
+  // cudaDeviceReset leaves its thread ready for the next call).
+  if (thread_context() == old) thread_context() = primary_context(device);
 }
 
 }  // namespace poolcuda::sim

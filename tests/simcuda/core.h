@@ -382,12 +382,13 @@ struct Context {
   bool primary = false;
   // Guarded by state_mutex():
   int retains = 0;        // primary: references held; the runtime holds one once it used it
-  bool destroyed = false; // created contexts after cuCtxDestroy (kept, so stale handles are safe)
+  // After cuCtxDestroy, or a primary context after a reset (kept, so stale handles are safe).
+  bool destroyed = false;
 };
 // cuInit, or the runtime's first call (the real runtime initializes the driver itself).
 bool driver_initialized();
 void set_driver_initialized();
-Context* primary_context(int device);
+Context* primary_context(int device);  // the device's primary context now (a reset replaces it)
 Context*& thread_context();  // per host thread; null until the runtime or cuCtxSetCurrent sets it
 // The thread's context stack under thread_context(): cuCtxCreate pushes the current context here.
 std::vector<Context*>& contexts_below();

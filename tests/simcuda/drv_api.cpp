@@ -100,7 +100,9 @@ CUresult cuCtxSetCurrent(CUcontext ctx) {
   if (CUresult r = guard()) return r;
   Context* c = as_context(ctx);
   if (c && !valid_device(c->device)) return CUDA_ERROR_INVALID_CONTEXT;
-  if (c && c->destroyed) return CUDA_ERROR_CONTEXT_IS_DESTROYED;
+  // A primary context a reset destroyed can be made current (as on an H200); calls in it then
+  // fail (Note [Primary contexts after a reset] in context.cpp).
+  if (c && c->destroyed && !c->primary) return CUDA_ERROR_CONTEXT_IS_DESTROYED;
   make_current(c);
   return CUDA_SUCCESS;
 }

@@ -118,7 +118,10 @@ TEST_CASE("the last release of a primary context resets its device" *
   }).join();
 }
 
-TEST_CASE("cuDevicePrimaryCtxReset frees the device's memory and keeps the context usable" *
+// As on an H200 (driver 580): the reset destroys the context its old handle names (it can be
+// made current, and an allocation in it fails with 709), keeps the references, and a retain
+// gives the new primary context.
+TEST_CASE("cuDevicePrimaryCtxReset frees the memory and destroys the old handle's context" *
           doctest::skip(simtest::device_count() < 2)) {
   auto reset =
       driver().get<decltype(&cuDevicePrimaryCtxReset_v2)>("cuDevicePrimaryCtxReset", 11000);
@@ -133,8 +136,15 @@ TEST_CASE("cuDevicePrimaryCtxReset frees the device's memory and keeps the conte
     CHECK(api().mem_free(gone) != CUDA_SUCCESS);
     CUdeviceptr fresh = 0;
     REQUIRE_EQ(api().set_current(ctx), CUDA_SUCCESS);
+    CHECK_EQ(api().mem_alloc(&fresh, 1 << 20), CUDA_ERROR_CONTEXT_IS_DESTROYED);
+    CUcontext renewed = nullptr;
+    REQUIRE_EQ(api().retain(&renewed, 1), CUDA_SUCCESS);
+    CHECK(renewed != ctx);
+    REQUIRE_EQ(api().set_current(renewed), CUDA_SUCCESS);
     CHECK_EQ(api().mem_alloc(&fresh, 1 << 20), CUDA_SUCCESS);
     CHECK_EQ(api().mem_free(fresh), CUDA_SUCCESS);
+    CHECK_EQ(api().release(1), CUDA_SUCCESS);  // the reference taken before the reset
+    CHECK(active(1));
     CHECK_EQ(api().release(1), CUDA_SUCCESS);
     CHECK_EQ(api().set_current(nullptr), CUDA_SUCCESS);
   }).join();
