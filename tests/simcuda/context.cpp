@@ -176,7 +176,7 @@ void device_reset(int device) {
   Context* old = p.contexts[static_cast<size_t>(device)].load();
   p.contexts[static_cast<size_t>(device)].store(p.make(device, old->retains));
   old->destroyed = true;
-  // A thread of this one that had the old context current gets the new one (the runtime's
+  // The resetting thread, if it had the old context current, gets the new one (the runtime's
   // cudaDeviceReset leaves its thread ready for the next call).
   if (thread_context() == old) thread_context() = primary_context(device);
 }
