@@ -13,6 +13,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
@@ -380,10 +381,12 @@ struct Context {
   int device = 0;
   uint64_t id = 0;        // unique for the process's life (cuCtxGetId)
   bool primary = false;
-  // Guarded by state_mutex():
-  int retains = 0;        // primary: references held; the runtime holds one once it used it
+  // Guarded by state_mutex(): references held on a primary context; the runtime holds one once
+  // it used it.
+  int retains = 0;
   // After cuCtxDestroy, or a primary context after a reset (kept, so stale handles are safe).
-  bool destroyed = false;
+  // Set under state_mutex(); read without it by every call that checks its thread's context.
+  std::atomic<bool> destroyed{false};
 };
 // cuInit, or the runtime's first call (the real runtime initializes the driver itself).
 bool driver_initialized();
