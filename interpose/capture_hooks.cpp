@@ -10,6 +10,11 @@
 // stream has open on the device. So the real begin runs under the stream table's lock, the lock
 // a fence holds from its check for open captures to its last record, and the device's count of
 // open captures goes up before that lock is released: a begin and a fence never interleave.
+// A free_fence:sync free's device-wide synchronize invalidates a capture begun while it waits,
+// so it checks for open captures under the same lock, but waits without it (a parked stream can
+// hold it up for as long as the program likes, and stream creation, fences and frees need the
+// lock meanwhile): a begin that finds one under way lets go of the lock and waits for it, up to
+// the same second it gives a page free in flight, then begins anyway.
 // Before the lock, the policy primes the persistent pool (Note [Priming]) and drains the pin
 // releases of graphs that are gone, so the window finds that memory free.
 //
@@ -50,7 +55,9 @@
 // Depends on the registry, the capture policy, the graph owner and the own-call table.
 #include "interpose/hooks.h"
 
+#include <chrono>
 #include <mutex>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -193,6 +200,14 @@ int begin_capture(cudaStream_t handle, bool per_thread, const std::function<int(
   ReleaseWorker::instance().capture_beginning(device, kFreeWaitMicros);
   {
     auto table = registry.streams().lock();  // Note [Capture begin and fences]
+    const auto deadline =
+        std::chrono::steady_clock::now() + std::chrono::microseconds(kFreeWaitMicros);
+    while (registry.device(device)->synchronizing() &&
+           std::chrono::steady_clock::now() < deadline) {
+      table.unlock();
+      std::this_thread::sleep_for(std::chrono::microseconds(50));
+      table.lock();
+    }
     result = real();
     if (result == 0) {
       capture = open_capture(stream, device);

@@ -489,12 +489,18 @@ bool CudaDevice::synchronize() {
   NoCancel no_cancel;  // Note [Cancellation]
   OwnCallScope scope(device_);
   if (!scope.ok()) return false;  // Note [Own calls]
-  // Under the stream table's lock, as a fence records (Note [Capture begin and fences] in
+  // Checked under the stream table's lock, as a fence is (Note [Capture begin and fences] in
   // capture_hooks.cpp): a capture begun since the caller asked capture_active() would be
-  // invalidated by the synchronize, in every capture mode, and none begins while it runs.
-  auto table = streams_.lock();
-  if (capture_open()) return false;
-  return own::cudaDeviceSynchronize()() == cudaSuccess;
+  // invalidated by the synchronize, in every capture mode. The wait itself runs without the
+  // lock (it may last as long as a parked stream), and a begin meanwhile waits for it.
+  {
+    auto table = streams_.lock();
+    if (capture_open()) return false;
+    syncs_in_flight_.fetch_add(1, std::memory_order_acq_rel);
+  }
+  const bool synchronized = own::cudaDeviceSynchronize()() == cudaSuccess;
+  syncs_in_flight_.fetch_sub(1, std::memory_order_acq_rel);
+  return synchronized;
 }
 
 void CudaDevice::forget_events() {

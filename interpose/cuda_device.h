@@ -67,6 +67,9 @@ class CudaDevice final : public Device {
   bool hooked_capture_open() const { return hooked_captures_.load(std::memory_order_acquire) > 0; }
   // cudaDeviceReset ended every capture of the device.
   void captures_forgotten() { hooked_captures_.store(0, std::memory_order_release); }
+  // Whether a synchronize() is under way: a capture's begin waits for it (Note [Capture begin
+  // and fences] in capture_hooks.cpp).
+  bool synchronizing() const { return syncs_in_flight_.load(std::memory_order_acquire) > 0; }
 
   // cudaDeviceReset destroyed every event of the device: drop the cached events, and make sure
   // no event created or recorded before the reset is ever used again (a fence that comes back
@@ -121,6 +124,7 @@ class CudaDevice final : public Device {
   std::vector<Fence*> fences_;       // recycled fence records
   std::uint64_t generation_ = 0;     // bumped by forget_events()
   std::atomic<int> hooked_captures_{0};  // captures begun through the hooks, still open
+  std::atomic<int> syncs_in_flight_{0};  // synchronize() calls past their capture check
 };
 
 }  // namespace poolcuda

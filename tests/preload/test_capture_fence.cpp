@@ -9,6 +9,9 @@
 // synchronize the device either (that would invalidate the capture): the capture must still end
 // valid and its graph run; the event and reuse counts of the default mode do not apply.
 // A refused cudaFreeAsync (a double free) inside a global capture leaves the capture valid.
+// Under `sync`, a free whose synchronize waits for a parked stream holds nothing the program's
+// other calls need: another thread creates and destroys a stream meanwhile, as under plain CUDA.
+#include <atomic>
 #include <chrono>
 #include <cstring>
 #include <thread>
@@ -91,6 +94,36 @@ void refused_free_in_capture() {
   std::printf("refused free in a capture: ok\n");
 }
 
+// free_fence:sync: a free waits for the device, here for a stream parked until this thread
+// opens its gate. Creating and destroying a stream meanwhile must not wait for that free (the
+// gate gives up by itself after 10 s; a stream created under plain CUDA returns at once).
+void sync_free_beside_a_park() {
+  cudaStream_t parked = nullptr;
+  CHECK_CUDA(cudaStreamCreateWithFlags(&parked, cudaStreamNonBlocking));
+  void* buffer = nullptr;
+  CHECK_CUDA(cudaMalloc(&buffer, 4096));
+  preload_test::Gate gate;
+  preload_test::park(parked, gate);
+  std::atomic<bool> freeing{false};
+  std::thread freer([&] {
+    freeing.store(true);
+    CHECK_CUDA(cudaFree(buffer));  // waits for the gate
+  });
+  while (!freeing.load()) std::this_thread::yield();
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));  // into its synchronize
+  const auto start = std::chrono::steady_clock::now();
+  cudaStream_t other = nullptr;
+  CHECK_CUDA(cudaStreamCreateWithFlags(&other, cudaStreamNonBlocking));
+  CHECK_CUDA(cudaStreamDestroy(other));
+  const auto waited = std::chrono::steady_clock::now() - start;
+  gate.open.store(true);
+  freer.join();
+  CHECK_MSG(waited < std::chrono::seconds(5),
+            "creating a stream waited for another thread's free behind a parked stream");
+  CHECK_CUDA(cudaStreamDestroy(parked));
+  std::printf("sync free beside a park: ok\n");
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -100,6 +133,7 @@ int main(int argc, char** argv) {
   run_case("non-blocking stream", cudaStreamNonBlocking);
   run_case("blocking stream", cudaStreamDefault);
   refused_free_in_capture();
+  if (sync_mode) sync_free_beside_a_park();
   std::printf("ok\n");
   return 0;
 }
