@@ -7,8 +7,11 @@
 // the default), and loses the readiness mark, since it has no reporter thread to answer.
 //
 // Run under free_fence:none: once the churn has its pages, the parent's threads then make no
-// real CUDA call at all, so a fork never catches one of them inside the runtime (a runtime's
-// own locks are not fork-safe; this test is about the pools' state, not the runtime's).
+// real CUDA call at all, so a fork seldom catches one of them inside the runtime (a runtime's
+// own locks are not fork-safe; this test is about the pools' state, not the runtime's). The
+// stand-in's fork waits for its own locks (Note [Forks while another thread allocates] in
+// tests/simcuda/memory.cpp): a growth still under way at the fork, common under a sanitizer on
+// a loaded machine, hung the child on the stand-in's memory lock.
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>

@@ -3,10 +3,13 @@
 // (so a "device pointer" is real host memory while live, faults after free, and never looks like
 // an ordinary heap pointer). Each device has a capacity (SIMCUDA_DEVICE_MEMORY) that every
 // allocation kind (cudaMalloc, cuMemAlloc, managed, async, graph memory) draws from.
-// Also pinned host memory. Leaf module: takes only its own mutex, depends on core.h's config.
+// Also pinned host memory. Leaf module: takes only its own mutex (and, around a fork, the state
+// mutex before it: Note [Forks while another thread allocates]), depends on core.h's config.
 #include "core.h"
 
+#include <pthread.h>
 #include <sys/mman.h>
+#include <time.h>
 
 #include <algorithm>
 #include <cstdio>
@@ -48,10 +51,49 @@ struct Memory {
   std::map<uintptr_t, std::pair<size_t, unsigned>> host;  // pinned host blocks
 };
 
+Memory& memory();
+
+// Note [Forks while another thread allocates]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// A child forked while another thread of its parent was inside an allocation or a free inherits
+// the memory mutex (or the state mutex, which an allocation takes first) locked by a thread it
+// does not have, and hung at its own first allocation. A real runtime makes no promise to a
+// forked child, but the fork tests ask what the allocator above does there, not what a runtime
+// does; so the fork waits for both mutexes, in lock order, and lets them go on both sides. The
+// wait is bounded (kForkLockWaitMillis): a signal handler that forks while its own thread holds
+// one would otherwise wait for itself; the child then keeps the old risk, nothing worse.
+constexpr long kForkLockWaitMillis = 2000;
+thread_local bool t_fork_holds_state = false;
+thread_local bool t_fork_holds_memory = false;
+
+// Locks `m` within the bound left after `*waited_ms`; only async-signal-safe calls.
+bool lock_within_bound(std::mutex& m, long* waited_ms) {
+  for (;;) {
+    if (m.try_lock()) return true;
+    if (*waited_ms >= kForkLockWaitMillis) return false;
+    const timespec one_ms{0, 1000000};
+    ::nanosleep(&one_ms, nullptr);
+    ++*waited_ms;
+  }
+}
+
+void before_fork() {
+  long waited_ms = 0;
+  t_fork_holds_state = lock_within_bound(state_mutex(), &waited_ms);
+  t_fork_holds_memory = t_fork_holds_state && lock_within_bound(memory().m, &waited_ms);
+}
+
+void after_fork() {
+  if (t_fork_holds_memory) memory().m.unlock();
+  if (t_fork_holds_state) state_mutex().unlock();
+  t_fork_holds_memory = t_fork_holds_state = false;
+}
+
 Memory& memory() {
   static auto* m = [] {
     auto* mem = new Memory;  // never destroyed: workers may free memory during exit
     mem->arenas.resize(static_cast<size_t>(config().devices));
+    ::pthread_atfork(&before_fork, &after_fork, &after_fork);
     return mem;
   }();
   return *m;

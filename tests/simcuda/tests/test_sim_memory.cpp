@@ -1,9 +1,14 @@
 // Memory: cudaMalloc alignment and capacity, cudaFree rules (NULL, double free, interior
 // pointer, synchronizes first), pitched, managed (the batch prefetch and discard included),
 // pinned host and stream-ordered allocation, cudaMemGetInfo, copies, memsets and pointer
-// attributes. Runs with a 1 GiB device.
+// attributes, and a fork beside an allocating thread. Runs with a 1 GiB device.
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
 #include <cstdint>
 #include <cstring>
+#include <thread>
 #include <vector>
 
 #include "sim_test.h"
@@ -444,4 +449,33 @@ TEST_CASE("cudaFree of stream-ordered memory waits for nothing (stand-in)" * STA
   stand_in()->set_sticky_error(cudaSuccess);
   CHECK_EQ(cudaGetLastError(), cudaErrorIllegalAddress);
   CUDA_OK(cudaStreamDestroy(a));
+}
+
+// A child forked while another thread allocates or frees can itself allocate (Note [Forks while
+// another thread allocates] in memory.cpp): it never inherits the memory lock held. The other
+// thread spends most of its time under that lock (64 MiB pages mapped and unmapped), so without
+// the fork's wait most of these children hung.
+TEST_CASE("a child forked beside an allocating thread allocates (stand-in)" * STAND_IN_ONLY) {
+  if (!stand_in()) return;
+  std::atomic<bool> stop{false};
+  std::thread churn([&] {
+    while (!stop.load()) {
+      void* p = nullptr;
+      if (cudaMalloc(&p, 64 << 20) == cudaSuccess) cudaFree(p);
+    }
+  });
+  for (int i = 0; i < 20; ++i) {
+    const pid_t child = ::fork();
+    REQUIRE(child >= 0);
+    if (child == 0) {
+      ::alarm(10);  // a hang fails the case instead of the suite's timeout
+      void* p = nullptr;
+      ::_exit(cudaMalloc(&p, 4096) == cudaSuccess ? 0 : 1);
+    }
+    int status = 0;
+    REQUIRE(::waitpid(child, &status, 0) == child);
+    CHECK_MESSAGE((WIFEXITED(status) && WEXITSTATUS(status) == 0), "child status ", status);
+  }
+  stop.store(true);
+  churn.join();
 }
