@@ -66,7 +66,8 @@ constexpr long kForkLockWaitMillis = 2000;
 thread_local bool t_fork_holds_state = false;
 thread_local bool t_fork_holds_memory = false;
 
-// Locks `m` within the bound left after `*waited_ms`; only async-signal-safe calls.
+// Locks `m` within the bound left after `*waited_ms`, by tries a millisecond apart: a fork from a
+// signal handler runs this too, so it neither allocates nor waits without a bound.
 bool lock_within_bound(std::mutex& m, long* waited_ms) {
   for (;;) {
     if (m.try_lock()) return true;
