@@ -4,12 +4,16 @@
 // while another thread held that lock must not inherit it held: its own first lookup would wait
 // forever where the plain program's child gets its answer. Each stand-in lookup takes 20 ms
 // here (SIMCUDA_LOOKUP_DELAY_US), so the map takes about a second to build and the fork, 50 ms
-// after the build began, lands inside it.
+// after the build began, lands inside it. The fork waits until the first thread's dlopen has
+// returned: glibc's fork does not wait for a dlopen under way, and a child forked in the middle
+// of one inherits the library half relocated (its first call jumped to a raw offset, with or
+// without this library), which a loaded machine under ASan showed.
 #include <cuda.h>
 #include <dlfcn.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <string>
 #include <thread>
@@ -20,10 +24,12 @@ namespace {
 
 using Resolver = decltype(&cuGetProcAddress_v2);
 
-// The driver's resolver as a program finds it (the library's hook, through its dlsym).
-Resolver driver_resolver() {
+// The driver's resolver as a program finds it (the library's hook, through its dlsym, whose
+// first driver name builds the library's map). `opened`, when given, is set between the two.
+Resolver driver_resolver(std::atomic<bool>* opened = nullptr) {
   void* driver = ::dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
   CHECK(driver != nullptr);
+  if (opened != nullptr) opened->store(true);
   auto* resolver = reinterpret_cast<Resolver>(::dlsym(driver, "cuGetProcAddress_v2"));
   CHECK(resolver != nullptr);
   return resolver;
@@ -41,7 +47,9 @@ bool resolve_mem_alloc(Resolver resolver) {
 
 int main() {
   bool first_resolved = false;
-  std::thread first([&] { first_resolved = resolve_mem_alloc(driver_resolver()); });
+  std::atomic<bool> opened{false};
+  std::thread first([&] { first_resolved = resolve_mem_alloc(driver_resolver(&opened)); });
+  while (!opened.load()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
   std::this_thread::sleep_for(std::chrono::milliseconds(50));
   const pid_t child = ::fork();
   CHECK(child >= 0);
