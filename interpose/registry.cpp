@@ -81,6 +81,7 @@ MemoryManager* Registry::create_manager(int device) {
     return true;
   }();
   (void)capture_check_set;
+  ReleaseWorker::instance().add_lane(device);
   auto* capture = new CapturePolicy(*manager, CaptureOptions{conf.capture_share});
   devices_[device].store(cuda_device, std::memory_order_release);
   captures_[device].store(capture, std::memory_order_release);

@@ -24,6 +24,10 @@ class ReleaseWorker {
   // the page waits. Set once, before the first release.
   void set_capture_check(std::function<bool(int device)> check);
 
+  // Makes `device`'s lane, when it has none: the registry calls it as the device gets its pools,
+  // so that their releases and flushes never allocate. Any call makes a missing lane too.
+  void add_lane(int device);
+
   // Queues `ptr`, an allocation of `size` bytes of `device` from the real cudaMalloc, for the
   // real cudaFree. Returns at once. A device without a lane has its page freed now, on the
   // calling thread.
