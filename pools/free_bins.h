@@ -22,6 +22,17 @@
 // a million live slices 2,500 → 1,004, 10k buffers up to 64 MiB 199 → 122, up to 1 GiB 183 → 111,
 // 8 × 16 MiB then 4 × 32 MiB 89 → 77; peak reserved ÷ peak live moved by at most 0.02 on each of
 // the fifteen one-thread traces of scripts/bench.
+//
+// Note [Unwritten bin heads]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~
+// The heads of the 2,048 bins fill 16 KiB, and a pool uses a few dozen bins of them. Zeroed when
+// the set was made, they were four page faults per pool, five pools per shard: on the 2-core
+// virtual build machine, where a fault costs about 10 us, making a shard's pools took 170 to
+// 200 us, paid by the first allocation of a process and by the thread whose reservation makes a
+// new shard (Note [Shards] in manager_shards.cpp). So a head is written when its bin first gets
+// a node and read only while the bitmap marks the bin (head_of()); the array sits last in the
+// set, so the pages no bin has used are never touched. Making a shard's pools then took 40 to
+// 60 us. clear() leaves the heads as they are: the bitmap says none is valid.
 #pragma once
 
 #include <array>
@@ -46,7 +57,7 @@ class FreeBins {
 
   void insert(Node& node) {
     const int b = bin(node.size);
-    Node* head = heads_[b];
+    Node* head = head_of(b);
     node.free_prev = nullptr;
     node.free_next = head;
     if (head != nullptr) head->free_prev = &node;
@@ -89,7 +100,7 @@ class FreeBins {
   Node* fit(std::uint64_t size, std::uint64_t max_size = ~std::uint64_t{0}) const {
     const auto fits = [&](const Node* n) { return n->size >= size && n->size <= max_size; };
     const int own = bin(size);
-    Node* n = heads_[own];
+    Node* n = head_of(own);
     for (int scanned = 0; n != nullptr && scanned < kOwnBinScan; n = n->free_next, ++scanned)
       if (fits(n)) return n;
     const int above = next_nonempty(own + 1);
@@ -109,7 +120,7 @@ class FreeBins {
 
   // A free node of exactly `size` bytes, or nullptr.
   Node* exact(std::uint64_t size) const {
-    for (Node* n = heads_[bin(size)]; n != nullptr; n = n->free_next)
+    for (Node* n = head_of(bin(size)); n != nullptr; n = n->free_next)
       if (n->size == size) return n;
     return nullptr;
   }
@@ -117,7 +128,7 @@ class FreeBins {
   // Free nodes of exactly `size` bytes.
   std::size_t count_exact(std::uint64_t size) const {
     std::size_t count = 0;
-    for (Node* n = heads_[bin(size)]; n != nullptr; n = n->free_next) count += n->size == size;
+    for (Node* n = head_of(bin(size)); n != nullptr; n = n->free_next) count += n->size == size;
     return count;
   }
 
@@ -139,10 +150,10 @@ class FreeBins {
     std::uint32_t summary = 0;
     for (int b = 0; b < kBins; ++b) {
       const bool marked = (words_[b >> 6] >> (b & 63)) & 1;
-      if (marked != (heads_[b] != nullptr)) return false;
+      if (marked && heads_[b] == nullptr) return false;
       if (words_[b >> 6] != 0) summary |= std::uint32_t{1} << (b >> 6);
       const Node* prev = nullptr;
-      for (const Node* n = heads_[b]; n != nullptr; prev = n, n = n->free_next) {
+      for (const Node* n = head_of(b); n != nullptr; prev = n, n = n->free_next) {
         if (bin(n->size) != b || n->free_prev != prev) return false;
         if (++seen > count_) return false;
       }
@@ -152,7 +163,6 @@ class FreeBins {
 
   // Forgets every node (their nodes are dropped by their owner).
   void clear() {
-    heads_.fill(nullptr);
     words_.fill(0);
     summary_ = 0;
     count_ = 0;
@@ -168,6 +178,12 @@ class FreeBins {
   }
 
  private:
+  // The first node of bin b: heads_[b] holds it only while b is marked in the bitmap, and is
+  // never read otherwise (Note [Unwritten bin heads]).
+  Node* head_of(int b) const {
+    return (words_[b >> 6] >> (b & 63)) & 1 ? heads_[b] : nullptr;
+  }
+
   void mark_empty(int b) {
     words_[b >> 6] &= ~(std::uint64_t{1} << (b & 63));
     if (words_[b >> 6] == 0) summary_ &= ~(std::uint32_t{1} << (b >> 6));
@@ -186,10 +202,11 @@ class FreeBins {
     return w * 64 + __builtin_ctzll(words_[w]);
   }
 
-  std::array<Node*, kBins> heads_{};
   std::array<std::uint64_t, kBins / 64> words_{};
   std::uint32_t summary_ = 0;
   std::size_t count_ = 0;
+  // Last: the pages of a new set that no bin has used yet are never written.
+  std::array<Node*, kBins> heads_;  // unwritten until used (Note [Unwritten bin heads])
 };
 
 }  // namespace poolcuda

@@ -7,6 +7,8 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <iterator>
+#include <new>
 #include <random>
 #include <vector>
 
@@ -137,6 +139,48 @@ TEST_CASE("free_bins_exact_count_largest_and_resize") {
   CHECK(bins.empty());
   CHECK(bins.largest() == 0);
   CHECK(bins.fit(1) == nullptr);
+}
+
+// Note [Unwritten bin heads]: a set made in memory full of stale pointers, and one cleared with
+// nodes in it, answer as empty and link new nodes only to each other.
+TEST_CASE("free_bins_never_read_a_head_of_a_bin_it_did_not_fill") {
+  alignas(Bins) unsigned char storage[sizeof(Bins)];
+  std::fill(std::begin(storage), std::end(storage), static_cast<unsigned char>(0xa5));
+  Bins* bins = ::new (static_cast<void*>(storage)) Bins;
+  CHECK(bins->empty());
+  CHECK(bins->fit(512) == nullptr);
+  CHECK(bins->exact(4096) == nullptr);
+  CHECK(bins->count_exact(4096) == 0);
+  CHECK(bins->largest() == 0);
+  CHECK(bins->consistent());
+
+  std::vector<Node> nodes(4);
+  const std::uint64_t sizes[] = {4096, 4096, 1 << 20, 8 << 20};
+  for (std::size_t i = 0; i < nodes.size(); ++i) {
+    nodes[i].size = sizes[i];
+    bins->insert(nodes[i]);
+  }
+  CHECK(nodes[0].free_next == nullptr);  // the first in its bin: no stale successor
+  CHECK(nodes[1].free_next == &nodes[0]);
+  CHECK(nodes[2].free_next == nullptr);
+  CHECK(bins->consistent());
+
+  // After a clear, the bins' old heads name nodes no longer in the set.
+  bins->clear();
+  CHECK(bins->exact(4096) == nullptr);
+  CHECK(bins->count_exact(4096) == 0);
+  CHECK(bins->fit(1) == nullptr);
+  Node fresh;
+  fresh.size = 4096;
+  bins->insert(fresh);
+  CHECK(fresh.free_next == nullptr);
+  CHECK(bins->exact(4096) == &fresh);
+  CHECK(bins->count_exact(4096) == 1);
+  CHECK(bins->fit(8 << 20) == nullptr);
+  CHECK(bins->consistent());
+  bins->erase(fresh);
+  CHECK(bins->empty());
+  bins->~Bins();
 }
 
 TEST_CASE("free_bins_match_a_reference_under_random_operations") {
