@@ -1,7 +1,7 @@
 // Tests of the replay engine every replayer shares: the allocator sees the trace's operations
 // in order, meters are reset before and read after, pairs and phase steps are counted, a
-// failure stops the replay and names the operation, a trace's threads run concurrently, and
-// the JSON carries every figure. Also the replayers' size parser.
+// failure stops the replay and names the operation, a trace's threads run concurrently, each
+// prepared before the clock, and the JSON carries every figure. Also the replayers' size parser.
 #include <doctest/doctest.h>
 
 #include <atomic>
@@ -58,6 +58,10 @@ class Recorder : public ReplayAllocator {
     return log_;
   }
   void fail_allocation(int n) { fail_at_ = n; }
+  void note(std::string line) {
+    std::lock_guard lock(m_);
+    log_.push_back(std::move(line));
+  }
 
  private:
   std::mutex m_;
@@ -169,6 +173,44 @@ TEST_CASE("a trace's threads run at the same time") {
   CHECK(r.ok);
   CHECK(r.pairs == 200);
   CHECK(allocator.met_.load());
+}
+
+TEST_CASE("each thread of a trace is prepared before the meters are reset and its clock starts") {
+  // Note [Threads ready before the clock] in tools/bench/replay.cpp.
+  class Prepared final : public Recorder {
+   public:
+    void prepare_thread() override {
+      prepared_.fetch_add(1);
+      note("prepare");
+    }
+    void* allocate(std::uint64_t size) override {
+      thread_local bool first = true;
+      if (first) {
+        first = false;
+        if (prepared_.load() != 2) early_ = true;
+      }
+      return Recorder::allocate(size);
+    }
+    std::atomic<int> prepared_{0};
+    std::atomic<bool> early_{false};
+  };
+  const Trace t = one_buffer_loop(20, 1024, 2, GenOptions{});
+  Prepared allocator;
+  const ReplayResult r = replay(t, allocator);
+  CHECK(r.ok);
+  CHECK(allocator.prepared_.load() == 2);
+  CHECK_FALSE(allocator.early_.load());
+  const std::vector<std::string> log = allocator.log();
+  REQUIRE(log.size() >= 3);
+  CHECK(log[0] == "prepare");
+  CHECK(log[1] == "prepare");
+  CHECK(log[2] == "reset");
+
+  // One thread: the replay runs on the calling thread, which prepares nothing.
+  Prepared single;
+  const ReplayResult one = replay(one_buffer_loop(5, 64, 1, GenOptions{}), single);
+  CHECK(one.ok);
+  CHECK(single.prepared_.load() == 0);
 }
 
 TEST_CASE("the JSON of a run carries every figure; unknown meters are null") {

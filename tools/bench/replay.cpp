@@ -8,6 +8,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <thread>
 
 #include "tools/bench/timer.h"
@@ -40,6 +41,22 @@ struct ThreadRun {
   std::size_t done = 0;  // operations completed
   std::string error;
 };
+
+// Note [Threads ready before the clock]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// A single-thread trace replays on the main thread, which has by then allocated host memory and,
+// for the CUDA allocators, made its runtime state and context (replay_cuda.cpp's cudaFree(NULL)).
+// The threads of a multi-thread trace are new: their first host allocation makes glibc a malloc
+// arena for them, and their first CUDA call makes the runtime's state for them: together 100 to
+// 300 us on the 2-core build machine (docs/benchmarks.md), a tenth of a 1,000-pair trace,
+// counted only against the multi-thread run. A program's threads have done both long before
+// their allocations matter. So each thread does both before the clock starts: one host
+// allocation, and the allocator's prepare_thread() (cudaFree(NULL) for every CUDA allocator).
+void prepare_thread(ReplayAllocator& allocator) {
+  void* volatile block = std::malloc(64);
+  std::free(block);
+  allocator.prepare_thread();
+}
 
 void run_thread(const ThreadOps& thread, std::size_t index, ReplayAllocator& allocator,
                 std::atomic<bool>& stop, ThreadRun& run) {
@@ -185,9 +202,9 @@ ReplayResult replay(const Trace& trace, ReplayAllocator& allocator) {
   ns_per_tick();  // calibrate before the clock matters
   std::vector<ThreadRun> runs(trace.threads.begin(), trace.threads.end());
   std::atomic<bool> stop{false};
-  allocator.reset_meters();
   using Clock = std::chrono::steady_clock;
   if (trace.threads.size() == 1) {
+    allocator.reset_meters();
     const Clock::time_point start = Clock::now();
     run_thread(trace.threads[0], 0, allocator, stop, runs[0]);
     result.wall_seconds = std::chrono::duration<double>(Clock::now() - start).count();
@@ -196,24 +213,32 @@ ReplayResult replay(const Trace& trace, ReplayAllocator& allocator) {
     // thread itself: neither the creation of the threads, nor the wake-up of a thread that slept
     // while the others started, nor the join afterwards is the allocator's time (on this
     // 2-core machine each costs tens of microseconds, as much as a whole 1,000-pair trace). The
-    // threads start together: each spins until all are spinning.
+    // threads start together, ready (Note [Threads ready before the clock]): each spins until
+    // all are ready and the meters are reset, after what the preparations counted.
     const std::size_t n = trace.threads.size();
-    std::atomic<std::size_t> ready{0};
+    std::atomic<std::size_t> ready{0};  // n + 1 once the meters are reset: go
+    // Yields now and then: with fewer cores than threads, a pure spin would hold the core the
+    // last thread needs to arrive.
+    const auto await = [&ready](std::size_t count) {
+      for (unsigned spins = 1; ready.load(std::memory_order_acquire) < count; ++spins) {
+        if (spins % 64 == 0) std::this_thread::yield();
+      }
+    };
     std::vector<Clock::time_point> starts(n), ends(n);
     std::vector<std::thread> workers;
     for (std::size_t t = 0; t < n; ++t) {
       workers.emplace_back([&, t] {
+        prepare_thread(allocator);
         ready.fetch_add(1, std::memory_order_acq_rel);
-        // Yields now and then: with fewer cores than threads, a pure spin would hold the core
-        // the last thread needs to arrive.
-        for (unsigned spins = 1; ready.load(std::memory_order_acquire) != n; ++spins) {
-          if (spins % 64 == 0) std::this_thread::yield();
-        }
+        await(n + 1);
         starts[t] = Clock::now();
         run_thread(trace.threads[t], t, allocator, stop, runs[t]);
         ends[t] = Clock::now();
       });
     }
+    await(n);
+    allocator.reset_meters();
+    ready.fetch_add(1, std::memory_order_acq_rel);
     for (std::thread& w : workers) w.join();
     result.wall_seconds = std::chrono::duration<double>(
                               *std::max_element(ends.begin(), ends.end()) -

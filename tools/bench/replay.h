@@ -40,6 +40,9 @@ class ReplayAllocator {
   virtual void reset_meters() = 0;
   // Just after the replay (every buffer freed, unless it failed).
   virtual Meters meters() = 0;
+  // In each thread of a trace with several, before the clock starts: what the one thread of a
+  // single-thread replay has done before it (Note [Threads ready before the clock] in replay.cpp).
+  virtual void prepare_thread() {}
 };
 
 struct PhaseResult {

@@ -64,6 +64,8 @@ class StandInCounters {
 class CudaBase : public ReplayAllocator {
  public:
   std::string failure() override { return t_failure; }
+  // As make() does for the main thread before a single-thread replay.
+  void prepare_thread() override { cudaFree(nullptr); }
   void reset_meters() override {
     cudaDeviceSynchronize();
     counters_.reset();
