@@ -214,31 +214,30 @@ ReplayResult replay(const Trace& trace, ReplayAllocator& allocator) {
     // while the others started, nor the join afterwards is the allocator's time (on this
     // 2-core machine each costs tens of microseconds, as much as a whole 1,000-pair trace). The
     // threads start together, ready (Note [Threads ready before the clock]): each spins until
-    // all are ready and the meters are reset, after what the preparations counted.
+    // all are ready, and the last to be ready resets the meters, after what the preparations
+    // counted, before it lets them go. (The main thread waits in the join: a third thread
+    // spinning on two cores made the threads start apart.)
     const std::size_t n = trace.threads.size();
     std::atomic<std::size_t> ready{0};  // n + 1 once the meters are reset: go
-    // Yields now and then: with fewer cores than threads, a pure spin would hold the core the
-    // last thread needs to arrive.
-    const auto await = [&ready](std::size_t count) {
-      for (unsigned spins = 1; ready.load(std::memory_order_acquire) < count; ++spins) {
-        if (spins % 64 == 0) std::this_thread::yield();
-      }
-    };
     std::vector<Clock::time_point> starts(n), ends(n);
     std::vector<std::thread> workers;
     for (std::size_t t = 0; t < n; ++t) {
       workers.emplace_back([&, t] {
         prepare_thread(allocator);
-        ready.fetch_add(1, std::memory_order_acq_rel);
-        await(n + 1);
+        if (ready.fetch_add(1, std::memory_order_acq_rel) + 1 == n) {
+          allocator.reset_meters();
+          ready.fetch_add(1, std::memory_order_acq_rel);
+        }
+        // Yields now and then: with fewer cores than threads, a pure spin would hold the core
+        // the last thread needs to arrive.
+        for (unsigned spins = 1; ready.load(std::memory_order_acquire) != n + 1; ++spins) {
+          if (spins % 64 == 0) std::this_thread::yield();
+        }
         starts[t] = Clock::now();
         run_thread(trace.threads[t], t, allocator, stop, runs[t]);
         ends[t] = Clock::now();
       });
     }
-    await(n);
-    allocator.reset_meters();
-    ready.fetch_add(1, std::memory_order_acq_rel);
     for (std::thread& w : workers) w.join();
     result.wall_seconds = std::chrono::duration<double>(
                               *std::max_element(ends.begin(), ends.end()) -
