@@ -48,6 +48,8 @@ MemoryManager* Registry::create_manager(int device) {
   std::lock_guard<RankedMutex> hold(create_mutex_);
   if (MemoryManager* existing = managers_[device].load(std::memory_order_relaxed)) return existing;
 
+  // First, as it may throw: nothing is made yet that would be lost.
+  ReleaseWorker::instance().add_lane(device);
   auto* cuda_device = new CudaDevice(device, streams_);
   if (cuda_device->total_bytes() == 0) {
     delete cuda_device;
@@ -81,7 +83,6 @@ MemoryManager* Registry::create_manager(int device) {
     return true;
   }();
   (void)capture_check_set;
-  ReleaseWorker::instance().add_lane(device);
   auto* capture = new CapturePolicy(*manager, CaptureOptions{conf.capture_share});
   devices_[device].store(cuda_device, std::memory_order_release);
   captures_[device].store(capture, std::memory_order_release);

@@ -13,7 +13,9 @@ namespace poolcuda {
 
 class ReleaseWorker {
  public:
-  // Devices 0 to kMaxDevices - 1 have a lane (the registry pools no others).
+  // Devices 0 to kMaxDevices - 1 may have a lane (the registry pools no others): made by
+  // add_lane(), or by the first release, flush, capture or reset call of the device that needs
+  // one.
   static constexpr int kMaxDevices = 64;
 
   // The one worker of the process (allocated once, never destroyed; a device's thread starts at
@@ -24,13 +26,13 @@ class ReleaseWorker {
   // the page waits. Set once, before the first release.
   void set_capture_check(std::function<bool(int device)> check);
 
-  // Makes `device`'s lane, when it has none: the registry calls it as the device gets its pools,
-  // so that their releases and flushes never allocate. Any call makes a missing lane too.
+  // Makes `device`'s lane, when it has none: the registry calls it before the device gets its
+  // pools, so that the device's first release or flush does not pay for making it.
   void add_lane(int device);
 
   // Queues `ptr`, an allocation of `size` bytes of `device` from the real cudaMalloc, for the
-  // real cudaFree. Returns at once. A device without a lane has its page freed now, on the
-  // calling thread.
+  // real cudaFree. Returns at once. A device out of range (it never has a lane) has its page
+  // freed now, on the calling thread.
   void release(int device, void* ptr, std::uint64_t size);
 
   // Waits at most `max_microseconds` until every page of `device` queued before the call has
@@ -51,7 +53,7 @@ class ReleaseWorker {
   // driver's free afterwards: the address may belong to a new allocation by then. begin_reset
   // drops the device's queued pages, waits for a free of the device in flight to finish, and
   // holds back any page of the device queued until end_reset, which drops them too (they were
-  // allocated before the reset and are gone with it). Note [Device reset] in hooks.cpp.
+  // allocated before the reset and are gone with it). Note [Device reset] in pooling.cpp.
   void begin_reset(int device);
   void end_reset(int device);
 
