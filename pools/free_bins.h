@@ -31,8 +31,9 @@
 // 200 us, paid by the first allocation of a process and by the thread whose reservation makes a
 // new shard (Note [Shards] in manager_shards.cpp). So a head is written when its bin first gets
 // a node and read only while the bitmap marks the bin (head_of()); the array sits last in the
-// set, so the pages no bin has used are never touched. Making a shard's pools then took 40 to
-// 60 us. clear() leaves the heads as they are: the bitmap says none is valid.
+// set, so the pages no bin has used are never touched (but the last, which the pool's members
+// after the set share). Making a shard's pools then took 40 to 60 us. clear() leaves the heads
+// as they are: the bitmap says none is valid.
 #pragma once
 
 #include <array>

@@ -1,8 +1,9 @@
 // FreeBins (pools/free_bins.h): what the pools rely on when they look for free memory. A fit is
 // never smaller than asked, never missed when any free node is large enough, and never from a
 // bin above one that holds a larger-enough node; exact fits, the largest size and the count stay
-// true through inserts, erases and resizes. Checked against a plain list of the same nodes
-// under a random mix of operations, and on the cases the random mix rarely reaches.
+// true through inserts, erases and resizes, and a set never reads the head of a bin it did not
+// fill. Checked against a plain list of the same nodes under a random mix of operations, and on
+// the cases the random mix rarely reaches.
 #include <doctest/doctest.h>
 
 #include <algorithm>

@@ -43,15 +43,15 @@ struct ThreadRun {
 };
 
 // Note [Threads ready before the clock]
-// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
 // A single-thread trace replays on the main thread, which has by then allocated host memory and,
 // for the CUDA allocators, made its runtime state and context (replay_cuda.cpp's cudaFree(NULL)).
 // The threads of a multi-thread trace are new: their first host allocation makes glibc a malloc
-// arena for them, and their first CUDA call makes the runtime's state for them: together 100 to
-// 300 us on the 2-core build machine (docs/benchmarks.md), a tenth of a 1,000-pair trace,
-// counted only against the multi-thread run. A program's threads have done both long before
-// their allocations matter. So each thread does both before the clock starts: one host
-// allocation, and the allocator's prepare_thread() (cudaFree(NULL) for every CUDA allocator).
+// arena for them, and their first CUDA call makes the runtime's state for them: a tenth of a
+// 1,000-pair trace on the 2-core build machine (docs/benchmarks.md), counted only against the
+// multi-thread run. A program's threads have done both long before their allocations matter.
+// So each thread does both before the clock starts: one host allocation, and the allocator's
+// prepare_thread() (cudaFree(NULL) for every CUDA allocator).
 void prepare_thread(ReplayAllocator& allocator) {
   void* volatile block = std::malloc(64);
   std::free(block);

@@ -64,8 +64,11 @@ class StandInCounters {
 class CudaBase : public ReplayAllocator {
  public:
   std::string failure() override { return t_failure; }
-  // As make() does for the main thread before a single-thread replay.
-  void prepare_thread() override { cudaFree(nullptr); }
+  // As make() does for the main thread before a single-thread replay; a failure shows at the
+  // thread's first allocation, and leaves no error behind for it.
+  void prepare_thread() override {
+    if (cudaFree(nullptr) != cudaSuccess) cudaGetLastError();
+  }
   void reset_meters() override {
     cudaDeviceSynchronize();
     counters_.reset();
