@@ -404,14 +404,16 @@ GiveBack MemoryManager::give_back_all(std::uint32_t max_microseconds, GiveBackWa
   shards_->each([&](Impl& m) {
     const auto left = std::chrono::duration_cast<std::chrono::microseconds>(
         deadline - std::chrono::steady_clock::now());
-    const GiveBack one =
-        m.give_back(static_cast<std::uint32_t>(std::max<std::int64_t>(left.count(), 0)), wait);
+    const GiveBack one = m.give_back(
+        static_cast<std::uint32_t>(std::max<std::int64_t>(left.count(), 0)), max_microseconds,
+        wait);
     result = std::max(result, one);  // timed_out over done over nothing
   });
   return result;
 }
 
-GiveBack MemoryManager::Impl::give_back(std::uint32_t max_microseconds, GiveBackWait wait) {
+GiveBack MemoryManager::Impl::give_back(std::uint32_t max_microseconds,
+                                        std::uint32_t asked_microseconds, GiveBackWait wait) {
   const auto deadline =
       std::chrono::steady_clock::now() + std::chrono::microseconds(max_microseconds);
   Scope scope(*this);
@@ -423,7 +425,7 @@ GiveBack MemoryManager::Impl::give_back(std::uint32_t max_microseconds, GiveBack
   // Nothing moved since an earlier call ran out of a bound at least this long (a stream parked
   // before it holds the fences or the driver's frees): waiting again would only cost it again.
   const GiveBackState now{pending(), device.releasing_bytes(),
-                          frees.load(std::memory_order_relaxed), max_microseconds};
+                          frees.load(std::memory_order_relaxed), asked_microseconds};
   if (idle() == 0 && give_back_stuck && give_back_stuck->same_as(now)) return GiveBack::timed_out;
   ++give_backs;
   bool timed_out = false;
@@ -453,7 +455,7 @@ GiveBack MemoryManager::Impl::give_back(std::uint32_t max_microseconds, GiveBack
   }
   ++give_back_timeouts;
   give_back_stuck = GiveBackState{pending(), device.releasing_bytes(),
-                                  frees.load(std::memory_order_relaxed), max_microseconds};
+                                  frees.load(std::memory_order_relaxed), asked_microseconds};
   return GiveBack::timed_out;
 }
 

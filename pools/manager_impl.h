@@ -232,8 +232,10 @@ struct MemoryManager::Impl {
                       const ShardHome* thread, bool home, bool last_try, ReserveNotes& notes);
   // Frees `ptr` when it lies in this shard's pages; not_mine (nothing changed) otherwise.
   FreeOutcome free_pointer(DevicePtr ptr, StreamToken stream);
-  // give_back_all() for this shard.
-  GiveBack give_back(std::uint32_t max_microseconds, GiveBackWait wait);
+  // give_back_all() for this shard: `max_microseconds` is what is left of the caller's bound,
+  // `asked_microseconds` the bound itself (what an earlier timeout is compared with).
+  GiveBack give_back(std::uint32_t max_microseconds, std::uint32_t asked_microseconds,
+                     GiveBackWait wait);
 
   // --- memory_manager.cpp --------------------------------------------------------------------
   void build_pools(const PoolLayout& layout);
@@ -457,7 +459,9 @@ struct MemoryManager::Impl {
   std::uint64_t give_back_timeouts = 0;  // of those, the ones that ran out of time
   // What the last of those timeouts left behind, while nothing moved since (Note [Idle memory
   // before a park]): the bytes still pending and on their way to the driver, the slices retired
-  // so far, and the bound that ran out.
+  // so far, and the bound the caller asked for. The caller's, not what was left of it when this
+  // shard's turn came: that shrinks with every microsecond the call is delayed before it, and a
+  // delay of one in the first call made the next, with the same bound, wait it all again.
   struct GiveBackState {
     std::uint64_t pending = 0;
     std::uint64_t releasing = 0;
