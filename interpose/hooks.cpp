@@ -214,8 +214,13 @@ cudaError_t malloc(void** ptr, std::size_t size) {
 
 cudaError_t free(void* ptr) {
   if (ptr == nullptr) {
-    pooling::forwarded_free(current_device(), ptr);
-    return real::cudaFree()(ptr);
+    // The usual way to make the context before any allocation: the device's pools are built
+    // now, so that its first cudaMalloc does not pay for them (Note [Pools made ahead]).
+    const int device = current_device();
+    pooling::forwarded_free(device, ptr);
+    const cudaError_t result = real::cudaFree()(ptr);
+    if (result == cudaSuccess) Registry::instance().prepare(device);
+    return result;
   }
   // Every device's pools are searched before a pointer is called foreign, so the first device
   // searched only saves time: with one device in use, the runtime is not asked which is current.

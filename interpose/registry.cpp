@@ -7,9 +7,11 @@
 // Depends on pools/, the CUDA device, the log and the configuration.
 #include "interpose/registry.h"
 
+#include <cxxabi.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <utility>
 
 #include "interpose/lifecycle.h"
 #include "interpose/budget.h"
@@ -41,25 +43,35 @@ std::uint32_t auto_shards() {
 
 }  // namespace
 
-MemoryManager* Registry::create_manager(int device) {
-  if (!in_range(device)) return nullptr;
-  own::resolve_all();  // before the creation lock: Note [Resolved before any lock]
+// Note [Pools made ahead]
+// ~~~~~~~~~~~~~~~~~~~~~~~
+// Making a device's pools (its CudaDevice, the first shard's pools, the capture policy) takes
+// about half a millisecond of host work on the 2-core build machine, and it used to be the first
+// cudaMalloc's, which the program times and plain CUDA answers in a tenth of that. Programs
+// make their CUDA context with cudaFree(NULL) before they allocate, a call that already costs
+// far more than that on a GPU, so that call builds the pools now (prepare()). They are kept
+// aside, not announced: the device counts as used only at its first allocation, as before.
+// What announcing does depends on the devices the program has allocated on (sole_device(),
+// which a free trusts to search first, and the stream order of free_fence:auto, which treats
+// the first device used apart from later ones), and a program that makes a context on device 0
+// and allocates only on device 1 must see exactly what it saw without the early build. So
+// create_manager() takes the prepared objects if there are any and announces them; a device
+// whose pools were prepared and that never allocates costs host memory only (no device memory,
+// no event, no thread).
 
-  std::lock_guard<RankedMutex> hold(create_mutex_);
-  if (MemoryManager* existing = managers_[device].load(std::memory_order_relaxed)) return existing;
-
+bool Registry::build(int device, bool quiet, Built* out) {
   // First, as it may throw: nothing is made yet that would be lost.
   ReleaseWorker::instance().add_lane(device);
   auto* cuda_device = new CudaDevice(device, streams_);
   if (cuda_device->total_bytes() == 0) {
     delete cuda_device;
-    if (first_time(Once::unreadable_size, device)) {
+    if (!quiet && first_time(Once::unreadable_size, device)) {
       log_format(LogLevel::basic,
                  "device %d: cannot read its memory size; passing its allocations to cudaMalloc "
                  "until it can be read",
                  device);
     }
-    return nullptr;
+    return false;
   }
   const Config& conf = config();
   ManagerOptions options;
@@ -83,16 +95,47 @@ MemoryManager* Registry::create_manager(int device) {
     return true;
   }();
   (void)capture_check_set;
-  auto* capture = new CapturePolicy(*manager, CaptureOptions{conf.capture_share});
-  devices_[device].store(cuda_device, std::memory_order_release);
-  captures_[device].store(capture, std::memory_order_release);
+  out->device = cuda_device;
+  out->manager = manager;
+  out->capture = new CapturePolicy(*manager, CaptureOptions{conf.capture_share});
+  return true;
+}
+
+void Registry::prepare(int device) {
+  if (!in_range(device) || manager(device) != nullptr) return;
+  own::resolve_all();  // before the creation lock: Note [Resolved before any lock]
+  std::lock_guard<RankedMutex> hold(create_mutex_);
+  if (managers_[device].load(std::memory_order_relaxed) != nullptr ||
+      prepared_[device].manager != nullptr)
+    return;
+  // The program's cudaFree(NULL) succeeded whatever happens here: a failure leaves the building
+  // to the first allocation, which reports it.
+  try {
+    Built built;
+    if (build(device, /*quiet=*/true, &built)) prepared_[device] = built;
+  } catch (const abi::__forced_unwind&) {
+    throw;  // a cancellation (Note [Cancellation] in no_cancel.h)
+  } catch (...) {
+  }
+}
+
+MemoryManager* Registry::create_manager(int device) {
+  if (!in_range(device)) return nullptr;
+  own::resolve_all();  // before the creation lock: Note [Resolved before any lock]
+
+  std::lock_guard<RankedMutex> hold(create_mutex_);
+  if (MemoryManager* existing = managers_[device].load(std::memory_order_relaxed)) return existing;
+  Built built = std::exchange(prepared_[device], Built{});
+  if (built.manager == nullptr && !build(device, /*quiet=*/false, &built)) return nullptr;
+  devices_[device].store(built.device, std::memory_order_release);
+  captures_[device].store(built.capture, std::memory_order_release);
   // Published last: whoever finds the manager finds the device and the capture policy too.
-  managers_[device].store(manager, std::memory_order_release);
+  managers_[device].store(built.manager, std::memory_order_release);
   sole_device_.store(devices().size() == 1 ? device : -1, std::memory_order_release);
-  stream_order::device_added(device, *manager);
+  stream_order::device_added(device, *built.manager);
   log_format(LogLevel::full, "device %d: pools created (%llu bytes of device memory)", device,
-             static_cast<unsigned long long>(cuda_device->total_bytes()));
-  return manager;
+             static_cast<unsigned long long>(built.device->total_bytes()));
+  return built.manager;
 }
 
 ManagedSlabs* Registry::managed_or_create(int device) {

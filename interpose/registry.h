@@ -1,7 +1,8 @@
-// The process-wide registry: one MemoryManager and one CudaDevice per device index, created
-// lazily on a device's first allocation and never destroyed (Note [Exit] in lifecycle.cpp), the
+// The process-wide registry: one MemoryManager and one CudaDevice per device index, published
+// on a device's first allocation and never destroyed (Note [Exit] in lifecycle.cpp), the
 // managed-memory chain of a device (created on its first cudaMallocManaged), the table of
-// streams the program created, and the counts of real calls the hooks forwarded.
+// streams the program created, and the counts of real calls the hooks forwarded. A device's
+// pools may be built ahead, at cudaFree(NULL), and are then published at its first allocation.
 // Lookups are one atomic load per call; creation takes a mutex once per device.
 //
 // Depends on pools/ and the CUDA device; knows nothing of the exported entry points.
@@ -67,6 +68,11 @@ class Registry {
     return create_manager(device);
   }
 
+  // Builds the device's pools ahead of its first allocation, without announcing them: the
+  // device counts as used only when manager_or_create() first takes them (Note [Pools made
+  // ahead] in registry.cpp). Nothing when they exist or cannot be made (logged at first use).
+  void prepare(int device);
+
   StreamTable& streams() { return streams_; }
 
   // The device's managed-memory chain, or nullptr when it has none.
@@ -125,6 +131,15 @@ class Registry {
   Registry() = default;
   static bool in_range(int device) { return device >= 0 && device < kMaxDevices; }
   MemoryManager* create_manager(int device);  // manager_or_create's slow path
+  // What a device's pools are made of, before they are published.
+  struct Built {
+    CudaDevice* device = nullptr;
+    MemoryManager* manager = nullptr;
+    CapturePolicy* capture = nullptr;
+  };
+  // Makes the device's objects into *out (under create_mutex_); false when its memory size
+  // cannot be read (logged once unless `quiet`).
+  bool build(int device, bool quiet, Built* out);
 
   std::atomic<MemoryManager*> managers_[kMaxDevices] = {};
   std::atomic<CudaDevice*> devices_[kMaxDevices] = {};
@@ -133,6 +148,7 @@ class Registry {
   std::atomic<ManagedSlabs*> managed_[kMaxDevices] = {};
   std::atomic<CudaManagedBacking*> managed_backings_[kMaxDevices] = {};
   std::atomic<int> managed_bound_{0};
+  Built prepared_[kMaxDevices];  // made by prepare(), not yet published; under create_mutex_
   std::atomic<int> sole_device_{-1};  // -1 until the first manager, and again from the second
   std::atomic<int> managed_supported_{-1};  // -1: not asked yet; else every_device_concurrent
   std::atomic<bool> logged_[static_cast<int>(Once::count)][kMaxDevices] = {};

@@ -92,6 +92,7 @@ enum class Counter {
   cuCtxSetLimit,
   cuCtxGetLimit,
   cuLaunchKernel,  // cuLaunchKernel and cuLaunchKernel_ptsz
+  cudaMemGetInfo,
   count_
 };
 void bump(Counter c);

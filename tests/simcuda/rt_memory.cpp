@@ -178,6 +178,7 @@ cudaError_t cudaMallocFromPoolAsync_ptsz(void** ptr, size_t size, cudaMemPool_t 
 
 cudaError_t cudaMemGetInfo(size_t* free, size_t* total) {
   SIM_ENTER();
+  bump(Counter::cudaMemGetInfo);
   if (!free || !total) SIM_RETURN(cudaErrorInvalidValue);
   if (rt::kStaticRuntime) SIM_RETURN(via_driver::mem_get_info(free, total));
   mem_info(current_device(), free, total);

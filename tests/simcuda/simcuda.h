@@ -28,11 +28,11 @@ extern "C" {
  * "cuMemAllocFromPoolAsync" (and _ptsz), "cuMipmappedArrayCreate", "cuMipmappedArrayDestroy",
  * "cuCtxSetLimit", "cuCtxGetLimit" (the runtime's array, mipmapped-array, pool and device-limit
  * calls reach these driver functions, so they count too), "cuLaunchKernel" (and _ptsz, which the
- * static runtime's launches reach); races detected so far for "races"; the current number and
- * requested bytes of live device-memory allocations (every kind, every device, a context's limit
- * reservation and loaded code included) for "live_allocations" and "live_bytes"; the
- * most "live_bytes" reached since the last reset for "live_bytes_peak". Unknown names give
- * UINT64_MAX. */
+ * static runtime's launches reach), "cudaMemGetInfo" (the runtime's function only); races
+ * detected so far for "races"; the current number and requested bytes of live device-memory
+ * allocations (every kind, every device, a context's limit reservation and loaded code
+ * included) for "live_allocations" and "live_bytes"; the most "live_bytes" reached since the
+ * last reset for "live_bytes_peak". Unknown names give UINT64_MAX. */
 uint64_t simcuda_counter(const char* name);
 
 /* Sets every call counter and the race counter back to zero, and "live_bytes_peak" to the current

@@ -86,7 +86,7 @@ constexpr std::array<const char*, static_cast<size_t>(Counter::count_)> kCounter
     "cudaMemPrefetchBatchAsync", "cudaMemDiscardBatchAsync",
     "cudaMemDiscardAndPrefetchBatchAsync", "cuMemCreate", "cuMemRelease", "cuArrayCreate",
     "cuArrayDestroy", "cuMemAllocFromPoolAsync", "cuMipmappedArrayCreate",
-    "cuMipmappedArrayDestroy", "cuCtxSetLimit", "cuCtxGetLimit", "cuLaunchKernel"};
+    "cuMipmappedArrayDestroy", "cuCtxSetLimit", "cuCtxGetLimit", "cuLaunchKernel", "cudaMemGetInfo"};
 
 std::array<std::atomic<uint64_t>, static_cast<size_t>(Counter::count_)> g_counters{};
 std::atomic<int> g_sticky{0};
