@@ -47,17 +47,23 @@ std::uint32_t auto_shards() {
 // ~~~~~~~~~~~~~~~~~~~~~~~
 // Making a device's pools (its CudaDevice, the first shard's pools, the capture policy) takes
 // about half a millisecond of host work on the 2-core build machine, and it used to be the first
-// cudaMalloc's, which the program times and plain CUDA answers in a tenth of that. Programs
+// cudaMalloc's, which the program times and plain CUDA answers in a quarter of that. Programs
 // make their CUDA context with cudaFree(NULL) before they allocate, a call that already costs
-// far more than that on a GPU, so that call builds the pools now (prepare()). They are kept
-// aside, not announced: the device counts as used only at its first allocation, as before.
-// What announcing does depends on the devices the program has allocated on (sole_device(),
-// which a free trusts to search first, and the stream order of free_fence:auto, which treats
-// the first device used apart from later ones), and a program that makes a context on device 0
-// and allocates only on device 1 must see exactly what it saw without the early build. So
-// create_manager() takes the prepared objects if there are any and announces them; a device
-// whose pools were prepared and that never allocates costs host memory only (no device memory,
-// no event, no thread).
+// far more than that on a GPU, so the runtime's cudaFree(NULL) builds the pools now (prepare();
+// a program with a static runtime still builds them at its first allocation). They are kept
+// aside, not announced: the device counts as used only from its first allocation (or capture,
+// reset or stream made on it: whatever calls manager_or_create()), as before. What announcing
+// does depends on the devices the program has used (sole_device(), which a free trusts to
+// search first, and the stream order of free_fence:auto, which treats the first device used
+// apart from later ones), and a program that makes a context on device 0 and allocates only on
+// device 1 must see exactly what it saw without the early build. So create_manager() takes the
+// prepared objects if there are any and announces them. One figure of the build depends on when
+// it runs: shards:auto counts the CPUs of the program's threads, which a program may pin or
+// widen after making its context; create_manager() counts them again, and builds anew if the
+// count changed. A device whose pools were prepared and that never allocates costs host memory
+// only (no device memory, no event, no thread). cudaFree(NULL) takes the creation lock while
+// its device has no published pools, so it may wait for another thread's creation, as a first
+// cudaMalloc does.
 
 bool Registry::build(int device, bool quiet, Built* out) {
   // First, as it may throw: nothing is made yet that would be lost.
@@ -83,6 +89,7 @@ bool Registry::build(int device, bool quiet, Built* out) {
   options.hold_percent = conf.hold_percent;
   options.thread_cache = conf.thread_cache;
   options.shards = conf.shards != 0 ? conf.shards : auto_shards();
+  out->auto_shards = conf.shards != 0 ? 0 : options.shards;
   options.log = conf.log;
   options.log_sink = [](LogLevel level, std::string_view message) { log_line(level, message); };
   auto* manager = new MemoryManager(*cuda_device, options);
@@ -103,14 +110,14 @@ bool Registry::build(int device, bool quiet, Built* out) {
 
 void Registry::prepare(int device) {
   if (!in_range(device) || manager(device) != nullptr) return;
-  own::resolve_all();  // before the creation lock: Note [Resolved before any lock]
-  std::lock_guard<RankedMutex> hold(create_mutex_);
-  if (managers_[device].load(std::memory_order_relaxed) != nullptr ||
-      prepared_[device].manager != nullptr)
-    return;
   // The program's cudaFree(NULL) succeeded whatever happens here: a failure leaves the building
   // to the first allocation, which reports it.
   try {
+    own::resolve_all();  // before the creation lock: Note [Resolved before any lock]
+    std::lock_guard<RankedMutex> hold(create_mutex_);
+    if (managers_[device].load(std::memory_order_relaxed) != nullptr ||
+        prepared_[device].manager != nullptr)
+      return;
     Built built;
     if (build(device, /*quiet=*/true, &built)) prepared_[device] = built;
   } catch (const abi::__forced_unwind&) {
@@ -126,6 +133,13 @@ MemoryManager* Registry::create_manager(int device) {
   std::lock_guard<RankedMutex> hold(create_mutex_);
   if (MemoryManager* existing = managers_[device].load(std::memory_order_relaxed)) return existing;
   Built built = std::exchange(prepared_[device], Built{});
+  if (built.auto_shards != 0 && auto_shards() != built.auto_shards) {
+    // The program's threads may run on other CPUs now than when the pools were built.
+    delete built.capture;
+    delete built.manager;
+    delete built.device;
+    built = Built{};
+  }
   if (built.manager == nullptr && !build(device, /*quiet=*/false, &built)) return nullptr;
   devices_[device].store(built.device, std::memory_order_release);
   captures_[device].store(built.capture, std::memory_order_release);

@@ -136,6 +136,7 @@ class Registry {
     CudaDevice* device = nullptr;
     MemoryManager* manager = nullptr;
     CapturePolicy* capture = nullptr;
+    std::uint32_t auto_shards = 0;  // the count shards:auto chose, or 0 when shards are set
   };
   // Makes the device's objects into *out (under create_mutex_); false when its memory size
   // cannot be read (logged once unless `quiet`).

@@ -8,7 +8,8 @@
 //              (free_fence:auto: its one ordered queue), exactly as when device 0 was never
 //              touched.
 //   reset      cudaDeviceReset between cudaFree(NULL) and the first allocation: the pools built
-//              before it serve the device afterwards, and the memory holds what is written.
+//              before it serve the device afterwards (nothing asks the device its size again),
+//              and the memory holds what is written.
 // The program runs itself as a child with JSON reports into a folder of its own, and raises the
 // report signal to read them.
 #include <stdlib.h>
@@ -89,8 +90,10 @@ void other_device_case() {
 
 void reset_case() {
   CHECK_CUDA(cudaFree(nullptr));
+  const std::uint64_t prepared = size_queries();
   CHECK_CUDA(cudaDeviceReset());
   use_memory(0x3c);
+  CHECK_MSG(size_queries() == prepared, "the pools built before the reset were built again");
   CHECK_MSG(devices_of(report_now()) == "0,", "the report should list device 0");
 }
 

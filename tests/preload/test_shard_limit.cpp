@@ -2,7 +2,10 @@
 // happens to make the device's first allocation. A program whose first cudaMalloc comes from a
 // thread pinned to one CPU must still let its other threads spread over shards (child), and so
 // must one that pins every thread to a CPU of its own, the main thread included (child:all):
-// the CPUs are those of all its threads, even one that never allocates. In each child two threads then take turns allocating,
+// the CPUs are those of all its threads, even one that never allocates; and so must one that
+// makes its context (cudaFree(NULL), which builds the pools ahead) while its only thread is
+// pinned to one CPU and widens its mask before its first allocation (child:early): the CPUs are
+// counted at the first allocation. In each child two threads then take turns allocating,
 // so that every allocation of each finds one of the other's before it: one of them must move to
 // a shard of its own. The exit report shows both the shards made and the most the device may
 // make.
@@ -117,6 +120,14 @@ int main(int argc, char** argv) {
     bystander.join();
     return result;
   }
+  if (argc > 1 && std::string(argv[1]) == "child:early") {
+    cpu_set_t all;
+    CHECK(allowed_cpus(&all) >= 2);
+    pin_to(nth_cpu(0));
+    CHECK_CUDA(cudaFree(nullptr));
+    CHECK(pthread_setaffinity_np(pthread_self(), sizeof all, &all) == 0);
+    return child(nth_cpu(0));
+  }
   preload_test::require_preloaded();
   cpu_set_t set;
   if (allowed_cpus(&set) < 2) {
@@ -125,6 +136,7 @@ int main(int argc, char** argv) {
   }
   check_child("child");
   check_child("child:all");
+  check_child("child:early");
   std::printf("ok\n");
   return 0;
 }
