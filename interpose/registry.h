@@ -1,8 +1,9 @@
 // The process-wide registry: one MemoryManager and one CudaDevice per device index, published
-// on a device's first allocation and never destroyed (Note [Exit] in lifecycle.cpp), the
-// managed-memory chain of a device (created on its first cudaMallocManaged), the table of
-// streams the program created, and the counts of real calls the hooks forwarded. A device's
-// pools may be built ahead, at cudaFree(NULL), and are then published at its first allocation.
+// at the device's first use (its first allocation, capture, reset or stream) and never destroyed
+// (Note [Exit] in lifecycle.cpp), the managed-memory chain of a device (created on its first
+// cudaMallocManaged), the table of streams the program created, and the counts of real calls the
+// hooks forwarded. A device's pools may be built ahead, at cudaFree(NULL) (Note [Pools made
+// ahead] in registry.cpp).
 // Lookups are one atomic load per call; creation takes a mutex once per device.
 //
 // Depends on pools/ and the CUDA device; knows nothing of the exported entry points.

@@ -10,11 +10,17 @@
 //   reset      cudaDeviceReset between cudaFree(NULL) and the first allocation: the pools built
 //              before it serve the device afterwards (nothing asks the device its size again),
 //              and the memory holds what is written.
+//   threads    eight threads at once each make the context with cudaFree(NULL) and then
+//              allocate, write, check and free: every buffer holds what its thread wrote, and
+//              the report lists the one device (run under ThreadSanitizer in its suite).
 // The program runs itself as a child with JSON reports into a folder of its own, and raises the
 // report signal to read them.
 #include <stdlib.h>
 
+#include <atomic>
 #include <string>
+#include <thread>
+#include <vector>
 
 #include "check.h"
 #include "signal_report.h"
@@ -63,8 +69,7 @@ void first_use_case() {
             "a device has pools before its first allocation: " + before_use);
   void* ptr = nullptr;
   CHECK_CUDA(cudaMalloc(&ptr, kSize));
-  CHECK_MSG(size_queries() == prepared,
-            "the first cudaMalloc built the pools again");
+  CHECK_MSG(size_queries() == prepared, "the first cudaMalloc built the pools again");
   CHECK_CUDA(cudaMemset(ptr, 0x5a, kSize));
   CHECK(preload_test::device_bytes_equal(ptr, kSize, 0x5a));
   CHECK_CUDA(cudaFree(ptr));
@@ -97,6 +102,22 @@ void reset_case() {
   CHECK_MSG(devices_of(report_now()) == "0,", "the report should list device 0");
 }
 
+void threads_case() {
+  constexpr int kThreads = 8;
+  std::atomic<int> ready{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&ready, t] {
+      ready.fetch_add(1);
+      while (ready.load() < kThreads) std::this_thread::yield();
+      CHECK_CUDA(cudaFree(nullptr));
+      for (int i = 0; i < 50; ++i) use_memory(static_cast<unsigned char>(0x10 + t));
+    });
+  }
+  for (std::thread& thread : threads) thread.join();
+  CHECK_MSG(devices_of(report_now()) == "0,", "the report should list device 0");
+}
+
 int run_child(const std::string& which) {
   char dir[] = "/tmp/poolcuda-pools-ahead-XXXXXX";
   CHECK(mkdtemp(dir) != nullptr);
@@ -120,6 +141,7 @@ int main(int argc, char** argv) {
   if (which == "first_use") first_use_case();
   else if (which == "other") other_device_case();
   else if (which == "reset") reset_case();
+  else if (which == "threads") threads_case();
   else preload_test::fail(__FILE__, __LINE__, "unknown case " + which);
   CHECK_CUDA(cudaGetLastError());
   std::printf("%s: ok\n", which.c_str());
