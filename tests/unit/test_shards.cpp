@@ -4,7 +4,6 @@
 // memory, and a shard nobody uses still ages its idle pages.
 //
 // Every thread that reserves here is a fresh Worker: a thread's home shard outlives a manager.
-#include <chrono>
 #include <mutex>
 #include <random>
 #include <thread>
@@ -547,10 +546,8 @@ TEST_CASE("a give-back behind a park costs its bound once, in the last shard too
   moved.run([&] { CHECK(rig.manager.free(in_second) == FreeOutcome::freed); });
   CHECK(rig.manager.give_back_all(50000) == GiveBack::timed_out);
   const std::uint64_t waits = rig.device.calls().fence_wait_for;
-  const auto start = std::chrono::steady_clock::now();
   CHECK(rig.manager.give_back_all(50000) == GiveBack::timed_out);
-  CHECK(std::chrono::steady_clock::now() - start < std::chrono::milliseconds(40));
-  CHECK(rig.device.calls().fence_wait_for == waits);
+  CHECK(rig.device.calls().fence_wait_for == waits);  // no shard waited again
   rig.device.complete_fences();  // the park ends
   CHECK(rig.manager.give_back_all(50000) == GiveBack::done);
   rig.drop_ballast();
