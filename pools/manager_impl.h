@@ -318,6 +318,7 @@ struct MemoryManager::Impl {
     bool releases_count = false;
     bool may_release = false;  // no release on its way was stuck: it could release
     std::uint64_t peak_in_use = 0;  // the device's most bytes in use, this request included
+    std::uint64_t room = Device::kNoGrowthLimit;  // what a growth may take under the bound
   };
   HeldCheck trim_to_held_bound(const Pool& pool, std::uint64_t size, std::uint64_t own_claim);
   void implicit_cleanup();

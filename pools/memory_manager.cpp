@@ -675,7 +675,9 @@ restart:
         return Route::trim_elsewhere(held.over_by, pool.growth_bytes(size));
       if (held.overrun) ++held_overruns;
     }
+    ctx.growth_room = std::min(held.room, device.growth_room());  // Note [Wider pages]
     r.status = frozen != 0 ? AllocStatus::failed : pool.grow(size, &r.slice);
+    ctx.growth_room = Device::kNoGrowthLimit;
     r.grew = r.status == AllocStatus::ok;
     if (r.grew) {
       if (held.over_by == 0 && held.releases_count) ++held_early_growths;
@@ -793,6 +795,9 @@ MemoryManager::Impl::HeldCheck MemoryManager::Impl::trim_to_held_bound(const Poo
     held.reserved -= released;
   }
   if (held.reserved + growth > bound) check.over_by = held.reserved + growth - bound;
+  // Pages on their way count as in the check below: the driver holds them until they arrive.
+  const std::uint64_t held_now = held.reserved + releases_on_the_way();
+  check.room = held_now < bound ? bound - held_now : 0;
   // A page wider than its first request (a sliced pool's) is not an overrun by itself.
   check.overrun = held.reserved + size > bound;
   // Pages released earlier still count while the driver holds them.

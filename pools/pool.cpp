@@ -14,10 +14,12 @@ Pool::~Pool() = default;
 
 Error Pool::growth_limit(std::uint64_t) const { return {}; }
 
-AllocStatus Pool::new_page(std::uint64_t size, Page** out, std::uint64_t max_size) {
+AllocStatus Pool::new_page(std::uint64_t size, Page** out, std::uint64_t max_size,
+                           std::uint64_t min_size) {
   DevicePtr base = 0;
   if (ctx_.borrow_page != nullptr && ctx_.borrow != PoolContext::Borrow::never &&
-      ctx_.borrow_page(ctx_.borrow_owner, size, std::max(size, max_size), &base, &size)) {
+      ctx_.borrow_page(ctx_.borrow_owner, min_size != 0 ? min_size : size,
+                       std::max(size, max_size), &base, &size)) {
     ++pages_borrowed_;
   } else {
     if (ctx_.borrow == PoolContext::Borrow::only) return AllocStatus::out_of_memory;

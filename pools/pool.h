@@ -157,6 +157,10 @@ struct PoolContext {
   // growth that another shard's idle page would serve adds nothing to the device's bytes).
   enum class Borrow : std::uint8_t { first, only, never };
   Borrow borrow = Borrow::first;
+  // The most bytes the next growth may take from the device as the held bound and the budget
+  // leave room (set around a growth): a pool that would take a wider page than its request
+  // needs stays within it (Note [Wider pages] in sliced_pool.cpp).
+  std::uint64_t growth_room = Device::kNoGrowthLimit;
   // The shards the manager has made (Note [Shards]): budgets meant for the device are split
   // between them. Unset: one.
   const std::atomic<std::uint32_t>* shards_made = nullptr;
@@ -250,9 +254,10 @@ class Pool {
 
  protected:
   // Allocates and registers a page holding one free slice that covers it. The slice is not in
-  // any free set yet. Another shard's idle page of `size` to `max_size` bytes (at least `size`)
-  // may serve instead of the device.
-  AllocStatus new_page(std::uint64_t size, Page** out, std::uint64_t max_size = 0);
+  // any free set yet. Another shard's idle page of `min_size` (default: `size`) to `max_size`
+  // bytes (at least `size`) may serve instead of the device.
+  AllocStatus new_page(std::uint64_t size, Page** out, std::uint64_t max_size = 0,
+                       std::uint64_t min_size = 0);
   // Hands `slice` (already out of every free set) to the program.
   void mark_live(Slice* slice, std::uint64_t requested);
 

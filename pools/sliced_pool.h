@@ -41,6 +41,13 @@ class CarvedPool : public Pool {
   std::uint64_t split_page_bytes_ = 0;
 };
 
+// A sliced pool's growth takes a page `m` times its configured size, m a power of two up to
+// kWidestPage, once the pool holds kWidenDivisor * m pages' worth, and never more than a
+// kWidePageShare-th of the device (Note [Wider pages] in sliced_pool.cpp).
+inline constexpr std::uint64_t kWidenDivisor = 4;
+inline constexpr std::uint64_t kWidestPage = 8;
+inline constexpr std::uint64_t kWidePageShare = 64;
+
 class SlicedPool final : public CarvedPool {
  public:
   // `page_size` and the cap as configured; the page shrinks to the cap (aligned down) when the
@@ -56,12 +63,16 @@ class SlicedPool final : public CarvedPool {
   PoolReport describe() const override;
 
   std::uint64_t page_size() const { return page_size_; }
+  // The least a growth takes: one configured page (a wider one only where there is room).
   std::uint64_t growth_bytes(std::uint64_t) const override { return page_size_; }
+  // The page the next growth asks for, within `room` bytes.
+  std::uint64_t wide_page(std::uint64_t room) const;
 
  private:
   std::uint64_t configured_page_;
   std::uint64_t page_size_;  // effective: shrunk to the cap
   std::uint64_t max_slice_size_;
+  std::uint64_t widest_ = 0;  // the widest page a growth made (Note [Wider pages])
   std::optional<std::uint64_t> cap_;
 };
 

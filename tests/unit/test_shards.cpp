@@ -312,7 +312,9 @@ TEST_CASE("a shard that grows takes another shard's idle pages before the device
   CHECK(rig.device.calls().allocate == device_allocs);
   CHECK(rig.manager.memory_usage().bytes_reserved == reserved);
   const PoolReport pool = rig.manager.report().dynamic[0];
-  CHECK(pool.pages_borrowed >= 19);
+  // The other shard's 40 MiB are eight pages of 2 MiB, four of 4 MiB and one of 8 MiB (Note
+  // [Wider pages]).
+  CHECK(pool.pages_borrowed >= 13);
   CHECK(pool.pages_lent == pool.pages_borrowed);
   for (const DevicePtr p : held) CHECK(rig.manager.free(p) == FreeOutcome::freed);
   CHECK(rig.manager.check_consistency().empty());
