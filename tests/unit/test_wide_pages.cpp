@@ -1,7 +1,8 @@
 // Wider pages (Note [Wider pages] in pools/sliced_pool.cpp): a sliced pool that holds many pages
-// grows by pages of several configured pages at once, within the held bound, the budget and a
-// 64th of the device; a small program keeps one page; a cap or fence-pending memory keeps the
-// configured page; and a driver that refuses a wide page is asked for one configured page.
+// grows by pages of several configured pages at once, within the held bound, the budget, a 64th
+// of the device and half of it held; a small program keeps one page; a cap or fence-pending
+// memory keeps the configured page; and a driver that refuses a wide page is asked for one
+// configured page.
 #include <doctest/doctest.h>
 
 #include <vector>
@@ -116,6 +117,22 @@ TEST_CASE("a page is never wider than a 64th of the device") {
   const std::vector<DevicePtr> live = fill(manager, device, 100 * MiB);
   for (const PageView& page : manager.pages()) CHECK(page.size <= 4 * MiB);
   CHECK(device.calls().allocate == 8 + 21);  // eight of 2 MiB, then 4 MiB ones
+  free_all(manager, live);
+}
+
+TEST_CASE("pages widen only while the pools hold less than half the device") {
+  HostDevice device(1 * GiB, 512);  // 16 MiB pages at most
+  MemoryManager manager(device, wide_options(custom({sliced(2 * MiB, 512 * KiB)})));
+  std::vector<DevicePtr> firsts;
+  const std::vector<DevicePtr> live = fill(manager, device, 600 * MiB, &firsts);
+  // 8 + 4 + 4 pages make 64 MiB, then 28 of 16 MiB make 512 MiB, half the device; the rest are
+  // 2 MiB pages, as without wider pages.
+  std::vector<std::uint64_t> expected(8, 2 * MiB);
+  expected.insert(expected.end(), 4, 4 * MiB);
+  expected.insert(expected.end(), 4, 8 * MiB);
+  expected.insert(expected.end(), 28, 16 * MiB);
+  expected.insert(expected.end(), 44, 2 * MiB);
+  CHECK(page_sizes_in_order(manager, firsts) == expected);
   free_all(manager, live);
 }
 
