@@ -36,8 +36,9 @@ ManagerOptions wide_options(const PoolLayout& layout, std::uint32_t hold_percent
   return o;
 }
 
-// The sizes of the manager's pages, in the order they were made (ascending addresses from
-// HostDevice are not guaranteed, so the order is each page's first slice's).
+// The sizes of the pages that hold `firsts`, in that order: the pages in the order the growths
+// made them, when `firsts` are the allocations that grew (HostDevice's addresses need not
+// ascend).
 std::vector<std::uint64_t> page_sizes_in_order(const MemoryManager& manager,
                                                const std::vector<DevicePtr>& firsts) {
   std::vector<std::uint64_t> sizes;
