@@ -117,19 +117,23 @@ std::uint64_t CarvedPool::largest_free() const {
 // costs: the newest page is at most a quarter of what the pool held before it, and so is the part
 // of it not yet carved; a program that holds a few pages never widens (the one-buffer loop keeps
 // one page). And a wide page is freed only once every slice in it is: a program that fills the
-// device with small allocations, frees most of them and then asks for a large one gets back
-// less memory from a wide page than from several narrow ones (a 16 MiB page of 64 slices, seven
-// in eight freed at random, is idle once in 5,000; a 2 MiB page of 8 slices, once in 3). So
-// pages widen only while the shard holds less than half the device, and a wide page never takes
-// it past that: a program near a full device keeps the pages it had. What else bounds it: a 64th
-// of the device, and the room the held bound and the budget leave (PoolContext::growth_room):
-// the page narrows to fit, never below one configured page, which is all the bound and recovery
-// count on (growth_bytes()). Fence-pending memory in the pool
+// device with small allocations, frees most of them and then asks for large ones gets back less
+// memory from wide pages than from narrow ones (a 16 MiB page of 64 slices, seven in eight freed
+// at random, is idle once in 5,000; a 2 MiB page of 8 slices, once in 3). On a 1 GiB stand-in
+// device filled with 256 KiB buffers, seven in eight then freed, the plain run got 14 buffers of
+// 64 MiB; the pools 5 with 2 MiB pages (a limit of sliced pages, README), 3 with pages widened
+// until the pools held half the device, 4 with a quarter. So pages widen only while the shard
+// holds less than a quarter of the device, and a wide page never takes it past that. What else
+// bounds it: a 64th of the device, and the room the held bound and the budget leave
+// (PoolContext::growth_room): the page narrows to fit, never below one configured page, which is
+// all the bound and recovery count on (growth_bytes()). Fence-pending memory in the pool
 // keeps it at one page, so the fence bound's "one page more at most" holds as it did; a cap keeps
 // it too (the cap's arithmetic is in pages). A driver that refuses a wide page is asked for one
 // configured page before the pool reports out of memory, so widening never turns a request the
 // plain call would serve into a failure. Another shard's idle page of one configured page up to
-// the wide size serves instead of the driver, as before.
+// kWidestPage of them serves instead of the driver, whatever this shard's own growth may take:
+// it adds nothing to the device (a shard past its quarter that borrowed only pages as narrow as
+// its own left the wider idle pages of the shard beside it unused, and grew).
 
 SlicedPool::SlicedPool(PoolContext& ctx, std::uint64_t page_size, std::uint64_t max_slice_size,
                        std::optional<std::uint64_t> cap,
@@ -157,12 +161,12 @@ Error SlicedPool::growth_limit(std::uint64_t size) const {
 }
 
 std::uint64_t SlicedPool::wide_page(std::uint64_t room) const {
-  const std::uint64_t half = ctx_.total_memory / 2;
-  if (cap_ || page_size_ == 0 || pending_bytes_ != 0 || ctx_.totals.reserved >= half)
+  const std::uint64_t widen_below = ctx_.total_memory / kWideHeldShare;
+  if (cap_ || page_size_ == 0 || pending_bytes_ != 0 || ctx_.totals.reserved >= widen_below)
     return page_size_;
   const std::uint64_t held = usage_.bytes_reserved / page_size_;
   const std::uint64_t most =
-      std::min({room, ctx_.total_memory / kWidePageShare, half - ctx_.totals.reserved});
+      std::min({room, ctx_.total_memory / kWidePageShare, widen_below - ctx_.totals.reserved});
   std::uint64_t m = 1;
   while (m * 2 <= kWidestPage && m * 2 * kWidenDivisor <= held && page_size_ * m * 2 <= most)
     m *= 2;
@@ -172,7 +176,10 @@ std::uint64_t SlicedPool::wide_page(std::uint64_t room) const {
 AllocStatus SlicedPool::grow(std::uint64_t size, Slice** out) {
   Page* page = nullptr;
   const std::uint64_t wide = wide_page(ctx_.growth_room);
-  AllocStatus status = new_page(wide, &page, wide, page_size_);
+  // Another shard's idle page adds nothing to the device: any this pool could have widened to
+  // will do, whatever this shard's own growth may take now.
+  const std::uint64_t widest_borrowed = cap_ ? page_size_ : page_size_ * kWidestPage;
+  AllocStatus status = new_page(wide, &page, std::max(wide, widest_borrowed), page_size_);
   if (status == AllocStatus::out_of_memory && wide != page_size_ &&
       ctx_.borrow != PoolContext::Borrow::only)
     status = new_page(page_size_, &page);  // Note [Wider pages]: never a failure of its own

@@ -42,11 +42,13 @@ class CarvedPool : public Pool {
 };
 
 // A sliced pool's growth takes a page `m` times its configured size, m a power of two up to
-// kWidestPage, once the pool holds kWidenDivisor * m pages' worth, and never more than a
-// kWidePageShare-th of the device (Note [Wider pages] in sliced_pool.cpp).
+// kWidestPage, once the pool holds kWidenDivisor * m pages' worth, never more than a
+// kWidePageShare-th of the device, and only while its shard holds less than a kWideHeldShare-th
+// of the device (Note [Wider pages] in sliced_pool.cpp).
 inline constexpr std::uint64_t kWidenDivisor = 4;
 inline constexpr std::uint64_t kWidestPage = 8;
 inline constexpr std::uint64_t kWidePageShare = 64;
+inline constexpr std::uint64_t kWideHeldShare = 4;
 
 class SlicedPool final : public CarvedPool {
  public:

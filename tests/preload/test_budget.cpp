@@ -49,8 +49,8 @@ int child() {
   // The budget is full of idle pages now, the device is not: recovery gives back only the pages
   // a 256 MiB request lacks (Note [Recovery in two steps]), oldest first. The pool's pages widened
   // as it grew (Note [Wider pages]) to a 64th of the budget, which the pools take for the
-  // device's size: 8 pages of 8 MiB, then 60 of 16 MiB. The first 20 make 256 MiB, and one more
-  // covers the recovery's slack: 21 of the 68.
+  // device's size, until they held a quarter of it: 8 pages of 8 MiB, 12 of 16 MiB, then 96 of
+  // 8 MiB again. The first 20 make 256 MiB, and one more covers the recovery's slack: 21 of 116.
   const std::uint64_t frees = preload_test::on_stand_in() ? preload_test::counter("cudaFree") : 0;
   void* big = nullptr;
   CHECK_CUDA(cudaMalloc(&big, std::size_t{256} << 20));

@@ -1,6 +1,6 @@
 // Wider pages (Note [Wider pages] in pools/sliced_pool.cpp): a sliced pool that holds many pages
 // grows by pages of several configured pages at once, within the held bound, the budget, a 64th
-// of the device and half of it held; a small program keeps one page; a cap or fence-pending
+// of the device and a quarter of it held; a small program keeps one page; a cap or fence-pending
 // memory keeps the configured page; and a driver that refuses a wide page is asked for one
 // configured page.
 #include <doctest/doctest.h>
@@ -113,26 +113,26 @@ TEST_CASE("a small program keeps one page") {
 }
 
 TEST_CASE("a page is never wider than a 64th of the device") {
-  HostDevice device(256 * MiB, 512);  // 4 MiB pages at most
+  HostDevice device(512 * MiB, 512);  // 8 MiB pages at most
   MemoryManager manager(device, wide_options(custom({sliced(2 * MiB, 512 * KiB)})));
   const std::vector<DevicePtr> live = fill(manager, device, 100 * MiB);
-  for (const PageView& page : manager.pages()) CHECK(page.size <= 4 * MiB);
-  CHECK(device.calls().allocate == 8 + 21);  // eight of 2 MiB, then 4 MiB ones
+  for (const PageView& page : manager.pages()) CHECK(page.size <= 8 * MiB);
+  CHECK(device.calls().allocate == 8 + 4 + 9);  // 2 MiB, 4 MiB, then 8 MiB pages
   free_all(manager, live);
 }
 
-TEST_CASE("pages widen only while the pools hold less than half the device") {
+TEST_CASE("pages widen only while the pools hold less than a quarter of the device") {
   HostDevice device(1 * GiB, 512);  // 16 MiB pages at most
   MemoryManager manager(device, wide_options(custom({sliced(2 * MiB, 512 * KiB)})));
   std::vector<DevicePtr> firsts;
-  const std::vector<DevicePtr> live = fill(manager, device, 600 * MiB, &firsts);
-  // 8 + 4 + 4 pages make 64 MiB, then 28 of 16 MiB make 512 MiB, half the device; the rest are
-  // 2 MiB pages, as without wider pages.
+  const std::vector<DevicePtr> live = fill(manager, device, 300 * MiB, &firsts);
+  // 8 + 4 + 4 pages make 64 MiB, then 12 of 16 MiB make 256 MiB, a quarter of the device; the
+  // rest are 2 MiB pages, as without wider pages.
   std::vector<std::uint64_t> expected(8, 2 * MiB);
   expected.insert(expected.end(), 4, 4 * MiB);
   expected.insert(expected.end(), 4, 8 * MiB);
-  expected.insert(expected.end(), 28, 16 * MiB);
-  expected.insert(expected.end(), 44, 2 * MiB);
+  expected.insert(expected.end(), 12, 16 * MiB);
+  expected.insert(expected.end(), 22, 2 * MiB);
   CHECK(page_sizes_in_order(manager, firsts) == expected);
   free_all(manager, live);
 }
