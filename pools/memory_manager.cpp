@@ -795,13 +795,13 @@ MemoryManager::Impl::HeldCheck MemoryManager::Impl::trim_to_held_bound(const Poo
     held.reserved -= released;
   }
   if (held.reserved + growth > bound) check.over_by = held.reserved + growth - bound;
-  // Pages on their way count as in the check below: the driver holds them until they arrive.
-  const std::uint64_t held_now = held.reserved + releases_on_the_way();
-  check.room = held_now < bound ? bound - held_now : 0;
   // A page wider than its first request (a sliced pool's) is not an overrun by itself.
   check.overrun = held.reserved + size > bound;
-  // Pages released earlier still count while the driver holds them.
-  check.releases_count = held.reserved + releases_on_the_way() + growth > bound;
+  // Pages released earlier still count while the driver holds them (read once: it takes the
+  // release worker's lock), and so does a wider page's room (Note [Wider pages]).
+  const std::uint64_t held_now = held.reserved + releases_on_the_way();
+  check.releases_count = held_now + growth > bound;
+  check.room = held_now < bound ? bound - held_now : 0;
   return check;
 }
 

@@ -5,6 +5,7 @@
 #include "pools/sliced_pool.h"
 
 #include <algorithm>
+#include <utility>
 
 #include "pools/options.h"
 #include "pools/slice_index.h"
@@ -181,8 +182,12 @@ AllocStatus SlicedPool::grow(std::uint64_t size, Slice** out) {
   const std::uint64_t widest_borrowed = cap_ ? page_size_ : page_size_ * kWidestPage;
   AllocStatus status = new_page(wide, &page, std::max(wide, widest_borrowed), page_size_);
   if (status == AllocStatus::out_of_memory && wide != page_size_ &&
-      ctx_.borrow != PoolContext::Borrow::only)
-    status = new_page(page_size_, &page);  // Note [Wider pages]: never a failure of its own
+      ctx_.borrow != PoolContext::Borrow::only) {
+    // Note [Wider pages]: never a failure of its own. The borrow above covered this size.
+    const PoolContext::Borrow borrow = std::exchange(ctx_.borrow, PoolContext::Borrow::never);
+    status = new_page(page_size_, &page);
+    ctx_.borrow = borrow;
+  }
   if (status != AllocStatus::ok) return status;
   widest_ = std::max(widest_, page->size);
   Slice* whole = &page->slices.front();

@@ -5,6 +5,8 @@
 // configured page.
 #include <doctest/doctest.h>
 
+#include <initializer_list>
+#include <utility>
 #include <vector>
 
 #include "pools/forwarding_device.h"
@@ -54,6 +56,13 @@ std::vector<std::uint64_t> page_sizes_in_order(const MemoryManager& manager,
   return sizes;
 }
 
+// Page sizes in runs: {count, size} for each run, in order.
+std::vector<std::uint64_t> runs(std::initializer_list<std::pair<int, std::uint64_t>> list) {
+  std::vector<std::uint64_t> sizes;
+  for (const auto& [count, size] : list) sizes.insert(sizes.end(), count, size);
+  return sizes;
+}
+
 // Fills a pool of 2 MiB pages with 512 KiB slices, four a page, until `bytes` are in use; returns
 // the slices, and in *firsts the first slice of each page the growths made.
 std::vector<DevicePtr> fill(MemoryManager& manager, HostDevice& device, std::uint64_t bytes,
@@ -85,11 +94,8 @@ TEST_CASE("a sliced pool's pages widen as it grows, to eight configured pages at
   const std::vector<DevicePtr> live = fill(manager, device, 160 * MiB, &firsts);
   // Eight 2 MiB pages, then 4 MiB ones until 32 MiB are held, 8 MiB ones until 64 MiB, then
   // 16 MiB ones: 160 MiB in 8 + 4 + 4 + 6 driver calls instead of 80.
-  std::vector<std::uint64_t> expected(8, 2 * MiB);
-  expected.insert(expected.end(), 4, 4 * MiB);
-  expected.insert(expected.end(), 4, 8 * MiB);
-  expected.insert(expected.end(), 6, 16 * MiB);
-  CHECK(page_sizes_in_order(manager, firsts) == expected);
+  CHECK(page_sizes_in_order(manager, firsts) ==
+        runs({{8, 2 * MiB}, {4, 4 * MiB}, {4, 8 * MiB}, {6, 16 * MiB}}));
   CHECK(device.calls().allocate == 22);
   CHECK(manager.memory_usage().bytes_reserved == 160 * MiB);
   // The report says so beside the configured page.
@@ -128,12 +134,8 @@ TEST_CASE("pages widen only while the pools hold less than a quarter of the devi
   const std::vector<DevicePtr> live = fill(manager, device, 300 * MiB, &firsts);
   // 8 + 4 + 4 pages make 64 MiB, then 12 of 16 MiB make 256 MiB, a quarter of the device; the
   // rest are 2 MiB pages, as without wider pages.
-  std::vector<std::uint64_t> expected(8, 2 * MiB);
-  expected.insert(expected.end(), 4, 4 * MiB);
-  expected.insert(expected.end(), 4, 8 * MiB);
-  expected.insert(expected.end(), 12, 16 * MiB);
-  expected.insert(expected.end(), 22, 2 * MiB);
-  CHECK(page_sizes_in_order(manager, firsts) == expected);
+  CHECK(page_sizes_in_order(manager, firsts) ==
+        runs({{8, 2 * MiB}, {4, 4 * MiB}, {4, 8 * MiB}, {12, 16 * MiB}, {22, 2 * MiB}}));
   free_all(manager, live);
 }
 
