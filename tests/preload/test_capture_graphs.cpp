@@ -10,7 +10,8 @@
 //                error behind (the library asks nothing of the dead handle)
 //   recapture    the same capture, destroyed and captured again 30 times: from the second on,
 //                no cudaMalloc reaches the driver inside the window and the device memory held
-//                stays flat
+//                stays flat (one working set more at most, where the wait for the last graph's
+//                fence ran out before a capture)
 //   batches      30 captures of decreasing sizes, all graphs alive, each replayed and checked:
 //                device memory within 1.25x the sum of their working sets (with
 //                capture_share:on, within 1.25x the largest)
@@ -219,8 +220,16 @@ void recapture_case() {
     CHECK(preload_test::device_bytes_equal(out, size, 0x11));
     CHECK(graphs_released());
     if (round == 1) held_after_second = stand_in("live_bytes");
-    if (round > 1 && preload_test::on_stand_in())
-      CHECK_MSG(stand_in("live_bytes") == held_after_second, "device memory held grew");
+    if (round > 1 && preload_test::on_stand_in()) {
+      // Before a capture the library waits a bounded time for the fence of the slices the last
+      // graph gave back (Note [Priming]). Where the stand-in's stream thread does not pass it in
+      // time (a starved CPU), those slices are primed once more: held memory may then grow, by
+      // one working set in all, never more.
+      const std::uint64_t held = stand_in("live_bytes");
+      CHECK_MSG(held >= held_after_second && held <= held_after_second + 3 * size,
+                "round " + std::to_string(round) + ": device memory held went from " +
+                    std::to_string(held_after_second) + " to " + std::to_string(held) + " B");
+    }
   }
   CHECK_CUDA(cudaFree(out));
   CHECK_CUDA(cudaStreamDestroy(stream));

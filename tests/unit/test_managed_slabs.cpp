@@ -256,8 +256,10 @@ TEST_CASE("managed: threads churning across many small slabs never share a byte"
   for (auto& thread : threads) thread.join();
   CHECK(failures.load() == 0);
   // Rare, not absent: how many depends on how the threads interleave. Under ThreadSanitizer on
-  // 2 cores one CI run in several saw 2.3% (540 of 24,000), so the bound is 5%.
-  CHECK(passed_on.load() < kThreads * 3000 / 20);
+  // 2 cores one CI run in several saw 2.3% (540 of 24,000), and one beside other sanitized tests
+  // 6.7% (1,600), so the bound is one in eight: a held bound that refused every slab beyond the
+  // first in use passes on about half.
+  CHECK(passed_on.load() < kThreads * 3000 / 8);
   const ManagedReport r = c.report();
   CHECK(r.live_allocations == 0);
   CHECK(r.resets > 0);
