@@ -47,9 +47,7 @@ bool in_range(int device) { return device >= 0 && device < kMaxDevices; }
 
 std::optional<std::uint64_t> limit_of(int device) { return config().limit.for_device(device); }
 
-}  // namespace
-
-bool charge(int device, std::uint64_t bytes) {
+bool charge_bytes(int device, std::uint64_t bytes, bool refusal_counts) {
   if (!in_range(device)) return true;
   const std::optional<std::uint64_t> limit = limit_of(device);
   Account& account = state().accounts[device];
@@ -60,7 +58,7 @@ bool charge(int device, std::uint64_t bytes) {
   std::uint64_t now = account.charged.load(std::memory_order_relaxed);
   do {
     if (bytes > *limit || now > *limit - bytes) {
-      if (account.refused.fetch_add(1, std::memory_order_relaxed) == 0)
+      if (refusal_counts && account.refused.fetch_add(1, std::memory_order_relaxed) == 0)
         log_format(LogLevel::basic,
                    "device %d: %llu B more would exceed the budget (limit %llu B, %llu B held): "
                    "idle memory goes back first, and what still does not fit fails as out of "
@@ -72,6 +70,14 @@ bool charge(int device, std::uint64_t bytes) {
     }
   } while (!account.charged.compare_exchange_weak(now, now + bytes, std::memory_order_relaxed));
   return true;
+}
+
+}  // namespace
+
+bool charge(int device, std::uint64_t bytes) { return charge_bytes(device, bytes, true); }
+
+bool charge_if_room(int device, std::uint64_t bytes) {
+  return charge_bytes(device, bytes, false);
 }
 
 std::optional<std::uint64_t> limit(int device) {

@@ -15,8 +15,12 @@
 namespace poolcuda::budget {
 
 // Charges `bytes` on `device`; false (nothing charged) when that would exceed its budget. The
-// first refusal on a device is logged. Always true on a device without a budget.
+// first refusal on a device is logged; every refusal is counted. Always true on a device without
+// a budget.
 bool charge(int device, std::uint64_t bytes);
+// As charge(), for memory the library can do without (a page wider than the request needs, tried
+// before the one it does): a refusal is not the program's, so it is neither logged nor counted.
+bool charge_if_room(int device, std::uint64_t bytes);
 void uncharge(int device, std::uint64_t bytes);
 
 // What is left of the device's budget; nullopt when it has none.

@@ -117,10 +117,19 @@ CudaDevice::CudaDevice(int device, StreamTable& streams) : device_(device), stre
 CudaDevice::~CudaDevice() = default;
 
 AllocStatus CudaDevice::allocate(std::uint64_t size, DevicePtr* out) {
+  return allocate_charged(size, out, &budget::charge);
+}
+
+AllocStatus CudaDevice::allocate_if_room(std::uint64_t size, DevicePtr* out) {
+  return allocate_charged(size, out, &budget::charge_if_room);
+}
+
+AllocStatus CudaDevice::allocate_charged(std::uint64_t size, DevicePtr* out,
+                                         bool (*charge)(int, std::uint64_t)) {
   OwnCallScope scope(device_);
   if (!scope.ok()) return AllocStatus::failed;  // Note [Own calls]
   // Over the budget looks like a full device: the pools trim and retry (Note [Budget]).
-  if (!budget::charge(device_, size)) return AllocStatus::out_of_memory;
+  if (!charge(device_, size)) return AllocStatus::out_of_memory;
   void* ptr = nullptr;
   // Never through the runtime's last-error slot (Note [Quiet growth] in own_api.cpp).
   cudaError_t result = own::quiet_malloc(&ptr, static_cast<std::size_t>(size));

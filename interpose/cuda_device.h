@@ -33,6 +33,7 @@ class CudaDevice final : public Device {
   ~CudaDevice() override;
 
   AllocStatus allocate(std::uint64_t size, DevicePtr* out) override;
+  AllocStatus allocate_if_room(std::uint64_t size, DevicePtr* out) override;
   void release(DevicePtr ptr, std::uint64_t size) override;
   bool flush_releases(std::uint32_t max_microseconds) override;
   std::uint64_t releasing_bytes() override;
@@ -106,6 +107,10 @@ class CudaDevice final : public Device {
 
  private:
   struct Fence;
+
+  // allocate() with the budget's charge of the caller's choice.
+  AllocStatus allocate_charged(std::uint64_t size, DevicePtr* out,
+                               bool (*charge)(int, std::uint64_t));
 
   cudaEvent_t take_event();
   Fence* new_fence();  // a recycled or new record, of this generation, with no events

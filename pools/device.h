@@ -45,6 +45,13 @@ class Device {
   // During capture: allowed; the implementation makes the call legal (relaxed capture mode).
   virtual AllocStatus allocate(std::uint64_t size, DevicePtr* out) = 0;
 
+  // As allocate(), for a page the pools can do without: one wider than the request needs, tried
+  // before a narrower one. A refusal is then not the program's, and an implementation's own
+  // limit (a budget) neither logs nor counts it. The default: allocate().
+  virtual AllocStatus allocate_if_room(std::uint64_t size, DevicePtr* out) {
+    return allocate(size, out);
+  }
+
   // Returns memory obtained from allocate() with the same size. Called under the manager's
   // lock (Note [Outside the lock] in memory_manager.cpp), so it must not block: the driver's
   // free synchronizes the device, so an implementation over CUDA hands the release to a thread

@@ -21,9 +21,9 @@ Slice* PagePool::hand_out(Slice* slice, std::uint64_t size) {
 Slice* PagePool::exact(std::uint64_t eff) { return free_.exact(eff); }
 
 AllocStatus PagePool::grow_page(std::uint64_t page_size, std::uint64_t size, Slice** out,
-                                std::uint64_t max_page) {
+                                std::uint64_t max_page, Fallback fallback) {
   Page* page = nullptr;
-  const AllocStatus status = new_page(page_size, &page, max_page);
+  const AllocStatus status = new_page(page_size, &page, max_page, 0, fallback);
   if (status != AllocStatus::ok) return status;
   Slice* slice = &page->slices.front();
   mark_live(slice, size);
@@ -119,10 +119,11 @@ Slice* ExclusivePool::try_reserve(std::uint64_t size) {
 AllocStatus ExclusivePool::grow(std::uint64_t size, Slice** out) {
   release_stale_before_growth();
   const std::uint64_t page = sizing_.page_for(size);
+  const std::uint64_t exact = align_up(size, alignment());
   // Another shard's idle page serves if this pool would take it from its own free pages.
   const AllocStatus status =
-      grow_page(page, size, out, sizing_.largest_reusable(size, usage_.bytes_padding));
-  const std::uint64_t exact = align_up(size, alignment());
+      grow_page(page, size, out, sizing_.largest_reusable(size, usage_.bytes_padding),
+                page != exact ? Fallback::narrower : Fallback::none);
   if (status != AllocStatus::out_of_memory || page == exact) return status;
   return grow_page(exact, size, out);
 }

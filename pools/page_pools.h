@@ -56,7 +56,7 @@ class PagePool : public Pool {
   // Allocates a page of `page_size` (or takes another shard's idle one of up to `max_page`) and
   // hands its slice out for `size`.
   AllocStatus grow_page(std::uint64_t page_size, std::uint64_t size, Slice** out,
-                        std::uint64_t max_page = 0);
+                        std::uint64_t max_page = 0, Fallback fallback = Fallback::none);
   // The free slice of exactly `eff` bytes, or nullptr.
   Slice* exact(std::uint64_t eff);
 

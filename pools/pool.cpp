@@ -15,7 +15,7 @@ Pool::~Pool() = default;
 Error Pool::growth_limit(std::uint64_t) const { return {}; }
 
 AllocStatus Pool::new_page(std::uint64_t size, Page** out, std::uint64_t max_size,
-                           std::uint64_t min_size) {
+                           std::uint64_t min_size, Fallback fallback) {
   DevicePtr base = 0;
   if (ctx_.borrow_page != nullptr && ctx_.borrow != PoolContext::Borrow::never &&
       ctx_.borrow_page(ctx_.borrow_owner, min_size != 0 ? min_size : size,
@@ -23,7 +23,9 @@ AllocStatus Pool::new_page(std::uint64_t size, Page** out, std::uint64_t max_siz
     ++pages_borrowed_;
   } else {
     if (ctx_.borrow == PoolContext::Borrow::only) return AllocStatus::out_of_memory;
-    const AllocStatus status = ctx_.device.allocate(size, &base);
+    const AllocStatus status = fallback == Fallback::narrower
+                                   ? ctx_.device.allocate_if_room(size, &base)
+                                   : ctx_.device.allocate(size, &base);
     if (status != AllocStatus::ok) return status;
     ++device_allocs_;
   }

@@ -253,11 +253,14 @@ class Pool {
   std::uint64_t alignment() const { return ctx_.alignment; }
 
  protected:
+  // Whether a narrower page is tried when a page is refused: the refusal of a page wider than
+  // the request needs is then not the program's (Device::allocate_if_room).
+  enum class Fallback { none, narrower };
   // Allocates and registers a page holding one free slice that covers it. The slice is not in
   // any free set yet. Another shard's idle page of `min_size` (default: `size`) to `max_size`
   // bytes (at least `size`) may serve instead of the device.
   AllocStatus new_page(std::uint64_t size, Page** out, std::uint64_t max_size = 0,
-                       std::uint64_t min_size = 0);
+                       std::uint64_t min_size = 0, Fallback fallback = Fallback::none);
   // Hands `slice` (already out of every free set) to the program.
   void mark_live(Slice* slice, std::uint64_t requested);
 

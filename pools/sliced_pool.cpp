@@ -180,7 +180,9 @@ AllocStatus SlicedPool::grow(std::uint64_t size, Slice** out) {
   // Another shard's idle page adds nothing to the device: any this pool could have widened to
   // will do, whatever this shard's own growth may take now.
   const std::uint64_t widest_borrowed = cap_ ? page_size_ : page_size_ * kWidestPage;
-  AllocStatus status = new_page(wide, &page, std::max(wide, widest_borrowed), page_size_);
+  AllocStatus status =
+      new_page(wide, &page, std::max(wide, widest_borrowed), page_size_,
+               wide != page_size_ ? Fallback::narrower : Fallback::none);
   if (status == AllocStatus::out_of_memory && wide != page_size_ &&
       ctx_.borrow != PoolContext::Borrow::only) {
     // Note [Wider pages]: never a failure of its own. The borrow above covered this size.

@@ -51,7 +51,8 @@ AllocStatus SplitPool::grow(std::uint64_t size, Slice** out) {
   const std::uint64_t exact = align_up(size, alignment());
   Page* page = nullptr;
   // Another shard's idle page serves if this pool would take it whole from its own free pages.
-  AllocStatus status = new_page(page_size, &page, sizing_.largest_reusable(size, held_back()));
+  AllocStatus status = new_page(page_size, &page, sizing_.largest_reusable(size, held_back()), 0,
+                                page_size != exact ? Fallback::narrower : Fallback::none);
   if (status == AllocStatus::out_of_memory && page_size != exact) status = new_page(exact, &page);
   if (status != AllocStatus::ok) return status;
   Slice* slice = &page->slices.front();

@@ -2,7 +2,8 @@
 // and what is left of it as free; 1 MiB allocations succeed up to exactly 1 GiB and the 1,025th
 // fails with cudaErrorMemoryAllocation (one log line says why); a request larger than the budget
 // is refused without reaching the driver; freeing makes room again, and a request over the
-// budget takes back only the idle pages it lacks. The device itself has more.
+// budget takes back only the idle pages it lacks. The device itself has more. A request whose
+// rounded page does not fit the budget but whose exact size does succeeds, and logs nothing.
 #include <string>
 #include <vector>
 
@@ -60,19 +61,50 @@ int child() {
   return 0;
 }
 
+// Under limit:256M, a request whose rounded page (Note [Exclusive pages]) no longer fits what
+// is left of the budget but whose exact size does: it succeeds, and since no request of the
+// program was refused, the budget logs nothing and counts no refusal.
+int rounded_child() {
+  constexpr std::size_t kMiB = std::size_t{1} << 20;
+  void* first = nullptr;
+  CHECK_CUDA(cudaMalloc(&first, 2 * kMiB + 1024));  // a page of 2.25 MiB: 253.75 MiB left
+  void* last = nullptr;
+  CHECK_CUDA(cudaMalloc(&last, 253 * kMiB + 512 * 1024 + 1024));  // 254 MiB rounded
+  std::size_t free_bytes = 0, total = 0;
+  CHECK_CUDA(cudaMemGetInfo(&free_bytes, &total));
+  CHECK(total == 256 * kMiB);
+  CHECK(free_bytes < kMiB);
+  CHECK_CUDA(cudaFree(last));
+  CHECK_CUDA(cudaFree(first));
+  std::printf("ok\n");
+  return 0;
+}
+
+std::size_t budget_lines(const std::string& output) {
+  std::size_t lines = 0;
+  for (std::size_t at = output.find("exceed the budget"); at != std::string::npos;
+       at = output.find("exceed the budget", at + 1))
+    ++lines;
+  return lines;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   preload_test::require_preloaded();
   if (argc > 1 && std::string(argv[1]) == "child") return child();
+  if (argc > 1 && std::string(argv[1]) == "rounded") return rounded_child();
   const preload_test::ChildResult result =
       preload_test::run_self("child", {"POOLCUDA_CONF=limit:1G"});
   std::printf("%s", result.output.c_str());
   CHECK_MSG(result.status == 0, "child exited with " + std::to_string(result.status));
-  std::size_t lines = 0;
-  for (std::size_t at = result.output.find("exceed the budget"); at != std::string::npos;
-       at = result.output.find("exceed the budget", at + 1))
-    ++lines;
-  CHECK_MSG(lines == 1, std::to_string(lines) + " budget lines");
+  CHECK_MSG(budget_lines(result.output) == 1,
+            std::to_string(budget_lines(result.output)) + " budget lines");
+  const preload_test::ChildResult rounded =
+      preload_test::run_self("rounded", {"POOLCUDA_CONF=limit:256M"});
+  std::printf("%s", rounded.output.c_str());
+  CHECK_MSG(rounded.status == 0, "rounded child exited with " + std::to_string(rounded.status));
+  CHECK_MSG(budget_lines(rounded.output) == 0,
+            std::to_string(budget_lines(rounded.output)) + " budget lines for a request that fit");
   return 0;
 }
