@@ -1,8 +1,8 @@
 // Wider pages (Note [Wider pages] in pools/sliced_pool.cpp): a sliced pool that holds many pages
 // grows by pages of several configured pages at once, within the held bound, the budget, a 64th
 // of the device and a quarter of it held; a small program keeps one page; a cap or fence-pending
-// memory keeps the configured page; and a driver that refuses a wide page is asked for one
-// configured page.
+// memory keeps the configured page; and a driver that refuses a wide page (asked for as one the
+// pool can do without) is asked for one configured page.
 #include <doctest/doctest.h>
 
 #include <initializer_list>
@@ -188,17 +188,39 @@ TEST_CASE("the held bound's room narrows a wide page") {
   free_all(manager, live);
 }
 
+// Which pages were asked for as ones the pools can do without (Device::allocate_if_room).
+class AskingDevice final : public ForwardingDevice<HostDevice> {
+ public:
+  using ForwardingDevice::ForwardingDevice;
+  AllocStatus allocate(std::uint64_t size, DevicePtr* out) override {
+    needed.push_back(size);
+    return inner_.allocate(size, out);
+  }
+  AllocStatus allocate_if_room(std::uint64_t size, DevicePtr* out) override {
+    optional.push_back(size);
+    return inner_.allocate(size, out);
+  }
+  std::vector<std::uint64_t> needed, optional;
+};
+
 TEST_CASE("a driver that refuses the wide page is asked for one configured page") {
-  HostDevice device(16 * GiB, 512);
+  HostDevice host(16 * GiB, 512);
+  AskingDevice device(host);
   MemoryManager manager(device, wide_options(custom({sliced(2 * MiB, 512 * KiB)})));
-  std::vector<DevicePtr> live = fill(manager, device, 64 * MiB);  // the next page: 16 MiB
-  device.set_capacity(64 * MiB + 3 * MiB);
+  std::vector<DevicePtr> live = fill(manager, host, 64 * MiB);  // the next page: 16 MiB
+  host.set_capacity(64 * MiB + 3 * MiB);
+  device.needed.clear();
+  device.optional.clear();
   const DevicePtr p = manager.allocate(512 * KiB).ptr;
   CHECK(p != 0);
   live.push_back(p);
   CHECK(manager.memory_usage().bytes_reserved == 66 * MiB);
   CHECK(manager.report().oom_failures == 0);
   CHECK(manager.report().oom_recoveries == 0);
+  // The wide page was one the pool could do without (a budget does not count its refusal); the
+  // configured page was needed.
+  CHECK(device.optional == std::vector<std::uint64_t>{16 * MiB});
+  CHECK(device.needed == std::vector<std::uint64_t>{2 * MiB});
   free_all(manager, live);
 }
 
