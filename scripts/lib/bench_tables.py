@@ -215,9 +215,12 @@ def render(results_doc):
            "✗: every run failed, †: some runs failed (see Failures); "
            "an empty cell was not run.",
            ""]
+    if meta.get("context_only"):
+        out += [f"{', '.join(meta['context_only'])}: no target reads them; they ran in the first "
+                "repeat only.", ""]
     for trace, names in (meta.get("first_repeat_only") or {}).items():
-        out += [f"{trace}: {', '.join(names)} ran in the first repeat only (their runs are the "
-                "longest; each live level is 20,000 steps).", ""]
+        out += [f"{trace}: {', '.join(names)} ran in the first repeat only too (their runs are "
+                "the longest; each live level is 20,000 steps).", ""]
     if meta.get("best_layouts"):
         out += ["poolcuda-best layouts (POOLCUDA_CONF): " +
                 "; ".join(f"{k}: `{v}`" for k, v in meta["best_layouts"].items()), ""]
