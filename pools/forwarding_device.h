@@ -2,6 +2,8 @@
 // benchmark's metering device derive from it and override only what they do differently
 // (releases that lag, a device that moves on during a flush, counters). `Inner` is the type the
 // derived class needs to reach (HostDevice for its test controls, or any Device).
+// allocate_if_room is not forwarded on purpose: the default calls this device's allocate(), so
+// a derived device that counts or refuses allocations sees wide pages too.
 #pragma once
 
 #include "pools/device.h"

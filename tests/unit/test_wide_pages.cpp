@@ -224,6 +224,22 @@ TEST_CASE("a driver that refuses the wide page is asked for one configured page"
   free_all(manager, live);
 }
 
+TEST_CASE("a page rounded to its size class is one the pools can do without; the exact size is "
+          "needed") {
+  // 5 MiB + 1 rounds to a 5.5 MiB page; with 5.25 MiB of device only the exact size fits.
+  for (const PoolSpec& tail : {exclusive(1 * GiB), split(1 * GiB)}) {
+    CAPTURE(static_cast<int>(tail.kind));
+    HostDevice host(5 * MiB + 256 * KiB, 512);
+    AskingDevice device(host);
+    MemoryManager manager(device, wide_options(custom({tail})));
+    const DevicePtr p = manager.allocate(5 * MiB + 1).ptr;
+    REQUIRE(p != 0);
+    CHECK(device.optional == std::vector<std::uint64_t>{5 * MiB + 512 * KiB});
+    CHECK(device.needed == std::vector<std::uint64_t>{5 * MiB + 512});
+    CHECK(manager.free(p) == FreeOutcome::freed);
+  }
+}
+
 TEST_CASE("fence-pending memory in the pool keeps its pages narrow") {
   HostDevice device(16 * GiB, 512);
   device.set_fence_mode(HostDevice::FenceMode::manual);
