@@ -321,6 +321,16 @@ struct MemoryManager::Impl {
     std::uint64_t room = Device::kNoGrowthLimit;  // what a growth may take under the bound
   };
   HeldCheck trim_to_held_bound(const Pool& pool, std::uint64_t size, std::uint64_t own_claim);
+  // The device's bytes reserved (this reservation's claim left out) and in use at their most,
+  // this request included, and the held bound they give.
+  struct HeldFigures {
+    std::uint64_t reserved = 0;
+    std::uint64_t peak_in_use = 0;
+    std::uint64_t bound = 0;
+  };
+  HeldFigures held_figures(std::uint64_t size, std::uint64_t own_claim) const;
+  // Whether growing `pool` for `size` would pass the held bound before any page goes back.
+  bool over_held_bound(const Pool& pool, std::uint64_t size, std::uint64_t own_claim) const;
   void implicit_cleanup();
   // The reservation clock moves by `reservations`; an implicit cleanup runs when one is due.
   // No idle page goes back during a capture: the release would have to wait for it anyway.

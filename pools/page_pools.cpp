@@ -60,7 +60,9 @@ std::uint64_t PagePool::largest_free() const { return free_.largest(); }
 // with them after freeing thirty such pages would get about half of what plain CUDA gives. (A
 // budget of 1/64 cost the 1 GiB random traces four times the driver allocations; 1/16 keeps the
 // gains above.) With shards (Note [Shards]) each shard's pool gets its share of that budget, a
-// 16th divided by the shards made so far. A shard made later lowers the shares but not what the
+// 16th divided by the shards made so far. At the held bound a request may take a page of up to
+// four times its class instead, within the same two bounds (Note [Wide reuse at the held bound]
+// in memory_manager.cpp). A shard made later lowers the shares but not what the
 // earlier ones already hold: the k-th shard can hold a 16th divided by k, so n shards together up
 // to the n-th harmonic number of 16ths (a seventh of the device with 5 shards, the most `auto`
 // makes). A device-wide count would close that gap. A page too large for every request stays idle until its
@@ -95,6 +97,18 @@ std::uint64_t PageSizing::largest_reusable(std::uint64_t size, std::uint64_t pad
   return std::max(quarter, std::min(widest, size + room));
 }
 
+std::uint64_t PageSizing::largest_reusable_at_bound(std::uint64_t size,
+                                                   std::uint64_t padding) const {
+  const std::uint64_t page = page_for(size);
+  const std::uint64_t device_share = ctx_.total_memory / 64;
+  const std::uint64_t extra = page * (kWideReuseAtBound - 1);
+  const std::uint64_t widest = page + (device_share != 0 ? std::min(extra, device_share) : extra);
+  // The same two padding bounds as any reuse (Note [Exclusive pages]).
+  const std::uint64_t budget = padding_budget();
+  const std::uint64_t room = padding < budget ? budget - padding : 0;
+  return std::max(largest_reusable(size, padding), std::min(widest, size + room));
+}
+
 PoolReport PageSizing::describe(const char* kind,
                                 const std::optional<std::uint64_t>& period) const {
   PoolReport r;
@@ -115,6 +129,12 @@ Slice* ExclusivePool::try_reserve(std::uint64_t size) {
       size);
 }
 
+
+Slice* ExclusivePool::try_reserve_at_bound(std::uint64_t size) {
+  return hand_out(free_.fit(align_up(size, alignment()),
+                            sizing_.largest_reusable_at_bound(size, usage_.bytes_padding)),
+                  size);
+}
 
 AllocStatus ExclusivePool::grow(std::uint64_t size, Slice** out) {
   release_stale_before_growth();

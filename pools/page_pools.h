@@ -17,6 +17,10 @@
 
 namespace poolcuda {
 
+// How many times its size class a free page may be for a request whose growth the held bound
+// would make room for (Note [Wide reuse at the held bound] in memory_manager.cpp).
+inline constexpr std::uint64_t kWideReuseAtBound = 4;
+
 // How a pool that gives a request a page of its own sizes that page, and how much wider a free
 // page the request may take whole (Note [Exclusive pages]).
 class PageSizing {
@@ -32,6 +36,9 @@ class PageSizing {
   // may still take (at least a quarter above the class): the largest page the pool reuses for
   // `size` now, its own or another shard's.
   std::uint64_t largest_reusable(std::uint64_t size, std::uint64_t padding) const;
+  // The same for a request whose growth the held bound would make room for: up to
+  // kWideReuseAtBound times the class, within the same padding bounds.
+  std::uint64_t largest_reusable_at_bound(std::uint64_t size, std::uint64_t padding) const;
   // The padding and split-off free bytes a pool may keep in pages it cannot release: a 16th of
   // the device, shared between the shards.
   std::uint64_t padding_budget() const;
@@ -74,6 +81,10 @@ class ExclusivePool final : public PagePool {
   bool accepts(std::uint64_t size) const override { return size <= sizing_.max_alloc_size(); }
   const char* kind_name() const override { return "exclusive"; }
   Slice* try_reserve(std::uint64_t size) override;
+  Slice* try_reserve_at_bound(std::uint64_t size) override;
+  bool has_wider_free(std::uint64_t size) const override {
+    return free_.largest() > sizing_.largest_reusable(size, usage_.bytes_padding);
+  }
   AllocStatus grow(std::uint64_t size, Slice** out) override;
   PoolReport describe() const override;
   std::uint64_t growth_bytes(std::uint64_t size) const override { return sizing_.page_for(size); }

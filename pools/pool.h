@@ -195,6 +195,13 @@ class Pool {
   virtual const char* kind_name() const = 0;  // "sliced", "exclusive", ... (a literal)
   // Serves `size` from free memory without any device call; nullptr when it cannot.
   virtual Slice* try_reserve(std::uint64_t size) = 0;
+  // As try_reserve(), for a request whose growth the held bound would have to make room for:
+  // a pool that turns down free pages too wide for `size` may take one of them then (Note [Wide
+  // reuse at the held bound] in memory_manager.cpp). nullptr when it does not.
+  virtual Slice* try_reserve_at_bound(std::uint64_t) { return nullptr; }
+  // Whether the pool holds a free page wider than try_reserve() takes for `size` (cheap: asked
+  // before the held bound is weighed).
+  virtual bool has_wider_free(std::uint64_t) const { return false; }
   // Why growing for `size` is not allowed (a cap), or none. No device call.
   virtual Error growth_limit(std::uint64_t size) const;
   // Whether a growth keeps the pool's reserved bytes under a bound (a direct pool's reclaim):

@@ -32,8 +32,11 @@ ManagerOptions held_options(std::uint32_t hold_percent, std::uint32_t shards = 1
 // A manager over a device whose released pages wait for a flush, as on the release thread;
 // `driver` is what the driver holds, pages on their way included.
 struct HeldRig {
-  explicit HeldRig(std::uint32_t hold_percent, std::uint32_t shards = 1)
-      : driver(4 * GiB, 512), device(driver), manager(device, held_options(hold_percent, shards)) {}
+  explicit HeldRig(std::uint32_t hold_percent, std::uint32_t shards = 1,
+                   std::uint64_t device_bytes = 4 * GiB)
+      : driver(device_bytes, 512),
+        device(driver),
+        manager(device, held_options(hold_percent, shards)) {}
 
   DevicePtr allocate(std::uint64_t size) {
     const DevicePtr p = manager.allocate(size).ptr;
@@ -79,6 +82,79 @@ TEST_CASE("a growth that would pass the bound gives idle pages back first, and t
   CHECK(rig.manager.report().held_early_growths == 0);
   rig.free(c);
   CHECK(rig.manager.check_consistency().empty());
+}
+
+// Note [Wide reuse at the held bound]: the most in use was 100 MiB, so the bound is 150 MiB; an
+// idle 100 MiB page and a live 10 MiB one are held. A request of 41 MiB (a 42 MiB page) would
+// pass the bound by growing, and the idle page is more than twice its class.
+TEST_CASE("at the bound, an idle page up to four times the request's class serves it instead of "
+          "a page given back and a growth") {
+  HeldRig rig(150);
+  const DevicePtr a = rig.allocate(100 * MiB);
+  rig.free(a);
+  const DevicePtr b = rig.allocate(10 * MiB);  // a page of its own: 110 MiB held
+  const std::uint64_t allocations = rig.driver.calls().allocate;
+  const DevicePtr c = rig.allocate(41 * MiB);
+  CHECK(c == a);
+  CHECK(rig.driver.calls().allocate == allocations);
+  CHECK(rig.device.delivered == 0);
+  CHECK(rig.manager.memory_usage().bytes_reserved == 110 * MiB);
+  CHECK(rig.manager.memory_usage().bytes_padding == 59 * MiB);
+  CHECK(rig.manager.report().held_released_bytes == 0);
+  rig.free(c);
+  rig.free(b);
+  CHECK(rig.manager.check_consistency().empty());
+}
+
+TEST_CASE("below the bound, or more than four times the class, the wide idle page stays idle") {
+  SUBCASE("below the bound the request grows a page of its class") {
+    HeldRig rig(150);
+    const DevicePtr a = rig.allocate(100 * MiB);
+    rig.free(a);
+    const DevicePtr c = rig.allocate(30 * MiB);  // 100 + 30 MiB stay within 150
+    CHECK(c != a);
+    CHECK(rig.manager.memory_usage().bytes_reserved == 130 * MiB);
+    rig.free(c);
+  }
+  SUBCASE("a page more than four times the class goes back for a growth") {
+    HeldRig rig(150);
+    const DevicePtr a = rig.allocate(100 * MiB);
+    rig.free(a);
+    std::vector<DevicePtr> live;
+    for (int i = 0; i < 3; ++i) live.push_back(rig.allocate(10 * MiB));  // 130 MiB held
+    const DevicePtr c = rig.allocate(20 * MiB + 1);  // a 22 MiB page: 152 MiB would pass 150
+    CHECK(c != a);
+    CHECK(rig.device.delivered == 1);
+    CHECK(rig.manager.memory_usage().bytes_reserved == 30 * MiB + 22 * MiB);
+    rig.free(c);
+    for (const DevicePtr p : live) rig.free(p);
+  }
+  SUBCASE("a page whose padding would pass a 64th of the device goes back for a growth") {
+    HeldRig rig(150, 1, GiB);  // 16 MiB of padding a page at most
+    const DevicePtr a = rig.allocate(100 * MiB);
+    rig.free(a);
+    const DevicePtr b = rig.allocate(10 * MiB);
+    const DevicePtr c = rig.allocate(41 * MiB);  // as in the test above, 59 MiB of padding
+    CHECK(c != a);
+    CHECK(rig.device.delivered == 1);
+    CHECK(rig.manager.memory_usage().bytes_reserved == 10 * MiB + 42 * MiB);
+    rig.free(c);
+    rig.free(b);
+  }
+  SUBCASE("a page whose padding would pass the padding budget goes back for a growth") {
+    // A 1 GiB device: 64 MiB of padding at most. The bound is 600 MiB; 520 MiB are held.
+    HeldRig rig(150, 1, GiB);
+    const DevicePtr a = rig.allocate(400 * MiB);
+    rig.free(a);
+    const DevicePtr b = rig.allocate(60 * MiB), d = rig.allocate(60 * MiB);
+    const DevicePtr c = rig.allocate(110 * MiB);  // its own size; 290 MiB of padding in a's
+    CHECK(c != a);
+    CHECK(rig.device.delivered == 1);
+    CHECK(rig.manager.memory_usage().bytes_reserved == 120 * MiB + 110 * MiB);
+    rig.free(c);
+    rig.free(b);
+    rig.free(d);
+  }
 }
 
 TEST_CASE("without a bound the idle pages stay") {
