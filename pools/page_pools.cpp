@@ -136,6 +136,12 @@ Slice* ExclusivePool::try_reserve_at_bound(std::uint64_t size) {
                   size);
 }
 
+AllocStatus ExclusivePool::borrow_at_bound(std::uint64_t size, Slice** out) {
+  if (ctx_.borrow != PoolContext::Borrow::only) return AllocStatus::out_of_memory;
+  return grow_page(sizing_.page_for(size), size, out,
+                   sizing_.largest_reusable_at_bound(size, usage_.bytes_padding));
+}
+
 AllocStatus ExclusivePool::grow(std::uint64_t size, Slice** out) {
   release_stale_before_growth();
   const std::uint64_t page = sizing_.page_for(size);

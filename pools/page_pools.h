@@ -85,6 +85,7 @@ class ExclusivePool final : public PagePool {
   bool has_wider_free(std::uint64_t size) const override {
     return free_.largest() > sizing_.largest_reusable(size, usage_.bytes_padding);
   }
+  AllocStatus borrow_at_bound(std::uint64_t size, Slice** out) override;
   AllocStatus grow(std::uint64_t size, Slice** out) override;
   PoolReport describe() const override;
   std::uint64_t growth_bytes(std::uint64_t size) const override { return sizing_.page_for(size); }

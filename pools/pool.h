@@ -202,6 +202,11 @@ class Pool {
   // Whether the pool holds a free page wider than try_reserve() takes for `size` (cheap: asked
   // before the held bound is weighed).
   virtual bool has_wider_free(std::uint64_t) const { return false; }
+  // With PoolContext::Borrow::only: another shard's idle page as wide as try_reserve_at_bound()
+  // takes, for `size`. out_of_memory when there is none, or the pool takes none so wide.
+  virtual AllocStatus borrow_at_bound(std::uint64_t, Slice**) {
+    return AllocStatus::out_of_memory;
+  }
   // Why growing for `size` is not allowed (a cap), or none. No device call.
   virtual Error growth_limit(std::uint64_t size) const;
   // Whether a growth keeps the pool's reserved bytes under a bound (a direct pool's reclaim):

@@ -264,6 +264,32 @@ TEST_CASE("a request another shard's idle page fits costs no driver call") {
   }
 }
 
+TEST_CASE("at the bound, another shard's idle page up to four times the class serves without a "
+          "driver call") {
+  HeldRig rig(150, 2);
+  Worker a, b;
+  rig.part(a, b);
+  DevicePtr x = 0;
+  b.run([&] {
+    x = rig.allocate(100 * MiB);
+    rig.free(x);
+  });
+  // The bound is 150 MiB; with a's 10 MiB page, a 42 MiB growth would pass it, and b's idle
+  // page is more than twice that class.
+  DevicePtr live = 0, c = 0;
+  a.run([&] { live = rig.allocate(10 * MiB); });
+  const auto before = rig.driver.calls();
+  a.run([&] { c = rig.allocate(41 * MiB); });
+  rig.device.deliver();
+  CHECK(c == x);
+  CHECK(rig.driver.calls().allocate == before.allocate);
+  CHECK(rig.driver.calls().release == before.release);
+  CHECK(rig.manager.report().held_released_bytes == 0);
+  rig.free(c);
+  rig.free(live);
+  CHECK(rig.manager.check_consistency().empty());
+}
+
 TEST_CASE("a request the driver refuses does not raise the bound") {
   HeldRig rig(150);
   const DevicePtr a = rig.allocate(100 * MiB), b = rig.allocate(100 * MiB);
