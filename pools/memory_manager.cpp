@@ -449,10 +449,9 @@ MemoryManager::Impl::FenceWait MemoryManager::Impl::wait_for_oldest_fence(
 // driver calls and a wait. With the ring of 16 buffers of 512 B to 16 MiB, a fifth of them in
 // the exclusive tail, that was every growth (180 driver allocations and 161 frees in 100,000
 // pairs, at 1.50 times the live bytes). So a request whose growth would pass the bound first
-// takes an idle page of up to kWideReuseAtBound times its class, within the same padding budget
-// as any reuse beyond a quarter above the class (a 16th of the device, shared by the shards):
-// nothing grows, nothing waits, and the bytes reserved stay what they were, so the bound holds
-// as it did. Measured through the library (four runs each): the ring made 69 driver
+// takes an idle page of up to kWideReuseAtBound times its class, within the same two padding
+// bounds as any reuse (a 64th of the device a page; a 16th in all, shared by the shards): nothing
+// grows, nothing waits, and the bytes reserved stay what they were, so the bound holds as it did. Measured through the library (four runs each): the ring made 69 driver
 // allocations instead of 180 and 5.4M pairs a second instead of 4.4M, with two threads 180
 // instead of 414 and 3.3M instead of 2.3M, at the same 1.50 times its live bytes with one
 // thread; the random traces up to 64 MiB and 1 GiB, the serving and training traces made as
