@@ -38,11 +38,13 @@ Reservation MemoryManager::Shards::allocate(std::uint64_t size, Placement placem
   std::uint32_t k = own ? s.home(thread) : 0;
   // One Reservation, returned by name on every path: it is built where the caller wants it
   // (copying it out of a callee's frame cost a store-forwarding stall per call).
-  // Out of memory in the thread's own shard tries the first, when the request is a sliced
-  // pool's: the first shard's used pages may still have room (every other shard's idle memory
-  // is already back with the driver, an exclusive or direct pool has no room inside pages, and
-  // a split pool's split pages stay within its budget, Note [Split pools]).
-  bool fallback = k != 0 && size <= s.sharded_max.load(std::memory_order_relaxed);
+  // Out of memory in the thread's own shard tries the other shards, the first one first, when
+  // the request is a sliced pool's: their used pages may still have room (every other shard's
+  // idle memory is already back with the driver, an exclusive or direct pool has no room inside
+  // pages, and a split pool's split pages stay within its budget, Note [Split pools]).
+  const std::uint32_t shards_made = s.count();
+  bool fallback =
+      shards_made > 1 && size <= s.sharded_above.load(std::memory_order_relaxed);
   Impl::ReserveNotes notes;
   Reservation r = s.at(k).reserve(size, placement, k == 0 ? nullptr : &s.open, &thread, own,
                                   !fallback, notes);
@@ -61,9 +63,18 @@ Reservation MemoryManager::Shards::allocate(std::uint64_t size, Placement placem
   if (notes.clock_crossed) s.sync_clocks(k, notes.clock);
   if (notes.plan_due) s.plan();
   if (fallback && r.ptr == 0 && r.error.kind == ErrorKind::out_of_memory) {
-    notes = {};
-    notes.quick = true;  // recovery ran already: routing only, without waits
-    r = s.at(0).reserve(size, placement, nullptr, &thread, false, true, notes);
+    const Reservation own_failure = r;
+    const std::uint32_t last = k == shards_made - 1 ? shards_made - 2 : shards_made - 1;
+    for (std::uint32_t j = 0; j < shards_made && r.ptr == 0; ++j) {
+      if (j == k) continue;
+      notes = {};
+      notes.quick = true;  // recovery ran already: routing only, without waits
+      // Not the thread's home: its reservation there tells no sharing (Note [Shards]).
+      r = s.at(j).reserve(size, placement, j == 0 ? nullptr : &s.open, nullptr, false, j == last,
+                          notes);
+    }
+    // A later shard whose gate closed meanwhile answered nothing: the own shard's failure stands.
+    if (r.ptr == 0 && r.error.kind == ErrorKind::none) r = own_failure;
   }
   return r;
 }

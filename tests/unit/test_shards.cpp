@@ -470,6 +470,33 @@ TEST_CASE("out of memory in a thread's own shard is served from room in the firs
   CHECK(rig.manager.check_consistency().empty());
 }
 
+TEST_CASE("out of memory in the first shard is served from room in a later one") {
+  ShardRig rig(shard_options(), 72 * MiB);
+  Worker a, b;
+  rig.part(a, b);
+  Worker& moved = rig.shard_of(rig.reserve_on(a, KiB)) != 0 ? a : b;
+  Worker& stayed = &moved == &a ? b : a;
+  // A hole in the later shard's page: its other slice keeps the page there, in use.
+  const DevicePtr keep = rig.reserve_on(moved, MiB), hole = rig.reserve_on(moved, MiB);
+  REQUIRE(rig.shard_of(hole) != 0);
+  moved.run([&] { REQUIRE(rig.manager.free(hole) == FreeOutcome::freed); });
+  bool served_by_later = false;
+  std::vector<DevicePtr> held;
+  for (int i = 0; i < 16; ++i) {
+    DevicePtr p = 0;
+    stayed.run([&] { p = rig.manager.allocate(MiB).ptr; });
+    if (p == 0) break;
+    held.push_back(p);
+    served_by_later = served_by_later || rig.shard_of(p) != 0;
+  }
+  CHECK(served_by_later);
+  CHECK(held.size() < 16);  // the device did fill up
+  for (const DevicePtr p : held) CHECK(rig.manager.free(p) == FreeOutcome::freed);
+  CHECK(rig.manager.free(keep) == FreeOutcome::freed);
+  CHECK(rig.manager.report().oom_failures == 1);  // one failure counted, not one per shard
+  CHECK(rig.manager.check_consistency().empty());
+}
+
 TEST_CASE("out of memory waits for the fences of memory another shard's thread freed") {
   // Frees wait for their fences here (a device behind the host): what b freed is pending in its
   // shard when a runs out, and comes free only once a's recovery waits for b's fences.
