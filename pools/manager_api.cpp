@@ -43,8 +43,8 @@ Reservation MemoryManager::Shards::allocate(std::uint64_t size, Placement placem
   // idle memory is already back with the driver, an exclusive or direct pool has no room inside
   // pages, and a split pool's split pages stay within its budget, Note [Split pools]).
   const std::uint32_t shards_made = s.count();
-  bool fallback =
-      shards_made > 1 && size <= s.sharded_above.load(std::memory_order_relaxed);
+  bool fallback = placement == Placement::automatic && shards_made > 1 &&
+                  size <= s.sharded_above.load(std::memory_order_relaxed);
   Impl::ReserveNotes notes;
   Reservation r = s.at(k).reserve(size, placement, k == 0 ? nullptr : &s.open, &thread, own,
                                   !fallback, notes);
