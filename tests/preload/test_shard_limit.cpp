@@ -8,7 +8,8 @@
 // counted at the first allocation. In each child two threads then take turns allocating,
 // so that every allocation of each finds one of the other's before it: one of them must move to
 // a shard of its own. The exit report shows both the shards made and the most the device may
-// make.
+// make. On a device smaller than 1 GiB shards:auto keeps one shard (small device): the same
+// turns then make none.
 #include <pthread.h>
 #include <sched.h>
 
@@ -137,6 +138,15 @@ int main(int argc, char** argv) {
   check_child("child");
   check_child("child:all");
   check_child("child:early");
+  {
+    const preload_test::ExitReport small =
+        preload_test::run_with_exit_report("child", {"SIMCUDA_DEVICE_MEMORY=512M"});
+    std::printf("small device: shards made %llu, at most %llu\n",
+                static_cast<unsigned long long>(shards_figure(small.json, "shards")),
+                static_cast<unsigned long long>(shards_figure(small.json, "shard_limit")));
+    CHECK(shards_figure(small.json, "shard_limit") == 1);
+    CHECK(shards_figure(small.json, "shards") == 1);
+  }
   std::printf("ok\n");
   return 0;
 }
