@@ -4,6 +4,7 @@
 // memory, and a shard nobody uses still ages its idle pages.
 //
 // Every thread that reserves here is a fresh Worker: a thread's home shard outlives a manager.
+#include <algorithm>
 #include <mutex>
 #include <random>
 #include <thread>
@@ -11,6 +12,7 @@
 #include <vector>
 
 #include <doctest/doctest.h>
+
 #include "pools/host_device.h"
 #include "pools/memory_manager.h"
 #include "tests/unit/pools_test_util.h"
@@ -91,6 +93,18 @@ struct ShardRigOn {
       for (const DevicePtr p : held) CHECK(manager.free(p) == FreeOutcome::freed);
     });
     return {&moved, &stayed};
+  }
+
+  // w takes 1 MiB slices until one is refused (16 at most): the slices it got.
+  std::vector<DevicePtr> fill_device(Worker& w) {
+    std::vector<DevicePtr> held;
+    for (int i = 0; i < 16; ++i) {
+      DevicePtr p = 0;
+      w.run([&] { p = manager.allocate(MiB).ptr; });
+      if (p == 0) break;
+      held.push_back(p);
+    }
+    return held;
   }
 
   // The shard a live pointer belongs to.
@@ -454,16 +468,8 @@ TEST_CASE("out of memory in a thread's own shard is served from room in the firs
   // A hole in one of the first shard's pages, the one room left once the device is full.
   REQUIRE(rig.manager.free(rig.ballast.back()) == FreeOutcome::freed);
   rig.ballast.pop_back();
-  bool served_by_first = false;
-  std::vector<DevicePtr> held;
-  for (int i = 0; i < 16; ++i) {
-    DevicePtr p = 0;
-    moved.run([&] { p = rig.manager.allocate(MiB).ptr; });
-    if (p == 0) break;
-    held.push_back(p);
-    served_by_first = served_by_first || rig.shard_of(p) == 0;
-  }
-  CHECK(served_by_first);
+  const std::vector<DevicePtr> held = rig.fill_device(moved);
+  CHECK(std::any_of(held.begin(), held.end(), [&](DevicePtr p) { return rig.shard_of(p) == 0; }));
   CHECK(held.size() < 16);  // the device did fill up
   for (const DevicePtr p : held) CHECK(rig.manager.free(p) == FreeOutcome::freed);
   CHECK(rig.manager.report().oom_failures == 1);  // one failure counted, not one per shard
@@ -480,16 +486,8 @@ TEST_CASE("out of memory in the first shard is served from room in a later one")
   const DevicePtr keep = rig.reserve_on(moved, MiB), hole = rig.reserve_on(moved, MiB);
   REQUIRE(rig.shard_of(hole) != 0);
   moved.run([&] { REQUIRE(rig.manager.free(hole) == FreeOutcome::freed); });
-  bool served_by_later = false;
-  std::vector<DevicePtr> held;
-  for (int i = 0; i < 16; ++i) {
-    DevicePtr p = 0;
-    stayed.run([&] { p = rig.manager.allocate(MiB).ptr; });
-    if (p == 0) break;
-    held.push_back(p);
-    served_by_later = served_by_later || rig.shard_of(p) != 0;
-  }
-  CHECK(served_by_later);
+  const std::vector<DevicePtr> held = rig.fill_device(stayed);
+  CHECK(std::any_of(held.begin(), held.end(), [&](DevicePtr p) { return rig.shard_of(p) != 0; }));
   CHECK(held.size() < 16);  // the device did fill up
   for (const DevicePtr p : held) CHECK(rig.manager.free(p) == FreeOutcome::freed);
   CHECK(rig.manager.free(keep) == FreeOutcome::freed);
