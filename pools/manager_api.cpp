@@ -528,7 +528,7 @@ void MemoryManager::forget() {
   // The program's memory is gone: the plan starts over from what it holds next.
   std::lock_guard control(s.control);
   s.planned_peak = 0;
-  s.sharded_max.store(0, std::memory_order_relaxed);
+  s.set_sharded_max();
   s.held_peak.store(0, std::memory_order_relaxed);
   s.device_in_use_peak.store(0, std::memory_order_relaxed);
   s.device_reserved_peak.store(0, std::memory_order_relaxed);

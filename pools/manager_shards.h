@@ -27,9 +27,12 @@ inline constexpr std::uint64_t kShardPublishEvery = 64;
 inline constexpr std::uint64_t kShardPlanEvery = 256;
 
 // A sliced pool's request may come from the calling thread's own shard only when the pool's
-// pages are at most the most bytes the device has had in use divided by this: every shard holds a
-// partly used page of each sliced pool it serves, and that cost stays a small share of the peak.
+// pages are at most the most bytes the device has had in use divided by kShardPageShare, or at
+// most the device's memory divided by kShardDeviceShare: every shard holds a partly used page of
+// each sliced pool it serves, and that cost stays a small share of the peak, or of the device
+// (Note [Shards]).
 inline constexpr std::uint64_t kShardPageShare = 32;
+inline constexpr std::uint64_t kShardDeviceShare = 1024;
 
 // How many times a shard that needs a page tries another shard's lock for an idle one, a few
 // pauses apart (Note [Spinning before parking] in pools/lock_order.h).
@@ -123,6 +126,8 @@ struct MemoryManager::Shards {
   // Redoes the plan: sharded_max, from the layout's pools and the most bytes the shards' last
   // published figures have added up to.
   void plan();
+  // sharded_max for planned_peak; under `control`.
+  void set_sharded_max();
   // Shards other than `k` whose reservation clock is behind `clock` catch up with it, and run
   // the implicit cleanups that come due.
   void sync_clocks(std::uint32_t k, std::uint64_t clock);

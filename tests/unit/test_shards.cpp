@@ -268,6 +268,36 @@ TEST_CASE("the plan follows the most bytes in use, not those in use now, until a
   CHECK(shard_for(moved) == 0);
 }
 
+TEST_CASE("on a large device, pages up to a 1024th of it are per shard before anything is in use") {
+  // 4 GiB: 2 MiB pages are at most a 1024th of the device, 8 MiB ones are not; nothing is in
+  // use yet, so only that share decides.
+  ShardRig rig(shard_options(custom({sliced(2 * MiB, MiB), sliced(8 * MiB, 4 * MiB)})), 4 * GiB);
+  Worker a, b;
+  std::vector<DevicePtr> kept;
+  for (int turns = 0; rig.manager.report().shards < 2 && turns < 64; ++turns) {
+    kept.push_back(rig.reserve_on(a, KiB));
+    kept.push_back(rig.reserve_on(b, KiB));
+  }
+  REQUIRE(rig.manager.report().shards == 2);
+  const DevicePtr probe = rig.reserve_on(a, KiB);
+  Worker& moved = rig.shard_of(probe) != 0 ? a : b;
+  kept.push_back(probe);
+  auto shard_for = [&](std::uint64_t size) {
+    const DevicePtr p = rig.reserve_on(moved, size);
+    const std::uint32_t k = rig.shard_of(p);
+    REQUIRE(rig.manager.free(p) == FreeOutcome::freed);
+    return k;
+  };
+  CHECK(shard_for(MiB) != 0);
+  CHECK(shard_for(3 * MiB) == 0);
+  for (const DevicePtr p : kept) REQUIRE(rig.manager.free(p) == FreeOutcome::freed);
+  // A new layout and a reset start the plan over, from the same share of the device.
+  REQUIRE_FALSE(rig.manager.install_layout(custom({sliced(2 * MiB, MiB)})));
+  CHECK(shard_for(MiB) != 0);
+  rig.manager.forget();
+  CHECK(shard_for(MiB) != 0);
+}
+
 TEST_CASE("any thread frees any shard's pointer, and bad frees are told apart as with one") {
   ShardRig rig(shard_options());
   Worker a, b;
