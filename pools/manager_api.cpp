@@ -30,7 +30,8 @@ Reservation MemoryManager::allocate(std::uint64_t size, Placement placement) {
 Reservation MemoryManager::Shards::allocate(std::uint64_t size, Placement placement) {
   Shards& s = *this;
   // The calling thread's own shard serves the requests whose pages are small next to the
-  // device's bytes in use; captures and persistent windows close the gate (Note [Shards]).
+  // device's peak in use or to the device; captures and persistent windows close the gate (Note
+  // [Shards]).
   const bool own = placement == Placement::automatic && s.open.load(std::memory_order_relaxed) &&
                    (size <= s.sharded_max.load(std::memory_order_relaxed) ||
                     size > s.sharded_above.load(std::memory_order_relaxed));

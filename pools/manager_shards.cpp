@@ -33,18 +33,21 @@
 // stand-in's 16 GiB, with two threads (medians of ten interleaved runs through the library):
 // the ring of 16 buffers each, 512 B to 16 MiB, 3.12M → 4.52M pairs a second; 10k random sizes
 // up to 1 MiB 2.14M → 2.72M, reserving 1.16 → 1.05 times the live bytes; 100k of them 3.26M →
-// 5.28M, 1.37 → 1.17 times, 598 → 267 driver allocations. What it costs: a shard's partly used
-// pages of those pools, a few 1024ths of the device at most, even for a program that holds far
-// less. The most, not the bytes in use now: what a
-// partly used page costs is weighed against the program's peak, and a program whose use swings (a ring of buffers of
-// random sizes) otherwise sent its threads to the first shard's lock whenever its use dipped:
-// 16 buffers each of two threads, 512 B to 16 MiB, kept 2 MiB pages in the first shard most of
-// the time (2.1M pairs per second, against 3.1M to 3.4M now in medians of eight runs, with the
-// same 1.45 times the bytes in use reserved). A peak that fades by a 64th a plan kept less of
-// that (2.6M). The pools
-// at the end of the layout whose pages are sized by their requests (exclusive, split, direct)
-// need no partly used page in each shard (a split pool splits only pages it already holds), and
-// their idle pages shards lend: their requests always come from the thread's own.
+// 5.28M, 1.37 → 1.17 times, 598 → 267 driver allocations. What it costs: in each shard, a
+// partly used page of each such pool, each at most a 1024th of the device unless the pool's
+// pages widened with what it holds (Note [Wider pages] in sliced_pool.cpp), even for a program
+// that holds far less; the held bound allows each shard that much (Note [Held memory bound]).
+// For pages larger than that share (any on a device under 2 GiB), the peak decides, and the
+// most, not the bytes in use now: what a partly used page costs is weighed against the
+// program's peak, and a program whose use swings (a ring of buffers of random sizes) otherwise
+// sent its threads to the first shard's lock whenever its use dipped: 16 buffers each of two
+// threads, 512 B to 16 MiB, kept 2 MiB pages in the first shard most of the time (2.1M pairs per
+// second, against 3.1M to 3.4M in medians of eight runs once the peak decided, with the same
+// 1.45 times the bytes in use reserved). A peak that fades by a 64th a plan kept less of that
+// (2.6M). The pools at the end of the layout whose pages are sized by their requests
+// (exclusive, split, direct) need no partly used page in each shard (a split pool splits only
+// pages it already holds), and their idle pages shards lend: their requests always come from
+// the thread's own.
 // Frees. A pointer lies in the pages of one shard at most, and each shard's pages and index
 // are its own: a free tries the calling thread's home shard first, then the others, and the
 // first shard whose pages hold the pointer decides (freed, or the bad-free classification of

@@ -126,7 +126,8 @@ struct MemoryManager::Shards {
   // Redoes the plan: sharded_max, from the layout's pools and the most bytes the shards' last
   // published figures have added up to.
   void plan();
-  // sharded_max for planned_peak; under `control`.
+  // sharded_max from planned_peak and the device's memory (kShardPageShare, kShardDeviceShare);
+  // under `control`, or before the manager is shared.
   void set_sharded_max();
   // Shards other than `k` whose reservation clock is behind `clock` catch up with it, and run
   // the implicit cleanups that come due.
@@ -203,8 +204,8 @@ struct MemoryManager::Shards {
   // per shard.
   std::atomic<std::uint64_t> flush_stuck_releasing{0};
   // A thread's own shard serves requests up to sharded_max (pools whose pages are small next to
-  // the most bytes in use) and above sharded_above (pools with a page per request); the others come
-  // from the first shard (Note [Shards]).
+  // the most bytes in use or to the device) and above sharded_above (pools with a page per
+  // request); the others come from the first shard (Note [Shards]).
   std::atomic<std::uint64_t> sharded_max{0};
   std::atomic<std::uint64_t> sharded_above{std::numeric_limits<std::uint64_t>::max()};
   // The layout's dynamic pools in routing order: the largest request each accepts and its page

@@ -422,14 +422,17 @@ MemoryManager::Impl::FenceWait MemoryManager::Impl::wait_for_oldest_fence(
 //     grew into their room: two threads of random sizes up to 64 MiB reserved more than 1.5
 //     times their live bytes in 3 or 4 runs of 10 (up to 1.55), with 128 MiB of such pages
 //     unseen at one growth.
-// The bound is never below the peak plus kHeldSlack: a program with a few MiB in use holds a page
-// of each pool it uses (2 MiB and 8 MiB sliced pages, an exclusive page), more than 1.5 times
-// its bytes in use, and without the slack every growth in one pool gave back another's idle
-// page, so every cudaMalloc waited for a driver free that drains the device, where the plain
-// cudaMalloc never waits (one buffer of 300 KiB, 1.5 MiB or 3 MiB live at a time: 1.5 s of 1.6 s
-// inside cudaMalloc, against 1 ms). The slack stays below half the bytes in use of the benchmark's
-// smallest trace (16 buffers of 512 B to 16 MiB, about 100 MiB live), where 64 MiB would have
-// allowed 1.64 times its live bytes.
+// The bound is never below the peak plus kHeldSlack for each shard made: a program with a few MiB
+// in use holds a page of each pool it uses (2 MiB and 8 MiB sliced pages, an exclusive page),
+// more than 1.5 times its bytes in use, and without the slack every growth in one pool gave back
+// another's idle page, so every cudaMalloc waited for a driver free that drains the device,
+// where the plain cudaMalloc never waits (one buffer of 300 KiB, 1.5 MiB or 3 MiB live at a
+// time: 1.5 s of 1.6 s inside cudaMalloc, against 1 ms). Each shard holds such pages of its own
+// (Note [Shards]), so the slack is per shard: with one for the device, three threads doing the
+// same, each in its shard, gave pages back and waited for the driver again. The slack stays
+// below half the bytes in use of the benchmark's smallest trace (16 buffers of 512 B to 16 MiB,
+// about 100 MiB live), where 64 MiB would have allowed 1.64 times its live bytes; with two
+// threads (two shards) that trace's 1.5 times stays the larger figure.
 // The bound never refuses a request: with no idle page left (pages that live slices keep,
 // padding), the pool grows past it; reports count those growths, the bytes given back, and the
 // growths that went ahead before the pages given back reached the driver (step 2's wait ran out).
@@ -822,8 +825,9 @@ MemoryManager::Impl::HeldFigures MemoryManager::Impl::held_figures(std::uint64_t
     held.reserved -= own_claim;  // this reservation's own room
   }
   const std::uint64_t peak = std::max(held.peak_in_use, ctx.totals.in_use_peak);
+  const std::uint64_t slack = kHeldSlack * (shards != nullptr ? shards->count() : 1);
   return {held.reserved, held.peak_in_use,
-          std::max(peak / 100 * options.hold_percent, peak + kHeldSlack)};
+          std::max(peak / 100 * options.hold_percent, peak + slack)};
 }
 
 bool MemoryManager::Impl::over_held_bound(const Pool& pool, std::uint64_t size,

@@ -19,9 +19,12 @@ using namespace poolcuda::test;
 
 namespace {
 
-ManagerOptions held_options(std::uint32_t hold_percent, std::uint32_t shards = 1) {
+PoolLayout held_layout() { return custom({sliced(2 * MiB, 512 * KiB), exclusive(GiB, 100000)}); }
+
+ManagerOptions held_options(std::uint32_t hold_percent, std::uint32_t shards = 1,
+                            const PoolLayout& layout = held_layout()) {
   ManagerOptions o;
-  o.layout = custom({sliced(2 * MiB, 512 * KiB), exclusive(GiB, 100000)});
+  o.layout = layout;
   o.free_fence = FreeFence::none;
   o.hold_percent = hold_percent;
   o.shards = shards;
@@ -33,10 +36,12 @@ ManagerOptions held_options(std::uint32_t hold_percent, std::uint32_t shards = 1
 // `driver` is what the driver holds, pages on their way included.
 struct HeldRig {
   explicit HeldRig(std::uint32_t hold_percent, std::uint32_t shards = 1,
-                   std::uint64_t device_bytes = 4 * GiB)
+                   std::uint64_t device_bytes = 4 * GiB, const PoolLayout& layout = held_layout())
       : driver(device_bytes, 512),
         device(driver),
-        manager(device, held_options(hold_percent, shards)) {}
+        manager(device, held_options(hold_percent, shards, layout)) {}
+  HeldRig(const ManagerOptions& options, std::uint64_t device_bytes)
+      : driver(device_bytes, 512), device(driver), manager(device, options) {}
 
   DevicePtr allocate(std::uint64_t size) {
     const DevicePtr p = manager.allocate(size).ptr;
@@ -242,6 +247,46 @@ TEST_CASE("a program with a few MiB in use keeps a page of each size it uses") {
   CHECK(rig.manager.check_consistency().empty());
 }
 
+TEST_CASE("threads in shards of their own, each with a few MiB in use, keep a page of each size") {
+  // 8 GiB: both sliced pools serve each thread from its own shard from the start (Note
+  // [Shards]), so each of the three shards keeps a 2 MiB and an 8 MiB page and an exclusive one,
+  // and each thread's cache parks what it freed: more than 1.5 times the peak in use, within the
+  // peak plus each shard's slack (Note [Held memory bound]).
+  ManagerOptions options =
+      held_options(150, 3,
+                   custom({sliced(2 * MiB, 512 * KiB), sliced(8 * MiB, 2 * MiB),
+                           exclusive(GiB, 100000)}));
+  options.thread_cache = true;
+  HeldRig rig(options, 8 * GiB);
+  Worker a, b, c;
+  rig.part(a, b);
+  // The thread that stayed in the first shard parts from c the same way.
+  DevicePtr probe = 0;
+  a.run([&] { probe = rig.allocate(KiB); });
+  const RetainedSlice pin = rig.manager.retain(probe);
+  REQUIRE(rig.manager.release_retained(pin));
+  Worker& stayed = pin.shard == 0 ? a : b;
+  rig.free(probe);
+  std::vector<DevicePtr> turns;
+  for (int i = 0; i < 64 && rig.manager.report().shards < 3; ++i) {
+    stayed.run([&] { turns.push_back(rig.allocate(MiB)); });
+    c.run([&] { turns.push_back(rig.allocate(MiB)); });
+  }
+  REQUIRE(rig.manager.report().shards == 3);
+  for (const DevicePtr p : turns) rig.free(p);
+  rig.device.deliver();
+  const auto before = rig.driver.calls();
+  for (int i = 0; i < 300; ++i) {
+    const std::uint64_t sizes[] = {300 * KiB, 1536 * KiB, 3 * MiB};
+    for (Worker* w : {&a, &b, &c})
+      w->run([&] { rig.free(rig.allocate(sizes[i % 3] + (i % 7) * 4 * KiB)); });
+  }
+  rig.device.deliver();
+  CHECK(rig.manager.report().held_released_bytes == 0);
+  CHECK(rig.driver.calls().release == before.release);
+  CHECK(rig.manager.check_consistency().empty());
+}
+
 TEST_CASE("a request another shard's idle page fits costs no driver call") {
   for (const std::uint32_t hold : {0u, 150u}) {
     CAPTURE(hold);
@@ -266,20 +311,20 @@ TEST_CASE("a request another shard's idle page fits costs no driver call") {
 
 TEST_CASE("at the bound, another shard's idle page up to four times the class serves without a "
           "driver call") {
-  HeldRig rig(150, 2);
+  HeldRig rig(150, 2, 16 * GiB);
   Worker a, b;
   rig.part(a, b);
   DevicePtr x = 0;
   b.run([&] {
-    x = rig.allocate(100 * MiB);
+    x = rig.allocate(200 * MiB);
     rig.free(x);
   });
-  // The bound is 150 MiB; with a's 10 MiB page, a 42 MiB growth would pass it, and b's idle
-  // page is more than twice that class.
+  // The bound is 300 MiB (above the peak plus two shards' slack); with a's 20 MiB page, an
+  // 82 MiB growth would pass it, and b's idle page is more than twice that class.
   DevicePtr live = 0, c = 0;
-  a.run([&] { live = rig.allocate(10 * MiB); });
+  a.run([&] { live = rig.allocate(20 * MiB); });
   const auto before = rig.driver.calls();
-  a.run([&] { c = rig.allocate(41 * MiB); });
+  a.run([&] { c = rig.allocate(82 * MiB); });
   rig.device.deliver();
   CHECK(c == x);
   CHECK(rig.driver.calls().allocate == before.allocate);

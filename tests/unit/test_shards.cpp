@@ -47,8 +47,9 @@ struct ShardRigOn {
     return p;
   }
 
-  // A thread's own shard serves only requests whose pages are small next to the most bytes in
-  // use (a 32nd), and the plan is redone every few hundred reservations: w holds 64 MiB, then
+  // On the rig's 256 MiB device no page is a 1024th of the device or less, so a thread's own
+  // shard serves only requests whose pages are small next to the most bytes in use (a 32nd),
+  // and the plan is redone every few hundred reservations: w holds 64 MiB, then
   // makes enough reservations for the plan to see them (of sizes that differ: a thread cache's
   // hits reserve nothing from the shard).
   void warm(Worker& w) {
@@ -290,6 +291,12 @@ TEST_CASE("on a large device, pages up to a 1024th of it are per shard before an
   };
   CHECK(shard_for(MiB) != 0);
   CHECK(shard_for(3 * MiB) == 0);
+  // A plan from what is in use (a few MiB) keeps the device's share.
+  moved.run([&] {
+    for (std::uint64_t i = 0; i < 300; ++i)
+      REQUIRE(rig.manager.free(rig.manager.allocate(KiB + 512 * i).ptr) == FreeOutcome::freed);
+  });
+  CHECK(shard_for(MiB) != 0);
   for (const DevicePtr p : kept) REQUIRE(rig.manager.free(p) == FreeOutcome::freed);
   // A new layout and a reset start the plan over, from the same share of the device.
   REQUIRE_FALSE(rig.manager.install_layout(custom({sliced(2 * MiB, MiB)})));
