@@ -51,15 +51,16 @@ struct HeldRig {
   }
   void free(DevicePtr p) { REQUIRE(manager.free(p) == FreeOutcome::freed); }
 
-  // Two threads that keep reserving beside each other move to shards of their own (requests of
-  // the exclusive pool come from the thread's own shard); what they reserved is freed again.
-  void part(Worker& a, Worker& b) {
+  // Two threads that keep reserving beside each other part (requests of the exclusive pool come
+  // from the thread's own shard), until the device has `shards` shards; what they reserved is
+  // freed again.
+  void part(Worker& a, Worker& b, std::uint32_t shards = 2) {
     std::vector<DevicePtr> turns;
-    for (int i = 0; i < 64 && manager.report().shards < 2; ++i) {
+    for (int i = 0; i < 64 && manager.report().shards < shards; ++i) {
       a.run([&] { turns.push_back(allocate(MiB)); });
       b.run([&] { turns.push_back(allocate(MiB)); });
     }
-    REQUIRE(manager.report().shards == 2);
+    REQUIRE(manager.report().shards == shards);
     for (const DevicePtr p : turns) free(p);
   }
 
@@ -267,13 +268,7 @@ TEST_CASE("threads in shards of their own, each with a few MiB in use, keep a pa
   REQUIRE(rig.manager.release_retained(pin));
   Worker& stayed = pin.shard == 0 ? a : b;
   rig.free(probe);
-  std::vector<DevicePtr> turns;
-  for (int i = 0; i < 64 && rig.manager.report().shards < 3; ++i) {
-    stayed.run([&] { turns.push_back(rig.allocate(MiB)); });
-    c.run([&] { turns.push_back(rig.allocate(MiB)); });
-  }
-  REQUIRE(rig.manager.report().shards == 3);
-  for (const DevicePtr p : turns) rig.free(p);
+  rig.part(stayed, c, 3);
   rig.device.deliver();
   const auto before = rig.driver.calls();
   for (int i = 0; i < 300; ++i) {
