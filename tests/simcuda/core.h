@@ -45,6 +45,7 @@ struct Config {
   unsigned op_delay_us = 0;
   unsigned free_delay_us = 0;  // a free's driver latency before it looks the pointer up
   unsigned lookup_delay_us = 0;  // what each cuGetProcAddress takes
+  unsigned refusal_delay_us = 0;  // what an allocation refused for lack of memory takes
   // A destroyed stream's handle value goes to the next stream created, as a real driver's
   // freed stream object may (SIMCUDA_REUSE_STREAM_HANDLES).
   bool reuse_stream_handles = false;
@@ -66,6 +67,10 @@ const Config& config();
 void free_latency();
 // Waits config().lookup_delay_us: the latency of one cuGetProcAddress.
 void lookup_latency();
+// `err`, after config().refusal_delay_us when it is cudaErrorMemoryAllocation: how long a device
+// allocation refused for lack of memory takes to return once it found the device full. Called
+// with no lock of the stand-in's held, so that frees go on meanwhile.
+cudaError_t after_refusal(cudaError_t err);
 // Parses "123", "4K", "16G"...; false on malformed text.
 bool parse_size(const char* text, size_t* out);
 

@@ -90,7 +90,8 @@ Registry<Pool>& pools() {
 // A synchronous allocation on `device` (potentially unsafe during a capture, as cuMemAlloc).
 CUresult take(int device, size_t bytes, Block* out) {
   if (cudaError_t err = check_unsafe_call(); err != cudaSuccess) return as_cu(err);
-  return alloc_result(mem_alloc(device, bytes, AllocKind::device, &out->base, &out->id));
+  return alloc_result(
+      after_refusal(mem_alloc(device, bytes, AllocKind::device, &out->base, &out->id)));
 }
 
 // take(), registered in `reg`.

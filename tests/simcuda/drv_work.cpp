@@ -23,7 +23,7 @@ namespace {
 CUresult allocate(CUdeviceptr* out, size_t bytesize, AllocKind kind) {
   if (cudaError_t err = check_unsafe_call(); err != cudaSuccess) return as_cu(err);
   void* p = nullptr;
-  cudaError_t err = mem_alloc(context_device(), bytesize, kind, &p);
+  cudaError_t err = after_refusal(mem_alloc(context_device(), bytesize, kind, &p));
   if (err == cudaSuccess) *out = dptr(p);
   return alloc_result(err);
 }
@@ -32,7 +32,7 @@ CUresult alloc_async(CUdeviceptr* out, size_t size, CUstream stream, bool per_th
   if (CUresult r = guard(true)) return r;
   if (!out) return CUDA_ERROR_INVALID_VALUE;
   void* p = nullptr;
-  cudaError_t err = malloc_async(resolve_stream(rt(stream), per_thread), size, &p);
+  cudaError_t err = after_refusal(malloc_async(resolve_stream(rt(stream), per_thread), size, &p));
   if (err == cudaSuccess) *out = dptr(p);
   return as_cu(err);
 }

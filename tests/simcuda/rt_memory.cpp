@@ -18,7 +18,7 @@ namespace {
 cudaError_t alloc_checked(void** p, size_t size, AllocKind kind) {
   if (!p) return cudaErrorInvalidValue;
   if (cudaError_t err = check_unsafe_call(); err != cudaSuccess) return err;
-  return mem_alloc(current_device(), size, kind, p);
+  return after_refusal(mem_alloc(current_device(), size, kind, p));
 }
 
 }  // namespace
@@ -92,12 +92,12 @@ cudaError_t cudaFreeHost(void* ptr) {
 
 cudaError_t cudaMallocAsync(void** devPtr, size_t size, cudaStream_t stream) {
   SIM_ENTER();
-  SIM_RETURN(malloc_async(resolve_stream(stream, false), size, devPtr));
+  SIM_RETURN(after_refusal(malloc_async(resolve_stream(stream, false), size, devPtr)));
 }
 
 cudaError_t cudaMallocAsync_ptsz(void** devPtr, size_t size, cudaStream_t stream) {
   SIM_ENTER();
-  SIM_RETURN(malloc_async(resolve_stream(stream, true), size, devPtr));
+  SIM_RETURN(after_refusal(malloc_async(resolve_stream(stream, true), size, devPtr)));
 }
 
 cudaError_t cudaFreeAsync(void* devPtr, cudaStream_t stream) {

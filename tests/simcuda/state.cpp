@@ -68,6 +68,7 @@ Config load_config() {
   c.op_delay_us = delay_from_env("SIMCUDA_OP_DELAY_US");
   c.free_delay_us = delay_from_env("SIMCUDA_FREE_DELAY_US");
   c.lookup_delay_us = delay_from_env("SIMCUDA_LOOKUP_DELAY_US");
+  c.refusal_delay_us = delay_from_env("SIMCUDA_REFUSAL_DELAY_US");
   if (const char* v = std::getenv("SIMCUDA_STRICT")) c.strict = std::strcmp(v, "0") != 0 && *v;
   if (const char* v = std::getenv("SIMCUDA_REUSE_STREAM_HANDLES"))
     c.reuse_stream_handles = std::strcmp(v, "0") != 0 && *v;
@@ -168,6 +169,12 @@ void free_latency() {
 void lookup_latency() {
   if (config().lookup_delay_us)
     std::this_thread::sleep_for(std::chrono::microseconds(config().lookup_delay_us));
+}
+
+cudaError_t after_refusal(cudaError_t err) {
+  if (err == cudaErrorMemoryAllocation && config().refusal_delay_us)
+    std::this_thread::sleep_for(std::chrono::microseconds(config().refusal_delay_us));
+  return err;
 }
 
 void bump(Counter c) { g_counters[static_cast<size_t>(c)].fetch_add(1, std::memory_order_relaxed); }
