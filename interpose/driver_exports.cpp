@@ -261,9 +261,11 @@ namespace {
 
 template <typename Call>
 CUresult launch_with_room(CUstream stream, Call&& real) {
+  const pc::pooling::ReturnsSince returns;
   const CUresult result = real();
   if (result != CUDA_ERROR_OUT_OF_MEMORY || pc::bypass()) return result;
-  return pc::guarded([&] { return dh::again_with_room_on(dh::stream_device(stream), real); });
+  return pc::guarded(
+      [&] { return dh::again_with_room_on(dh::stream_device(stream), returns, real); });
 }
 
 // The option values a load was given, for its retry: the driver writes some back (the sizes of
@@ -291,6 +293,7 @@ enum class Loads { into_current, into_every_context };
 template <typename Call>
 CUresult load_with_room(Loads where, void** values, unsigned int count, Call&& real) {
   const OptionValues given(values, count);
+  const pc::pooling::ReturnsSince returns;
   const CUresult result = real();
   if (result != CUDA_ERROR_OUT_OF_MEMORY || pc::bypass()) return result;
   return pc::guarded([&] {
@@ -299,17 +302,18 @@ CUresult load_with_room(Loads where, void** values, unsigned int count, Call&& r
       return real();
     };
     return where == Loads::into_every_context
-               ? dh::again_with_room_anywhere(again)
-               : dh::again_with_room_on(dh::stream_device(nullptr), again);
+               ? dh::again_with_room_anywhere(returns, again)
+               : dh::again_with_room_on(dh::stream_device(nullptr), returns, again);
   });
 }
 
 // As launch_with_room, for code that loads into device `device`'s context.
 template <typename Call>
 CUresult load_on_with_room(CUdevice device, Call&& real) {
+  const pc::pooling::ReturnsSince returns;
   const CUresult result = real();
   if (result != CUDA_ERROR_OUT_OF_MEMORY || pc::bypass()) return result;
-  return pc::guarded([&] { return dh::again_with_room_on(device, real); });
+  return pc::guarded([&] { return dh::again_with_room_on(device, returns, real); });
 }
 
 }  // namespace

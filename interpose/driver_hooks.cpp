@@ -164,11 +164,12 @@ constexpr GiveBackWait kForCode = GiveBackWait::cudafree_fences;
 }  // namespace
 
 CUresult with_room_on(int device, std::size_t size, const std::function<CUresult()>& real) {
+  const pooling::ReturnsSince returns;
   const CUresult first = real();
   if (first != CUDA_ERROR_OUT_OF_MEMORY || device < 0) return first;
   // A request larger than the device fails whatever comes back: the pools keep their pages.
   if (pooling::beyond_device(device, size)) return first;
-  return give_back_on(driver::current_context(), device) ? real() : first;
+  return give_back_on(driver::current_context(), device) || returns.moved() ? real() : first;
 }
 
 int stream_device(CUstream stream) {
@@ -180,24 +181,28 @@ int stream_device(CUstream stream) {
   return ctx.handle != nullptr ? ctx.device : -1;
 }
 
-CUresult again_with_room_on(int device, const std::function<CUresult()>& real) {
+CUresult again_with_room_on(int device, const pooling::ReturnsSince& returns,
+                            const std::function<CUresult()>& real) {
   if (device < 0) return CUDA_ERROR_OUT_OF_MEMORY;
-  return give_back_on(driver::current_context(), device, kForCode) ? real()
-                                                                   : CUDA_ERROR_OUT_OF_MEMORY;
+  return give_back_on(driver::current_context(), device, kForCode) || returns.moved()
+             ? real()
+             : CUDA_ERROR_OUT_OF_MEMORY;
 }
 
-CUresult again_with_room_anywhere(const std::function<CUresult()>& real) {
+CUresult again_with_room_anywhere(const pooling::ReturnsSince& returns,
+                                  const std::function<CUresult()>& real) {
   const driver::CurrentContext ctx = driver::current_context();
-  if (ctx.handle != nullptr && give_back_on(ctx, ctx.device, kForCode)) {
+  if (ctx.handle != nullptr && (give_back_on(ctx, ctx.device, kForCode) || returns.moved())) {
     const CUresult result = real();
     if (result != CUDA_ERROR_OUT_OF_MEMORY) return result;
   }
+  const pooling::ReturnsSince again;  // what reaches the driver after the retry above
   bool gave = false;
   for (const int device : Registry::instance().devices()) {
     if (ctx.handle != nullptr && device == ctx.device) continue;
     gave = give_back_on(ctx, device, kForCode) || gave;
   }
-  return gave ? real() : CUDA_ERROR_OUT_OF_MEMORY;
+  return gave || again.moved() ? real() : CUDA_ERROR_OUT_OF_MEMORY;
 }
 
 CUresult with_room(std::size_t size, const std::function<CUresult()>& real) {
@@ -208,13 +213,14 @@ CUresult with_room(std::size_t size, const std::function<CUresult()>& real) {
 CUresult with_room_anywhere(std::size_t size, const std::function<CUresult()>& real) {
   const CUresult result = with_room(size, real);
   if (result != CUDA_ERROR_OUT_OF_MEMORY) return result;
+  const pooling::ReturnsSince returns;  // what reaches the driver after with_room's last try
   const driver::CurrentContext ctx = driver::current_context();
   bool gave = false;
   for (const int device : Registry::instance().devices()) {
     if (device == ctx.device || pooling::beyond_device(device, size)) continue;
     gave = give_back_on(ctx, device) || gave;
   }
-  return gave ? real() : result;
+  return gave || returns.moved() ? real() : result;
 }
 
 std::size_t limit_growth(CUlimit limit, std::size_t value) {

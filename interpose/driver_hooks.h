@@ -12,6 +12,10 @@
 #include <cstddef>
 #include <functional>
 
+namespace poolcuda::pooling {
+class ReturnsSince;
+}
+
 namespace poolcuda::driver_hooks {
 
 CUresult mem_alloc(CUdeviceptr* dptr, std::size_t size);
@@ -32,12 +36,15 @@ CUresult with_room_anywhere(std::size_t size, const std::function<CUresult()>& r
 // Code the driver loads (Note [Launches short of memory] in hooks.cpp). `real` was just refused
 // with CUDA_ERROR_OUT_OF_MEMORY for memory of `device` it does not say the size of: `real` once
 // more after that device's pools gave their idle memory back (waiting only for the fences of
-// frees that were not stream-ordered), or CUDA_ERROR_OUT_OF_MEMORY when nothing went back or
-// `device` is negative.
-CUresult again_with_room_on(int device, const std::function<CUresult()>& real);
+// frees that were not stream-ordered), or CUDA_ERROR_OUT_OF_MEMORY when nothing went back, nor
+// reached the driver since `returns` was made before the refused call (Note [Room that arrived
+// meanwhile] in pooling.cpp), or `device` is negative.
+CUresult again_with_room_on(int device, const pooling::ReturnsSince& returns,
+                            const std::function<CUresult()>& real);
 // The same when the memory may be any device's (a library loads into every context): the
 // current device's idle memory first, every other device's when that was not enough.
-CUresult again_with_room_anywhere(const std::function<CUresult()>& real);
+CUresult again_with_room_anywhere(const pooling::ReturnsSince& returns,
+                                  const std::function<CUresult()>& real);
 // The device whose work `stream` carries (a launch of a CUkernel runs in its stream's context);
 // for the default streams, or a driver without cuStreamGetDevice, the current context's; -1
 // without one.

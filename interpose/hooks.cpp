@@ -290,10 +290,12 @@ cudaError_t free_async(void* ptr, cudaStream_t stream, bool per_thread) {
 cudaError_t with_room(int device, std::size_t size, const std::function<cudaError_t()>& real) {
   const bool slot_clean = real::cudaPeekAtLastError()() == cudaSuccess;
   if (!slot_clean && driver_short_of(size)) pooling::give_back_idle(device);
+  const pooling::ReturnsSince returns;
   const cudaError_t result = real();
   if (result != cudaErrorMemoryAllocation || !slot_clean) return result;
   // A request larger than the device fails whatever comes back: the pools keep their pages.
-  if (pooling::beyond_device(device, size) || !pooling::give_back_idle(device)) return result;
+  if (pooling::beyond_device(device, size)) return result;
+  if (!pooling::give_back_idle(device) && !returns.moved()) return result;
   real::cudaGetLastError()();
   return real();
 }
@@ -325,8 +327,11 @@ cudaError_t with_room(int device, std::size_t size, const std::function<cudaErro
 // every launch for the sake of one that may never fail.
 // Not covered: a runtime that loads code without these driver calls, graph instantiation, and
 // anything during a stream capture, where the pools give nothing back.
-cudaError_t launch_again(cudaError_t first, const std::function<cudaError_t()>& real) {
-  if (!pooling::give_back_idle(current_device(), GiveBackWait::cudafree_fences)) return first;
+cudaError_t launch_again(cudaError_t first, const pooling::ReturnsSince& returns,
+                         const std::function<cudaError_t()>& real) {
+  if (!pooling::give_back_idle(current_device(), GiveBackWait::cudafree_fences) &&
+      !returns.moved())
+    return first;
   real::cudaGetLastError()();
   return real();
 }

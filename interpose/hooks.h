@@ -13,6 +13,10 @@
 
 #include "interpose/real_cuda.h"  // POOLCUDA_SHAPED_COPIES
 
+namespace poolcuda::pooling {
+class ReturnsSince;
+}
+
 namespace poolcuda::hooks {
 
 cudaError_t malloc(void** ptr, std::size_t size);
@@ -26,9 +30,11 @@ cudaError_t malloc_pitch(void** ptr, std::size_t* pitch, std::size_t width, std:
 // in hooks.cpp).
 cudaError_t with_room(int device, std::size_t size, const std::function<cudaError_t()>& real);
 // A launch `real` was just refused with `first` (cudaErrorMemoryAllocation): `real` once more
-// after the pools gave their idle memory back, or `first` when nothing went back (Note [Launches
-// short of memory] in hooks.cpp).
-cudaError_t launch_again(cudaError_t first, const std::function<cudaError_t()>& real);
+// after the pools gave their idle memory back, or `first` when nothing went back, nor reached the
+// driver since `returns` was made before the launch (Note [Launches short of memory] in
+// hooks.cpp).
+cudaError_t launch_again(cudaError_t first, const pooling::ReturnsSince& returns,
+                         const std::function<cudaError_t()>& real);
 cudaError_t mem_get_info(std::size_t* free_bytes, std::size_t* total_bytes);
 cudaError_t ipc_get_mem_handle(cudaIpcMemHandle_t* handle, void* ptr);
 cudaError_t device_reset();

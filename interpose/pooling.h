@@ -79,6 +79,18 @@ bool ipc_exportable(const char* api, const void* ptr);
 // pools had anything to give.
 bool give_back_idle(int device, GiveBackWait wait = GiveBackWait::every_fence);
 
+// Made before a call the driver may refuse for lack of memory: after a refusal, whether any page
+// the pools gave up reached the driver since, which is then worth the call once more even when
+// give_back_idle() finds nothing left to give (Note [Room that arrived meanwhile]).
+class ReturnsSince {
+ public:
+  ReturnsSince();
+  bool moved() const;
+
+ private:
+  std::uint64_t seen_;
+};
+
 // Whether `size` bytes are more than `device` has at all: no memory given back could make room
 // for them.
 bool beyond_device(int device, std::size_t size);

@@ -151,6 +151,9 @@ struct ReleaseLane {
   std::atomic<int> thread_cpu{kAsleep};
   std::atomic<int> client_cpu{kAsleep};
 
+  // A page of this lane's reached the driver.
+  static void count_returned() { ReleaseWorker::returned_.fetch_add(1, std::memory_order_release); }
+
   // Wakes whoever waits for this lane: its thread, a flush, a capture's begin or a reset.
   void signal() {
     changes.fetch_add(1, std::memory_order_release);
@@ -275,7 +278,10 @@ void free_front(ReleaseLane& lane, std::unique_lock<RankedMutex>& lock) {
   lane.in_flight = 0;
   lane.in_flight_ptr = nullptr;
   lane.in_flight_size = 0;
-  if (!freed) lane.held_back.push_back(page);
+  if (freed)
+    ReleaseLane::count_returned();
+  else
+    lane.held_back.push_back(page);
   lane.signal();
 }
 

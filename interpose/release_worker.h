@@ -6,6 +6,7 @@
 // Depends on the real-function table and OwnCallScope; knows nothing of the pools.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 
@@ -69,9 +70,17 @@ class ReleaseWorker {
   // one), or 0 when none is.
   std::uint64_t in_flight(int device) const;
 
+  // How many pages the driver has taken back from every lane so far: a call the driver refused
+  // for lack of memory may find room once this moved (Note [Room that arrived meanwhile] in
+  // pooling.cpp). One atomic load.
+  static std::uint64_t pages_returned() { return returned_.load(std::memory_order_acquire); }
+
   struct State;  // release_worker.cpp
 
  private:
+  friend struct ReleaseLane;
+  static inline std::atomic<std::uint64_t> returned_{0};
+
   ReleaseWorker() = default;
   State& state() const;
 };

@@ -58,15 +58,17 @@ inline void before_host_function() {
     return pc::real::name() args;                                \
   }
 
-// A kernel launch, tried once more after the pools gave their idle memory back when it was
-// refused for lack of memory (Note [Launches short of memory] in hooks.cpp).
-#define POOLCUDA_LAUNCH(name, flavour, stream_expr, params, args)                 \
-  POOLCUDA_EXPORT cudaError_t name params {                                       \
-    watch(stream_expr, flavour);                                                  \
-    const cudaError_t result = pc::real::name() args;                             \
-    if (result != cudaErrorMemoryAllocation || pc::bypass()) return result;       \
-    const auto again = [&] { return pc::real::name() args; };                     \
-    return pc::guarded([&] { return pc::hooks::launch_again(result, again); });   \
+// A kernel launch, tried once more after the pools gave their idle memory back, or one of their
+// pages reached the driver since the launch began, when it was refused for lack of memory (Note
+// [Launches short of memory] in hooks.cpp, Note [Room that arrived meanwhile] in pooling.cpp).
+#define POOLCUDA_LAUNCH(name, flavour, stream_expr, params, args)                             \
+  POOLCUDA_EXPORT cudaError_t name params {                                                   \
+    watch(stream_expr, flavour);                                                              \
+    const pc::pooling::ReturnsSince returns;                                                  \
+    const cudaError_t result = pc::real::name() args;                                         \
+    if (result != cudaErrorMemoryAllocation || pc::bypass()) return result;                   \
+    const auto again = [&] { return pc::real::name() args; };                                 \
+    return pc::guarded([&] { return pc::hooks::launch_again(result, returns, again); });      \
   }
 
 // A copy between two devices: as cudaMemcpyPeer, every device leaves ordered reuse.

@@ -1,0 +1,76 @@
+// Preload test: an allocation the pools do not serve, refused by the driver while a page the pools
+// gave up was still on its way there, is tried again once the page arrived, even when it arrived
+// before the library looked for memory to give back (Note [Room that arrived meanwhile] in
+// interpose/pooling.cpp). On a 64 MiB stand-in device whose frees take 100 ms and whose
+// refusals take 400 ms to return, the program frees a 48 MiB buffer and makes one small
+// allocation, whose reservation sends the idle 48 MiB page to the release thread (its pool's
+// period is one reservation); then it asks for 32 MiB through cudaMallocAsync, cudaMallocPitch
+// and cuMemAllocPitch, each refused while the page is in the driver's free and answered after it
+// got there. Plain CUDA serves each: its cudaFree had returned the 48 MiB before. On a GPU, where
+// the timings are not forced, the same calls must simply succeed.
+#include <cuda.h>
+
+#include <cstdio>
+#include <functional>
+#include <string>
+
+#include "check.h"
+
+namespace {
+
+constexpr std::size_t kBig = 48u << 20;
+constexpr std::size_t kAsked = 32u << 20;
+
+// Leaves the pools' 48 MiB page on its way to the driver: freed, then released at the next
+// reservation, which the returned small buffer holds.
+void* send_a_page_to_the_driver() {
+  void* big = nullptr;
+  CHECK_CUDA(cudaMalloc(&big, kBig));
+  CHECK_CUDA(cudaFree(big));
+  void* small = nullptr;
+  CHECK_CUDA(cudaMalloc(&small, 4096));
+  return small;
+}
+
+void check_served(const char* what, const std::function<bool(std::function<void()>*)>& allocate) {
+  void* small = send_a_page_to_the_driver();
+  std::function<void()> release;
+  CHECK_MSG(allocate(&release), std::string(what) + " of 32 MiB failed beside a page on its way "
+                                                    "to the driver");
+  CHECK_CUDA(cudaGetLastError());  // the refusal before the retry leaves no error behind
+  release();
+  CHECK_CUDA(cudaFree(small));
+}
+
+}  // namespace
+
+int main() {
+  preload_test::require_preloaded();
+  CHECK_CUDA(cudaFree(nullptr));
+
+  check_served("cudaMallocAsync", [](std::function<void()>* release) {
+    void* p = nullptr;
+    if (cudaMallocAsync(&p, kAsked, cudaStreamLegacy) != cudaSuccess) return false;
+    *release = [p] {
+      CHECK_CUDA(cudaFreeAsync(p, cudaStreamLegacy));
+      CHECK_CUDA(cudaStreamSynchronize(cudaStreamLegacy));
+    };
+    return true;
+  });
+  check_served("cudaMallocPitch", [](std::function<void()>* release) {
+    void* p = nullptr;
+    std::size_t pitch = 0;
+    if (cudaMallocPitch(&p, &pitch, 4096, kAsked / 4096) != cudaSuccess) return false;
+    *release = [p] { CHECK_CUDA(cudaFree(p)); };
+    return true;
+  });
+  check_served("cuMemAllocPitch", [](std::function<void()>* release) {
+    CUdeviceptr p = 0;
+    std::size_t pitch = 0;
+    if (cuMemAllocPitch(&p, &pitch, 4096, kAsked / 4096, 4) != CUDA_SUCCESS) return false;
+    *release = [p] { CHECK(cuMemFree(p) == CUDA_SUCCESS); };
+    return true;
+  });
+  std::printf("allocations beside a page on its way to the driver: served\n");
+  return 0;
+}
