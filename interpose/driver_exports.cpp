@@ -254,9 +254,10 @@ POOLCUDA_EXPORT CUresult cuCtxSetLimit(CUlimit limit, size_t value) {
 // Code takes device memory too: a kernel's module at its first launch, a module or library the
 // program loads, a kernel it asks for when loading is lazy. Refused for lack of memory, the call
 // is tried once more after the pools gave their idle memory back (Note [Launches short of
-// memory] in hooks.cpp). A call the driver accepts pays the hook's call and one comparison (a
-// load also a copy of its option values), and never marks the process as one that used CUDA
-// through the library (Note [Silent processes] in lifecycle.cpp).
+// memory] in hooks.cpp). A call the driver accepts pays the hook's call, one atomic load (Note
+// [Room that arrived meanwhile] in pooling.cpp) and one comparison (a load also a copy of its
+// option values), and never marks the process as one that used CUDA through the library (Note
+// [Silent processes] in lifecycle.cpp).
 namespace {
 
 template <typename Call>

@@ -9,6 +9,8 @@
 // Depends on the pooling core, the driver variants and the driver context.
 #include "interpose/driver_hooks.h"
 
+#include <optional>
+
 #include "interpose/driver_context.h"
 #include "interpose/driver_variants.h"
 #include "interpose/foreign_frees.h"
@@ -169,7 +171,8 @@ CUresult with_room_on(int device, std::size_t size, const std::function<CUresult
   if (first != CUDA_ERROR_OUT_OF_MEMORY || device < 0) return first;
   // A request larger than the device fails whatever comes back: the pools keep their pages.
   if (pooling::beyond_device(device, size)) return first;
-  return give_back_on(driver::current_context(), device) || returns.moved() ? real() : first;
+  const bool room = give_back_on(driver::current_context(), device) || returns.moved(device);
+  return room ? real() : first;
 }
 
 int stream_device(CUstream stream) {
@@ -184,7 +187,7 @@ int stream_device(CUstream stream) {
 CUresult again_with_room_on(int device, const pooling::ReturnsSince& returns,
                             const std::function<CUresult()>& real) {
   if (device < 0) return CUDA_ERROR_OUT_OF_MEMORY;
-  return give_back_on(driver::current_context(), device, kForCode) || returns.moved()
+  return give_back_on(driver::current_context(), device, kForCode) || returns.moved(device)
              ? real()
              : CUDA_ERROR_OUT_OF_MEMORY;
 }
@@ -192,17 +195,20 @@ CUresult again_with_room_on(int device, const pooling::ReturnsSince& returns,
 CUresult again_with_room_anywhere(const pooling::ReturnsSince& returns,
                                   const std::function<CUresult()>& real) {
   const driver::CurrentContext ctx = driver::current_context();
-  if (ctx.handle != nullptr && (give_back_on(ctx, ctx.device, kForCode) || returns.moved())) {
+  const int current = ctx.handle != nullptr ? ctx.device : -1;
+  std::optional<pooling::ReturnsSince> retried;  // made before the retry on the current device
+  if (current >= 0 && (give_back_on(ctx, current, kForCode) || returns.moved(current))) {
+    retried.emplace();
     const CUresult result = real();
     if (result != CUDA_ERROR_OUT_OF_MEMORY) return result;
   }
-  const pooling::ReturnsSince again;  // what reaches the driver after the retry above
+  const pooling::ReturnsSince& last = retried ? *retried : returns;
   bool gave = false;
   for (const int device : Registry::instance().devices()) {
-    if (ctx.handle != nullptr && device == ctx.device) continue;
+    if (device == current) continue;
     gave = give_back_on(ctx, device, kForCode) || gave;
   }
-  return gave || again.moved() ? real() : CUDA_ERROR_OUT_OF_MEMORY;
+  return gave || last.moved(current) ? real() : CUDA_ERROR_OUT_OF_MEMORY;
 }
 
 CUresult with_room(std::size_t size, const std::function<CUresult()>& real) {
@@ -211,16 +217,20 @@ CUresult with_room(std::size_t size, const std::function<CUresult()>& real) {
 }
 
 CUresult with_room_anywhere(std::size_t size, const std::function<CUresult()>& real) {
-  const CUresult result = with_room(size, real);
+  std::optional<pooling::ReturnsSince> last;  // made before each call to the driver
+  const auto tracked = [&] {
+    last.emplace();
+    return real();
+  };
+  const CUresult result = with_room(size, tracked);
   if (result != CUDA_ERROR_OUT_OF_MEMORY) return result;
-  const pooling::ReturnsSince returns;  // what reaches the driver after with_room's last try
   const driver::CurrentContext ctx = driver::current_context();
   bool gave = false;
   for (const int device : Registry::instance().devices()) {
     if (device == ctx.device || pooling::beyond_device(device, size)) continue;
     gave = give_back_on(ctx, device) || gave;
   }
-  return gave || returns.moved() ? real() : result;
+  return gave || last->moved(ctx.handle != nullptr ? ctx.device : -1) ? real() : result;
 }
 
 std::size_t limit_growth(CUlimit limit, std::size_t value) {

@@ -295,7 +295,7 @@ cudaError_t with_room(int device, std::size_t size, const std::function<cudaErro
   if (result != cudaErrorMemoryAllocation || !slot_clean) return result;
   // A request larger than the device fails whatever comes back: the pools keep their pages.
   if (pooling::beyond_device(device, size)) return result;
-  if (!pooling::give_back_idle(device) && !returns.moved()) return result;
+  if (!pooling::give_back_idle(device) && !returns.moved(device)) return result;
   real::cudaGetLastError()();
   return real();
 }
@@ -319,7 +319,9 @@ cudaError_t with_room(int device, std::size_t size, const std::function<cudaErro
 // same. The give-back waits
 // only for the fences of frees that were not stream-ordered: memory freed onto a stream the
 // program has parked is not free under plain CUDA either, and a launch must not wait 10 s for
-// it. Through a runtime that reaches the driver's launch the driver hook does all that
+// it. As for allocations, a page that reached the driver meanwhile is worth the retry too (Note
+// [Room that arrived meanwhile] in pooling.cpp). Through a runtime that reaches the driver's
+// launch the driver hook does all that
 // (driver_exports.cpp), and the runtime never sees the refusal; launch_again is for one that
 // does not. The refusal left cudaErrorMemoryAllocation in the last-error slot, which a
 // successful retry must not show, so the slot is cleared then. An error of the program's own
@@ -329,8 +331,8 @@ cudaError_t with_room(int device, std::size_t size, const std::function<cudaErro
 // anything during a stream capture, where the pools give nothing back.
 cudaError_t launch_again(cudaError_t first, const pooling::ReturnsSince& returns,
                          const std::function<cudaError_t()>& real) {
-  if (!pooling::give_back_idle(current_device(), GiveBackWait::cudafree_fences) &&
-      !returns.moved())
+  const int device = current_device();
+  if (!pooling::give_back_idle(device, GiveBackWait::cudafree_fences) && !returns.moved(device))
     return first;
   real::cudaGetLastError()();
   return real();

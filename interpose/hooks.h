@@ -32,7 +32,7 @@ cudaError_t with_room(int device, std::size_t size, const std::function<cudaErro
 // A launch `real` was just refused with `first` (cudaErrorMemoryAllocation): `real` once more
 // after the pools gave their idle memory back, or `first` when nothing went back, nor reached the
 // driver since `returns` was made before the launch (Note [Launches short of memory] in
-// hooks.cpp).
+// hooks.cpp, Note [Room that arrived meanwhile] in pooling.cpp).
 cudaError_t launch_again(cudaError_t first, const pooling::ReturnsSince& returns,
                          const std::function<cudaError_t()>& real);
 cudaError_t mem_get_info(std::size_t* free_bytes, std::size_t* total_bytes);

@@ -448,10 +448,11 @@ bool ipc_exportable(const char* api, const void* ptr) {
 // arrays (mipmapped too), and what a context takes for a larger heap, printf buffer or stack
 // (cuCtxSetLimit); but they all draw on the same device: the pools' idle pages and the memory
 // waiting for its free fences are memory plain CUDA would have given back at the program's
-// frees, and so are managed slabs with nothing live in them. So such a call that the driver (or the budget)
-// refuses for lack of memory gets all of it back (give_back_idle) and is tried once more: under
-// the pools it fails only where the plain call would. (Managed slabs wait while a capture is
-// open: a trim records fences, which a capture must never see.) The runtime's calls also keep
+// frees, and so are managed slabs with nothing live in them. So such a call that the driver (or
+// the budget) refuses for lack of memory gets all of it back (give_back_idle) and is tried once
+// more (also when a page reached the driver meanwhile: Note [Room that arrived meanwhile]):
+// under the pools it fails only where the plain call would. (Managed slabs wait while a capture
+// is open: a trim records fences, which a capture must never see.) The runtime's calls also keep
 // the last-error slot as the plain call leaves it (hooks::with_room, Note [Stream-ordered
 // allocations] in hooks.cpp); the driver's have none (driver_hooks::with_room). cuMemCreate
 // names its device, which need not be current; a memory pool's device cannot be asked, so its
@@ -469,18 +470,23 @@ bool beyond_device(int device, std::size_t size) {
 // Note [Room that arrived meanwhile]
 // The pools hand the pages they give up to the release thread (Note [Release worker] in
 // release_worker.cpp), so the driver gets a page back a little after the pools let it go. A call
-// the driver refuses meanwhile gets it through give_back_idle, which waits for pages on their way.
-// But a page may reach the driver between the refusal and give_back_idle's look: it then finds
-// nothing to give or wait for, and the call used to fail where the plain program, whose cudaFree
-// had returned that memory before the call, got it (seed 15 of the differential suite's
-// stream_ordered configuration: a thread's first cudaMallocAsync of 1,478 bytes refused on a
-// 1 GiB device while a 932 MiB page was reaching the driver, about 3 runs in 100). So every call
-// of this note reads the count of pages the driver has taken back (ReturnsSince) before it asks
-// the driver, and after a refusal tries once more when give_back_idle gave anything or that
-// count moved.
-ReturnsSince::ReturnsSince() : seen_(ReleaseWorker::pages_returned()) {}
-
-bool ReturnsSince::moved() const { return ReleaseWorker::pages_returned() != seen_; }
+// retried after give_back_idle (this note's above, and Note [Launches short of memory] in
+// hooks.cpp) that the driver refuses meanwhile gets the page through give_back_idle, which waits
+// for pages on their way. But the page may reach the driver between the refusal and that look:
+// give_back_idle then finds nothing to give or wait for, and the call used to fail where the
+// plain program, whose cudaFree had returned the memory before the call, got it (the last of
+// docs/differential-test.md's known divergences). So each of those calls makes a ReturnsSince
+// before it asks the driver, and after a refusal is tried once more when give_back_idle gave
+// anything or a page reached the driver since. No gap is left between the two: a lane counts a
+// page returned (ReleaseWorker::pages_returned) under the same lock, and in the same step, that
+// takes it off the bytes give_back_idle waits for. While a capture is open on the device the
+// call is not tried again, as before: the pools give nothing back then, and a retry could turn
+// the program's out-of-memory error into the capture's invalidation.
+bool ReturnsSince::moved(int device) const {
+  if (ReleaseWorker::pages_returned() == seen_) return false;
+  const CapturePolicy* capture = device >= 0 ? Registry::instance().capture(device) : nullptr;
+  return capture == nullptr || !capture->open();
+}
 
 bool give_back_idle(int device, GiveBackWait wait) {
   // As long as out-of-memory recovery waits (ManagerOptions::recovery_wait_micros).

@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <functional>
 
+#include "interpose/release_worker.h"
 #include "pools/types.h"
 
 namespace poolcuda::pooling {
@@ -79,13 +80,15 @@ bool ipc_exportable(const char* api, const void* ptr);
 // pools had anything to give.
 bool give_back_idle(int device, GiveBackWait wait = GiveBackWait::every_fence);
 
-// Made before a call the driver may refuse for lack of memory: after a refusal, whether any page
-// the pools gave up reached the driver since, which is then worth the call once more even when
-// give_back_idle() finds nothing left to give (Note [Room that arrived meanwhile]).
+// Made before a call the driver may refuse for lack of memory (one atomic load): after a
+// refusal, whether a page the pools gave up reached the driver since, which makes the call worth
+// trying once more on `device` even when give_back_idle() finds nothing left to give; never while
+// a capture is open on `device`, where the pools give nothing back either (Note [Room that
+// arrived meanwhile]).
 class ReturnsSince {
  public:
-  ReturnsSince();
-  bool moved() const;
+  ReturnsSince() : seen_(ReleaseWorker::pages_returned()) {}
+  bool moved(int device) const;
 
  private:
   std::uint64_t seen_;

@@ -151,8 +151,12 @@ struct ReleaseLane {
   std::atomic<int> thread_cpu{kAsleep};
   std::atomic<int> client_cpu{kAsleep};
 
-  // A page of this lane's reached the driver.
-  static void count_returned() { ReleaseWorker::returned_.fetch_add(1, std::memory_order_release); }
+  // A page of this lane's left the library for good: the driver took it back (or refused it, or
+  // its device is beyond reach: a needless retry at worst). Under State::mutex, in the step that
+  // takes the page off waiting_bytes() (Note [Room that arrived meanwhile] in pooling.cpp).
+  static void count_returned() {
+    ReleaseWorker::returned_.fetch_add(1, std::memory_order_release);
+  }
 
   // Wakes whoever waits for this lane: its thread, a flush, a capture's begin or a reset.
   void signal() {

@@ -2,9 +2,10 @@
 // for free_fence:auto (Note [Stream-ordered reuse] in stream_order.cpp), then call the real
 // function unchanged: kernel launches, copies, memsets, host functions, graph launches, event
 // records and waits (in both the legacy and the per-thread-default-stream flavours), device
-// switches, peer access and peer copies. Each costs two atomic loads when no device is ordered.
-// A kernel launch refused for lack of memory is tried once more after the pools gave their idle
-// memory back (Note [Launches short of memory] in hooks.cpp).
+// switches, peer access and peer copies. Each costs two atomic loads when no device is ordered,
+// a kernel launch a third (Note [Room that arrived meanwhile] in pooling.cpp). A kernel launch
+// refused for lack of memory is tried once more after the pools gave their idle memory back
+// (Note [Launches short of memory] in hooks.cpp).
 //
 // Host functions and graph launches also record the free fences of earlier frees first; host
 // functions (cudaLaunchHostFunc, cudaStreamAddCallback) also get the pools' idle memory back to

@@ -6,8 +6,9 @@
 // allocation, whose reservation sends the idle 48 MiB page to the release thread (its pool's
 // period is one reservation); then it asks for 32 MiB through cudaMallocAsync, cudaMallocPitch
 // and cuMemAllocPitch, each refused while the page is in the driver's free and answered after it
-// got there. Plain CUDA serves each: its cudaFree had returned the 48 MiB before. On a GPU, where
-// the timings are not forced, the same calls must simply succeed.
+// got there (a round whose page arrived before the call is made again). Plain CUDA serves each:
+// its cudaFree had returned the 48 MiB before. On a GPU, where the timings are not forced, the
+// same calls must simply succeed.
 #include <cuda.h>
 
 #include <cstdio>
@@ -32,14 +33,26 @@ void* send_a_page_to_the_driver() {
   return small;
 }
 
+// On the stand-in, whether the 48 MiB are still allocated there: the release thread's free takes
+// 100 ms, so only a program thread that lost its CPU that long finds the page back already.
+bool page_on_its_way() {
+  return !preload_test::on_stand_in() || preload_test::counter("live_bytes") >= kBig;
+}
+
 void check_served(const char* what, const std::function<bool(std::function<void()>*)>& allocate) {
-  void* small = send_a_page_to_the_driver();
-  std::function<void()> release;
-  CHECK_MSG(allocate(&release), std::string(what) + " of 32 MiB failed beside a page on its way "
-                                                    "to the driver");
-  CHECK_CUDA(cudaGetLastError());  // the refusal before the retry leaves no error behind
-  release();
-  CHECK_CUDA(cudaFree(small));
+  // A round whose page arrived before the call tests nothing: it is made again.
+  for (int round = 0; round < 5; ++round) {
+    void* small = send_a_page_to_the_driver();
+    const bool racing = page_on_its_way();
+    std::function<void()> release;
+    CHECK_MSG(allocate(&release), std::string(what) + " of 32 MiB failed beside a page on its "
+                                                      "way to the driver");
+    CHECK_CUDA(cudaGetLastError());  // the refusal before the retry leaves no error behind
+    release();
+    CHECK_CUDA(cudaFree(small));
+    if (racing) return;
+  }
+  preload_test::skip("in five rounds, the page reached the driver before the call");
 }
 
 }  // namespace

@@ -67,9 +67,10 @@ const Config& config();
 void free_latency();
 // Waits config().lookup_delay_us: the latency of one cuGetProcAddress.
 void lookup_latency();
-// `err`, after config().refusal_delay_us when it is cudaErrorMemoryAllocation: how long a device
-// allocation refused for lack of memory takes to return once it found the device full. Called
-// with no lock of the stand-in's held, so that frees go on meanwhile.
+// `err`, after config().refusal_delay_us when it is cudaErrorMemoryAllocation: how long an
+// allocation call refused for lack of memory takes to return once it found the device full (the
+// runtime's and driver's allocations, cuMemCreate and arrays; not a memory pool's, code or
+// limits). Called with no lock of the stand-in's held, so that frees go on meanwhile.
 cudaError_t after_refusal(cudaError_t err);
 // Parses "123", "4K", "16G"...; false on malformed text.
 bool parse_size(const char* text, size_t* out);
