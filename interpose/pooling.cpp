@@ -470,18 +470,19 @@ bool beyond_device(int device, std::size_t size) {
 // Note [Room that arrived meanwhile]
 // The pools hand the pages they give up to the release thread (Note [Release worker] in
 // release_worker.cpp), so the driver gets a page back a little after the pools let it go. A call
-// retried after give_back_idle (this note's above, and Note [Launches short of memory] in
-// hooks.cpp) that the driver refuses meanwhile gets the page through give_back_idle, which waits
-// for pages on their way. But the page may reach the driver between the refusal and that look:
-// give_back_idle then finds nothing to give or wait for, and the call used to fail where the
-// plain program, whose cudaFree had returned the memory before the call, got it (the last of
-// docs/differential-test.md's known divergences). So each of those calls makes a ReturnsSince
-// before it asks the driver, and after a refusal is tried once more when give_back_idle gave
-// anything or a page reached the driver since. No gap is left between the two: a lane counts a
-// page returned (ReleaseWorker::pages_returned) under the same lock, and in the same step, that
-// takes it off the bytes give_back_idle waits for. While a capture is open on the device the
-// call is not tried again, as before: the pools give nothing back then, and a retry could turn
-// the program's out-of-memory error into the capture's invalidation.
+// retried after give_back_idle (those of Note [Room for what the pools do not serve] above and of
+// Note [Launches short of memory] in hooks.cpp) that the driver refuses meanwhile gets the page
+// through give_back_idle, which waits for pages on their way. But the page may reach the driver
+// between the refusal and that look: give_back_idle then finds nothing to give or wait for, and
+// the call used to fail where the plain program, whose cudaFree had returned the memory before
+// the call, got it (seed 15 of stream_ordered in docs/differential-test.md, Known divergences).
+// So each of those calls makes a ReturnsSince before it asks the driver, and after a refusal is
+// tried once more when give_back_idle gave anything or a page reached the driver since. No gap
+// is left between the two: a lane counts a page returned (ReleaseWorker::pages_returned) under
+// the same lock, and in the same step, that takes it off the bytes give_back_idle waits for.
+// While a capture is open on the device the call is not tried again, as before: the pools give
+// nothing back then, and a retry could turn the program's out-of-memory error into the
+// capture's invalidation.
 bool ReturnsSince::moved(int device) const {
   if (ReleaseWorker::pages_returned() == seen_) return false;
   const CapturePolicy* capture = device >= 0 ? Registry::instance().capture(device) : nullptr;
