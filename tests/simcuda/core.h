@@ -44,6 +44,7 @@ struct Config {
   size_t memory = size_t{16} << 30;
   unsigned op_delay_us = 0;
   unsigned free_delay_us = 0;  // a free's driver latency before it looks the pointer up
+  unsigned freed_delay_us = 0;  // what a free takes to return once the memory is free
   unsigned lookup_delay_us = 0;  // what each cuGetProcAddress takes
   unsigned refusal_delay_us = 0;  // what an allocation refused for lack of memory takes
   // A destroyed stream's handle value goes to the next stream created, as a real driver's
@@ -65,6 +66,10 @@ struct Config {
 const Config& config();
 // Waits config().free_delay_us: the latency of cudaFree / cuMemFree before the lookup.
 void free_latency();
+// `err`, after config().freed_delay_us when it is cudaSuccess: how long cudaFree / cuMemFree
+// take to return once they freed the memory, whose address another allocation may get
+// meanwhile. Called with no lock of the stand-in's held.
+cudaError_t after_free(cudaError_t err);
 // Waits config().lookup_delay_us: the latency of one cuGetProcAddress.
 void lookup_latency();
 // `err`, after config().refusal_delay_us when it is cudaErrorMemoryAllocation: how long an

@@ -85,8 +85,12 @@ CUresult cuMemFree_v2(CUdeviceptr d) {
   // CUDA takes every access to stream-ordered memory as complete at this free, and waits for
   // nothing; work still queued on it then touches freed memory (an illegal address).
   if (info.kind != AllocKind::async) device_drain(info.device);
-  std::lock_guard lock(effects_mutex());
-  return as_cu(mem_free(ptr(d), info.id));
+  cudaError_t err;
+  {
+    std::lock_guard lock(effects_mutex());
+    err = mem_free(ptr(d), info.id);
+  }
+  return as_cu(after_free(err));
 }
 
 CUresult cuMemGetInfo_v2(size_t* free, size_t* total) {

@@ -67,8 +67,12 @@ cudaError_t cudaFree(void* devPtr) {
   // CUDA takes every access to stream-ordered memory as complete at this free, and waits for
   // nothing; work still queued on it then touches freed memory (an illegal address).
   if (info.kind != AllocKind::async) device_drain(info.device);
-  std::lock_guard lock(effects_mutex());
-  SIM_RETURN(mem_free(devPtr, info.id));
+  cudaError_t err;
+  {
+    std::lock_guard lock(effects_mutex());
+    err = mem_free(devPtr, info.id);
+  }
+  SIM_RETURN(after_free(err));
 }
 
 cudaError_t cudaMallocHost(void** ptr, size_t size) {

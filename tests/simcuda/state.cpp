@@ -67,6 +67,7 @@ Config load_config() {
   }
   c.op_delay_us = delay_from_env("SIMCUDA_OP_DELAY_US");
   c.free_delay_us = delay_from_env("SIMCUDA_FREE_DELAY_US");
+  c.freed_delay_us = delay_from_env("SIMCUDA_FREED_DELAY_US");
   c.lookup_delay_us = delay_from_env("SIMCUDA_LOOKUP_DELAY_US");
   c.refusal_delay_us = delay_from_env("SIMCUDA_REFUSAL_DELAY_US");
   if (const char* v = std::getenv("SIMCUDA_STRICT")) c.strict = std::strcmp(v, "0") != 0 && *v;
@@ -164,6 +165,12 @@ const Config& config() {
 void free_latency() {
   if (config().free_delay_us)
     std::this_thread::sleep_for(std::chrono::microseconds(config().free_delay_us));
+}
+
+cudaError_t after_free(cudaError_t err) {
+  if (err == cudaSuccess && config().freed_delay_us)
+    std::this_thread::sleep_for(std::chrono::microseconds(config().freed_delay_us));
+  return err;
 }
 
 void lookup_latency() {
