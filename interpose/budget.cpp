@@ -39,6 +39,7 @@ struct State {
   Account accounts[kMaxDevices];
   RankedMutex mutex{LockRank::device};
   std::unordered_map<void*, std::pair<int, std::uint64_t>> passed;  // ptr -> (device, bytes)
+  std::uint64_t resets[kMaxDevices] = {};  // forget_device() calls, under `mutex`
 };
 
 State& state() {
@@ -111,17 +112,30 @@ void passed_through(int device, void* ptr, std::uint64_t bytes) {
   s.passed[ptr] = {device, bytes};
 }
 
-void freed_through(void* ptr) {
+PassedCharge take_through(void* ptr) {
   State& s = state();
-  std::pair<int, std::uint64_t> entry{-1, 0};
-  {
-    std::lock_guard hold(s.mutex);
-    auto it = s.passed.find(ptr);
-    if (it == s.passed.end()) return;
-    entry = it->second;
-    s.passed.erase(it);
+  std::lock_guard hold(s.mutex);
+  auto it = s.passed.find(ptr);
+  if (it == s.passed.end()) return PassedCharge{ptr};
+  const int device = it->second.first;
+  const PassedCharge taken{ptr, device, it->second.second, s.resets[device]};
+  s.passed.erase(it);
+  return taken;
+}
+
+void settle_through(const PassedCharge& charge, bool freed) {
+  if (charge.device < 0) return;
+  State& s = state();
+  std::lock_guard hold(s.mutex);
+  // A reset meanwhile forgot the charge and the record; the device's charges now are others'.
+  if (s.resets[charge.device] != charge.resets) return;
+  if (freed) {
+    uncharge(charge.device, charge.bytes);
+  } else {
+    // Not over a record made meanwhile: the address can only be another allocation's if this
+    // one was freed after all.
+    s.passed.try_emplace(charge.ptr, charge.device, charge.bytes);
   }
-  uncharge(entry.first, entry.second);
 }
 
 void forget_device(int device) {
@@ -130,6 +144,7 @@ void forget_device(int device) {
   std::lock_guard hold(s.mutex);
   std::erase_if(s.passed, [&](const auto& item) { return item.second.first == device; });
   s.accounts[device].charged.store(0, std::memory_order_relaxed);
+  ++s.resets[device];
 }
 
 void adjust_memory_info(int device, std::uint64_t idle, std::size_t* free_bytes,

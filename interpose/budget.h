@@ -30,8 +30,20 @@ std::optional<std::uint64_t> limit(int device);
 
 // An allocation passed to the driver, charged: remembered so that its free uncharges it.
 void passed_through(int device, void* ptr, std::uint64_t bytes);
-// A pointer freed by the driver: uncharges it when it was one of those.
-void freed_through(void* ptr);
+
+// The charge of a passed-through allocation, taken off the books just before the driver's free
+// of it: once that free is done the driver may give the address to another thread's
+// allocation, whose passed_through a later look-up by address would undo.
+struct PassedCharge {
+  void* ptr = nullptr;
+  int device = -1;  // -1: `ptr` was not passed through (or not charged)
+  std::uint64_t bytes = 0;
+  std::uint64_t resets = 0;  // the device's resets when it was taken
+};
+PassedCharge take_through(void* ptr);
+// After the driver's free: uncharged when it freed the memory, else remembered again; neither
+// when the device was reset meanwhile (the reset forgot the charge).
+void settle_through(const PassedCharge& charge, bool freed);
 
 // cudaDeviceReset freed everything on the device: nothing is charged any more.
 void forget_device(int device);

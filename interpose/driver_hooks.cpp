@@ -76,6 +76,21 @@ CUresult mem_alloc(CUdeviceptr* dptr, std::size_t size) {
 
 namespace {
 
+// The driver's free of `dptr`, which the pools do not own; `guard` (when there is one) ends as
+// soon as it returns and its bookkeeping is done. Only the primary context's pass-through
+// allocations are counted.
+template <typename Real>
+CUresult forward_free(const driver::CurrentContext& ctx, CUdeviceptr dptr, Real&& real,
+                      ForeignFree* guard = nullptr) {
+  std::optional<pooling::ForwardedFree> forwarded;
+  if (ctx.primary) forwarded.emplace(ctx.device, as_pointer(dptr));
+  const CUresult result = real();
+  // The bookkeeping first: once the guard ends, a free of the same address may go on.
+  if (forwarded) forwarded->finish(result == CUDA_SUCCESS);
+  if (guard != nullptr) guard->end();
+  return result;
+}
+
 // What a free of `dptr` by `api` answers once the pools said `freed`: success when they freed
 // it, a refusal, or for memory they do not own `real` under a ForeignFree guard after a second
 // look (Note [Foreign frees] in foreign_frees.cpp).
@@ -94,11 +109,7 @@ CUresult finish_free(const char* api, const driver::CurrentContext& ctx, CUdevic
         return CUDA_ERROR_INVALID_VALUE;
       }
       if (!guard.may_free()) return CUDA_ERROR_INVALID_VALUE;
-      const CUresult result = real();
-      if (result == CUDA_SUCCESS && ctx.primary) {
-        pooling::forwarded_free(ctx.device, as_pointer(dptr));
-      }
-      return result;
+      return forward_free(ctx, dptr, real, &guard);
     }
     case FreeOutcome::double_free:
     case FreeOutcome::interior_pointer:
@@ -140,11 +151,8 @@ CUresult mem_free_async(CUdeviceptr dptr, CUstream stream, bool per_thread) {
   // A free captured into a graph may name a graph memory node's address: the real call decides,
   // as for cudaFreeAsync (hooks.cpp).
   const pooling::Freed freed = release(ctx, dptr, named == nullptr ? cudaStreamLegacy : named);
-  if (freed.outcome == FreeOutcome::not_mine && hooks::capturing(named)) {
-    const CUresult result = real_call();
-    if (result == CUDA_SUCCESS && ctx.primary) pooling::forwarded_free(ctx.device, as_pointer(dptr));
-    return result;
-  }
+  if (freed.outcome == FreeOutcome::not_mine && hooks::capturing(named))
+    return forward_free(ctx, dptr, real_call);
   return finish_free("cuMemFreeAsync", ctx, dptr, freed, real_call);
 }
 

@@ -12,9 +12,15 @@
 // pools' check cannot simply be held across the real free: it synchronizes the device, and
 // the pools' lock is the hot path's. So a foreign free, and only a foreign free, asks in this
 // order:
-//   1. register (a ticket); a free of a pointer another thread is freeing right now is a
-//      double free, answered at once without a real call (waiting for the other could take as
-//      long as the device, where plain CUDA answers at once);
+//   1. register (a ticket), and while another thread's free of the same pointer is in flight,
+//      wait for it to end (a guard ends as soon as its real free and its bookkeeping are done:
+//      ForwardedFree in pooling.h). That free may have been right: the driver may give the
+//      address to a new allocation the moment it has freed the old one, and the program may
+//      free that before the first free's hook has returned (a refusal here once failed such a
+//      free of a live buffer). Or the two are the program's double free, which step 2 answers
+//      once the first has ended. The wait is bounded (kWaitForEarlierFree): a free still in
+//      flight after it (one waiting on the device, which might wait on this thread) makes this
+//      one a double free, refused without a real call;
 //   2. ask the driver whether any allocation covers the pointer (cudaPointerGetAttributes,
 //      a query that never waits on the device); none: no real free;
 //   3. ask the pools again; then the release worker, whose pages are the library's until the
@@ -28,7 +34,7 @@
 // A pool can take the address only once the driver has freed what was there. After step 2
 // saw it live and step 3 found it neither in the pools nor with the release worker, that is
 // this free (after which the pools may take it freely) or a device reset (a concurrent free of
-// the same pointer is refused in step 1). So a reset keeps the device's
+// the same pointer waits in step 1 until this one has ended). So a reset keeps the device's
 // manager frozen (no page taken from the driver; Note [Device reset] in pooling.cpp) until
 // every foreign free registered before its end has finished: thaw_after_foreign_frees. The
 // reset does not wait for them (such a free may wait on the device for long); the last of
@@ -38,22 +44,32 @@
 // Without a runtime in the process (a static cudart reaching the driver directly) there is no
 // query (step 2 answers "live"); register and re-check still apply.
 //
-// Depends on the real-function table, own_api.h, the release worker and the lock order. Runs inside a hook, under
-// its re-entry guard.
+// Depends on the real-function table, own_api.h, the log, the release worker and the lock
+// order. Runs inside a hook, under its re-entry guard, with no lock of the library held (step
+// 1 may wait).
 #include "interpose/foreign_frees.h"
 
 #include <algorithm>
+#include <chrono>
+#include <condition_variable>
 #include <vector>
 
+#include "interpose/log.h"
 #include "interpose/own_api.h"
 #include "interpose/real_cuda.h"
 #include "interpose/release_worker.h"
 #include "pools/lock_order.h"
 #include "pools/memory_manager.h"
+#include "pools/no_cancel.h"
 
 namespace poolcuda {
 
 namespace {
+
+// How long a free waits for another thread's free of the same pointer (step 1 of the note):
+// a free that has returned from the driver ends within microseconds; one still waiting on the
+// device may wait on the waiting thread itself.
+constexpr std::chrono::seconds kWaitForEarlierFree{5};
 
 struct InFlight {
   std::uint64_t ticket;
@@ -71,6 +87,7 @@ struct State {
   std::uint64_t next_ticket = 1;
   std::vector<InFlight> in_flight;
   std::vector<Thaw> thaws;
+  std::condition_variable_any ended;  // an entry left in_flight
 
   std::uint64_t low_water() const {
     std::uint64_t low = next_ticket;
@@ -101,17 +118,35 @@ bool driver_knows(const void* ptr) {
 ForeignFree::ForeignFree(const void* ptr) : ptr_(ptr) {
   State& s = state();
   {
-    std::lock_guard<RankedMutex> hold(s.mutex);
-    duplicate_ = std::any_of(s.in_flight.begin(), s.in_flight.end(),
-                             [&](const InFlight& f) { return f.ptr == ptr; });
+    std::unique_lock<RankedMutex> hold(s.mutex);
     ticket_ = s.next_ticket++;
     s.in_flight.push_back(InFlight{ticket_, ptr, false});
+    const auto earlier_in_flight = [&] {
+      return std::any_of(s.in_flight.begin(), s.in_flight.end(), [&](const InFlight& f) {
+        return f.ptr == ptr && f.ticket < ticket_;
+      });
+    };
+    if (earlier_in_flight()) {
+      // Nothing may unwind out of here: the entry is only removed by end() (Note [Cancellation]
+      // in pools/no_cancel.h).
+      NoCancel no_cancel;
+      duplicate_ = !s.ended.wait_for(hold, kWaitForEarlierFree,
+                                     [&] { return !earlier_in_flight(); });
+    }
   }
   if (!duplicate_) driver_knew_ = driver_knows(ptr);
 }
 
 bool ForeignFree::may_free() const {
-  if (duplicate_ || !driver_knew_ || ReleaseWorker::instance().owns(ptr_, ticket_)) return false;
+  if (duplicate_) {
+    // Logged here, not in the constructor: an exception there would leave the entry behind.
+    log_format(LogLevel::basic,
+               "free of %p: another thread's free of it has not returned after %lld s; "
+               "answered as a double free (cudaErrorInvalidValue)",
+               ptr_, static_cast<long long>(kWaitForEarlierFree.count()));
+    return false;
+  }
+  if (!driver_knew_ || ReleaseWorker::instance().owns(ptr_, ticket_)) return false;
   State& s = state();
   std::lock_guard<RankedMutex> hold(s.mutex);
   for (const InFlight& f : s.in_flight)
@@ -119,10 +154,13 @@ bool ForeignFree::may_free() const {
   return true;
 }
 
-ForeignFree::~ForeignFree() {
+void ForeignFree::end() {
+  if (ended_) return;
+  ended_ = true;
   State& s = state();
   std::unique_lock<RankedMutex> hold(s.mutex);
   std::erase_if(s.in_flight, [&](const InFlight& f) { return f.ticket == ticket_; });
+  s.ended.notify_all();
   // One thaw at a time, each outside the leaf lock (set_frozen takes the manager's).
   for (;;) {
     const std::uint64_t low = s.low_water();

@@ -6,10 +6,11 @@
 // Usage, on the free path only (never on a pooled free):
 //     ForeignFree guard(ptr);
 //     outcome = the pools' release(ptr) again; not_mine and guard.may_free() -> the real free,
-//     not_mine otherwise -> answer as the driver answers a pointer it does not know
+//     then guard.end() at once; not_mine otherwise -> answer as the driver answers a pointer
+//     it does not know
 //
-// Depends on the real-function table, the release worker and the lock order; never on the
-// pools.
+// Depends on the real-function table, the log, the release worker and the lock order; never on
+// the pools.
 #pragma once
 
 #include <cstdint>
@@ -20,22 +21,30 @@ class MemoryManager;
 
 class ForeignFree {
  public:
+  // Registers the free; waits (bounded) while another thread's free of the same pointer is
+  // still in flight.
   explicit ForeignFree(const void* ptr);
-  ~ForeignFree();
+  ~ForeignFree() { end(); }
   ForeignFree(const ForeignFree&) = delete;
   ForeignFree& operator=(const ForeignFree&) = delete;
 
-  // True when the real free may run: no other thread was freeing the same pointer when the
-  // guard began, the driver knew an allocation at it then, and it was not the library's (a page on its way back to the driver, or
-  // returned to it since: the pointer is stale and the free could only hit whatever the driver
-  // put there next).
+  // True when the real free may run: no other thread's free of the same pointer was still in
+  // flight once the guard had waited, the driver knew an allocation at it then, and it was not
+  // the library's (a page on its way back to the driver, or returned to it since: the pointer is
+  // stale and the free could only hit whatever the driver put there next).
   bool may_free() const;
+
+  // The real free has returned: the free is over (the driver may already have given the
+  // address to a new allocation, whose free must not wait for this guard's scope to end).
+  // Idempotent; the destructor calls it.
+  void end();
 
  private:
   std::uint64_t ticket_ = 0;
   const void* ptr_;
-  bool duplicate_ = false;  // another foreign free of ptr_ was in flight
+  bool duplicate_ = false;  // another foreign free of ptr_ was still in flight after the wait
   bool driver_knew_ = true;
+  bool ended_ = false;
 };
 
 // Unfreezes `manager` (MemoryManager::set_frozen(false)) once every foreign free that began

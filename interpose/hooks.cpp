@@ -192,8 +192,11 @@ cudaError_t free_foreign(const char* api, int device, void* ptr, Real&& real) {
   if (!guard.may_free()) {
     return raise_invalid_value();
   }
+  pooling::ForwardedFree forwarded(device, ptr);
   const cudaError_t result = real();
-  if (result == cudaSuccess) pooling::forwarded_free(device, ptr);
+  // The bookkeeping first: once the guard ends, a free of the same address may go on.
+  forwarded.finish(result == cudaSuccess);
+  guard.end();
   return result;
 }
 
@@ -217,8 +220,9 @@ cudaError_t free(void* ptr) {
     // The usual way to make the context before any allocation: the device's pools are built
     // now, so that its first cudaMalloc does not pay for them (Note [Pools made ahead]).
     const int device = current_device();
-    pooling::forwarded_free(device, ptr);
+    pooling::ForwardedFree forwarded(device, ptr);
     const cudaError_t result = real::cudaFree()(ptr);
+    forwarded.finish(result == cudaSuccess);
     if (result == cudaSuccess) Registry::instance().prepare(device);
     return result;
   }
@@ -267,8 +271,9 @@ cudaError_t free_async(void* ptr, cudaStream_t stream, bool per_thread) {
       // graph knows until it runs: no driver query, no refusal (whose real call would break the
       // capture); the real call decides.
       if (capturing(named)) {
+        pooling::ForwardedFree forwarded(device, ptr);
         const cudaError_t result = real_call();
-        if (result == cudaSuccess) pooling::forwarded_free(device, ptr);
+        forwarded.finish(result == cudaSuccess);
         return result;
       }
       return free_foreign("cudaFreeAsync", device, ptr, real_call);

@@ -288,10 +288,16 @@ int forward(int device, std::size_t size, void** ptr, const std::function<int()>
   return result;
 }
 
-void forwarded_free(int device, const void* ptr) {
-  if (PassthroughCounters* counters = Registry::instance().passthrough(device))
+ForwardedFree::ForwardedFree(int device, const void* ptr)
+    : device_(device),
+      charge_(ptr == nullptr ? budget::PassedCharge{}
+                             : budget::take_through(const_cast<void*>(ptr))) {}
+
+void ForwardedFree::finish(bool freed) {
+  budget::settle_through(charge_, freed);
+  if (!freed && charge_.ptr != nullptr) return;  // counted: frees done, and every cudaFree(NULL)
+  if (PassthroughCounters* counters = Registry::instance().passthrough(device_))
     counters->frees.fetch_add(1, std::memory_order_relaxed);
-  if (ptr != nullptr) budget::freed_through(const_cast<void*>(ptr));
 }
 
 void fence_before_host_work() {

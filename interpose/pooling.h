@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <functional>
 
+#include "interpose/budget.h"
 #include "interpose/release_worker.h"
 #include "pools/types.h"
 
@@ -41,8 +42,19 @@ enum class Passed { malloc, managed };
 int forward(int device, std::size_t size, void** ptr, const std::function<int()>& real,
             Passed kind = Passed::malloc);
 
-// The driver freed `ptr`, which the pools do not own (budget bookkeeping, counters).
-void forwarded_free(int device, const void* ptr);
+// The driver's free of `ptr`, which the pools do not own: made just before the real call (a
+// passed-through pointer's budget charge comes off the books then, since the driver may give
+// the address to another thread's allocation as soon as its free is done), finished with
+// whether the driver freed it (counted as passed through and uncharged, or the charge put back).
+class ForwardedFree {
+ public:
+  ForwardedFree(int device, const void* ptr);
+  void finish(bool freed);
+
+ private:
+  int device_;
+  budget::PassedCharge charge_;
+};
 
 struct Freed {
   FreeOutcome outcome = FreeOutcome::not_mine;
