@@ -9,6 +9,9 @@
 // got there (a round whose page arrived before the call is made again). Plain CUDA serves each:
 // its cudaFree had returned the 48 MiB before. On a GPU, where the timings are not forced, the
 // same calls must simply succeed.
+// With `launch` or `cu_launch` (the suite gives each kernel 32 MiB of code, SIMCUDA_CODE_BYTES),
+// the 32 MiB are a kernel's code, loaded at its first launch through the runtime or the driver:
+// one round only, since loaded code stays. Stand-in only: a GPU would need a real kernel.
 #include <cuda.h>
 
 #include <cstdio>
@@ -55,11 +58,45 @@ void check_served(const char* what, const std::function<bool(std::function<void(
   preload_test::skip("in five rounds, the page reached the driver before the call");
 }
 
+// A kernel's first launch needs its 32 MiB of code: the stand-in loads it, then refuses device
+// code it cannot run (cudaErrorNotSupported), or refuses the load for lack of memory.
+void check_launch_served(const char* what, const std::function<bool()>& launch) {
+  if (!preload_test::on_stand_in()) preload_test::skip("needs the stand-in's code memory");
+  void* small = send_a_page_to_the_driver();
+  const bool racing = page_on_its_way();
+  CHECK_MSG(launch(), std::string(what) + " found no room for its code beside a page on its way "
+                                          "to the driver");
+  CHECK_CUDA(cudaFree(small));
+  if (!racing) preload_test::skip("the page reached the driver before the launch");
+}
+
+char g_kernel;  // a kernel to the stand-in, whose code loads at its first launch
+
 }  // namespace
 
-int main() {
+int main(int argc, char** argv) {
   preload_test::require_preloaded();
   CHECK_CUDA(cudaFree(nullptr));
+  const std::string mode = argc > 1 ? argv[1] : "";
+  if (mode == "launch") {
+    check_launch_served("cudaLaunchKernel", [] {
+      const cudaError_t result = cudaLaunchKernel(&g_kernel, dim3(1), dim3(1), nullptr, 0, 0);
+      // The retry leaves only its own answer in the last-error slot.
+      CHECK_RESULT(cudaGetLastError(), result);
+      return result == cudaErrorNotSupported;
+    });
+    std::printf("a first launch beside a page on its way to the driver: its code loaded\n");
+    return 0;
+  }
+  if (mode == "cu_launch") {
+    check_launch_served("cuLaunchKernel", [] {
+      const CUresult result = cuLaunchKernel(reinterpret_cast<CUfunction>(&g_kernel), 1, 1, 1, 1,
+                                             1, 1, 0, nullptr, nullptr, nullptr);
+      return result == CUDA_ERROR_NOT_SUPPORTED;
+    });
+    std::printf("a first driver launch beside a page on its way to the driver: its code loaded\n");
+    return 0;
+  }
 
   check_served("cudaMallocAsync", [](std::function<void()>* release) {
     void* p = nullptr;

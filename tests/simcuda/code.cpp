@@ -172,16 +172,23 @@ void unload_locked(Table& t, Loaded& l) {
 
 cudaError_t load_function(int device, const void* fn) {
   Table& t = table();
-  std::lock_guard lock(t.m);
-  return load_locked(t, device, fn);
+  cudaError_t err;
+  {
+    std::lock_guard lock(t.m);
+    err = load_locked(t, device, fn);
+  }
+  return after_refusal(err);
 }
 
 cudaError_t code_load(const Context* ctx, CodeKind kind, void** handle) {
   Table& t = table();
-  std::lock_guard lock(t.m);
+  std::unique_lock lock(t.m);
   Charge c;
   if (!config().lazy_loading) {
-    if (cudaError_t err = charge(ctx->device, &c); err != cudaSuccess) return err;
+    if (cudaError_t err = charge(ctx->device, &c); err != cudaSuccess) {
+      lock.unlock();
+      return after_refusal(err);
+    }
   }
   Loaded& l = t.loads.emplace_back();
   l.kind = kind;
@@ -204,12 +211,15 @@ cudaError_t code_unload(const void* handle, CodeKind kind) {
 
 cudaError_t code_get(const void* handle, CodeKind kind, const char* name, void** out) {
   Table& t = table();
-  std::lock_guard lock(t.m);
+  std::unique_lock lock(t.m);
   Loaded* l = find_load(t, handle, kind);
   if (!l) return cudaErrorInvalidResourceHandle;
   Got& got = named_locked(t, *l, name);
   if (kind == CodeKind::module) {
-    if (cudaError_t err = load_locked(t, l->device, &got); err != cudaSuccess) return err;
+    if (cudaError_t err = load_locked(t, l->device, &got); err != cudaSuccess) {
+      lock.unlock();
+      return after_refusal(err);
+    }
   }
   *out = &got;
   return cudaSuccess;
@@ -218,13 +228,16 @@ cudaError_t code_get(const void* handle, CodeKind kind, const char* name, void**
 cudaError_t code_variable(const void* handle, CodeKind kind, int device, const char* name,
                           void** address) {
   Table& t = table();
-  std::lock_guard lock(t.m);
+  std::unique_lock lock(t.m);
   Loaded* l = find_load(t, handle, kind);
   if (!l) return cudaErrorInvalidResourceHandle;
   if (config().code_bytes < kVariableBytes) return cudaErrorNotSupported;
   if (kind == CodeKind::module) device = l->device;
   Got& got = named_locked(t, *l, name);
-  if (cudaError_t err = load_locked(t, device, &got); err != cudaSuccess) return err;
+  if (cudaError_t err = load_locked(t, device, &got); err != cudaSuccess) {
+    lock.unlock();
+    return after_refusal(err);
+  }
   void* at = variable_locked(t, *l, got, device);
   if (!at) return cudaErrorNotSupported;
   *address = at;

@@ -74,7 +74,7 @@ cudaError_t after_free(cudaError_t err);
 void lookup_latency();
 // `err`, after config().refusal_delay_us when it is cudaErrorMemoryAllocation: how long an
 // allocation call refused for lack of memory takes to return once it found the device full (the
-// runtime's and driver's allocations, cuMemCreate and arrays; not a memory pool's, code or
+// runtime's and driver's allocations, cuMemCreate, arrays and code loads; not a memory pool's or
 // limits). Called with no lock of the stand-in's held, so that frees go on meanwhile.
 cudaError_t after_refusal(cudaError_t err);
 // Parses "123", "4K", "16G"...; false on malformed text.
