@@ -4,6 +4,7 @@
 #include <chrono>
 #include <thread>
 
+#include "../simcuda/simcuda.h"
 #include "differential_worker.h"
 
 namespace differential {
@@ -273,13 +274,14 @@ void Worker::park_timed() {
 }
 
 // A kernel that writes part of a buffer for a few milliseconds (the stand-in's
-// simcuda_launch_access: the race detector sees the write while it runs), with work queued
-// behind it. On a real GPU, a host function that sleeps as long.
+// simcuda_access_kernel, launched with cudaLaunchKernel as a real kernel is, so that the library
+// sees the launch and its stream; the race detector sees the write while it runs), with work
+// queued behind it. On a real GPU, a host function that sleeps as long.
 void Worker::run_kernel(int index) {
   const Buffer& buffer = buffers_[static_cast<std::size_t>(index)];
   if (buffer.orphan || parked_ms_ > 300 || !ensure_device(buffer.device)) return;
-  static const preload_test::LaunchAccessFn launch_access = preload_test::launch_access_function();
-  if (launch_access == nullptr) return park_timed();
+  static const void* const access_kernel = ::dlsym(RTLD_DEFAULT, "simcuda_access_kernel");
+  if (access_kernel == nullptr) return park_timed();
   const Stream& home = streams_[static_cast<std::size_t>(buffer.home)];
   std::size_t offset = 0;
   std::size_t length = 0;
@@ -288,9 +290,12 @@ void Worker::run_kernel(int index) {
   parked_ms_ += static_cast<int>(ms);
   recorder_.begin("kernel writing %p + %zu (%zu bytes) for %zu ms on %s", buffer.ptr, offset,
                   length, static_cast<std::size_t>(ms), home.name.c_str());
-  const int code = launch_access(home.handle, static_cast<char*>(buffer.ptr) + offset, length, 1,
-                                 sleep_ms, reinterpret_cast<void*>(ms));
-  recorder_.check(recorder_.end(Call::launch_kernel, static_cast<cudaError_t>(code)),
+  simcuda_access access{static_cast<char*>(buffer.ptr) + offset, length, 1, sleep_ms,
+                        reinterpret_cast<void*>(ms)};
+  void* args[] = {&access};
+  const cudaError_t code =
+      cudaLaunchKernel(access_kernel, dim3(1), dim3(1), args, 0, home.handle);
+  recorder_.check(recorder_.end(Call::launch_kernel, code),
                   "a kernel on a live buffer failed");
   if (roll(2) == 0) write_fill(index, false);
 }

@@ -19,7 +19,7 @@ constexpr const char* kCallNames[] = {
     "cudaMemGetInfo",     "cudaSetDevice",        "cudaStreamCreate",  "cudaStreamDestroy",
     "cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaDeviceReset", "cudaEventCreate",
     "cudaEventRecord",    "cudaEventSynchronize", "cudaEventDestroy",  "cudaStreamWaitEvent",
-    "cudaLaunchHostFunc", "simcuda_launch_access", "cudaGetLastError",
+    "cudaLaunchHostFunc", "cudaLaunchKernel", "cudaGetLastError",
 };
 static_assert(sizeof kCallNames / sizeof kCallNames[0] == static_cast<int>(Call::count_));
 

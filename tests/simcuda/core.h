@@ -251,6 +251,9 @@ using EventRef = std::shared_ptr<Event>;
 // a created stream. `per_thread_default` is true for the _ptsz/_ptds entry points (0 means the
 // per-thread stream). Null on an invalid handle.
 StreamRef resolve_stream(cudaStream_t handle, bool per_thread_default);
+// simcuda_launch_access (simcuda.h) on `s`: a kernel's declared access of device memory.
+cudaError_t launch_access(const StreamRef& s, const void* ptr, size_t bytes, int is_write,
+                          void (*fn)(void*), void* user_data);
 StreamRef legacy_stream(int device);
 StreamRef create_stream(int device, unsigned flags, int priority);
 cudaError_t destroy_stream(cudaStream_t handle);

@@ -8,9 +8,11 @@
 // cudaErrorMemoryAllocation when the device cannot hold it), then fails with
 // cudaErrorNotSupported and one line on stderr; either error is left as the thread's last error.
 // The static runtime launches through the driver's cuLaunchKernel (Note [Static runtime]).
+// simcuda_access_kernel (simcuda.h) is the one kernel it runs: a declared access of memory.
 #include <cstdio>
 
 #include "rt_driver.h"
+#include "simcuda.h"
 
 using namespace poolcuda::sim;
 
@@ -71,6 +73,13 @@ cudaError_t launch(const char* name, const void* func, dim3 grid, dim3 block, vo
         via_driver::launch_kernel(func, grid, block, args, shared_bytes, stream, per_thread));
   }
   if (!func) SIM_RETURN(cudaErrorInvalidDeviceFunction);
+  if (func == reinterpret_cast<const void*>(&simcuda_access_kernel)) {
+    const auto* access =
+        static_cast<const simcuda_access*>(args != nullptr ? args[0] : nullptr);
+    if (!access) SIM_RETURN(cudaErrorInvalidValue);
+    SIM_RETURN(launch_access(resolve_stream(stream, per_thread), access->ptr, access->bytes,
+                             access->is_write, access->fn, access->user_data));
+  }
   if (cudaError_t err = load_function(current_device(), func); err != cudaSuccess)
     SIM_RETURN(err);
   std::fprintf(stderr, "simcuda: %s: the CUDA stand-in cannot run device code\n", name);

@@ -47,6 +47,19 @@ void simcuda_reset_counters(void);
 int simcuda_launch_access(void* stream, const void* ptr, size_t bytes, int is_write,
                           void (*fn)(void*), void* user_data);
 
+/* The same operation as a kernel launch: a runtime launch (cudaLaunchKernel and its forms) of
+ * simcuda_access_kernel whose one argument (args[0] points to it) is a struct simcuda_access
+ * enqueues what simcuda_launch_access would, on the launch's stream. A library that interposes
+ * the runtime's launches sees it as the kernel launch it stands for. */
+struct simcuda_access {
+  const void* ptr;
+  size_t bytes;
+  int is_write;
+  void (*fn)(void*);
+  void* user_data;
+};
+void simcuda_access_kernel(void);
+
 /* Makes `error` (a cudaError_t, e.g. cudaErrorIllegalAddress) the process's sticky error, as a
  * faulting kernel would: every later runtime call returns it and cudaGetLastError cannot clear
  * it. 0 clears it (the real runtime needs a new process for that). */
