@@ -9,9 +9,10 @@
 // got there (a round whose page arrived before the call is made again). Plain CUDA serves each:
 // its cudaFree had returned the 48 MiB before. On a GPU, where the timings are not forced, the
 // same calls must simply succeed.
-// With `launch` or `cu_launch` (the suite gives each kernel 32 MiB of code, SIMCUDA_CODE_BYTES),
-// the 32 MiB are a kernel's code, loaded at its first launch through the runtime or the driver:
-// one round only, since loaded code stays. Stand-in only: a GPU would need a real kernel.
+// With `launch`, `cu_launch` or `module_load` (the suite gives each kernel or module 32 MiB of
+// code, SIMCUDA_CODE_BYTES), the 32 MiB are code: a kernel's, loaded at its first launch through
+// the runtime or the driver, or a module's, loaded by cuModuleLoadData: one round only, since
+// loaded code stays. Stand-in only: a GPU would need a real kernel or module.
 #include <cuda.h>
 
 #include <cstdio>
@@ -58,19 +59,21 @@ void check_served(const char* what, const std::function<bool(std::function<void(
   preload_test::skip("in five rounds, the page reached the driver before the call");
 }
 
-// A kernel's first launch needs its 32 MiB of code: the stand-in loads it, then refuses device
-// code it cannot run (cudaErrorNotSupported), or refuses the load for lack of memory.
-void check_launch_served(const char* what, const std::function<bool()>& launch) {
+// `load` needs 32 MiB of code and answers whether the stand-in loaded it: a launch then refuses
+// device code it cannot run (cudaErrorNotSupported), a module load succeeds; either is refused
+// for lack of memory instead when no room was found.
+void check_code_served(const char* what, const std::function<bool()>& load) {
   if (!preload_test::on_stand_in()) preload_test::skip("needs the stand-in's code memory");
   void* small = send_a_page_to_the_driver();
   const bool racing = page_on_its_way();
-  CHECK_MSG(launch(), std::string(what) + " found no room for its code beside a page on its way "
-                                          "to the driver");
+  CHECK_MSG(load(), std::string(what) + " found no room for its code beside a page on its way "
+                                        "to the driver");
   CHECK_CUDA(cudaFree(small));
-  if (!racing) preload_test::skip("the page reached the driver before the launch");
+  if (!racing) preload_test::skip("the page reached the driver before the code was loaded");
 }
 
 char g_kernel;  // a kernel to the stand-in, whose code loads at its first launch
+const unsigned char kImage[16] = {0x7f, 'E', 'L', 'F'};  // a module to the stand-in
 
 }  // namespace
 
@@ -79,7 +82,7 @@ int main(int argc, char** argv) {
   CHECK_CUDA(cudaFree(nullptr));
   const std::string mode = argc > 1 ? argv[1] : "";
   if (mode == "launch") {
-    check_launch_served("cudaLaunchKernel", [] {
+    check_code_served("cudaLaunchKernel", [] {
       const cudaError_t result = cudaLaunchKernel(&g_kernel, dim3(1), dim3(1), nullptr, 0, 0);
       // The retry leaves only its own answer in the last-error slot.
       CHECK_RESULT(cudaGetLastError(), result);
@@ -89,12 +92,20 @@ int main(int argc, char** argv) {
     return 0;
   }
   if (mode == "cu_launch") {
-    check_launch_served("cuLaunchKernel", [] {
+    check_code_served("cuLaunchKernel", [] {
       const CUresult result = cuLaunchKernel(reinterpret_cast<CUfunction>(&g_kernel), 1, 1, 1, 1,
                                              1, 1, 0, nullptr, nullptr, nullptr);
       return result == CUDA_ERROR_NOT_SUPPORTED;
     });
     std::printf("a first driver launch beside a page on its way to the driver: its code loaded\n");
+    return 0;
+  }
+  if (mode == "module_load") {
+    check_code_served("cuModuleLoadData", [] {
+      CUmodule module = nullptr;
+      return cuModuleLoadData(&module, kImage) == CUDA_SUCCESS;
+    });
+    std::printf("a module load beside a page on its way to the driver: its code loaded\n");
     return 0;
   }
 
