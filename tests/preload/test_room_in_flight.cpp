@@ -9,10 +9,13 @@
 // got there (a round whose page arrived before the call is made again). Plain CUDA serves each:
 // its cudaFree had returned the 48 MiB before. On a GPU, where the timings are not forced, the
 // same calls must simply succeed.
-// With `launch`, `cu_launch` or `module_load` (the suite gives each kernel or module 32 MiB of
-// code, SIMCUDA_CODE_BYTES), the 32 MiB are code: a kernel's, loaded at its first launch through
-// the runtime or the driver, or a module's, loaded by cuModuleLoadData: one round only, since
-// loaded code stays. Stand-in only: a GPU would need a real kernel or module.
+// With `launch`, `cu_launch`, `module_load`, `library_load` or `lazy_function` (the suite gives
+// each kernel, module or library 32 MiB of code, SIMCUDA_CODE_BYTES), the 32 MiB are code: a
+// kernel's, loaded at its first launch through the runtime or the driver; a module's, loaded by
+// cuModuleLoadData; a library's, loaded by cuLibraryLoadData; or, with lazy loading
+// (CUDA_MODULE_LOADING=LAZY, where a module load takes nothing), a module's kernel, loaded by
+// cuModuleGetFunction. One round only, since loaded code stays. Stand-in only: a GPU would need
+// real device code.
 #include <cuda.h>
 
 #include <cstdio>
@@ -106,6 +109,25 @@ int main(int argc, char** argv) {
       return cuModuleLoadData(&module, kImage) == CUDA_SUCCESS;
     });
     std::printf("a module load beside a page on its way to the driver: its code loaded\n");
+    return 0;
+  }
+  if (mode == "library_load") {
+    check_code_served("cuLibraryLoadData", [] {
+      CUlibrary library = nullptr;
+      return cuLibraryLoadData(&library, kImage, nullptr, nullptr, 0, nullptr, nullptr, 0) ==
+             CUDA_SUCCESS;
+    });
+    std::printf("a library load beside a page on its way to the driver: its code loaded\n");
+    return 0;
+  }
+  if (mode == "lazy_function") {
+    CUmodule module = nullptr;  // lazy: the load itself takes no device memory
+    CHECK(cuModuleLoadData(&module, kImage) == CUDA_SUCCESS);
+    check_code_served("cuModuleGetFunction", [module] {
+      CUfunction function = nullptr;
+      return cuModuleGetFunction(&function, module, "kernel") == CUDA_SUCCESS;
+    });
+    std::printf("a lazy kernel load beside a page on its way to the driver: its code loaded\n");
     return 0;
   }
 
