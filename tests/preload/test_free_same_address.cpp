@@ -13,12 +13,21 @@
 //  - With `slow` (the suite runs it where a free takes 6 s to return once it freed the memory):
 //    a double free whose first free stays in the driver longer than the library's wait (5 s) is
 //    answered cudaErrorInvalidValue once the wait is over, while the first is still under way.
+//  - With `stopped` (the suite runs it where a free takes 1 s to return): the reused address
+//    again, through cudaMallocAsync, with the whole process stopped (SIGSTOP from a child) for
+//    6 s while the second free waits for the first. The wait's bound passes during the stop, in
+//    which neither thread ran; on resume the first free returns at once, and the second must
+//    free its live buffer, as plain CUDA does (the library once refused it as a double free).
 // On the stand-in, each free takes 100 ms before it looks the pointer up and 200 ms to return
 // once it freed the memory (SIMCUDA_FREE_DELAY_US, SIMCUDA_FREED_DELAY_US), and its first-fit
 // placement gives a freed address to the next allocation of the same size, so the second free
 // begins while the first is in flight (a round where it did not is made again). On a GPU, where
 // the timings are not forced, the same calls must give the same answers.
 #include <cuda.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <chrono>
@@ -156,6 +165,58 @@ void double_free_past_the_wait() {
   CHECK_CUDA(first);
 }
 
+// In a forked child of a threaded program: only async-signal-safe calls.
+void child_sleep_ms(long ms) {
+  timespec left{ms / 1000, (ms % 1000) * 1000000};
+  while (nanosleep(&left, &left) != 0) {
+  }
+}
+
+// Stops this whole process `after_ms` from now for `stopped_ms`, from a child; returns its pid.
+pid_t stop_this_process(long after_ms, long stopped_ms) {
+  const pid_t parent = getpid();
+  const pid_t child = fork();
+  CHECK_MSG(child >= 0, "fork failed");
+  if (child == 0) {
+    child_sleep_ms(after_ms);
+    kill(parent, SIGSTOP);
+    child_sleep_ms(stopped_ms);
+    kill(parent, SIGCONT);
+    _exit(0);
+  }
+  return child;
+}
+
+void reused_address_across_a_stop() {
+  if (!preload_test::on_stand_in()) preload_test::skip("needs the stand-in's free delays");
+  for (int round = 0; round < 5; ++round) {
+    const std::uint64_t before = preload_test::counter("live_bytes");
+    void* first = allocate(Through::malloc_async);
+    cudaError_t first_freed = cudaErrorUnknown;
+    std::atomic<bool> returned{false};
+    std::thread freer = release_elsewhere(Through::malloc_async, first, &first_freed, &returned);
+    wait_for_live_bytes(before, returned);
+    void* second = allocate(Through::malloc_async);
+    // The first free returns 1 s after it freed the memory: the stop begins well within that.
+    const pid_t stopper = stop_this_process(100, 6000);
+    const bool racing = second == first && !returned.load();
+    const auto began = std::chrono::steady_clock::now();
+    const cudaError_t result = release(Through::malloc_async, second);
+    const bool stopped_in_wait = std::chrono::steady_clock::now() - began > std::chrono::seconds(5);
+    int status = 0;
+    CHECK_MSG(waitpid(stopper, &status, 0) == stopper, "waitpid failed");
+    freer.join();
+    CHECK_CUDA(first_freed);
+    CHECK_MSG(result == cudaSuccess,
+              "a free of a live buffer failed (" + preload_test::error_text(result) +
+                  ") after the process was stopped while it waited for another thread's free of "
+                  "an earlier buffer at its address");
+    CHECK_MSG(preload_test::counter("live_bytes") == before, "a freed buffer is still live");
+    if (racing && stopped_in_wait) return;
+  }
+  CHECK_MSG(false, "in five rounds, the process was never stopped while the second free waited");
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -164,6 +225,11 @@ int main(int argc, char** argv) {
   if (argc > 1 && std::string(argv[1]) == "slow") {
     double_free_past_the_wait();
     std::printf("a double free past the wait: refused while the first was under way\n");
+    return 0;
+  }
+  if (argc > 1 && std::string(argv[1]) == "stopped") {
+    reused_address_across_a_stop();
+    std::printf("a reused address freed across a stop of the process: freed\n");
     return 0;
   }
   reused_address_is_freed(Through::malloc_async, "cudaMallocAsync");
