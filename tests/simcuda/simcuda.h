@@ -47,7 +47,8 @@ void simcuda_reset_counters(void);
 int simcuda_launch_access(void* stream, const void* ptr, size_t bytes, int is_write,
                           void (*fn)(void*), void* user_data);
 
-/* The same operation as a kernel launch: a runtime launch (cudaLaunchKernel and its forms) of
+/* The same operation as a kernel launch: a launch through the shared runtime (cudaLaunchKernel
+ * and its forms; the static runtime's go to the driver, which does not know it) of
  * simcuda_access_kernel whose one argument (args[0] points to it) is a struct simcuda_access
  * enqueues what simcuda_launch_access would, on the launch's stream. A library that interposes
  * the runtime's launches sees it as the kernel launch it stands for. */
