@@ -20,11 +20,9 @@
 //      free of a live buffer). Or the two are the program's double free, which step 2 answers
 //      once the first has ended. The wait is bounded (kWaitForEarlierFree): a free still in
 //      flight after it (one waiting on the device, which might wait on this thread) makes this
-//      one a double free, refused without a real call. The bound is wall time, which also runs
-//      while the whole process is stopped (SIGSTOP, a debugger, a frozen cgroup): a stop longer
-//      than the bound ends it without the first free having run, and on resume both threads
-//      run again at once. So the refusal comes only after kGraceAfterBound more, counted from
-//      when this thread noticed the bound had passed, and so ran again;
+//      one a double free, refused without a real call. A stop of the whole process longer than
+//      the bound must not end it before the first free has run again (Note [Stopped processes]
+//      in pools/wait_bound.h);
 //   2. ask the driver whether any allocation covers the pointer (cudaPointerGetAttributes,
 //      a query that never waits on the device); none: no real free;
 //   3. ask the pools again; then the release worker, whose pages are the library's until the
@@ -65,6 +63,7 @@
 #include "pools/lock_order.h"
 #include "pools/memory_manager.h"
 #include "pools/no_cancel.h"
+#include "pools/wait_bound.h"
 
 namespace poolcuda {
 
@@ -74,9 +73,6 @@ namespace {
 // a free that has returned from the driver ends within microseconds; one still waiting on the
 // device may wait on the waiting thread itself.
 constexpr std::chrono::seconds kWaitForEarlierFree{5};
-// Then, how long the earlier free still gets once the waiting thread runs again: far longer than
-// a free that has returned from the driver takes to end, too short to matter beside the bound.
-constexpr std::chrono::milliseconds kGraceAfterBound{200};
 
 struct InFlight {
   std::uint64_t ticket;
@@ -138,8 +134,11 @@ ForeignFree::ForeignFree(const void* ptr) : ptr_(ptr) {
       // in pools/no_cancel.h).
       NoCancel no_cancel;
       const auto ended = [&] { return !earlier_in_flight(); };
-      duplicate_ = !s.ended.wait_for(hold, kWaitForEarlierFree, ended) &&
-                   !s.ended.wait_for(hold, kGraceAfterBound, ended);
+      WaitBound bound{kWaitForEarlierFree};
+      bool ended_in_time = false;
+      do ended_in_time = s.ended.wait_for(hold, bound.left(), ended);
+      while (!ended_in_time && bound.restarted());
+      duplicate_ = !ended_in_time;
     }
   }
   if (!duplicate_) driver_knew_ = driver_knows(ptr);

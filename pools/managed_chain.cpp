@@ -379,9 +379,9 @@ int ManagedSlabs::populate(std::uint64_t size, ManagedError* error) {
 // those unused for longer than the disuse period, and never a lane's current one; without it
 // (a trim), a lane's current slab too, since a program that freed all its managed memory must
 // get it back as plain CUDA would (the lane's next allocation finds it sealed and takes the
-// slow path), and a lagging fence is waited for until `deadline`.
+// slow path), and a lagging fence is waited for within `bound`.
 std::uint32_t ManagedSlabs::collect_empty(bool disused_only, std::vector<DevicePtr>* retired,
-                                          std::chrono::steady_clock::time_point deadline) {
+                                          WaitBound* bound) {
   const std::uint32_t used = used_slots_.load(std::memory_order_relaxed);
   std::uint32_t count = 0;
   for (std::uint32_t i = 0; i < used; ++i) {
@@ -396,12 +396,12 @@ std::uint32_t ManagedSlabs::collect_empty(bool disused_only, std::vector<DeviceP
     // A trim (the device is out of memory, or it was asked for) waits for a fence that lags,
     // as the real cudaFree would have waited for the device; bounded, since a stream parked on a
     // host function holds the fence back and only the waiting thread may be the one to lift it.
-    const auto left = std::chrono::duration_cast<std::chrono::microseconds>(
-        deadline - std::chrono::steady_clock::now());
-    if (!ready && !disused_only && slab.fence != kNoFence && slab.fence_state == state &&
-        left.count() > 0 &&
-        backing_.fence_wait_for(slab.fence, static_cast<std::uint32_t>(left.count()))) {
-      ready = quiet(slab, &state);
+    if (!ready && !disused_only && bound != nullptr && slab.fence != kNoFence &&
+        slab.fence_state == state) {
+      bool passed = false;
+      do passed = backing_.fence_wait_for(slab.fence, bound->left_micros());
+      while (!passed && bound->restarted());  // once more after a stop (Note [Stopped processes])
+      if (passed) ready = quiet(slab, &state);
     }
     if (ready && retire(slab, state, retired)) ++count;
   }
@@ -436,8 +436,7 @@ std::uint64_t ManagedSlabs::empty_bytes() const {
 }
 
 std::uint32_t ManagedSlabs::trim(std::uint32_t max_wait_micros) {
-  const auto deadline =
-      std::chrono::steady_clock::now() + std::chrono::microseconds(max_wait_micros);
+  WaitBound bound{std::chrono::microseconds(max_wait_micros)};
   std::vector<DevicePtr> retired;
   std::uint32_t count = 0;
   {
@@ -445,7 +444,7 @@ std::uint32_t ManagedSlabs::trim(std::uint32_t max_wait_micros) {
     // The device is short of memory: no new spare for a while (Note [Managed windows]).
     spare_refused_ = true;
     spare_refused_tick_ = tick_;
-    count = collect_empty(/*disused_only=*/false, &retired, deadline);
+    count = collect_empty(/*disused_only=*/false, &retired, &bound);
   }
   release_all(retired);
   return count;

@@ -26,6 +26,7 @@
 #include "pools/options.h"
 #include "pools/report_tree.h"
 #include "pools/types.h"
+#include "pools/wait_bound.h"
 
 namespace poolcuda {
 
@@ -222,7 +223,7 @@ class ManagedSlabs {
   bool retire(Slab& slab, std::uint64_t state, std::vector<DevicePtr>* retired);
   int populate(std::uint64_t size, ManagedError* error);
   std::uint32_t collect_empty(bool disused_only, std::vector<DevicePtr>* retired,
-                              std::chrono::steady_clock::time_point deadline = {});
+                              WaitBound* bound = nullptr);
   void release_all(const std::vector<DevicePtr>& retired);  // without mutex_
 
   // The held bound (managed_bound.cpp, Note [Managed held bound]); the caller holds mutex_.

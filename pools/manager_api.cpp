@@ -410,24 +410,17 @@ void MemoryManager::fence_open_frees() {
 }
 
 GiveBack MemoryManager::give_back_all(std::uint32_t max_microseconds, GiveBackWait wait) {
-  const auto deadline =
-      std::chrono::steady_clock::now() + std::chrono::microseconds(max_microseconds);
+  WaitBound bound{std::chrono::microseconds(max_microseconds)};
   GiveBack result = GiveBack::nothing;
   shards_->each([&](Impl& m) {
-    const auto left = std::chrono::duration_cast<std::chrono::microseconds>(
-        deadline - std::chrono::steady_clock::now());
-    const GiveBack one = m.give_back(
-        static_cast<std::uint32_t>(std::max<std::int64_t>(left.count(), 0)), max_microseconds,
-        wait);
+    const GiveBack one = m.give_back(bound, max_microseconds, wait);
     result = std::max(result, one);  // timed_out over done over nothing
   });
   return result;
 }
 
-GiveBack MemoryManager::Impl::give_back(std::uint32_t max_microseconds,
-                                        std::uint32_t asked_microseconds, GiveBackWait wait) {
-  const auto deadline =
-      std::chrono::steady_clock::now() + std::chrono::microseconds(max_microseconds);
+GiveBack MemoryManager::Impl::give_back(WaitBound& bound, std::uint32_t asked_microseconds,
+                                        GiveBackWait wait) {
   Scope scope(*this);
   if (frozen != 0) return GiveBack::nothing;
   flush_caches(false);
@@ -449,17 +442,14 @@ GiveBack MemoryManager::Impl::give_back(std::uint32_t max_microseconds,
     // Frees other threads made while the lock was released wait in the open epoch.
     if (with_lanes ? !fences.any_closed() : !fences.any_closed_epoch()) close_epoch();
     if (with_lanes ? !fences.any_closed() : !fences.any_closed_epoch()) break;  // no fence
-    if (wait_for_oldest_fence(scope, deadline, with_lanes) == FenceWait::none) {
+    if (wait_for_oldest_fence(scope, bound, with_lanes) == FenceWait::none) {
       timed_out = true;
       break;
     }
   }
   cleanup_all(true);
   scope.unlock();  // the pages go to the device
-  const auto left = std::chrono::duration_cast<std::chrono::microseconds>(
-      deadline - std::chrono::steady_clock::now());
-  const bool flushed = device.flush_releases(
-      static_cast<std::uint32_t>(std::max<std::int64_t>(left.count(), 0)));
+  const bool flushed = flush_within(device, bound);
   scope.relock();
   if (!timed_out && flushed) {
     give_back_stuck.reset();

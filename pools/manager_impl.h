@@ -22,6 +22,7 @@
 #include "pools/pool.h"
 #include "pools/slice_index.h"
 #include "pools/thread_cache.h"
+#include "pools/wait_bound.h"
 
 namespace poolcuda {
 
@@ -189,6 +190,10 @@ enum class CacheFlush : std::uint8_t {
   sweep,   // the same, and the sweep itself: the others' marks of use are cleared
 };
 
+// Waits for the pages released so far to reach the driver within `bound`, once more after a
+// stop (Note [Stopped processes]); true when every one did. Called without the manager's lock.
+bool flush_within(Device& device, WaitBound& bound);
+
 struct MemoryManager::Impl {
   Impl(Device& d, const ManagerOptions& o);
   ~Impl();
@@ -233,10 +238,9 @@ struct MemoryManager::Impl {
                       const ShardHome* thread, bool home, bool last_try, ReserveNotes& notes);
   // Frees `ptr` when it lies in this shard's pages; not_mine (nothing changed) otherwise.
   FreeOutcome free_pointer(DevicePtr ptr, StreamToken stream);
-  // give_back_all() for this shard: `max_microseconds` is what is left of the caller's bound,
-  // `asked_microseconds` the bound itself (what an earlier timeout is compared with).
-  GiveBack give_back(std::uint32_t max_microseconds, std::uint32_t asked_microseconds,
-                     GiveBackWait wait);
+  // give_back_all() for this shard: `bound` is the caller's, shared by every shard,
+  // `asked_microseconds` its length (what an earlier timeout is compared with).
+  GiveBack give_back(WaitBound& bound, std::uint32_t asked_microseconds, GiveBackWait wait);
 
   // --- memory_manager.cpp --------------------------------------------------------------------
   void build_pools(const PoolLayout& layout);
@@ -280,14 +284,13 @@ struct MemoryManager::Impl {
   // a time bound; otherwise, while stream-ordered frees wait, a slice at a time (Note
   // [Stream-ordered frees]), and the caller routes again before it waits again.
   bool wait_for_oldest_fence(Scope& scope, bool until_passed);
-  // Waits (unlocked) for the oldest fence recorded until `deadline`, a slice at a time while
+  // Waits (unlocked) for the oldest fence recorded within `bound`, a slice at a time while
   // stream-ordered frees wait: `passed` when a fence passed meanwhile (its memory is back);
-  // `slice` when a slice ran out with the deadline still ahead (route again, then wait again);
-  // `none` when no fence is recorded or the deadline has come.
+  // `slice` when a slice ran out with the bound not over (route again, then wait again);
+  // `none` when no fence is recorded or the bound is over (Note [Stopped processes]).
   enum class FenceWait : std::uint8_t { none, passed, slice };
   // `with_lanes` false: the oldest closed epoch's fence only, never a stream-ordered free's.
-  FenceWait wait_for_oldest_fence(Scope& scope, std::chrono::steady_clock::time_point deadline,
-                                  bool with_lanes = true);
+  FenceWait wait_for_oldest_fence(Scope& scope, WaitBound& bound, bool with_lanes = true);
   // Whether `size` bytes exceed what the device could give even once every page the pools hold
   // for no live slice were back with the driver: then no recovery step can help.
   // `elsewhere`: bytes the other shards hold for no request.

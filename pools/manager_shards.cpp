@@ -423,8 +423,7 @@ bool MemoryManager::Shards::trim_others(std::uint32_t k) {
   });
   return gave;
 }
-bool MemoryManager::Shards::drain_others(std::uint32_t k,
-                                         std::chrono::steady_clock::time_point deadline) {
+bool MemoryManager::Shards::drain_others(std::uint32_t k, WaitBound& bound) {
   bool passed = false;
   others(k, [&](Impl& m) {
     Impl::Scope scope(m);
@@ -433,7 +432,7 @@ bool MemoryManager::Shards::drain_others(std::uint32_t k,
     // One slice at most: the recovery routes again before it waits again (Note
     // [Stream-ordered frees]).
     while (m.pending() != 0 && m.fences.any_closed()) {
-      const Impl::FenceWait wait = m.wait_for_oldest_fence(scope, deadline);
+      const Impl::FenceWait wait = m.wait_for_oldest_fence(scope, bound);
       if (wait == Impl::FenceWait::none) break;
       passed = true;
       if (wait == Impl::FenceWait::slice) break;

@@ -171,10 +171,10 @@ struct MemoryManager::Shards {
   // Then they give back their idle pages and parked slices, without waiting for anything. True
   // when they gave some.
   bool trim_others(std::uint32_t k);
-  // Then their memory waiting on fences: waits for their oldest fences until `deadline` (a
+  // Then their memory waiting on fences: waits for their oldest fences within `bound` (a
   // slice each at most while stream-ordered frees wait); what came free stays in their pools,
   // to be lent. True when a fence passed or a slice ran out: route again, trim, call again.
-  bool drain_others(std::uint32_t k, std::chrono::steady_clock::time_point deadline);
+  bool drain_others(std::uint32_t k, WaitBound& bound);
 
   Device& device;
   ManagerOptions options;  // its layout: the one installed last (under `control`)

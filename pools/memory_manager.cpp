@@ -142,7 +142,8 @@
 // (2) A request that even every byte the pools keep for no live slice, added to what the
 //     driver has free, could not serve fails at once, without closing, flushing or waiting
 //     (beyond_reach()): the real cudaMalloc fails at once too.
-// (3) The waits are bounded: at most options.recovery_wait_micros (10 s) in all, for fences
+// (3) The waits are bounded: at most options.recovery_wait_micros (10 s) in all, and 0.2 s
+//     more once it passed (Note [Stopped processes]), for fences
 //     and for released pages to reach the driver (their free waits for the device as the
 //     plain cudaFree did), far above any wait for work the program issued before its frees. A
 //     stream parked in a way no hook sees (a kernel spinning on host memory, a driver-level
@@ -197,6 +198,13 @@ namespace {
 // A pending slice whose fence has passed returns to its pool (which coalesces it).
 constexpr auto kGiveBack = [](Slice* s) { s->page->pool->give_back(s); };
 }  // namespace
+
+bool flush_within(Device& device, WaitBound& bound) {
+  bool flushed = false;
+  do flushed = device.flush_releases(bound.left_micros());
+  while (!flushed && bound.restarted());
+  return flushed;
+}
 
 MemoryManager::Impl::Impl(Device& d, const ManagerOptions& o)
     : device(d), options(o), ctx(d) {
@@ -355,25 +363,25 @@ bool MemoryManager::Impl::wait_for_oldest_fence(Scope& scope, bool until_passed)
   return true;
 }
 
-MemoryManager::Impl::FenceWait MemoryManager::Impl::wait_for_oldest_fence(
-    Scope& scope, std::chrono::steady_clock::time_point deadline, bool with_lanes) {
-  using Clock = std::chrono::steady_clock;
-  const Clock::time_point now = Clock::now();
-  if (now >= deadline) return FenceWait::none;
+MemoryManager::Impl::FenceWait MemoryManager::Impl::wait_for_oldest_fence(Scope& scope,
+                                                                          WaitBound& bound,
+                                                                          bool with_lanes) {
+  if (bound.over()) return FenceWait::none;
   const FenceTicket ticket = fences.borrow_oldest(with_lanes);
   if (!ticket) return FenceWait::none;
   const bool sliced = fences.any_lanes();
-  const auto left = std::chrono::duration_cast<std::chrono::microseconds>(deadline - now);
   scope.unlock();  // Note [Outside the lock]
-  const bool passed = device.fence_wait_for(
-      ticket.fence, sliced ? std::min<std::uint32_t>(static_cast<std::uint32_t>(left.count()),
-                                                     kLaneWaitSliceMicros)
-                           : static_cast<std::uint32_t>(left.count()));
+  bool passed = false;
+  do {  // once more after a stop (Note [Stopped processes])
+    const std::uint32_t left = bound.left_micros();
+    passed = device.fence_wait_for(ticket.fence,
+                                   sliced ? std::min(left, kLaneWaitSliceMicros) : left);
+  } while (!passed && !sliced && bound.restarted());
   scope.relock();
   fences.give_back_ticket(device, ticket);
   const std::uint64_t reaped = fences.reap(device, kGiveBack);
   if (passed || reaped != 0) return FenceWait::passed;
-  return sliced && Clock::now() < deadline ? FenceWait::slice : FenceWait::none;
+  return sliced && !bound.over() ? FenceWait::slice : FenceWait::none;
 }
 
 // Note [Held memory bound]
@@ -951,8 +959,7 @@ Route MemoryManager::Impl::recover_from_oom(Scope& scope, std::uint64_t size,
     }
   } counted(shards->recovering);
   flush_caches(false);  // parked slices are memory no one uses
-  const auto deadline = std::chrono::steady_clock::now() +
-                        std::chrono::microseconds(options.recovery_wait_micros);
+  WaitBound bound{std::chrono::microseconds(options.recovery_wait_micros)};
   // And so is what the other shards keep for no live slice (Note [Shards]): their idle pages
   // go to the driver, and this shard waits for them to arrive, within its bound.
   const bool sharded = shards->count() > 1;
@@ -960,11 +967,8 @@ Route MemoryManager::Impl::recover_from_oom(Scope& scope, std::uint64_t size,
   const auto trim_others = [&] {
     scope.unlock();
     const bool gave = shards->trim_others(shard_index);
-    if (gave && shards->flush_stuck_releasing.load(std::memory_order_relaxed) == 0) {
-      const auto left = std::chrono::duration_cast<std::chrono::microseconds>(
-          deadline - std::chrono::steady_clock::now());
-      device.flush_releases(static_cast<std::uint32_t>(std::max<std::int64_t>(left.count(), 0)));
-    }
+    if (gave && shards->flush_stuck_releasing.load(std::memory_order_relaxed) == 0)
+      flush_within(device, bound);
     scope.relock();
     return gave;
   };
@@ -985,7 +989,7 @@ Route MemoryManager::Impl::recover_from_oom(Scope& scope, std::uint64_t size,
   // Their memory waiting on fences, within this recovery's bound.
   const auto drain_others = [&] {
     scope.unlock();
-    const bool passed = shards->drain_others(shard_index, deadline);
+    const bool passed = shards->drain_others(shard_index, bound);
     scope.relock();
     return passed;
   };
@@ -1024,10 +1028,7 @@ Route MemoryManager::Impl::recover_from_oom(Scope& scope, std::uint64_t size,
     // Read after this thread's pages went: a later change is another thread's.
     handed_before_flush = pages_handed_everywhere();
     // Pages stuck behind a parked stream stay stuck: no later round waits for them again.
-    const auto left = std::chrono::duration_cast<std::chrono::microseconds>(
-        deadline - std::chrono::steady_clock::now());
-    const bool flushed = device.flush_releases(
-        static_cast<std::uint32_t>(std::max<std::int64_t>(left.count(), 0)));
+    const bool flushed = flush_within(device, bound);
     scope.relock();
     if (flushed) {
       shards->flush_stuck_releasing.store(0, std::memory_order_relaxed);
@@ -1126,7 +1127,7 @@ Route MemoryManager::Impl::recover_from_oom(Scope& scope, std::uint64_t size,
     // then the other shards'. Waits that may last: others grow meanwhile as before.
     counted.done();
     if (fences.open_count() != 0 && !fences.close(device)) return r;  // a capture is open
-    const FenceWait waited = wait_for_oldest_fence(scope, deadline);
+    const FenceWait waited = wait_for_oldest_fence(scope, bound);
     // Nothing came back here (a slice ran out behind a park, or no fence is left): the other
     // shards' fences next, a slice each at most.
     if (waited != FenceWait::passed && sharded && !stuck && drain_others()) {
@@ -1147,8 +1148,8 @@ Route MemoryManager::Impl::recover_from_oom(Scope& scope, std::uint64_t size,
       // bound lasts, as long as flushes complete, for at most kOomExtraRounds flushes: a
       // neighbour that always has a page on its way must not keep a request the device cannot
       // serve spinning until the bound.
-      if (stuck || device.releasing_bytes() == 0 ||
-          std::chrono::steady_clock::now() >= deadline || ++arrival_rounds > kOomExtraRounds)
+      if (stuck || device.releasing_bytes() == 0 || bound.over() ||
+          ++arrival_rounds > kOomExtraRounds)
         return r;
       flush = true;
       continue;

@@ -182,4 +182,12 @@ class Worker {
   std::thread thread_;
 };
 
+// A 6 MiB page allocated and freed: a pool that reuses frees at once keeps it idle, an 8 MiB
+// device nearly full.
+inline void leave_an_idle_page(MemoryManager& manager) {
+  const DevicePtr big = manager.allocate(6 * MiB).ptr;
+  REQUIRE(big != 0);
+  REQUIRE(manager.free(big) == FreeOutcome::freed);
+}
+
 }  // namespace poolcuda::test

@@ -148,13 +148,6 @@ ManagerOptions exclusive_8mib() {
   return options;
 }
 
-// A 6 MiB page allocated and freed: the pool keeps it idle, the device nearly full.
-void leave_an_idle_page(MemoryManager& manager) {
-  const DevicePtr big = manager.allocate(6 * MiB).ptr;
-  REQUIRE(big != 0);
-  REQUIRE(manager.free(big) == FreeOutcome::freed);
-}
-
 }  // namespace
 
 TEST_CASE("oom_recovery_after_a_capture_waits_for_the_pages_the_capture_held_back") {
