@@ -20,6 +20,7 @@
 #include "interpose/release_worker.h"
 #include "interpose/stream_order.h"
 #include "interpose/threads.h"
+#include "pools/wait_bound.h"
 
 namespace poolcuda {
 
@@ -211,7 +212,10 @@ void Registry::thaw_managed(int device) {
 bool Registry::trim_managed(int device, std::uint32_t max_wait_micros) {
   ManagedSlabs* chain = managed(device);
   if (chain == nullptr || chain->trim(max_wait_micros) == 0) return false;
-  ReleaseWorker::instance().flush(device, max_wait_micros);
+  // Again after a stop (Note [Stopped processes] in pools/wait_bound.h).
+  WaitBound bound{std::chrono::microseconds(max_wait_micros)};
+  while (!ReleaseWorker::instance().flush(device, bound.left_micros()) && bound.restarted()) {
+  }
   return true;
 }
 

@@ -171,8 +171,8 @@ class ManagedSlabs {
 
   // Gives every slab with nothing live back to the backing, the lanes' current ones included,
   // once its free fence has passed (waiting for it, where the real cudaFree would have waited,
-  // at most `max_wait_micros` in all): for the device's out-of-memory recovery, before a host
-  // function, and explicit trims. Returns how many went back.
+  // within `max_wait_micros` in all, Note [Stopped processes]): for the device's out-of-memory
+  // recovery, before a host function, and explicit trims. Returns how many went back.
   std::uint32_t trim(std::uint32_t max_wait_micros);
 
   // Bytes of the slabs that hold nothing live (their fences may not have passed yet): what a

@@ -1,23 +1,26 @@
 // WaitBound: the time limit of a wait inside a program's call whose end decides an answer (an
-// out-of-memory recovery, a give-back before a retry, a free waiting for another thread's free
-// of the same address), made to survive the process being stopped. Depends on nothing in
-// poolcuda.
+// out-of-memory recovery, a give-back before a retry, a trim of the managed slabs, a free waiting
+// for another thread's free of the same address), made to survive the process being stopped.
+// Depends on nothing in poolcuda.
 //
 // Note [Stopped processes]
 // ~~~~~~~~~~~~~~~~~~~~~~~~
 // A bound is wall time, and wall time runs on while the whole process is stopped (SIGSTOP or
 // Ctrl-Z, a batch scheduler's suspend, a debugger, a frozen cgroup), and so does the device: the
-// kernels, the fences, the driver's frees a release began all end meanwhile. A stop longer than
-// the bound ends it with nothing looked at since, and on resume every thread runs again at once:
-// a recovery whose flush timed out during the stop found the pages it released not yet with the
-// driver (the release thread had not run yet either) and refused a cudaMalloc the plain run
-// serves; a recovery past its end waited for no fence at all. So a bound is not over at the
-// first look that finds it past: that look gives kGraceAfterBound more, counted from then, when
-// the looking thread runs again, and so does every later look that finds it past by more than
-// kStopSeen, which no wait of the library oversleeps while the process runs. A wait that timed out
-// asks restarted() and tries once more when it did. Without a stop the bound costs
-// kGraceAfterBound more once, only where the wait ran out anyway: a stream parked for good, a
-// free that never returns.
+// kernels, the fences, the driver's frees a release began go on meanwhile. A stop longer than
+// the bound ended it with nothing looked at since, and on resume every thread runs again at
+// once: a recovery whose flush timed out during the stop found the pages it released not yet
+// with the driver (the release thread had not run again either) and refused a cudaMalloc the
+// plain run serves; a recovery past its end waited for no fence at all. So a look that finds
+// the bound past by more than kStopSeen takes it for a stop and gives the whole bound again from
+// then: the process may have used any part of it before the stop, and the wait gets at least
+// its bound of running time. Nothing tells a stop from a thread that merely did not run for that
+// long (a lock held across a slow driver call, a CPU quota), so this happens once per bound at
+// most: each wait stays bounded, by twice its bound and the grace. A look that finds the bound
+// past by less (no stop, or one that ended about when the bound did) gives kGraceAfterBound (at
+// most the bound's own length) once. A wait that timed out asks restarted() and tries again
+// while either happened. Without a stop a bound costs the grace more, only where the wait ran
+// out anyway (a stream parked for good, a free that never returns); a bound of zero never waits.
 #pragma once
 
 #include <algorithm>
@@ -30,12 +33,12 @@ class WaitBound {
  public:
   using Clock = std::chrono::steady_clock;
   // Far longer than a driver's free, a fence's query or a release thread's wake-up take once the
-  // process runs, too short to matter beside the bounds (seconds).
+  // process runs, short beside the bounds that decide answers (seconds).
   static constexpr std::chrono::milliseconds kGraceAfterBound{200};
-  // More than a thread past its end oversleeps it while the process runs, under load included.
+  // More than a wait oversleeps its end while the process runs, under ordinary load.
   static constexpr std::chrono::milliseconds kStopSeen{100};
 
-  explicit WaitBound(Clock::duration length) : end_(Clock::now() + length) {}
+  explicit WaitBound(Clock::duration length) : length_(length), end_(Clock::now() + length) {}
 
   // Time left, zero once over (Note [Stopped processes]).
   Clock::duration left() {
@@ -48,7 +51,7 @@ class WaitBound {
   }
   bool over() { return left() == Clock::duration::zero(); }
   // Whether the bound was extended since the last call: a wait that timed out meanwhile may
-  // have timed out during a stop, and gets one more try within what is left.
+  // have timed out during a stop, and tries again within what is left.
   bool restarted() {
     look();
     const bool was = restarted_;
@@ -59,14 +62,23 @@ class WaitBound {
  private:
   Clock::time_point look() {
     const Clock::time_point now = Clock::now();
-    if (now >= end_ && (!graced_ || now - end_ > kStopSeen)) {
-      end_ = now + kGraceAfterBound;
-      graced_ = restarted_ = true;
+    if (now < end_ || length_ <= Clock::duration::zero()) return now;
+    if (now - end_ > kStopSeen && !stop_seen_) {
+      stop_seen_ = true;
+      end_ = now + length_;
+    } else if (!graced_) {
+      graced_ = true;
+      end_ = now + std::min<Clock::duration>(kGraceAfterBound, length_);
+    } else {
+      return now;
     }
+    restarted_ = true;
     return now;
   }
 
+  Clock::duration length_;
   Clock::time_point end_;
+  bool stop_seen_ = false;
   bool graced_ = false;
   bool restarted_ = false;
 };

@@ -1,7 +1,7 @@
 // Waits whose bound a stopped process outlives (Note [Stopped processes] in pools/wait_bound.h):
 // the device moves on while the process is stopped, and on resume the wait looks again before
-// it gives up. A device call that returns long after its own bound stands for the stop: from
-// the library's side the two look the same.
+// it gives up; the bound itself stays bounded. A device call or a sleep that returns long after
+// the bound's end stands for the stop: from the library's side the two look the same.
 #include <doctest/doctest.h>
 
 #include <chrono>
@@ -93,6 +93,26 @@ ManagerOptions one_exclusive_pool(FreeFence fence) {
 }  // namespace
 
 TEST_SUITE("unit") {
+
+TEST_CASE("wait_bound_restarts_once_for_a_stop_grants_its_grace_once_and_never_waits_on_zero") {
+  using std::chrono::milliseconds;
+  WaitBound zero{milliseconds(0)};
+  CHECK(zero.over());
+  CHECK_FALSE(zero.restarted());
+
+  WaitBound bound{milliseconds(20)};
+  CHECK_FALSE(bound.over());
+  std::this_thread::sleep_for(milliseconds(150));  // past its end by over kStopSeen: a stop
+  CHECK_FALSE(bound.over());                       // the whole bound again
+  CHECK(bound.restarted());
+  CHECK(bound.left() <= milliseconds(20));
+  std::this_thread::sleep_for(milliseconds(150));  // another stop: only the grace now
+  CHECK_FALSE(bound.over());
+  CHECK(bound.restarted());
+  std::this_thread::sleep_for(milliseconds(150));  // and nothing more, whatever the gap
+  CHECK(bound.over());
+  CHECK_FALSE(bound.restarted());
+}
 
 TEST_CASE("oom_recovery_stopped_during_its_flush_flushes_again_on_resume") {
   HostDevice host(8 * MiB, 512);
