@@ -29,20 +29,23 @@
 
 namespace poolcuda {
 
-class WaitBound {
+// `ClockType`: steady_clock, or a test's clock that it moves by hand.
+template <class ClockType>
+class BasicWaitBound {
  public:
-  using Clock = std::chrono::steady_clock;
+  using Clock = ClockType;
   // Far longer than a driver's free, a fence's query or a release thread's wake-up take once the
   // process runs, short beside the bounds that decide answers (seconds).
   static constexpr std::chrono::milliseconds kGraceAfterBound{200};
   // More than a wait oversleeps its end while the process runs, under ordinary load.
   static constexpr std::chrono::milliseconds kStopSeen{100};
 
-  explicit WaitBound(Clock::duration length) : length_(length), end_(Clock::now() + length) {}
+  explicit BasicWaitBound(typename Clock::duration length)
+      : length_(length), end_(Clock::now() + length) {}
 
   // Time left, zero once over (Note [Stopped processes]).
-  Clock::duration left() {
-    const Clock::time_point now = look();
+  typename Clock::duration left() {
+    const typename Clock::time_point now = look();
     return now < end_ ? end_ - now : Clock::duration::zero();
   }
   std::uint32_t left_micros() {
@@ -60,15 +63,15 @@ class WaitBound {
   }
 
  private:
-  Clock::time_point look() {
-    const Clock::time_point now = Clock::now();
+  typename Clock::time_point look() {
+    const typename Clock::time_point now = Clock::now();
     if (now < end_ || length_ <= Clock::duration::zero()) return now;
     if (now - end_ > kStopSeen && !stop_seen_) {
       stop_seen_ = true;
       end_ = now + length_;
     } else if (!graced_) {
       graced_ = true;
-      end_ = now + std::min<Clock::duration>(kGraceAfterBound, length_);
+      end_ = now + std::min<typename Clock::duration>(kGraceAfterBound, length_);
     } else {
       return now;
     }
@@ -76,11 +79,13 @@ class WaitBound {
     return now;
   }
 
-  Clock::duration length_;
-  Clock::time_point end_;
+  typename Clock::duration length_;
+  typename Clock::time_point end_;
   bool stop_seen_ = false;
   bool graced_ = false;
   bool restarted_ = false;
 };
+
+using WaitBound = BasicWaitBound<std::chrono::steady_clock>;
 
 }  // namespace poolcuda

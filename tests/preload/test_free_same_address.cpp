@@ -24,10 +24,7 @@
 // begins while the first is in flight (a round where it did not is made again). On a GPU, where
 // the timings are not forced, the same calls must give the same answers.
 #include <cuda.h>
-#include <signal.h>
 #include <sys/wait.h>
-#include <time.h>
-#include <unistd.h>
 
 #include <atomic>
 #include <chrono>
@@ -35,6 +32,7 @@
 #include <thread>
 
 #include "check.h"
+#include "stop_process.h"
 
 namespace {
 
@@ -165,28 +163,6 @@ void double_free_past_the_wait() {
   CHECK_CUDA(first);
 }
 
-// In a forked child of a threaded program: only async-signal-safe calls.
-void child_sleep_ms(long ms) {
-  timespec left{ms / 1000, (ms % 1000) * 1000000};
-  while (nanosleep(&left, &left) != 0) {
-  }
-}
-
-// Stops this whole process `after_ms` from now for `stopped_ms`, from a child; returns its pid.
-pid_t stop_this_process(long after_ms, long stopped_ms) {
-  const pid_t parent = getpid();
-  const pid_t child = fork();
-  CHECK_MSG(child >= 0, "fork failed");
-  if (child == 0) {
-    child_sleep_ms(after_ms);
-    kill(parent, SIGSTOP);
-    child_sleep_ms(stopped_ms);
-    kill(parent, SIGCONT);
-    _exit(0);
-  }
-  return child;
-}
-
 void reused_address_across_a_stop() {
   if (!preload_test::on_stand_in()) preload_test::skip("needs the stand-in's free delays");
   for (int round = 0; round < 5; ++round) {
@@ -198,7 +174,7 @@ void reused_address_across_a_stop() {
     wait_for_live_bytes(before, returned);
     void* second = allocate(Through::malloc_async);
     // The first free returns 1 s after it freed the memory: the stop begins well within that.
-    const pid_t stopper = stop_this_process(100, 6000);
+    const pid_t stopper = preload_test::stop_this_process(100, 6000);
     const bool racing = second == first && !returned.load();
     const auto began = std::chrono::steady_clock::now();
     const cudaError_t result = release(Through::malloc_async, second);

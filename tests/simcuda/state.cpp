@@ -22,8 +22,8 @@ unsigned delay_from_env(const char* name) {
   if (v == nullptr) return 0;
   char* end = nullptr;
   const unsigned long n = std::strtoul(v, &end, 10);
-  if (end == v || *end != '\0' || n > 10'000'000) {
-    std::fprintf(stderr, "simcuda: %s=%s: expected microseconds (0..1e7)\n", name, v);
+  if (end == v || *end != '\0' || n > 60'000'000) {
+    std::fprintf(stderr, "simcuda: %s=%s: expected microseconds (0..6e7)\n", name, v);
     std::abort();
   }
   return static_cast<unsigned>(n);

@@ -1,7 +1,7 @@
 // Waits whose bound a stopped process outlives (Note [Stopped processes] in pools/wait_bound.h):
 // the device moves on while the process is stopped, and on resume the wait looks again before
-// it gives up; the bound itself stays bounded. A device call or a sleep that returns long after
-// the bound's end stands for the stop: from the library's side the two look the same.
+// it gives up; the bound itself stays bounded. A device call that returns long after the bound's
+// end stands for the stop: from the library's side the two look the same.
 #include <doctest/doctest.h>
 
 #include <chrono>
@@ -81,6 +81,18 @@ class StoppedManagedBacking final : public ManagedBacking {
   HostManagedBacking& inner_;
 };
 
+// A clock the test moves by hand.
+struct HandClock {
+  using duration = std::chrono::steady_clock::duration;
+  using rep = duration::rep;
+  using period = duration::period;
+  using time_point = std::chrono::time_point<HandClock>;
+  static constexpr bool is_steady = true;
+  static time_point now() { return time_point(elapsed); }
+  static void advance(duration by) { elapsed += by; }
+  static inline duration elapsed{};
+};
+
 ManagerOptions one_exclusive_pool(FreeFence fence) {
   ManagerOptions options;
   options.layout = custom({exclusive(8 * MiB)});
@@ -96,22 +108,30 @@ TEST_SUITE("unit") {
 
 TEST_CASE("wait_bound_restarts_once_for_a_stop_grants_its_grace_once_and_never_waits_on_zero") {
   using std::chrono::milliseconds;
-  WaitBound zero{milliseconds(0)};
+  using Bound = BasicWaitBound<HandClock>;
+  Bound zero{milliseconds(0)};
   CHECK(zero.over());
   CHECK_FALSE(zero.restarted());
 
-  WaitBound bound{milliseconds(20)};
-  CHECK_FALSE(bound.over());
-  std::this_thread::sleep_for(milliseconds(150));  // past its end by over kStopSeen: a stop
-  CHECK_FALSE(bound.over());                       // the whole bound again
+  Bound bound{milliseconds(60)};
+  HandClock::advance(milliseconds(59));
+  CHECK(bound.left() == milliseconds(1));
+  HandClock::advance(milliseconds(250));  // past its end by over kStopSeen: a stop
+  CHECK(bound.left() == milliseconds(60));  // the whole bound again
   CHECK(bound.restarted());
-  CHECK(bound.left() <= milliseconds(20));
-  std::this_thread::sleep_for(milliseconds(150));  // another stop: only the grace now
-  CHECK_FALSE(bound.over());
+  CHECK_FALSE(bound.restarted());
+  HandClock::advance(milliseconds(250));  // another stop: only the grace now (at most the bound)
+  CHECK(bound.left() == milliseconds(60));
   CHECK(bound.restarted());
-  std::this_thread::sleep_for(milliseconds(150));  // and nothing more, whatever the gap
+  HandClock::advance(milliseconds(250));  // and nothing more, whatever the gap
   CHECK(bound.over());
   CHECK_FALSE(bound.restarted());
+
+  Bound ran_out{milliseconds(500)};  // a wait that simply runs out: the grace, once
+  HandClock::advance(milliseconds(550));
+  CHECK(ran_out.left() == milliseconds(200));
+  HandClock::advance(milliseconds(250));
+  CHECK(ran_out.over());
 }
 
 TEST_CASE("oom_recovery_stopped_during_its_flush_flushes_again_on_resume") {
