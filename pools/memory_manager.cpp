@@ -143,9 +143,10 @@
 //     driver has free, could not serve fails at once, without closing, flushing or waiting
 //     (beyond_reach()): the real cudaMalloc fails at once too.
 // (3) The waits are bounded: at most options.recovery_wait_micros (10 s) in all, and 0.2 s
-//     more once it passed (Note [Stopped processes]), for fences
-//     and for released pages to reach the driver (their free waits for the device as the
-//     plain cudaFree did), far above any wait for work the program issued before its frees. A
+//     more once it passed (a stop of the process can cost the bound again: Note [Stopped
+//     processes]), for fences and for released pages to reach the driver (their free waits for
+//     the device as the plain cudaFree did), far above any wait for work the program issued
+//     before its frees. A
 //     stream parked in a way no hook sees (a kernel spinning on host memory, a driver-level
 //     stream wait) can then cost an allocation the bound and fail it, where the real
 //     cudaMalloc would have succeeded, but never hang it.
