@@ -486,12 +486,10 @@ bool CudaDevice::capture_active() {
 
 // Note [Room for what the pools do not serve] in pooling.cpp. Not while a capture is open: a
 // trim records fences, which a capture must never see.
-bool CudaDevice::give_back_elsewhere() {
+bool CudaDevice::give_back_elsewhere(WaitBound& bound) {
   Registry& registry = Registry::instance();
   const CapturePolicy* capture = registry.capture(device_);
-  // As long as out-of-memory recovery waits (ManagerOptions::recovery_wait_micros).
-  constexpr std::uint32_t kTrimMicros = 10000000;
-  return (capture == nullptr || !capture->open()) && registry.trim_managed(device_, kTrimMicros);
+  return (capture == nullptr || !capture->open()) && registry.trim_managed(device_, bound);
 }
 
 bool CudaDevice::synchronize() {

@@ -338,7 +338,8 @@ void before_host_function() {
     // Empty managed slabs too, as a free would have had them back (not during a capture: a
     // trim records fences).
     const CapturePolicy* capture = registry.capture(device);
-    if (capture == nullptr || !capture->open()) registry.trim_managed(device, bound);
+    WaitBound trim_bound{std::chrono::microseconds(bound)};
+    if (capture == nullptr || !capture->open()) registry.trim_managed(device, trim_bound);
   }
 }
 
@@ -504,8 +505,9 @@ bool give_back_idle(int device, GiveBackWait wait) {
   const bool pages =
       manager != nullptr && manager->give_back_all(kGiveBackMicros, wait) != GiveBack::nothing;
   const CapturePolicy* capture = registry.capture(device);
+  WaitBound trim_bound{std::chrono::microseconds(kGiveBackMicros)};
   const bool slabs =
-      (capture == nullptr || !capture->open()) && registry.trim_managed(device, kGiveBackMicros);
+      (capture == nullptr || !capture->open()) && registry.trim_managed(device, trim_bound);
   return pages || slabs;
 }
 

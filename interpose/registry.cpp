@@ -209,11 +209,10 @@ void Registry::thaw_managed(int device) {
   if (ManagedSlabs* chain = managed(device)) chain->thaw();
 }
 
-bool Registry::trim_managed(int device, std::uint32_t max_wait_micros) {
+bool Registry::trim_managed(int device, WaitBound& bound) {
   ManagedSlabs* chain = managed(device);
-  if (chain == nullptr || chain->trim(max_wait_micros) == 0) return false;
+  if (chain == nullptr || chain->trim(bound) == 0) return false;
   // Again after a stop (Note [Stopped processes] in pools/wait_bound.h).
-  WaitBound bound{std::chrono::microseconds(max_wait_micros)};
   while (!ReleaseWorker::instance().flush(device, bound.left_micros()) && bound.restarted()) {
   }
   return true;

@@ -91,10 +91,10 @@ class Registry {
   // The chain makes no new slab until thaw_managed() (Note [Managed reset]).
   void forget_managed(int device);
   void thaw_managed(int device);
-  // Empty managed slabs of the device go back to the driver (a lagging fence waited for at most
-  // `max_wait_micros`), and the call waits as long again for the release thread to free them,
-  // so that a retried allocation finds the room; true when any went back.
-  bool trim_managed(int device, std::uint32_t max_wait_micros);
+  // Empty managed slabs of the device go back to the driver (a lagging fence waited for), and
+  // the call waits for the release thread to free them, so that a retried allocation finds the
+  // room, both within `bound`; true when any went back.
+  bool trim_managed(int device, WaitBound& bound);
 
   // Real cudaMalloc / cudaFree / cudaMallocManaged calls made on the program's behalf without
   // a pool (size 0, NULL, foreign pointers, requests larger than the device or that no pool

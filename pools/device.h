@@ -17,6 +17,7 @@
 
 #include "pools/no_cancel.h"
 #include "pools/types.h"
+#include "pools/wait_bound.h"
 
 namespace poolcuda {
 
@@ -72,8 +73,12 @@ class Device {
 
   // Out-of-memory recovery, without the manager's lock: memory of this device that others keep
   // for no live allocation (the interposer's empty managed slabs) goes back to the driver, and
-  // the call waits (bounded) until it has arrived. True when any went. The default: none.
-  virtual bool give_back_elsewhere() { return false; }
+  // the call waits until it has arrived, within the recovery's `bound`. True when any went. The
+  // default: none.
+  virtual bool give_back_elsewhere(WaitBound& bound) {
+    (void)bound;
+    return false;
+  }
 
   // Bytes handed to release() that have not reached the driver yet (out-of-memory recovery
   // counts them as memory the device will get back). The default: releases are synchronous.

@@ -435,8 +435,7 @@ std::uint64_t ManagedSlabs::empty_bytes() const {
   return bytes;
 }
 
-std::uint32_t ManagedSlabs::trim(std::uint32_t max_wait_micros) {
-  WaitBound bound{std::chrono::microseconds(max_wait_micros)};
+std::uint32_t ManagedSlabs::trim(WaitBound& bound) {
   std::vector<DevicePtr> retired;
   std::uint32_t count = 0;
   {

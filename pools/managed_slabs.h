@@ -171,9 +171,13 @@ class ManagedSlabs {
 
   // Gives every slab with nothing live back to the backing, the lanes' current ones included,
   // once its free fence has passed (waiting for it, where the real cudaFree would have waited,
-  // within `max_wait_micros` in all, Note [Stopped processes]): for the device's out-of-memory
-  // recovery, before a host function, and explicit trims. Returns how many went back.
-  std::uint32_t trim(std::uint32_t max_wait_micros);
+  // within `bound`, Note [Stopped processes]): for the device's out-of-memory recovery, before
+  // a host function, and explicit trims. Returns how many went back.
+  std::uint32_t trim(WaitBound& bound);
+  std::uint32_t trim(std::uint32_t max_wait_micros) {
+    WaitBound bound{std::chrono::microseconds(max_wait_micros)};
+    return trim(bound);
+  }
 
   // Bytes of the slabs that hold nothing live (their fences may not have passed yet): what a
   // trim could give back. A snapshot without the lock.

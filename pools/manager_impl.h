@@ -190,8 +190,8 @@ enum class CacheFlush : std::uint8_t {
   sweep,   // the same, and the sweep itself: the others' marks of use are cleared
 };
 
-// Waits for the pages released so far to reach the driver within `bound`, once more after a
-// stop (Note [Stopped processes]); true when every one did. Called without the manager's lock.
+// Waits for the pages released so far to reach the driver within `bound`, again after a stop
+// (Note [Stopped processes]); true when every one did. Called without the manager's lock.
 bool flush_within(Device& device, WaitBound& bound);
 
 struct MemoryManager::Impl {

@@ -1004,7 +1004,7 @@ Route MemoryManager::Impl::recover_from_oom(Scope& scope, std::uint64_t size,
   }
   // Empty managed slabs are memory no one uses either; they go first, being the cheapest.
   scope.unlock();
-  device.give_back_elsewhere();
+  device.give_back_elsewhere(bound);
   scope.relock();
   if (beyond_reach(size, elsewhere())) {
     Route r;

@@ -226,8 +226,9 @@ class MemoryManager {
   void fence_open_frees();
 
   // Everything the pools keep for no live slice goes back to the device and reaches the driver,
-  // within `max_microseconds` (Note [Stopped processes]): the fences of freed memory are waited for so that it is idle too,
-  // every idle page is returned, and the call waits for the pages to reach the driver. For the
+  // within a bound of `max_microseconds` (Note [Stopped processes]): the fences of freed memory
+  // are waited for so that it is idle too, every idle page is returned, and the call waits for
+  // the pages to reach the driver. For the
   // moments the plain program's own frees would have given that memory back already: before a
   // host function parks a stream (Note [Idle memory before a park] in memory_manager.cpp), and
   // when the driver refuses a cudaMallocAsync. nothing: the pools held nothing idle, pending or

@@ -93,6 +93,17 @@ struct HandClock {
   static inline duration elapsed{};
 };
 
+// Memory kept elsewhere (managed slabs) whose give-back spends the whole of recovery's bound, as
+// a trim whose fence lags behind a parked stream does.
+class SlowElsewhere final : public ForwardingDevice<HostDevice> {
+ public:
+  using ForwardingDevice::ForwardingDevice;
+  bool give_back_elsewhere(WaitBound& bound) override {
+    while (!bound.over()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    return false;
+  }
+};
+
 ManagerOptions one_exclusive_pool(FreeFence fence) {
   ManagerOptions options;
   options.layout = custom({exclusive(8 * MiB)});
@@ -193,6 +204,26 @@ TEST_CASE("managed_trim_stopped_during_a_fence_wait_looks_at_the_fence_again_on_
   CHECK(slabs.trim(50000) == 2);
   CHECK(backing.waits >= 2);
   CHECK(device.outstanding_allocations() == 0);
+}
+
+TEST_CASE("oom_recovery_shares_its_bound_with_the_give_back_elsewhere") {
+  // A recovery whose give-back of managed slabs spent the bound, then behind a fence that never
+  // passes: the bound is over, not taken for a stop and given again.
+  HostDevice host(8 * MiB, 512);
+  host.set_fence_mode(HostDevice::FenceMode::parked);
+  SlowElsewhere device(host);
+  ManagerOptions options = one_exclusive_pool(FreeFence::events);
+  options.recovery_wait_micros = 2000000;
+  MemoryManager manager(device, options);
+  const DevicePtr first = manager.allocate(6 * MiB).ptr;
+  REQUIRE(first != 0);
+  manager.free(first);
+  const auto start = std::chrono::steady_clock::now();
+  CHECK(manager.allocate(6 * MiB).ptr == 0);
+  CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(3));  // a stop: 4 s
+  host.complete_fences();
+  CHECK(manager.drain_fences());
+  CHECK(manager.check_consistency().empty());
 }
 
 }  // TEST_SUITE
