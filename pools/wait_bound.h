@@ -16,11 +16,13 @@
 // then: the process may have used any part of it before the stop, and the wait gets at least
 // its bound of running time. Nothing tells a stop from a thread that merely did not run for that
 // long (a lock held across a slow driver call, a CPU quota), so this happens once per bound at
-// most: each wait stays bounded, by twice its bound and the grace. A look that finds the bound
-// past by less (no stop, or one that ended about when the bound did) gives kGraceAfterBound (at
-// most the bound's own length) once. A wait that timed out asks restarted() and tries again
-// while either happened. Without a stop a bound costs the grace more, only where the wait ran
-// out anyway (a stream parked for good, a free that never returns); a bound of zero never waits.
+// most: each wait stays within about twice its bound. A look that finds the bound past by less
+// (no stop, or one that ended about when the bound did) gives kGraceAfterBound (at most the
+// bound's own length) once. A wait that timed out asks restarted() and tries again while either
+// happened. Without a stop a bound costs the grace more, only where the wait ran out anyway (a
+// stream parked for good, a free that never returns); a bound of zero never waits. The steps of
+// one wait share its bound: a step with a bound of its own that spends it would look like a stop
+// to the next look (recovery's give-back of managed slabs once did).
 #pragma once
 
 #include <algorithm>
