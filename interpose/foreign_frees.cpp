@@ -135,10 +135,7 @@ ForeignFree::ForeignFree(const void* ptr) : ptr_(ptr) {
       NoCancel no_cancel;
       const auto ended = [&] { return !earlier_in_flight(); };
       WaitBound bound{kWaitForEarlierFree};
-      bool ended_in_time = false;
-      do ended_in_time = s.ended.wait_for(hold, bound.left(), ended);
-      while (!ended_in_time && bound.restarted());
-      duplicate_ = !ended_in_time;
+      duplicate_ = !bound.retry([&] { return s.ended.wait_for(hold, bound.left(), ended); });
     }
   }
   if (!duplicate_) driver_knew_ = driver_knows(ptr);

@@ -338,8 +338,10 @@ void before_host_function() {
     // Empty managed slabs too, as a free would have had them back (not during a capture: a
     // trim records fences).
     const CapturePolicy* capture = registry.capture(device);
-    WaitBound trim_bound{std::chrono::microseconds(bound)};
-    if (capture == nullptr || !capture->open()) registry.trim_managed(device, trim_bound);
+    if (capture == nullptr || !capture->open()) {
+      WaitBound trim_bound{std::chrono::microseconds(bound)};
+      registry.trim_managed(device, trim_bound);
+    }
   }
 }
 

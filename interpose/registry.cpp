@@ -213,8 +213,7 @@ bool Registry::trim_managed(int device, WaitBound& bound) {
   ManagedSlabs* chain = managed(device);
   if (chain == nullptr || chain->trim(bound) == 0) return false;
   // Again after a stop (Note [Stopped processes] in pools/wait_bound.h).
-  while (!ReleaseWorker::instance().flush(device, bound.left_micros()) && bound.restarted()) {
-  }
+  bound.retry([&] { return ReleaseWorker::instance().flush(device, bound.left_micros()); });
   return true;
 }
 

@@ -398,10 +398,9 @@ std::uint32_t ManagedSlabs::collect_empty(bool disused_only, std::vector<DeviceP
     // host function holds the fence back and only the waiting thread may be the one to lift it.
     if (!ready && !disused_only && bound != nullptr && slab.fence != kNoFence &&
         slab.fence_state == state) {
-      bool passed = false;
-      do passed = backing_.fence_wait_for(slab.fence, bound->left_micros());
-      while (!passed && bound->restarted());  // once more after a stop (Note [Stopped processes])
-      if (passed) ready = quiet(slab, &state);
+      // Again after a stop (Note [Stopped processes]).
+      if (bound->retry([&] { return backing_.fence_wait_for(slab.fence, bound->left_micros()); }))
+        ready = quiet(slab, &state);
     }
     if (ready && retire(slab, state, retired)) ++count;
   }

@@ -201,10 +201,7 @@ constexpr auto kGiveBack = [](Slice* s) { s->page->pool->give_back(s); };
 }  // namespace
 
 bool flush_within(Device& device, WaitBound& bound) {
-  bool flushed = false;
-  do flushed = device.flush_releases(bound.left_micros());
-  while (!flushed && bound.restarted());
-  return flushed;
+  return bound.retry([&] { return device.flush_releases(bound.left_micros()); });
 }
 
 MemoryManager::Impl::Impl(Device& d, const ManagerOptions& o)
@@ -372,12 +369,11 @@ MemoryManager::Impl::FenceWait MemoryManager::Impl::wait_for_oldest_fence(Scope&
   if (!ticket) return FenceWait::none;
   const bool sliced = fences.any_lanes();
   scope.unlock();  // Note [Outside the lock]
-  bool passed = false;
-  do {  // once more after a stop (Note [Stopped processes])
-    const std::uint32_t left = bound.left_micros();
-    passed = device.fence_wait_for(ticket.fence,
-                                   sliced ? std::min(left, kLaneWaitSliceMicros) : left);
-  } while (!passed && !sliced && bound.restarted());
+  // A slice that runs out returns to the caller, which waits again (Note [Stopped processes]).
+  const bool passed =
+      sliced ? device.fence_wait_for(ticket.fence,
+                                     std::min(bound.left_micros(), kLaneWaitSliceMicros))
+             : bound.retry([&] { return device.fence_wait_for(ticket.fence, bound.left_micros()); });
   scope.relock();
   fences.give_back_ticket(device, ticket);
   const std::uint64_t reaped = fences.reap(device, kGiveBack);

@@ -63,6 +63,15 @@ class BasicWaitBound {
     restarted_ = false;
     return was;
   }
+  // Runs `wait` (which waits within what is left and says whether what it waited for came)
+  // until it came, again after each extension: true when it came.
+  template <class Wait>
+  bool retry(Wait wait) {
+    bool came = false;
+    do came = wait();
+    while (!came && restarted());
+    return came;
+  }
 
  private:
   typename Clock::time_point look() {
