@@ -1,7 +1,7 @@
-// The MemoryManager's private state, shared by memory_manager.cpp (routing, free path, fences,
-// out-of-memory), manager_scope.cpp (the lock scope and the work done after it) and
-// manager_inspect.cpp (reports and consistency checks). Not a public header: only those files
-// include it.
+// The MemoryManager's private state, shared by memory_manager.cpp (routing, free path, fences),
+// manager_recovery.cpp (out of memory), manager_scope.cpp (the lock scope and the work done
+// after it) and manager_inspect.cpp (reports and consistency checks). Not a public header: only
+// those files include it.
 #pragma once
 
 #include <time.h>
@@ -71,14 +71,17 @@ struct HeldReservation {
 inline constexpr std::uint32_t kPrimeWaitMicros = 20000;
 
 // The most extra rounds out-of-memory recovery makes for pages other threads gave up meanwhile
-// (Note [Out of memory among threads] in memory_manager.cpp).
+// (Note [Out of memory among threads] in manager_recovery.cpp).
 inline constexpr int kOomExtraRounds = 16;
 // The bytes out-of-memory recovery's first step frees beyond what the request lacks (Note
-// [Recovery in two steps] in memory_manager.cpp): the driver's own granularity.
+// [Recovery in two steps] in manager_recovery.cpp): the driver's own granularity.
 inline constexpr std::uint64_t kRecoverySlack = 2 * MiB;
 // The longest a growth waits for another thread's out-of-memory recovery (Note [Growth during
-// a recovery] in memory_manager.cpp).
+// a recovery] in manager_recovery.cpp).
 inline constexpr std::uint32_t kRecoveryGrowthWaitMicros = 20000;
+// A pending slice whose fence has passed returns to its pool (which coalesces it).
+inline constexpr auto kGiveBack = [](Slice* s) { s->page->pool->give_back(s); };
+
 // How long one release must stay inside the driver's free, seen by growths' waits that ran out,
 // before they stop waiting for it (Note [Releases before growth] in memory_manager.cpp).
 inline constexpr std::uint32_t kStuckReleaseMicros = 50000;
@@ -135,7 +138,7 @@ struct Route {
   // would have, without a time bound (Note [Free fences]).
   bool patient = false;
   // Another thread is recovering from out of memory: let it finish before growing (Note
-  // [Growth during a recovery] in memory_manager.cpp), then route again.
+  // [Growth during a recovery] in manager_recovery.cpp), then route again.
   bool wait_for_recovery = false;
   // Over the held bound with idle pages only other shards hold: they release this many bytes
   // while the reservation claims `claim_bytes` of room, then it routes again (Note [Held memory

@@ -84,12 +84,12 @@
 // slices (unpark_others) and counts what the other shards hold unused before it declares a
 // request out of reach; then they give back their idle pages without waiting (trim_others),
 // and the recovering shard waits for those pages to reach the driver, again in each extra
-// round while they grow new idle pages (Note [Out of memory among threads]), and once this
-// shard's fences are all waited for, their fence-pending memory is waited for too
-// (drain_others), all within the one recovery bound; what those waits free is lent to the
-// recovering shard if a page of it fits, and only then goes to the driver, whose free waits
-// behind any parked stream. So memory idle or freed in one shard is
-// never the reason another shard's reservation fails. A sliced pool's request that still fails
+// round while they grow new idle pages (Note [Out of memory among threads] in
+// manager_recovery.cpp), and once this shard's fences are all waited for, their fence-pending
+// memory is waited for too (drain_others), all within the one recovery bound; what those waits
+// free is lent to the recovering shard if a page of it fits, and only then goes to the driver,
+// whose free waits behind any parked stream. So memory idle or freed in one shard is never the
+// reason another shard's reservation fails. A sliced pool's request that still fails
 // in the thread's own shard is routed once more in each other shard, the first one first,
 // without waits: their used pages may have room. (Once only the first was tried: on a 96 MiB
 // device, a thread alone in the first shard was refused 415 KB with 11 MB free inside the pages
