@@ -12,6 +12,16 @@
 // is cached per thread by id: a hook costs two driver calls (current context, its id). Without
 // cuCtxGetId (drivers older than 12.0) the check runs on every call.
 //
+// Note [Destroyed contexts]
+// A context destroyed by one thread stays current on the others, and every driver call they make
+// in it fails with CUDA_ERROR_CONTEXT_IS_DESTROYED: a cuCtxCreate context another thread
+// destroyed, or a device's old primary context after a reset (cudaDeviceReset,
+// cuDevicePrimaryCtxReset, the last release). The driver hooks must answer such a call as the
+// driver does, never free or hand out pooled memory in it: a free there once gave a live buffer
+// of the program back to the pools, to be handed out again over its bytes. cuCtxGetId and
+// cuCtxGetDevice fail in a destroyed context, so no cached answer is read for it, and
+// current_context() reports it as a handle without a device (CurrentContext::destroyed()).
+//
 // Depends on real_driver.h.
 #include "interpose/driver_context.h"
 

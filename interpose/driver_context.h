@@ -12,8 +12,11 @@ namespace poolcuda::driver {
 
 struct CurrentContext {
   CUcontext handle = nullptr;  // null: no context is current on this thread
-  int device = -1;
+  int device = -1;             // -1 with a handle: the context was destroyed
   bool primary = false;
+  // A context is current, and it was destroyed (Note [Destroyed contexts] in
+  // driver_context.cpp): every driver call in it fails, and the real call must answer.
+  bool destroyed() const { return handle != nullptr && device < 0; }
 };
 
 CurrentContext current_context();

@@ -642,11 +642,14 @@ POOLCUDA_EXPORT CUresult cuCtxDestroy_v2(CUcontext ctx) {
 namespace {
 
 // `real` makes the variant the program called; `per_thread`: the 0 handle is the per-thread
-// default stream.
+// default stream. A handle the driver refuses, and an end where the driver sees no capture, go
+// to the driver alone (dh::DriverStream: the capture layer's queries would leave an error in the
+// program's last-error slot).
 template <typename Real>
 CUresult begin_capture(CUstream stream, bool per_thread, Real&& real) {
   if (pc::bypass()) return real();
   return pc::guarded([&] {
+    if (!dh::driver_stream(stream, per_thread).known) return real();
     return static_cast<CUresult>(poolcuda::hooks::begin_capture(
         reinterpret_cast<cudaStream_t>(stream), per_thread, [&] { return int(real()); }));
   });
@@ -656,6 +659,7 @@ template <typename Real>
 CUresult end_capture(CUstream stream, bool per_thread, CUgraph* graph, Real&& real) {
   if (pc::bypass()) return real();
   return pc::guarded([&] {
+    if (!dh::driver_stream(stream, per_thread).capturing) return real();
     return static_cast<CUresult>(poolcuda::hooks::end_capture(
         reinterpret_cast<cudaStream_t>(stream), per_thread,
         reinterpret_cast<cudaGraph_t*>(graph), [&] { return int(real()); }));

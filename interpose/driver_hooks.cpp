@@ -27,6 +27,15 @@ namespace {
 cudaStream_t as_runtime(CUstream stream) { return reinterpret_cast<cudaStream_t>(stream); }
 void* as_pointer(CUdeviceptr dptr) { return reinterpret_cast<void*>(dptr); }
 
+// The program uses the driver directly (Note [Stream-ordered reuse]), unless its context was
+// destroyed: the call fails there and issues no work, and the library's own calls that leaving
+// ordered reuse makes would bind the thread to the device's new primary context, so that its
+// later driver calls reached memory the plain program's fail on (Note [Destroyed contexts] in
+// driver_context.cpp). Its next call in a live context leaves.
+void driver_used(const driver::CurrentContext& ctx) {
+  if (!ctx.destroyed()) stream_order::driver_used_directly();
+}
+
 // `stream`: a stream-ordered free's stream as the runtime names it, used only in the primary
 // context (the runtime's streams live there). Under a context of cuCtxCreate the pools take the
 // pointer back in the primary context of the device whose pools hold it, which may not be the
@@ -46,8 +55,8 @@ pooling::Freed release(const driver::CurrentContext& ctx, CUdeviceptr dptr,
 }  // namespace
 
 CUresult mem_alloc(CUdeviceptr* dptr, std::size_t size) {
-  stream_order::driver_used_directly();  // Note [Stream-ordered reuse]
   const driver::CurrentContext ctx = driver::current_context();
+  driver_used(ctx);
   // Memory the pools do not serve (another context's, or no pool takes the size) still finds
   // the room their idle pages take.
   if (!ctx.primary)
@@ -123,9 +132,10 @@ CUresult finish_free(const char* api, const driver::CurrentContext& ctx, CUdevic
 }  // namespace
 
 CUresult mem_free(CUdeviceptr dptr) {
-  stream_order::driver_used_directly();
   const driver::CurrentContext ctx = driver::current_context();
-  if (ctx.handle == nullptr || dptr == 0) return driver_real::cuMemFree_v2()(dptr);
+  driver_used(ctx);
+  if (ctx.handle == nullptr || ctx.destroyed() || dptr == 0)
+    return driver_real::cuMemFree_v2()(dptr);
   return finish_free("cuMemFree", ctx, dptr, release(ctx, dptr),
                      [&] { return driver_real::cuMemFree_v2()(dptr); });
 }
@@ -135,9 +145,9 @@ CUresult mem_free_async(CUdeviceptr dptr, CUstream stream, bool per_thread) {
     return per_thread ? driver_real::cuMemFreeAsync_ptsz()(dptr, stream)
                       : driver_real::cuMemFreeAsync()(dptr, stream);
   };
-  stream_order::driver_used_directly();
   const driver::CurrentContext ctx = driver::current_context();
-  if (ctx.handle == nullptr || dptr == 0) return real_call();
+  driver_used(ctx);
+  if (ctx.handle == nullptr || ctx.destroyed() || dptr == 0) return real_call();
   const cudaStream_t named =
       per_thread && stream == nullptr ? cudaStreamPerThread : as_runtime(stream);
   // A handle the driver does not know frees nothing (Note [Stream handles] in hooks.cpp).
@@ -305,9 +315,13 @@ CUresult mem_get_info(std::size_t* free_bytes, std::size_t* total_bytes) {
 // and the size asked for), and for a slab's free space CUDA_ERROR_NOT_FOUND, as for memory the
 // program freed. Managed memory has no IPC handle, so nothing needs the slab itself (pooled
 // pages keep the page's range: Note [IPC handles] in pooling.cpp). The real call answers first:
-// its refusals (no context, a null pointer) stand.
+// its refusals (no context, a null pointer) stand. It answers into the library's own variables,
+// so that a refusal of the library's leaves the program's as they were, as the driver's does.
 CUresult mem_get_address_range(CUdeviceptr* base, std::size_t* size, CUdeviceptr dptr) {
-  const CUresult result = driver_real::cuMemGetAddressRange_v2()(base, size, dptr);
+  CUdeviceptr real_base = 0;
+  std::size_t real_size = 0;
+  const CUresult result = driver_real::cuMemGetAddressRange_v2()(
+      base != nullptr ? &real_base : nullptr, size != nullptr ? &real_size : nullptr, dptr);
   if (result != CUDA_SUCCESS) return result;
   Registry& registry = Registry::instance();
   for (int device = 0; device < registry.managed_bound(); ++device) {
@@ -316,10 +330,12 @@ CUresult mem_get_address_range(CUdeviceptr* base, std::size_t* size, CUdeviceptr
     const ManagedLookup found = chain->find(static_cast<DevicePtr>(dptr));
     if (found.kind == ManagedLookup::Kind::not_mine) continue;
     if (found.kind != ManagedLookup::Kind::live) return CUDA_ERROR_NOT_FOUND;
-    if (base != nullptr) *base = static_cast<CUdeviceptr>(found.start);
-    if (size != nullptr) *size = found.size;
-    return CUDA_SUCCESS;
+    real_base = static_cast<CUdeviceptr>(found.start);
+    real_size = found.size;
+    break;
   }
+  if (base != nullptr) *base = real_base;
+  if (size != nullptr) *size = real_size;
   return result;
 }
 
@@ -341,9 +357,9 @@ namespace {
 // Streams of a primary context join the stream table; the memory of other contexts is not
 // pooled, so their streams cannot touch it.
 CUresult track(CUresult result, CUstream* stream, unsigned int flags) {
-  stream_order::driver_used_directly();
-  if (result != CUDA_SUCCESS || stream == nullptr) return result;
   const driver::CurrentContext ctx = driver::current_context();
+  driver_used(ctx);
+  if (result != CUDA_SUCCESS || stream == nullptr) return result;
   if (ctx.primary) pooling::track_stream(as_runtime(*stream), ctx.device, flags);
   return result;
 }
@@ -358,10 +374,22 @@ CUresult stream_create_with_priority(CUstream* stream, unsigned int flags, int p
   return track(driver_real::cuStreamCreateWithPriority()(stream, flags, priority), stream, flags);
 }
 
+DriverStream driver_stream(CUstream stream, bool per_thread) {
+  CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_NONE;
+  const CUstream named = per_thread && stream == nullptr ? CU_STREAM_PER_THREAD : stream;
+  DriverStream answer;
+  answer.known = real_driver::cuStreamIsCapturing()(named, &status) == CUDA_SUCCESS;
+  answer.capturing = answer.known && status != CU_STREAM_CAPTURE_STATUS_NONE;
+  return answer;
+}
+
 CUresult stream_destroy(CUresult (*real)(CUstream), CUstream stream) {
   // A capture still open on the stream ends with it, as failed.
   int capture_device = -1;
-  const unsigned long long capture = hooks::stream_capture_id(as_runtime(stream), &capture_device);
+  const unsigned long long capture =
+      driver_stream(stream).capturing
+          ? hooks::stream_capture_id(as_runtime(stream), &capture_device)
+          : 0;
   pooling::untrack_stream(as_runtime(stream));
   const CUresult result = real(stream);
   if (capture != 0) {

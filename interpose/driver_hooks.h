@@ -63,6 +63,17 @@ CUresult ipc_get_mem_handle(CUipcMemHandle* handle, CUdeviceptr dptr);
 CUresult stream_create(CUstream* stream, unsigned int flags);
 CUresult stream_create_with_priority(CUstream* stream, unsigned int flags, int priority);
 
+// What the driver says of `stream` (with `per_thread`, 0 names the per-thread stream): whether it
+// knows the handle, and whether a capture is open or invalidated on it. The capture layer's
+// queries of a stream are runtime calls, which leave a refused handle's error in the program's
+// last-error slot, where the plain driver call leaves nothing: a driver hook makes them only for
+// a stream the driver knows, and asks for a capture's id only where the driver sees one.
+struct DriverStream {
+  bool known = false;
+  bool capturing = false;
+};
+DriverStream driver_stream(CUstream stream, bool per_thread = false);
+
 // `real` is the variant the program called (v1 or _v2).
 CUresult stream_destroy(CUresult (*real)(CUstream), CUstream stream);
 CUresult primary_ctx_reset(CUresult (*real)(CUdevice), CUdevice device);

@@ -38,10 +38,10 @@ namespace poolcuda::hooks {
 // API is on that device too. The count is fixed once the runtime has started, so it is asked
 // once, and such a process's allocations make no runtime call to learn the device but a
 // thread's first (Note [A thread's first call]): on the stand-in that call was about 30 ns of
-// the 70 the library added to a pair over the pools' own cost. With more devices, or when the
-// count's call failed (no driver, no device), the runtime is asked each time, and the count is
-// not asked again: a failing call on every hook would cost a call and overwrite the program's
-// last error for nothing.
+// the 70 the library added to a pair over the pools' own cost. With more devices the runtime is
+// asked each time, and so it is when the count's call failed (no driver, no device), but the
+// count is not asked again. Those refusals are the library's, not the program's: a slot that
+// was clean before them is cleared again (a program's error already there may be lost).
 //
 // Note [A thread's first call]
 // The program's own cudaMalloc, like every runtime call that needs a context, leaves the
@@ -53,6 +53,16 @@ namespace poolcuda::hooks {
 // the pools hold memory). A thread that later pops its context through the driver is not bound
 // again.
 namespace {
+
+// Runs the runtime query `ask`, whose refusal is the library's error, not the program's: a
+// last-error slot that was clean before it is clean after it.
+template <typename Ask>
+cudaError_t quietly(Ask&& ask) {
+  const bool slot_clean = real::cudaPeekAtLastError()() == cudaSuccess;
+  const cudaError_t result = ask();
+  if (result != cudaSuccess && slot_clean) real::cudaGetLastError()();
+  return result;
+}
 
 void bind_like_the_runtime(int device) {
   CUcontext current = nullptr;
@@ -67,12 +77,14 @@ int current_device() {
   __attribute__((tls_model("initial-exec"))) static thread_local bool thread_bound = false;
   int count = visible.load(std::memory_order_relaxed);
   if (count == 0) {
-    if (real::cudaGetDeviceCount()(&count) != cudaSuccess || count <= 0) count = -1;
+    if (quietly([&] { return real::cudaGetDeviceCount()(&count); }) != cudaSuccess || count <= 0)
+      count = -1;
     visible.store(count, std::memory_order_relaxed);
   }
   if (count == 1 && thread_bound) return 0;
   int device = -1;
-  if (real::cudaGetDevice()(&device) != cudaSuccess) return -1;
+  const auto ask = [&] { return real::cudaGetDevice()(&device); };
+  if ((count < 0 ? quietly(ask) : ask()) != cudaSuccess) return -1;
   if (!thread_bound) {
     bind_like_the_runtime(device);
     thread_bound = true;
