@@ -101,15 +101,6 @@ bool Registry::build(int device, bool quiet, Built* out) {
   options.log = conf.log;
   options.log_sink = [](LogLevel level, std::string_view message) { log_line(level, message); };
   auto* manager = new MemoryManager(*cuda_device, options);
-  // The release worker holds a page back while a capture is open on its device.
-  static const bool capture_check_set = [] {
-    ReleaseWorker::instance().set_capture_check([](int d) {
-      CudaDevice* device = Registry::instance().device(d);
-      return device != nullptr && device->capture_active();
-    });
-    return true;
-  }();
-  (void)capture_check_set;
   out->device = cuda_device;
   out->manager = manager;
   out->capture = new CapturePolicy(*manager, CaptureOptions{conf.capture_share});

@@ -11,10 +11,9 @@
 // of its own (a lane), started at its first page: a free that waits for one device's long
 // kernels must not hold back the pages of another, whose growths wait for them (with one thread
 // for every device, a program churning memory on device 0 beside a busy device 1 spent 500 times
-// as long in cudaMalloc as under plain CUDA). While a stream capture is open on the page's
-// device the free would invalidate it (Note [Releases during capture] below), so the page is
-// held back and retried when a capture ends (wake()) or, as a fallback for captures begun behind
-// the hooks' back, every kRetryMillis. Out-of-memory recovery waits, bounded, for the device's
+// as long in cudaMalloc as under plain CUDA). A free the driver refuses for a stream capture
+// (Note [Releases during capture] below) holds its page back, to be retried when a capture ends
+// (wake()) or every kRetryMillis. Out-of-memory recovery waits, bounded, for the device's
 // queue to drain before it asks the driver again (flush()).
 // A thread that cannot be created leaves the lane's pages queued: the next release tries again,
 // and meanwhile flush(), which runs with no lock of the pools held, frees them on the flushing
@@ -26,16 +25,22 @@
 //
 // Note [Releases during capture]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
-// cudaFree synchronizes the device, which is illegal while any capture is open on it: the call
-// fails and invalidates the program's capture. The pools count a held-back page as returned;
-// the device gets it back once the capture is over. cudaDeviceReset frees it with everything
-// else (forget_device). The check for an open capture and the free are two steps, so a capture
-// that begins between them would meet the free: a capture's begin first marks the lane (no free
-// starts while it is marked) and waits for a free already inside the driver, for at most a
-// second. The bound keeps a program that begins a capture while one of its streams is parked
-// (the driver's free then waits for the park, which this very thread may be the one to lift)
-// from hanging where plain CUDA would not; past it the begin goes ahead. A free the driver still
-// refuses for a capture leaves the page held back, never lost.
+// A stream capture forbids potentially unsafe calls such as cudaFree only to threads in global or
+// thread-local capture mode: a thread in relaxed mode may free while any capture is open, its
+// own included (the CUDA documentation of cudaThreadExchangeStreamCaptureMode, and what an H200
+// did). The pages' frees are the library's own calls, made in relaxed mode (Note [Own calls] in
+// own_call.h), so they go on while captures are open. They used to wait for every capture to
+// end: a capture's own allocation then failed for lack of the memory the pools had just given
+// up for it (out-of-memory recovery inside the capture), where the plain run succeeded. A free
+// the driver still refuses for a capture (cudaErrorStreamCaptureUnsupported and the like) holds
+// its page back, never lost: the pools count it as returned, the device gets it when a capture
+// ends or at the next retry, and cudaDeviceReset frees it with everything else
+// (forget_device). A capture's begin still marks the lane (no free starts while it is marked)
+// and lets a free already inside the driver finish first, for at most a second: a free that
+// meets a capture's begin is the one order no GPU was seen to accept. The bound keeps a program
+// that begins a capture while one of its streams is parked (the driver's free then waits for
+// the park, which this very thread may be the one to lift) from hanging where plain CUDA would
+// not; past it the begin goes ahead.
 //
 // Note [Spinning before sleeping]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
@@ -182,7 +187,6 @@ struct ReleaseLane {
 struct ReleaseWorker::State {
   RankedMutex mutex{LockRank::device};
   std::uint64_t next_ticket = 1;
-  std::function<bool(int)> capture_open = [](int) { return false; };
   // Made as a device gets its pools (add_lane) or at its first use, and never destroyed (Note
   // [Exit] in lifecycle.cpp): a lane's queues and condition variable each allocate when made,
   // and all 64 at once cost the first pooled allocation of a process about 300 us on the 2-core
@@ -213,12 +217,6 @@ ReleaseWorker::State& ReleaseWorker::state() const {
   return *s;
 }
 
-void ReleaseWorker::set_capture_check(std::function<bool(int)> check) {
-  State& s = state();
-  std::lock_guard<RankedMutex> hold(s.mutex);
-  s.capture_open = std::move(check);
-}
-
 void ReleaseWorker::add_lane(int device) {
   if (!in_range(device)) return;
   State& s = state();
@@ -228,11 +226,9 @@ void ReleaseWorker::add_lane(int device) {
 
 namespace {
 
-// Frees one page with the real cudaFree on the calling thread; false when a capture is open on
-// its device (the page must wait).
-bool free_now(int device, const Page& page, std::uint64_t boundary,
-              const std::function<bool(int)>& capture_open) {
-  if (capture_open(device)) return false;
+// Frees one page with the real cudaFree on the calling thread; false when the driver refused it
+// for a stream capture (the page must wait: Note [Releases during capture]).
+bool free_now(int device, const Page& page, std::uint64_t boundary) {
   OwnCallScope scope(device);
   // A device that cannot be made current: its memory is beyond our reach.
   if (!scope.ok()) return true;
@@ -240,7 +236,7 @@ bool free_now(int device, const Page& page, std::uint64_t boundary,
   if (result == cudaErrorStreamCaptureUnsupported || result == cudaErrorStreamCaptureInvalidated ||
       result == cudaErrorStreamCaptureImplicit) {
     own::cudaGetLastError()();
-    return false;  // a capture began behind the hooks' back: the page waits, still ours
+    return false;  // the page waits, still ours
   }
   library_freed(page.ptr, boundary);  // still counted as ours (in flight) until after this
   if (result != cudaSuccess)
@@ -275,9 +271,8 @@ void free_front(ReleaseLane& lane, std::unique_lock<RankedMutex>& lock) {
   lane.in_flight_size = page.size;
   lane.in_flight_boundary = next_foreign_free_ticket();  // before the driver's free
   const std::uint64_t boundary = lane.in_flight_boundary;
-  const std::function<bool(int)> capture_open = lane.state->capture_open;
   lock.unlock();
-  const bool freed = free_now(lane.device, page, boundary, capture_open);
+  const bool freed = free_now(lane.device, page, boundary);
   lock.lock();
   lane.in_flight = 0;
   lane.in_flight_ptr = nullptr;
@@ -385,12 +380,7 @@ void ReleaseWorker::release(int device, void* ptr, std::uint64_t size) {
   State& s = state();
   if (!in_range(device)) {
     // No lane to queue it on (the registry pools no such device): never dropped, freed now.
-    std::function<bool(int)> capture_open;
-    {
-      std::lock_guard<RankedMutex> hold(s.mutex);
-      capture_open = s.capture_open;
-    }
-    if (!free_now(device, Page{ptr, 0, size}, next_foreign_free_ticket(), capture_open))
+    if (!free_now(device, Page{ptr, 0, size}, next_foreign_free_ticket()))
       log_format(LogLevel::basic, "device %d: a page (%p) kept: a capture is open", device, ptr);
     return;
   }

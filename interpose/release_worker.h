@@ -8,7 +8,6 @@
 
 #include <atomic>
 #include <cstdint>
-#include <functional>
 
 namespace poolcuda {
 
@@ -23,10 +22,6 @@ class ReleaseWorker {
   // its first release).
   static ReleaseWorker& instance();
 
-  // Asks whether a stream capture is open on a device: the driver free would invalidate it, so
-  // the page waits. Set once, before the first release.
-  void set_capture_check(std::function<bool(int device)> check);
-
   // Makes `device`'s lane, when it has none: the registry calls it before the device gets its
   // pools, so that the device's first release or flush does not pay for making it.
   void add_lane(int device);
@@ -37,8 +32,8 @@ class ReleaseWorker {
   void release(int device, void* ptr, std::uint64_t size);
 
   // Waits at most `max_microseconds` until every page of `device` queued before the call has
-  // reached the driver; true when it has. Pages held back by an open capture count as not yet
-  // released.
+  // reached the driver; true when it has. Pages held back (a free the driver refused for a
+  // capture, a reset under way) count as not yet released.
   bool flush(int device, std::uint32_t max_microseconds);
 
   // A capture ended: pages held back may go now.
