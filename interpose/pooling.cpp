@@ -58,11 +58,72 @@
 #include "interpose/release_worker.h"
 #include "interpose/stream_order.h"
 #include "pools/options.h"
+#include "pools/wait_bound.h"
 
 namespace poolcuda::pooling {
 
 namespace {
 
+// Note [Graphs dying]
+// CUDA runs the destructor that tells the pools a graph is gone on a thread of its own after
+// cudaGraphDestroy or cudaGraphExecDestroy returned, and only once every launch of the graph
+// still running has finished. Until then the memory the graph pinned stays with it, also what
+// the program freed already: an allocation after the destroy that needs that memory failed for
+// lack of it where the plain run, which has no pins (and whose cudaFree of the buffer waited for
+// the launch), succeeded. So an allocation about to fail for lack of memory after such a destroy
+// (the hooks note the time), while graphs hold pinned memory and no capture is open, waits for
+// the release as long as out-of-memory recovery waits (a launch may run long: 100 ms was not
+// enough for one of 20 ms per operation), and routes once more when one came. Each destroy is
+// waited for once: one whose release came (drained after it) or whose wait ran out is not waited
+// for again, so a program that keeps a graph alive (or destroys a graph whose exec lives on)
+// and probes for the largest size that fits pays the wait once at most.
+std::atomic<std::int64_t> g_last_graph_destroy_ns{std::numeric_limits<std::int64_t>::min() / 2};
+// The time of the last destroy already waited for, or answered by a release drained after it.
+std::atomic<std::int64_t> g_graph_destroy_settled_ns{std::numeric_limits<std::int64_t>::min() / 2};
+// As long as out-of-memory recovery waits (ManagerOptions::recovery_wait_micros).
+constexpr std::chrono::microseconds kGraphReleaseWait{10000000};
+
+std::int64_t steady_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+// Every destroy up to `destroyed` is settled (Note [Graphs dying]).
+void settle_graph_destroys(std::int64_t destroyed) {
+  std::int64_t settled = g_graph_destroy_settled_ns.load(std::memory_order_relaxed);
+  while (settled < destroyed &&
+         !g_graph_destroy_settled_ns.compare_exchange_weak(settled, destroyed,
+                                                           std::memory_order_relaxed)) {
+  }
+}
+
+// Drains the graph releases CUDA has posted; a drain after a destroy settles it.
+void drain_graph_releases(CapturePolicy& capture) {
+  const std::int64_t destroyed = g_last_graph_destroy_ns.load(std::memory_order_relaxed);
+  capture.drain_releases();
+  settle_graph_destroys(destroyed);
+}
+
+bool graph_release_arrived(CapturePolicy& capture) {
+  const std::int64_t destroyed = g_last_graph_destroy_ns.load(std::memory_order_relaxed);
+  if (destroyed <= g_graph_destroy_settled_ns.load(std::memory_order_relaxed)) return false;
+  if (capture.open() || capture.stats().pinned_bytes == 0) return false;
+  WaitBound bound{kGraphReleaseWait};
+  const bool came = bound.retry([&] {
+    while (!capture.releases_pending()) {
+      if (bound.over()) return false;
+      std::this_thread::sleep_for(std::chrono::microseconds(500));
+    }
+    return true;
+  });
+  if (!came) {
+    settle_graph_destroys(destroyed);
+    return false;
+  }
+  drain_graph_releases(capture);
+  return true;
+}
 
 // A pooled pointer goes back to its device's pools (through the capture policy while it routes
 // frees); anything else answers `not_mine`.
@@ -71,7 +132,7 @@ FreeOutcome free_on(Registry& registry, int device, DevicePtr address,
   MemoryManager* manager = registry.manager(device);
   if (manager == nullptr) return FreeOutcome::not_mine;
   CapturePolicy& capture = *registry.capture(device);
-  if (capture.releases_pending()) capture.drain_releases();  // Note [Graph lifetimes]
+  if (capture.releases_pending()) drain_graph_releases(capture);  // Note [Graph lifetimes]
   return capture.routes_frees() ? capture.free(address) : manager->free(address, stream);
 }
 
@@ -189,38 +250,6 @@ FreeOutcome free_managed(Registry& registry, int device, DevicePtr address, Stre
   return FreeOutcome::not_mine;
 }
 
-// Note [Graphs dying]
-// CUDA runs the destructor that tells the pools a graph is gone on a thread of its own, some
-// time after cudaGraphDestroy or cudaGraphExecDestroy returned. Until then the memory the
-// graph pinned stays with it, also what the program freed already: an allocation right after
-// the destroy that needs that memory failed for lack of it where the plain run, which has no
-// pins, succeeded. So an allocation about to fail for lack of memory within a second of such a
-// destroy (the hooks note the time), while graphs hold pinned memory and no capture is open,
-// waits a little for the release, and routes once more when one came. Only allocations that
-// would otherwise fail pay, and only near a destroy: a program that keeps its graphs alive and
-// probes for the largest size that fits does not.
-std::atomic<std::int64_t> g_last_graph_destroy_ns{std::numeric_limits<std::int64_t>::min() / 2};
-
-std::int64_t steady_ns() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(
-             std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
-
-bool graph_release_arrived(CapturePolicy& capture) {
-  constexpr auto kWait = std::chrono::milliseconds(100);
-  constexpr std::int64_t kSinceDestroyNs = 1000000000;
-  if (steady_ns() - g_last_graph_destroy_ns.load(std::memory_order_relaxed) > kSinceDestroyNs)
-    return false;
-  if (capture.open() || capture.stats().pinned_bytes == 0) return false;
-  const auto deadline = std::chrono::steady_clock::now() + kWait;
-  while (!capture.releases_pending()) {
-    if (std::chrono::steady_clock::now() >= deadline) return false;
-    std::this_thread::sleep_for(std::chrono::microseconds(500));
-  }
-  capture.drain_releases();
-  return true;
-}
 
 }  // namespace
 
@@ -233,7 +262,7 @@ Route allocate(const char* api, int device, std::size_t size, void** ptr) {
   if (size > registry.device(device)->total_bytes()) return Route::forward;
 
   CapturePolicy& capture = *registry.capture(device);
-  if (capture.releases_pending()) capture.drain_releases();  // Note [Graph lifetimes]
+  if (capture.releases_pending()) drain_graph_releases(capture);  // Note [Graph lifetimes]
   // Out-of-memory recovery gives back empty managed slabs too (Device::give_back_elsewhere).
   Reservation reservation = capture.open() ? capture.allocate(size) : manager->allocate(size);
   // A capture that began during the wait takes the request in its window next time.
