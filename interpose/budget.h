@@ -23,6 +23,25 @@ bool charge(int device, std::uint64_t bytes);
 bool charge_if_room(int device, std::uint64_t bytes);
 void uncharge(int device, std::uint64_t bytes);
 
+// A charge made for one driver allocation, taken back when the scope ends unless kept (the
+// allocation succeeded). A thread cancelled inside the driver's call unwinds through the scope
+// (Note [Cancellation] in pools/no_cancel.h): a charge taken back only after the call returned
+// stayed on the books for good, and the budget then refused what the device had room for.
+class ChargeScope {
+ public:
+  ChargeScope(int device, std::uint64_t bytes) : device_(device), bytes_(bytes) {}
+  ~ChargeScope() {
+    if (bytes_ != 0) uncharge(device_, bytes_);
+  }
+  ChargeScope(const ChargeScope&) = delete;
+  ChargeScope& operator=(const ChargeScope&) = delete;
+  void keep() { bytes_ = 0; }
+
+ private:
+  int device_;
+  std::uint64_t bytes_;
+};
+
 // What is left of the device's budget; nullopt when it has none.
 std::optional<std::uint64_t> room(int device);
 // The device's budget; nullopt when it has none.

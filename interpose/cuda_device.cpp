@@ -130,14 +130,15 @@ AllocStatus CudaDevice::allocate_charged(std::uint64_t size, DevicePtr* out,
   if (!scope.ok()) return AllocStatus::failed;  // Note [Own calls]
   // Over the budget looks like a full device: the pools trim and retry (Note [Budget]).
   if (!charge(device_, size)) return AllocStatus::out_of_memory;
+  budget::ChargeScope charged(device_, size);
   void* ptr = nullptr;
   // Never through the runtime's last-error slot (Note [Quiet growth] in own_api.cpp).
   cudaError_t result = own::quiet_malloc(&ptr, static_cast<std::size_t>(size));
   if (result == cudaSuccess) {
+    charged.keep();
     *out = reinterpret_cast<DevicePtr>(ptr);
     return AllocStatus::ok;
   }
-  budget::uncharge(device_, size);
   return result == cudaErrorMemoryAllocation ? AllocStatus::out_of_memory : AllocStatus::failed;
 }
 

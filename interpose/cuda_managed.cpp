@@ -32,14 +32,15 @@ AllocStatus CudaManagedBacking::allocate_slab(std::uint64_t size, DevicePtr* out
   if (!scope.ok()) return AllocStatus::failed;  // it would land on another device
   // Over the budget looks like a full device (Note [Budget] in budget.cpp).
   if (!budget::charge(device, size)) return AllocStatus::out_of_memory;
+  budget::ChargeScope charged(device, size);
   void* ptr = nullptr;
   const cudaError_t result =
       real::cudaMallocManaged()(&ptr, static_cast<std::size_t>(size), cudaMemAttachGlobal);
   if (result == cudaSuccess) {
+    charged.keep();
     *out = reinterpret_cast<DevicePtr>(ptr);
     return AllocStatus::ok;
   }
-  budget::uncharge(device, size);
   return result == cudaErrorMemoryAllocation ? AllocStatus::out_of_memory : AllocStatus::failed;
 }
 

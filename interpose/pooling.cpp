@@ -308,11 +308,11 @@ int forward(int device, std::size_t size, void** ptr, const std::function<int()>
       (!give_back_idle(device) || !budget::charge(device, size))) {
     return kOverBudget;
   }
+  budget::ChargeScope charged(device, size);
   const int result = real();
   if (result == 0) {
+    charged.keep();
     budget::passed_through(device, *ptr, size);
-  } else {
-    budget::uncharge(device, size);
   }
   return result;
 }
