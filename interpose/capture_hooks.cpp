@@ -79,7 +79,7 @@ class Origins {
  public:
   void add(unsigned long long id, cudaStream_t stream, int device) {
     std::lock_guard<RankedMutex> hold(mutex_);
-    open_.push_back(Entry{id, stream, device});
+    open_.push_back(Entry{id, stream, device, std::this_thread::get_id()});
   }
   void remove(unsigned long long id) {
     std::lock_guard<RankedMutex> hold(mutex_);
@@ -100,6 +100,15 @@ class Origins {
     }
     return false;
   }
+  // Whether the calling thread began a capture still open on `device`.
+  bool begun_here(int device) {
+    std::lock_guard<RankedMutex> hold(mutex_);
+    const std::thread::id self = std::this_thread::get_id();
+    for (const Entry& entry : open_) {
+      if (entry.device == device && entry.thread == self) return true;
+    }
+    return false;
+  }
   // The device of the open capture `id`, or -1 when the library did not see it begin.
   int device(unsigned long long id) {
     std::lock_guard<RankedMutex> hold(mutex_);
@@ -114,6 +123,7 @@ class Origins {
     unsigned long long id;
     cudaStream_t stream;
     int device;
+    std::thread::id thread;  // the one that began it
   };
   RankedMutex mutex_{LockRank::device};
   std::vector<Entry> open_;
@@ -260,6 +270,8 @@ void stream_destroyed_while_capturing(cudaStream_t stream, int device,
   if (!origins().began(capture_id, stream)) return;
   close_if_ended(OpenCapture{device, capture_id}, stream, nullptr, destroyed);
 }
+
+bool capturing_here(int device) { return origins().begun_here(device); }
 
 unsigned long long stream_capture_id(cudaStream_t stream, int* device) {
   *device = stream_device(stream);

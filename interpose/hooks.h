@@ -64,6 +64,8 @@ int stream_device(cudaStream_t stream);
 // the stream began it (a stream that only joined it leaves it open). `destroyed`: the destroy
 // succeeded (the handle is dead and is not asked about again).
 unsigned long long stream_capture_id(cudaStream_t stream, int* device);
+// Whether the calling thread began a capture, through the hooks, that is still open on `device`.
+bool capturing_here(int device);
 void stream_destroyed_while_capturing(cudaStream_t stream, int device,
                                       unsigned long long capture_id, bool destroyed);
 

@@ -52,6 +52,7 @@
 #include "interpose/budget.h"
 #include "interpose/cuda_device.h"
 #include "interpose/foreign_frees.h"
+#include "interpose/hooks.h"
 #include "interpose/lifecycle.h"
 #include "interpose/log.h"
 #include "interpose/registry.h"
@@ -141,12 +142,17 @@ FreeOutcome free_on(Registry& registry, int device, DevicePtr address,
 // are gone (capture/). A managed slab allocation has no pin: its chain would take it back at
 // once, the slab would rewind after the capture (no graph work is queued yet, so its fence
 // passes), and a later launch of the graph would write into whatever the bytes were handed out
-// for. The plain cudaFree fails there (cudaErrorStreamCaptureUnsupported) and frees nothing.
-// So a managed allocation freed while a capture is open on its device is never taken back: the
-// free succeeds, as the pools' frees in a window do, and the bytes stay allocated for the life
-// of the process, as they do after the plain call's refusal. A log line says so once per device.
-// A capture on another device does not count: there the plain free succeeds, so the memory
-// goes back as usual. A second free of a kept pointer frees it (as plain CUDA would).
+// for. The plain cudaFree fails there when the freeing thread captures (in global or
+// thread-local mode: cudaErrorStreamCaptureUnsupported) and frees nothing. So a managed
+// allocation that a thread frees while a capture it began through the hooks is open on the
+// allocation's device is never taken back: the free succeeds, as the pools' frees in a window
+// do, and the bytes stay allocated for the life of the process, as they do after the plain
+// call's refusal. A log line says so once per device. A free by another thread goes back as
+// usual: there the plain free succeeds (a program whose capture uses memory another thread
+// frees runs on freed memory without the library too), and keeping it made a thread that
+// allocated and freed managed memory beside another's capture lose all of it, and fail
+// requests that plain CUDA served. A capture on another device does not count either. A second
+// free of a kept pointer frees it (as plain CUDA would).
 //
 // Note [Managed frees on another device's stream]
 // A slab's fence covers its own device's streams. Managed memory needs no peer access, so a
@@ -200,7 +206,8 @@ void release_passed_managed_frees(Registry& registry) {
 FreeOutcome free_from_chain(Registry& registry, ManagedSlabs& chain, int device,
                             DevicePtr address, StreamToken stream) {
   const CapturePolicy* capture = registry.capture(device);
-  const bool capturing = capture != nullptr && capture->open();
+  const bool capturing =
+      capture != nullptr && capture->open() && hooks::capturing_here(device);
   // Under free_fence:none the program orders reuse itself (Note [Managed frees on another
   // device's stream]).
   const bool fenced = stream != kNoStream && config().free_fence != FreeFence::none;
