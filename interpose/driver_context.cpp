@@ -19,8 +19,8 @@
 // cuDevicePrimaryCtxReset, the last release). The driver hooks must answer such a call as the
 // driver does, never free or hand out pooled memory in it: a free there once gave a live buffer
 // of the program back to the pools, to be handed out again over its bytes. cuCtxGetId and
-// cuCtxGetDevice fail in a destroyed context, so no cached answer is read for it, and
-// current_context() reports it as a handle without a device (CurrentContext::destroyed()).
+// cuCtxGetDevice fail in a destroyed context (CUDA_ERROR_CONTEXT_IS_DESTROYED), so no cached
+// answer is read for it, and current_context() reports it as destroyed.
 //
 // Depends on real_driver.h.
 #include "interpose/driver_context.h"
@@ -72,7 +72,11 @@ CurrentContext current_context() {
     return current;
   }
   CUdevice device = -1;
-  if (real_driver::cuCtxGetDevice()(&device) != CUDA_SUCCESS) return current;
+  const CUresult asked = real_driver::cuCtxGetDevice()(&device);
+  if (asked != CUDA_SUCCESS) {
+    current.destroyed = asked == CUDA_ERROR_CONTEXT_IS_DESTROYED;
+    return current;
+  }
   current.device = device;
   current.primary = primary_of(device) == current.handle;
   if (have_id) t_cached = {id, current.device, current.primary};

@@ -12,11 +12,13 @@ namespace poolcuda::driver {
 
 struct CurrentContext {
   CUcontext handle = nullptr;  // null: no context is current on this thread
-  int device = -1;             // -1 with a handle: the context was destroyed
+  int device = -1;
   bool primary = false;
-  // A context is current, and it was destroyed (Note [Destroyed contexts] in
-  // driver_context.cpp): every driver call in it fails, and the real call must answer.
-  bool destroyed() const { return handle != nullptr && device < 0; }
+  // The current context was destroyed (Note [Destroyed contexts] in driver_context.cpp): every
+  // driver call in it fails, and the real call must answer.
+  bool destroyed = false;
+  // A context is current and alive: calls can issue work in it.
+  bool live() const { return handle != nullptr && !destroyed; }
 };
 
 CurrentContext current_context();

@@ -27,13 +27,15 @@ namespace {
 cudaStream_t as_runtime(CUstream stream) { return reinterpret_cast<cudaStream_t>(stream); }
 void* as_pointer(CUdeviceptr dptr) { return reinterpret_cast<void*>(dptr); }
 
-// The program uses the driver directly (Note [Stream-ordered reuse]), unless its context was
-// destroyed: the call fails there and issues no work, and the library's own calls that leaving
-// ordered reuse makes would bind the thread to the device's new primary context, so that its
-// later driver calls reached memory the plain program's fail on (Note [Destroyed contexts] in
-// driver_context.cpp). Its next call in a live context leaves.
+// The program uses the driver directly (Note [Stream-ordered reuse]), unless no live context is
+// current: the call fails then and issues no work, and the library's own calls that leaving
+// ordered reuse makes would bind the thread to the device's primary context (a new one after a
+// reset), so that the call itself, and the thread's later calls, reached memory the plain
+// program's fail on: a cuMemFree of a pooled pointer by a thread without a context freed the
+// pools' page in the driver (Note [Destroyed contexts] in driver_context.cpp). The program's
+// next call in a live context leaves.
 void driver_used(const driver::CurrentContext& ctx) {
-  if (!ctx.destroyed()) stream_order::driver_used_directly();
+  if (ctx.live()) stream_order::driver_used_directly();
 }
 
 // `stream`: a stream-ordered free's stream as the runtime names it, used only in the primary
@@ -134,8 +136,7 @@ CUresult finish_free(const char* api, const driver::CurrentContext& ctx, CUdevic
 CUresult mem_free(CUdeviceptr dptr) {
   const driver::CurrentContext ctx = driver::current_context();
   driver_used(ctx);
-  if (ctx.handle == nullptr || ctx.destroyed() || dptr == 0)
-    return driver_real::cuMemFree_v2()(dptr);
+  if (!ctx.live() || dptr == 0) return driver_real::cuMemFree_v2()(dptr);
   return finish_free("cuMemFree", ctx, dptr, release(ctx, dptr),
                      [&] { return driver_real::cuMemFree_v2()(dptr); });
 }
@@ -147,7 +148,7 @@ CUresult mem_free_async(CUdeviceptr dptr, CUstream stream, bool per_thread) {
   };
   const driver::CurrentContext ctx = driver::current_context();
   driver_used(ctx);
-  if (ctx.handle == nullptr || ctx.destroyed() || dptr == 0) return real_call();
+  if (!ctx.live() || dptr == 0) return real_call();
   const cudaStream_t named =
       per_thread && stream == nullptr ? cudaStreamPerThread : as_runtime(stream);
   // A handle the driver does not know frees nothing (Note [Stream handles] in hooks.cpp).

@@ -58,6 +58,7 @@
 #include "interpose/registry.h"
 #include "interpose/release_worker.h"
 #include "interpose/stream_order.h"
+#include "pools/no_cancel.h"
 #include "pools/options.h"
 #include "pools/wait_bound.h"
 
@@ -77,7 +78,9 @@ namespace {
 // enough for one of 20 ms per operation), and routes once more when one came. Each destroy is
 // waited for once: one whose release came (drained after it) or whose wait ran out is not waited
 // for again, so a program that keeps a graph alive (or destroys a graph whose exec lives on)
-// and probes for the largest size that fits pays the wait once at most.
+// and probes for the largest size that fits pays the wait once at most; and a request larger
+// than the pinned bytes and the driver's free memory together does not wait. (The destroys are
+// not told apart by device or graph: a release drained after two destroys settles both.)
 std::atomic<std::int64_t> g_last_graph_destroy_ns{std::numeric_limits<std::int64_t>::min() / 2};
 // The time of the last destroy already waited for, or answered by a release drained after it.
 std::atomic<std::int64_t> g_graph_destroy_settled_ns{std::numeric_limits<std::int64_t>::min() / 2};
@@ -106,10 +109,14 @@ void drain_graph_releases(CapturePolicy& capture) {
   settle_graph_destroys(destroyed);
 }
 
-bool graph_release_arrived(CapturePolicy& capture) {
+bool graph_release_arrived(CapturePolicy& capture, CudaDevice& device, std::uint64_t size) {
   const std::int64_t destroyed = g_last_graph_destroy_ns.load(std::memory_order_relaxed);
   if (destroyed <= g_graph_destroy_settled_ns.load(std::memory_order_relaxed)) return false;
-  if (capture.open() || capture.stats().pinned_bytes == 0) return false;
+  const std::uint64_t pinned = capture.stats().pinned_bytes;
+  if (capture.open() || pinned == 0) return false;
+  // A request that every pinned byte could not make room for fails without the wait.
+  if (size > pinned + device.memory_info().free_bytes) return false;
+  NoCancel no_cancel;  // a wait plain CUDA's call would not make (Note [Cancellation])
   WaitBound bound{kGraphReleaseWait};
   const bool came = bound.retry([&] {
     while (!capture.releases_pending()) {
@@ -148,10 +155,11 @@ FreeOutcome free_on(Registry& registry, int device, DevicePtr address,
 // allocation's device is never taken back: the free succeeds, as the pools' frees in a window
 // do, and the bytes stay allocated for the life of the process, as they do after the plain
 // call's refusal. A log line says so once per device. A free by another thread goes back as
-// usual: there the plain free succeeds (a program whose capture uses memory another thread
-// frees runs on freed memory without the library too), and keeping it made a thread that
-// allocated and freed managed memory beside another's capture lose all of it, and fail
-// requests that plain CUDA served. A capture on another device does not count either. A second
+// usual: there the plain free succeeds (unless that thread is in global mode beside a
+// global-mode capture, where it is refused and invalidates the capture; a program whose capture
+// uses memory another thread frees runs on freed memory without the library either way), and
+// keeping it made a thread that allocated and freed managed memory beside another's capture
+// lose all of it, and fail requests that plain CUDA served. A capture on another device does not count either. A second
 // free of a kept pointer frees it (as plain CUDA would).
 //
 // Note [Managed frees on another device's stream]
@@ -274,7 +282,7 @@ Route allocate(const char* api, int device, std::size_t size, void** ptr) {
   Reservation reservation = capture.open() ? capture.allocate(size) : manager->allocate(size);
   // A capture that began during the wait takes the request in its window next time.
   if (reservation.ptr == 0 && reservation.error.kind == ErrorKind::out_of_memory &&
-      graph_release_arrived(capture) && !capture.open()) {
+      graph_release_arrived(capture, *registry.device(device), size) && !capture.open()) {
     reservation = manager->allocate(size);
   }
   // A sticky context error is not checked on a hit: that would cost a CUDA call on every

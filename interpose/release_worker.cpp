@@ -131,7 +131,7 @@ constexpr std::chrono::microseconds kWakeGrace{20};
 struct ReleaseLane {
   int device = -1;
   // The lane's own: a lane waiting to retry held-back pages must not be woken by every other
-  // lane's free (two lanes whose captures hold pages back would spin against each other).
+  // lane's free (two lanes with pages held back would spin against each other).
   std::condition_variable_any changed;
   std::deque<Page> queue;        // not yet tried
   std::deque<Page> held_back;    // a capture was open on the device, or a reset is under way
@@ -257,7 +257,8 @@ void adopt_device(int device) {
 }
 
 // Frees the lane's oldest queued page with `lock` (on State::mutex) released meanwhile, or holds
-// it back while a reset runs or a capture is open on the device.
+// it back while a reset runs, while a capture is beginning on the device, or when the driver
+// refuses the free for a capture.
 void free_front(ReleaseLane& lane, std::unique_lock<RankedMutex>& lock) {
   const Page page = lane.queue.front();
   lane.queue.pop_front();
@@ -486,7 +487,7 @@ void ReleaseWorker::capture_begun(int device) {
   std::lock_guard<RankedMutex> hold(s.mutex);
   ReleaseLane& lane = s.lane(device);
   --lane.captures_beginning;
-  // What was held back meanwhile is tried again; an open capture holds it back once more.
+  // What was held back meanwhile is tried again.
   if (lane.captures_beginning == 0 && !lane.resetting) lane.retry_held_back();
   lane.signal();
 }

@@ -172,11 +172,10 @@ Route MemoryManager::Impl::recover_from_oom(Scope& scope, std::uint64_t size,
     stuck = flush_ran_out = true;
     counted.done();
     extra_rounds = kOomExtraRounds;
-    // Pages held back by an open capture reach the driver once it ends, not behind a parked
-    // stream: a recovery after the capture must wait for them again.
+    // Pages go back during a capture too (Note [Releases during capture] in
+    // interpose/release_worker.cpp): what is still on its way is stuck behind a parked stream.
     const std::uint64_t still = device.releasing_bytes();
-    if (still != 0 && !device.capture_active())
-      shards->flush_stuck_releasing.store(still, std::memory_order_relaxed);
+    if (still != 0) shards->flush_stuck_releasing.store(still, std::memory_order_relaxed);
   };
   close_and_reap();
   // The first step: only what this shard's idle pages must give for the page the request needs

@@ -488,8 +488,8 @@ MemoryManager::Impl::FenceWait MemoryManager::Impl::wait_for_oldest_fence(Scope&
 // and the backlog grew again: with two threads spinning beside it the training trace reached 3.2
 // times its peak live bytes; remembering any run-out with one release inside throughout, 2.0.)
 // Each device has its own release thread, so the wait is for this device's queued pages only; a
-// run-out with none of them left queued (only held back by a capture) is not remembered. Hits
-// never pay for any of it: only a growth reads the backlog, and it asks whether a capture is open
+// run-out with none of them left queued (only held back, a free the driver refused during a
+// capture) is not remembered. Hits never pay for any of it: only a growth reads the backlog, and it asks whether a capture is open
 // only once the backlog is over the bound.
 
 bool MemoryManager::Impl::releases_stuck() {
@@ -521,8 +521,8 @@ void MemoryManager::Impl::flush_before_growth(Scope& scope, std::uint32_t* budge
   const auto spent = std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - start);
   *budget_us = spent.count() < *budget_us ? *budget_us - static_cast<std::uint32_t>(spent.count())
                                           : 0;
-  // A run-out with none of this device's pages on the way, or only pages a capture holds back,
-  // says nothing about a parked stream, and is not remembered.
+  // A run-out with none of this device's pages on the way, or while a capture is open (whose
+  // growths never wait for releases), says nothing about a parked stream, and is not remembered.
   if (flushed || in_flight == 0 || device.releasing_bytes() == 0 || device.capture_active()) {
     growth_wait_stuck.reset();
     return;

@@ -30,6 +30,12 @@ void* allocate(void*) {
 }  // namespace
 
 int main() {
+#ifdef __SANITIZE_THREAD__
+  // The unwinding of a thread cancelled inside a blocking call unlocks the pools' lock, but
+  // ThreadSanitizer misses that unlock, and reports the next lock as a double lock (a mutex, a
+  // usleep under it and a pthread_cancel alone show the same report with the mutex free).
+  preload_test::skip("ThreadSanitizer misses the unlocks of a cancelled thread's unwinding");
+#endif
   preload_test::require_preloaded();
   CHECK_CUDA(cudaFree(nullptr));
   std::size_t free_bytes = 0;

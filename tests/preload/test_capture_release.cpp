@@ -3,10 +3,11 @@
 // freed, so the pools hold them as idle pages; then, inside a capture, half the device is asked
 // for, which only those pages can give: out-of-memory recovery returns them to the driver (the
 // library's own frees run in relaxed capture mode, which a capture allows) and the request
-// succeeds, as it does without the library. The capture ends valid and its graph runs. Twice:
-// the request made on the capturing thread inside a relaxed capture, then on another thread
-// beside a thread-local one (where plain CUDA allows it too). The release used to wait for the
-// capture's end, and the request failed.
+// succeeds, as it does without the library. The capture ends valid and its graph runs. Three
+// times: the request made on the capturing thread inside a relaxed capture, on another thread
+// beside a thread-local one (where plain CUDA allows it too), and on the capturing thread inside
+// a global one (legal under the library only). The release used to wait for the capture's end,
+// and the request failed.
 //
 // Run with free_fence:none so the freed pages are idle at once (no fence to wait for).
 // Sizes are fractions of the device: the same program runs on the stand-in and on a GPU.
@@ -17,7 +18,7 @@
 
 namespace {
 
-void capture_beside_idle_pages(bool other_thread) {
+void capture_beside_idle_pages(cudaStreamCaptureMode mode, bool other_thread) {
   std::size_t free_bytes = 0;
   std::size_t total = 0;
   CHECK_CUDA(cudaMemGetInfo(&free_bytes, &total));
@@ -42,8 +43,7 @@ void capture_beside_idle_pages(bool other_thread) {
 
   cudaStream_t stream = nullptr;
   CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  CHECK_CUDA(cudaStreamBeginCapture(stream, other_thread ? cudaStreamCaptureModeThreadLocal
-                                                         : cudaStreamCaptureModeRelaxed));
+  CHECK_CUDA(cudaStreamBeginCapture(stream, mode));
   CHECK_CUDA(cudaMemsetAsync(target, 0x6b, 4096, stream));
   // Half the device: only possible by returning the idle pieces to the driver.
   void* half = nullptr;
@@ -73,8 +73,9 @@ void capture_beside_idle_pages(bool other_thread) {
 int main() {
   preload_test::require_preloaded();
   CHECK_CUDA(cudaFree(nullptr));
-  capture_beside_idle_pages(false);
-  capture_beside_idle_pages(true);
+  capture_beside_idle_pages(cudaStreamCaptureModeRelaxed, false);
+  capture_beside_idle_pages(cudaStreamCaptureModeThreadLocal, true);
+  capture_beside_idle_pages(cudaStreamCaptureModeGlobal, false);
   std::printf("ok\n");
   return 0;
 }

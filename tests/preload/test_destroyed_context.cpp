@@ -1,8 +1,14 @@
-// Preload test: driver calls made in a context another thread destroyed. CUDA leaves such a
-// context current on the threads that had it, and every driver call they make in it answers
-// CUDA_ERROR_CONTEXT_IS_DESTROYED. Under the library a free there gave the program's live pooled
-// buffer back to the pools (handed out again over its bytes), and after a device reset the old
-// primary context's calls reached the new one's pools. Checked here, each with the plain answer:
+// Preload test: driver calls made where no live context is current. CUDA leaves a context that
+// one thread destroyed current on the threads that had it, and every driver call they make in it
+// answers CUDA_ERROR_CONTEXT_IS_DESTROYED; a thread with no context at all gets
+// CUDA_ERROR_INVALID_CONTEXT. Under the library a free there gave the program's live pooled
+// buffer back to the pools (handed out again over its bytes), after a device reset the old
+// primary context's calls reached the new one's pools, and a thread without a context that made
+// the program's first direct driver call (cuMemFree of a pooled buffer) was bound to the primary
+// context by the library's own calls, whose driver then freed the pools' page under them. Each
+// case runs in a child of its own, where its first driver call is the program's first. Checked
+// here, each with the plain answer:
+//  - a thread with no context: its cuMemFree of a pooled buffer; it stays without a context;
 //  - a context of cuCtxCreate, destroyed by the main thread while current on a worker: the
 //    worker's cuMemFree, cuMemFreeAsync and cuMemAlloc;
 //  - the primary context, reset by cudaDeviceReset on the main thread while current on a worker:
@@ -13,6 +19,7 @@
 #include <cuda.h>
 
 #include <atomic>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -76,6 +83,19 @@ void own_context_destroyed() {
   check_still_live(p);
 }
 
+void no_context() {
+  void* p = filled_buffer();
+  std::thread([&] {
+    CUcontext current = nullptr;
+    CHECK_CU(cuCtxGetCurrent(&current));
+    CHECK(current == nullptr);
+    CHECK(cuMemFree(reinterpret_cast<CUdeviceptr>(p)) == CUDA_ERROR_INVALID_CONTEXT);
+    CHECK_CU(cuCtxGetCurrent(&current));
+    CHECK(current == nullptr);
+  }).join();
+  check_still_live(p);
+}
+
 void primary_context_reset() {
   CHECK(cudaFree(nullptr) == cudaSuccess);
   void* p = nullptr;
@@ -113,14 +133,27 @@ void primary_context_reset() {
   check_still_live(p);
 }
 
-}  // namespace
-
-int main() {
-  preload_test::require_preloaded();
+int run_case(const std::string& name) {
   CHECK_CU(cuInit(0));
   CHECK(cudaFree(nullptr) == cudaSuccess);
-  primary_context_reset();  // first: no driver call of the program before it
-  own_context_destroyed();
+  if (name == "no-context") no_context();
+  if (name == "reset") primary_context_reset();
+  if (name == "own-context") own_context_destroyed();
+  std::printf("case done\n");
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc > 1) return run_case(argv[1]);
+  preload_test::require_preloaded();
+  for (const char* name : {"no-context", "reset", "own-context"}) {
+    const preload_test::ChildResult child = preload_test::run_self(name, {}, 60);
+    CHECK_MSG(child.status == 0 && child.output.find("case done") != std::string::npos,
+              std::string(name) + ": " + child.output);
+    std::printf("%s: ok\n", name);
+  }
   std::printf("ok\n");
   return 0;
 }
