@@ -172,10 +172,13 @@ Route MemoryManager::Impl::recover_from_oom(Scope& scope, std::uint64_t size,
     stuck = flush_ran_out = true;
     counted.done();
     extra_rounds = kOomExtraRounds;
-    // Pages go back during a capture too (Note [Releases during capture] in
-    // interpose/release_worker.cpp): what is still on its way is stuck behind a parked stream.
+    // During a capture what is still on its way may be pages whose free the driver refused for
+    // the capture (Note [Releases during capture] in interpose/release_worker.cpp), which reach
+    // it once the capture ends, not behind a parked stream: a recovery after the capture must
+    // wait for them again, so a run-out during one is not remembered.
     const std::uint64_t still = device.releasing_bytes();
-    if (still != 0) shards->flush_stuck_releasing.store(still, std::memory_order_relaxed);
+    if (still != 0 && !device.capture_active())
+      shards->flush_stuck_releasing.store(still, std::memory_order_relaxed);
   };
   close_and_reap();
   // The first step: only what this shard's idle pages must give for the page the request needs

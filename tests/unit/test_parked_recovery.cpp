@@ -129,8 +129,9 @@ class StuckReleases final : public HeldReleases {
   }
 };
 
-// Released pages held back while a capture is open, as the release worker does, that reach the
-// driver at the first flush after it.
+// Released pages held back while a capture is open, as the release worker does with a page
+// whose free the driver refuses for a capture, that reach the driver at the first flush after
+// it.
 class CaptureHoldsReleases final : public HeldReleases {
  public:
   using HeldReleases::HeldReleases;
