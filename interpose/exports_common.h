@@ -21,9 +21,10 @@ namespace poolcuda {
 
 // Runs `body` under the re-entry guard; its result type is cudaError_t or CUresult. Also marks
 // the process as one that uses CUDA through the library (Note [Silent processes] in
-// lifecycle.cpp). Only a thread's cancellation unwinds through it.
+// lifecycle.cpp). Only a thread's cancellation unwinds through it. A cancellation's unwind has no
+// exception object, so the handler's reference binds to null: UBSan's checks are off here.
 template <typename Body>
-inline auto guarded(Body&& body) -> decltype(body()) {
+__attribute__((no_sanitize_undefined)) inline auto guarded(Body&& body) -> decltype(body()) {
   using Result = decltype(body());
   note_cuda_call();
   try {
