@@ -12,7 +12,8 @@
 // later, since no pool owns it. A capped pool that is full with nothing behind it, and a request
 // over the device's budget, are deliberate limits: such a refusal has no real call to mirror,
 // so it raises cudaErrorMemoryAllocation in the slot with a real cudaMalloc of a size no device
-// has. A refused cudaFree, and a refused cudaIpcGetMemHandle (Note [IPC handles] in
+// has, made into the program's pointer, which then holds what a plain refusal leaves there
+// (the pointer left as it was let a program free a stale pointer). A refused cudaFree, and a refused cudaIpcGetMemHandle (Note [IPC handles] in
 // pooling.cpp), raise cudaErrorInvalidValue the same way.
 //
 // Depends on the shared pooling core, the driver hooks (for the resolvers), the driver context
@@ -106,13 +107,19 @@ cudaError_t raise_invalid_value() {
   return raised != cudaSuccess ? raised : cudaErrorInvalidValue;
 }
 
-cudaError_t raise_out_of_memory() {
-  // Larger than any device; a real cudaMalloc of it fails with cudaErrorMemoryAllocation.
+cudaError_t raise_out_of_memory(void** out) {
+  // Larger than any device; a real cudaMalloc of it fails with cudaErrorMemoryAllocation. It
+  // answers into the program's pointer, which the plain refusal sets (to NULL): left as it was,
+  // a program that frees the pointer after a failed allocation freed a stale one.
   constexpr std::size_t kImpossibleSize = std::size_t{1} << 52;
-  void* ptr = nullptr;
+  void* scratch = nullptr;
+  void** ptr = out != nullptr ? out : &scratch;
   RelaxedCaptureScope relaxed;
-  const cudaError_t raised = real::cudaMalloc()(&ptr, kImpossibleSize);
-  if (raised == cudaSuccess) real::cudaFree()(ptr);
+  const cudaError_t raised = real::cudaMalloc()(ptr, kImpossibleSize);
+  if (raised == cudaSuccess) {
+    real::cudaFree()(*ptr);
+    *ptr = nullptr;
+  }
   return raised != cudaSuccess ? raised : cudaErrorMemoryAllocation;
 }
 
@@ -125,7 +132,7 @@ cudaError_t forward_malloc(int device, void** ptr, std::size_t size) {
     return with_room(device, size, [&] { return real::cudaMalloc()(ptr, size); });
   });
   if (result != pooling::kOverBudget) return static_cast<cudaError_t>(result);
-  return raise_out_of_memory();
+  return raise_out_of_memory(ptr);
 }
 
 }  // namespace
@@ -224,7 +231,7 @@ cudaError_t malloc(void** ptr, std::size_t size) {
     case pooling::Route::refused:
       break;
   }
-  return raise_out_of_memory();
+  return raise_out_of_memory(ptr);
 }
 
 cudaError_t free(void* ptr) {

@@ -85,7 +85,8 @@ bool capture_invalidated(int device, cudaStream_t stream);
 // call answered instead.
 int current_device();
 cudaError_t raise_invalid_value();
-cudaError_t raise_out_of_memory();
+// `out`: the program's pointer argument, which the real call sets as it sets it on any refusal.
+cudaError_t raise_out_of_memory(void** out);
 
 }  // namespace poolcuda::hooks
 

@@ -117,7 +117,7 @@ cudaError_t forward_managed(int device, void** ptr, std::size_t size, unsigned i
       },
       pooling::Passed::managed);
   if (result != pooling::kOverBudget) return static_cast<cudaError_t>(result);
-  return raise_out_of_memory();
+  return raise_out_of_memory(ptr);
 }
 
 // What the chains make of `ptr`: the chain of the current device first, then the others.

@@ -170,6 +170,17 @@ Fn driver_entry(const char* name, unsigned int version) {
   return reinterpret_cast<Fn>(fn);
 }
 
+// What the real runtime's refused cudaMalloc leaves in a pointer that held `before` (the stand-in
+// sets it to NULL): a refusal of the library's must leave the same.
+inline void* pointer_after_refusal(void* before) {
+  using Malloc = cudaError_t (*)(void**, std::size_t);
+  const auto real_malloc = reinterpret_cast<Malloc>(real_symbol("cudaMalloc"));
+  void* ptr = before;
+  if (real_malloc(&ptr, std::size_t{1} << 52) == cudaSuccess) fail(__FILE__, __LINE__, "2^52 B?");
+  (void)cudaGetLastError();
+  return ptr;
+}
+
 // ---- Children ---------------------------------------------------------------------------------
 
 struct ChildResult {

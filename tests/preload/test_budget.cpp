@@ -26,9 +26,16 @@ int child() {
               "MiB " + std::to_string(i + 1) + " refused: " + preload_test::error_text(result));
     buffers.push_back(ptr);
   }
-  void* over = nullptr;
+  // The refusal sets the pointer as the plain one does (the stand-in: to NULL).
+  void* const after_refusal = preload_test::pointer_after_refusal(buffers.front());
+  void* over = buffers.front();
   CHECK_RESULT(cudaMalloc(&over, 1 << 20), cudaErrorMemoryAllocation);
   CHECK_RESULT(cudaGetLastError(), cudaErrorMemoryAllocation);
+  CHECK(over == after_refusal);
+  void* managed = buffers.front();
+  CHECK_RESULT(cudaMallocManaged(&managed, 1 << 20), cudaErrorMemoryAllocation);
+  CHECK_RESULT(cudaGetLastError(), cudaErrorMemoryAllocation);
+  CHECK(managed == after_refusal);
   CHECK_CUDA(cudaMemGetInfo(&free_bytes, &total));
   CHECK(free_bytes == 0);
 

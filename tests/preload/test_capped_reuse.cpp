@@ -36,9 +36,10 @@ int loop_child() {
   // Four live slices fill the cap; a fifth is refused.
   void* live[4];
   for (void*& ptr : live) CHECK_CUDA(cudaMalloc(&ptr, 512 << 10));
-  void* fifth = nullptr;
+  void* fifth = live[0];  // the refusal sets it as the plain one does (the stand-in: to NULL)
   CHECK_RESULT(cudaMalloc(&fifth, 512 << 10), cudaErrorMemoryAllocation);
   CHECK_RESULT(cudaGetLastError(), cudaErrorMemoryAllocation);
+  CHECK(fifth == preload_test::pointer_after_refusal(live[0]));
   for (void* ptr : live) CHECK_CUDA(cudaFree(ptr));
   CHECK_CUDA(cudaStreamDestroy(stream));
   std::printf("ok\n");
