@@ -159,8 +159,8 @@ FreeOutcome free_on(Registry& registry, int device, DevicePtr address,
 // global-mode capture, where it is refused and invalidates the capture; a program whose capture
 // uses memory another thread frees runs on freed memory without the library either way), and
 // keeping it made a thread that allocated and freed managed memory beside another's capture
-// lose all of it, and fail requests that plain CUDA served. A capture on another device does not count either. A second
-// free of a kept pointer frees it (as plain CUDA would).
+// lose all of it, and fail requests that plain CUDA served. A capture on another device does
+// not count either. A second free of a kept pointer frees it (as plain CUDA would).
 //
 // Note [Managed frees on another device's stream]
 // A slab's fence covers its own device's streams. Managed memory needs no peer access, so a
