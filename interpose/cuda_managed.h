@@ -1,9 +1,10 @@
 // CudaManagedBacking: the managed-memory backing (pools/managed_backing.h) over the real CUDA
-// runtime for one device. Slabs are real cudaMallocManaged(cudaMemAttachGlobal) allocations made
-// on that device and charged to its budget (`limit`), released through the release worker as the
-// device's pages are (never on an allocating thread, dropped by a device reset); fences are the device's own (CudaDevice::fence_record and friends, which
-// are thread-safe); zeroing is a host memset (Note [Managed zeroing] in cuda_managed.cpp).
-// Every CUDA call goes through OwnCallScope (Note [Own calls] in own_call.h).
+// runtime for one device. Slabs are real cudaMallocManaged(cudaMemAttachGlobal) allocations made on
+// that device and charged to its budget (`limit`), released through the release worker as the
+// device's pages are (never on an allocating thread, dropped by a device reset); fences are the
+// device's own (CudaDevice::fence_record and friends, which are thread-safe); zeroing is a host
+// memset (Note [Managed zeroing] in cuda_managed.cpp). Every CUDA call goes through OwnCallScope
+// (Note [Own calls] in own_call.h).
 //
 // Depends on pools/managed_backing.h, the CUDA device, the budget, the release worker and the
 // real-function table.

@@ -1,20 +1,20 @@
 // The hooked runtime calls' logic (see hooks.h).
 //
 // Note [Last error]
-// The runtime keeps a per-thread "last error" that cudaGetLastError returns and clears. The
-// pools' own device calls leave it as they found it (Note [Own calls] in own_call.h), so an
-// allocation that succeeded after trimming shows the program no error. When the pools give up
-// on an out-of-memory, the request goes to the real cudaMalloc one last time: it fails as the
-// real library would and leaves exactly the last error the real library leaves (or, if memory
-// came free meanwhile, it succeeds and the memory is simply not pooled). A size no configured
-// pool accepts (a custom layout that does not cover every size) is no reason to refuse what the
-// driver would give: it goes to the real cudaMalloc too, and its pointer to the real cudaFree
-// later, since no pool owns it. A capped pool that is full with nothing behind it, and a request
-// over the device's budget, are deliberate limits: such a refusal has no real call to mirror,
-// so it raises cudaErrorMemoryAllocation in the slot with a real cudaMalloc of a size no device
-// has, made into the program's pointer, which then holds what a plain refusal leaves there
-// (the pointer left as it was let a program free a stale pointer). A refused cudaFree, and a refused cudaIpcGetMemHandle (Note [IPC handles] in
-// pooling.cpp), raise cudaErrorInvalidValue the same way.
+// The runtime keeps a per-thread "last error" that cudaGetLastError returns and clears. The pools'
+// own device calls leave it as they found it (Note [Own calls] in own_call.h), so an allocation
+// that succeeded after trimming shows the program no error. When the pools give up on an
+// out-of-memory, the request goes to the real cudaMalloc one last time: it fails as the real
+// library would and leaves exactly the last error the real library leaves (or, if memory came free
+// meanwhile, it succeeds and the memory is simply not pooled). A size no configured pool accepts (a
+// custom layout that does not cover every size) is no reason to refuse what the driver would give:
+// it goes to the real cudaMalloc too, and its pointer to the real cudaFree later, since no pool
+// owns it. A capped pool that is full with nothing behind it, and a request over the device's
+// budget, are deliberate limits: such a refusal has no real call to mirror, so it raises
+// cudaErrorMemoryAllocation in the slot with a real cudaMalloc of a size no device has, made into
+// the program's pointer, which then holds what a plain refusal leaves there (the pointer left as it
+// was let a program free a stale pointer). A refused cudaFree, and a refused cudaIpcGetMemHandle
+// (Note [IPC handles] in pooling.cpp), raise cudaErrorInvalidValue the same way.
 //
 // Depends on the shared pooling core, the driver hooks (for the resolvers), the driver context
 // helpers and the real-function tables.

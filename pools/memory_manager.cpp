@@ -469,28 +469,28 @@ MemoryManager::Impl::FenceWait MemoryManager::Impl::wait_for_oldest_fence(Scope&
 //
 // Note [Releases before growth]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
-// Pages the pools give up reach the driver on another thread (the release worker: the driver's
-// free synchronizes the device, Note [Release worker]), so a pool can grow while pages it gave
-// up a moment earlier are still allocated: the driver then holds both. When pools trim and grow
-// faster than that thread frees, the backlog builds up until the device is full: replaying the
-// training trace through the library reserved 3.4 times its peak live bytes (the whole 16 GiB
-// stand-in device), against 1.24 when the same pools free synchronously. So a reservation that
-// must grow while more bytes are on their way to the driver than the fence bound (fence_slack or
-// an eighth of the bytes in use) first waits for them to arrive, with the lock released, at
-// most once and within the reservation's wait budget (kFenceWaitBoundMicros, shared with fence
-// waits), then routes again. Once waits that ran out have seen one release inside the driver's free
-// for kStuckReleaseMicros (a free behind a parked stream), no growth waits again while it is still
+// Pages the pools give up reach the driver on another thread (the release worker: the driver's free
+// synchronizes the device, Note [Release worker]), so a pool can grow while pages it gave up a
+// moment earlier are still allocated: the driver then holds both. When pools trim and grow faster
+// than that thread frees, the backlog builds up until the device is full: replaying the training
+// trace through the library reserved 3.4 times its peak live bytes (the whole 16 GiB stand-in
+// device), against 1.24 when the same pools free synchronously. So a reservation that must grow
+// while more bytes are on their way to the driver than the fence bound (fence_slack or an eighth of
+// the bytes in use) first waits for them to arrive, with the lock released, at most once and within
+// the reservation's wait budget (kFenceWaitBoundMicros, shared with fence waits), then routes
+// again. Once waits that ran out have seen one release inside the driver's free for
+// kStuckReleaseMicros (a free behind a parked stream), no growth waits again while it is still
 // inside; this is remembered apart from recovery's (growth_wait_stuck), so out-of-memory recovery,
 // whose bound is seconds, still waits for those pages. Any shorter run-out is not remembered: the
 // release thread moved on, never got a core, or lost it in the middle of a free, as on a machine
 // whose cores the program keeps busy, and the next growth waits again, which gives it one.
 // (Remembering every run-out until fewer bytes were on their way stopped all waits under such load,
 // and the backlog grew again: with two threads spinning beside it the training trace reached 3.2
-// times its peak live bytes; remembering any run-out with one release inside throughout, 2.0.)
-// Each device has its own release thread, so the wait is for this device's queued pages only; a
-// run-out with none of them left queued (only held back, a free the driver refused during a
-// capture) is not remembered. Hits never pay for any of it: only a growth reads the backlog, and it asks whether a capture is open
-// only once the backlog is over the bound.
+// times its peak live bytes; remembering any run-out with one release inside throughout, 2.0.) Each
+// device has its own release thread, so the wait is for this device's queued pages only; a run-out
+// with none of them left queued (only held back, a free the driver refused during a capture) is not
+// remembered. Hits never pay for any of it: only a growth reads the backlog, and it asks whether a
+// capture is open only once the backlog is over the bound.
 
 bool MemoryManager::Impl::releases_stuck() {
   return growth_wait_stuck && growth_wait_stuck->stuck &&
