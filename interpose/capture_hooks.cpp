@@ -57,6 +57,7 @@
 
 #include <chrono>
 #include <mutex>
+#include <atomic>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -77,13 +78,15 @@ namespace {
 // nothing else is taken while it is held. Open captures are few: a vector does.
 class Origins {
  public:
-  void add(unsigned long long id, cudaStream_t stream, int device) {
+  void add(unsigned long long id, cudaStream_t stream, int device, cudaStreamCaptureMode mode) {
     std::lock_guard<RankedMutex> hold(mutex_);
-    open_.push_back(Entry{id, stream, device, std::this_thread::get_id()});
+    open_.push_back(Entry{id, stream, device, std::this_thread::get_id(), mode});
+    count_.store(open_.size(), std::memory_order_release);
   }
   void remove(unsigned long long id) {
     std::lock_guard<RankedMutex> hold(mutex_);
     std::erase_if(open_, [&](const Entry& entry) { return entry.id == id; });
+    count_.store(open_.size(), std::memory_order_release);
   }
   // The open capture that `stream` began (its id and device), or {0, -1}.
   std::pair<unsigned long long, int> begun_by(cudaStream_t stream) {
@@ -100,15 +103,22 @@ class Origins {
     }
     return false;
   }
-  // Whether the calling thread began a capture still open on `device`.
-  bool begun_here(int device) {
+  // Whether an open capture forbids unsafe calls to the calling thread in `thread_mode` (Note
+  // [Unsafe calls in a capture]).
+  bool forbid_here(cudaStreamCaptureMode thread_mode) {
+    if (thread_mode == cudaStreamCaptureModeRelaxed) return false;
     std::lock_guard<RankedMutex> hold(mutex_);
     const std::thread::id self = std::this_thread::get_id();
     for (const Entry& entry : open_) {
-      if (entry.device == device && entry.thread == self) return true;
+      if (entry.thread == self ? entry.mode != cudaStreamCaptureModeRelaxed
+                               : thread_mode == cudaStreamCaptureModeGlobal &&
+                                     entry.mode == cudaStreamCaptureModeGlobal)
+        return true;
     }
     return false;
   }
+  // Without the lock: a managed allocation asks on every call.
+  bool any() const { return count_.load(std::memory_order_acquire) != 0; }
   // The device of the open capture `id`, or -1 when the library did not see it begin.
   int device(unsigned long long id) {
     std::lock_guard<RankedMutex> hold(mutex_);
@@ -124,9 +134,11 @@ class Origins {
     cudaStream_t stream;
     int device;
     std::thread::id thread;  // the one that began it
+    cudaStreamCaptureMode mode;
   };
   RankedMutex mutex_{LockRank::device};
   std::vector<Entry> open_;
+  std::atomic<std::size_t> count_{0};  // open_.size()
 };
 
 Origins& origins() {
@@ -193,7 +205,8 @@ int stream_device(cudaStream_t stream) {
   return current_device_or_none();
 }
 
-int begin_capture(cudaStream_t handle, bool per_thread, const std::function<int()>& real) {
+int begin_capture(cudaStream_t handle, bool per_thread, cudaStreamCaptureMode mode,
+                  const std::function<int()>& real) {
   Registry& registry = Registry::instance();
   const cudaStream_t stream = normal_handle(handle, per_thread);
   const int device = stream_device(stream);
@@ -226,7 +239,7 @@ int begin_capture(cudaStream_t handle, bool per_thread, const std::function<int(
   }
   ReleaseWorker::instance().capture_begun(device);
   if (capture) {
-    origins().add(capture.id, stream, device);
+    origins().add(capture.id, stream, device, mode);
     policy.begin(capture.id);
   }
   return result;
@@ -271,7 +284,24 @@ void stream_destroyed_while_capturing(cudaStream_t stream, int device,
   close_if_ended(OpenCapture{device, capture_id}, stream, nullptr, destroyed);
 }
 
-bool capturing_here(int device) { return origins().begun_here(device); }
+// Note [Unsafe calls in a capture]
+// CUDA refuses a potentially unsafe call (an allocation, a free) on a thread, and invalidates the
+// captures that forbid it, when the thread's capture mode (cudaThreadExchangeStreamCaptureMode)
+// is global or thread-local and the thread itself has a capture open that was not begun in
+// relaxed mode, or when the thread's mode is global and another thread has a capture open that
+// was begun in global mode; a thread in relaxed mode is never refused. The hooks record each
+// capture's mode and thread as it begins, so the library can tell which of its answers the plain
+// call would have given: the calls it makes legal in a capture (pooled allocations and frees)
+// need not ask; the others (managed memory) answer as the plain call does. The thread's mode is
+// read by exchanging it twice. Captures begun behind the hooks' back are not counted.
+bool unsafe_calls_refused_here() {
+  if (!origins().any()) return false;
+  cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+  if (own::cudaThreadExchangeStreamCaptureMode()(&mode) != cudaSuccess) return false;
+  cudaStreamCaptureMode back = mode;
+  own::cudaThreadExchangeStreamCaptureMode()(&back);
+  return origins().forbid_here(mode);
+}
 
 unsigned long long stream_capture_id(cudaStream_t stream, int* device) {
   *device = stream_device(stream);

@@ -646,12 +646,14 @@ namespace {
 // to the driver alone (dh::DriverStream: the capture layer's queries would leave an error in the
 // program's last-error slot).
 template <typename Real>
-CUresult begin_capture(CUstream stream, bool per_thread, Real&& real) {
+CUresult begin_capture(CUstream stream, bool per_thread, CUstreamCaptureMode mode,
+                       Real&& real) {
   if (pc::bypass()) return real();
   return pc::guarded([&] {
     if (!dh::driver_stream(stream, per_thread).known) return real();
     return static_cast<CUresult>(poolcuda::hooks::begin_capture(
-        reinterpret_cast<cudaStream_t>(stream), per_thread, [&] { return int(real()); }));
+        reinterpret_cast<cudaStream_t>(stream), per_thread,
+        static_cast<cudaStreamCaptureMode>(mode), [&] { return int(real()); }));
   });
 }
 
@@ -669,20 +671,22 @@ CUresult end_capture(CUstream stream, bool per_thread, CUgraph* graph, Real&& re
 }  // namespace
 
 POOLCUDA_EXPORT CUresult cuStreamBeginCapture(CUstream hStream) {
-  return begin_capture(hStream, false, [&] { return dr::cuStreamBeginCapture()(hStream); });
+  return begin_capture(hStream, false, CU_STREAM_CAPTURE_MODE_GLOBAL,
+                       [&] { return dr::cuStreamBeginCapture()(hStream); });
 }
 
 POOLCUDA_EXPORT CUresult cuStreamBeginCapture_ptsz(CUstream hStream) {
-  return begin_capture(hStream, true, [&] { return dr::cuStreamBeginCapture_ptsz()(hStream); });
+  return begin_capture(hStream, true, CU_STREAM_CAPTURE_MODE_GLOBAL,
+                       [&] { return dr::cuStreamBeginCapture_ptsz()(hStream); });
 }
 
 POOLCUDA_EXPORT CUresult cuStreamBeginCapture_v2(CUstream hStream, CUstreamCaptureMode mode) {
-  return begin_capture(hStream, false,
+  return begin_capture(hStream, false, mode,
                        [&] { return dr::cuStreamBeginCapture_v2()(hStream, mode); });
 }
 
 POOLCUDA_EXPORT CUresult cuStreamBeginCapture_v2_ptsz(CUstream hStream, CUstreamCaptureMode mode) {
-  return begin_capture(hStream, true,
+  return begin_capture(hStream, true, mode,
                        [&] { return dr::cuStreamBeginCapture_v2_ptsz()(hStream, mode); });
 }
 
@@ -691,7 +695,7 @@ POOLCUDA_EXPORT CUresult cuStreamBeginCaptureToGraph(CUstream hStream, CUgraph h
                                                      const CUgraphEdgeData* dependencyData,
                                                      size_t numDependencies,
                                                      CUstreamCaptureMode mode) {
-  return begin_capture(hStream, false, [&] {
+  return begin_capture(hStream, false, mode, [&] {
     return dr::cuStreamBeginCaptureToGraph()(hStream, hGraph, dependencies, dependencyData,
                                              numDependencies, mode);
   });
@@ -702,7 +706,7 @@ POOLCUDA_EXPORT CUresult cuStreamBeginCaptureToGraph_ptsz(CUstream hStream, CUgr
                                                           const CUgraphEdgeData* dependencyData,
                                                           size_t numDependencies,
                                                           CUstreamCaptureMode mode) {
-  return begin_capture(hStream, true, [&] {
+  return begin_capture(hStream, true, mode, [&] {
     return dr::cuStreamBeginCaptureToGraph_ptsz()(hStream, hGraph, dependencies, dependencyData,
                                                   numDependencies, mode);
   });

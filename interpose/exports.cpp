@@ -112,7 +112,7 @@ POOLCUDA_EXPORT cudaError_t cudaStreamBeginCapture(cudaStream_t stream,
   if (pc::bypass()) return pc::real::cudaStreamBeginCapture()(stream, mode);
   return pc::guarded([&] {
     return static_cast<cudaError_t>(pc::hooks::begin_capture(
-        stream, false, [&] { return pc::real::cudaStreamBeginCapture()(stream, mode); }));
+        stream, false, mode, [&] { return pc::real::cudaStreamBeginCapture()(stream, mode); }));
   });
 }
 
@@ -120,8 +120,9 @@ POOLCUDA_EXPORT cudaError_t cudaStreamBeginCapture_ptsz(cudaStream_t stream,
                                                         cudaStreamCaptureMode mode) {
   if (pc::bypass()) return pc::real::cudaStreamBeginCapture_ptsz()(stream, mode);
   return pc::guarded([&] {
-    return static_cast<cudaError_t>(pc::hooks::begin_capture(
-        stream, true, [&] { return pc::real::cudaStreamBeginCapture_ptsz()(stream, mode); }));
+    return static_cast<cudaError_t>(pc::hooks::begin_capture(stream, true, mode, [&] {
+      return pc::real::cudaStreamBeginCapture_ptsz()(stream, mode);
+    }));
   });
 }
 
@@ -132,7 +133,7 @@ POOLCUDA_EXPORT cudaError_t cudaStreamBeginCaptureToGraph(
     return pc::real::cudaStreamBeginCaptureToGraph()(stream, graph, dependencies, edges, count,
                                                      mode);
   return pc::guarded([&] {
-    return static_cast<cudaError_t>(pc::hooks::begin_capture(stream, false, [&] {
+    return static_cast<cudaError_t>(pc::hooks::begin_capture(stream, false, mode, [&] {
       return pc::real::cudaStreamBeginCaptureToGraph()(stream, graph, dependencies, edges, count,
                                                        mode);
     }));
@@ -146,7 +147,7 @@ POOLCUDA_EXPORT cudaError_t cudaStreamBeginCaptureToGraph_ptsz(
     return pc::real::cudaStreamBeginCaptureToGraph_ptsz()(stream, graph, dependencies, edges,
                                                           count, mode);
   return pc::guarded([&] {
-    return static_cast<cudaError_t>(pc::hooks::begin_capture(stream, true, [&] {
+    return static_cast<cudaError_t>(pc::hooks::begin_capture(stream, true, mode, [&] {
       return pc::real::cudaStreamBeginCaptureToGraph_ptsz()(stream, graph, dependencies, edges,
                                                             count, mode);
     }));

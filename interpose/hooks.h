@@ -52,7 +52,8 @@ cudaError_t map_driver_entry(cudaError_t result, void** fn);
 // `stream` is the runtime's or the driver's handle (they are the same objects); with
 // `per_thread` the 0 handle names the per-thread default stream. `real` makes the real begin or
 // end and returns its result as a number (CUresult and cudaError_t agree on success, 0).
-int begin_capture(cudaStream_t stream, bool per_thread, const std::function<int()>& real);
+int begin_capture(cudaStream_t stream, bool per_thread, cudaStreamCaptureMode mode,
+                  const std::function<int()>& real);
 int end_capture(cudaStream_t stream, bool per_thread, cudaGraph_t* graph,
                 const std::function<int()>& real);
 // The device of `stream` (-1 when there is none), asked without touching a capture open on it
@@ -64,8 +65,10 @@ int stream_device(cudaStream_t stream);
 // the stream began it (a stream that only joined it leaves it open). `destroyed`: the destroy
 // succeeded (the handle is dead and is not asked about again).
 unsigned long long stream_capture_id(cudaStream_t stream, int* device);
-// Whether the calling thread began a capture, through the hooks, that is still open on `device`.
-bool capturing_here(int device);
+// Whether CUDA refuses a potentially unsafe call (an allocation, a free) on the calling thread
+// now, for a capture begun through the hooks (Note [Unsafe calls in a capture] in
+// capture_hooks.cpp).
+bool unsafe_calls_refused_here();
 void stream_destroyed_while_capturing(cudaStream_t stream, int device,
                                       unsigned long long capture_id, bool destroyed);
 

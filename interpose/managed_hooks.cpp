@@ -254,6 +254,9 @@ cudaError_t malloc_managed(void** ptr, std::size_t size, unsigned int flags) {
       flags != cudaMemAttachGlobal || device < 0) {
     return forward_managed(device, ptr, size, flags);
   }
+  // Where CUDA refuses it for a capture (and invalidates the capture), the real call answers
+  // (Note [Unsafe calls in a capture] in capture_hooks.cpp).
+  if (unsafe_calls_refused_here()) return forward_managed(device, ptr, size, flags);
   Registry& registry = Registry::instance();
   ManagedSlabs* chain = registry.managed_or_create(device);
   // Larger than this device's slabs (a 64th of a small device): the driver's, as configured.

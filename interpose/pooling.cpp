@@ -149,18 +149,17 @@ FreeOutcome free_on(Registry& registry, int device, DevicePtr address,
 // are gone (capture/). A managed slab allocation has no pin: its chain would take it back at
 // once, the slab would rewind after the capture (no graph work is queued yet, so its fence
 // passes), and a later launch of the graph would write into whatever the bytes were handed out
-// for. The plain cudaFree fails there when the freeing thread captures (in global or
-// thread-local mode: cudaErrorStreamCaptureUnsupported) and frees nothing. So a managed
-// allocation that a thread frees while a capture it began through the hooks is open on the
-// allocation's device is never taken back: the free succeeds, as the pools' frees in a window
-// do, and the bytes stay allocated for the life of the process, as they do after the plain
-// call's refusal. A log line says so once per device. A free by another thread goes back as
-// usual: there the plain free succeeds (unless that thread is in global mode beside a
-// global-mode capture, where it is refused and invalidates the capture; a program whose capture
-// uses memory another thread frees runs on freed memory without the library either way), and
-// keeping it made a thread that allocated and freed managed memory beside another's capture
-// lose all of it, and fail requests that plain CUDA served. A capture on another device does
-// not count either. A second free of a kept pointer frees it (as plain CUDA would).
+// for. Plain CUDA refuses such a free where a capture forbids the calling thread unsafe calls
+// (cudaErrorStreamCaptureUnsupported; Note [Unsafe calls in a capture] in capture_hooks.cpp)
+// and frees nothing. So a managed allocation freed there, while a capture is open on its
+// device, is never taken back: the free succeeds, as the pools' frees in a window do, and the
+// bytes stay allocated for the life of the process, as they do after the plain call's refusal.
+// A log line says so once per device. Everywhere else (a relaxed capture, another thread) the
+// plain free succeeds, and the memory goes back as usual: a program whose capture uses memory
+// freed there runs on freed memory without the library too. Keeping that memory as well made a
+// thread that allocated and freed managed memory beside a capture lose all of it, and fail
+// requests that plain CUDA served. A second free of a kept pointer frees it (as plain CUDA
+// would).
 //
 // Note [Managed frees on another device's stream]
 // A slab's fence covers its own device's streams. Managed memory needs no peer access, so a
@@ -215,7 +214,7 @@ FreeOutcome free_from_chain(Registry& registry, ManagedSlabs& chain, int device,
                             DevicePtr address, StreamToken stream) {
   const CapturePolicy* capture = registry.capture(device);
   const bool capturing =
-      capture != nullptr && capture->open() && hooks::capturing_here(device);
+      capture != nullptr && capture->open() && hooks::unsafe_calls_refused_here();
   // Under free_fence:none the program orders reuse itself (Note [Managed frees on another
   // device's stream]).
   const bool fenced = stream != kNoStream && config().free_fence != FreeFence::none;
