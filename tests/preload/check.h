@@ -16,6 +16,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <initializer_list>
 #include <thread>
 
 #include <cerrno>
@@ -332,6 +333,17 @@ inline void hold_an_idle_page(void** keep) {
 inline void park(cudaStream_t stream, Gate& gate) {
   CHECK_CUDA(cudaLaunchHostFunc(stream, &wait_at_gate, &gate));
   while (!gate.entered.load()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+}
+
+// Runs each case of this program (`name` as argv[1]) in a child of its own, where it is the
+// process's first use of what it tests; each must exit 0 having printed "case done".
+inline void run_cases_in_children(std::initializer_list<const char*> names) {
+  for (const char* name : names) {
+    const ChildResult child = run_self(name, {}, 60);
+    if (child.status != 0 || child.output.find("case done") == std::string::npos)
+      fail(__FILE__, __LINE__, std::string(name) + ": " + child.output);
+    std::printf("%s: ok\n", name);
+  }
 }
 
 }  // namespace preload_test

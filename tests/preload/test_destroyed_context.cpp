@@ -148,12 +148,7 @@ int run_case(const std::string& name) {
 int main(int argc, char** argv) {
   if (argc > 1) return run_case(argv[1]);
   preload_test::require_preloaded();
-  for (const char* name : {"no-context", "reset", "own-context"}) {
-    const preload_test::ChildResult child = preload_test::run_self(name, {}, 60);
-    CHECK_MSG(child.status == 0 && child.output.find("case done") != std::string::npos,
-              std::string(name) + ": " + child.output);
-    std::printf("%s: ok\n", name);
-  }
+  preload_test::run_cases_in_children({"no-context", "reset", "own-context"});
   std::printf("ok\n");
   return 0;
 }
