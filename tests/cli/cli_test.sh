@@ -171,6 +171,10 @@ check-conf-report-path)
     "$work/socket" || fail "cannot make a socket"
   run_cli 1 check-conf "report_path:$work/socket"
   has err "'$work/socket' is a socket, which cannot be opened; reports would be lost"
+  # A directory that takes no new file even from root: check-conf makes a file there to know.
+  run_cli 1 check-conf "report_path:/proc/r-%p.txt"
+  has err "directory '/proc' does not take new files"
+  ls -A "$work/reports" | grep -q . && fail "check-conf left a file in $work/reports"
   # A directory this user cannot write to (root writes everywhere, so only checked for others).
   if [ "$(id -u)" -ne 0 ]; then
     mkdir "$work/locked" && chmod 555 "$work/locked"

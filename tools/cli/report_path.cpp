@@ -5,17 +5,44 @@
 // Which paths the library writes into in place, and which it replaces, is decided by
 // interpose/report_destination.h for both (Note [Reports into devices and FIFOs]).
 // Depends on config/ (expand_report_path), interpose/report_destination.h and POSIX only.
+#include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <cstring>
+#include <string>
 
 #include "cli.h"
 #include "config/config.h"
 #include "interpose/report_destination.h"
 
 namespace poolcuda::cli {
+
+namespace {
+
+// Whether a new file can be made in `directory` as the library makes its temporary file
+// (O_CREAT | O_EXCL | O_NOFOLLOW), by making one and removing it at once. access() is not
+// enough: it answers yes for root everywhere, and for directories of /proc and /sys that take
+// no new file from anyone. Empty when it can; otherwise the reason.
+std::string create_probe_file(const std::string& directory) {
+  for (int attempt = 0; attempt < 16; ++attempt) {
+    const std::string probe = directory + "/.poolcuda-check-conf-" +
+                              std::to_string(::getpid()) + "-" + std::to_string(attempt);
+    const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC,
+                          0600);
+    if (fd >= 0) {
+      ::close(fd);
+      ::unlink(probe.c_str());
+      return {};
+    }
+    if (errno != EEXIST)
+      return "directory '" + directory + "' does not take new files: " + std::strerror(errno);
+  }
+  return {};  // sixteen names taken: the directory takes files, someone else's
+}
+
+}  // namespace
 
 std::string report_path_problem(const std::string& pattern) {
   if (is_stderr_keyword(pattern)) return {};
@@ -49,9 +76,7 @@ std::string report_path_problem(const std::string& pattern) {
                     : " (the library creates no directory)");
   }
   if (!S_ISDIR(info.st_mode)) return "'" + directory + "' is not a directory";
-  if (::access(directory.c_str(), W_OK | X_OK) != 0)
-    return "directory '" + directory + "' does not take new files: " + std::strerror(errno);
-  return {};
+  return create_probe_file(directory);
 }
 
 }  // namespace poolcuda::cli
