@@ -5,7 +5,7 @@
 // the library. Memory freed before a synchronize counts as free even when frees wait for fences:
 // one large buffer, and many small ones whose frees still wait in an open batch when the
 // program synchronizes (cudaDeviceSynchronize, and cuCtxSynchronize and cuCtxSynchronize_v2
-// with cuMemGetInfo).
+// with cuMemGetInfo). A context of cuCtxCreate gets the same figures as the primary one.
 #include <cuda.h>
 
 #include <functional>
@@ -87,6 +87,20 @@ int main(int argc, char** argv) {
   } else {
     CHECK_MSG(seen_free >= real_free + amount / 2, "idle pooled bytes were not counted as free");
     CHECK(seen_free <= free_before);
+    // A context of the program's own on the device gets the device's figures too (it got the
+    // driver's, with the pools' idle pages counted as used).
+    using CreateFn = CUresult (*)(CUcontext*, unsigned int, CUdevice);
+    using DestroyFn = CUresult (*)(CUcontext);
+    using InfoFn = CUresult (*)(std::size_t*, std::size_t*);
+    CUcontext own = nullptr;
+    CHECK(preload_test::driver_entry<CreateFn>("cuCtxCreate", 3020)(&own, 0, 0) == CUDA_SUCCESS);
+    std::size_t own_free = 0, own_total = 0;
+    CHECK(preload_test::driver_entry<InfoFn>("cuMemGetInfo", 3020)(&own_free, &own_total) ==
+          CUDA_SUCCESS);
+    CHECK(preload_test::driver_entry<DestroyFn>("cuCtxDestroy", 4000)(own) == CUDA_SUCCESS);
+    CHECK_MSG(own_free == seen_free, "cuMemGetInfo in a context of cuCtxCreate said " +
+                                         std::to_string(own_free) + " free, the primary one " +
+                                         std::to_string(seen_free));
   }
 
   // Holes: small slices with every other one freed leave free space inside pages that stay in
