@@ -382,6 +382,11 @@ CudaDevice::PeerEvent CudaDevice::record_for_peer(cudaStream_t stream) {
 
 // An event is asked, and waited for, with its own device current.
 bool CudaDevice::peer_event_passed(const PeerEvent& peer) {
+  {
+    // An event from before a reset: the reset waited for the work it followed.
+    std::lock_guard<RankedMutex> hold(mutex_);
+    if (peer.generation != generation_) return true;
+  }
   OwnCallScope scope(device_);
   return !scope.ok() || own::cudaEventQuery()(peer.event) != cudaErrorNotReady;
 }

@@ -328,12 +328,14 @@ CUresult mem_get_address_range(CUdeviceptr* base, std::size_t* size, CUdeviceptr
       base != nullptr ? &real_base : nullptr, size != nullptr ? &real_size : nullptr, dptr);
   if (result != CUDA_SUCCESS) return result;
   Registry& registry = Registry::instance();
+  pooling::release_passed_managed_frees();
   for (int device = 0; device < registry.managed_bound(); ++device) {
     const ManagedSlabs* chain = registry.managed(device);
     if (chain == nullptr) continue;
     const ManagedLookup found = chain->find(static_cast<DevicePtr>(dptr));
     if (found.kind == ManagedLookup::Kind::not_mine) continue;
-    if (found.kind != ManagedLookup::Kind::live) return CUDA_ERROR_NOT_FOUND;
+    if (found.kind != ManagedLookup::Kind::live || pooling::managed_free_held(found.start))
+      return CUDA_ERROR_NOT_FOUND;
     real_base = static_cast<CUdeviceptr>(found.start);
     real_size = found.size;
     break;

@@ -126,6 +126,7 @@ ManagedLookup find_managed(const void* ptr) {
   const auto address = reinterpret_cast<DevicePtr>(ptr);
   ManagedLookup found;
   if (registry.managed_bound() == 0) return found;  // no slab yet: not even a device query
+  pooling::release_passed_managed_frees();
   const int current = current_device();
   if (ManagedSlabs* chain = registry.managed(current)) found = chain->find(address);
   for (int d = 0; found.kind == ManagedLookup::Kind::not_mine && d < registry.managed_bound();
@@ -133,6 +134,8 @@ ManagedLookup find_managed(const void* ptr) {
     if (d == current) continue;
     if (ManagedSlabs* chain = registry.managed(d)) found = chain->find(address);
   }
+  if (found.kind == ManagedLookup::Kind::live && pooling::managed_free_held(found.start))
+    found = ManagedLookup{ManagedLookup::Kind::free_space, 0, 0, found.slab, found.slab_size};
   return found;
 }
 

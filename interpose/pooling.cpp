@@ -167,9 +167,14 @@ FreeOutcome free_on(Registry& registry, int device, DevicePtr address,
 // free no fence of device 0 waits for: the chain would take the memory back at once, and the
 // stream's late writes would land in a new allocation. Such a free is held instead: an event of
 // the stream's device is recorded on the stream, and the allocation goes back to its chain once
-// that event has passed, looked at by the next free, memory query or give-back; not under
-// free_fence:none, which reuses at once. (Recording the other devices' events in every slab
-// fence instead let a capture or a parked stream on any device stop every slab from rewinding.)
+// that event has passed, looked at by the next free, memory query, pointer query or give-back;
+// not under free_fence:none, which reuses at once. (Recording the other devices' events in
+// every slab fence instead let a capture or a parked stream on any device stop every slab from
+// rewinding.) To the program a held allocation is freed already: pointer queries answer as for
+// freed memory, and a second free of it is a double free (it would otherwise be taken as live,
+// and the held free, landing later, would free whatever was allocated there next). A reset of
+// the memory's device drops its held frees with its slabs; a reset of the stream's device waited
+// for the stream, so its events are taken as passed (CudaDevice::peer_event_passed).
 struct HeldManagedFree {
   DevicePtr address = 0;
   int owner = -1;
@@ -187,26 +192,44 @@ HeldManagedFrees& held_frees() {
 }
 std::atomic<std::size_t> g_held_count{0};  // held_frees().list.size(), read without the mutex
 
+// Whether `address` starts an allocation whose free is held. The caller holds the mutex.
+bool held_locked(const HeldManagedFrees& frees, DevicePtr address) {
+  for (const HeldManagedFree& free : frees.list)
+    if (free.address == address) return true;
+  return false;
+}
+
 void release_passed_managed_frees(Registry& registry) {
   if (g_held_count.load(std::memory_order_acquire) == 0) return;
   HeldManagedFrees& frees = held_frees();
   std::vector<HeldManagedFree> held;
   {
     std::lock_guard<std::mutex> hold(frees.mutex);
-    held.swap(frees.list);
+    held = frees.list;
   }
-  std::vector<HeldManagedFree> waiting;
-  for (const HeldManagedFree& free : held) {
-    if (!free.event.owner->peer_event_passed(free.event)) {
-      waiting.push_back(free);
-      continue;
+  // The events are asked without the lock (a driver call each). A free stays listed, so held,
+  // until the one call that takes it off the list gives it to its slab.
+  std::erase_if(held, [](const HeldManagedFree& free) {
+    return !free.event.owner->peer_event_passed(free.event);
+  });
+  if (held.empty()) return;
+  std::vector<HeldManagedFree> taken;
+  {
+    std::lock_guard<std::mutex> hold(frees.mutex);
+    for (const HeldManagedFree& passed : held) {
+      const auto at = std::find_if(frees.list.begin(), frees.list.end(), [&](const auto& free) {
+        return free.address == passed.address && free.event.event == passed.event.event;
+      });
+      if (at == frees.list.end()) continue;  // another call took it, or a reset dropped it
+      taken.push_back(*at);
+      frees.list.erase(at);
     }
+    g_held_count.store(frees.list.size(), std::memory_order_release);
+  }
+  for (const HeldManagedFree& free : taken) {
     free.event.owner->return_peer_event(free.event);
     if (ManagedSlabs* chain = registry.managed(free.owner)) chain->free(free.address);
   }
-  std::lock_guard<std::mutex> hold(frees.mutex);
-  frees.list.insert(frees.list.end(), waiting.begin(), waiting.end());
-  g_held_count.store(frees.list.size(), std::memory_order_release);
 }
 
 // `stream`: a stream-ordered free's stream, as other_device_stream names it (or kNoStream).
@@ -218,6 +241,11 @@ FreeOutcome free_from_chain(Registry& registry, ManagedSlabs& chain, int device,
   // Under free_fence:none the program orders reuse itself (Note [Managed frees on another
   // device's stream]).
   const bool fenced = stream != kNoStream && config().free_fence != FreeFence::none;
+  if (g_held_count.load(std::memory_order_acquire) != 0) {
+    HeldManagedFrees& frees = held_frees();
+    std::lock_guard<std::mutex> hold(frees.mutex);
+    if (held_locked(frees, address)) return FreeOutcome::double_free;
+  }
   if (capturing || fenced) {
     const ManagedLookup found = chain.find(address);
     if (found.kind != ManagedLookup::Kind::live || found.start != address)
@@ -265,7 +293,32 @@ FreeOutcome free_managed(Registry& registry, int device, DevicePtr address, Stre
 }
 
 
+// The held frees of `device`'s memory go with its slabs (Note [Managed frees on another
+// device's stream]).
+void drop_held_frees(int device) {
+  if (g_held_count.load(std::memory_order_acquire) == 0) return;
+  HeldManagedFrees& frees = held_frees();
+  std::lock_guard<std::mutex> hold(frees.mutex);
+  std::erase_if(frees.list, [&](const HeldManagedFree& free) {
+    if (free.owner != device) return false;
+    free.event.owner->return_peer_event(free.event);
+    return true;
+  });
+  g_held_count.store(frees.list.size(), std::memory_order_release);
+}
+
 }  // namespace
+
+void release_passed_managed_frees() {
+  release_passed_managed_frees(Registry::instance());
+}
+
+bool managed_free_held(DevicePtr start) {
+  if (g_held_count.load(std::memory_order_acquire) == 0) return false;
+  HeldManagedFrees& frees = held_frees();
+  std::lock_guard<std::mutex> hold(frees.mutex);
+  return held_locked(frees, start);
+}
 
 Route allocate(const char* api, int device, std::size_t size, void** ptr) {
   if (ptr == nullptr || size == 0 || device < 0) return Route::forward;
@@ -586,6 +639,7 @@ int reset_device(int device, const std::function<int()>& real) {
   auto forget = [&] {
     if (manager != nullptr) {
       registry.forget_managed(device);  // before the device's events go (its fences are there)
+      drop_held_frees(device);
       manager->forget();
       registry.capture(device)->forget();
       registry.device(device)->forget_events();

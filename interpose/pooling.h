@@ -68,6 +68,14 @@ struct Freed {
 // than the memory's (Note [Frees on another device's stream] in cuda_device.cpp).
 Freed release(int device, const void* ptr, StreamToken stream = kNoStream);
 
+// Managed allocations freed on another device's stream wait for that stream before their slab
+// takes them back (Note [Managed frees on another device's stream] in pooling.cpp); to the
+// program they are freed. The first gives back those whose stream has passed (call it before a
+// lookup in the slabs), the second says whether the allocation that starts at `start` still
+// waits.
+void release_passed_managed_frees();
+bool managed_free_held(DevicePtr start);
+
 // The device whose pools (managed slabs or pages) hold `ptr`, live or free; -1 for none. A
 // snapshot: memory allocated or given back meanwhile may or may not be seen.
 int holder_device(const void* ptr);
