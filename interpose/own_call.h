@@ -15,31 +15,43 @@
 // device cannot be made current, ok() is false: the calls would run on the wrong device, so
 // allocate answers `failed`, fence_record kNoFence, memory_info nothing and no tail is recorded.
 // The program's device is set back whenever a switch was attempted (a failed cudaSetDevice may
-// still have changed it, e.g. under a sticky error). Without a runtime the same calls go to the
+// still have changed it, e.g. under a sticky error), and last the thread's driver context
+// itself, whenever it differs from the one the scope found: cudaSetDevice binds a device's
+// primary context, and any runtime call on a thread with no context binds one, so a context of
+// the program's own (cuCtxCreate, current, or destroyed by another thread), or none at all, was
+// lost, and the program's next driver calls ran in a primary context where plain CUDA would
+// have used its own or refused them. Without a runtime the same calls go to the
 // driver, where "the device" is the primary context (Note [Own calls without a runtime] in
 // own_api.cpp). The hooks' re-entry guard covers the scope: the real runtime reaches the driver
 // through the driver hooks, and calls made for the pools must not enter them again.
 //
-// Depends on the CUDA runtime header, the own-call table and the re-entry guard only.
+// Depends on the CUDA runtime header, the own-call table, the real driver's table (for the
+// thread's context) and the re-entry guard only.
 #pragma once
 
 #include <cuda_runtime_api.h>
 
 #include "interpose/hook_guard.h"
 #include "interpose/own_api.h"
+#include "interpose/real_driver.h"
 
 namespace poolcuda {
 
 // Relaxed capture mode alone, for calls whose answer or error is meant for the program (a
 // refusal raised in the last-error slot) or that run on no particular device (a stream's
-// device): a global or thread-local capture would judge them unsafe and be invalidated.
+// device): a global or thread-local capture would judge them unsafe and be invalidated. The
+// thread's driver context is put back as found when the scope ends (Note [Own calls]).
 class RelaxedCaptureScope {
  public:
   RelaxedCaptureScope() {
+    have_context_ = real_driver::cuCtxGetCurrent()(&context_) == CUDA_SUCCESS;
     switched_ = own::cudaThreadExchangeStreamCaptureMode()(&mode_) == cudaSuccess;
   }
   ~RelaxedCaptureScope() {
     if (switched_) own::cudaThreadExchangeStreamCaptureMode()(&mode_);
+    CUcontext now = nullptr;
+    if (have_context_ && real_driver::cuCtxGetCurrent()(&now) == CUDA_SUCCESS && now != context_)
+      real_driver::cuCtxSetCurrent()(context_);
   }
   RelaxedCaptureScope(const RelaxedCaptureScope&) = delete;
   RelaxedCaptureScope& operator=(const RelaxedCaptureScope&) = delete;
@@ -47,6 +59,8 @@ class RelaxedCaptureScope {
  private:
   cudaStreamCaptureMode mode_ = cudaStreamCaptureModeRelaxed;
   bool switched_ = false;
+  CUcontext context_ = nullptr;  // the thread's driver context when the scope began
+  bool have_context_ = false;
 };
 
 class OwnCallScope {
@@ -75,7 +89,8 @@ class OwnCallScope {
 
  private:
   InsideHook inside_;
-  // Before anything else, so that the device switch and its undoing run relaxed too.
+  // Before anything else, so that the device switch and its undoing run relaxed too, and the
+  // thread's context is put back after both.
   RelaxedCaptureScope relaxed_;
   bool ok_ = true;
   cudaError_t prior_error_ = cudaSuccess;
