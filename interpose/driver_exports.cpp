@@ -114,14 +114,18 @@ POOLCUDA_EXPORT CUresult cuMemAllocManaged(CUdeviceptr* dptr, size_t bytesize,
 POOLCUDA_EXPORT CUresult cuMemAllocAsync(CUdeviceptr* dptr, size_t bytesize, CUstream hStream) {
   auto real = [&] { return dr::cuMemAllocAsync()(dptr, bytesize, hStream); };
   if (pc::bypass()) return real();
-  return pc::guarded([&] { return dh::with_room(bytesize, real); });
+  // The stream's device's memory, which need not be the current context's.
+  return pc::guarded(
+      [&] { return dh::with_room_on(dh::stream_device(hStream), bytesize, real); });
 }
 
 POOLCUDA_EXPORT CUresult cuMemAllocAsync_ptsz(CUdeviceptr* dptr, size_t bytesize,
                                               CUstream hStream) {
   auto real = [&] { return dr::cuMemAllocAsync_ptsz()(dptr, bytesize, hStream); };
   if (pc::bypass()) return real();
-  return pc::guarded([&] { return dh::with_room(bytesize, real); });
+  // The stream's device's memory, which need not be the current context's.
+  return pc::guarded(
+      [&] { return dh::with_room_on(dh::stream_device(hStream), bytesize, real); });
 }
 
 // Memory the pools never see, which draws on the same device: a stream-ordered pool's, physical

@@ -363,7 +363,9 @@ cudaError_t launch_again(cudaError_t first, const pooling::ReturnsSince& returns
 }
 
 cudaError_t malloc_async(void** ptr, std::size_t size, cudaStream_t stream, bool per_thread) {
-  return with_room(current_device(), size, [&] {
+  // The memory is the stream's device's, which need not be the current one.
+  const int device = stream_device(stream);
+  return with_room(device >= 0 ? device : current_device(), size, [&] {
     return per_thread ? real::cudaMallocAsync_ptsz()(ptr, size, stream)
                       : real::cudaMallocAsync()(ptr, size, stream);
   });

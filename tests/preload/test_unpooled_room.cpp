@@ -16,7 +16,8 @@
 // the driver, and with cuMemAlloc in a context of cuCtxCreate, whose memory is never pooled. A
 // cudaMallocAsync larger than a budget's limit (which does not charge it) but not than the
 // device gets the idle pages back too. And with two devices, physical memory and a memory pool's
-// allocation on device 1 while device 0 is current find the room device 1's pools kept (the
+// allocation on device 1 while device 0 is current, and stream-ordered allocations on a device-1
+// stream (runtime and driver), find the room device 1's pools kept (the
 // stand-in's child gets a second device; on a GPU with one, that case is skipped).
 // Runs on a GPU too, where 700 MiB only needs to fit next to nothing else.
 #include <cuda.h>
@@ -269,6 +270,26 @@ int other_device_child() {
   CHECK_CU(cuMemFreeAsync(ptr, nullptr));
   CHECK_CU(cuCtxSynchronize());
   CHECK_CU(cuMemPoolDestroy(pool));
+  // Stream-ordered allocations on a device-1 stream come from device 1, whatever is current.
+  CHECK_CUDA(cudaSetDevice(1));
+  cudaStream_t device1_stream = nullptr;
+  CHECK_CUDA(cudaStreamCreateWithFlags(&device1_stream, cudaStreamNonBlocking));
+  leave_an_idle_page();
+  CHECK_CUDA(cudaSetDevice(0));
+  void* async = nullptr;
+  CHECK_MSG(cudaMallocAsync(&async, kBig, device1_stream) == cudaSuccess,
+            "cudaMallocAsync on a device-1 stream failed beside device 1's idle pages");
+  CHECK_CUDA(cudaFreeAsync(async, device1_stream));
+  CHECK_CUDA(cudaStreamSynchronize(device1_stream));
+  CHECK_CUDA(cudaSetDevice(1));
+  leave_an_idle_page();
+  CHECK_CUDA(cudaSetDevice(0));
+  CHECK_MSG(cuMemAllocAsync(&ptr, kBig, reinterpret_cast<CUstream>(device1_stream)) ==
+                CUDA_SUCCESS,
+            "cuMemAllocAsync on a device-1 stream failed beside device 1's idle pages");
+  CHECK_CU(cuMemFreeAsync(ptr, reinterpret_cast<CUstream>(device1_stream)));
+  CHECK_CUDA(cudaStreamSynchronize(device1_stream));
+  CHECK_CUDA(cudaStreamDestroy(device1_stream));
   std::printf("other-device child ok\n");
   return 0;
 }
