@@ -1,17 +1,21 @@
 // The library's log sink (see log.h). Lines are assembled in one buffer and written with a single
 // write(2) so that lines from several threads never interleave mid-line.
 //
-// Depends on pools/config.h only; no CUDA header.
+// Depends on pools/config.h and no_sigpipe.h only; no CUDA header.
 #include "interpose/log.h"
 
+#include <limits.h>
+#include <poll.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <cstdarg>
 #include <cstdio>
 #include <string>
 
+#include "interpose/no_sigpipe.h"
 #include "pools/no_cancel.h"
 
 namespace poolcuda {
@@ -31,10 +35,31 @@ bool log_enabled(LogLevel level) {
          static_cast<int>(level) <= static_cast<int>(g_level.load(std::memory_order_relaxed));
 }
 
-void write_stderr(std::string_view text) {
+// Note [Writes to standard error]
+// The program's standard error may be a pipe that nobody reads yet (a parent that reads the
+// child's standard output to the end first) or whose reader is gone. Plain CUDA writes nothing
+// there, so the library's lines must neither block the program nor kill it: a full pipe blocked
+// a program that was refused memory over and over in write(2) once 64 KiB of lines had filled
+// it, and a closed one killed it with SIGPIPE (its buffered output lost). So each piece is
+// written only once poll(2) says the descriptor takes bytes, at most PIPE_BUF at a time (a
+// pipe that takes any takes that many without blocking, and a line that short is never split),
+// waiting at most `wait`: nothing for a log line, which is dropped when the pipe is full, a
+// bound for a report someone asked for. SIGPIPE is blocked meanwhile; the write fails with
+// EPIPE instead.
+void write_stderr(std::string_view text, std::chrono::milliseconds wait) {
   NoCancel no_cancel;  // a log line inside the program's call (Note [Cancellation])
+  NoSigpipe no_sigpipe;
+  const auto deadline = std::chrono::steady_clock::now() + wait;
   while (!text.empty()) {
-    ssize_t n = ::write(STDERR_FILENO, text.data(), text.size());
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+        deadline - std::chrono::steady_clock::now());
+    pollfd ready{STDERR_FILENO, POLLOUT, 0};
+    const int polled =
+        ::poll(&ready, 1, static_cast<int>(std::max<std::int64_t>(left.count(), 0)));
+    if (polled < 0 && errno == EINTR) continue;
+    if (polled <= 0 || (ready.revents & (POLLERR | POLLNVAL)) != 0) return;
+    const ssize_t n =
+        ::write(STDERR_FILENO, text.data(), std::min<std::size_t>(text.size(), PIPE_BUF));
     if (n < 0) {
       if (errno == EINTR) continue;
       return;

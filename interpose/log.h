@@ -6,6 +6,7 @@
 // Depends on pools/config.h (LogLevel) only; no CUDA header.
 #pragma once
 
+#include <chrono>
 #include <string_view>
 
 #include "config/config.h"
@@ -24,8 +25,11 @@ void log_line(LogLevel level, std::string_view message);
 // printf-style convenience; formats only when the level is enabled.
 void log_format(LogLevel level, const char* format, ...) __attribute__((format(printf, 2, 3)));
 
-// Writes the whole text to stderr with write(2), retrying short writes. Used for messages that
-// must appear whatever the log level (configuration errors, confirm:1).
-void write_stderr(std::string_view text);
+// Writes the text to stderr with write(2), retrying short writes, for messages that must appear
+// whatever the log level (configuration errors, confirm:1, the exit summary) and for reports.
+// Waits at most `wait` for a pipe that is full, then drops what is left, and never dies of
+// SIGPIPE (Note [Writes to standard error] in log.cpp).
+void write_stderr(std::string_view text,
+                  std::chrono::milliseconds wait = std::chrono::milliseconds{0});
 
 }  // namespace poolcuda

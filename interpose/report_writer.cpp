@@ -50,6 +50,7 @@
 
 #include "interpose/lifecycle.h"
 #include "interpose/log.h"
+#include "interpose/no_sigpipe.h"
 #include "interpose/report_destination.h"
 #include "interpose/registry.h"
 
@@ -143,35 +144,6 @@ bool replace_file(const std::string& path, std::string_view text) {
   return ok;
 }
 
-// Blocks SIGPIPE in this thread while it lives; one that a write raised meanwhile is consumed
-// (Note [Reports into devices and FIFOs]).
-class NoSigpipe {
- public:
-  NoSigpipe() {
-    ::sigemptyset(&pipe_);
-    ::sigaddset(&pipe_, SIGPIPE);
-    sigset_t pending;
-    was_pending_ = ::sigpending(&pending) == 0 && ::sigismember(&pending, SIGPIPE) == 1;
-    ::pthread_sigmask(SIG_BLOCK, &pipe_, &saved_);
-  }
-  ~NoSigpipe() {
-    sigset_t pending;
-    if (!was_pending_ && ::sigpending(&pending) == 0 && ::sigismember(&pending, SIGPIPE) == 1) {
-      const timespec now{};
-      while (::sigtimedwait(&pipe_, nullptr, &now) < 0 && errno == EINTR) {
-      }
-    }
-    ::pthread_sigmask(SIG_SETMASK, &saved_, nullptr);
-  }
-  NoSigpipe(const NoSigpipe&) = delete;
-  NoSigpipe& operator=(const NoSigpipe&) = delete;
-
- private:
-  sigset_t pipe_;
-  sigset_t saved_;
-  bool was_pending_ = false;
-};
-
 // Note [Reports into devices and FIFOs]: writes into what `path` leads to. Empty when written;
 // otherwise why not.
 std::string write_in_place(const std::string& path, const ReportTarget& target,
@@ -237,7 +209,9 @@ Delivery deliver(const RenderedReport& report) {
   const Config& conf = config();
   std::lock_guard<std::mutex> hold(output_mutex());
   if (is_stderr_keyword(conf.report_path)) {
-    write_stderr(report.text);
+    // A reader that does not take it within the bound loses the rest (Note [Writes to
+    // standard error] in log.cpp).
+    write_stderr(report.text, kNodeWriteBound);
     return Delivery{true, "standard error"};
   }
   const std::string path =
