@@ -286,8 +286,16 @@ Route MemoryManager::Impl::recover_from_oom(Scope& scope, std::uint64_t size,
       // neighbour that always has a page on its way must not keep a request the device cannot
       // serve spinning until the bound.
       if (stuck || device.releasing_bytes() == 0 || bound.over() ||
-          ++arrival_rounds > kOomExtraRounds)
+          ++arrival_rounds > kOomExtraRounds) {
+        // A give-back right after (the hooks' retry of the request through the driver) would
+        // wait the whole bound again for what this one waited for in vain.
+        if (bound.over()) {
+          give_back_stuck = GiveBackState{pending(), device.releasing_bytes(),
+                                          frees.load(std::memory_order_relaxed),
+                                          options.recovery_wait_micros};
+        }
         return r;
+      }
       flush = true;
       continue;
     }

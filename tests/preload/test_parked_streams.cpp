@@ -21,6 +21,10 @@
 //            stand-in the other stream's host functions also run during the park; CUDA may run
 //            the host functions of all streams on one thread (docs/stand-in.md), so on a GPU
 //            they run once the park ends and only the calls are timed.
+//   refusal_bound  Memory freed behind a park that outlasts recovery's bound of 10 seconds,
+//            needed by an allocation: the allocation is refused once, after that bound, not
+//            after it twice (the retry through the driver waited for the same fence again).
+//            (Plain CUDA's free would have blocked until the park ended.)
 // A watchdog fails the test instead of hanging; every gate opens by itself after ten seconds.
 #include <atomic>
 #include <chrono>
@@ -203,6 +207,42 @@ void host_functions_beside_park_case() {
   std::printf("host_functions_beside_park: no host function waited for the parked free\n");
 }
 
+void refusal_bound_case() {
+  std::size_t free_bytes = 0, total = 0;
+  CHECK_CUDA(cudaMemGetInfo(&free_bytes, &total));
+  const std::size_t size = 8 << 20;
+  void* filler = nullptr;
+  CHECK_CUDA(cudaMalloc(&filler, free_bytes - 12 * (std::size_t{1} << 20)));
+  cudaStream_t stream = nullptr;
+  CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  Gate gate;
+  gate.limit_seconds = 30;
+  preload_test::park(stream, gate);
+  void* first = nullptr;
+  CHECK_CUDA(cudaMalloc(&first, size));
+  CHECK_CUDA(cudaMemsetAsync(first, 1, 4096, stream));  // behind the park
+  CHECK_CUDA(cudaFree(first));
+  const auto start = std::chrono::steady_clock::now();
+  void* second = nullptr;
+  const cudaError_t refused = cudaMalloc(&second, size);
+  const auto waited = std::chrono::steady_clock::now() - start;
+  gate.open.store(true);
+  CHECK_RESULT(refused, cudaErrorMemoryAllocation);
+  cudaGetLastError();
+  CHECK_MSG(waited < std::chrono::seconds(15),
+            "the refusal took " +
+                std::to_string(std::chrono::duration_cast<std::chrono::seconds>(waited).count()) +
+                " s, past recovery's bound of 10 s");
+  CHECK_CUDA(cudaStreamSynchronize(stream));
+  CHECK_CUDA(cudaMalloc(&second, size));  // the fence has passed
+  CHECK_CUDA(cudaFree(second));
+  CHECK_CUDA(cudaFree(filler));
+  CHECK_CUDA(cudaStreamDestroy(stream));
+  std::printf("refusal_bound: refused after %lld ms\n",
+              static_cast<long long>(
+                  std::chrono::duration_cast<std::chrono::milliseconds>(waited).count()));
+}
+
 int main(int argc, char** argv) {
   preload_test::require_preloaded();
   CHECK(argc == 2);
@@ -215,6 +255,7 @@ int main(int argc, char** argv) {
   else if (which == "give_back_callback") give_back_case(Park::callback, "give_back_callback");
   else if (which == "give_back_driver") give_back_case(Park::driver, "give_back_driver");
   else if (which == "host_functions_beside_park") host_functions_beside_park_case();
+  else if (which == "refusal_bound") refusal_bound_case();
   else preload_test::fail(__FILE__, __LINE__, "unknown case " + which);
   return 0;
 }
