@@ -372,10 +372,15 @@ cudaError_t malloc_async(void** ptr, std::size_t size, cudaStream_t stream, bool
 }
 
 cudaError_t malloc_pitch(void** ptr, std::size_t* pitch, std::size_t width, std::size_t height) {
-  // The size is only weighed against the driver's free memory: a product that overflows is more
-  // than any device has.
-  const std::size_t size =
-      height != 0 && width > SIZE_MAX / height ? SIZE_MAX : width * height;
+  // The size is only weighed against the driver's free memory, with each row padded as the
+  // driver pads it (to 512 bytes; less would leave the pools' idle pages where a program whose
+  // last-error slot holds an error needs them: Note [Stream-ordered allocations]); a product
+  // that overflows is more than any device has.
+  constexpr std::size_t kPitchAlignment = 512;
+  const std::size_t row = width > SIZE_MAX - (kPitchAlignment - 1)
+                              ? SIZE_MAX
+                              : (width + kPitchAlignment - 1) / kPitchAlignment * kPitchAlignment;
+  const std::size_t size = height != 0 && row > SIZE_MAX / height ? SIZE_MAX : row * height;
   return with_room(current_device(), size,
                    [&] { return real::cudaMallocPitch()(ptr, pitch, width, height); });
 }

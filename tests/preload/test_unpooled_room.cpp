@@ -1,8 +1,8 @@
 // Preload test: allocations the pools do not serve find the room plain CUDA would have left them
 // (Note [Room for what the pools do not serve] in interpose/pooling.cpp). On a 1 GiB device the
 // program frees a 700 MiB buffer, whose page the pools keep idle, then asks for 700 MiB through
-// each allocator that goes to the driver: cudaMallocPitch, cudaMallocManaged past the managed
-// slab, cudaMallocArray, cudaMalloc3DArray, cudaMallocMipmappedArray, cudaMallocFromPoolAsync and
+// each allocator that goes to the driver: cudaMallocPitch (also of rows the driver pads),
+// cudaMallocManaged past the managed slab, cudaMallocArray, cudaMalloc3DArray, cudaMallocMipmappedArray, cudaMallocFromPoolAsync and
 // cudaDeviceSetLimit's heap (which the runtime makes through the driver), cuMemAllocPitch,
 // cuMemAllocManaged, cuMemAllocAsync, cuMemAllocFromPoolAsync, cuMemCreate, cuArrayCreate,
 // cuArray3DCreate, cuMipmappedArrayCreate and cuCtxSetLimit's heap. Each succeeds, as it does
@@ -306,6 +306,11 @@ int main(int argc, char** argv) {
     runtime_allocation("cudaMallocPitch", freed_by_cuda_free([](void** p) {
       std::size_t pitch = 0;
       return cudaMallocPitch(p, &pitch, 1 << 20, kBig >> 20);
+    }), dirty);
+    // One byte a row, each padded to 512 by the driver: 700 MiB, not 1.4 MB.
+    runtime_allocation("cudaMallocPitch of padded rows", freed_by_cuda_free([](void** p) {
+      std::size_t pitch = 0;
+      return cudaMallocPitch(p, &pitch, 1, kBig / 512);
     }), dirty);
     runtime_allocation("cudaMallocManaged", freed_by_cuda_free([](void** p) {
       return cudaMallocManaged(p, kBig);
