@@ -500,11 +500,25 @@ std::uint64_t MemoryManager::idle_bytes() const {
   return idle;
 }
 
+// Note [Memory info after a free]
+// A free's memory waits for its fence, which the query records when it finds the free in the
+// open batch: on an idle device the fence passes at once, but not before the query looks, so a
+// program that freed 90% of the device and asked at once was told a tenth of it was free (plain
+// cudaFree had waited for the device before the query could run). So the query waits for the
+// fences it finds, within kMemInfoFenceWaitMicros for all of them: enough for a device with
+// nothing queued, and a bounded cost when work is queued (the plain free would have waited for
+// that work; the query tells what is free now).
 std::uint64_t MemoryManager::idle_bytes_now() {
   std::uint64_t idle = 0;
+  WaitBound bound{std::chrono::microseconds(kMemInfoFenceWaitMicros)};
   shards_->each([&](Impl& m) {
     Impl::Scope scope(m);
-    if (m.frozen == 0 && m.fences.any()) m.close_and_reap();
+    if (m.frozen == 0 && m.fences.any()) {
+      m.close_and_reap();
+      while (m.pending() != 0 &&
+             m.wait_for_oldest_fence(scope, bound) != Impl::FenceWait::none) {
+      }
+    }
     idle += m.idle() + m.parked_page_bytes();
   });
   return idle;

@@ -38,6 +38,9 @@ inline constexpr std::uint32_t kFenceWaitBoundMicros = 2000;
 // need not pass in the order recorded, so the waits take back what passed meanwhile and route
 // again between slices (Note [Stream-ordered frees]).
 inline constexpr std::uint32_t kLaneWaitSliceMicros = 1000;
+// How long a memory query waits for the fences of memory freed before it (Note [Memory info
+// after a free] in manager_api.cpp).
+inline constexpr std::uint32_t kMemInfoFenceWaitMicros = 2000;
 
 // The most stream-ordered frees that wait in lanes, each on a fence of its own; later ones wait
 // in epochs (Note [Stream-ordered frees]).

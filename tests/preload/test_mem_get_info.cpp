@@ -5,7 +5,8 @@
 // the library. Memory freed before a synchronize counts as free even when frees wait for fences:
 // one large buffer, and many small ones whose frees still wait in an open batch when the
 // program synchronizes (cudaDeviceSynchronize, and cuCtxSynchronize and cuCtxSynchronize_v2
-// with cuMemGetInfo). A context of cuCtxCreate gets the same figures as the primary one.
+// with cuMemGetInfo), and a buffer freed just now on an idle device. A context of cuCtxCreate
+// gets the same figures as the primary one.
 #include <cuda.h>
 
 #include <functional>
@@ -140,6 +141,17 @@ int main(int argc, char** argv) {
     CHECK_MSG(free_after + (2 << 20) >= free_first,
               "a buffer freed before a synchronize was not free: " + std::to_string(free_after) +
                   " against " + std::to_string(free_first));
+    // With nothing queued, a buffer freed just now is free at once, as after the plain free,
+    // which waited for the idle device (Note [Memory info after a free] in
+    // pools/manager_api.cpp).
+    for (int round = 0; round < 5; ++round) {
+      CHECK_CUDA(cudaMalloc(&big, total / 2));
+      CHECK_CUDA(cudaFree(big));
+      CHECK_CUDA(cudaMemGetInfo(&free_after, &seen_total));
+      CHECK_MSG(free_after + (2 << 20) >= free_first,
+                "a buffer freed on an idle device was not free: " + std::to_string(free_after) +
+                    " against " + std::to_string(free_first));
+    }
     small_frees_then_synchronize(
         stream, "cudaDeviceSynchronize", [] { CHECK_CUDA(cudaDeviceSynchronize()); },
         [] {
