@@ -346,6 +346,12 @@ int ManagedSlabs::populate(std::uint64_t size, ManagedError* error) {
     *error = {ManagedErrorKind::too_large, size, options_.max_slabs * slab_bytes_};
     return -1;
   }
+  // The slot's tables before the memory, each on its own: when the host has no memory for them
+  // (new throws), no slab is left that nothing knows of, nor a slot with marks and no sizes.
+  Slab& slab = slabs_[slot];
+  const std::uint64_t words = mark_words(slab_granules_);
+  if (!slab.marks) slab.marks.reset(new std::atomic<std::uint64_t>[words]);
+  if (!slab.sizes) slab.sizes.reset(new std::atomic<std::uint32_t>[slab_granules_]);
   DevicePtr base = 0;
   const AllocStatus status = backing_.allocate_slab(slab_bytes_, &base);
   if (status != AllocStatus::ok) {
@@ -353,12 +359,6 @@ int ManagedSlabs::populate(std::uint64_t size, ManagedError* error) {
                                                    : ManagedErrorKind::device_error,
               size, slab_bytes_};
     return -1;
-  }
-  Slab& slab = slabs_[slot];
-  const std::uint64_t words = mark_words(slab_granules_);
-  if (!slab.marks) {
-    slab.marks.reset(new std::atomic<std::uint64_t>[words]);
-    slab.sizes.reset(new std::atomic<std::uint32_t>[slab_granules_]);
   }
   for (std::uint64_t w = 0; w < words; ++w) slab.marks[w].store(0, std::memory_order_relaxed);
   slab.dirty.store(0, std::memory_order_relaxed);  // a fresh slab reads as zero

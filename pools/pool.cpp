@@ -16,24 +16,38 @@ Error Pool::growth_limit(std::uint64_t) const { return {}; }
 
 AllocStatus Pool::new_page(std::uint64_t size, Page** out, std::uint64_t max_size,
                            std::uint64_t min_size, Fallback fallback) {
+  // The records before the memory: when the host has no memory for them (the slabs throw), no
+  // page is left that nothing knows of (a program under a tight RLIMIT_AS lost a page to each
+  // refused request, until the device was full).
+  Page* page = ctx_.pages.create();
+  Slice* slice = nullptr;
+  try {
+    slice = ctx_.slices.create();
+  } catch (...) {
+    ctx_.pages.destroy(page);
+    throw;
+  }
+  const auto without_memory = [&](AllocStatus status) {
+    ctx_.slices.destroy(slice);
+    ctx_.pages.destroy(page);
+    return status;
+  };
   DevicePtr base = 0;
   if (ctx_.borrow_page != nullptr && ctx_.borrow != PoolContext::Borrow::never &&
       ctx_.borrow_page(ctx_.borrow_owner, min_size != 0 ? min_size : size,
                        std::max(size, max_size), &base, &size)) {
     ++pages_borrowed_;
   } else {
-    if (ctx_.borrow == PoolContext::Borrow::only) return AllocStatus::out_of_memory;
+    if (ctx_.borrow == PoolContext::Borrow::only) return without_memory(AllocStatus::out_of_memory);
     const AllocStatus status = fallback == Fallback::narrower
                                    ? ctx_.device.allocate_if_room(size, &base)
                                    : ctx_.device.allocate(size, &base);
-    if (status != AllocStatus::ok) return status;
+    if (status != AllocStatus::ok) return without_memory(status);
     ++device_allocs_;
   }
-  Page* page = ctx_.pages.create();
   page->pool = this;
   page->base = base;
   page->size = size;
-  Slice* slice = ctx_.slices.create();
   slice->page = page;
   slice->ptr = base;
   slice->size = size;
