@@ -495,6 +495,9 @@ struct MemoryManager::Impl {
     }
   };
   std::optional<GiveBackState> give_back_stuck;
+  // `frees` when a memory query's wait for fences last ran out (Note [Memory info after a free]
+  // in manager_api.cpp); ~0: none did.
+  std::uint64_t mem_info_wait_ran_out = ~std::uint64_t{0};
   // The bytes on their way to the driver when a recovery's flush last ran out are the device's:
   // Shards::flush_stuck_releasing. Kept apart from it, for the short waits before a growth
   // (Note [Releases before growth]), whose 2 ms must not stop recovery, whose bound is seconds,
