@@ -47,12 +47,14 @@ namespace poolcuda::hooks {
 // Note [A thread's first call]
 // The program's own cudaMalloc, like every runtime call that needs a context, leaves the
 // device's primary context current on a thread that had none, and a thread may go on with the
-// driver API on that strength. A pooled call makes no such runtime call, and whether the
-// runtime's cudaGetDevice binds a context is not documented. So a thread's first call (the
-// first to ask for the current device) makes the primary context of its device current when no
-// context is (driver::make_primary_current: only while that context is alive, which it is once
-// the pools hold memory). A thread that later pops its context through the driver is not bound
-// again.
+// driver API on that strength. A pooled call makes no such runtime call (the library's own calls
+// leave a thread without a context as they found it: Note [Own calls] in own_call.h), and
+// whether the runtime's cudaGetDevice binds a context is not documented. So a thread's first
+// call (the first to ask for the current device) makes the primary context of its device
+// current when no context is (driver::make_primary_current: only while that context is alive),
+// and so does the end of each pooled allocation, free and refusal until that has happened once:
+// on the process's first call the context comes alive only as the pools take their first page.
+// A thread that later pops its context through the driver is not bound again.
 namespace {
 
 // Runs the runtime query `ask`, whose refusal is the library's error, not the program's: a
@@ -65,31 +67,35 @@ cudaError_t quietly(Ask&& ask) {
   return result;
 }
 
-void bind_like_the_runtime(int device) {
-  CUcontext current = nullptr;
-  if (real_driver::cuCtxGetCurrent()(&current) == CUDA_SUCCESS && current == nullptr)
-    driver::make_primary_current(device);
-}
+// Whether the thread had a context, or was given one, once (Note [A thread's first call]).
+__attribute__((tls_model("initial-exec"))) thread_local bool t_bound = false;
 
 }  // namespace
 
+void bind_like_the_runtime(int device) {
+  if (t_bound || device < 0) return;
+  CUcontext current = nullptr;
+  if (real_driver::cuCtxGetCurrent()(&current) != CUDA_SUCCESS) return;
+  t_bound = current != nullptr || driver::make_primary_current(device);
+}
+
+void bind_after_own_calls() {
+  if (!t_bound) (void)current_device();  // which binds
+}
+
 int current_device() {
   static std::atomic<int> visible{0};  // 0 until the count was asked, -1 when that failed
-  __attribute__((tls_model("initial-exec"))) static thread_local bool thread_bound = false;
   int count = visible.load(std::memory_order_relaxed);
   if (count == 0) {
     if (quietly([&] { return real::cudaGetDeviceCount()(&count); }) != cudaSuccess || count <= 0)
       count = -1;
     visible.store(count, std::memory_order_relaxed);
   }
-  if (count == 1 && thread_bound) return 0;
+  if (count == 1 && t_bound) return 0;
   int device = -1;
   const auto ask = [&] { return real::cudaGetDevice()(&device); };
   if ((count < 0 ? quietly(ask) : ask()) != cudaSuccess) return -1;
-  if (!thread_bound) {
-    bind_like_the_runtime(device);
-    thread_bound = true;
-  }
+  bind_like_the_runtime(device);
   return device;
 }
 
@@ -102,8 +108,12 @@ int current_device() {
 // invalidate it, where the refused call (a cudaFreeAsync of a stale pointer) would not.
 cudaError_t raise_invalid_value() {
   static char not_device_memory;
-  RelaxedCaptureScope relaxed;
-  const cudaError_t raised = real::cudaFree()(&not_device_memory);
+  cudaError_t raised;
+  {
+    RelaxedCaptureScope relaxed;
+    raised = real::cudaFree()(&not_device_memory);
+  }
+  bind_after_own_calls();
   return raised != cudaSuccess ? raised : cudaErrorInvalidValue;
 }
 
@@ -114,12 +124,16 @@ cudaError_t raise_out_of_memory(void** out) {
   constexpr std::size_t kImpossibleSize = std::size_t{1} << 52;
   void* scratch = nullptr;
   void** ptr = out != nullptr ? out : &scratch;
-  RelaxedCaptureScope relaxed;
-  const cudaError_t raised = real::cudaMalloc()(ptr, kImpossibleSize);
-  if (raised == cudaSuccess) {
-    real::cudaFree()(*ptr);
-    *ptr = nullptr;
+  cudaError_t raised;
+  {
+    RelaxedCaptureScope relaxed;
+    raised = real::cudaMalloc()(ptr, kImpossibleSize);
+    if (raised == cudaSuccess) {
+      real::cudaFree()(*ptr);
+      *ptr = nullptr;
+    }
   }
+  bind_after_own_calls();
   return raised != cudaSuccess ? raised : cudaErrorMemoryAllocation;
 }
 
@@ -225,6 +239,7 @@ cudaError_t malloc(void** ptr, std::size_t size) {
   const int device = current_device();
   switch (pooling::allocate("cudaMalloc", device, size, ptr)) {
     case pooling::Route::pooled:
+      bind_after_own_calls();  // Note [A thread's first call]
       return cudaSuccess;
     case pooling::Route::forward:
       return forward_malloc(device, ptr, size);  // NULL, size 0, no device: as the real call
@@ -251,6 +266,7 @@ cudaError_t free(void* ptr) {
   const pooling::Freed freed = pooling::release(sole >= 0 ? sole : current_device(), ptr);
   switch (freed.outcome) {
     case FreeOutcome::freed:
+      bind_after_own_calls();  // Note [A thread's first call]
       return cudaSuccess;
     case FreeOutcome::not_mine:
       return free_foreign("cudaFree", current_device(), ptr,
@@ -284,6 +300,7 @@ cudaError_t free_async(void* ptr, cudaStream_t stream, bool per_thread) {
       pooling::release(device, ptr, reinterpret_cast<StreamToken>(ordered_on));
   switch (freed.outcome) {
     case FreeOutcome::freed:
+      bind_after_own_calls();  // Note [A thread's first call]
       return cudaSuccess;
     case FreeOutcome::not_mine:
       // A free captured into a graph may name a graph memory node's address, which only the

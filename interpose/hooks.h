@@ -87,6 +87,12 @@ bool capture_invalidated(int device, cudaStream_t stream);
 // last-error slot (Note [Last error] in hooks.cpp) and returned, or the sticky error the real
 // call answered instead.
 int current_device();
+// Note [A thread's first call]: makes the primary context of `device` current on a thread that
+// never had a context, as the program's own runtime call would have; bind_after_own_calls does
+// so for the current device, after the library's own calls served a program's call. Each is a
+// thread-local test once that is done.
+void bind_like_the_runtime(int device);
+void bind_after_own_calls();
 cudaError_t raise_invalid_value();
 // `out`: the program's pointer argument, which the real call sets as it sets it on any refusal.
 cudaError_t raise_out_of_memory(void** out);

@@ -275,6 +275,7 @@ cudaError_t malloc_managed(void** ptr, std::size_t size, unsigned int flags) {
   }
   if (allocation.ptr != 0) {
     *ptr = reinterpret_cast<void*>(allocation.ptr);
+    bind_after_own_calls();  // Note [A thread's first call] in hooks.cpp
     return cudaSuccess;
   }
   if (allocation.error.kind == ManagedErrorKind::too_large &&

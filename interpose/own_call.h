@@ -15,12 +15,14 @@
 // device cannot be made current, ok() is false: the calls would run on the wrong device, so
 // allocate answers `failed`, fence_record kNoFence, memory_info nothing and no tail is recorded.
 // The program's device is set back whenever a switch was attempted (a failed cudaSetDevice may
-// still have changed it, e.g. under a sticky error), and last the thread's driver context
-// itself, whenever it differs from the one the scope found: cudaSetDevice binds a device's
-// primary context, and any runtime call on a thread with no context binds one, so a context of
-// the program's own (cuCtxCreate, current, or destroyed by another thread), or none at all, was
-// lost, and the program's next driver calls ran in a primary context where plain CUDA would
-// have used its own or refused them. Without a runtime the same calls go to the
+// still have changed it, e.g. under a sticky error), and then the thread's driver context
+// itself, if it differs from the one the scope found (cudaSetDevice binds the device's primary
+// context: a current context of the program's own, from cuCtxCreate, was lost); and a thread
+// that had no context has none again (any runtime call binds one). Otherwise the program's next
+// driver calls ran in a primary context where plain CUDA would have used its own or refused
+// them. (A context of cuCtxCreate that another thread destroyed cannot be made current again:
+// docs/limits.md.) The hooks bind a context where the program's own runtime call would have
+// (Note [A thread's first call] in hooks.cpp). Without a runtime the same calls go to the
 // driver, where "the device" is the primary context (Note [Own calls without a runtime] in
 // own_api.cpp). The hooks' re-entry guard covers the scope: the real runtime reaches the driver
 // through the driver hooks, and calls made for the pools must not enter them again.
@@ -39,8 +41,8 @@ namespace poolcuda {
 
 // Relaxed capture mode alone, for calls whose answer or error is meant for the program (a
 // refusal raised in the last-error slot) or that run on no particular device (a stream's
-// device): a global or thread-local capture would judge them unsafe and be invalidated. The
-// thread's driver context is put back as found when the scope ends (Note [Own calls]).
+// device): a global or thread-local capture would judge them unsafe and be invalidated. A
+// thread that had no driver context has none again when the scope ends (Note [Own calls]).
 class RelaxedCaptureScope {
  public:
   RelaxedCaptureScope() {
@@ -49,12 +51,19 @@ class RelaxedCaptureScope {
   }
   ~RelaxedCaptureScope() {
     if (switched_) own::cudaThreadExchangeStreamCaptureMode()(&mode_);
+    // Only a thread that had none can have been given a context by the calls alone; a device
+    // switch puts its own back (OwnCallScope).
+    if (have_context_ && context_ == nullptr) restore_context();
+  }
+  RelaxedCaptureScope(const RelaxedCaptureScope&) = delete;
+  RelaxedCaptureScope& operator=(const RelaxedCaptureScope&) = delete;
+
+  // Makes the thread's context the one the scope found, if it is another now.
+  void restore_context() const {
     CUcontext now = nullptr;
     if (have_context_ && real_driver::cuCtxGetCurrent()(&now) == CUDA_SUCCESS && now != context_)
       real_driver::cuCtxSetCurrent()(context_);
   }
-  RelaxedCaptureScope(const RelaxedCaptureScope&) = delete;
-  RelaxedCaptureScope& operator=(const RelaxedCaptureScope&) = delete;
 
  private:
   cudaStreamCaptureMode mode_ = cudaStreamCaptureModeRelaxed;
@@ -76,7 +85,10 @@ class OwnCallScope {
     }
   }
   ~OwnCallScope() {
-    if (restore_device_ >= 0) own::cudaSetDevice()(restore_device_);
+    if (restore_device_ >= 0) {
+      own::cudaSetDevice()(restore_device_);
+      relaxed_.restore_context();  // cudaSetDevice made the device's primary context current
+    }
     if (prior_error_ == cudaSuccess && own::cudaPeekAtLastError()() != cudaSuccess) {
       own::cudaGetLastError()();
     }
