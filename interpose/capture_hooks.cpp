@@ -157,10 +157,17 @@ cudaStream_t normal_handle(cudaStream_t stream, bool per_thread) {
   return per_thread && stream == nullptr ? cudaStreamPerThread : stream;
 }
 
+// Clears what a failed query of the library's left in the last-error slot, when the slot was
+// clean before it (an error of the program's stays).
+void clear_own_error(cudaError_t before) {
+  if (before == cudaSuccess) own::cudaGetLastError()();
+}
+
 int current_device_or_none() {
+  const cudaError_t before = own::cudaPeekAtLastError()();
   int device = -1;
   if (own::cudaGetDevice()(&device) == cudaSuccess) return device;
-  own::cudaGetLastError()();
+  clear_own_error(before);
   return -1;
 }
 
@@ -187,6 +194,7 @@ int stream_device(cudaStream_t stream) {
     return current_device_or_none();
   }
   RelaxedCaptureScope relaxed;  // another thread's global capture must not judge the queries
+  const cudaError_t before = own::cudaPeekAtLastError()();
   cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
   unsigned long long id = 0;
   const cudaError_t asked =
@@ -201,7 +209,7 @@ int stream_device(cudaStream_t stream) {
     return device;
   }
   // A runtime without cudaStreamGetDevice, or a handle CUDA refused: the current device's.
-  own::cudaGetLastError()();
+  clear_own_error(before);
   return current_device_or_none();
 }
 

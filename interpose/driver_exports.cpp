@@ -115,8 +115,9 @@ POOLCUDA_EXPORT CUresult cuMemAllocAsync(CUdeviceptr* dptr, size_t bytesize, CUs
   auto real = [&] { return dr::cuMemAllocAsync()(dptr, bytesize, hStream); };
   if (pc::bypass()) return real();
   // The stream's device's memory, which need not be the current context's.
-  return pc::guarded(
-      [&] { return dh::with_room_on(dh::stream_device(hStream), bytesize, real); });
+  return pc::guarded([&] {
+    return dh::with_room_on([&] { return dh::stream_device(hStream); }, bytesize, real);
+  });
 }
 
 POOLCUDA_EXPORT CUresult cuMemAllocAsync_ptsz(CUdeviceptr* dptr, size_t bytesize,
@@ -124,8 +125,9 @@ POOLCUDA_EXPORT CUresult cuMemAllocAsync_ptsz(CUdeviceptr* dptr, size_t bytesize
   auto real = [&] { return dr::cuMemAllocAsync_ptsz()(dptr, bytesize, hStream); };
   if (pc::bypass()) return real();
   // The stream's device's memory, which need not be the current context's.
-  return pc::guarded(
-      [&] { return dh::with_room_on(dh::stream_device(hStream), bytesize, real); });
+  return pc::guarded([&] {
+    return dh::with_room_on([&] { return dh::stream_device(hStream); }, bytesize, real);
+  });
 }
 
 // Memory the pools never see, which draws on the same device: a stream-ordered pool's, physical

@@ -185,9 +185,16 @@ constexpr GiveBackWait kForCode = GiveBackWait::cudafree_fences;
 }  // namespace
 
 CUresult with_room_on(int device, std::size_t size, const std::function<CUresult()>& real) {
+  return with_room_on([device] { return device; }, size, real);
+}
+
+CUresult with_room_on(const std::function<int()>& device_of, std::size_t size,
+                      const std::function<CUresult()>& real) {
   const pooling::ReturnsSince returns;
   const CUresult first = real();
-  if (first != CUDA_ERROR_OUT_OF_MEMORY || device < 0) return first;
+  if (first != CUDA_ERROR_OUT_OF_MEMORY) return first;
+  const int device = device_of();
+  if (device < 0) return first;
   // A request larger than the device fails whatever comes back: the pools keep their pages.
   if (pooling::beyond_device(device, size)) return first;
   const bool room = give_back_on(driver::current_context(), device) || returns.moved(device);

@@ -328,17 +328,23 @@ cudaError_t free_async(void* ptr, cudaStream_t stream, bool per_thread) {
 // retry must not show: a slot that was clean before is cleared again; a slot that held the
 // program's own error cannot be put back, so then the idle pages go back before the first try
 // (only when the driver has less free than the request), whose answer is final.
-cudaError_t with_room(int device, std::size_t size, const std::function<cudaError_t()>& real) {
+cudaError_t with_room(const std::function<int()>& device_of, std::size_t size,
+                      const std::function<cudaError_t()>& real) {
   const bool slot_clean = real::cudaPeekAtLastError()() == cudaSuccess;
-  if (!slot_clean && driver_short_of(size)) pooling::give_back_idle(device);
+  if (!slot_clean && driver_short_of(size)) pooling::give_back_idle(device_of());
   const pooling::ReturnsSince returns;
   const cudaError_t result = real();
   if (result != cudaErrorMemoryAllocation || !slot_clean) return result;
+  const int device = device_of();
   // A request larger than the device fails whatever comes back: the pools keep their pages.
   if (pooling::beyond_device(device, size)) return result;
   if (!pooling::give_back_idle(device) && !returns.moved(device)) return result;
   real::cudaGetLastError()();
   return real();
+}
+
+cudaError_t with_room(int device, std::size_t size, const std::function<cudaError_t()>& real) {
+  return with_room([device] { return device; }, size, real);
 }
 
 // Note [Launches short of memory]
@@ -380,9 +386,13 @@ cudaError_t launch_again(cudaError_t first, const pooling::ReturnsSince& returns
 }
 
 cudaError_t malloc_async(void** ptr, std::size_t size, cudaStream_t stream, bool per_thread) {
-  // The memory is the stream's device's, which need not be the current one.
-  const int device = stream_device(stream);
-  return with_room(device >= 0 ? device : current_device(), size, [&] {
+  // The memory is the stream's device's, which need not be the current one; asked only when
+  // room is needed.
+  const auto device_of = [&] {
+    const int device = stream_device(stream);
+    return device >= 0 ? device : current_device();
+  };
+  return with_room(device_of, size, [&] {
     return per_thread ? real::cudaMallocAsync_ptsz()(ptr, size, stream)
                       : real::cudaMallocAsync()(ptr, size, stream);
   });
