@@ -179,10 +179,13 @@ struct HeldManagedFree {
   DevicePtr address = 0;
   int owner = -1;
   CudaDevice::PeerEvent event;
+  std::uint64_t id = 0;   // never reused (events and addresses are)
+  bool landing = false;   // a call is giving it to its slab; still freed to the program
 };
 struct HeldManagedFrees {
-  std::mutex mutex;
+  std::mutex mutex;                   // a leaf: nothing else is locked under it
   std::vector<HeldManagedFree> list;  // under mutex
+  std::uint64_t next_id = 1;          // under mutex
 };
 // Never destroyed (a free may come during exit), and no dynamic initialiser (Note [Load order]
 // in lifecycle.cpp).
@@ -207,29 +210,33 @@ void release_passed_managed_frees(Registry& registry) {
     std::lock_guard<std::mutex> hold(frees.mutex);
     held = frees.list;
   }
-  // The events are asked without the lock (a driver call each). A free stays listed, so held,
-  // until the one call that takes it off the list gives it to its slab.
+  // The events are asked without the lock (a driver call each). A free stays listed, so freed
+  // to the program, until it has reached its slab; the one call that marks it landing lands it.
   std::erase_if(held, [](const HeldManagedFree& free) {
-    return !free.event.owner->peer_event_passed(free.event);
+    return free.landing || !free.event.owner->peer_event_passed(free.event);
   });
   if (held.empty()) return;
   std::vector<HeldManagedFree> taken;
   {
     std::lock_guard<std::mutex> hold(frees.mutex);
     for (const HeldManagedFree& passed : held) {
-      const auto at = std::find_if(frees.list.begin(), frees.list.end(), [&](const auto& free) {
-        return free.address == passed.address && free.event.event == passed.event.event;
-      });
-      if (at == frees.list.end()) continue;  // another call took it, or a reset dropped it
+      const auto at = std::find_if(frees.list.begin(), frees.list.end(),
+                                   [&](const auto& free) { return free.id == passed.id; });
+      if (at == frees.list.end() || at->landing) continue;  // another call's, or a reset's
+      at->landing = true;
       taken.push_back(*at);
-      frees.list.erase(at);
     }
-    g_held_count.store(frees.list.size(), std::memory_order_release);
   }
   for (const HeldManagedFree& free : taken) {
     free.event.owner->return_peer_event(free.event);
     if (ManagedSlabs* chain = registry.managed(free.owner)) chain->free(free.address);
   }
+  std::lock_guard<std::mutex> hold(frees.mutex);
+  std::erase_if(frees.list, [&](const HeldManagedFree& free) {
+    return std::any_of(taken.begin(), taken.end(),
+                       [&](const HeldManagedFree& landed) { return landed.id == free.id; });
+  });
+  g_held_count.store(frees.list.size(), std::memory_order_release);
 }
 
 // `stream`: a stream-ordered free's stream, as other_device_stream names it (or kNoStream).
@@ -265,7 +272,7 @@ FreeOutcome free_from_chain(Registry& registry, ManagedSlabs& chain, int device,
     if (event.event != nullptr) {
       HeldManagedFrees& frees = held_frees();
       std::lock_guard<std::mutex> hold(frees.mutex);
-      frees.list.push_back(HeldManagedFree{address, device, event});
+      frees.list.push_back(HeldManagedFree{address, device, event, frees.next_id++, false});
       g_held_count.store(frees.list.size(), std::memory_order_release);
       return FreeOutcome::freed;
     }
@@ -298,13 +305,17 @@ FreeOutcome free_managed(Registry& registry, int device, DevicePtr address, Stre
 void drop_held_frees(int device) {
   if (g_held_count.load(std::memory_order_acquire) == 0) return;
   HeldManagedFrees& frees = held_frees();
-  std::lock_guard<std::mutex> hold(frees.mutex);
-  std::erase_if(frees.list, [&](const HeldManagedFree& free) {
-    if (free.owner != device) return false;
-    free.event.owner->return_peer_event(free.event);
-    return true;
-  });
-  g_held_count.store(frees.list.size(), std::memory_order_release);
+  std::vector<CudaDevice::PeerEvent> events;
+  {
+    std::lock_guard<std::mutex> hold(frees.mutex);
+    std::erase_if(frees.list, [&](const HeldManagedFree& free) {
+      if (free.owner != device || free.landing) return false;  // a landing one is its lander's
+      events.push_back(free.event);
+      return true;
+    });
+    g_held_count.store(frees.list.size(), std::memory_order_release);
+  }
+  for (const CudaDevice::PeerEvent& event : events) event.owner->return_peer_event(event);
 }
 
 }  // namespace
