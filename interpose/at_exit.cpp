@@ -128,7 +128,7 @@ void run_exit_work() {
   if (!conf.report_at_exit && !with_summary) return;
   const Snapshots snapshots = take_snapshots_within(kExitBound);
   if (conf.report_at_exit) deliver(render_snapshots("exit", conf.report_format, snapshots));
-  if (with_summary) write_stderr(summary(snapshots));
+  if (with_summary) write_stderr(summary(snapshots), kAskedForWait);
 }
 
 }  // namespace poolcuda

@@ -144,13 +144,14 @@ const Config& load_config() {
     const char* text = std::getenv("POOLCUDA_CONF");
     ParseResult parsed = parse_config(text != nullptr ? text : "");
     if (!parsed) {
-      write_stderr("poolcuda: " + parsed.error.message() + "\n");
+      write_stderr("poolcuda: " + parsed.error.message() + "\n", kAskedForWait);
       ::_exit(2);
     }
     const auto* loaded = new Config(*parsed.config);  // never freed (Note [Exit])
     set_log_level(loaded->log);
     if (loaded->confirm) {
-      write_stderr("poolcuda: effective configuration: " + describe_config(*loaded) + "\n");
+      write_stderr("poolcuda: effective configuration: " + describe_config(*loaded) + "\n",
+                   kAskedForWait);
     }
     return loaded;
   }();

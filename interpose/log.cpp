@@ -42,10 +42,10 @@ bool log_enabled(LogLevel level) {
 // a program that was refused memory over and over in write(2) once 64 KiB of lines had filled
 // it, and a closed one killed it with SIGPIPE (its buffered output lost). So each piece is
 // written only once poll(2) says the descriptor takes bytes, at most PIPE_BUF at a time (a
-// pipe that takes any takes that many without blocking, and a line that short is never split),
-// waiting at most `wait`: nothing for a log line, which is dropped when the pipe is full, a
-// bound for a report someone asked for. SIGPIPE is blocked meanwhile; the write fails with
-// EPIPE instead.
+// pipe that takes any takes that many without blocking; a pty may still block, as before),
+// ending at a line's end where the text goes on, waiting at most `wait`: nothing for a log line,
+// which is dropped when the pipe is full, kAskedForWait for what the user asked for. SIGPIPE is
+// blocked meanwhile; the write fails with EPIPE instead.
 void write_stderr(std::string_view text, std::chrono::milliseconds wait) {
   NoCancel no_cancel;  // a log line inside the program's call (Note [Cancellation])
   NoSigpipe no_sigpipe;
@@ -58,8 +58,13 @@ void write_stderr(std::string_view text, std::chrono::milliseconds wait) {
         ::poll(&ready, 1, static_cast<int>(std::max<std::int64_t>(left.count(), 0)));
     if (polled < 0 && errno == EINTR) continue;
     if (polled <= 0 || (ready.revents & (POLLERR | POLLNVAL)) != 0) return;
-    const ssize_t n =
-        ::write(STDERR_FILENO, text.data(), std::min<std::size_t>(text.size(), PIPE_BUF));
+    // Whole lines when the text is longer: what a full pipe drops is never half a line.
+    std::size_t piece = std::min<std::size_t>(text.size(), PIPE_BUF);
+    if (piece < text.size()) {
+      const std::size_t last_line = text.substr(0, piece).rfind('\n');
+      if (last_line != std::string_view::npos) piece = last_line + 1;
+    }
+    const ssize_t n = ::write(STDERR_FILENO, text.data(), piece);
     if (n < 0) {
       if (errno == EINTR) continue;
       return;

@@ -27,9 +27,12 @@ void log_format(LogLevel level, const char* format, ...) __attribute__((format(p
 
 // Writes the text to stderr with write(2), retrying short writes, for messages that must appear
 // whatever the log level (configuration errors, confirm:1, the exit summary) and for reports.
-// Waits at most `wait` for a pipe that is full, then drops what is left, and never dies of
-// SIGPIPE (Note [Writes to standard error] in log.cpp).
+// Waits at most `wait` for a pipe that is full, then drops what is left (whole lines), and never
+// dies of SIGPIPE (Note [Writes to standard error] in log.cpp).
 void write_stderr(std::string_view text,
                   std::chrono::milliseconds wait = std::chrono::milliseconds{0});
+// How long a message the user asked for (a configuration error, confirm:1, the exit summary, a
+// report) waits for a full pipe; a log line waits for none.
+inline constexpr std::chrono::milliseconds kAskedForWait{2000};
 
 }  // namespace poolcuda

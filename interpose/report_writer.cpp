@@ -211,7 +211,7 @@ Delivery deliver(const RenderedReport& report) {
   if (is_stderr_keyword(conf.report_path)) {
     // A reader that does not take it within the bound loses the rest (Note [Writes to
     // standard error] in log.cpp).
-    write_stderr(report.text, kNodeWriteBound);
+    write_stderr(report.text, kAskedForWait);
     return Delivery{true, "standard error"};
   }
   const std::string path =
