@@ -19,12 +19,16 @@
 namespace {
 
 std::atomic<bool> g_refuse_aligned{false};
-std::atomic<bool> g_refuse_arrays{false};
+// operator new[] calls still allowed before it refuses; negative: no limit.
+std::atomic<int> g_arrays_allowed{-1};
 
 }  // namespace
 
 void* operator new[](std::size_t bytes) {
-  if (g_refuse_arrays.load()) throw std::bad_alloc();
+  for (int allowed = g_arrays_allowed.load(); allowed >= 0;) {
+    if (allowed == 0) throw std::bad_alloc();
+    if (g_arrays_allowed.compare_exchange_weak(allowed, allowed - 1)) break;
+  }
   void* block = std::malloc(bytes == 0 ? 1 : bytes);
   if (block == nullptr) throw std::bad_alloc();
   return block;
@@ -76,14 +80,15 @@ TEST_CASE("a managed slab whose tables the host cannot make takes no memory, and
   test::Chain chain(4 * KiB, 4);
   const DevicePtr first = chain.allocate(4 * KiB);  // fills the first slab
   const std::uint64_t free_before = chain.device.memory_info().free_bytes;
-  g_refuse_arrays.store(true);
+  // The slot's marks are made, its sizes are not (the host refuses the second array).
+  g_arrays_allowed.store(1);
   bool refused = false;
   try {
     (void)chain.slabs.allocate(4 * KiB, test::kGranule);
   } catch (const std::bad_alloc&) {
     refused = true;
   }
-  g_refuse_arrays.store(false);
+  g_arrays_allowed.store(-1);
   CHECK(refused);
   CHECK(chain.device.memory_info().free_bytes == free_before);
   const DevicePtr second = chain.allocate(4 * KiB);
