@@ -69,6 +69,16 @@
 // it records a new one as before. A free during the park would block the plain program in
 // cudaFree, so a working program makes none, and the event recorded before the park serves.
 //
+//
+// Note [Leaving before any free]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// F exists for memory that changed owners while the device was ordered. A device whose pools
+// never had a free (a thread cache's parked one included: MemoryManager::frees) has handed no
+// memory to a second owner, so it leaves without F, and nothing waits. That is the usual start
+// of a program: allocate, start a kernel that runs until the host or a stream releases it, then
+// make the streams that feed it; with F, each of those streams first waited for that kernel,
+// and the program hung where plain CUDA ran.
+//
 // Depends on the registry, the configuration and the real-function table.
 #include "interpose/stream_order.h"
 
@@ -165,6 +175,12 @@ void leave(State& s, int device, const std::vector<cudaStream_t>& waiters) {
   OwnCallScope scope(device);
   if (!scope.ok()) return;
   cudaEvent_t fence = std::exchange(d.before_host_work, nullptr);
+  // Nothing was ever freed: no memory has an old owner, and nothing needs F (Note [Leaving
+  // before any free]).
+  if (d.manager->frees() == 0) {
+    if (fence != nullptr) own::cudaEventDestroy()(fence);
+    return;
+  }
   // No free since it was recorded: it covers every old owner's work (Note [Leaving behind a
   // park]).
   if (fence != nullptr && d.frees_then != d.manager->frees()) {
