@@ -133,15 +133,22 @@ void give_back_case(Park how, const char* name) {
 }
 
 // `burst`: the free of the buffer needed later follows another free at once.
+// Fills the device but for room for one 8 MiB buffer (kRoomSize) and a little more; returns
+// the filler.
+constexpr std::size_t kRoomSize = 8 << 20;
+void* fill_but_room() {
+  std::size_t free_bytes = 0, total = 0;
+  CHECK_CUDA(cudaMemGetInfo(&free_bytes, &total));
+  void* filler = nullptr;
+  CHECK_CUDA(cudaMalloc(&filler, free_bytes - 12 * (std::size_t{1} << 20)));
+  return filler;
+}
+
 void oom_case(bool burst) {
   void* nudge = nullptr;
   CHECK_CUDA(cudaMalloc(&nudge, 4096));
-  // Fill the device but for room for one 8 MiB buffer and a little more.
-  std::size_t free_bytes = 0, total = 0;
-  CHECK_CUDA(cudaMemGetInfo(&free_bytes, &total));
-  const std::size_t size = 8 << 20;
-  void* filler = nullptr;
-  CHECK_CUDA(cudaMalloc(&filler, free_bytes - 12 * (std::size_t{1} << 20)));
+  const std::size_t size = kRoomSize;
+  void* filler = fill_but_room();
   cudaStream_t stream = nullptr;
   CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   void* first = nullptr;
@@ -208,11 +215,8 @@ void host_functions_beside_park_case() {
 }
 
 void refusal_bound_case() {
-  std::size_t free_bytes = 0, total = 0;
-  CHECK_CUDA(cudaMemGetInfo(&free_bytes, &total));
-  const std::size_t size = 8 << 20;
-  void* filler = nullptr;
-  CHECK_CUDA(cudaMalloc(&filler, free_bytes - 12 * (std::size_t{1} << 20)));
+  const std::size_t size = kRoomSize;
+  void* filler = fill_but_room();
   cudaStream_t stream = nullptr;
   CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   Gate gate;
