@@ -33,6 +33,7 @@ cudaError_t cudaMalloc(void** devPtr, size_t size) {
 cudaError_t cudaMallocPitch(void** devPtr, size_t* pitch, size_t width, size_t height) {
   SIM_ENTER();
   if (!pitch) SIM_RETURN(cudaErrorInvalidValue);
+  if (width > SIZE_MAX - 511) SIM_RETURN(cudaErrorMemoryAllocation);  // no row that wide fits
   size_t p = (width + 511) / 512 * 512;
   if (height && p > SIZE_MAX / height) SIM_RETURN(cudaErrorMemoryAllocation);
   cudaError_t err = alloc_checked(devPtr, p * height, AllocKind::device);

@@ -179,6 +179,13 @@ TEST_CASE("cudaMallocPitch") {
   CHECK_EQ(pitch % static_cast<size_t>(align), 0u);
   CUDA_OK(cudaMemset(p, 1, pitch * 10));
   CUDA_OK(cudaFree(p));
+  // A row too wide to pad, and rows whose product wraps: refused, nothing allocated.
+  void* q = nullptr;
+  CHECK_EQ(cudaMallocPitch(&q, &pitch, SIZE_MAX, 2), cudaErrorMemoryAllocation);
+  CHECK_EQ(cudaMallocPitch(&q, &pitch, SIZE_MAX - 100, 1), cudaErrorMemoryAllocation);
+  CHECK_EQ(cudaMallocPitch(&q, &pitch, size_t{1} << 40, size_t{1} << 30), cudaErrorMemoryAllocation);
+  CHECK(q == nullptr);
+  cudaGetLastError();
 }
 
 TEST_CASE("cudaMallocManaged: flags, host access, attributes") {
