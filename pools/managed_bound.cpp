@@ -61,6 +61,23 @@
 // slabs]), and each slab's count is kept for its state word, which every allocation and free of
 // the slab changes (a rewind, which can bring an old word back, drops the count), so that a
 // program whose slabs stay pinned pays for a pass over a slab's marks only when they changed.
+//
+// Note [Large managed requests]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// The bound above counts live bytes, and a request just over half a slab is mostly live bytes:
+// each such request took a slab of its own and left the rest of it unused, within twice the live
+// bytes. So a program of 9 MiB managed allocations on a 1 GiB device (slabs of 16 MiB) filled
+// its 64 slabs with 576 MiB live, and the real cudaMallocManaged its next request went to had no
+// device memory left: 64 allocations where plain CUDA made 113. The slab a request brings into
+// use ends where the next request does not fit in what is left of it, so what a slab leaves
+// unused at its end is below the largest request that brought a slab into use. A request larger
+// than a kManagedOpeningShare-th of a slab (ManagedOptions::opening_share; or than one granule, for a slab of fewer than that
+// many granules) therefore never brings one into use (the error
+// `large`): it takes room left in the slabs in use, or goes to the real call as a refusal of the
+// bound does. A slab then leaves less than an eighth of itself unused at its end, and that
+// program makes its 113 allocations: the real call serves them all, at the price plain CUDA pays
+// for an allocation of a few MiB, which is small beside what filling it costs.
+#include <algorithm>
 #include <bit>
 
 #include "pools/managed_slabs.h"
@@ -103,6 +120,13 @@ std::uint64_t ManagedSlabs::live_granules(Slab& slab, std::uint64_t state) {
 
 bool ManagedSlabs::may_take_slab(std::uint64_t size, std::uint64_t granules, std::uint32_t lane,
                                  ManagedError* error) {
+  // Note [Large managed requests].
+  const std::uint64_t opening =
+      std::max<std::uint64_t>(1, slab_granules_ / std::max<std::uint64_t>(1, options_.opening_share));
+  if (granules > opening) {
+    *error = {ManagedErrorKind::large, size, opening * granule_};
+    return false;
+  }
   const std::uint32_t used = used_slots_.load(std::memory_order_relaxed);
   std::uint64_t lanes = 0;
   for (std::uint32_t other = 0; other < kManagedLanes; ++other) {

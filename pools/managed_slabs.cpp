@@ -71,6 +71,8 @@ std::string describe(const ManagedError& error) {
       return "slabs pinned: requested " + requested + "; one more slab would make those in use " +
              limit + ", more than twice their live bytes and " +
              std::to_string(kManagedSlackSlabsPerLane) + " slabs per lane";
+    case ManagedErrorKind::large:
+      return "too large to take a slab: requested " + requested + ", limit " + limit;
     case ManagedErrorKind::out_of_memory:
       return "out of memory for a new slab of " + limit + " (requested " + requested + ")";
     case ManagedErrorKind::device_error:

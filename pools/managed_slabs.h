@@ -46,6 +46,9 @@ inline constexpr std::uint64_t kManagedWindowRequests = 64;
 // Note [Managed held bound]: the slabs in use may hold twice their live bytes and this many
 // slabs more per lane.
 inline constexpr std::uint32_t kManagedSlackSlabsPerLane = 3;
+// Note [Large managed requests]: a request above this share of a slab never brings a slab into
+// use; it takes room in the slabs in use, or goes to the real call.
+inline constexpr std::uint64_t kManagedOpeningShare = 8;
 
 struct ManagedOptions {
   std::uint64_t slab_size = 64 * MiB;  // bytes per slab, rounded up to the granule
@@ -55,6 +58,9 @@ struct ManagedOptions {
   bool fences = true;
   // Slow paths an empty slab other than a current one may stay unused before it goes back.
   std::uint32_t disuse_period = 16;
+  // A request above this share of a slab never brings a slab into use (Note [Large managed
+  // requests]); 1: any request may.
+  std::uint64_t opening_share = kManagedOpeningShare;
 };
 
 enum class ManagedErrorKind : std::uint8_t {
@@ -63,13 +69,16 @@ enum class ManagedErrorKind : std::uint8_t {
   too_large,      // the request does not fit: `limit` is the slab size or the chain's capacity
   pinned,         // only a slab not in use would do, and the slabs in use hold too little that
                   // is live to take one more (Note [Managed held bound])
+  large,          // only a slab not in use would do, and the request is too large to bring one
+                  // into use (Note [Large managed requests])
   out_of_memory,  // the backing refused a new slab (out of memory)
   device_error,   // the backing failed otherwise (a slab or the zeroing)
 };
 
 // Why an allocation failed; `requested` is the size asked for. For too_large, `limit` is the
 // slab size (the request can never fit a slab) or max_slabs x slab size (the chain is full); for
-// pinned, the bytes the slabs in use would hold with one more, which the held bound refuses.
+// pinned, the bytes the slabs in use would hold with one more, which the held bound refuses; for
+// large, the largest request that may bring a slab into use.
 struct ManagedError {
   ManagedErrorKind kind = ManagedErrorKind::none;
   std::uint64_t requested = 0;

@@ -6,7 +6,10 @@
 // [Room for what the pools do not serve] in interpose/pooling.cpp). Under a budget
 // (limit:128M), the same slab and an idle pooled page give way to requests the budget could
 // otherwise not take. On a 64 MiB device a slab is a 64th of it, so one small live managed
-// allocation leaves room for a 32 MiB cudaMalloc.
+// allocation leaves room for a 32 MiB cudaMalloc. Managed requests over half a slab (2.2 MiB of
+// 4 MiB slabs) until the device refuses one get as many as the device holds, as plain CUDA does
+// (Note [Large managed requests] in pools/managed_bound.cpp): a slab each, they filled the
+// device's 64 slabs with 141 MiB live.
 #include <cstdio>
 #include <string>
 
@@ -83,6 +86,32 @@ int small_device() {
   return 0;
 }
 
+// Large managed requests until one is refused, then all freed: nearly the device's worth.
+void large_managed_fill() {
+  constexpr std::size_t kSize = 2200 * 1024;
+  std::size_t free_bytes = 0, total = 0;
+  CHECK_CUDA(cudaMemGetInfo(&free_bytes, &total));
+  std::vector<void*> held;
+  for (;;) {
+    void* ptr = nullptr;
+    const cudaError_t answer = cudaMallocManaged(&ptr, kSize);
+    if (answer != cudaSuccess) {
+      CHECK_MSG(answer == cudaErrorMemoryAllocation, preload_test::error_text(answer));
+      CHECK(cudaGetLastError() == cudaErrorMemoryAllocation);
+      break;
+    }
+    held.push_back(ptr);
+  }
+  // The stand-in maps whole 4 KiB pages: 119 such requests fit in the free 256 MiB.
+  const std::size_t most = free_bytes / ((kSize + 4095) / 4096 * 4096);
+  CHECK_MSG(held.size() + 2 >= most,
+            std::to_string(held.size()) + " of the " + std::to_string(most) + " the device holds");
+  for (void* ptr : held) CHECK_CUDA(cudaFree(ptr));
+  void* ptr = nullptr;
+  CHECK_CUDA(cudaMalloc(&ptr, 200 * kMiB));
+  CHECK_CUDA(cudaFree(ptr));
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -91,6 +120,7 @@ int main(int argc, char** argv) {
   if (argc == 2 && std::string(argv[1]) == "budget") return under_budget();
   if (argc == 2 && std::string(argv[1]) == "small") return small_device();
   whole_device();
+  large_managed_fill();
   const preload_test::ChildResult small =
       preload_test::run_self("small", {"SIMCUDA_DEVICE_MEMORY=64M"}, 60);
   std::printf("%s", small.output.c_str());

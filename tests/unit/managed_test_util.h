@@ -32,6 +32,9 @@ struct Chain {
     o.max_slabs = max_slabs;
     o.fences = fences;
     o.disuse_period = disuse;
+    // Requests of any share of these small slabs take slabs; test_managed_slabs.cpp's case on
+    // large requests sets the share the library uses.
+    o.opening_share = 1;
     return o;
   }
 

@@ -80,6 +80,39 @@ TEST_CASE("managed: a full chain is too_large with the requested size and the li
   CHECK(c.report().slabs.size() == 2);
 }
 
+// Note [Large managed requests].
+TEST_CASE("managed: a request above an eighth of a slab takes room in use, never a slab") {
+  ManagedOptions o = Chain::options(64 * KiB, 8, true, 8);
+  o.opening_share = kManagedOpeningShare;  // 8 KiB on these slabs
+  HostDevice device(256 * MiB, kGranule);
+  HostManagedBacking backing(device);
+  ManagedSlabs slabs(backing, o);
+  // Nothing in use: refused, with the largest request that may take a slab, and nothing taken.
+  const ManagedAllocation first = slabs.allocate(9 * KiB, kGranule);
+  CHECK(first.ptr == 0);
+  CHECK(first.error == ManagedError{ManagedErrorKind::large, 9 * KiB, 8 * KiB});
+  CHECK(describe(first.error).find("requested 9216 B, limit 8192 B") != std::string::npos);
+  CHECK(device.calls().allocate == 0);
+  // At the limit a request takes a slab; larger ones then fill what is left of it.
+  const ManagedAllocation small = slabs.allocate(8 * KiB, kGranule);
+  REQUIRE(small.ptr != 0);
+  std::vector<DevicePtr> large;
+  for (;;) {
+    const ManagedAllocation a = slabs.allocate(9 * KiB, kGranule);
+    if (a.ptr == 0) {
+      CHECK(a.error.kind == ManagedErrorKind::large);
+      break;
+    }
+    large.push_back(a.ptr);
+  }
+  CHECK(large.size() == 6);  // 8 KiB + 6 x 9 KiB of 64 KiB: 2 KiB left, under an eighth
+  CHECK(device.calls().allocate == 1);
+  // A request within the limit still takes a new slab.
+  CHECK(slabs.allocate(4 * KiB, kGranule).ptr != 0);
+  CHECK(device.calls().allocate == 2);
+  CHECK(slabs.report().live_allocations == 8);
+}
+
 TEST_CASE("managed: free decrements live") {
   Chain c;
   const DevicePtr a = c.allocate(32);
