@@ -151,18 +151,25 @@ CUresult mem_free_async(CUdeviceptr dptr, CUstream stream, bool per_thread) {
   if (!ctx.live() || dptr == 0) return real_call();
   const cudaStream_t named =
       per_thread && stream == nullptr ? cudaStreamPerThread : as_runtime(stream);
-  // A handle the driver does not know frees nothing (Note [Stream handles] in hooks.cpp).
-  if (stream != nullptr && stream != CU_STREAM_LEGACY && stream != CU_STREAM_PER_THREAD) {
-    CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_NONE;
-    const CUresult asked = real_driver::cuStreamIsCapturing()(stream, &status);
-    if (asked != CUDA_SUCCESS) return asked;
+  // The stream's capture, asked of the driver: a program of the driver API alone (or of the
+  // static runtime) has no runtime to ask. A handle the driver does not know frees nothing (Note
+  // [Stream handles] in hooks.cpp). A default stream is asked only while a capture is open on
+  // the device (its query may fail beside another stream's capture, and then tells nothing).
+  const bool default_stream = named == nullptr || named == cudaStreamLegacy ||
+                              named == cudaStreamPerThread;
+  CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_NONE;
+  if (!default_stream || (ctx.primary && hooks::capture_open(ctx.device))) {
+    const CUresult asked =
+        real_driver::cuStreamIsCapturing()(reinterpret_cast<CUstream>(named), &status);
+    if (asked != CUDA_SUCCESS && !default_stream) return asked;
+    if (asked != CUDA_SUCCESS) status = CU_STREAM_CAPTURE_STATUS_NONE;
   }
-  if (ctx.primary && hooks::capture_invalidated(ctx.device, named))
-    return CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
+  // An invalidated capture fails every call on its stream: the plain free frees nothing.
+  if (status == CU_STREAM_CAPTURE_STATUS_INVALIDATED) return CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
   // A free captured into a graph may name a graph memory node's address: the real call decides,
   // as for cudaFreeAsync (hooks.cpp).
   const pooling::Freed freed = release(ctx, dptr, named == nullptr ? cudaStreamLegacy : named);
-  if (freed.outcome == FreeOutcome::not_mine && hooks::capturing(named))
+  if (freed.outcome == FreeOutcome::not_mine && status == CU_STREAM_CAPTURE_STATUS_ACTIVE)
     return forward_free(ctx, dptr, real_call);
   return finish_free("cuMemFreeAsync", ctx, dptr, freed, real_call);
 }

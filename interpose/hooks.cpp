@@ -174,9 +174,13 @@ cudaError_t stream_handle_error(cudaStream_t stream) {
   return real::cudaStreamIsCapturing()(stream, &status);
 }
 
-bool capture_invalidated(int device, cudaStream_t stream) {
+bool capture_open(int device) {
   CudaDevice* d = device >= 0 ? Registry::instance().device(device) : nullptr;
-  if (d == nullptr || !d->hooked_capture_open()) return false;  // no capture, nothing to ask
+  return d != nullptr && d->hooked_capture_open();
+}
+
+bool capture_invalidated(int device, cudaStream_t stream) {
+  if (!capture_open(device)) return false;  // no capture, nothing to ask
   // The query may fail (the legacy stream beside a capture): its error is not the program's,
   // and is cleared when the slot was clean; one that held the program's error has lost it then.
   const bool slot_clean = real::cudaPeekAtLastError()() == cudaSuccess;

@@ -84,6 +84,8 @@ bool capturing(cudaStream_t stream);
 // Whether `stream` of `device` is in a capture that an earlier call invalidated: a stream-ordered
 // free there fails in plain CUDA and frees nothing, so a pooled one must too.
 bool capture_invalidated(int device, cudaStream_t stream);
+// Whether a capture the library saw begin is open on `device` (no CUDA call).
+bool capture_open(int device);
 
 // Shared with managed_hooks.cpp: the device current on the calling thread (-1 when none), and
 // a refusal's cudaErrorInvalidValue or cudaErrorMemoryAllocation left in the runtime's

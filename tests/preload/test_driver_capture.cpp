@@ -27,6 +27,11 @@
 //              begun with cudaStreamBeginCapture and ended with cuStreamEndCapture, and one
 //              begun with cuStreamBeginCapture_v2 and ended with cudaStreamEndCapture, pin
 //              their memory like any other.
+//   invalidated a cuMemFreeAsync of memory from before the capture, on the capture's stream after
+//              a call invalidated it: refused with CUDA_ERROR_STREAM_CAPTURE_INVALIDATED, as the
+//              plain call is, and the memory stays the program's (no later allocation gets its
+//              address, its bytes stay, and cuMemFree frees it). The library asks the driver:
+//              this program has no runtime to ask (it once freed the memory).
 // The children run with SIMCUDA_STRICT=1: a race the stand-in sees aborts them. Runs on a GPU
 // too (nothing stand-in only).
 #include <cuda.h>
@@ -184,6 +189,29 @@ void pins_case() {
   CHECK(held_by_graphs().pinned_bytes == 0);
   CHECK_CU(cuMemFree_v2(out));
   CHECK_CU(cuMemFree_v2(out_second));
+  CHECK_CU(cuStreamDestroy_v2(stream));
+}
+
+void invalidated_case() {
+  CUstream stream = nullptr;
+  CHECK_CU(cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING));
+  const CUdeviceptr kept = allocate();
+  CHECK_CU(cuMemsetD8_v2(kept, 0xab, kSize));
+  CHECK_CU(cuStreamBeginCapture_v2(stream, CU_STREAM_CAPTURE_MODE_GLOBAL));
+  CHECK(cuStreamSynchronize(stream) != CUDA_SUCCESS);  // illegal in a capture: invalidates it
+  CHECK(cuMemFreeAsync(kept, stream) == CUDA_ERROR_STREAM_CAPTURE_INVALIDATED);
+  CUgraph graph = nullptr;
+  CHECK(cuStreamEndCapture(stream, &graph) == CUDA_ERROR_STREAM_CAPTURE_INVALIDATED);
+  CHECK_CU(cuStreamSynchronize(stream));
+  std::vector<CUdeviceptr> later;
+  for (int i = 0; i < 32; ++i) {
+    later.push_back(allocate());
+    CHECK_MSG(later.back() != kept, "a later allocation got the refused free's memory");
+    CHECK_CU(cuMemsetD8_v2(later.back(), 0x5a, kSize));
+  }
+  CHECK(bytes_equal(kept, 0xab));
+  for (CUdeviceptr ptr : later) CHECK_CU(cuMemFree_v2(ptr));
+  CHECK_CU(cuMemFree_v2(kept));
   CHECK_CU(cuStreamDestroy_v2(stream));
 }
 
@@ -462,6 +490,7 @@ int main(int argc, char** argv) {
   CHECK_CU(cuCtxSetCurrent(primary));
   if (which == "pins") pins_case();
   else if (which == "destroyed") destroyed_case();
+  else if (which == "invalidated") invalidated_case();
   else if (which == "recapture") recapture_case();
   else if (which == "threads") threads_case(primary);
   else if (which == "flavours") flavours_case();
