@@ -525,7 +525,9 @@ bool in_pooled_free_memory(const void* ptr) {
     const PointerPlace place = manager->locate(address);
     if (place.pooled) return place.allocation == 0;
   }
-  return false;
+  // A page the pools gave up is freed memory until the driver has it back (it may wait for the
+  // device that long).
+  return ReleaseWorker::instance().holds(ptr);
 }
 
 bool ipc_exportable(const char* api, const void* ptr) {
@@ -552,6 +554,13 @@ bool ipc_exportable(const char* api, const void* ptr) {
                  api, ptr, device, format_size(place.allocation - place.page_base).c_str(),
                  format_size(place.page_size).c_str());
     }
+    return false;
+  }
+  if (ReleaseWorker::instance().holds(ptr)) {
+    log_format(LogLevel::basic,
+               "%s(%p) refused: the pointer lies in pooled memory that was freed and is on its "
+               "way back to the driver; nothing changed",
+               api, ptr);
     return false;
   }
   return true;

@@ -530,6 +530,25 @@ bool ReleaseWorker::owns(const void* ptr, std::uint64_t ticket) const {
   return false;
 }
 
+bool ReleaseWorker::holds(const void* ptr) const {
+  const auto address = reinterpret_cast<std::uintptr_t>(ptr);
+  const auto within = [address](const void* base, std::uint64_t size) {
+    const auto start = reinterpret_cast<std::uintptr_t>(base);
+    return address >= start && address - start < size;
+  };
+  State& s = state();
+  std::lock_guard<RankedMutex> hold(s.mutex);
+  for (const ReleaseLane* lane : s.lanes) {
+    if (lane == nullptr) continue;
+    if (lane->in_flight != 0 && within(lane->in_flight_ptr, lane->in_flight_size)) return true;
+    for (const Page& p : lane->queue)
+      if (within(p.ptr, p.size)) return true;
+    for (const Page& p : lane->held_back)
+      if (within(p.ptr, p.size)) return true;
+  }
+  return false;
+}
+
 std::uint64_t ReleaseWorker::waiting_bytes(int device) const {
   if (!in_range(device)) return 0;
   State& s = state();

@@ -58,6 +58,12 @@ class ReleaseWorker {
   // [Foreign frees] in foreign_frees.cpp).
   bool owns(const void* ptr, std::uint64_t ticket) const;
 
+  // True while `ptr` lies in a page queued, held back or being freed: memory the program freed,
+  // on its way to the driver, which still counts it as allocated. (Once the driver has freed a
+  // page it may hand the address out before the free returns: in that moment a new allocation
+  // there is answered as this page.)
+  bool holds(const void* ptr) const;
+
   // Bytes of `device` queued, held back or being freed now: memory the driver will get back.
   std::uint64_t waiting_bytes(int device) const;
 
