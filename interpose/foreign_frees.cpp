@@ -22,7 +22,10 @@
 //      flight after it (one waiting on the device, which might wait on this thread) makes this
 //      one a double free, refused without a real call. A stop of the whole process longer than
 //      the bound must not end it before the first free has run again (Note [Stopped processes]
-//      in pools/wait_bound.h);
+//      in pools/wait_bound.h). The release worker's driver free of a page at the pointer, begun
+//      before this free registered, is waited for the same way: it may wait for the device, and
+//      until it ends the driver still has the page, which a double free of the program would
+//      otherwise have freed instead, leaving the worker's free to fail;
 //   2. ask the driver whether any allocation covers the pointer (cudaPointerGetAttributes,
 //      a query that never waits on the device); none: no real free;
 //   3. ask the pools again; then the release worker, whose pages are the library's until the
@@ -138,6 +141,12 @@ ForeignFree::ForeignFree(const void* ptr) : ptr_(ptr) {
       duplicate_ = !bound.retry([&] { return s.ended.wait_for(hold, bound.left(), ended); });
     }
   }
+  // The release worker's driver free of a page at the same address, begun before this free
+  // registered, is an earlier free too: the driver still has the page until it ends.
+  if (!duplicate_) {
+    WaitBound bound{kWaitForEarlierFree};
+    duplicate_ = !ReleaseWorker::instance().wait_while_freeing(ptr, ticket_, bound);
+  }
   if (!duplicate_) driver_knew_ = driver_knows(ptr);
 }
 
@@ -145,7 +154,8 @@ bool ForeignFree::may_free() const {
   if (duplicate_) {
     // Logged here, not in the constructor: an exception there would leave the entry behind.
     log_format(LogLevel::basic,
-               "free of %p: another thread's free of it has not returned after %lld s; "
+               "free of %p: an earlier free of it (another thread's, or the library's return "
+               "of its page) has not returned after %lld s; "
                "answered as a double free (cudaErrorInvalidValue)",
                ptr_, static_cast<long long>(kWaitForEarlierFree.count()));
     return false;

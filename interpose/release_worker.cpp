@@ -549,6 +549,25 @@ bool ReleaseWorker::holds(const void* ptr) const {
   return false;
 }
 
+bool ReleaseWorker::wait_while_freeing(const void* ptr, std::uint64_t ticket,
+                                       WaitBound& bound) const {
+  State& s = state();
+  std::unique_lock<RankedMutex> hold(s.mutex);
+  for (ReleaseLane* lane : s.lanes) {
+    if (lane == nullptr) continue;
+    const auto freeing = [&] {
+      return lane->in_flight != 0 && lane->in_flight_ptr == ptr &&
+             lane->in_flight_boundary <= ticket;
+    };
+    if (!freeing()) continue;
+    NoCancel no_cancel;  // the caller's entry stays registered until its end()
+    return bound.retry([&] { return lane->changed.wait_for(hold, bound.left(), [&] {
+      return !freeing();
+    }); });
+  }
+  return true;
+}
+
 std::uint64_t ReleaseWorker::waiting_bytes(int device) const {
   if (!in_range(device)) return 0;
   State& s = state();

@@ -9,6 +9,8 @@
 #include <atomic>
 #include <cstdint>
 
+#include "pools/wait_bound.h"
+
 namespace poolcuda {
 
 class ReleaseWorker {
@@ -63,6 +65,11 @@ class ReleaseWorker {
   // page it may hand the address out before the free returns: in that moment a new allocation
   // there is answered as this page.)
   bool holds(const void* ptr) const;
+
+  // Waits, within `bound`, while a driver free of the page at `ptr` that began before the
+  // foreign free with `ticket` registered is under way (it may wait for the device): false when
+  // the bound ran out first (Note [Foreign frees] in foreign_frees.cpp).
+  bool wait_while_freeing(const void* ptr, std::uint64_t ticket, WaitBound& bound) const;
 
   // Bytes of `device` queued, held back or being freed now: memory the driver will get back.
   std::uint64_t waiting_bytes(int device) const;

@@ -3,7 +3,8 @@
 // freed is unknown to the runtime (cudaMemoryTypeUnregistered), though the pools keep its page
 // allocated; and so is pooled memory never handed out. A page the pools gave back, whose driver
 // free waits for a kernel still running (stand-in only), is freed memory too: its pointers are
-// unknown to the runtime, and cudaIpcGetMemHandle of them fails with cudaErrorInvalidValue.
+// unknown to the runtime, cudaIpcGetMemHandle of them fails with cudaErrorInvalidValue, and a
+// second free of a pointer at its start is a double free.
 #include <unistd.h>
 
 #include <cstdio>
@@ -18,31 +19,47 @@ cudaMemoryType type_of(const void* ptr) {
   return attributes.type;
 }
 
-void run_three_seconds(void*) { ::sleep(3); }
+// Longer than a host function waits for the pages it gives back (1 s).
+void run_long(void*) { ::usleep(1300 * 1000); }
 void nothing(void*) {}
 
-// A freed page on its way back to the driver, behind a kernel on another stream longer than a
-// host function waits for the pages it gives back (1 s).
-void page_on_its_way_back() {
+// Freed pages on their way back to the driver, behind a kernel on another stream: a slice alone
+// in its page, and a page of its own whose second free races the driver's free of the page (the
+// program's free must not overtake it: it once did in a fifth of the runs, and freed the page
+// itself). Rounds, since the race is the scheduler's.
+void pages_on_their_way_back() {
   const preload_test::LaunchAccessFn launch = preload_test::launch_access_function();
   if (launch == nullptr) return;  // a GPU: no kernel of the test's own
   cudaStream_t other = nullptr;
   CHECK_CUDA(cudaStreamCreateWithFlags(&other, cudaStreamNonBlocking));
   void* busy = nullptr;
   CHECK_CUDA(cudaMalloc(&busy, 4 << 20));
-  void* freed = nullptr;
-  CHECK_CUDA(cudaMalloc(&freed, 1000));  // alone in its page
-  CHECK_CUDA(cudaFree(freed));
-  CHECK(launch(other, busy, 4 << 20, 1, run_three_seconds, nullptr) == 0);
-  // Before a host function the library gives its idle pages back (they may wait for the kernel).
+  // A slice alone in its page.
+  void* slice = nullptr;
+  CHECK_CUDA(cudaMalloc(&slice, 1000));
+  CHECK_CUDA(cudaFree(slice));
+  CHECK(launch(other, busy, 4 << 20, 1, run_long, nullptr) == 0);
+  // Before a host function the library gives its idle pages back; their driver frees wait for
+  // the kernel.
   CHECK_CUDA(cudaLaunchHostFunc(nullptr, nothing, nullptr));
-  CHECK(type_of(freed) == cudaMemoryTypeUnregistered);
-  CHECK(type_of(static_cast<char*>(freed) + 512) == cudaMemoryTypeUnregistered);
+  CHECK(type_of(slice) == cudaMemoryTypeUnregistered);
+  CHECK(type_of(static_cast<char*>(slice) + 512) == cudaMemoryTypeUnregistered);
   cudaIpcMemHandle_t handle{};
-  CHECK(cudaIpcGetMemHandle(&handle, freed) == cudaErrorInvalidValue);
+  CHECK(cudaIpcGetMemHandle(&handle, slice) == cudaErrorInvalidValue);
   CHECK(cudaGetLastError() == cudaErrorInvalidValue);
   CHECK_CUDA(cudaDeviceSynchronize());
-  CHECK(type_of(freed) == cudaMemoryTypeUnregistered);
+  CHECK(type_of(slice) == cudaMemoryTypeUnregistered);
+  // A page of its own, the only one given back, freed again while its driver free waits.
+  for (int round = 0; round < 5; ++round) {
+    void* page = nullptr;
+    CHECK_CUDA(cudaMalloc(&page, 100 << 20));
+    CHECK_CUDA(cudaFree(page));
+    CHECK(launch(other, busy, 4 << 20, 1, run_long, nullptr) == 0);
+    CHECK_CUDA(cudaLaunchHostFunc(nullptr, nothing, nullptr));
+    CHECK(cudaFree(page) == cudaErrorInvalidValue);  // a double free, as the plain run's
+    CHECK(cudaGetLastError() == cudaErrorInvalidValue);
+    CHECK_CUDA(cudaDeviceSynchronize());
+  }
   CHECK_CUDA(cudaFree(busy));
   CHECK_CUDA(cudaStreamDestroy(other));
 }
@@ -70,7 +87,7 @@ int main() {
   CHECK_CUDA(cudaFree(upper));
   CHECK(type_of(upper) == cudaMemoryTypeUnregistered);
   CHECK_CUDA(cudaGetLastError());
-  page_on_its_way_back();
+  pages_on_their_way_back();
   std::printf("ok\n");
   return 0;
 }
