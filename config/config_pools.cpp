@@ -167,11 +167,18 @@ std::optional<ConfigError> parse_pool(std::string_view key, std::string_view ent
                                                     : ")"));
       }
       if (values[kCap]) {
-        const std::uint64_t pages = *values[kCap] / page + (*values[kCap] % page != 0 ? 1 : 0);
+        // Pages as the device rounds them: page=1000 makes pages of 1024 bytes.
+        const std::uint64_t pages =
+            *values[kCap] / aligned_page + (*values[kCap] % aligned_page != 0 ? 1 : 0);
         if (pages > kMaxPagesPerPool) {
           return pool_error(key, entry,
                             "at most " + std::to_string(kMaxPagesPerPool) +
-                                " pages per pool (cap/page gives " + std::to_string(pages) + ")");
+                                " pages per pool (cap/page gives " + std::to_string(pages) +
+                                (aligned_page != page ? ", the page rounded up to the " +
+                                                            format_size(kDeviceAlignment) +
+                                                            " alignment"
+                                                      : std::string()) +
+                                ")");
         }
       }
       out.page_size = page;

@@ -542,6 +542,12 @@ TEST_CASE("error: too many pages for one pool") {
   // A cap one byte above the limit needs one more page.
   check_error("pools:[sliced(page=1K,cap=67108865)]", "pools", "sliced(page=1K,cap=67108865)",
               "cap/page gives 65537");
+  // Pages as the device rounds them: page=1000 is a page of 1 KiB, as page=1K is.
+  (void)parse_ok("pools:[sliced(page=1000,cap=64M)]");
+  (void)parse_ok("pools:[sliced(page=1,cap=32M)]");
+  check_error("pools:[sliced(page=1000,cap=65M)]", "pools", "sliced(page=1000,cap=65M)",
+              "at most 65536 pages per pool (cap/page gives 66560, the page rounded up to the "
+              "512B alignment)");
 }
 
 TEST_CASE("error: a pool that no request reaches") {
