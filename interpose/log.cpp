@@ -96,4 +96,18 @@ void log_format(LogLevel level, const char* format, ...) {
   log_line(level, std::string_view(buffer, length));
 }
 
+namespace {
+thread_local std::string t_kept;
+}  // namespace
+
+void keep_line(std::string message) { t_kept = std::move(message); }
+
+void say_kept() {
+  if (t_kept.empty()) return;
+  log_line(LogLevel::basic, t_kept);
+  t_kept.clear();
+}
+
+void drop_kept() { t_kept.clear(); }
+
 }  // namespace poolcuda

@@ -7,6 +7,7 @@
 #pragma once
 
 #include <chrono>
+#include <string>
 #include <string_view>
 
 #include "config/config.h"
@@ -24,6 +25,13 @@ void log_line(LogLevel level, std::string_view message);
 
 // printf-style convenience; formats only when the level is enabled.
 void log_format(LogLevel level, const char* format, ...) __attribute__((format(printf, 2, 3)));
+
+// A line kept for the calling thread instead of written (one at a time: a later one replaces
+// it): the pools' account of a refusal, which matters only if the driver, tried next, refuses
+// the request too. say_kept() writes it (at basic), drop_kept() forgets it.
+void keep_line(std::string message);
+void say_kept();
+void drop_kept();
 
 // Writes the text to stderr with write(2), retrying short writes, for messages that must appear
 // whatever the log level (configuration errors, confirm:1, the exit summary) and for reports.

@@ -332,6 +332,7 @@ bool managed_free_held(DevicePtr start) {
 }
 
 Route allocate(const char* api, int device, std::size_t size, void** ptr) {
+  drop_kept();  // a refusal's account belongs to its own request
   if (ptr == nullptr || size == 0 || device < 0) return Route::forward;
   Registry& registry = Registry::instance();
   MemoryManager* manager = registry.manager_or_create(device);
@@ -384,6 +385,7 @@ int forward(int device, std::size_t size, void** ptr, const std::function<int()>
   // (Note [Room for what the pools do not serve]): given back, the charge is tried once more.
   if (!budget::charge(device, size) &&
       (!give_back_idle(device) || !budget::charge(device, size))) {
+    say_kept();
     return kOverBudget;
   }
   budget::ChargeScope charged(device, size);
@@ -391,6 +393,9 @@ int forward(int device, std::size_t size, void** ptr, const std::function<int()>
   if (result == 0) {
     charged.keep();
     budget::passed_through(device, *ptr, size);
+    drop_kept();  // the pools' refusal, if any, cost the program nothing
+  } else {
+    say_kept();
   }
   return result;
 }

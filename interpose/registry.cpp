@@ -100,6 +100,8 @@ bool Registry::build(int device, bool quiet, Built* out) {
   out->auto_shards = conf.shards != 0 ? 0 : options.shards;
   options.log = conf.log;
   options.log_sink = [](LogLevel level, std::string_view message) { log_line(level, message); };
+  // Said only if the driver refuses the request too (pooling::forward).
+  options.refusal_sink = [](std::string message) { keep_line(std::move(message)); };
   auto* manager = new MemoryManager(*cuda_device, options);
   out->device = cuda_device;
   out->manager = manager;

@@ -201,7 +201,7 @@ Reservation MemoryManager::Impl::reserve(std::uint64_t size, Placement placement
       const std::uint64_t idle_now = idle();
       // With shards, these are the last shard tried; the report has the others.
       const std::uint32_t n = shards == nullptr ? 1 : shards->count();
-      log(LogLevel::basic,
+      std::string message =
           "out of device memory: requested " + std::to_string(size) + " B" +
               (n > 1 ? "; in shard " + std::to_string(shard_index) + " of " +
                            std::to_string(n) + ":"
@@ -210,7 +210,11 @@ Reservation MemoryManager::Impl::reserve(std::uint64_t size, Placement placement
               std::to_string(u.bytes_reserved) + " B, idle pages " + std::to_string(idle_now) +
               " B, free space inside used pages (too fragmented for this request) " +
               std::to_string(free_bytes() - idle_now) + " B, pending fence " +
-              std::to_string(pending()) + " B");
+              std::to_string(pending()) + " B";
+      if (options.refusal_sink)
+        options.refusal_sink(std::move(message));
+      else
+        log(LogLevel::basic, std::move(message));
     }
   }
   if (r.slice == nullptr) return Reservation{0, r.error};

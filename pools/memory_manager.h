@@ -74,6 +74,9 @@ struct ManagerOptions {
   std::uint32_t shards = 1;
   LogLevel log = LogLevel::basic;
   LogSink log_sink;  // empty: write to stderr prefixed "poolcuda: "
+  // Where a reservation's final out-of-memory goes (what the pools held, one line), instead of
+  // the log: a caller that tries the driver next says it only if the driver refuses too.
+  std::function<void(std::string message)> refusal_sink;
 };
 
 // A pin on one slice (MemoryManager::retain). Opaque; valid until released or until forget().

@@ -4,13 +4,38 @@
 // reports it once, as with the real library; after frees, allocation works again. An error the
 // program left pending survives an allocation that recovered, as a successful call leaves it.
 // Sizes are fractions of the device, so the same program runs on the stand-in (run with a small
-// SIMCUDA_DEVICE_MEMORY) and on a GPU.
+// SIMCUDA_DEVICE_MEMORY) and on a GPU. On a 1 MiB stand-in device, where no 2 MiB page fits and
+// the driver serves every small request itself, the library's out-of-memory line comes once, for
+// the request the driver refuses too, not for each one it served.
+#include <string>
 #include <vector>
 
 #include "check.h"
 
-int main() {
+namespace {
+
+// The child on a 1 MiB device: small allocations until one is refused.
+int tiny_device() {
+  std::vector<void*> held;
+  void* ptr = nullptr;
+  while (cudaMalloc(&ptr, 1000) == cudaSuccess) held.push_back(ptr);
+  CHECK(cudaGetLastError() == cudaErrorMemoryAllocation);
+  for (void* p : held) CHECK_CUDA(cudaFree(p));
+  std::printf("tiny device: %zu served\n", held.size());
+  return 0;
+}
+
+std::size_t count(const std::string& text, const std::string& what) {
+  std::size_t n = 0;
+  for (std::size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
+  return n;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
   preload_test::require_preloaded();
+  if (argc == 2 && std::string(argv[1]) == "tiny") return tiny_device();
   CHECK_CUDA(cudaFree(nullptr));
   std::size_t free_bytes = 0;
   std::size_t total = 0;
@@ -70,6 +95,14 @@ int main() {
   CHECK_CUDA(cudaMalloc(&most, total / 4 * 3));
   CHECK_RESULT(cudaGetLastError(), cudaErrorInvalidValue);
   CHECK_CUDA(cudaFree(most));
+  if (preload_test::on_stand_in()) {
+    const preload_test::ChildResult tiny =
+        preload_test::run_self("tiny", {"SIMCUDA_DEVICE_MEMORY=1M"}, 60);
+    CHECK_MSG(tiny.status == 0, tiny.output);
+    CHECK_MSG(count(tiny.output, "tiny device: ") == 1 &&
+                  count(tiny.output, "out of device memory") == 1,
+              tiny.output.substr(0, 2000));
+  }
   std::printf("ok: %zu eighths fitted beside the half\n", filler.size());
   return 0;
 }
