@@ -638,13 +638,19 @@ void adjust_memory_info(int device, std::size_t* free_bytes, std::size_t* total_
   if (free_bytes == nullptr) return;
   // Under memgetinfo:raw without a budget the driver's numbers stand: nothing to look at.
   if (config().memgetinfo == MemGetInfoMode::raw && !budget::limit(device)) return;
-  release_passed_managed_frees(Registry::instance());
-  MemoryManager* manager = Registry::instance().manager(device);
+  Registry& registry = Registry::instance();
+  release_passed_managed_frees(registry);
+  // What dead graphs gave back (Note [Graph lifetimes]): else counted only after the next
+  // allocation or free.
+  if (CapturePolicy* capture = registry.capture(device);
+      capture != nullptr && capture->releases_pending())
+    drain_graph_releases(*capture);
+  MemoryManager* manager = registry.manager(device);
   // Only whole idle pages: the out-of-memory path returns them to the driver, so a request of
   // any size can really get them. Free space inside pages that live slices keep (holes) serves
   // only requests that fit a hole, so counting it would let an allocation of the reported free
   // size fail.
-  const ManagedSlabs* slabs = Registry::instance().managed(device);
+  const ManagedSlabs* slabs = registry.managed(device);
   const std::uint64_t idle = (manager != nullptr ? manager->idle_bytes_now() : 0) +
                              (slabs != nullptr ? slabs->empty_bytes() : 0);
   if (config().memgetinfo == MemGetInfoMode::pooled && idle != 0) {

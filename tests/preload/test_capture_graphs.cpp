@@ -21,7 +21,8 @@
 //   destroyed    a relaxed-mode capture allocates a workspace of 40% of the device's free
 //                memory; right after its graph is destroyed and the workspace freed, an
 //                allocation of 70% succeeds, as plainly, although CUDA tells the library that
-//                the graph is gone only later, on a thread of its own (five rounds)
+//                the graph is gone only later, on a thread of its own (five rounds); and
+//                cudaMemGetInfo counts it free as soon as that news came
 //   managed_freed  managed memory freed inside a capture: the free succeeds and its bytes
 //                never serve a new allocation while the graph may still write them
 // Sizes are fractions of small fixed amounts, so the same program runs on a GPU; the driver
@@ -409,6 +410,18 @@ void destroyed_case() {
     preload_test::launch_once(graph, stream);  // and destroys the graph and its executable
     CHECK_CUDA(cudaFree(workspace));
     CHECK_CUDA(cudaDeviceSynchronize());
+    // cudaMemGetInfo counts the workspace free once the graph's release came, with no other
+    // call to bring it in (it once waited for the next allocation or free).
+    if (preload_test::on_stand_in()) {
+      std::size_t now = 0;
+      for (int wait = 0; wait < 200; ++wait) {
+        CHECK_CUDA(cudaMemGetInfo(&now, &total));
+        if (now >= free_bytes) break;
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      }
+      CHECK_MSG(now >= free_bytes, "round " + std::to_string(round) + ": " +
+                                       std::to_string(free_bytes - now) + " B short");
+    }
     void* big = nullptr;
     CHECK_MSG(cudaMalloc(&big, big_size) == cudaSuccess,
               "round " + std::to_string(round) + ": the destroyed graph's memory did not come back");
