@@ -515,7 +515,8 @@ void log_refused_free(const char* api, const void* ptr, const Freed& freed) {
   const char* why = freed.outcome == FreeOutcome::double_free ? "double free"
                     : freed.outcome == FreeOutcome::interior_pointer
                         ? "not the start of an allocation"
-                        : "lies in pooled free memory but was never handed out";
+                        : "lies in pooled free memory, in no live allocation (freed "
+                          "before, or never handed out)";
   log_format(LogLevel::basic, "%s(%p) on device %d: %s; nothing changed", api, ptr, freed.owner,
              why);
 }
