@@ -98,16 +98,26 @@ void log_format(LogLevel level, const char* format, ...) {
 
 namespace {
 thread_local std::string t_kept;
+// Whether t_kept holds a line: read by every pooled allocation, so of the cheapest model (the
+// string itself is touched only when a refusal kept one).
+__attribute__((tls_model("initial-exec"))) thread_local bool t_has_kept = false;
 }  // namespace
 
-void keep_line(std::string message) { t_kept = std::move(message); }
-
-void say_kept() {
-  if (t_kept.empty()) return;
-  log_line(LogLevel::basic, t_kept);
-  t_kept.clear();
+void keep_line(std::string message) {
+  t_kept = std::move(message);
+  t_has_kept = true;
 }
 
-void drop_kept() { t_kept.clear(); }
+void say_kept() {
+  if (!t_has_kept) return;
+  log_line(LogLevel::basic, t_kept);
+  drop_kept();
+}
+
+void drop_kept() {
+  if (!t_has_kept) return;
+  t_kept.clear();
+  t_has_kept = false;
+}
 
 }  // namespace poolcuda
