@@ -887,8 +887,10 @@ void MemoryManager::Impl::retire(Slice* slice, StreamToken stream) {
       return;
     case FreeFence::sync:
       // A device-wide synchronize would invalidate an open capture: the slice waits in an
-      // epoch like an events free (Note [Free fences]).
-      if (!device.capture_active()) {
+      // epoch like an events free (Note [Free fences]). Nor does it wait for another device's
+      // stream: a stream-ordered free there is fenced on that stream.
+      if (!device.capture_active() &&
+          (stream == kNoStream || device.stream_on_this_device(stream))) {
         slice->next_pending = nullptr;
         if (sync_tail != nullptr) sync_tail->next_pending = slice;
         else sync_head = slice;
