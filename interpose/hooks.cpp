@@ -379,7 +379,8 @@ cudaError_t with_room(int device, std::size_t size, const std::function<cudaErro
 // still waiting there goes with it: asking the slot before every launch, to keep it, would cost
 // every launch for the sake of one that may never fail.
 // Not covered: a runtime that loads code without these driver calls, graph instantiation, and
-// anything during a stream capture, where the pools give nothing back.
+// memory freed during a stream capture, whose fences the pools can neither record nor wait for
+// then (they give back only what is idle).
 cudaError_t launch_again(cudaError_t first, const pooling::ReturnsSince& returns,
                          const std::function<cudaError_t()>& real) {
   const int device = current_device();

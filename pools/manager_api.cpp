@@ -429,7 +429,11 @@ GiveBack MemoryManager::Impl::give_back(WaitBound& bound, std::uint32_t asked_mi
   if (frozen != 0) return GiveBack::nothing;
   flush_caches(false);
   if (idle() == 0 && pending() == 0 && device.releasing_bytes() == 0) return GiveBack::nothing;
-  if (device.capture_active()) return GiveBack::nothing;
+  // During a capture no fence is recorded or waited for (either could invalidate it): what is
+  // idle now goes back, the rest waits, as in a recovery inside a capture window. The release
+  // thread frees in relaxed capture mode (Note [Releases during capture] in
+  // interpose/release_worker.cpp).
+  const bool capture = device.capture_active();
   close_and_reap();
   // Nothing moved since an earlier call ran out of a bound at least this long (a stream parked
   // before it holds the fences or the driver's frees): waiting again would only cost it again.
@@ -442,7 +446,7 @@ GiveBack MemoryManager::Impl::give_back(WaitBound& bound, std::uint32_t asked_mi
   const auto waiting = [&] {
     return with_lanes ? pending() != 0 : fences.open_count() != 0 || fences.any_closed_epoch();
   };
-  while (waiting()) {
+  while (!capture && waiting()) {
     // Frees other threads made while the lock was released wait in the open epoch.
     if (with_lanes ? !fences.any_closed() : !fences.any_closed_epoch()) close_epoch();
     if (with_lanes ? !fences.any_closed() : !fences.any_closed_epoch()) break;  // no fence

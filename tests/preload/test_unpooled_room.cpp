@@ -18,7 +18,8 @@
 // device gets the idle pages back too. And with two devices, physical memory and a memory pool's
 // allocation on device 1 while device 0 is current, and stream-ordered allocations on a device-1
 // stream (runtime and driver), find the room device 1's pools kept (the
-// stand-in's child gets a second device; on a GPU with one, that case is skipped).
+// stand-in's child gets a second device; on a GPU with one, that case is skipped). So does a
+// cudaMallocAsync on one stream while another captures.
 // Runs on a GPU too, where 700 MiB only needs to fit next to nothing else.
 #include <cuda.h>
 
@@ -296,6 +297,34 @@ int other_device_child() {
 
 }  // namespace
 
+// While another stream captures, a stream-ordered allocation on a stream that is not capturing
+// (legal in every capture mode) gets the idle page back all the same: no fence is waited for,
+// what is idle goes.
+void beside_a_capture() {
+  cudaStream_t capturing = nullptr;
+  cudaStream_t other = nullptr;
+  CHECK_CUDA(cudaStreamCreateWithFlags(&capturing, cudaStreamNonBlocking));
+  CHECK_CUDA(cudaStreamCreateWithFlags(&other, cudaStreamNonBlocking));
+  void* small = nullptr;
+  CHECK_CUDA(cudaMalloc(&small, 4096));
+  leave_an_idle_page();
+  CHECK_CUDA(cudaDeviceSynchronize());  // its free fence has passed: the page is idle
+  CHECK_CUDA(cudaStreamBeginCapture(capturing, cudaStreamCaptureModeGlobal));
+  CHECK_CUDA(cudaMemsetAsync(small, 1, 4096, capturing));
+  void* ptr = nullptr;
+  CHECK_MSG(cudaMallocAsync(&ptr, kBig, other) == cudaSuccess,
+            "cudaMallocAsync beside a capture failed beside idle pages");
+  CHECK_CUDA(cudaGetLastError());
+  CHECK_CUDA(cudaFreeAsync(ptr, other));
+  cudaGraph_t graph = nullptr;
+  CHECK_CUDA(cudaStreamEndCapture(capturing, &graph));
+  CHECK_CUDA(cudaGraphDestroy(graph));
+  CHECK_CUDA(cudaStreamSynchronize(other));
+  CHECK_CUDA(cudaFree(small));
+  CHECK_CUDA(cudaStreamDestroy(capturing));
+  CHECK_CUDA(cudaStreamDestroy(other));
+}
+
 int main(int argc, char** argv) {
   if (argc > 1 && std::string(argv[1]) == "passed-through") return passed_through_child();
   if (argc > 1 && std::string(argv[1]) == "beside-budget") return beside_budget_child();
@@ -391,6 +420,7 @@ int main(int argc, char** argv) {
     *release = [] { CHECK_CU(cuCtxSetLimit(CU_LIMIT_MALLOC_HEAP_SIZE, kDefaultHeap)); };
     return result;
   });
+  beside_a_capture();
   if (preload_test::on_stand_in()) {  // a GPU has more than 2 GiB, and other limits' costs
     array_beyond_the_device();
     limits_by_their_growth();
