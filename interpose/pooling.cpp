@@ -79,8 +79,10 @@ namespace {
 // waited for once: one whose release came (drained after it) or whose wait ran out is not waited
 // for again, so a program that keeps a graph alive (or destroys a graph whose exec lives on)
 // and probes for the largest size that fits pays the wait once at most; and a request larger
-// than the pinned bytes and the driver's free memory together does not wait. (The destroys are
-// not told apart by device or graph: a release drained after two destroys settles both.)
+// than all the pools hold and the driver's free memory together does not wait (the pinned bytes
+// alone were too few a bound: a released slice frees its whole page, and a 64 MiB request after
+// a 4 KiB slice was freed in a capture failed at once). (The destroys are not told apart by
+// device or graph: a release drained after two destroys settles both.)
 std::atomic<std::int64_t> g_last_graph_destroy_ns{std::numeric_limits<std::int64_t>::min() / 2};
 // The time of the last destroy already waited for, or answered by a release drained after it.
 std::atomic<std::int64_t> g_graph_destroy_settled_ns{std::numeric_limits<std::int64_t>::min() / 2};
@@ -109,13 +111,33 @@ void drain_graph_releases(CapturePolicy& capture) {
   settle_graph_destroys(destroyed);
 }
 
-bool graph_release_arrived(CapturePolicy& capture, CudaDevice& device, std::uint64_t size) {
+// cudaMemGetInfo right after a destroy: the release is usually a moment away, so the query
+// waits for it briefly, once per destroy (a graph whose exec lives on sends none), without
+// settling it: an allocation that needs the memory still waits in full.
+std::atomic<std::int64_t> g_graph_destroy_asked_ns{std::numeric_limits<std::int64_t>::min() / 2};
+constexpr std::chrono::microseconds kMemInfoGraphWait{2000};
+
+void await_graph_release_briefly(CapturePolicy& capture) {
+  const std::int64_t destroyed = g_last_graph_destroy_ns.load(std::memory_order_relaxed);
+  if (destroyed <= g_graph_destroy_settled_ns.load(std::memory_order_relaxed) ||
+      g_graph_destroy_asked_ns.exchange(destroyed, std::memory_order_relaxed) >= destroyed)
+    return;
+  if (capture.open() || capture.stats().pinned_bytes == 0) return;
+  NoCancel no_cancel;  // a wait plain CUDA's call would not make (Note [Cancellation])
+  const auto until = std::chrono::steady_clock::now() + kMemInfoGraphWait;
+  while (!capture.releases_pending() && std::chrono::steady_clock::now() < until)
+    std::this_thread::sleep_for(std::chrono::microseconds(100));
+}
+
+bool graph_release_arrived(CapturePolicy& capture, CudaDevice& device, MemoryManager& manager,
+                           std::uint64_t size) {
   const std::int64_t destroyed = g_last_graph_destroy_ns.load(std::memory_order_relaxed);
   if (destroyed <= g_graph_destroy_settled_ns.load(std::memory_order_relaxed)) return false;
   const std::uint64_t pinned = capture.stats().pinned_bytes;
   if (capture.open() || pinned == 0) return false;
-  // A request that every pinned byte could not make room for fails without the wait.
-  if (size > pinned + device.memory_info().free_bytes) return false;
+  // A request that all the pools hold could not make room for fails without the wait.
+  if (size > manager.memory_usage().bytes_reserved + device.memory_info().free_bytes)
+    return false;
   NoCancel no_cancel;  // a wait plain CUDA's call would not make (Note [Cancellation])
   WaitBound bound{kGraphReleaseWait};
   const bool came = bound.retry([&] {
@@ -346,7 +368,8 @@ Route allocate(const char* api, int device, std::size_t size, void** ptr) {
   Reservation reservation = capture.open() ? capture.allocate(size) : manager->allocate(size);
   // A capture that began during the wait takes the request in its window next time.
   if (reservation.ptr == 0 && reservation.error.kind == ErrorKind::out_of_memory &&
-      graph_release_arrived(capture, *registry.device(device), size) && !capture.open()) {
+      graph_release_arrived(capture, *registry.device(device), *manager, size) &&
+      !capture.open()) {
     reservation = manager->allocate(size);
   }
   // A sticky context error is not checked on a hit: that would cost a CUDA call on every
@@ -643,9 +666,10 @@ void adjust_memory_info(int device, std::size_t* free_bytes, std::size_t* total_
   release_passed_managed_frees(registry);
   // What dead graphs gave back (Note [Graph lifetimes]): else counted only after the next
   // allocation or free.
-  if (CapturePolicy* capture = registry.capture(device);
-      capture != nullptr && capture->releases_pending())
-    drain_graph_releases(*capture);
+  if (CapturePolicy* capture = registry.capture(device); capture != nullptr) {
+    await_graph_release_briefly(*capture);
+    if (capture->releases_pending()) drain_graph_releases(*capture);
+  }
   MemoryManager* manager = registry.manager(device);
   // Only whole idle pages: the out-of-memory path returns them to the driver, so a request of
   // any size can really get them. Free space inside pages that live slices keep (holes) serves

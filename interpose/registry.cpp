@@ -81,7 +81,7 @@ bool Registry::build(int device, bool quiet, Built* out) {
     delete cuda_device;
     if (!quiet && first_time(Once::unreadable_size, device)) {
       log_format(LogLevel::basic,
-                 "device %d: cannot read its memory size; passing its allocations to cudaMalloc "
+                 "device %d: cannot read its memory size; passing its allocations to the driver "
                  "until it can be read",
                  device);
     }

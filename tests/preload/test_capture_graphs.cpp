@@ -22,7 +22,8 @@
 //                memory; right after its graph is destroyed and the workspace freed, an
 //                allocation of 70% succeeds, as plainly, although CUDA tells the library that
 //                the graph is gone only later, on a thread of its own (five rounds); and
-//                cudaMemGetInfo counts it free as soon as that news came
+//                cudaMemGetInfo counts it free as soon as that news came; so is a page a small
+//                buffer freed during a capture kept
 //   managed_freed  managed memory freed inside a capture: the free succeeds and its bytes
 //                never serve a new allocation while the graph may still write them
 // Sizes are fractions of small fixed amounts, so the same program runs on a GPU; the driver
@@ -426,6 +427,31 @@ void destroyed_case() {
     CHECK_MSG(cudaMalloc(&big, big_size) == cudaSuccess,
               "round " + std::to_string(round) + ": the destroyed graph's memory did not come back");
     CHECK_CUDA(cudaFree(big));
+  }
+  // A small buffer freed during a capture keeps its whole page for the graph. Right after the
+  // graph is destroyed, cudaMemGetInfo counts the page free, and a request for all the free
+  // memory succeeds (asked first, or not): on the stand-in, whose device holds nothing else.
+  for (const bool ask_first : {false, true}) {
+    if (!preload_test::on_stand_in()) break;
+    CHECK_CUDA(cudaMemGetInfo(&free_bytes, &total));
+    void* slice = nullptr;
+    CHECK_CUDA(cudaMalloc(&slice, 4096));
+    CHECK_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeRelaxed));
+    CHECK_CUDA(cudaFreeAsync(slice, cudaStreamLegacy));
+    cudaGraph_t graph = nullptr;
+    CHECK_CUDA(cudaStreamEndCapture(stream, &graph));
+    CHECK_CUDA(cudaGraphDestroy(graph));
+    CHECK_CUDA(cudaDeviceSynchronize());
+    if (ask_first) {
+      std::size_t now = 0;
+      CHECK_CUDA(cudaMemGetInfo(&now, &total));
+      CHECK_MSG(now >= free_bytes,
+                std::to_string(free_bytes - now) + " B short after the destroy");
+    }
+    void* all = nullptr;
+    CHECK_MSG(cudaMalloc(&all, free_bytes) == cudaSuccess,
+              "all the free memory, after the destroy, was refused");
+    CHECK_CUDA(cudaFree(all));
   }
   CHECK_CUDA(cudaStreamDestroy(stream));
 }
