@@ -14,6 +14,9 @@
 //    through the driver (there is no runtime to make them), so memory freed in the window goes
 //    to no later allocation while the graph or its exec can replay it, replays leave new
 //    buffers intact, and the report shows the pins released once both are destroyed.
+//  - cudaFreeAsync and cudaDeviceReset reach the library through the driver (cuMemFreeAsync,
+//    cuDevicePrimaryCtxReset_v2): a stream-ordered free is the pools', and a reset leaves the
+//    pools nothing of the memory it freed.
 //  - A kernel's first launch, whose module takes device memory, finds the room the pools' idle
 //    page took: the runtime launches through the driver's cuLaunchKernel, which the library hooks.
 // Stand-in only (suite standin): the program is linked with the stand-in.
@@ -185,6 +188,38 @@ int launch_child() {
   return 0;
 }
 
+// cudaFreeAsync and cudaDeviceReset reach the library through the driver too: a stream-ordered
+// free of pooled memory is the pools' (its second free is a double free), and after a reset the
+// pools hand out none of the memory the reset freed (a new buffer keeps its bytes, and a free of
+// a pointer from before the reset changes nothing of it).
+void frees_and_reset() {
+  cudaStream_t stream = nullptr;
+  CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  void* ordered = nullptr;
+  CHECK_CUDA(cudaMalloc(&ordered, 4096));
+  CHECK_CUDA(cudaFreeAsync(ordered, stream));
+  CHECK_CUDA(cudaStreamSynchronize(stream));
+  CHECK(cudaFree(ordered) == cudaErrorInvalidValue);
+  CHECK(cudaGetLastError() == cudaErrorInvalidValue);
+  CHECK_CUDA(cudaStreamDestroy(stream));
+  void* before = nullptr;
+  CHECK_CUDA(cudaMalloc(&before, 1000));
+  CHECK_CUDA(cudaDeviceReset());
+  void* after = nullptr;
+  CHECK_CUDA(cudaMalloc(&after, 1000));
+  CHECK_CUDA(cudaMemset(after, 0x33, 1000));
+  std::vector<unsigned char> bytes(1000);
+  CHECK_CUDA(cudaMemcpy(bytes.data(), after, 1000, cudaMemcpyDeviceToHost));
+  CHECK(bytes[0] == 0x33 && bytes[999] == 0x33);
+  if (before != after) {
+    cudaFree(before);  // stale: whatever it answers, `after` stays
+    cudaGetLastError();
+  }
+  CHECK_CUDA(cudaMemcpy(bytes.data(), after, 1000, cudaMemcpyDeviceToHost));
+  CHECK(bytes[0] == 0x33);
+  CHECK_CUDA(cudaFree(after));
+}
+
 int child() {
   CHECK(::dlsym(RTLD_DEFAULT, "cudaMalloc") != nullptr);  // the library's: nothing else exports it
   CHECK_CUDA(cudaFree(nullptr));
@@ -210,6 +245,11 @@ int main(int argc, char** argv) {
   if (argc > 1 && std::string(argv[1]) == "child") return child();
   if (argc > 1 && std::string(argv[1]) == "child:capture") return capture_child();
   if (argc > 1 && std::string(argv[1]) == "launch") return launch_child();
+  if (argc > 1 && std::string(argv[1]) == "reset") {
+    frees_and_reset();
+    std::printf("reset ok\n");
+    return 0;
+  }
   preload_test::require_preloaded();
   CHECK(preload_test::on_stand_in());
   preload_test::ExitReport report = preload_test::run_with_exit_report("child");
@@ -220,6 +260,8 @@ int main(int argc, char** argv) {
       "launch", {"SIMCUDA_CODE_BYTES=67108864", "SIMCUDA_DEVICE_MEMORY=1G",
                  "POOLCUDA_CONF=memgetinfo:raw"});
   CHECK_MSG(launch.status == 0, launch.output);
+  const preload_test::ChildResult reset = preload_test::run_self("reset", {});
+  CHECK_MSG(reset.status == 0, reset.output);
   std::printf("ok\n");
   return 0;
 }

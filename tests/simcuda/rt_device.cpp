@@ -184,7 +184,12 @@ cudaError_t cudaDeviceGetLimit(size_t* pValue, cudaLimit limit) {
 // Also returns the device's limits to their defaults (limits.cpp).
 cudaError_t cudaDeviceReset(void) {
   runtime_touch();
-  device_reset(current_device());
+  if (rt::kStaticRuntime) {
+    if (cudaError_t err = via_driver::device_reset(current_device()); err != cudaSuccess)
+      return record_error(err);
+  } else {
+    device_reset(current_device());
+  }
   {
     PeerAccess& p = peer_access();
     std::lock_guard lock(p.mutex);

@@ -165,6 +165,21 @@ cudaError_t free(void* ptr) {
   return as_rt(release(reinterpret_cast<CUdeviceptr>(ptr)));
 }
 
+cudaError_t free_async(void* ptr, cudaStream_t stream, bool per_thread) {
+  using Free = decltype(&cuMemFreeAsync);
+  if (per_thread) {
+    SIM_DRIVER(release, Free, "cuMemFreeAsync", 11020, true);
+    return as_rt(release(reinterpret_cast<CUdeviceptr>(ptr), as_cu(stream)));
+  }
+  SIM_DRIVER(release, Free, "cuMemFreeAsync", 11020);
+  return as_rt(release(reinterpret_cast<CUdeviceptr>(ptr), as_cu(stream)));
+}
+
+cudaError_t device_reset(int device) {
+  SIM_DRIVER(reset, decltype(&cuDevicePrimaryCtxReset_v2), "cuDevicePrimaryCtxReset", 11000);
+  return as_rt(reset(device));
+}
+
 cudaError_t mem_get_info(size_t* free_bytes, size_t* total_bytes) {
   SIM_DRIVER(info, decltype(&cuMemGetInfo_v2), "cuMemGetInfo", 3020);
   return as_rt(info(free_bytes, total_bytes));

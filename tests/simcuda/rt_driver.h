@@ -3,8 +3,9 @@
 // entry point, so an interposer on libcuda.so.1 sees every lookup. cudaGetDriverEntryPoint, the
 // array, mipmapped-array, explicit-pool and device-limit calls use it in both builds (their
 // `via_driver` functions below), as the real runtime's do. In the static-runtime archive
-// (SIMCUDA_STATIC_RUNTIME, see Note [Static runtime] in rt_driver.cpp) the memory, memory-info,
-// stream create/destroy, capture begin/end and kernel launch entry points also go through it,
+// (SIMCUDA_STATIC_RUNTIME, see Note [Static runtime] in rt_driver.cpp) the memory (stream-ordered
+// frees too), memory-info, device reset, stream create/destroy, capture begin/end and kernel
+// launch entry points also go through it,
 // exactly like a program built with nvcc's default static cudart.
 #pragma once
 
@@ -26,6 +27,9 @@ namespace poolcuda::sim::via_driver {
 cudaError_t malloc(void** ptr, size_t size);
 cudaError_t malloc_managed(void** ptr, size_t size, unsigned int flags);
 cudaError_t free(void* ptr);
+cudaError_t free_async(void* ptr, cudaStream_t stream, bool per_thread);
+// cudaDeviceReset: the primary context's reset (cuDevicePrimaryCtxReset_v2) of `device`.
+cudaError_t device_reset(int device);
 cudaError_t mem_get_info(size_t* free_bytes, size_t* total_bytes);
 cudaError_t stream_create(cudaStream_t* stream, unsigned int flags);
 cudaError_t stream_create_with_priority(cudaStream_t* stream, unsigned int flags, int priority);

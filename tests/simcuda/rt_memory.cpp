@@ -107,11 +107,13 @@ cudaError_t cudaMallocAsync_ptsz(void** devPtr, size_t size, cudaStream_t stream
 
 cudaError_t cudaFreeAsync(void* devPtr, cudaStream_t stream) {
   SIM_ENTER();
+  if (rt::kStaticRuntime) SIM_RETURN(via_driver::free_async(devPtr, stream, false));
   SIM_RETURN(free_async(resolve_stream(stream, false), devPtr));
 }
 
 cudaError_t cudaFreeAsync_ptsz(void* devPtr, cudaStream_t stream) {
   SIM_ENTER();
+  if (rt::kStaticRuntime) SIM_RETURN(via_driver::free_async(devPtr, stream, true));
   SIM_RETURN(free_async(resolve_stream(stream, true), devPtr));
 }
 
