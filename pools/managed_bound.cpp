@@ -69,14 +69,15 @@
 // bytes. So a program of 9 MiB managed allocations on a 1 GiB device (slabs of 16 MiB) filled
 // its 64 slabs with 576 MiB live, and the real cudaMallocManaged its next request went to had no
 // device memory left: 64 allocations where plain CUDA made 113. The slab a request brings into
-// use ends where the next request does not fit in what is left of it, so what a slab leaves
-// unused at its end is below the largest request that brought a slab into use. A request larger
-// than a kManagedOpeningShare-th of a slab (ManagedOptions::opening_share; or than one granule, for a slab of fewer than that
-// many granules) therefore never brings one into use (the error
-// `large`): it takes room left in the slabs in use, or goes to the real call as a refusal of the
-// bound does. A slab then leaves less than an eighth of itself unused at its end, and that
-// program makes its 113 allocations: the real call serves them all, at the price plain CUDA pays
-// for an allocation of a few MiB, which is small beside what filling it costs.
+// use ends where the next request does not fit in what is left of it. So a request larger than
+// a kManagedOpeningShare-th of a slab (ManagedOptions::opening_share; one granule for a slab of
+// fewer granules) brings a slab into use only when requests of its size would fill the slab to
+// within that share (16 MiB requests in 64 MiB slabs, 9 MiB ones too: 1 MiB is left); otherwise
+// (the error `large`) it takes room left in the slabs in use, or goes to the real call as a
+// refusal of the bound does. That program's 9 MiB requests would leave 7 MiB of each 16 MiB slab:
+// the real call now serves them all, 113 of them, at the price plain CUDA pays for an allocation
+// of a few MiB, which is small beside what filling it costs. (Requests of mixed sizes can still
+// leave a slab's end unused below the largest request that opened it, within the bound above.)
 #include <algorithm>
 #include <bit>
 
@@ -123,7 +124,7 @@ bool ManagedSlabs::may_take_slab(std::uint64_t size, std::uint64_t granules, std
   // Note [Large managed requests].
   const std::uint64_t opening =
       std::max<std::uint64_t>(1, slab_granules_ / std::max<std::uint64_t>(1, options_.opening_share));
-  if (granules > opening) {
+  if (granules > opening && slab_granules_ % granules > opening) {
     *error = {ManagedErrorKind::large, size, opening * granule_};
     return false;
   }

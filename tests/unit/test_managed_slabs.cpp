@@ -81,36 +81,30 @@ TEST_CASE("managed: a full chain is too_large with the requested size and the li
 }
 
 // Note [Large managed requests].
-TEST_CASE("managed: a request above an eighth of a slab takes room in use, never a slab") {
+TEST_CASE("managed: a request above an eighth of a slab takes a slab only if its size fills one") {
   ManagedOptions o = Chain::options(64 * KiB, 8, true, 8);
   o.opening_share = kManagedOpeningShare;  // 8 KiB on these slabs
   HostDevice device(256 * MiB, kGranule);
   HostManagedBacking backing(device);
   ManagedSlabs slabs(backing, o);
-  // Nothing in use: refused, with the largest request that may take a slab, and nothing taken.
-  const ManagedAllocation first = slabs.allocate(9 * KiB, kGranule);
+  // 40 KiB would leave 24 KiB of a slab: refused, with the largest request that always may take
+  // a slab, and nothing taken.
+  const ManagedAllocation first = slabs.allocate(40 * KiB, kGranule);
   CHECK(first.ptr == 0);
-  CHECK(first.error == ManagedError{ManagedErrorKind::large, 9 * KiB, 8 * KiB});
-  CHECK(describe(first.error).find("requested 9216 B, limit 8192 B") != std::string::npos);
+  CHECK(first.error == ManagedError{ManagedErrorKind::large, 40 * KiB, 8 * KiB});
+  CHECK(describe(first.error).find("requested 40960 B, limit 8192 B") != std::string::npos);
   CHECK(device.calls().allocate == 0);
-  // At the limit a request takes a slab; larger ones then fill what is left of it.
-  const ManagedAllocation small = slabs.allocate(8 * KiB, kGranule);
-  REQUIRE(small.ptr != 0);
-  std::vector<DevicePtr> large;
-  for (;;) {
-    const ManagedAllocation a = slabs.allocate(9 * KiB, kGranule);
-    if (a.ptr == 0) {
-      CHECK(a.error.kind == ManagedErrorKind::large);
-      break;
-    }
-    large.push_back(a.ptr);
-  }
-  CHECK(large.size() == 6);  // 8 KiB + 6 x 9 KiB of 64 KiB: 2 KiB left, under an eighth
+  // At the limit a request takes a slab; a larger one then uses what is left of it.
+  REQUIRE(slabs.allocate(8 * KiB, kGranule).ptr != 0);
+  REQUIRE(slabs.allocate(40 * KiB, kGranule).ptr != 0);
+  const ManagedAllocation no_room = slabs.allocate(40 * KiB, kGranule);  // 16 KiB left
+  CHECK(no_room.error.kind == ManagedErrorKind::large);
   CHECK(device.calls().allocate == 1);
-  // A request within the limit still takes a new slab.
-  CHECK(slabs.allocate(4 * KiB, kGranule).ptr != 0);
+  // 16 KiB requests fill a slab exactly: the first takes the 16 KiB left, the next three a new
+  // slab.
+  for (int i = 0; i < 4; ++i) REQUIRE(slabs.allocate(16 * KiB, kGranule).ptr != 0);
   CHECK(device.calls().allocate == 2);
-  CHECK(slabs.report().live_allocations == 8);
+  CHECK(slabs.report().live_allocations == 6);
 }
 
 TEST_CASE("managed: free decrements live") {
