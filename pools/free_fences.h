@@ -53,14 +53,17 @@ class FenceQueue {
     epoch.head = epoch.tail = slice;
     epoch.count = 1;
     epoch.bytes = slice->size;
-    ++lane_frees_;
+    // Counted once added: a list that cannot grow (the host is out of memory) throws with
+    // nothing changed, and the caller fences the free as any other.
     for (StreamLane& lane : lanes_) {
       if (lane.stream == stream && lane.thread == thread) {
         lane.frees.push_back(epoch);
+        ++lane_frees_;
         return;
       }
     }
     lanes_.push_back(StreamLane{stream, thread, {epoch}});
+    ++lane_frees_;
   }
 
   std::uint32_t open_count() const { return open_.count; }
@@ -86,9 +89,16 @@ class FenceQueue {
     if (open_.count == 0) return false;
     const FenceHandle fence = device.fence_record();
     if (fence == kNoFence) return false;
-    open_.fence = fence;
-    open_.id = next_id_++;
-    closed_.push_back(open_);
+    Epoch closing = open_;
+    closing.fence = fence;
+    closing.id = next_id_;
+    try {
+      closed_.push_back(closing);
+    } catch (...) {  // no host memory: the epoch stays open, to close later
+      device.fence_destroy(fence);
+      throw;
+    }
+    ++next_id_;
     open_ = Epoch{};
     open_published_.store(false, std::memory_order_relaxed);
     return true;

@@ -184,6 +184,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <new>
 #include <thread>
 #include <vector>
 #include <cstdio>
@@ -905,20 +906,34 @@ void MemoryManager::Impl::retire(Slice* slice, StreamToken stream) {
       // At the limit, fences that passed make room first.
       if (stream != kNoStream && fences.lane_frees() >= kMaxLaneFrees)
         fences.reap(device, kGiveBack);
+      // The slice is pending already: from here on a failed host allocation (recording a
+      // fence, growing a lane) must not leave it in no list, so the open epoch, which needs no
+      // memory, takes the free then, and an epoch that cannot close now closes later.
       if (stream != kNoStream && fences.lane_frees() < kMaxLaneFrees) {
-        StreamToken lane = stream;
-        const FenceHandle fence = device.fence_record_on(stream, lane);
-        if (fence != kNoFence) {
-          fences.add_ordered(slice, fence, lane, thread_serial(this_thread_home()));
-          return;
+        try {
+          StreamToken lane = stream;
+          const FenceHandle fence = device.fence_record_on(stream, lane);
+          if (fence != kNoFence) {
+            try {
+              fences.add_ordered(slice, fence, lane, thread_serial(this_thread_home()));
+              return;
+            } catch (const std::bad_alloc&) {
+              device.fence_destroy(fence);
+            }
+          }
+        } catch (const std::bad_alloc&) {
         }
       }
       fences.add(slice);
       const std::uint64_t now = coarse_nanos();
       if (fences.open_count() >= std::max<std::uint32_t>(options.fence_batch, 1) ||
           fences.open_bytes() >= epoch_bytes() ||
-          now - last_fence_nanos >= options.prompt_fence_nanos)
-        close_epoch();
+          now - last_fence_nanos >= options.prompt_fence_nanos) {
+        try {
+          close_epoch();
+        } catch (const std::bad_alloc&) {
+        }
+      }
       return;
     }
   }

@@ -5,7 +5,8 @@
 // allocation whose caller lies in libpoolcuda.so (the runtime's own allocations go on: the
 // program asks what the library does, not what a runtime without memory does). Cases: the
 // process's first call (the library's lazy set-up), a pool's growth, cudaMallocManaged's first
-// slab, and frees, which either free or leave the allocation live and freeable.
+// slab, and frees (stream-ordered ones on new streams too), which either free or leave the
+// allocation live and freeable.
 #include <dlfcn.h>
 
 #include <cstddef>
@@ -148,6 +149,27 @@ int main() {
     }
     CHECK(cudaFree(ptr) == cudaErrorInvalidValue);
     CHECK(cudaGetLastError() == cudaErrorInvalidValue);
+  }
+  // Stream-ordered frees on new streams (a fence recorded, a lane's list grown): each frees, or
+  // is refused and frees on the next try; either way the memory is not lost and a second free
+  // is a double free.
+  for (int round = 0; round < 4; ++round) {
+    cudaStream_t stream = nullptr;
+    CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) == cudaSuccess);
+    void* ptr = nullptr;
+    CHECK(cudaMalloc(&ptr, 3000) == cudaSuccess);
+    refused = 0;
+    refusing = true;
+    const cudaError_t answer = cudaFreeAsync(ptr, stream);
+    refusing = false;
+    if (answer != cudaSuccess) {
+      expect_refused(answer, "a stream-ordered free");
+      CHECK(cudaFreeAsync(ptr, stream) == cudaSuccess);
+    }
+    CHECK(cudaStreamSynchronize(stream) == cudaSuccess);
+    CHECK(cudaFree(ptr) == cudaErrorInvalidValue);
+    CHECK(cudaGetLastError() == cudaErrorInvalidValue);
+    CHECK(cudaStreamDestroy(stream) == cudaSuccess);
   }
   CHECK(cudaDeviceSynchronize() == cudaSuccess);
   std::printf("ok\n");
