@@ -79,9 +79,9 @@ namespace {
 // waited for once: one whose release came (drained after it) or whose wait ran out is not waited
 // for again, so a program that keeps a graph alive (or destroys a graph whose exec lives on)
 // and probes for the largest size that fits pays the wait once at most; and a request larger
-// than all the pools hold and the driver's free memory together does not wait (the pinned bytes
-// alone were too few a bound: a released slice frees its whole page, and a 64 MiB request after
-// a 4 KiB slice was freed in a capture failed at once). (The destroys are not told apart by
+// than the driver's free memory and what the pools hold beyond their unpinned live slices does
+// not wait (the pinned bytes alone were too few a bound: a released slice frees its whole page,
+// and a 64 MiB request after a 4 KiB slice was freed in a capture failed at once). (The destroys are not told apart by
 // device or graph: a release drained after two destroys settles both.)
 std::atomic<std::int64_t> g_last_graph_destroy_ns{std::numeric_limits<std::int64_t>::min() / 2};
 // The time of the last destroy already waited for, or answered by a release drained after it.
@@ -135,9 +135,12 @@ bool graph_release_arrived(CapturePolicy& capture, CudaDevice& device, MemoryMan
   if (destroyed <= g_graph_destroy_settled_ns.load(std::memory_order_relaxed)) return false;
   const std::uint64_t pinned = capture.stats().pinned_bytes;
   if (capture.open() || pinned == 0) return false;
-  // A request that all the pools hold could not make room for fails without the wait.
-  if (size > manager.memory_usage().bytes_reserved + device.memory_info().free_bytes)
-    return false;
+  // A request that the release could not make room for fails without the wait: at most what the
+  // pools hold beyond their live slices that are not pinned.
+  const MemoryUsage usage = manager.memory_usage();
+  const std::uint64_t unpinned = usage.bytes_in_use > pinned ? usage.bytes_in_use - pinned : 0;
+  const std::uint64_t room = usage.bytes_reserved > unpinned ? usage.bytes_reserved - unpinned : 0;
+  if (size > room + device.memory_info().free_bytes) return false;
   NoCancel no_cancel;  // a wait plain CUDA's call would not make (Note [Cancellation])
   WaitBound bound{kGraphReleaseWait};
   const bool came = bound.retry([&] {
@@ -464,19 +467,20 @@ void before_host_function() {
   for (int device = 0; device < Registry::kMaxDevices; ++device) {
     MemoryManager* manager = registry.manager(device);
     if (manager == nullptr) continue;
+    // Not during a capture: the give-back could return only what is idle, a captured host
+    // function parks nothing now, and the pages' frees would wait for the device (a trim of the
+    // managed slabs would record fences).
+    const CapturePolicy* capture = registry.capture(device);
+    if (capture != nullptr && capture->open()) continue;
     // A device stuck behind an earlier park must not leave the next ones no time at all.
     const auto left =
         std::chrono::duration_cast<std::chrono::microseconds>(deadline - Clock::now()).count();
     const auto bound = static_cast<std::uint32_t>(
         std::max<std::int64_t>(left, kParkGiveBackMicros / 10));
     manager->give_back_all(bound, GiveBackWait::cudafree_fences);
-    // Empty managed slabs too, as a free would have had them back (not during a capture: a
-    // trim records fences).
-    const CapturePolicy* capture = registry.capture(device);
-    if (capture == nullptr || !capture->open()) {
-      WaitBound trim_bound{std::chrono::microseconds(bound)};
-      registry.trim_managed(device, trim_bound);
-    }
+    // Empty managed slabs too, as a free would have had them back.
+    WaitBound trim_bound{std::chrono::microseconds(bound)};
+    registry.trim_managed(device, trim_bound);
   }
 }
 

@@ -459,6 +459,8 @@ GiveBack MemoryManager::Impl::give_back(WaitBound& bound, std::uint32_t asked_mi
   scope.unlock();  // the pages go to the device
   const bool flushed = flush_within(device, bound);
   scope.relock();
+  // During a capture nothing was waited for: nothing to remember as stuck.
+  if (capture) return flushed ? GiveBack::done : GiveBack::timed_out;
   if (!timed_out && flushed) {
     give_back_stuck.reset();
     return GiveBack::done;
