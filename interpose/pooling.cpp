@@ -81,8 +81,9 @@ namespace {
 // and probes for the largest size that fits pays the wait once at most; and a request larger
 // than the driver's free memory and what the pools hold beyond their unpinned live slices does
 // not wait (the pinned bytes alone were too few a bound: a released slice frees its whole page,
-// and a 64 MiB request after a 4 KiB slice was freed in a capture failed at once). (The destroys are not told apart by
-// device or graph: a release drained after two destroys settles both.)
+// and a 64 MiB request after a 4 KiB slice was freed in a capture failed at once). (The
+// destroys are not told apart by device or graph: a release drained after two destroys settles
+// both.)
 std::atomic<std::int64_t> g_last_graph_destroy_ns{std::numeric_limits<std::int64_t>::min() / 2};
 // The time of the last destroy already waited for, or answered by a release drained after it.
 std::atomic<std::int64_t> g_graph_destroy_settled_ns{std::numeric_limits<std::int64_t>::min() / 2};

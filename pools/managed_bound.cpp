@@ -122,8 +122,8 @@ std::uint64_t ManagedSlabs::live_granules(Slab& slab, std::uint64_t state) {
 bool ManagedSlabs::may_take_slab(std::uint64_t size, std::uint64_t granules, std::uint32_t lane,
                                  ManagedError* error) {
   // Note [Large managed requests].
-  const std::uint64_t opening =
-      std::max<std::uint64_t>(1, slab_granules_ / std::max<std::uint64_t>(1, options_.opening_share));
+  const std::uint64_t share = std::max<std::uint64_t>(1, options_.opening_share);
+  const std::uint64_t opening = std::max<std::uint64_t>(1, slab_granules_ / share);
   if (granules > opening && slab_granules_ % granules > opening) {
     *error = {ManagedErrorKind::large, size, opening * granule_};
     return false;
