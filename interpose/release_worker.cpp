@@ -516,18 +516,34 @@ void ReleaseWorker::end_reset(int device) {
   lane.signal();
 }
 
+namespace {
+
+// Whether a lane has a page queued or held back, or one being freed (`in_flight` says which of
+// those count), that `match` takes. Under the state's lock.
+template <typename Lanes, typename InFlight, typename Match>
+bool any_page(const Lanes& lanes, InFlight in_flight, Match match) {
+  for (const ReleaseLane* lane : lanes) {
+    if (lane == nullptr) continue;
+    if (in_flight(*lane)) return true;
+    for (const Page& p : lane->queue)
+      if (match(p.ptr, p.size)) return true;
+    for (const Page& p : lane->held_back)
+      if (match(p.ptr, p.size)) return true;
+  }
+  return false;
+}
+
+}  // namespace
+
 bool ReleaseWorker::owns(const void* ptr, std::uint64_t ticket) const {
   State& s = state();
   std::lock_guard<RankedMutex> hold(s.mutex);
-  for (const ReleaseLane* lane : s.lanes) {
-    if (lane == nullptr) continue;
-    if (lane->in_flight_ptr == ptr && ticket < lane->in_flight_boundary) return true;
-    for (const Page& p : lane->queue)
-      if (p.ptr == ptr) return true;
-    for (const Page& p : lane->held_back)
-      if (p.ptr == ptr) return true;
-  }
-  return false;
+  return any_page(
+      s.lanes,
+      [&](const ReleaseLane& lane) {
+        return lane.in_flight_ptr == ptr && ticket < lane.in_flight_boundary;
+      },
+      [&](const void* page, std::uint64_t) { return page == ptr; });
 }
 
 bool ReleaseWorker::holds(const void* ptr) const {
@@ -538,15 +554,12 @@ bool ReleaseWorker::holds(const void* ptr) const {
   };
   State& s = state();
   std::lock_guard<RankedMutex> hold(s.mutex);
-  for (const ReleaseLane* lane : s.lanes) {
-    if (lane == nullptr) continue;
-    if (lane->in_flight != 0 && within(lane->in_flight_ptr, lane->in_flight_size)) return true;
-    for (const Page& p : lane->queue)
-      if (within(p.ptr, p.size)) return true;
-    for (const Page& p : lane->held_back)
-      if (within(p.ptr, p.size)) return true;
-  }
-  return false;
+  return any_page(
+      s.lanes,
+      [&](const ReleaseLane& lane) {
+        return lane.in_flight != 0 && within(lane.in_flight_ptr, lane.in_flight_size);
+      },
+      within);
 }
 
 bool ReleaseWorker::wait_while_freeing(const void* ptr, std::uint64_t ticket,

@@ -46,8 +46,9 @@ inline constexpr std::uint64_t kManagedWindowRequests = 64;
 // Note [Managed held bound]: the slabs in use may hold twice their live bytes and this many
 // slabs more per lane.
 inline constexpr std::uint32_t kManagedSlackSlabsPerLane = 3;
-// Note [Large managed requests]: a request above this share of a slab never brings a slab into
-// use; it takes room in the slabs in use, or goes to the real call.
+// Note [Large managed requests]: a request above this share of a slab brings a slab into use only
+// when requests of its size fill a slab to within that share; else it takes room in the slabs in
+// use, or goes to the real call.
 inline constexpr std::uint64_t kManagedOpeningShare = 8;
 
 struct ManagedOptions {
@@ -58,8 +59,8 @@ struct ManagedOptions {
   bool fences = true;
   // Slow paths an empty slab other than a current one may stay unused before it goes back.
   std::uint32_t disuse_period = 16;
-  // A request above this share of a slab never brings a slab into use (Note [Large managed
-  // requests]); 1: any request may.
+  // The share of a slab above which a request brings one into use only when its size fills
+  // one to within that share (Note [Large managed requests]); 1: any request may.
   std::uint64_t opening_share = kManagedOpeningShare;
 };
 

@@ -910,18 +910,16 @@ void MemoryManager::Impl::retire(Slice* slice, StreamToken stream) {
       // fence, growing a lane) must not leave it in no list, so the open epoch, which needs no
       // memory, takes the free then, and an epoch that cannot close now closes later.
       if (stream != kNoStream && fences.lane_frees() < kMaxLaneFrees) {
+        StreamToken lane = stream;
+        FenceHandle fence = kNoFence;
         try {
-          StreamToken lane = stream;
-          const FenceHandle fence = device.fence_record_on(stream, lane);
+          fence = device.fence_record_on(stream, lane);
           if (fence != kNoFence) {
-            try {
-              fences.add_ordered(slice, fence, lane, thread_serial(this_thread_home()));
-              return;
-            } catch (const std::bad_alloc&) {
-              device.fence_destroy(fence);
-            }
+            fences.add_ordered(slice, fence, lane, thread_serial(this_thread_home()));
+            return;
           }
         } catch (const std::bad_alloc&) {
+          if (fence != kNoFence) device.fence_destroy(fence);
         }
       }
       fences.add(slice);
