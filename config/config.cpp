@@ -265,8 +265,8 @@ std::optional<ConfigError> parse_pools_option(std::string_view key, std::string_
 }
 std::string describe_pools(const Config& c) { return describe_pool_layout(c.pools); }
 std::string grammar_pools() {
-  return "subslices|exclusive|[sliced(page=SIZE,slice=SIZE,cap=SIZE,period=N);"
-         "exclusive(max=SIZE,period=N);direct(reclaim=SIZE)]";
+  return "subslices|split|exclusive|[sliced(page=SIZE,slice=SIZE,cap=SIZE,period=N);"
+         "exclusive(max=SIZE,period=N);split(max=SIZE,period=N);direct(reclaim=SIZE)]";
 }
 
 struct Option {

@@ -198,6 +198,10 @@ help)
   for key in $keys; do has out "  $key:"; done
   has out "  managed_slab:64MiB"
   has out "  free_fence:auto"
+  # Every pool kind and preset the parser accepts.
+  for kind in "sliced(" "exclusive(" "split(" "direct(" "subslices|split|exclusive|"; do
+    has out "$kind"
+  done
   # Every command has its own help, as `COMMAND --help` and as `help COMMAND`.
   for command in run report trim check-conf; do
     run_cli 0 "$command" --help

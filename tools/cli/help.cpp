@@ -122,9 +122,10 @@ when the library loads. Sizes are integers with an optional K, M, G or T
 (binary multiples) and an optional iB or B, e.g. 64M, 64MiB, 512.
 Example:
   POOLCUDA_CONF='pools:[sliced(page=64M,slice=16M,cap=1G);direct(reclaim=4G)]'
-Pool fields: sliced(page=SIZE required, slice=SIZE default page, cap=SIZE
-default none, period=N), exclusive(max=SIZE required, period=N),
-direct(reclaim=SIZE required).
+Pools are separated by ';'. Pool fields: sliced(page=SIZE required,
+slice=SIZE default page, cap=SIZE default none, period=N), exclusive(max=SIZE
+required, period=N), split(max=SIZE required, period=N), direct(reclaim=SIZE
+required).
 
 Keys (default first):
 )";
