@@ -317,6 +317,13 @@ std::optional<ConfigError> parse_pool_layout(std::string_view key, std::string_v
     const char ch = i < inner.size() ? inner[i] : ';';
     if (ch == '(' || ch == '[') ++depth;
     if (ch == ')' || ch == ']') --depth;
+    // A comma between two pools: the fields' parser would report a field of the first pool
+    // ("got 'page=1M)'"), not the separator.
+    if (ch == ',' && depth == 0) {
+      return pool_error(key, trim(inner.substr(start)),
+                        "';' between the pools of a list, not ',' (pool " +
+                            std::to_string(pools.size() + 1) + ")");
+    }
     if (ch != ';' || depth != 0) continue;
     const auto entry = trim(inner.substr(start, i - start));
     start = i + 1;

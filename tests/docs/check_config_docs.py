@@ -7,17 +7,23 @@
 PRINT_CONFIG_KEYS prints the parser's table (key, default, grammar; tab-separated). The page's
 "## Keys" section must hold a table whose rows start with a key and its default in backquotes
 (| `log` | `basic` | ...), in the option table's order, and a "### `key`" heading for each key.
-Every key of the code must appear in both, with the code's default, and no other key may. Exits 1
-with one line per problem.
+Every key of the code must appear in both, with the code's default, and no other key may.
+`PRINT_CONFIG_KEYS --describe VALUE` prints what `poolcuda check-conf VALUE` prints: each row of
+the "## Errors" table whose value and message are literal (in backquotes, no "...") must give
+that message, and the `poolcuda check-conf` example its output line. Exits 1 with one line per
+problem.
 
 --self-test checks the checker: the page as it is must pass, and a page with a key left out, a
-key the code does not have, or a wrong default must fail.
+key the code does not have, a wrong default, a wrong error message or a stale check-conf example
+must fail.
 """
 import re
 import subprocess
 import sys
 
 ROW = re.compile(r"^\|\s*`([a-z_]+)`\s*\|\s*`([^`]*)`\s*\|")
+ERROR_ROW = re.compile(r"^\|[^|]*\|\s*`([^`]*)`\s*\|\s*`(.*)`\s*\|\s*$")
+CHECK_CONF = re.compile(r"^\$ poolcuda check-conf '([^']*)'$")
 HEADING = re.compile(r"^###\s+`([a-z_]+)`\s*$")
 
 
@@ -40,7 +46,50 @@ def keys_section(text):
     return lines[start + 1:end]
 
 
-def problems(keys, text):
+def describe(program, value):
+    """(status, stdout or stderr line) of PRINT_CONFIG_KEYS --describe VALUE."""
+    run = subprocess.run([program, "--describe", value], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+    return run.returncode, (run.stdout if run.returncode == 0 else run.stderr).strip()
+
+
+def example_problems(program, text):
+    """The errors table's literal rows and the check-conf example, against the parser."""
+    found = []
+    lines = text.splitlines()
+    start = next((i for i, l in enumerate(lines) if l.strip() == "## Errors"), None)
+    if start is None:
+        return ["docs/configuration.md has no '## Errors' section"]
+    checked = 0
+    for line in lines[start + 1:]:
+        if line.startswith("## "):
+            break
+        m = ERROR_ROW.match(line)
+        if not m or "..." in m.group(2):
+            continue
+        value, message = m.group(1), m.group(2)
+        status, said = describe(program, value)
+        checked += 1
+        if status != 2 or said != message:
+            found.append(f"errors table: '{value}' gives '{said}' (status {status}), "
+                         f"the page says '{message}'")
+    if checked == 0:
+        found.append("the errors table has no row with a literal value and message")
+    for i, line in enumerate(lines[:-1]):
+        m = CHECK_CONF.match(line)
+        if not m:
+            continue
+        status, said = describe(program, m.group(1))
+        if status != 0 or said != lines[i + 1].strip():
+            found.append(f"check-conf example '{m.group(1)}': prints '{said}', "
+                         f"the page says '{lines[i + 1].strip()}'")
+        break
+    else:
+        found.append("no '$ poolcuda check-conf ...' example followed by its output")
+    return found
+
+
+def problems(keys, text, program=None):
     section = keys_section(text)
     if section is None:
         return ["docs/configuration.md has no '## Keys' section"]
@@ -69,13 +118,21 @@ def problems(keys, text):
         elif not found and listed != [k for k, _ in keys]:
             found.append(f"the {name} are not in the option table's order: "
                          + ", ".join(k for k, _ in keys))
+    if program is not None:
+        found += example_problems(program, text)
     return found
 
 
-def self_test(keys, text):
+def self_test(keys, text, program):
     failures = []
-    if problems(keys, text):
+    if problems(keys, text, program):
         failures.append("the page as it is does not pass")
+    # An error message or the check-conf example that no longer matches the parser.
+    for name, old, new in (("a wrong error message", "expected at least one pool in the list",
+                            "expected one pool or more in the list"),
+                           ("a stale check-conf example", ",hold:1.5,", ",")):
+        if old not in text or not example_problems(program, text.replace(old, new, 1)):
+            failures.append(f"the check passed a page with {name}")
     victim, default = keys[len(keys) // 2]
     without = "\n".join(l for l in text.splitlines()
                         if not (ROW.match(l) and ROW.match(l).group(1) == victim)
@@ -110,12 +167,13 @@ def main(argv):
     with open(argv[1], encoding="utf-8") as page:
         text = page.read()
     if test:
-        return self_test(keys, text)
-    found = problems(keys, text)
+        return self_test(keys, text, argv[0])
+    found = problems(keys, text, argv[0])
     for problem in found:
         print(problem)
     if not found:
-        print(f"{len(keys)} keys documented, each with the code's default")
+        print(f"{len(keys)} keys documented, each with the code's default; the error messages "
+              "and the check-conf example as the parser writes them")
     return 1 if found else 0
 
 

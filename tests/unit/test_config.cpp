@@ -529,6 +529,15 @@ TEST_CASE("error: unknown pool kind, unknown field, missing required field") {
   check_error("pools:[sliced(page=1M)x]", "pools", "sliced(page=1M)x", "nothing after the ')'");
 }
 
+TEST_CASE("error: pools separated by a comma") {
+  check_error("pools:[sliced(page=1M),exclusive(max=1G)]", "pools",
+              "sliced(page=1M),exclusive(max=1G)", "';' between the pools of a list, not ','");
+  check_error("pools:[sliced(page=1M);exclusive(max=1G), direct(reclaim=1G)]", "pools",
+              "exclusive(max=1G), direct(reclaim=1G)", "not ',' (pool 2)");
+  // Commas inside a pool's fields are its own.
+  CHECK(parse_ok("pools:[sliced(page=1M,slice=256K);exclusive(max=1G)]").pools.custom.size() == 2);
+}
+
 TEST_CASE("error: slice larger than page, cap smaller than page") {
   check_error("pools:[sliced(page=1M,slice=2M)]", "pools", "sliced(page=1M,slice=2M)",
               "slice (2MiB) no larger than page (1MiB)");
