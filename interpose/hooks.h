@@ -163,6 +163,7 @@ cudaError_t raise_out_of_memory(void** out);
   X(cudaStreamWaitEvent_ptsz)               \
   X(cudaDeviceEnablePeerAccess)             \
   X(cudaMemcpyPeer)                         \
+  X(cudaMemcpy3DPeer)                       \
   X(cudaMemcpyPeerAsync)                    \
   X(cudaMemcpyPeerAsync_ptsz)               \
   X(cudaSetDevice)                          \

@@ -234,6 +234,7 @@ cudaError_t cudaMemset3DAsync_ptsz(cudaPitchedPtr ptr, int value, cudaExtent ext
   X(cudaGraphExecDestroy)                   \
   X(cudaEventRecord_ptsz)                   \
   X(cudaMemcpyPeer)                         \
+  X(cudaMemcpy3DPeer)                       \
   X(cudaMemcpyPeerAsync)                    \
   X(cudaMemcpyPeerAsync_ptsz)               \
   X(cudaDeviceEnablePeerAccess)             \

@@ -340,6 +340,12 @@ POOLCUDA_EXPORT cudaError_t cudaMemcpyPeer(void* dst, int dst_device, const void
   return pc::real::cudaMemcpyPeer()(dst, dst_device, src, src_device, count);
 }
 
+POOLCUDA_EXPORT cudaError_t cudaMemcpy3DPeer(const cudaMemcpy3DPeerParms* p) {
+  if (!pc::bypass() && p != nullptr && p->srcDevice != p->dstDevice)
+    pc::stream_order::devices_connected();
+  return pc::real::cudaMemcpy3DPeer()(p);
+}
+
 POOLCUDA_EXPORT cudaError_t cudaMemcpyPeerAsync(void* dst, int dst_device, const void* src,
                                                 int src_device, size_t count,
                                                 cudaStream_t stream) {
