@@ -351,6 +351,14 @@ run-finds-library)
   has err "cannot find libpoolcuda.so (tried $work/build/interpose/libpoolcuda.so)"
   has err "set POOLCUDA_LIBRARY"
   [ ! -e "$work/ran" ] || fail "the program ran without its library"
+  # Neither installed nor in a build tree: no made-up path, the reason instead.
+  mkdir "$work/loose"
+  cp "$poolcuda" "$work/loose/poolcuda"
+  poolcuda=$work/loose/poolcuda
+  run_cli 127 run -- touch "$work/ran"
+  has err "cannot find libpoolcuda.so: $work/loose/poolcuda is neither installed with it nor in a build tree"
+  lacks err "tried"
+  [ ! -e "$work/ran" ] || fail "the program ran without its library"
   ;;
 report-refuses)
   run_cli 2 report
@@ -503,6 +511,16 @@ real-refusals)
   stop_target
   # report_signal:none.
   start_target --conf report_signal:none -- "$target" sleep 60
+  run_cli 1 report "$background_pid"
+  has err "runs with report_signal:none"
+  stop_target
+  # The same with a copy of the library under another name: still the library (its marker).
+  build=$(dirname "$(dirname "$(dirname "$poolcuda")")")
+  mkdir -p "$work/renamed/interpose" "$work/renamed/tests"
+  cp "$build/interpose/libpoolcuda.so" "$work/renamed/interpose/site-allocator.so"
+  ln -s "$build/tests/simcuda" "$work/renamed/tests/simcuda"
+  POOLCUDA_LIBRARY=$work/renamed/interpose/site-allocator.so \
+    start_target --conf report_signal:none -- "$target" sleep 60
   run_cli 1 report "$background_pid"
   has err "runs with report_signal:none"
   stop_target

@@ -163,7 +163,14 @@ LibraryLookup find_library() {
   std::vector<fs::path> candidates;
   if (auto installed = installed_candidate(exe_dir)) candidates.push_back(*installed);
   // The build tree: build/tools/cli/poolcuda next to build/interpose/libpoolcuda.so.
-  candidates.push_back(exe_dir.parent_path().parent_path() / "interpose" / kLibraryName);
+  if (exe_dir.filename() == "cli" && exe_dir.parent_path().filename() == "tools")
+    candidates.push_back(exe_dir.parent_path().parent_path() / "interpose" / kLibraryName);
+  if (candidates.empty()) {
+    lookup.error = "cannot find libpoolcuda.so: " + exe.string() +
+                   " is neither installed with it nor in a build tree; set POOLCUDA_LIBRARY "
+                   "to its path";
+    return lookup;
+  }
   std::string tried;
   for (const auto& candidate : candidates) {
     const fs::path normal = candidate.lexically_normal();

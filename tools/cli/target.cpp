@@ -4,17 +4,21 @@
 // the library's handler is installed and its reporter thread listens; the signal masks in
 // /proc/PID/status say what the program does with the signal otherwise.
 //
-// Depends on config/config.h and interpose/channel_protocol.h.
+// Depends on config/config.h, interpose/channel_protocol.h and check_library (cli.h).
 #include <dirent.h>
 #include <fcntl.h>
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <charconv>
 #include <cstring>
+#include <string>
 #include <string_view>
+#include <vector>
 
+#include "cli.h"
 #include "config/config.h"
 #include "target.h"
 
@@ -80,10 +84,16 @@ std::string_view mapped_name(std::string_view line) {
 }
 
 void read_maps(std::string_view maps, Target* target) {
-  for_each_line(maps, '\n', [target](std::string_view line) {
+  // Shared objects of other names: a copy of the library under another name (a deployment's
+  // own) is still the library, told by its marker symbol, looked for only if no name says so.
+  std::vector<std::string> other_objects;
+  for_each_line(maps, '\n', [&](std::string_view line) {
     const std::string_view name = mapped_name(line);
     const std::string_view base = name.substr(name.rfind('/') + 1);
     if (base.starts_with("libpoolcuda.so")) target->library_mapped = true;
+    if (!name.empty() && (base.ends_with(".so") || base.find(".so.") != std::string_view::npos) &&
+        std::find(other_objects.begin(), other_objects.end(), name) == other_objects.end())
+      other_objects.emplace_back(name);
     // "/memfd:poolcuda-ready.10 (deleted)"
     const std::string prefix = "memfd:" + std::string(channel::kReadyMark);
     if (base.starts_with(prefix)) {
@@ -93,6 +103,10 @@ void read_maps(std::string_view maps, Target* target) {
       if (signal_number > 0 && signal_number < 65) target->ready_signal = signal_number;
     }
   });
+  for (const std::string& object : other_objects) {
+    if (target->library_mapped) break;
+    target->library_mapped = check_library(object).empty();
+  }
 }
 
 void read_status(std::string_view status, Target* target) {

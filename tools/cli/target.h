@@ -17,7 +17,7 @@ namespace poolcuda::cli {
 
 struct Target {
   long pid = 0;
-  bool library_mapped = false;     // a file named libpoolcuda.so* is mapped
+  bool library_mapped = false;     // libpoolcuda.so is mapped (by name, or renamed: its marker)
   int ready_signal = 0;            // the signal of the readiness mark; 0 when there is none
   std::optional<std::string> conf; // POOLCUDA_CONF of the process's initial environment
   std::uint64_t caught = 0;        // SigCgt of /proc/PID/status: bit n-1 for signal n
