@@ -175,6 +175,14 @@ class FenceQueue {
     lane_frees_ = 0;
   }
 
+  // Every slice waiting for a batch's fence (open or closed), not for a stream-ordered free's.
+  template <typename Fn>
+  void for_each_batch_pending(Fn&& fn) const {
+    for (Slice* s = open_.head; s != nullptr; s = s->next_pending) fn(s);
+    for (const Epoch& e : closed_)
+      for (Slice* s = e.head; s != nullptr; s = s->next_pending) fn(s);
+  }
+
   template <typename Fn>
   void for_each_pending(Fn&& fn) const {
     for (Slice* s = open_.head; s != nullptr; s = s->next_pending) fn(s);

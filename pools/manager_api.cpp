@@ -505,7 +505,7 @@ std::uint64_t MemoryManager::idle_bytes() const {
   std::uint64_t idle = 0;
   shards_->each([&](Impl& m) {
     std::lock_guard lock(m.mutex);
-    idle += m.idle() + m.parked_page_bytes();
+    idle += m.idle() + m.freed_page_bytes(false);
   });
   return idle;
 }
@@ -521,6 +521,14 @@ std::uint64_t MemoryManager::idle_bytes() const {
 // made again until the program frees more, so a program that polls the figure while its
 // kernels run pays it once per batch of frees; and it never waits for a stream-ordered free's
 // fence, which plain CUDA does not wait for either.
+// With work queued the wait runs out, and memory freed behind that work still waits for its
+// fence. A page that holds nothing but such memory (and parked slices) counts as free all the
+// same: the plain cudaFree had waited for that work, so the program's next query found the
+// memory free, and frameworks size their arenas from it (a program that freed eight 64 MiB
+// buffers behind a 300 ms kernel and asked for 90% of the reported free got 45% of a 1 GiB
+// device). A request that needs the page waits for the fence in out-of-memory recovery, as the
+// plain free waited. A page that a live slice keeps, or a stream-ordered free's memory, does not
+// count.
 std::uint64_t MemoryManager::idle_bytes_now() {
   std::uint64_t idle = 0;
   WaitBound bound{std::chrono::microseconds(kMemInfoFenceWaitMicros)};
@@ -536,7 +544,7 @@ std::uint64_t MemoryManager::idle_bytes_now() {
         if (m.fences.any_closed_epoch()) m.mem_info_wait_ran_out = frees;
       }
     }
-    idle += m.idle() + m.parked_page_bytes();
+    idle += m.idle() + m.freed_page_bytes(true);
   });
   return idle;
 }

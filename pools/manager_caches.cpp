@@ -45,7 +45,7 @@
 // caches no call used since the last sweep (a busy one's pages lent away would only be
 // borrowed back), and out-of-memory recovery empties every shard's, before it counts what they
 // hold unused (Note [Shards]). cudaMemGetInfo counts pages that only parked slices keep as free
-// (parked_page_bytes). Parked slices also go back at every explicit cleanup, in give_back_all,
+// (freed_page_bytes). Parked slices also go back at every explicit cleanup, in give_back_all,
 // before a layout change, when the slot is needed for a newer slice, and when not reused over
 // one to two expiry passes (one every kThreadCacheExpiry of the owner's requests that reach the
 // manager, and one every kThreadCacheClockBatch of those its cache serves). A sweep every
@@ -235,7 +235,7 @@ void MemoryManager::Impl::fill_cache_report(ManagerReport& r) const {
   }
 }
 
-std::uint64_t MemoryManager::Impl::parked_page_bytes() const {
+std::uint64_t MemoryManager::Impl::freed_page_bytes(bool batch_pending) const {
   std::vector<const Page*> pages;
   try {
     for (const auto& cache : caches) {
@@ -243,8 +243,10 @@ std::uint64_t MemoryManager::Impl::parked_page_bytes() const {
       for (std::size_t i = 0; i < cache->count(); ++i)
         if (cache->at(i).parked) pages.push_back(cache->at(i).slice->page);
     }
+    if (batch_pending)
+      fences.for_each_batch_pending([&](const Slice* s) { pages.push_back(s->page); });
   } catch (const std::bad_alloc&) {
-    return 0;  // too little host memory to count them: report them used, as before parking
+    return 0;  // too little host memory to count them: report them used, as before the free
   }
   std::sort(pages.begin(), pages.end());
   std::uint64_t bytes = 0;

@@ -386,8 +386,10 @@ struct MemoryManager::Impl {
   // it would have done when it was made (the gate was open then); frees() counted it then.
   void retire_parked(Slice* slice);
   void fill_cache_report(ManagerReport& r) const;
-  // Bytes of the pages whose every busy slice is parked: idle but for the caches.
-  std::uint64_t parked_page_bytes() const;
+  // Bytes of the pages whose every busy slice is parked, or, with `batch_pending`, parked or
+  // waiting for a batch's free fence: pages the program freed whole (Note [Memory info after a
+  // free] in manager_api.cpp).
+  std::uint64_t freed_page_bytes(bool batch_pending) const;
   // manager_inspect.cpp: this shard's report and consistency check (the first under its lock,
   // held by the caller; the second takes it).
   ManagerReport snapshot() const;

@@ -168,8 +168,9 @@ class MemoryManager {
   // memgetinfo:pooled.
   std::uint64_t idle_bytes() const;
   // idle_bytes(), once the memory whose free fences have passed is back (the open epoch closed
-  // first, and its fences waited for a moment: Note [Memory info after a free] in
-  // manager_api.cpp): what a memory query reports as free.
+  // first, and its fences waited for a moment), with the pages whose memory all waits for a
+  // batch's fence (Note [Memory info after a free] in manager_api.cpp): what a memory query
+  // reports as free.
   std::uint64_t idle_bytes_now();
 
   ManagerReport report() const;
