@@ -159,6 +159,10 @@ cudaError_t event_query(cudaEvent_t event) {
   return as_runtime(real_driver::cuEventQuery()(as_driver(event)));
 }
 
+cudaError_t stream_query(cudaStream_t stream) {
+  return as_runtime(real_driver::cuStreamQuery()(as_driver(stream)));
+}
+
 cudaError_t event_synchronize(cudaEvent_t event) {
   return as_runtime(real_driver::cuEventSynchronize()(as_driver(event)));
 }
@@ -219,6 +223,7 @@ decltype(&::cudaPeekAtLastError) const cudaPeekAtLastError = &no_error;
 decltype(&::cudaEventCreateWithFlags) const cudaEventCreateWithFlags = &event_create;
 decltype(&::cudaEventRecord) const cudaEventRecord = &event_record;
 decltype(&::cudaEventQuery) const cudaEventQuery = &event_query;
+decltype(&::cudaStreamQuery) const cudaStreamQuery = &stream_query;
 decltype(&::cudaEventSynchronize) const cudaEventSynchronize = &event_synchronize;
 decltype(&::cudaEventDestroy) const cudaEventDestroy = &event_destroy;
 decltype(&::cudaStreamWaitEvent) const cudaStreamWaitEvent = &stream_wait_event;

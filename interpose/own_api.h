@@ -28,6 +28,7 @@
   X(cudaEventCreateWithFlags)            \
   X(cudaEventRecord)                     \
   X(cudaEventQuery)                      \
+  X(cudaStreamQuery)                     \
   X(cudaEventSynchronize)                \
   X(cudaEventDestroy)                    \
   X(cudaStreamWaitEvent)                 \

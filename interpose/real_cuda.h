@@ -250,6 +250,7 @@ cudaError_t cudaMemset3DAsync_ptsz(cudaPitchedPtr ptr, int value, cudaExtent ext
   X(cudaEventCreateWithFlags)               \
   X(cudaEventRecord)                        \
   X(cudaEventQuery)                         \
+  X(cudaStreamQuery)                        \
   X(cudaEventSynchronize)                   \
   X(cudaEventDestroy)                       \
   X(cudaGetDriverEntryPoint)                \

@@ -50,6 +50,7 @@ void* symbol(const char* name);
   X(cuEventCreate, "cuEventCreate", 2000)                                   \
   X(cuEventRecord, "cuEventRecord", 2000)                                   \
   X(cuEventQuery, "cuEventQuery", 2000)                                     \
+  X(cuStreamQuery, "cuStreamQuery", 2000)                                   \
   X(cuEventSynchronize, "cuEventSynchronize", 2000)                         \
   X(cuEventDestroy_v2, "cuEventDestroy", 4000)                              \
   X(cuStreamWaitEvent, "cuStreamWaitEvent", 3020)                           \

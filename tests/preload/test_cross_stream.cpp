@@ -14,6 +14,8 @@
 // with cuStreamDestroy_v2 (from cudaGetDriverEntryPointByVersion): the runtime's stream hooks
 // never see them, the driver hooks must. "driver-streams-v1" destroys them with the CUDA 2.0
 // cuStreamDestroy instead, as programs that find driver functions by their plain names do.
+// Last, the non-blocking case again beside a hundred idle streams, which fences must not
+// record events on.
 #include <cuda.h>
 
 #include <atomic>
@@ -136,6 +138,36 @@ bool run_case(const char* name, unsigned int blocked_flags, bool expect_race,
   return corrupted;
 }
 
+// A hundred idle non-blocking streams beside a busy one: a fence records no event on a stream
+// with nothing queued (Note [Fence streams] in interpose/cuda_device.cpp), so each batch of
+// frees costs a few events, not one per stream, while the blocked stream's fence still holds
+// the buffer back (run_case, with the idle streams alive).
+void idle_streams_case(bool expect_race) {
+  std::vector<cudaStream_t> idle(100);
+  for (cudaStream_t& stream : idle) stream = create_stream(cudaStreamNonBlocking);
+  run_case("non-blocking stream beside idle ones", cudaStreamNonBlocking, expect_race);
+  if (!expect_race && preload_test::on_stand_in()) {
+    cudaStream_t busy = create_stream(cudaStreamNonBlocking);
+    const std::uint64_t records = preload_test::counter("cudaEventRecord");
+    constexpr int kBatches = 20;
+    for (int i = 0; i < kBatches; ++i) {
+      void* buffer = nullptr;
+      CHECK_CUDA(cudaMalloc(&buffer, kSize));
+      CHECK_CUDA(cudaMemsetAsync(buffer, 1, kSize, busy));
+      CHECK_CUDA(cudaFree(buffer));
+      CHECK_CUDA(cudaDeviceSynchronize());  // the batch gets its fence
+    }
+    const std::uint64_t made = preload_test::counter("cudaEventRecord") - records;
+    std::printf("idle streams: %llu events for %d batches\n",
+                static_cast<unsigned long long>(made), kBatches);
+    CHECK_MSG(made <= 3 * kBatches, "fences recorded events on idle streams: " +
+                                        std::to_string(made) + " for " +
+                                        std::to_string(kBatches) + " batches");
+    destroy_stream(busy);
+  }
+  for (cudaStream_t stream : idle) destroy_stream(stream);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -150,6 +182,7 @@ int main(int argc, char** argv) {
   run_case("destroyed non-blocking stream", cudaStreamNonBlocking, expect_race, true);
   run_case("non-blocking stream", cudaStreamNonBlocking, expect_race);
   run_case("blocking stream", cudaStreamDefault, expect_race);
+  idle_streams_case(expect_race);
   CHECK_CUDA(cudaDeviceSynchronize());
   std::printf("ok\n");
   return 0;
