@@ -403,11 +403,17 @@ Route allocate(const char* api, int device, std::size_t size, void** ptr) {
 
 int forward(int device, std::size_t size, void** ptr, const std::function<int()>& real,
             Passed kind) {
-  if (PassthroughCounters* counters = Registry::instance().passthrough(device)) {
-    (kind == Passed::managed ? counters->managed_mallocs : counters->mallocs)
-        .fetch_add(1, std::memory_order_relaxed);
+  // Counted as it reaches CUDA: a request the budget refuses never does.
+  const auto passed = [&] {
+    if (PassthroughCounters* counters = Registry::instance().passthrough(device)) {
+      (kind == Passed::managed ? counters->managed_mallocs : counters->mallocs)
+          .fetch_add(1, std::memory_order_relaxed);
+    }
+  };
+  if (ptr == nullptr || size == 0) {
+    passed();
+    return real();
   }
-  if (ptr == nullptr || size == 0) return real();
   // Idle pages and empty managed slabs count against the budget as they do against the device
   // (Note [Room for what the pools do not serve]): given back, the charge is tried once more.
   if (!budget::charge(device, size) &&
@@ -416,6 +422,7 @@ int forward(int device, std::size_t size, void** ptr, const std::function<int()>
     return kOverBudget;
   }
   budget::ChargeScope charged(device, size);
+  passed();
   const int result = real();
   if (result == 0) {
     charged.keep();

@@ -4,6 +4,8 @@
 //   cudaFree, are counted as passed through in the report, and the log warns once per device.
 // - "capped" (pools:[sliced(page=1M,slice=1M,cap=2M)]): a capped pool that is full with nothing
 //   behind it is a budget: cudaErrorMemoryAllocation, also in cudaGetLastError.
+// - "over-budget" (the uncovered layout under limit:16M): such a request that the budget refuses
+//   never reaches CUDA and is not counted as passed through.
 #include <string>
 #include <vector>
 
@@ -62,6 +64,22 @@ int capped_child() {
   return 0;
 }
 
+// Under a 16 MiB budget: a request no pool accepts that the budget refuses never reaches CUDA,
+// and is not counted as passed through; one that fits is.
+int over_budget_child() {
+  void* small = nullptr;
+  CHECK_CUDA(cudaMalloc(&small, 4096));
+  void* big = nullptr;
+  CHECK_RESULT(cudaMalloc(&big, 32 << 20), cudaErrorMemoryAllocation);
+  CHECK_RESULT(cudaGetLastError(), cudaErrorMemoryAllocation);
+  void* fits = nullptr;
+  CHECK_CUDA(cudaMalloc(&fits, 4 << 20));
+  CHECK_CUDA(cudaFree(fits));
+  CHECK_CUDA(cudaFree(small));
+  std::printf("child ok\n");
+  return 0;
+}
+
 preload_test::ChildResult run(const char* mode, const std::string& conf) {
   preload_test::ChildResult child = preload_test::run_self(mode, {"POOLCUDA_CONF=" + conf});
   std::printf("--- %s (%s)\n%s", mode, conf.c_str(), child.output.c_str());
@@ -76,12 +94,18 @@ int main(int argc, char** argv) {
   preload_test::require_preloaded();
   if (argc > 1 && std::string(argv[1]) == "uncovered") return uncovered_child();
   if (argc > 1 && std::string(argv[1]) == "capped") return capped_child();
+  if (argc > 1 && std::string(argv[1]) == "over-budget") return over_budget_child();
 
   preload_test::ChildResult uncovered =
       run("uncovered", "pools:[sliced(page=1M)],report_at_exit:1,free_fence:none");
   const std::size_t warned = count_lines(uncovered.output, "no pool accepts");
   CHECK_MSG(warned == 1, "warned " + std::to_string(warned) + " times");
   CHECK(uncovered.output.find("passed through to CUDA: cudaMalloc 3, cudaFree 3") != std::string::npos);
+
+  preload_test::ChildResult over_budget =
+      run("over-budget", "pools:[sliced(page=1M)],limit:16M,report_at_exit:1,free_fence:none");
+  CHECK(over_budget.output.find("passed through to CUDA: cudaMalloc 1, cudaFree 1") !=
+        std::string::npos);
 
   // log:off silences the warning.
   preload_test::ChildResult quiet = run("uncovered", "pools:[sliced(page=1M)],log:off");
