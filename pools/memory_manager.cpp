@@ -719,13 +719,13 @@ restart:
           held_res->trims_elsewhere < kHeldTrimsElsewhere && shards->count() > 1 &&
           shards->idle_elsewhere(shard_index))
         return Route::trim_elsewhere(held.over_by, pool.growth_bytes(size));
-      if (held.overrun) ++held_overruns;
     }
     ctx.growth_room = std::min(held.room, device.growth_room());  // Note [Wider pages]
     r.status = frozen != 0 ? AllocStatus::failed : pool.grow(size, &r.slice);
     ctx.growth_room = Device::kNoGrowthLimit;
     r.grew = r.status == AllocStatus::ok;
     if (r.grew) {
+      if (held.overrun) ++held_overruns;  // a growth the device refused took nothing past it
       if (held.over_by == 0 && held.releases_count) ++held_early_growths;
       if (held.peak_in_use != 0 && shards != nullptr) {
         // Before the gate opens: the next shard's check counts this growth, and no longer the
