@@ -18,6 +18,7 @@
 #include "interpose/exports_common.h"
 #include "interpose/hooks.h"
 #include "interpose/pooling.h"
+#include "pools/work_since_free.h"
 
 #include <algorithm>
 #include <array>
@@ -262,12 +263,14 @@ POOLCUDA_EXPORT CUresult cuCtxSetLimit(CUlimit limit, size_t value) {
 // is tried once more after the pools gave their idle memory back (Note [Launches short of
 // memory] in hooks.cpp). A call the driver accepts pays the hook's call, one atomic load (Note
 // [Room that arrived meanwhile] in pooling.cpp) and one comparison (a load also a copy of its
-// option values), and never marks the process as one that used CUDA through the library (Note
+// option values, a launch two more loads: Note [Memory info after a free] in
+// pools/manager_api.cpp), and never marks the process as one that used CUDA through the library (Note
 // [Silent processes] in lifecycle.cpp).
 namespace {
 
 template <typename Call>
 CUresult launch_with_room(CUstream stream, Call&& real) {
+  pc::work_since_free::note_work();  // Note [Memory info after a free] in pools/manager_api.cpp
   const pc::pooling::ReturnsSince returns;
   const CUresult result = real();
   if (result != CUDA_ERROR_OUT_OF_MEMORY || pc::bypass()) return result;

@@ -19,6 +19,7 @@
 #include "interpose/pooling.h"
 #include "interpose/real_cuda.h"
 #include "interpose/stream_order.h"
+#include "pools/work_since_free.h"
 
 namespace pc = poolcuda;
 
@@ -28,6 +29,7 @@ namespace {
 // or the explicit handle anywhere.
 inline void watch(cudaStream_t stream, bool per_thread_flavour) {
   if (pc::bypass()) return;
+  pc::work_since_free::note_work();  // Note [Memory info after a free] in pools/manager_api.cpp
   pc::stream_order::work_issued();
   if (stream == cudaStreamPerThread || (per_thread_flavour && stream == nullptr))
     pc::stream_order::per_thread_stream_used();

@@ -7,7 +7,8 @@
 // (Note [Outside the lock] in memory_manager.cpp). A stream-ordered free waits apart, in the
 // lane of its stream and freeing thread, for the fence recorded on that stream alone at its free
 // (Note [Stream-ordered frees] in memory_manager.cpp); a lane is reaped oldest first too.
-// Not thread-safe: the MemoryManager's lock covers it. Depends on pool.h and device.h.
+// Not thread-safe: the MemoryManager's lock covers it. Depends on pool.h, device.h and
+// work_since_free.h.
 #pragma once
 
 #include <atomic>
@@ -17,6 +18,7 @@
 
 #include "pools/device.h"
 #include "pools/pool.h"
+#include "pools/work_since_free.h"
 
 namespace poolcuda {
 
@@ -35,7 +37,10 @@ class FenceQueue {
     else open_.head = slice;
     open_.tail = slice;
     // Published once per epoch: host-work hooks read it without the lock on every launch.
-    if (open_.count++ == 0) open_published_.store(true, std::memory_order_relaxed);
+    if (open_.count++ == 0) {
+      open_published_.store(true, std::memory_order_relaxed);
+      open_.batch = work_since_free::batch_begun();
+    }
     open_.bytes += slice->size;
   }
 
@@ -92,6 +97,7 @@ class FenceQueue {
     Epoch closing = open_;
     closing.fence = fence;
     closing.id = next_id_;
+    closing.work_after_free = work_since_free::work_since(open_.batch);
     try {
       closed_.push_back(closing);
     } catch (...) {  // no host memory: the epoch stays open, to close later
@@ -175,12 +181,17 @@ class FenceQueue {
     lane_frees_ = 0;
   }
 
-  // Every slice waiting for a batch's fence (open or closed), not for a stream-ordered free's.
+  // Every slice waiting for a batch's fence (open or closed) that no work the program put on a
+  // stream after the batch's first free holds back: its fence waits only for work issued before
+  // the frees. Not a stream-ordered free's.
   template <typename Fn>
-  void for_each_batch_pending(Fn&& fn) const {
-    for (Slice* s = open_.head; s != nullptr; s = s->next_pending) fn(s);
-    for (const Epoch& e : closed_)
+  void for_each_batch_pending_behind_earlier_work(Fn&& fn) const {
+    if (open_.count != 0 && !work_since_free::work_since(open_.batch))
+      for (Slice* s = open_.head; s != nullptr; s = s->next_pending) fn(s);
+    for (const Epoch& e : closed_) {
+      if (e.work_after_free) continue;
       for (Slice* s = e.head; s != nullptr; s = s->next_pending) fn(s);
+    }
   }
 
   template <typename Fn>
@@ -202,6 +213,8 @@ class FenceQueue {
     std::uint32_t count = 0;
     std::uint32_t waiters = 0;  // tickets out
     std::uint64_t bytes = 0;
+    std::uint64_t batch = 0;       // work_since_free's number of the batch, from its first free
+    bool work_after_free = false;  // work was put on a stream between its first free and fence
   };
   // One thread's stream-ordered frees on one stream, oldest first; each is an epoch of one
   // slice.

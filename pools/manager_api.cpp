@@ -527,8 +527,13 @@ std::uint64_t MemoryManager::idle_bytes() const {
 // memory free, and frameworks size their arenas from it (a program that freed eight 64 MiB
 // buffers behind a 300 ms kernel and asked for 90% of the reported free got 45% of a 1 GiB
 // device). A request that needs the page waits for the fence in out-of-memory recovery, as the
-// plain free waited. A page that a live slice keeps, or a stream-ordered free's memory, does not
-// count.
+// plain free waited. But a batch's fence is recorded when the batch closes, and small frees can
+// wait in the open batch while the program launches more work: that fence waits for the later
+// work too, which the plain free never waited for (three 4 MiB frees, then a queue of memsets
+// of 12 s: the request of the reported free size failed after 10 s where the plain one got it
+// at once). So a batch counts only while no work was put on a stream since its first free
+// (work_since_free.h: the launches, copies and memsets the hooks see, on any device). A page
+// that a live slice keeps, or a stream-ordered free's memory, does not count.
 std::uint64_t MemoryManager::idle_bytes_now() {
   std::uint64_t idle = 0;
   WaitBound bound{std::chrono::microseconds(kMemInfoFenceWaitMicros)};

@@ -387,8 +387,8 @@ struct MemoryManager::Impl {
   void retire_parked(Slice* slice);
   void fill_cache_report(ManagerReport& r) const;
   // Bytes of the pages whose every busy slice is parked, or, with `batch_pending`, parked or
-  // waiting for a batch's free fence: pages the program freed whole (Note [Memory info after a
-  // free] in manager_api.cpp).
+  // waiting for the fence of a batch no later work holds back: pages the program freed whole
+  // (Note [Memory info after a free] in manager_api.cpp).
   std::uint64_t freed_page_bytes(bool batch_pending) const;
   // manager_inspect.cpp: this shard's report and consistency check (the first under its lock,
   // held by the caller; the second takes it).

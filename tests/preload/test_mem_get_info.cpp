@@ -7,7 +7,8 @@
 // program synchronizes (cudaDeviceSynchronize, and cuCtxSynchronize and cuCtxSynchronize_v2
 // with cuMemGetInfo), and a buffer freed just now on an idle device. A context of cuCtxCreate
 // gets the same figures as the primary one. Memory freed while its stream is still busy counts as
-// free, as after the plain free, which waited for that work.
+// free, as after the plain free, which waited for that work; memory whose fence would wait for
+// work queued after the free does not.
 #include <cuda.h>
 
 #include <chrono>
@@ -77,10 +78,43 @@ void freed_behind_queued_work(cudaStream_t stream) {
   CHECK_CUDA(cudaDeviceSynchronize());
 }
 
+// Run with every stream operation taking 300 ms: three 4 MiB buffers freed with nothing queued
+// (the plain frees return at once, the memory free), then four memsets queued on a non-blocking
+// stream. The frees are small, so a batch of them is still open; the query's fence would wait
+// for the memsets, which the plain frees never waited for, and their pages must not count. A
+// request of the reported size less 8 MiB then needs none of them: it must not wait for the
+// memsets (the queue is still busy when it returns). (The whole reported size may need a page
+// that a batch closed earlier left idle, whose return to the driver waits for the device, as
+// a plain cudaFree does.)
+int later_work_child() {
+  cudaStream_t stream = nullptr;
+  CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  void* keep = nullptr;
+  CHECK_CUDA(cudaMalloc(&keep, 64 << 20));
+  std::vector<void*> buffers(3);
+  for (void*& buffer : buffers) CHECK_CUDA(cudaMalloc(&buffer, 4 << 20));
+  for (void* buffer : buffers) CHECK_CUDA(cudaFree(buffer));
+  for (int i = 0; i < 4; ++i) CHECK_CUDA(cudaMemsetAsync(keep, 1, 4096, stream));
+  std::size_t reported = 0, total = 0;
+  CHECK_CUDA(cudaMemGetInfo(&reported, &total));
+  void* arena = nullptr;
+  CHECK_CUDA(cudaMalloc(&arena, reported - (8 << 20)));
+  CHECK_MSG(cudaStreamQuery(stream) == cudaErrorNotReady,
+            "the request waited for work queued after the frees: " + std::to_string(reported) +
+                " B reported free");
+  CHECK_CUDA(cudaFree(arena));
+  CHECK_CUDA(cudaStreamSynchronize(stream));
+  CHECK_CUDA(cudaFree(keep));
+  CHECK_CUDA(cudaStreamDestroy(stream));
+  std::printf("later-work child ok\n");
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   preload_test::require_preloaded();
+  if (argc > 1 && std::string(argv[1]) == "later-work") return later_work_child();
   const bool raw = argc > 1 && std::string(argv[1]) == "raw";
   // The driver's own figures: the real runtime's cudaMemGetInfo asks the driver through the
   // library's cuMemGetInfo hook, which counts idle pooled pages as free too.
@@ -233,6 +267,11 @@ int main(int argc, char** argv) {
     }
     freed_behind_queued_work(stream);
     CHECK_CUDA(cudaStreamDestroy(stream));
+    if (preload_test::on_stand_in()) {
+      const preload_test::ChildResult later =
+          preload_test::run_self("later-work", {"SIMCUDA_OP_DELAY_US=300000"});
+      CHECK_MSG(later.status == 0, later.output);
+    }
   }
   std::printf("ok\n");
   return 0;
