@@ -83,9 +83,9 @@ std::string_view mapped_name(std::string_view line) {
   return slash == std::string_view::npos ? std::string_view() : line.substr(slash);
 }
 
-void read_maps(std::string_view maps, Target* target) {
-  // Shared objects of other names: a copy of the library under another name (a deployment's
-  // own) is still the library, told by its marker symbol, looked for only if no name says so.
+// Fills library_mapped from the names of the mapped files and ready_signal from the readiness
+// mark; returns the other mapped shared objects.
+std::vector<std::string> read_maps(std::string_view maps, Target* target) {
   std::vector<std::string> other_objects;
   for_each_line(maps, '\n', [&](std::string_view line) {
     const std::string_view name = mapped_name(line);
@@ -103,10 +103,31 @@ void read_maps(std::string_view maps, Target* target) {
       if (signal_number > 0 && signal_number < 65) target->ready_signal = signal_number;
     }
   });
-  for (const std::string& object : other_objects) {
-    if (target->library_mapped) break;
-    target->library_mapped = check_library(object).empty();
-  }
+  return other_objects;
+}
+
+// A copy of the library under another name (a deployment's own) is the library too, told by its
+// marker symbol. Only what the process preloads is read (a framework maps hundreds of shared
+// objects), each through the process's own root (it may live in another mount namespace).
+bool preloads_renamed_copy(const std::string& proc, std::string_view preload,
+                           const std::vector<std::string>& objects) {
+  bool found = false;
+  for_each_line(preload, ' ', [&](std::string_view entries) {
+    for_each_line(entries, ':', [&](std::string_view entry) {
+      if (found || entry.empty()) return;
+      const std::string_view entry_base = entry.substr(entry.rfind('/') + 1);
+      for (const std::string& object : objects) {
+        const std::string_view base = std::string_view(object).substr(object.rfind('/') + 1);
+        const bool named = entry.find('/') != std::string_view::npos ? object == entry
+                                                                     : base == entry_base;
+        if (named && check_library(proc + "/root" + object).empty()) {
+          found = true;
+          return;
+        }
+      }
+    });
+  });
+  return found;
 }
 
 void read_status(std::string_view status, Target* target) {
@@ -167,10 +188,15 @@ std::optional<Target> inspect(long pid, std::string* error) {
     *error = cannot_read(pid, "cannot inspect process " + std::to_string(pid), errno);
     return std::nullopt;
   }
-  read_maps(*maps, &target);
-  for_each_line(*environ_block, '\0', [&target](std::string_view entry) {
+  const std::vector<std::string> objects = read_maps(*maps, &target);
+  std::string_view preload;
+  for_each_line(*environ_block, '\0', [&](std::string_view entry) {
     if (entry.starts_with("POOLCUDA_CONF=")) target.conf = std::string(entry.substr(14));
+    if (entry.starts_with("LD_PRELOAD=")) preload = entry.substr(11);
   });
+  // Only a process without the readiness mark is judged by whether it mapped the library.
+  if (!target.library_mapped && target.ready_signal == 0)
+    target.library_mapped = preloads_renamed_copy(proc, preload, objects);
   target.reporter_thread = find_reporter_thread(proc);
   return target;
 }
