@@ -110,6 +110,9 @@ Options parse_options(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     std::string_view arg = argv[i];
     if (arg == "--help" || arg == "-h") usage(nullptr);
+    if (arg != "--steps" && arg != "--seconds" && arg != "--seed" && arg != "--layers" &&
+        arg != "--write-bytes")
+      usage(("unknown option " + std::string(arg)).c_str());
     if (i + 1 >= argc) usage(("missing value after " + std::string(arg)).c_str());
     const char* value = argv[++i];
     long v = 0;
@@ -128,11 +131,9 @@ Options parse_options(int argc, char** argv) {
     } else if (arg == "--layers") {
       if (!parse_long(value, 1, 1000, v)) usage("--layers wants an integer in 1..1000");
       opt.layers = static_cast<int>(v);
-    } else if (arg == "--write-bytes") {
+    } else {  // --write-bytes
       if (!parse_long(value, 4096, 1L << 40, v)) usage("--write-bytes wants an integer >= 4096");
       opt.write_bytes = static_cast<std::size_t>(v);
-    } else {
-      usage(("unknown option " + std::string(arg)).c_str());
     }
   }
   if (opt.steps < 0 && opt.seconds < 0) opt.steps = 20;
