@@ -264,8 +264,8 @@ POOLCUDA_EXPORT CUresult cuCtxSetLimit(CUlimit limit, size_t value) {
 // memory] in hooks.cpp). A call the driver accepts pays the hook's call, one atomic load (Note
 // [Room that arrived meanwhile] in pooling.cpp) and one comparison (a load also a copy of its
 // option values, a launch two more loads: Note [Memory info after a free] in
-// pools/manager_api.cpp), and never marks the process as one that used CUDA through the library (Note
-// [Silent processes] in lifecycle.cpp).
+// pools/manager_api.cpp), and never marks the process as one that used CUDA through the library
+// (Note [Silent processes] in lifecycle.cpp).
 namespace {
 
 template <typename Call>

@@ -243,8 +243,10 @@ std::uint64_t MemoryManager::Impl::freed_page_bytes(bool batch_pending) const {
       for (std::size_t i = 0; i < cache->count(); ++i)
         if (cache->at(i).parked) pages.push_back(cache->at(i).slice->page);
     }
-    if (batch_pending)
-      fences.for_each_batch_pending_behind_earlier_work([&](const Slice* s) { pages.push_back(s->page); });
+    if (batch_pending) {
+      fences.for_each_batch_pending_behind_earlier_work(
+          [&](const Slice* s) { pages.push_back(s->page); });
+    }
   } catch (const std::bad_alloc&) {
     return 0;  // too little host memory to count them: report them used, as before the free
   }

@@ -356,7 +356,7 @@ run-finds-library)
   cp "$poolcuda" "$work/loose/poolcuda"
   poolcuda=$work/loose/poolcuda
   run_cli 127 run -- touch "$work/ran"
-  has err "cannot find libpoolcuda.so: $work/loose/poolcuda is neither installed with it nor in a build tree"
+  has err "cannot find libpoolcuda.so: $work/loose/poolcuda is neither installed with it nor in"
   lacks err "tried"
   [ ! -e "$work/ran" ] || fail "the program ran without its library"
   ;;
