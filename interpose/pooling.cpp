@@ -185,7 +185,10 @@ FreeOutcome free_on(Registry& registry, int device, DevicePtr address,
 // freed there runs on freed memory without the library too. Keeping that memory as well made a
 // thread that allocated and freed managed memory beside a capture lose all of it, and fail
 // requests that plain CUDA served. A second free of a kept pointer frees it (as plain CUDA
-// would).
+// would). A stream-ordered free on a stream that captures is kept the same way in any mode: the
+// capture takes it into its graph, after the graph's own work on the memory, so the memory may
+// go only when that graph runs (plain CUDA does not free it at the call either); taken back at
+// once, it went to the next allocation, and the graph's launch wrote over it.
 //
 // Note [Managed frees on another device's stream]
 // A slab's fence covers its own device's streams. Managed memory needs no peer access, so a
@@ -265,12 +268,14 @@ void release_passed_managed_frees(Registry& registry) {
   g_held_count.store(frees.list.size(), std::memory_order_release);
 }
 
-// `stream`: a stream-ordered free's stream, as other_device_stream names it (or kNoStream).
+// `stream`: a stream-ordered free's stream, as other_device_stream names it (or kNoStream);
+// `captured`: that stream captures (Note [Managed frees during a capture]).
 FreeOutcome free_from_chain(Registry& registry, ManagedSlabs& chain, int device,
-                            DevicePtr address, StreamToken stream) {
+                            DevicePtr address, StreamToken stream, bool captured) {
   const CapturePolicy* capture = registry.capture(device);
   const bool capturing =
-      capture != nullptr && capture->open() && hooks::unsafe_calls_refused_here();
+      captured ||
+      (capture != nullptr && capture->open() && hooks::unsafe_calls_refused_here());
   // Under free_fence:none the program orders reuse itself (Note [Managed frees on another
   // device's stream]).
   const bool fenced = stream != kNoStream && config().free_fence != FreeFence::none;
@@ -308,15 +313,17 @@ FreeOutcome free_from_chain(Registry& registry, ManagedSlabs& chain, int device,
 
 // A managed slab allocation goes back to its chain: the device's own first, then every other.
 FreeOutcome free_managed(Registry& registry, int device, DevicePtr address, StreamToken stream,
-                         int* owner) {
+                         bool captured, int* owner) {
   if (ManagedSlabs* chain = registry.managed(device)) {
-    const FreeOutcome outcome = free_from_chain(registry, *chain, device, address, stream);
+    const FreeOutcome outcome =
+        free_from_chain(registry, *chain, device, address, stream, captured);
     if (outcome != FreeOutcome::not_mine) return outcome;
   }
   for (int other = 0; other < registry.managed_bound(); ++other) {
     ManagedSlabs* chain = other == device ? nullptr : registry.managed(other);
     if (chain == nullptr) continue;
-    const FreeOutcome outcome = free_from_chain(registry, *chain, other, address, stream);
+    const FreeOutcome outcome =
+        free_from_chain(registry, *chain, other, address, stream, captured);
     if (outcome != FreeOutcome::not_mine) {
       *owner = other;
       return outcome;
@@ -505,8 +512,11 @@ Freed release(int device, const void* ptr, StreamToken stream) {
     named = CudaDevice::other_device_stream(device, stream);
     registry.manager_or_create(device);  // records the fence on its legacy or per-thread stream
   }
-  // Managed slabs first: a range test per slab, no lock.
-  freed.outcome = free_managed(registry, device, address, named, &freed.owner);
+  // Managed slabs first: a range test per slab, no lock. Whether the stream captures is asked
+  // only while a capture the hooks saw is open on the device.
+  const bool captured = stream != kNoStream && hooks::capture_open(device) &&
+                        hooks::capturing(reinterpret_cast<cudaStream_t>(stream));
+  freed.outcome = free_managed(registry, device, address, named, captured, &freed.owner);
   if (freed.outcome != FreeOutcome::not_mine) {
     // free_fence:sync makes every free outside a capture the barrier the real cudaFree is, as
     // the pools' frees are (a slab's reuse waits for its own fence in every mode); the

@@ -11,11 +11,15 @@
 //  - global-malloc: cudaMallocManaged on the thread of a global-mode capture: plain CUDA refuses
 //    it (cudaErrorStreamCaptureUnsupported) and invalidates the capture, whose end then fails;
 //    the library served it from a slab and the capture went on.
+//  - captured-free-async: a cudaFreeAsync of a managed buffer on the stream that captures it,
+//    in a relaxed capture: the library took the memory back at once, and the graph's launch
+//    wrote over a later allocation there.
 // A free by the capturing thread inside its own global capture is kept still (the library makes
 // that free legal; capture_managed_freed checks it).
 #include <cstring>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "check.h"
 
@@ -68,11 +72,47 @@ void managed_in_global_capture() {
   CHECK_CUDA(cudaStreamDestroy(stream));
 }
 
+// A cudaFreeAsync of a managed buffer on the stream that captures it, in a relaxed capture: the
+// free is part of the graph, after its memset, and the memory must stay the buffer's until then
+// (plain CUDA does not free it at the call). Taken back at once, it went to a later allocation
+// that the graph's launch then overwrote.
+void captured_free_async() {
+  cudaStream_t stream = nullptr;
+  CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  char* managed = nullptr;
+  CHECK_CUDA(cudaMallocManaged(reinterpret_cast<void**>(&managed), 4096));
+  CHECK_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeRelaxed));
+  CHECK_CUDA(cudaMemsetAsync(managed, 0x33, 4096, stream));
+  CHECK_CUDA(cudaFreeAsync(managed, stream));
+  cudaGraph_t graph = nullptr;
+  CHECK_CUDA(cudaStreamEndCapture(stream, &graph));
+  cudaPointerAttributes attributes{};
+  CHECK_CUDA(cudaPointerGetAttributes(&attributes, managed));
+  CHECK_MSG(attributes.type == cudaMemoryTypeManaged,
+            "a buffer the graph still frees was called freed: type " +
+                std::to_string(static_cast<int>(attributes.type)));
+  std::vector<char*> later;
+  for (int i = 0; i < 64; ++i) {
+    char* buffer = nullptr;
+    CHECK_CUDA(cudaMallocManaged(reinterpret_cast<void**>(&buffer), 4096));
+    CHECK_MSG(buffer != managed, "the captured buffer was handed out again");
+    std::memset(buffer, 0x11, 4096);
+    later.push_back(buffer);
+  }
+  preload_test::launch_once(graph, stream);  // and destroys it
+  for (char* buffer : later) {
+    CHECK_MSG(buffer[0] == 0x11, "the graph's launch wrote into a later allocation");
+    CHECK_CUDA(cudaFree(buffer));
+  }
+  CHECK_CUDA(cudaStreamDestroy(stream));
+}
+
 int run_case(const std::string& name) {
   CHECK_CUDA(cudaFree(nullptr));
   if (name == "other-thread") freed_memory_comes_back(true);
   if (name == "own-relaxed") freed_memory_comes_back(false);
   if (name == "global-malloc") managed_in_global_capture();
+  if (name == "captured-free-async") captured_free_async();
   std::printf("case done\n");
   return 0;
 }
@@ -82,7 +122,8 @@ int run_case(const std::string& name) {
 int main(int argc, char** argv) {
   if (argc > 1) return run_case(argv[1]);
   preload_test::require_preloaded();
-  preload_test::run_cases_in_children({"other-thread", "own-relaxed", "global-malloc"});
+  preload_test::run_cases_in_children(
+      {"other-thread", "own-relaxed", "global-malloc", "captured-free-async"});
   std::printf("ok\n");
   return 0;
 }
