@@ -66,7 +66,11 @@ std::string describe(const ManagedError& error) {
     case ManagedErrorKind::bad_request:
       return "bad request: size " + requested + " or its alignment is not allowed";
     case ManagedErrorKind::too_large:
-      return "too large: requested " + requested + ", limit " + limit;
+      // The two limits: a slab (the request never fits one) or every slab the chain may have.
+      return error.requested > error.limit
+                 ? "larger than a slab: requested " + requested + ", slab " + limit
+                 : "every slab in use: requested " + requested + ", the slabs hold " + limit +
+                       " in all";
     case ManagedErrorKind::pinned:
       return "slabs pinned: requested " + requested + "; one more slab would make those in use " +
              limit + ", more than twice their live bytes and " +
