@@ -453,24 +453,10 @@ void ForwardedFree::finish(bool freed) {
     counters->frees.fetch_add(1, std::memory_order_relaxed);
 }
 
-// Note [Graph releases before host work]
-// A graph's pinned memory comes back when CUDA tells the library the graph is gone, on CUDA's
-// own thread, and is taken at the next call that drains releases. Memory the program freed while
-// a graph pinned it gets its free (its fence, or under free_fence:sync its synchronize) there.
-// When that call comes after a host function that parks a stream, the fence waits for the park:
-// a program that destroyed a graph, freed its workspace and parked a stream was refused the
-// workspace after 10 s, and under free_fence:sync its next allocation hung in the synchronize,
-// where plain CUDA had freed the memory before the park. So before host work each device takes
-// the releases that arrived (waiting for one briefly, once per destroy, as the memory query
-// does), and the frees they make join the batch fenced before the park.
 void fence_before_host_work() {
   stream_order::host_work_issuing();  // Note [Leaving behind a park] in stream_order.cpp
   const Registry& registry = Registry::instance();
   for (int device = 0; device < Registry::kMaxDevices; ++device) {
-    if (CapturePolicy* capture = registry.capture(device)) {
-      await_graph_release_briefly(*capture);
-      if (capture->releases_pending()) drain_graph_releases(*capture);
-    }
     if (MemoryManager* manager = registry.manager(device)) manager->fence_open_frees();
   }
 }

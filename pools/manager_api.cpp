@@ -611,6 +611,15 @@ RetainedSlice MemoryManager::retain(DevicePtr ptr) {
   return pin;
 }
 
+// Note [Frees a graph's release makes]
+// A slice the program freed while a graph pinned it is freed when the last pin goes: when CUDA
+// reports the graph gone, on a thread of its own, and the library takes that report at its next
+// call. That call may come after the program parked a stream on a host function it opens later,
+// and under free_fence:sync the free's synchronize then waited for the park: the program's next
+// cudaMalloc, of any size, hung where plain CUDA returned at once. So such a free waits for a
+// fence event in every mode, which nothing ever blocks on: under sync too, its memory comes back
+// once the device has passed the event (a request that needs it before then waits for it, within
+// the out-of-memory bound, as under events).
 bool MemoryManager::release_retained(const RetainedSlice& pin) {
   Impl* shard = shards_->pinned(pin);
   if (shard == nullptr) return false;
@@ -619,8 +628,8 @@ bool MemoryManager::release_retained(const RetainedSlice& pin) {
   if (pin.generation != m.generation) return false;
   Slice* slice = static_cast<Slice*>(pin.node);
   if (slice->ptr != pin.ptr || slice->pins == 0) return false;
-  if (--slice->pins == 0 && slice->state == SliceState::held) m.retire(slice);
-  m.finish_sync_frees(scope);
+  if (--slice->pins == 0 && slice->state == SliceState::held)
+    m.retire(slice, kNoStream, Impl::FreeBy::release);
   return true;
 }
 

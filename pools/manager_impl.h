@@ -304,8 +304,11 @@ struct MemoryManager::Impl {
   // Pages ever handed to Device::release by every shard (Note [Out of memory among threads]).
   std::uint64_t pages_handed_everywhere() const;
   Route recover_from_oom(Scope& scope, std::uint64_t size, Placement placement);
+  // Who frees: the program, or the release of the last pin of a slice it freed while pinned
+  // (never synchronized: Note [Frees a graph's release makes] in manager_api.cpp).
+  enum class FreeBy : std::uint8_t { program, release };
   // live/held -> pending or free, by the fence mode; `stream`: freed in that stream's order.
-  void retire(Slice* slice, StreamToken stream = kNoStream);
+  void retire(Slice* slice, StreamToken stream = kNoStream, FreeBy by = FreeBy::program);
   void close_epoch();
   // close_epoch(), then takes back what fences passed earlier (cleanups, recovery).
   std::uint64_t close_and_reap();  // slices given back

@@ -874,7 +874,7 @@ bool MemoryManager::Impl::drain(Scope& scope) {
 
 // --- Free path -----------------------------------------------------------------------------------
 
-void MemoryManager::Impl::retire(Slice* slice, StreamToken stream) {
+void MemoryManager::Impl::retire(Slice* slice, StreamToken stream, FreeBy by) {
   // Written only under the lock: a plain increment, not a locked one, on every free.
   frees.store(frees.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
   Pool* pool = slice->page->pool;
@@ -889,8 +889,9 @@ void MemoryManager::Impl::retire(Slice* slice, StreamToken stream) {
     case FreeFence::sync:
       // A device-wide synchronize would invalidate an open capture: the slice waits in an
       // epoch like an events free (Note [Free fences]). Nor does it wait for another device's
-      // stream: a stream-ordered free there is fenced on that stream.
-      if (!device.capture_active() &&
+      // stream: a stream-ordered free there is fenced on that stream. Nor a free a pin's release
+      // makes (Note [Frees a graph's release makes] in manager_api.cpp).
+      if (by == FreeBy::program && !device.capture_active() &&
           (stream == kNoStream || device.stream_on_this_device(stream))) {
         slice->next_pending = nullptr;
         if (sync_tail != nullptr) sync_tail->next_pending = slice;
