@@ -151,10 +151,13 @@ cudaError_t forward_malloc(int device, void** ptr, std::size_t size) {
 
 }  // namespace
 
+// Asked of the driver: a program without the runtime (the static one, the driver API alone)
+// frees through here too, and a failed query leaves no error in the runtime's slot.
 bool capturing(cudaStream_t stream) {
-  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
-  return real::cudaStreamIsCapturing()(stream, &status) == cudaSuccess &&
-         status != cudaStreamCaptureStatusNone;
+  CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_NONE;
+  return real_driver::cuStreamIsCapturing()(reinterpret_cast<CUstream>(stream), &status) ==
+             CUDA_SUCCESS &&
+         status != CU_STREAM_CAPTURE_STATUS_NONE;
 }
 
 // Note [Stream handles]

@@ -32,6 +32,9 @@
 //              plain call is, and the memory stays the program's (no later allocation gets its
 //              address, its bytes stay, and cuMemFree frees it). The library asks the driver:
 //              this program has no runtime to ask (it once freed the memory).
+//   free_async a relaxed capture's stream frees a buffer from before the capture with
+//              cuMemFreeAsync: the library asks the driver whether the stream captures (asking
+//              the runtime, which this program lacks, failed and said so on stderr).
 // The children run with SIMCUDA_STRICT=1: a race the stand-in sees aborts them. Runs on a GPU
 // too (nothing stand-in only).
 #include <cuda.h>
@@ -472,9 +475,31 @@ void mixed_case() {
 
 }  // namespace
 
+void free_async_case() {
+  CUstream stream = nullptr;
+  CHECK_CU(cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING));
+  const CUdeviceptr buffer = allocate();
+  CHECK_CU(cuStreamBeginCapture_v2(stream, CU_STREAM_CAPTURE_MODE_RELAXED));
+  CHECK_CU(cuMemsetD8Async(buffer, 0x33, kSize, stream));
+  CHECK_CU(cuMemFreeAsync(buffer, stream));
+  CUgraph graph = nullptr;
+  CHECK_CU(cuStreamEndCapture(stream, &graph));
+  CHECK_CU(cuGraphDestroy(graph));
+  CHECK_CU(cuStreamDestroy_v2(stream));
+}
+
 int main(int argc, char** argv) {
   CHECK(argc == 2);
   std::string which = argv[1];
+  if (which == "free_async") {
+    const preload_test::ChildResult child =
+        preload_test::run_self("child:free_async", {"SIMCUDA_STRICT=1"});
+    std::printf("%s", child.output.c_str());
+    CHECK_MSG(child.status == 0, "the child failed");
+    CHECK_MSG(child.output.find("not in the CUDA runtime") == std::string::npos,
+              "the library asked a runtime the program does not have");
+    return 0;
+  }
   if (which.rfind("child:", 0) != 0) {
     Dl_info info{};
     void* hook = ::dlsym(RTLD_DEFAULT, "cuStreamBeginCapture_v2");
@@ -496,6 +521,7 @@ int main(int argc, char** argv) {
   else if (which == "flavours") flavours_case();
   else if (which == "joined") joined_case();
   else if (which == "mixed") mixed_case();
+  else if (which == "free_async") free_async_case();
   else preload_test::fail(__FILE__, __LINE__, "unknown case " + which);
   std::printf("%s: ok\n", which.c_str());
   return 0;
