@@ -270,7 +270,8 @@ namespace {
 
 template <typename Call>
 CUresult launch_with_room(CUstream stream, Call&& real) {
-  pc::work_since_free::note_work();  // Note [Memory info after a free] in pools/manager_api.cpp
+  // Noted once the launch is queued (Note [Memory info after a free] in pools/manager_api.cpp).
+  const pc::work_since_free::NoteWorkAfter noted_after_call(!pc::bypass());
   const pc::pooling::ReturnsSince returns;
   const CUresult result = real();
   if (result != CUDA_ERROR_OUT_OF_MEMORY || pc::bypass()) return result;

@@ -29,7 +29,6 @@ namespace {
 // or the explicit handle anywhere.
 inline void watch(cudaStream_t stream, bool per_thread_flavour) {
   if (pc::bypass()) return;
-  pc::work_since_free::note_work();  // Note [Memory info after a free] in pools/manager_api.cpp
   pc::stream_order::work_issued();
   if (stream == cudaStreamPerThread || (per_thread_flavour && stream == nullptr))
     pc::stream_order::per_thread_stream_used();
@@ -55,9 +54,15 @@ inline void before_host_function() {
 
 }  // namespace
 
+// Watches the call, and notes its work once the real call has queued it (Note [Memory info after
+// a free] in pools/manager_api.cpp): a declaration, in the entry point's own scope.
+#define WATCH(stream_expr, flavour)                                        \
+  const pc::work_since_free::NoteWorkAfter noted_after_call(!pc::bypass()); \
+  watch(stream_expr, flavour)
+
 #define POOLCUDA_WATCHED(name, flavour, stream_expr, params, args) \
   POOLCUDA_EXPORT cudaError_t name params {                      \
-    watch(stream_expr, flavour);                                 \
+    WATCH(stream_expr, flavour);                                 \
     return pc::real::name() args;                                \
   }
 
@@ -66,7 +71,7 @@ inline void before_host_function() {
 // [Launches short of memory] in hooks.cpp, Note [Room that arrived meanwhile] in pooling.cpp).
 #define POOLCUDA_LAUNCH(name, flavour, stream_expr, params, args)                             \
   POOLCUDA_EXPORT cudaError_t name params {                                                   \
-    watch(stream_expr, flavour);                                                              \
+    WATCH(stream_expr, flavour);                                                              \
     const pc::pooling::ReturnsSince returns;                                                  \
     const cudaError_t result = pc::real::name() args;                                         \
     if (result != cudaErrorMemoryAllocation || pc::bypass()) return result;                   \
@@ -77,7 +82,7 @@ inline void before_host_function() {
 // A copy between two devices: as cudaMemcpyPeer, every device leaves ordered reuse.
 #define POOLCUDA_WATCHED_PEER(name, flavour, stream_expr, params, args)             \
   POOLCUDA_EXPORT cudaError_t name params {                                        \
-    watch(stream_expr, flavour);                                                   \
+    WATCH(stream_expr, flavour);                                                   \
     if (!pc::bypass() && p != nullptr && p->srcDevice != p->dstDevice)             \
       pc::stream_order::devices_connected();                                       \
     return pc::real::name() args;                                                  \
@@ -88,7 +93,7 @@ inline void before_host_function() {
 // streams] in pools/memory_manager.cpp).
 #define POOLCUDA_HOST_WORK(name, flavour, stream_expr, params, args) \
   POOLCUDA_EXPORT cudaError_t name params {                        \
-    watch(stream_expr, flavour);                                   \
+    WATCH(stream_expr, flavour);                                   \
     if (!pc::bypass()) fence_before_host_work();                   \
     return pc::real::name() args;                                  \
   }
@@ -291,7 +296,7 @@ POOLCUDA_WATCHED(cudaMemset3DAsync_ptsz, true, stream,
 // must not do the same again.
 #define POOLCUDA_HOST_FUNCTION(name, flavour, stream_expr, params, args) \
   POOLCUDA_EXPORT cudaError_t name params {                            \
-    watch(stream_expr, flavour);                                       \
+    WATCH(stream_expr, flavour);                                       \
     if (pc::bypass()) return pc::real::name() args;                    \
     before_host_function();                                            \
     pc::InsideHook inside;                                             \

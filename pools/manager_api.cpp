@@ -532,7 +532,8 @@ std::uint64_t MemoryManager::idle_bytes() const {
 // work too, which the plain free never waited for (three 4 MiB frees, then a queue of memsets
 // of 12 s: the request of the reported free size failed after 10 s where the plain one got it
 // at once). So a batch counts only while no work was put on a stream since its first free
-// (work_since_free.h: the launches, copies and memsets the hooks see, on any device). A page
+// (work_since_free.h: the launches, copies and memsets the hooks see, on any device, each noted
+// once its call has queued it, so that a batch begun during the call is marked too). A page
 // that a live slice keeps, or a stream-ordered free's memory, does not count.
 std::uint64_t MemoryManager::idle_bytes_now() {
   std::uint64_t idle = 0;

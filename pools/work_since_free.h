@@ -27,6 +27,23 @@ inline void note_work() {
   }
 }
 
+// Notes work when it goes out of scope: made before the call that puts work on a stream, it
+// notes once the call has queued it. A note made before the call missed a batch that began
+// between the two, whose fence then waited for this work while its memory counted as free.
+// `wanted` false (a call the library makes itself) notes nothing.
+class NoteWorkAfter {
+ public:
+  explicit NoteWorkAfter(bool wanted) : wanted_(wanted) {}
+  NoteWorkAfter(const NoteWorkAfter&) = delete;
+  NoteWorkAfter& operator=(const NoteWorkAfter&) = delete;
+  ~NoteWorkAfter() {
+    if (wanted_) note_work();
+  }
+
+ private:
+  bool wanted_;
+};
+
 // Whether work was put on a stream after batch `batch` began.
 inline bool work_since(std::uint64_t batch) { return g_work_after.load() >= batch; }
 
