@@ -99,9 +99,9 @@ ReportSection summarize(const std::vector<ManagerReport>& managers) {
   ReportSection s{"summary", "summary", {}, {}, {}};
   s.add("devices", "devices", ReportValue::of(Unit::count, managers.size()), Detail::json);
   s.add("bytes_in_use", "in use", ReportValue::of(Unit::bytes, in_use));
-  s.add("bytes_in_use_peak", "peak", ReportValue::of(Unit::bytes, in_use_peak));
+  s.add("bytes_in_use_peak", "peak in use", ReportValue::of(Unit::bytes, in_use_peak));
   s.add("bytes_reserved", "reserved", ReportValue::of(Unit::bytes, reserved));
-  s.add("bytes_reserved_peak", "peak", ReportValue::of(Unit::bytes, reserved_peak));
+  s.add("bytes_reserved_peak", "peak reserved", ReportValue::of(Unit::bytes, reserved_peak));
   // The pools' memory overhead at its worst: what they held at peak per byte the program held.
   s.add("overhead", "peak reserved/in use",
         ReportValue::fraction(in_use_peak == 0 ? 0.0

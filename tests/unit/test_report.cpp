@@ -309,11 +309,11 @@ TEST_CASE("text_report_has_a_header_a_summary_and_one_aligned_row_per_pool") {
   const std::vector<std::string> rows = lines_of(
       render_report(ReportHeader{77, 1, "request", 1764547200, 65}, {r}, ReportFormat::text));
   CHECK(rows[0] == "poolcuda report #1 (pid 77, request) 2025-12-01 00:00:00 UTC, up 1m 5s");
-  CHECK(rows[1] ==
-        "summary: in use 20.0 MiB, peak 20.0 MiB, reserved 22.0 MiB, peak 22.0 MiB, "
-        "peak reserved/in use 1.10");
-  CHECK(rows[2] == "device 0:");
-  CHECK(rows[3].find("  memory: in use 20.0 MiB, slices 2") == 0);
+  CHECK(rows[1] == "summary: in use 20.0 MiB, peak in use 20.0 MiB, reserved 22.0 MiB, "
+                   "peak reserved 22.0 MiB,");
+  CHECK(rows[2] == "    peak reserved/in use 1.10");
+  CHECK(rows[3] == "device 0:");
+  CHECK(rows[4].find("  memory: in use 20.0 MiB, slices 2") == 0);
   const std::vector<std::string> table = pool_table(rows);
   REQUIRE(table.size() == 1 + r.dynamic.size() + 1);
   CHECK(table[0].find("kind") != std::string::npos);
