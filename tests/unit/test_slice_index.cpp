@@ -15,14 +15,20 @@
 
 using namespace poolcuda;
 
-TEST_SUITE("unit") {
+namespace {
 
-TEST_CASE("slice_index_matches_a_reference_map") {
+// A random mix of inserts, erases and lookups after `base` entries (their keys above the mix's).
+void matches_a_reference_map(std::size_t base) {
   SliceIndex index;
   std::unordered_map<DevicePtr, Slice*> model;
   std::vector<Slice> nodes(4096);
   std::mt19937_64 rng(7);
   std::vector<DevicePtr> keys;
+  for (std::size_t i = 0; i < base; ++i) {
+    const DevicePtr key = 512 * (100000 + i);
+    index.insert(key, &nodes[i % nodes.size()]);
+    model[key] = &nodes[i % nodes.size()];
+  }
   for (int step = 0; step < 200000; ++step) {
     const int op = static_cast<int>(rng() % 3);
     if (op == 0 || keys.empty()) {
@@ -48,10 +54,28 @@ TEST_CASE("slice_index_matches_a_reference_map") {
     }
     REQUIRE(index.size() == model.size());
   }
-  for (const auto& [key, value] : model) CHECK(index.find(key) == value);
+  for (const auto& [key, value] : model) REQUIRE(index.find(key) == value);
+  std::size_t listed = 0;
+  index.for_each([&](DevicePtr key, Slice* value) {
+    ++listed;
+    REQUIRE(model.at(key) == value);
+  });
+  CHECK(listed == model.size());
   index.clear();
   CHECK(index.size() == 0);
-  for (const auto& [key, value] : model) CHECK(index.find(key) == nullptr);
+  for (const auto& [key, value] : model) REQUIRE(index.find(key) == nullptr);
+}
+
+}  // namespace
+
+TEST_SUITE("unit") {
+
+TEST_CASE("slice_index_matches_a_reference_map") { matches_a_reference_map(0); }
+
+// A table of 2^18 cells and more queues its newest entries (Note [Late inserts]): lookups,
+// erases and the listing must find them there.
+TEST_CASE("slice_index_with_queued_inserts_matches_a_reference_map") {
+  matches_a_reference_map(140000);
 }
 
 TEST_CASE("slice_index_prefetch_is_safe_beside_a_growing_table") {
