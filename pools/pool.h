@@ -56,6 +56,12 @@ struct alignas(64) Slice {
   };
   std::uint32_t pins = 0;
   SliceState state = SliceState::free;
+  // Whether the page neighbour before (after) it may be free: never false while that neighbour
+  // is free, so a free with both false reads neither (Note [Free neighbours marked] in
+  // sliced_pool.cpp). Carved pools only; bytes of their own, so that setting one is a plain
+  // store.
+  std::uint8_t free_before = 0;
+  std::uint8_t free_after = 0;
 };
 static_assert(sizeof(Slice) == 64, "a slice record fills one cache line");
 
@@ -87,13 +93,13 @@ using PageSlices =
     bi::list<Slice, bi::member_hook<Slice, bi::list_member_hook<FastLink>, &Slice::page_hook>,
              bi::constant_time_size<true>>;
 
-// Starts loading what freeing `slice` reads after its record: its page and the records of its
-// page neighbours, to be merged with (Note [Loads started early]).
+// Starts loading what freeing `slice` reads or writes after its record: its page and the records
+// of its page neighbours, to be merged with or marked (Note [Loads started early]).
 inline void prefetch_free_neighbourhood(const Slice& slice) {
   __builtin_prefetch(slice.page);
   const auto at = PageSlices::s_iterator_to(slice);
-  __builtin_prefetch(std::next(at).pointed_node());
-  __builtin_prefetch(std::prev(at).pointed_node());
+  __builtin_prefetch(std::next(at).pointed_node(), 1);
+  __builtin_prefetch(std::prev(at).pointed_node(), 1);
 }
 
 // A pool's free slices, binned by size (Note [Free bins] in free_bins.h).

@@ -28,6 +28,11 @@ void CarvedPool::rekey(Slice* slice, DevicePtr ptr, std::uint64_t size) {
 
 Slice* CarvedPool::take_whole(Slice* slice, std::uint64_t size) {
   free_.erase(*slice);
+  // Its neighbours' marks go, else their frees would read it (Note [Free neighbours marked]).
+  PageSlices& list = slice->page->slices;
+  const auto at = list.iterator_to(*slice);
+  if (at != list.begin()) std::prev(at)->free_after = 0;
+  if (std::next(at) != list.end()) std::next(at)->free_before = 0;
   mark_live(slice, size);
   return slice;
 }
@@ -42,28 +47,54 @@ Slice* CarvedPool::carve(Slice* slice, std::uint64_t size, End end) {
   out->page = slice->page;
   out->size = eff;
   PageSlices& list = slice->page->slices;
+  // The free rest and the slice it serves are neighbours; the rest's other neighbour, and the
+  // served slice's, are not free (Note [Free neighbours marked]).
   if (end == End::top) {
+    const auto above = std::next(list.iterator_to(*slice));
+    if (above != list.end()) above->free_before = 0;
     out->ptr = slice->ptr + slice->size - eff;
-    list.insert(std::next(list.iterator_to(*slice)), *out);
+    list.insert(above, *out);
     rekey(slice, slice->ptr, slice->size - eff);
+    out->free_before = 1;
+    slice->free_after = 0;
   } else {
+    const auto at = list.iterator_to(*slice);
+    if (at != list.begin()) std::prev(at)->free_after = 0;
     out->ptr = slice->ptr;
-    list.insert(list.iterator_to(*slice), *out);
+    list.insert(at, *out);
     rekey(slice, slice->ptr + eff, slice->size - eff);
+    out->free_after = 1;
+    slice->free_before = 0;
   }
   mark_live(out, size);
   return out;
 }
 
+// Note [Free neighbours marked]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// With many live slices, a free waited for its slice's record, then for the records of both page
+// neighbours, to learn whether either was free to merge with: a cache miss after a cache miss,
+// for a merge that a nearly full pool seldom makes. So each slice carries two marks, set exactly
+// while its neighbour before (after) it is free, and a free reads a neighbour's record only to
+// merge with it. A slice becomes free only here (give_back) or as the rest of a carve, and both
+// mark the slices beside it; a free slice served whole or carved clears the marks of the slices
+// beside it, and a merged one's outer neighbours are marked again. Marks are plain byte stores,
+// which the processor need not wait for (until the next lock). The consistency checks hold every
+// mark to its neighbour's state.
 void CarvedPool::on_free(Slice* slice) {
   Page& page = *slice->page;
   const bool was_split = !single_slice(page);
   PageSlices& list = page.slices;
   auto it = list.iterator_to(*slice);
-  Slice* prev = it != list.begin() && std::prev(it)->state == SliceState::free ? &*std::prev(it)
-                                                                               : nullptr;
+  Slice* prev = slice->free_before != 0 && it != list.begin() &&
+                        std::prev(it)->state == SliceState::free
+                    ? &*std::prev(it)
+                    : nullptr;
   auto after = std::next(it);
-  Slice* next = after != list.end() && after->state == SliceState::free ? &*after : nullptr;
+  Slice* next = slice->free_after != 0 && after != list.end() && after->state == SliceState::free
+                    ? &*after
+                    : nullptr;
+  Slice* merged = slice;
   if (prev != nullptr) {
     // prev absorbs the slice (and next): it only grows, so only its successor can move.
     std::uint64_t size = prev->size + slice->size;
@@ -76,22 +107,40 @@ void CarvedPool::on_free(Slice* slice) {
     list.erase(it);
     ctx_.slices.destroy(slice);
     rekey(prev, prev->ptr, size);
+    merged = prev;
   } else if (next != nullptr) {
     // next absorbs the slice: it starts earlier and grows.
     list.erase(it);
     rekey(next, slice->ptr, next->size + slice->size);
     ctx_.slices.destroy(slice);
+    merged = next;
   } else {
     free_.insert(*slice);
   }
+  merged->free_before = 0;
+  merged->free_after = 0;
+  const auto at = list.iterator_to(*merged);
+  if (at != list.begin()) std::prev(at)->free_after = 1;
+  if (std::next(at) != list.end()) std::next(at)->free_before = 1;
   if (was_split && single_slice(page)) split_page_bytes_ -= page.size;
 }
 
 bool CarvedPool::free_set_consistent() const {
   if (!free_.consistent()) return false;
   std::uint64_t split = 0;
-  for (const Page& page : ctx_.page_set)
-    if (page.pool == this && !single_slice(page)) split += page.size;
+  for (const Page& page : ctx_.page_set) {
+    if (page.pool != this) continue;
+    if (!single_slice(page)) split += page.size;
+    // A slice is marked exactly where its neighbour is free (Note [Free neighbours marked]).
+    const Slice* before = nullptr;
+    for (const Slice& slice : page.slices) {
+      const bool first = before == nullptr;
+      if ((slice.free_before != 0) != (!first && before->state == SliceState::free)) return false;
+      if (!first && (before->free_after != 0) != (slice.state == SliceState::free)) return false;
+      before = &slice;
+    }
+    if (!page.slices.empty() && page.slices.back().free_after != 0) return false;
+  }
   return split == split_page_bytes_;
 }
 
