@@ -3,6 +3,7 @@
 // mapping without reserved swap: the pools never touch device memory, so a page costs the host
 // nothing until a test writes to it (with malloc, a harness that fills every block, such as
 // meson's MALLOC_PERTURB_, wrote every byte of every page: 37 s instead of 0.1 for one test).
+#include <algorithm>
 #include "pools/host_device.h"
 
 #include <sys/mman.h>
@@ -36,6 +37,7 @@ AllocStatus HostDevice::allocate(std::uint64_t size, DevicePtr* out) {
   const DevicePtr ptr = align_up(reinterpret_cast<std::uintptr_t>(base), alignment_);
   blocks_.emplace(ptr, Block{base, mapped, size});
   used_ += size;
+  used_peak_ = std::max(used_peak_, used_);
   *out = ptr;
   return AllocStatus::ok;
 }
@@ -232,6 +234,11 @@ std::uint64_t HostDevice::outstanding_allocations() const {
 std::uint64_t HostDevice::outstanding_bytes() const {
   std::lock_guard lock(mutex_);
   return used_;
+}
+
+std::uint64_t HostDevice::peak_outstanding_bytes() const {
+  std::lock_guard lock(mutex_);
+  return used_peak_;
 }
 
 std::uint64_t HostDevice::outstanding_fences() const {

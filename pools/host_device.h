@@ -87,6 +87,7 @@ class HostDevice final : public Device {
   Calls calls() const;
   std::uint64_t outstanding_allocations() const;
   std::uint64_t outstanding_bytes() const;
+  std::uint64_t peak_outstanding_bytes() const;  // the most outstanding_bytes() ever were
   std::uint64_t outstanding_fences() const;  // recorded, not destroyed
   std::uint64_t bad_releases() const;        // release() of an unknown pointer or wrong size
   bool owns(DevicePtr ptr) const;            // ptr lies inside a live allocation
@@ -106,6 +107,7 @@ class HostDevice final : public Device {
   std::uint64_t total_;
   std::uint64_t alignment_;
   std::uint64_t used_ = 0;
+  std::uint64_t used_peak_ = 0;
   std::unordered_map<DevicePtr, Block> blocks_;
   std::uint64_t fail_countdown_ = 0;
   AllocStatus fail_status_ = AllocStatus::out_of_memory;

@@ -567,7 +567,8 @@ void MemoryManager::forget() {
   s.set_sharded_max();
   s.held_peak.store(0, std::memory_order_relaxed);
   s.device_in_use_peak.store(0, std::memory_order_relaxed);
-  s.device_reserved_peak.store(0, std::memory_order_relaxed);
+  s.device_reserved.peak.store(s.device_reserved.now.load(std::memory_order_relaxed),
+                               std::memory_order_relaxed);
 }
 
 void MemoryManager::set_stream_ordered(bool ordered) {

@@ -72,7 +72,7 @@ void MemoryManager::Impl::publish_figures() {
 void MemoryManager::Impl::sample_device_peaks() {
   peaks_sampled_in_use = ctx.totals.in_use;
   if (shards == nullptr || shards->count() < 2) return;
-  shards->note_device_peaks(shard_index, ctx.totals.in_use, ctx.totals.reserved);
+  shards->note_device_peaks(shard_index, ctx.totals.in_use);
 }
 
 namespace {

@@ -103,13 +103,18 @@
 // With one shard they are exact. The sum of each shard's own peak is not a peak of the device:
 // the shards peak at different times, and two threads of random sizes up to 64 MiB, 6 GiB live
 // at most, showed 9 GiB at the peak that way (peak reserved ÷ in use 1.39 where the driver saw
-// 1.49). Nothing adds the shards up at every reservation without a line all threads write, so
-// the device's peaks are sampled: a shard adds its exact figures to the others' as they last
-// published them (at each of their scopes' end) every kShardPublishEvery reservations, whenever
-// its own bytes in use rose by a 64th since its last sample, and at each growth (reserved bytes
-// change only there and at releases). The report takes the most of those samples, of each
-// shard's own peak (none is above the device's) and of the figures now. A rise of the device's
-// bytes in use between two samples that no shard's own growth or rise shows can go unseen.
+// 1.49). Reserved bytes change only at growths and releases, so the shards add them up in one
+// counter (DeviceReserved in pool.h), which a page lent from one shard to another leaves as it
+// is: its peak is exact. (Sampled as bytes in use are, from the figures the other shards last
+// published, it counted a page a shard had given up but not yet published as gone beside the
+// page another shard then got, and said 2.16 GiB of a 2 GiB device.) Nothing adds the bytes in
+// use up at every reservation without a line all threads write, so their peak is sampled: a
+// shard adds its exact figure to the others' as they last published them (at each of their
+// scopes' end) every kShardPublishEvery reservations, whenever its own bytes in use rose by a
+// 64th since its last sample, and at each growth. The report takes the most of those samples, of
+// each shard's own peak (none is above the device's) and of the figures now. A rise of the
+// device's bytes in use between two samples that no shard's own growth or rise shows can go
+// unseen.
 #include <algorithm>
 #include <limits>
 #include <new>
@@ -138,6 +143,7 @@ MemoryManager::Shards::Shards(Device& d, const ManagerOptions& o)
   shard[0]->ctx.borrow_page = &borrow_page;
   shard[0]->ctx.borrow_owner = shard[0].get();
   shard[0]->ctx.shards_made = &made;
+  shard[0]->ctx.device_reserved = &device_reserved;
   capped = layout_capped(o.layout);
   plan_layout(o.layout);
   if (capped) {
@@ -181,6 +187,7 @@ bool MemoryManager::Shards::make_shards(std::uint32_t n) {
       fresh->ctx.borrow_page = &borrow_page;
       fresh->ctx.borrow_owner = fresh.get();
       fresh->ctx.shards_made = &made;
+      fresh->ctx.device_reserved = &device_reserved;
       fresh->stream_ordered = stream_ordered;
       fresh->frozen = frozen;
       fresh->update_cache_gate();
@@ -248,7 +255,8 @@ void MemoryManager::Shards::plan_layout(const PoolLayout& layout) {
   set_sharded_max();
   held_peak.store(0, std::memory_order_relaxed);
   device_in_use_peak.store(0, std::memory_order_relaxed);
-  device_reserved_peak.store(0, std::memory_order_relaxed);
+  device_reserved.peak.store(device_reserved.now.load(std::memory_order_relaxed),
+                             std::memory_order_relaxed);
 }
 
 void MemoryManager::Shards::plan() {
@@ -369,14 +377,9 @@ void raise_to(std::atomic<std::uint64_t>& peak, std::uint64_t value) {
 
 void MemoryManager::Shards::note_held_peak(std::uint64_t in_use) { raise_to(held_peak, in_use); }
 
-void MemoryManager::Shards::note_device_peaks(std::uint32_t k, std::uint64_t in_use,
-                                              std::uint64_t reserved) {
-  others(k, [&](const Impl& m) {
-    in_use += m.in_use_published.load(std::memory_order_relaxed);
-    reserved += m.reserved_published.load(std::memory_order_relaxed);
-  });
+void MemoryManager::Shards::note_device_peaks(std::uint32_t k, std::uint64_t in_use) {
+  others(k, [&](const Impl& m) { in_use += m.in_use_published.load(std::memory_order_relaxed); });
   raise_to(device_in_use_peak, in_use);
-  raise_to(device_reserved_peak, reserved);
 }
 
 bool MemoryManager::Shards::idle_elsewhere(std::uint32_t k) const {

@@ -153,9 +153,9 @@ struct MemoryManager::Shards {
   Held held(std::uint32_t k, std::uint64_t reserved, std::uint64_t in_use);
   // A growth for the held bound succeeded with `in_use` bytes in use on the device.
   void note_held_peak(std::uint64_t in_use);
-  // Shard k has `in_use` bytes in use and `reserved` reserved: with the other shards' published
-  // figures, the device's peaks go up to their sums (Note [Device peaks]).
-  void note_device_peaks(std::uint32_t k, std::uint64_t in_use, std::uint64_t reserved);
+  // Shard k has `in_use` bytes in use: with the other shards' published figures, the device's
+  // peak in use goes up to their sum (Note [Device peaks]).
+  void note_device_peaks(std::uint32_t k, std::uint64_t in_use);
   // Whether a shard other than k last published idle pages.
   bool idle_elsewhere(std::uint32_t k) const;
   // The shards other than k, each under its own lock (shard k's is not held), release idle
@@ -188,10 +188,11 @@ struct MemoryManager::Shards {
   // The most bytes in use on the device at a growth for the held bound (note_held_peak); reset
   // with the layout and the device's memory.
   std::atomic<std::uint64_t> held_peak{0};
-  // The device's peaks sampled since a second shard was made (note_device_peaks); reset with the
-  // layout and the device's memory, as the shards' own peaks are.
+  // The device's peak in use sampled since a second shard was made (note_device_peaks), and its
+  // pages' bytes now and at their peak, exact; the peaks start over with the layout and the
+  // device's memory, as the shards' own do.
   std::atomic<std::uint64_t> device_in_use_peak{0};
-  std::atomic<std::uint64_t> device_reserved_peak{0};
+  DeviceReserved device_reserved;
   // Room reservations under way claimed while other shards released pages for them.
   std::atomic<std::uint64_t> held_claims{0};
   // Held from a growth's check against the held bound to the growth's end, so that two shards

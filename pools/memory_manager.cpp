@@ -253,6 +253,9 @@ void MemoryManager::Impl::drop_everything() {
   ctx.slices.reset();
   ctx.pages.reset();
   ctx.next_deadline = kNever;
+  // Its pages went with the device's memory (borrowed ones included: the lender no longer
+  // counts them).
+  if (ctx.device_reserved != nullptr) ctx.device_reserved->remove(ctx.totals.reserved);
   ctx.totals = {};
   in_use_published.store(0, std::memory_order_relaxed);
   persistent = std::make_unique<PersistentPool>(ctx);

@@ -280,6 +280,9 @@ class MemoryManager {
  private:
   struct Impl;    // one shard
   struct Shards;  // the shards and what routes between them
+  // report() tries this often for a snapshot that no page moved between shards during.
+  static constexpr int kReportAttempts = 8;
+  ManagerReport report_once() const;  // every shard's snapshot, one after another, added up
   std::unique_ptr<Shards> shards_;
 };
 

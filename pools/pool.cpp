@@ -44,6 +44,7 @@ AllocStatus Pool::new_page(std::uint64_t size, Page** out, std::uint64_t max_siz
                                    : ctx_.device.allocate(size, &base);
     if (status != AllocStatus::ok) return without_memory(status);
     ++device_allocs_;
+    if (ctx_.device_reserved != nullptr) ctx_.device_reserved->add(size);
   }
   page->pool = this;
   page->base = base;
@@ -67,6 +68,7 @@ AllocStatus Pool::new_page(std::uint64_t size, Page** out, std::uint64_t max_siz
 void Pool::release_page(Page* page) {
   ctx_.released->push_back(PageRelease{page->base, page->size});
   ++device_releases_;
+  if (ctx_.device_reserved != nullptr) ctx_.device_reserved->remove(page->size);
   drop_page(page);
 }
 

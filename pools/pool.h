@@ -143,6 +143,22 @@ struct PageRelease {
 };
 using ReleaseList = boost::container::small_vector<PageRelease, 4>;
 
+// The bytes of a device's pages, over every shard: each driver allocation a pool made, less each
+// page a pool gave back to the driver (a page lent from one shard to another stays counted), and
+// the most there ever were (Note [Device peaks] in manager_shards.cpp). Written at growths and
+// releases only.
+struct DeviceReserved {
+  std::atomic<std::uint64_t> now{0};
+  std::atomic<std::uint64_t> peak{0};
+  void add(std::uint64_t bytes) {
+    const std::uint64_t after = now.fetch_add(bytes, std::memory_order_relaxed) + bytes;
+    std::uint64_t seen = peak.load(std::memory_order_relaxed);
+    while (seen < after && !peak.compare_exchange_weak(seen, after, std::memory_order_relaxed)) {
+    }
+  }
+  void remove(std::uint64_t bytes) { now.fetch_sub(bytes, std::memory_order_relaxed); }
+};
+
 // State shared by all pools of one manager.
 struct PoolContext {
   explicit PoolContext(Device& d) : device(d), alignment(d.alignment()) {}
@@ -170,6 +186,7 @@ struct PoolContext {
   // The shards the manager has made (Note [Shards]): budgets meant for the device are split
   // between them. Unset: one.
   const std::atomic<std::uint32_t>* shards_made = nullptr;
+  DeviceReserved* device_reserved = nullptr;  // the manager's, over its shards (unset: none)
   std::uint32_t shares() const {
     return shards_made == nullptr ? 1 : shards_made->load(std::memory_order_relaxed);
   }
