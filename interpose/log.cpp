@@ -108,8 +108,9 @@ void keep_line(std::string message) {
   t_has_kept = true;
 }
 
-void say_kept() {
+void say_kept(std::string_view then) {
   if (!t_has_kept) return;
+  t_kept += then;
   log_line(LogLevel::basic, t_kept);
   drop_kept();
 }

@@ -28,9 +28,10 @@ void log_format(LogLevel level, const char* format, ...) __attribute__((format(p
 
 // A line kept for the calling thread instead of written (one at a time: a later one replaces
 // it): the pools' account of a refusal, which matters only if the driver, tried next, refuses
-// the request too. say_kept() writes it (at basic), drop_kept() forgets it.
+// the request too. say_kept() writes it (at basic), with `then` after it, drop_kept() forgets
+// it.
 void keep_line(std::string message);
-void say_kept();
+void say_kept(std::string_view then = {});
 void drop_kept();
 
 // Writes the text to stderr with write(2), retrying short writes, for messages that must appear

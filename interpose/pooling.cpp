@@ -436,7 +436,13 @@ int forward(int device, std::size_t size, void** ptr, const std::function<int()>
     budget::passed_through(device, *ptr, size);
     drop_kept();  // the pools' refusal, if any, cost the program nothing
   } else {
-    say_kept();
+    // The pools' figures are from before CUDA was asked (and may have given their idle pages
+    // back meanwhile): what the device had free then tells the rest.
+    CudaDevice* cuda = Registry::instance().device(device);
+    say_kept(cuda == nullptr ? std::string("; CUDA's own allocation failed too")
+                             : "; CUDA's own allocation failed too, with " +
+                                   std::to_string(cuda->memory_info().free_bytes) +
+                                   " B free on the device");
   }
   return result;
 }

@@ -206,7 +206,8 @@ Reservation MemoryManager::Impl::reserve(std::uint64_t size, Placement placement
               (n > 1 ? "; in shard " + std::to_string(shard_index) + " of " +
                            std::to_string(n) + ":"
                      : ",") +
-              " in use " + std::to_string(u.bytes_in_use) + " B, reserved " +
+              " in use " + std::to_string(u.bytes_in_use) + " B, padding " +
+              std::to_string(u.bytes_padding) + " B, reserved " +
               std::to_string(u.bytes_reserved) + " B, idle pages " + std::to_string(idle_now) +
               " B, free space inside used pages (too fragmented for this request) " +
               std::to_string(free_bytes() - idle_now) + " B, pending fence " +

@@ -102,6 +102,12 @@ int main(int argc, char** argv) {
     CHECK_MSG(count(tiny.output, "tiny device: ") == 1 &&
                   count(tiny.output, "out of device memory") == 1,
               tiny.output.substr(0, 2000));
+    // The pools' figures add up to what they reserve (padding included), and the line ends with
+    // what the device had free when CUDA refused the request too.
+    CHECK_MSG(count(tiny.output, ", padding 0 B, reserved 0 B,") == 1 &&
+                  count(tiny.output, "; CUDA's own allocation failed too, with 0 B free on the "
+                                     "device\n") == 1,
+              tiny.output.substr(0, 2000));
   }
   std::printf("ok: %zu eighths fitted beside the half\n", filler.size());
   return 0;
