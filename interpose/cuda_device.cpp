@@ -342,17 +342,6 @@ FenceHandle CudaDevice::fence_record() {
   return reinterpret_cast<FenceHandle>(fence);
 }
 
-bool CudaDevice::stream_on_this_device(StreamToken token) {
-  if (names_other_device_stream(token))
-    return static_cast<int>((token & ~kOtherDeviceStream) >> 2) == device_;
-  const auto stream = reinterpret_cast<cudaStream_t>(token);
-  if (stream == cudaStreamLegacy || stream == cudaStreamPerThread) return true;
-  auto table = streams_.lock();
-  for (const TrackedStream& candidate : streams_.streams())
-    if (candidate.stream == stream) return candidate.device == device_;
-  return true;  // a stream the table does not know: the synchronize covers what it can
-}
-
 CudaDevice::PeerEvent CudaDevice::record_if_other_device(StreamToken token) {
   auto stream = reinterpret_cast<cudaStream_t>(token);
   int stream_device = device_;

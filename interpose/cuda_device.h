@@ -52,7 +52,6 @@ class CudaDevice final : public Device {
   void fence_destroy(FenceHandle fence) override;
   bool synchronize() override;
   bool capture_active() override;
-  bool stream_on_this_device(StreamToken stream) override;
   bool give_back_elsewhere(WaitBound& bound) override;  // the device's empty managed slabs
 
   // A tracked stream of this device is about to be destroyed: its queued work still runs after

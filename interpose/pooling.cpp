@@ -526,10 +526,10 @@ Freed release(int device, const void* ptr, StreamToken stream) {
   if (freed.outcome != FreeOutcome::not_mine) {
     // free_fence:sync makes every free outside a capture the barrier the real cudaFree is, as
     // the pools' frees are (a slab's reuse waits for its own fence in every mode); the
-    // synchronize refuses while a capture is open.
+    // synchronize refuses while a capture is open. A stream-ordered free is no barrier.
     CudaDevice* owner = registry.device(freed.owner);
     if (freed.outcome == FreeOutcome::freed && config().free_fence == FreeFence::sync &&
-        owner != nullptr)
+        stream == kNoStream && owner != nullptr)
       owner->synchronize();
     return freed;
   }

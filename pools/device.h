@@ -179,11 +179,6 @@ class Device {
   // would silently override it.)
   virtual bool capture_active() { return false; }
 
-  // Whether `stream` (a stream-ordered free's) runs on this device, so that synchronize() waits
-  // for what it has queued; false for another device's stream, whose free free_fence:sync then
-  // fences on that stream instead. The default: every stream is this device's.
-  virtual bool stream_on_this_device(StreamToken) { return true; }
-
  protected:
   static constexpr std::chrono::microseconds kMaxPollSleep{50};
 };

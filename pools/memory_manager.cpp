@@ -891,11 +891,12 @@ void MemoryManager::Impl::retire(Slice* slice, StreamToken stream, FreeBy by) {
       return;
     case FreeFence::sync:
       // A device-wide synchronize would invalidate an open capture: the slice waits in an
-      // epoch like an events free (Note [Free fences]). Nor does it wait for another device's
-      // stream: a stream-ordered free there is fenced on that stream. Nor a free a pin's release
-      // makes (Note [Frees a graph's release makes] in manager_api.cpp).
-      if (by == FreeBy::program && !device.capture_active() &&
-          (stream == kNoStream || device.stream_on_this_device(stream))) {
+      // epoch like an events free (Note [Free fences]). Nor a free a pin's release makes (Note
+      // [Frees a graph's release makes] in manager_api.cpp). Nor a stream-ordered free: the
+      // plain one never waits for the device, and a synchronize behind it waited for every
+      // stream, a stream the program parked on a host function that only this thread would
+      // release too (it hung); it is fenced on its own stream, as its contract says.
+      if (by == FreeBy::program && !device.capture_active() && stream == kNoStream) {
         slice->next_pending = nullptr;
         if (sync_tail != nullptr) sync_tail->next_pending = slice;
         else sync_head = slice;

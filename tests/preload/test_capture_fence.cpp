@@ -10,7 +10,8 @@
 // valid and its graph run; the event and reuse counts of the default mode do not apply.
 // A refused cudaFreeAsync (a double free) inside a global capture leaves the capture valid.
 // Under `sync`, a free whose synchronize waits for a parked stream holds nothing the program's
-// other calls need: another thread creates and destroys a stream meanwhile, as under plain CUDA.
+// other calls need: another thread creates and destroys a stream meanwhile, as under plain CUDA;
+// and a cudaFreeAsync does not wait for the parked stream at all.
 #include <atomic>
 #include <chrono>
 #include <cstring>
@@ -124,6 +125,34 @@ void sync_free_beside_a_park() {
   std::printf("sync free beside a park: ok\n");
 }
 
+// free_fence:sync: a cudaFreeAsync is no barrier (the plain one never waits for the device), so
+// it returns while another stream is parked until this very thread opens its gate; pooled and
+// managed memory alike. (It synchronized the device, and hung until the gate gave up.)
+void sync_free_async_beside_a_park() {
+  cudaStream_t parked = nullptr;
+  cudaStream_t stream = nullptr;
+  CHECK_CUDA(cudaStreamCreateWithFlags(&parked, cudaStreamNonBlocking));
+  CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  void* buffer = nullptr;
+  void* managed = nullptr;
+  CHECK_CUDA(cudaMalloc(&buffer, 4096));
+  CHECK_CUDA(cudaMallocManaged(&managed, 4096));
+  CHECK_CUDA(cudaMemsetAsync(buffer, 1, 4096, stream));
+  preload_test::Gate gate;
+  preload_test::park(parked, gate);
+  const auto start = std::chrono::steady_clock::now();
+  CHECK_CUDA(cudaFreeAsync(buffer, stream));
+  CHECK_CUDA(cudaFreeAsync(managed, stream));
+  const auto waited = std::chrono::steady_clock::now() - start;
+  gate.open.store(true);
+  CHECK_MSG(waited < std::chrono::seconds(5), "a cudaFreeAsync waited for a parked stream");
+  CHECK_CUDA(cudaStreamSynchronize(stream));
+  CHECK_CUDA(cudaStreamSynchronize(parked));
+  CHECK_CUDA(cudaStreamDestroy(stream));
+  CHECK_CUDA(cudaStreamDestroy(parked));
+  std::printf("sync free async beside a park: ok\n");
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -133,7 +162,10 @@ int main(int argc, char** argv) {
   run_case("non-blocking stream", cudaStreamNonBlocking);
   run_case("blocking stream", cudaStreamDefault);
   refused_free_in_capture();
-  if (sync_mode) sync_free_beside_a_park();
+  if (sync_mode) {
+    sync_free_beside_a_park();
+    sync_free_async_beside_a_park();
+  }
   std::printf("ok\n");
   return 0;
 }
