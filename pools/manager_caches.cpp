@@ -227,10 +227,17 @@ void MemoryManager::Impl::retire_parked(Slice* slice) {
 }
 
 void MemoryManager::Impl::fill_cache_report(ManagerReport& r) const {
+  // The program's figures and the parked bytes in one pass, each cache under its lock: its owner
+  // parks and reuses without the manager's lock, and figures read in two passes counted a slice
+  // parked in between both in use and parked.
+  const MemoryUsage usage = program_usage(&r.thread_parked_bytes);
+  r.bytes_in_use = usage.bytes_in_use;
+  r.slices = usage.number_allocs;
+  r.bytes_padding = usage.bytes_padding;
+  r.bytes_reserved = usage.bytes_reserved;
   for (const auto& cache : caches) {
     std::lock_guard hold(cache->lock);
     ++r.thread_caches;  // an exited thread's too: it waits for the next thread
-    r.thread_parked_bytes += cache->parked_bytes();
     r.thread_cache_hits += cache->hits;
   }
 }
@@ -261,7 +268,7 @@ std::uint64_t MemoryManager::Impl::freed_page_bytes(bool batch_pending) const {
   return bytes;
 }
 
-MemoryUsage MemoryManager::Impl::program_usage() const {
+MemoryUsage MemoryManager::Impl::program_usage(std::uint64_t* parked_bytes) const {
   MemoryUsage u = usage();
   for (const auto& cache : caches) {
     std::lock_guard hold(cache->lock);
@@ -271,6 +278,7 @@ MemoryUsage MemoryManager::Impl::program_usage() const {
       u.number_allocs -= 1;
       u.bytes_in_use -= e.requested;
       u.bytes_padding -= e.size - e.requested;
+      if (parked_bytes != nullptr) *parked_bytes += e.size;
     }
   }
   return u;

@@ -388,6 +388,7 @@ struct MemoryManager::Impl {
   // A parked slice leaves the index and goes back to its pool at once, as the free that parked
   // it would have done when it was made (the gate was open then); frees() counted it then.
   void retire_parked(Slice* slice);
+  // The report's figures in use (the program's, without parked slices) and its thread caches'.
   void fill_cache_report(ManagerReport& r) const;
   // Bytes of the pages whose every busy slice is parked, or, with `batch_pending`, parked or
   // waiting for the fence of a batch no later work holds back: pages the program freed whole
@@ -402,7 +403,9 @@ struct MemoryManager::Impl {
   // manager_scope.cpp: the log lines of a scope, written outside the lock.
   void write_logs(boost::container::small_vector<LogEvent, 2>& logs);
   MemoryUsage usage() const;  // the pools' counters: parked slices are in use there
-  MemoryUsage program_usage() const;  // usage() without the parked slices (manager_caches.cpp)
+  // usage() without the parked slices, whose bytes are added to *parked_bytes when given
+  // (manager_caches.cpp).
+  MemoryUsage program_usage(std::uint64_t* parked_bytes = nullptr) const;
   std::uint64_t pending() const;
   std::uint64_t idle() const;        // bytes of whole idle pages
   std::uint64_t free_bytes() const;  // every free byte, idle pages and holes in used pages

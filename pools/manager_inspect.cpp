@@ -92,11 +92,6 @@ ManagerReport MemoryManager::Impl::snapshot() const {
   r.shards = 1;
   for (const auto& pool : m.pools) r.dynamic.push_back(pool->report());
   r.persistent = m.persistent->report();
-  const MemoryUsage usage = m.program_usage();
-  r.bytes_in_use = usage.bytes_in_use;
-  r.slices = usage.number_allocs;
-  r.bytes_padding = usage.bytes_padding;
-  r.bytes_reserved = usage.bytes_reserved;
   r.pending_fence_bytes = m.pending();
   r.idle_bytes = m.idle();
   r.hole_bytes = m.free_bytes() - r.idle_bytes;
@@ -115,7 +110,7 @@ ManagerReport MemoryManager::Impl::snapshot() const {
   r.give_backs = m.give_backs;
   r.give_back_timeouts = m.give_back_timeouts;
   r.reuse = reuse_word(m.options.free_fence, m.stream_ordered);
-  m.fill_cache_report(r);
+  m.fill_cache_report(r);  // and the figures in use
   return r;
 }
 
