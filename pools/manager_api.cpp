@@ -211,7 +211,8 @@ Reservation MemoryManager::Impl::reserve(std::uint64_t size, Placement placement
               std::to_string(u.bytes_reserved) + " B, idle pages " + std::to_string(idle_now) +
               " B, free space inside used pages (too fragmented for this request) " +
               std::to_string(free_bytes() - idle_now) + " B, pending fence " +
-              std::to_string(pending()) + " B";
+              std::to_string(pending()) + " B, given back but not yet freed by the driver " +
+              std::to_string(releases_on_the_way()) + " B";
       if (options.refusal_sink)
         options.refusal_sink(std::move(message));
       else
