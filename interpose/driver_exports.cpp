@@ -263,15 +263,15 @@ POOLCUDA_EXPORT CUresult cuCtxSetLimit(CUlimit limit, size_t value) {
 // is tried once more after the pools gave their idle memory back (Note [Launches short of
 // memory] in hooks.cpp). A call the driver accepts pays the hook's call, one atomic load (Note
 // [Room that arrived meanwhile] in pooling.cpp) and one comparison (a load also a copy of its
-// option values, a launch two more loads: Note [Memory info after a free] in
+// option values, a launch four more loads: Note [Memory info after a free] in
 // pools/manager_api.cpp), and never marks the process as one that used CUDA through the library
 // (Note [Silent processes] in lifecycle.cpp).
 namespace {
 
 template <typename Call>
 CUresult launch_with_room(CUstream stream, Call&& real) {
-  // Noted once the launch is queued (Note [Memory info after a free] in pools/manager_api.cpp).
-  const pc::work_since_free::NoteWorkAfter noted_after_call(!pc::bypass());
+  // Noted before and once queued (Note [Memory info after a free] in pools/manager_api.cpp).
+  const pc::work_since_free::NoteWorkAround noted_around_call(!pc::bypass());
   const pc::pooling::ReturnsSince returns;
   const CUresult result = real();
   if (result != CUDA_ERROR_OUT_OF_MEMORY || pc::bypass()) return result;

@@ -108,6 +108,8 @@ void keep_line(std::string message) {
   t_has_kept = true;
 }
 
+bool has_kept() { return t_has_kept; }
+
 void say_kept(std::string_view then) {
   if (!t_has_kept) return;
   t_kept += then;

@@ -31,6 +31,7 @@ void log_format(LogLevel level, const char* format, ...) __attribute__((format(p
 // the request too. say_kept() writes it (at basic), with `then` after it, drop_kept() forgets
 // it.
 void keep_line(std::string message);
+bool has_kept();
 void say_kept(std::string_view then = {});
 void drop_kept();
 

@@ -435,14 +435,16 @@ int forward(int device, std::size_t size, void** ptr, const std::function<int()>
     charged.keep();
     budget::passed_through(device, *ptr, size);
     drop_kept();  // the pools' refusal, if any, cost the program nothing
-  } else {
+  } else if (has_kept()) {
     // The pools' figures are from before CUDA was asked (and may have given their idle pages
-    // back meanwhile): what the device had free then tells the rest.
+    // back meanwhile): what the device had free then tells the rest. Asked only for a line to
+    // write: a program that probes for the largest allocation that fits pays nothing more.
     CudaDevice* cuda = Registry::instance().device(device);
     say_kept(cuda == nullptr ? std::string("; CUDA's own allocation failed too")
                              : "; CUDA's own allocation failed too, with " +
                                    std::to_string(cuda->memory_info().free_bytes) +
-                                   " B free on the device");
+                                   (budget::limit(device) ? " B free within the budget"
+                                                          : " B free on the device"));
   }
   return result;
 }

@@ -3,7 +3,8 @@
 // function unchanged: kernel launches, copies, memsets, host functions, graph launches, event
 // records and waits (in both the legacy and the per-thread-default-stream flavours), device
 // switches, peer access and peer copies. Each costs two atomic loads when no device is ordered,
-// a kernel launch a third (Note [Room that arrived meanwhile] in pooling.cpp). A kernel launch
+// four more to note its work (Note [Memory info after a free] in pools/manager_api.cpp), a
+// kernel launch one more (Note [Room that arrived meanwhile] in pooling.cpp). A kernel launch
 // refused for lack of memory is tried once more after the pools gave their idle memory back
 // (Note [Launches short of memory] in hooks.cpp).
 //
@@ -54,10 +55,11 @@ inline void before_host_function() {
 
 }  // namespace
 
-// Watches the call, and notes its work once the real call has queued it (Note [Memory info after
-// a free] in pools/manager_api.cpp): a declaration, in the entry point's own scope.
+// Watches the call, and notes its work before the real call and once it has queued it (Note
+// [Memory info after a free] in pools/manager_api.cpp): a declaration, in the entry point's own
+// scope.
 #define WATCH(stream_expr, flavour)                                        \
-  const pc::work_since_free::NoteWorkAfter noted_after_call(!pc::bypass()); \
+  const pc::work_since_free::NoteWorkAround noted_around_call(!pc::bypass()); \
   watch(stream_expr, flavour)
 
 #define POOLCUDA_WATCHED(name, flavour, stream_expr, params, args) \

@@ -212,7 +212,7 @@ Reservation MemoryManager::Impl::reserve(std::uint64_t size, Placement placement
               " B, free space inside used pages (too fragmented for this request) " +
               std::to_string(free_bytes() - idle_now) + " B, pending fence " +
               std::to_string(pending()) + " B, given back but not yet freed by the driver " +
-              std::to_string(releases_on_the_way()) + " B";
+              std::to_string(releases_on_the_way()) + " B" + (n > 1 ? " (the device's)" : "");
       if (options.refusal_sink)
         options.refusal_sink(std::move(message));
       else
@@ -278,13 +278,16 @@ FreeOutcome MemoryManager::Impl::free_pointer(DevicePtr ptr, StreamToken stream)
   }
   recent_frees[recent_next] = ptr;
   recent_next = (recent_next + 1) % kRecentFrees;
+  const std::uint64_t synchronized_before = sync_added;
   if (slice->pins > 0) {
     slice->page->pool->to_held(slice);
   } else {
     retire(slice, stream);
   }
   trace(LogEvent::Kind::free, 0, ptr, nullptr);
-  finish_sync_frees(scope);
+  // Only a free that joined the chain: a stream-ordered one must not wait for another thread's
+  // synchronize, or for the one a capture refused earlier.
+  if (sync_added != synchronized_before) finish_sync_frees(scope);
   return FreeOutcome::freed;
 }
 
@@ -535,7 +538,8 @@ std::uint64_t MemoryManager::idle_bytes() const {
 // of 12 s: the request of the reported free size failed after 10 s where the plain one got it
 // at once). So a batch counts only while no work was put on a stream since its first free
 // (work_since_free.h: the launches, copies and memsets the hooks see, on any device, each noted
-// once its call has queued it, so that a batch begun during the call is marked too). A page
+// before its call and once the call has queued it, so that a batch begun during the call is
+// marked too). A page
 // that a live slice keeps, or a stream-ordered free's memory, does not count.
 std::uint64_t MemoryManager::idle_bytes_now() {
   std::uint64_t idle = 0;

@@ -38,13 +38,17 @@ void add_pool(PoolReport& total, const PoolReport& shard) {
 }  // namespace
 
 ManagerReport MemoryManager::report() const {
-  // The shards one after another, each under its lock, and again while a page moved from one to
-  // another meanwhile: a page lent between two snapshots counted in both (a device of 2 GiB
-  // reported 2.4 GiB reserved while threads allocated), or in neither.
+  // The shards one after another, each under its lock, and again while their pages changed
+  // meanwhile: a page lent between two snapshots counted in both (a device of 2 GiB reported
+  // 2.4 GiB reserved while threads allocated), or in neither, and so did a page one shard gave
+  // back after its snapshot while another grew before its own. A snapshot that no such change
+  // crossed adds up to the shards' counter of their pages (DeviceReserved); under changes that
+  // never stop, the last of kReportAttempts stands.
   for (int attempt = 1;; ++attempt) {
     const std::uint64_t moves = shards_->pages_moved.load(std::memory_order_acquire);
     ManagerReport r = report_once();
-    if (shards_->pages_moved.load(std::memory_order_acquire) == moves ||
+    if ((shards_->pages_moved.load(std::memory_order_acquire) == moves &&
+         r.bytes_reserved == shards_->device_reserved.now.load(std::memory_order_relaxed)) ||
         attempt == kReportAttempts)
       return r;
   }
@@ -128,14 +132,22 @@ std::vector<PageView> MemoryManager::pages() const {
 std::string MemoryManager::check_consistency() const {
   std::string breach;
   std::uint32_t k = 0;
+  std::uint64_t reserved = 0;
   shards_->each([&](const Impl& m) {
     if (breach.empty()) {
       breach = m.check_consistency();
       if (!breach.empty() && shards_->count() > 1)
         breach = "shard " + std::to_string(k) + ": " + breach;
     }
+    std::lock_guard lock(m.mutex);
+    reserved += m.ctx.totals.reserved;
     ++k;
   });
+  // With no call under way: the shards' counter of their pages is their pages.
+  if (breach.empty() && reserved != shards_->device_reserved.now.load(std::memory_order_relaxed))
+    breach = "the device's reserved bytes (" +
+             std::to_string(shards_->device_reserved.now.load(std::memory_order_relaxed)) +
+             ") are not its shards' (" + std::to_string(reserved) + ")";
   return breach;
 }
 

@@ -877,6 +877,25 @@ bool MemoryManager::Impl::drain(Scope& scope) {
 
 // --- Free path -----------------------------------------------------------------------------------
 
+bool MemoryManager::Impl::fence_on_stream(Slice* slice, StreamToken stream) {
+  // At the limit, fences that passed make room first.
+  if (fences.lane_frees() >= kMaxLaneFrees) fences.reap(device, kGiveBack);
+  if (fences.lane_frees() >= kMaxLaneFrees) return false;
+  // The slice is pending already: a failed host allocation (recording a fence, growing a lane)
+  // must not leave it in no list, so the caller's list, which needs no memory, takes it then.
+  StreamToken lane = stream;
+  FenceHandle fence = kNoFence;
+  try {
+    fence = device.fence_record_on(stream, lane);
+    if (fence == kNoFence) return false;
+    fences.add_ordered(slice, fence, lane, thread_serial(this_thread_home()));
+    return true;
+  } catch (const std::bad_alloc&) {
+    if (fence != kNoFence) device.fence_destroy(fence);
+    return false;
+  }
+}
+
 void MemoryManager::Impl::retire(Slice* slice, StreamToken stream, FreeBy by) {
   // Written only under the lock: a plain increment, not a locked one, on every free.
   frees.store(frees.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
@@ -892,11 +911,14 @@ void MemoryManager::Impl::retire(Slice* slice, StreamToken stream, FreeBy by) {
     case FreeFence::sync:
       // A device-wide synchronize would invalidate an open capture: the slice waits in an
       // epoch like an events free (Note [Free fences]). Nor a free a pin's release makes (Note
-      // [Frees a graph's release makes] in manager_api.cpp). Nor a stream-ordered free: the
-      // plain one never waits for the device, and a synchronize behind it waited for every
-      // stream, a stream the program parked on a host function that only this thread would
-      // release too (it hung); it is fenced on its own stream, as its contract says.
-      if (by == FreeBy::program && !device.capture_active() && stream == kNoStream) {
+      // [Frees a graph's release makes] in manager_api.cpp). A stream-ordered free is fenced on
+      // its own stream, as its contract says: the plain one never waits for the device, and a
+      // synchronize behind it waited for every stream, a stream the program parked on a host
+      // function that only this thread would release too (it hung). Only one on a stream the
+      // library cannot record a fence on (a stream it never saw created) waits for the
+      // synchronize still: the open epoch's fences would not wait for that stream.
+      if (by == FreeBy::program && !device.capture_active()) {
+        if (stream != kNoStream && fence_on_stream(slice, stream)) return;
         slice->next_pending = nullptr;
         if (sync_tail != nullptr) sync_tail->next_pending = slice;
         else sync_head = slice;
@@ -908,25 +930,7 @@ void MemoryManager::Impl::retire(Slice* slice, StreamToken stream, FreeBy by) {
     case FreeFence::automatic:
     case FreeFence::events: {
       // Note [Stream-ordered frees]: only that stream's work can still use the slice.
-      // At the limit, fences that passed make room first.
-      if (stream != kNoStream && fences.lane_frees() >= kMaxLaneFrees)
-        fences.reap(device, kGiveBack);
-      // The slice is pending already: from here on a failed host allocation (recording a
-      // fence, growing a lane) must not leave it in no list, so the open epoch, which needs no
-      // memory, takes the free then, and an epoch that cannot close now closes later.
-      if (stream != kNoStream && fences.lane_frees() < kMaxLaneFrees) {
-        StreamToken lane = stream;
-        FenceHandle fence = kNoFence;
-        try {
-          fence = device.fence_record_on(stream, lane);
-          if (fence != kNoFence) {
-            fences.add_ordered(slice, fence, lane, thread_serial(this_thread_home()));
-            return;
-          }
-        } catch (const std::bad_alloc&) {
-          if (fence != kNoFence) device.fence_destroy(fence);
-        }
-      }
+      if (stream != kNoStream && fence_on_stream(slice, stream)) return;
       fences.add(slice);
       const std::uint64_t now = coarse_nanos();
       if (fences.open_count() >= std::max<std::uint32_t>(options.fence_batch, 1) ||
@@ -949,14 +953,16 @@ void MemoryManager::Impl::finish_sync_frees(Scope& scope) {
   scope.unlock();  // Note [Outside the lock]
   const bool synced = device.synchronize();
   scope.relock();
-  // Not synchronized (a capture opened meanwhile): the slices wait for the next sync free.
-  if (!synced || gen != generation) return;  // or forgotten meanwhile: nothing to give back
+  if (gen != generation) return;  // forgotten meanwhile: nothing to give back
   while (sync_returned < upto && sync_head != nullptr) {
     Slice* slice = sync_head;
     sync_head = slice->next_pending;
     if (sync_head == nullptr) sync_tail = nullptr;
     ++sync_returned;
-    slice->page->pool->give_back(slice);
+    // Not synchronized (a capture opened meanwhile): the slice waits in the open epoch, as a
+    // free during a capture does, rather than for a later free that synchronizes.
+    if (synced) slice->page->pool->give_back(slice);
+    else fences.add(slice);
   }
 }
 

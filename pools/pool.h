@@ -56,10 +56,9 @@ struct alignas(64) Slice {
   };
   std::uint32_t pins = 0;
   SliceState state = SliceState::free;
-  // Whether the page neighbour before (after) it may be free: never false while that neighbour
-  // is free, so a free with both false reads neither (Note [Free neighbours marked] in
-  // sliced_pool.cpp). Carved pools only; bytes of their own, so that setting one is a plain
-  // store.
+  // Whether the page neighbour before (after) it is free, exactly, so that a free with both
+  // clear reads neither (Note [Free neighbours marked] in sliced_pool.cpp). Carved pools only;
+  // bytes of their own, so that setting one is a plain store.
   std::uint8_t free_before = 0;
   std::uint8_t free_after = 0;
 };
@@ -144,9 +143,9 @@ struct PageRelease {
 using ReleaseList = boost::container::small_vector<PageRelease, 4>;
 
 // The bytes of a device's pages, over every shard: each driver allocation a pool made, less each
-// page a pool gave back to the driver (a page lent from one shard to another stays counted), and
-// the most there ever were (Note [Device peaks] in manager_shards.cpp). Written at growths and
-// releases only.
+// page a pool gave up (from then on the driver's to free; a page lent from one shard to another
+// stays counted), and the most there ever were (Note [Device peaks] in manager_shards.cpp).
+// Written at growths, releases and resets only.
 struct DeviceReserved {
   std::atomic<std::uint64_t> now{0};
   std::atomic<std::uint64_t> peak{0};

@@ -27,16 +27,19 @@ inline void note_work() {
   }
 }
 
-// Notes work when it goes out of scope: made before the call that puts work on a stream, it
-// notes once the call has queued it. A note made before the call missed a batch that began
-// between the two, whose fence then waited for this work while its memory counted as free.
-// `wanted` false (a call the library makes itself) notes nothing.
-class NoteWorkAfter {
+// Notes work when made, before the call that puts work on a stream, and again once the call has
+// queued it, so that a batch begun during the call is marked too (noted before the call only,
+// such a batch's fence waited for this work while its memory counted as free; noted after it
+// only, a batch closed during a long call, a blocking copy, kept no mark). `wanted` false (a
+// call the library makes itself) notes nothing.
+class NoteWorkAround {
  public:
-  explicit NoteWorkAfter(bool wanted) : wanted_(wanted) {}
-  NoteWorkAfter(const NoteWorkAfter&) = delete;
-  NoteWorkAfter& operator=(const NoteWorkAfter&) = delete;
-  ~NoteWorkAfter() {
+  explicit NoteWorkAround(bool wanted) : wanted_(wanted) {
+    if (wanted_) note_work();
+  }
+  NoteWorkAround(const NoteWorkAround&) = delete;
+  NoteWorkAround& operator=(const NoteWorkAround&) = delete;
+  ~NoteWorkAround() {
     if (wanted_) note_work();
   }
 

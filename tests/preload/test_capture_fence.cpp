@@ -18,6 +18,8 @@
 #include <thread>
 #include <vector>
 
+#include <cuda.h>
+
 #include "check.h"
 
 namespace {
@@ -96,13 +98,15 @@ void refused_free_in_capture() {
 }
 
 // free_fence:sync: a free waits for the device, here for a stream parked until this thread
-// opens its gate. Creating and destroying a stream meanwhile must not wait for that free (the
-// gate gives up by itself after 10 s; a stream created under plain CUDA returns at once).
+// opens its gate. Creating and destroying a stream meanwhile must not wait for that free, nor a
+// cudaFreeAsync (the gate gives up by itself after 10 s; under plain CUDA both return at once).
 void sync_free_beside_a_park() {
   cudaStream_t parked = nullptr;
   CHECK_CUDA(cudaStreamCreateWithFlags(&parked, cudaStreamNonBlocking));
   void* buffer = nullptr;
+  void* ordered = nullptr;
   CHECK_CUDA(cudaMalloc(&buffer, 4096));
+  CHECK_CUDA(cudaMalloc(&ordered, 8192));
   preload_test::Gate gate;
   preload_test::park(parked, gate);
   std::atomic<bool> freeing{false};
@@ -115,12 +119,15 @@ void sync_free_beside_a_park() {
   const auto start = std::chrono::steady_clock::now();
   cudaStream_t other = nullptr;
   CHECK_CUDA(cudaStreamCreateWithFlags(&other, cudaStreamNonBlocking));
+  // Nor does a stream-ordered free wait for that thread's synchronize.
+  CHECK_CUDA(cudaFreeAsync(ordered, other));
   CHECK_CUDA(cudaStreamDestroy(other));
   const auto waited = std::chrono::steady_clock::now() - start;
   gate.open.store(true);
   freer.join();
   CHECK_MSG(waited < std::chrono::seconds(5),
-            "creating a stream waited for another thread's free behind a parked stream");
+            "creating a stream, or a cudaFreeAsync, waited for another thread's free behind a "
+            "parked stream");
   CHECK_CUDA(cudaStreamDestroy(parked));
   std::printf("sync free beside a park: ok\n");
 }
@@ -153,6 +160,58 @@ void sync_free_async_beside_a_park() {
   std::printf("sync free async beside a park: ok\n");
 }
 
+// free_fence:sync: a cudaFreeAsync on a stream the library never saw created (the driver's own
+// cuStreamCreate, as a library with its own runtime makes them) cannot be fenced on that stream,
+// and the open epoch's fences do not wait for it: that free waits for the synchronize still, and
+// a buffer written there is not handed out again while the write is under way.
+void sync_free_async_on_an_unseen_stream() {
+  using StreamCreate = CUresult (*)(CUstream*, unsigned int);
+  CUstream unseen = nullptr;
+  CHECK(preload_test::real_driver<StreamCreate>("cuStreamCreate")(&unseen, CU_STREAM_NON_BLOCKING) ==
+        CUDA_SUCCESS);
+  const auto stream = reinterpret_cast<cudaStream_t>(unseen);
+  constexpr std::size_t kSize = 1 << 20;
+  const bool counted = preload_test::on_stand_in();
+  const std::uint64_t races_before = counted ? preload_test::counter("races") : 0;
+  void* first = nullptr;
+  CHECK_CUDA(cudaMalloc(&first, kSize));
+  CHECK_CUDA(cudaMemset(first, 0, kSize));
+  preload_test::Gate gate;
+  if (auto launch_access = preload_test::launch_access_function()) {
+    CHECK(launch_access(stream, first, kSize, 1, &preload_test::wait_at_gate, &gate) ==
+          cudaSuccess);
+  } else {
+    CHECK_CUDA(cudaLaunchHostFunc(stream, &preload_test::wait_at_gate, &gate));
+  }
+  CHECK_CUDA(cudaMemsetAsync(first, 0xaa, kSize, stream));  // queued behind the gate
+  while (!gate.entered.load()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  std::thread opener([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));  // a long kernel's end
+    gate.open.store(true);
+  });
+  CHECK_CUDA(cudaFreeAsync(first, stream));
+  // New buffers until the freed one comes back, or enough to need it: each miss records fences,
+  // which pass at once on every stream the library knows.
+  std::vector<void*> taken;
+  void* second = nullptr;
+  for (int i = 0; i < 64 && second != first; ++i) {
+    CHECK_CUDA(cudaMalloc(&second, kSize));
+    CHECK_CUDA(cudaMemset(second, 0xbb, kSize));
+    taken.push_back(second);
+  }
+  opener.join();
+  CHECK_CUDA(cudaDeviceSynchronize());
+  bool corrupted = false;
+  for (void* buffer : taken) corrupted |= !preload_test::device_bytes_equal(buffer, kSize, 0xbb);
+  CHECK_MSG(!corrupted,
+            "a buffer freed on an unseen stream was handed out under that stream's write");
+  if (counted) CHECK(preload_test::counter("races") == races_before);
+  for (void* buffer : taken) CHECK_CUDA(cudaFree(buffer));
+  using StreamDestroy = CUresult (*)(CUstream);
+  CHECK(preload_test::real_driver<StreamDestroy>("cuStreamDestroy_v2")(unseen) == CUDA_SUCCESS);
+  std::printf("sync free async on an unseen stream: ok\n");
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -165,6 +224,7 @@ int main(int argc, char** argv) {
   if (sync_mode) {
     sync_free_beside_a_park();
     sync_free_async_beside_a_park();
+    sync_free_async_on_an_unseen_stream();
   }
   std::printf("ok\n");
   return 0;
