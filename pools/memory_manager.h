@@ -280,7 +280,8 @@ class MemoryManager {
  private:
   struct Impl;    // one shard
   struct Shards;  // the shards and what routes between them
-  // report() tries this often for a snapshot that no page moved between shards during.
+  // report() takes this many snapshots at most, for one that no change of the shards' pages
+  // crossed.
   static constexpr int kReportAttempts = 8;
   ManagerReport report_once() const;  // every shard's snapshot, one after another, added up
   std::unique_ptr<Shards> shards_;
