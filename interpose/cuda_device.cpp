@@ -52,7 +52,10 @@
 // device's cache when the fence goes, unless that device was reset meanwhile). The stream is
 // named as the program named it, with its own device current: a tracked stream is found in the
 // table with its device, and the legacy and per-thread handles, which mean the current device's
-// streams, travel as a token that carries that device (other_device_stream()).
+// streams, travel as a token that carries that device (other_device_stream()). Nothing else
+// stands in for that event (device 0's batch records none on device 1), so it is recorded
+// whenever the stream itself does not capture, a capture on device 1 open or not, and past the
+// pools' limit of frees fenced on streams of their own.
 //
 // Depends on pools/device.h, real_cuda.h and stream_table.h.
 #include "interpose/cuda_device.h"
@@ -342,6 +345,20 @@ FenceHandle CudaDevice::fence_record() {
   return reinterpret_cast<FenceHandle>(fence);
 }
 
+Device::StreamPlace CudaDevice::stream_place(StreamToken token) {
+  if (names_other_device_stream(token))
+    return static_cast<int>((token & ~kOtherDeviceStream) >> 2) == device_
+               ? StreamPlace::this_device
+               : StreamPlace::other_device;
+  const auto stream = reinterpret_cast<cudaStream_t>(token);
+  if (stream == cudaStreamLegacy || stream == cudaStreamPerThread) return StreamPlace::this_device;
+  auto table = streams_.lock();
+  for (const TrackedStream& candidate : streams_.streams())
+    if (candidate.stream == stream)
+      return candidate.device == device_ ? StreamPlace::this_device : StreamPlace::other_device;
+  return StreamPlace::unknown;
+}
+
 CudaDevice::PeerEvent CudaDevice::record_if_other_device(StreamToken token) {
   auto stream = reinterpret_cast<cudaStream_t>(token);
   int stream_device = device_;
@@ -374,7 +391,11 @@ StreamToken CudaDevice::other_device_stream(int device, StreamToken stream) {
 CudaDevice::PeerEvent CudaDevice::record_for_peer(cudaStream_t stream) {
   OwnCallScope scope(device_);
   if (!scope.ok()) return {};
-  if (hooked_capture_open() || is_capturing(stream)) return {};
+  // Only the stream is asked, even while a capture the hooks saw is open here: the free has no
+  // other fence (the fallback, the memory's own device's events, never waits for this stream).
+  // An event on a stream that does not capture changes no other stream's capture (the legacy
+  // stream answers "capturing" while a blocking stream does).
+  if (is_capturing(stream)) return {};
   PeerEvent peer{this, nullptr, 0};
   {
     std::lock_guard<RankedMutex> hold(mutex_);

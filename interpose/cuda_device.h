@@ -52,6 +52,7 @@ class CudaDevice final : public Device {
   void fence_destroy(FenceHandle fence) override;
   bool synchronize() override;
   bool capture_active() override;
+  StreamPlace stream_place(StreamToken stream) override;
   bool give_back_elsewhere(WaitBound& bound) override;  // the device's empty managed slabs
 
   // A tracked stream of this device is about to be destroyed: its queued work still runs after

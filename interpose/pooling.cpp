@@ -188,7 +188,9 @@ FreeOutcome free_on(Registry& registry, int device, DevicePtr address,
 // would). A stream-ordered free on a stream that captures is kept the same way in any mode: the
 // capture takes it into its graph, after the graph's own work on the memory, so the memory may
 // go only when that graph runs (plain CUDA does not free it at the call either); taken back at
-// once, it went to the next allocation, and the graph's launch wrote over it.
+// once, it went to the next allocation, and the graph's launch wrote over it. One on a stream
+// that does not capture is no unsafe call, which plain CUDA serves beside any capture: it goes
+// back as usual (kept, a loop of them beside a global capture ran the device out of memory).
 //
 // Note [Managed frees on another device's stream]
 // A slab's fence covers its own device's streams. Managed memory needs no peer access, so a
@@ -273,9 +275,8 @@ void release_passed_managed_frees(Registry& registry) {
 FreeOutcome free_from_chain(Registry& registry, ManagedSlabs& chain, int device,
                             DevicePtr address, StreamToken stream, bool captured) {
   const CapturePolicy* capture = registry.capture(device);
-  const bool capturing =
-      captured ||
-      (capture != nullptr && capture->open() && hooks::unsafe_calls_refused_here());
+  const bool capturing = captured || (stream == kNoStream && capture != nullptr &&
+                                      capture->open() && hooks::unsafe_calls_refused_here());
   // Under free_fence:none the program orders reuse itself (Note [Managed frees on another
   // device's stream]).
   const bool fenced = stream != kNoStream && config().free_fence != FreeFence::none;
@@ -528,10 +529,13 @@ Freed release(int device, const void* ptr, StreamToken stream) {
   if (freed.outcome != FreeOutcome::not_mine) {
     // free_fence:sync makes every free outside a capture the barrier the real cudaFree is, as
     // the pools' frees are (a slab's reuse waits for its own fence in every mode); the
-    // synchronize refuses while a capture is open. A stream-ordered free is no barrier.
+    // synchronize refuses while a capture is open. A stream-ordered free is no barrier, but on a
+    // stream the library never saw created, which the slab's fence does not cover, it waits for
+    // the synchronize as the pools' does.
     CudaDevice* owner = registry.device(freed.owner);
     if (freed.outcome == FreeOutcome::freed && config().free_fence == FreeFence::sync &&
-        stream == kNoStream && owner != nullptr)
+        owner != nullptr &&
+        (stream == kNoStream || owner->stream_place(stream) == Device::StreamPlace::unknown))
       owner->synchronize();
     return freed;
   }

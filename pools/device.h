@@ -179,6 +179,12 @@ class Device {
   // would silently override it.)
   virtual bool capture_active() { return false; }
 
+  // Where a stream-ordered free's `stream` runs: on this device (its legacy or per-thread stream,
+  // or a stream the library saw created here), on another device, or on a stream the library
+  // never saw created, whose device it cannot tell. The default: this device.
+  enum class StreamPlace : std::uint8_t { this_device, other_device, unknown };
+  virtual StreamPlace stream_place(StreamToken) { return StreamPlace::this_device; }
+
  protected:
   static constexpr std::chrono::microseconds kMaxPollSleep{50};
 };

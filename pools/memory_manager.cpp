@@ -877,10 +877,25 @@ bool MemoryManager::Impl::drain(Scope& scope) {
 
 // --- Free path -----------------------------------------------------------------------------------
 
-bool MemoryManager::Impl::fence_on_stream(Slice* slice, StreamToken stream) {
-  // At the limit, fences that passed make room first.
+void MemoryManager::Impl::close_epoch_when_due() {
+  const std::uint64_t now = coarse_nanos();
+  if (fences.open_count() >= std::max<std::uint32_t>(options.fence_batch, 1) ||
+      fences.open_bytes() >= epoch_bytes() ||
+      now - last_fence_nanos >= options.prompt_fence_nanos) {
+    try {
+      close_epoch();
+    } catch (const std::bad_alloc&) {
+    }
+  }
+}
+
+bool MemoryManager::Impl::fence_on_stream(Slice* slice, StreamToken stream,
+                                          Device::StreamPlace place) {
+  // At the limit, fences that passed make room first. Another device's stream goes past it: the
+  // open epoch, where the limit sends the rest, has no fence on that device.
   if (fences.lane_frees() >= kMaxLaneFrees) fences.reap(device, kGiveBack);
-  if (fences.lane_frees() >= kMaxLaneFrees) return false;
+  if (fences.lane_frees() >= kMaxLaneFrees && place != Device::StreamPlace::other_device)
+    return false;
   // The slice is pending already: a failed host allocation (recording a fence, growing a lane)
   // must not leave it in no list, so the caller's list, which needs no memory, takes it then.
   StreamToken lane = stream;
@@ -914,11 +929,20 @@ void MemoryManager::Impl::retire(Slice* slice, StreamToken stream, FreeBy by) {
       // [Frees a graph's release makes] in manager_api.cpp). A stream-ordered free is fenced on
       // its own stream, as its contract says: the plain one never waits for the device, and a
       // synchronize behind it waited for every stream, a stream the program parked on a host
-      // function that only this thread would release too (it hung). Only one on a stream the
-      // library cannot record a fence on (a stream it never saw created) waits for the
-      // synchronize still: the open epoch's fences would not wait for that stream.
+      // function that only this thread would release too (it hung); failing that (too many such
+      // frees wait, a capture), a stream of this device goes to the open epoch, whose fences
+      // wait for it. Only one on a stream the library never saw created, which those fences do
+      // not cover, waits for the synchronize still.
       if (by == FreeBy::program && !device.capture_active()) {
-        if (stream != kNoStream && fence_on_stream(slice, stream)) return;
+        if (stream != kNoStream) {
+          const Device::StreamPlace place = device.stream_place(stream);
+          if (fence_on_stream(slice, stream, place)) return;
+          if (place != Device::StreamPlace::unknown) {
+            fences.add(slice);
+            close_epoch_when_due();
+            return;
+          }
+        }
         slice->next_pending = nullptr;
         if (sync_tail != nullptr) sync_tail->next_pending = slice;
         else sync_head = slice;
@@ -930,17 +954,10 @@ void MemoryManager::Impl::retire(Slice* slice, StreamToken stream, FreeBy by) {
     case FreeFence::automatic:
     case FreeFence::events: {
       // Note [Stream-ordered frees]: only that stream's work can still use the slice.
-      if (stream != kNoStream && fence_on_stream(slice, stream)) return;
+      if (stream != kNoStream && fence_on_stream(slice, stream, device.stream_place(stream)))
+        return;
       fences.add(slice);
-      const std::uint64_t now = coarse_nanos();
-      if (fences.open_count() >= std::max<std::uint32_t>(options.fence_batch, 1) ||
-          fences.open_bytes() >= epoch_bytes() ||
-          now - last_fence_nanos >= options.prompt_fence_nanos) {
-        try {
-          close_epoch();
-        } catch (const std::bad_alloc&) {
-        }
-      }
+      close_epoch_when_due();
       return;
     }
   }

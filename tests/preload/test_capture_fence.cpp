@@ -134,24 +134,29 @@ void sync_free_beside_a_park() {
 
 // free_fence:sync: a cudaFreeAsync is no barrier (the plain one never waits for the device), so
 // it returns while another stream is parked until this very thread opens its gate; pooled and
-// managed memory alike. (It synchronized the device, and hung until the gate gave up.)
+// managed memory alike, and past the number of frees the pools fence on streams of their own
+// (the freeing stream is parked too, so none of them passes). (It synchronized the device, and
+// hung until the gate gave up.)
 void sync_free_async_beside_a_park() {
   cudaStream_t parked = nullptr;
   cudaStream_t stream = nullptr;
   CHECK_CUDA(cudaStreamCreateWithFlags(&parked, cudaStreamNonBlocking));
   CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  void* buffer = nullptr;
+  std::vector<void*> buffers(300);
+  for (void*& buffer : buffers) CHECK_CUDA(cudaMalloc(&buffer, 4096));
   void* managed = nullptr;
-  CHECK_CUDA(cudaMalloc(&buffer, 4096));
   CHECK_CUDA(cudaMallocManaged(&managed, 4096));
-  CHECK_CUDA(cudaMemsetAsync(buffer, 1, 4096, stream));
+  CHECK_CUDA(cudaMemsetAsync(buffers[0], 1, 4096, stream));
   preload_test::Gate gate;
+  preload_test::Gate stream_gate;
   preload_test::park(parked, gate);
+  preload_test::park(stream, stream_gate);
   const auto start = std::chrono::steady_clock::now();
-  CHECK_CUDA(cudaFreeAsync(buffer, stream));
+  for (void* buffer : buffers) CHECK_CUDA(cudaFreeAsync(buffer, stream));
   CHECK_CUDA(cudaFreeAsync(managed, stream));
   const auto waited = std::chrono::steady_clock::now() - start;
   gate.open.store(true);
+  stream_gate.open.store(true);
   CHECK_MSG(waited < std::chrono::seconds(5), "a cudaFreeAsync waited for a parked stream");
   CHECK_CUDA(cudaStreamSynchronize(stream));
   CHECK_CUDA(cudaStreamSynchronize(parked));

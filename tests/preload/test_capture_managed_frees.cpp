@@ -14,6 +14,9 @@
 //  - captured-free-async: a cudaFreeAsync of a managed buffer on the stream that captures it,
 //    in a relaxed capture: the library took the memory back at once, and the graph's launch
 //    wrote over a later allocation there.
+//  - free-async-beside-global: a cudaFreeAsync of managed memory on a stream that does not
+//    capture, beside the thread's own global capture, round after round: the library kept it
+//    for good and ran the device out of memory.
 // A free by the capturing thread inside its own global capture is kept still (the library makes
 // that free legal; capture_managed_freed checks it).
 #include <cstring>
@@ -107,12 +110,44 @@ void captured_free_async() {
   CHECK_CUDA(cudaStreamDestroy(stream));
 }
 
+// A cudaFreeAsync of a managed buffer on a stream that does not capture, while this thread
+// holds a global capture on another: no unsafe call (plain CUDA serves it and the capture stays
+// valid), so the memory goes back. Kept for good, 4 MiB a round ran the device out of memory
+// (the budget is 256 MiB) by the 64th round.
+void free_async_beside_global_capture() {
+  cudaStream_t freeing = nullptr;
+  cudaStream_t capturing = nullptr;
+  CHECK_CUDA(cudaStreamCreateWithFlags(&freeing, cudaStreamNonBlocking));
+  CHECK_CUDA(cudaStreamCreateWithFlags(&capturing, cudaStreamNonBlocking));
+  void* captured = nullptr;
+  CHECK_CUDA(cudaMalloc(&captured, 4096));
+  constexpr std::size_t kRound = 4 * kMiB;
+  for (int round = 0; round < 100; ++round) {
+    void* buffer = nullptr;
+    const cudaError_t got = cudaMallocManaged(&buffer, kRound);
+    CHECK_MSG(got == cudaSuccess, "round " + std::to_string(round) + ": " +
+                                      preload_test::error_text(got));
+    CHECK_CUDA(cudaMemsetAsync(buffer, 1, kRound, freeing));
+    CHECK_CUDA(cudaStreamBeginCapture(capturing, cudaStreamCaptureModeGlobal));
+    CHECK_CUDA(cudaMemsetAsync(captured, 1, 4096, capturing));
+    CHECK_CUDA(cudaFreeAsync(buffer, freeing));
+    cudaGraph_t graph = nullptr;
+    CHECK_CUDA(cudaStreamEndCapture(capturing, &graph));
+    CHECK_CUDA(cudaGraphDestroy(graph));
+    CHECK_CUDA(cudaStreamSynchronize(freeing));
+  }
+  CHECK_CUDA(cudaFree(captured));
+  CHECK_CUDA(cudaStreamDestroy(freeing));
+  CHECK_CUDA(cudaStreamDestroy(capturing));
+}
+
 int run_case(const std::string& name) {
   CHECK_CUDA(cudaFree(nullptr));
   if (name == "other-thread") freed_memory_comes_back(true);
   if (name == "own-relaxed") freed_memory_comes_back(false);
   if (name == "global-malloc") managed_in_global_capture();
   if (name == "captured-free-async") captured_free_async();
+  if (name == "free-async-beside-global") free_async_beside_global_capture();
   std::printf("case done\n");
   return 0;
 }
@@ -123,7 +158,8 @@ int main(int argc, char** argv) {
   if (argc > 1) return run_case(argv[1]);
   preload_test::require_preloaded();
   preload_test::run_cases_in_children(
-      {"other-thread", "own-relaxed", "global-malloc", "captured-free-async"});
+      {"other-thread", "own-relaxed", "global-malloc", "captured-free-async",
+       "free-async-beside-global"});
   std::printf("ok\n");
   return 0;
 }

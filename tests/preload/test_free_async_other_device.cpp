@@ -14,6 +14,8 @@
 // without peer access (Note [Managed frees on another device's stream] in interpose/pooling.cpp).
 // And a capture open on device 1 does not keep device 0's managed frees from going back (Note
 // [Managed frees during a capture]): more than the device is allocated and freed meanwhile.
+// Device 1's fence holds with a relaxed capture open on device 1, and with more frees waiting on
+// the device-1 stream than the pools fence on streams of their own.
 #include <cstring>
 #include <string>
 #include <vector>
@@ -28,21 +30,37 @@ using preload_test::wait_at_gate;
 constexpr std::size_t kSize = 1 << 20;
 constexpr int kMaxAllocations = 32;
 
+// What else happens around the free: `waiting_frees` other frees on the device-1 stream before
+// it (more than the pools fence on a stream of their own); a relaxed capture open on another
+// device-1 stream from before the free until the late write may run.
+struct Around {
+  int waiting_frees = 0;
+  bool capture_on_device1 = false;
+};
+
 // Returns true when a new device-0 buffer was corrupted by the device-1 stream's late write.
 bool run_case(const char* name, cudaStream_t device1_stream, int current_at_free,
-              bool expect_race) {
+              bool expect_race, Around around = {}) {
   CHECK_CUDA(cudaSetDevice(0));
   cudaStream_t device0_stream = nullptr;
   CHECK_CUDA(cudaStreamCreateWithFlags(&device0_stream, cudaStreamNonBlocking));
   void* freed = nullptr;
   CHECK_CUDA(cudaMalloc(&freed, kSize));
   CHECK_CUDA(cudaMemset(freed, 0, kSize));
+  std::vector<void*> others(around.waiting_frees);
+  for (void*& other : others) CHECK_CUDA(cudaMalloc(&other, 4096));
   const std::uint64_t races_before = preload_test::counter("races");
 
   CHECK_CUDA(cudaSetDevice(1));
+  cudaStream_t capturing = nullptr;
+  if (around.capture_on_device1) {
+    CHECK_CUDA(cudaStreamCreateWithFlags(&capturing, cudaStreamNonBlocking));
+    CHECK_CUDA(cudaStreamBeginCapture(capturing, cudaStreamCaptureModeRelaxed));
+  }
   Gate gate;
   CHECK_CUDA(cudaLaunchHostFunc(device1_stream, wait_at_gate, &gate));
   CHECK_CUDA(cudaMemsetAsync(freed, 0xaa, kSize, device1_stream));  // held behind the gate
+  for (void* other : others) CHECK_CUDA(cudaFreeAsync(other, device1_stream));
   CHECK_CUDA(cudaSetDevice(current_at_free));
   CHECK_CUDA(cudaFreeAsync(freed, device1_stream));
 
@@ -56,6 +74,13 @@ bool run_case(const char* name, cudaStream_t device1_stream, int current_at_free
     CHECK_CUDA(cudaStreamSynchronize(device0_stream));
     taken.push_back(buffer);
     reused = buffer == freed;
+  }
+  if (capturing != nullptr) {
+    CHECK_CUDA(cudaSetDevice(1));
+    cudaGraph_t graph = nullptr;
+    CHECK_CUDA(cudaStreamEndCapture(capturing, &graph));
+    if (graph != nullptr) CHECK_CUDA(cudaGraphDestroy(graph));
+    CHECK_CUDA(cudaStreamDestroy(capturing));
   }
   gate.open.store(true);
   CHECK_CUDA(cudaSetDevice(1));
@@ -162,6 +187,11 @@ int main(int argc, char** argv) {
   caught &= run_case("non-blocking stream, device 0 current", device1_stream, 0, expect_race);
   caught &= run_case("legacy stream", cudaStreamLegacy, 1, expect_race);
   caught &= run_case("per-thread stream", cudaStreamPerThread, 1, expect_race);
+  // No fence of device 0's stands in for the device-1 stream's: a capture open on device 1, and
+  // more frees waiting than the pools fence on streams of their own, still fence it.
+  caught &= run_case("beside a capture on device 1", device1_stream, 1, expect_race,
+                     Around{0, true});
+  caught &= run_case("after 300 frees waiting", device1_stream, 1, expect_race, Around{300, false});
   caught &= run_managed_case(device1_stream, expect_race);
   if (!expect_race) managed_frees_beside_another_capture();
   if (expect_race) CHECK_MSG(caught, "a case reused the memory without the late write being seen");

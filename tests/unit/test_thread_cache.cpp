@@ -94,10 +94,12 @@ TEST_CASE("a freed slice comes back for the same thread's next request of its si
 TEST_CASE("a report's figures add up while a thread parks and reuses slices") {
   CacheRig rig;
   std::atomic<bool> done{false};
+  std::atomic<int> rounds{0};
   std::thread owner([&] {
     std::vector<DevicePtr> held;
     for (std::uint64_t size : {64 * KiB, 96 * KiB, 128 * KiB}) held.push_back(rig.cached(size));
     while (!done.load()) {
+      rounds.fetch_add(1);
       for (DevicePtr& p : held) {
         const std::uint64_t size = rig.manager.live_size(p);
         REQUIRE(rig.manager.free(p) == FreeOutcome::freed);
@@ -109,7 +111,8 @@ TEST_CASE("a report's figures add up while a thread parks and reuses slices") {
   });
   int off = 0;
   std::uint64_t parked_seen = 0;
-  for (int i = 0; i < 20000; ++i) {
+  // Reports for as long as the owner makes its first 20,000 rounds.
+  while (rounds.load() < 20000) {
     const ManagerReport r = rig.report();
     parked_seen += r.thread_parked_bytes;
     off += r.bytes_in_use + r.bytes_padding + r.pending_fence_bytes + r.idle_bytes +
