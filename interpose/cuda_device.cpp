@@ -15,8 +15,9 @@
 // before the destroy and still completes.
 // Recording on the legacy stream while a blocking stream captures would invalidate that
 // capture (and recording on a capturing stream would become part of the graph), so while any
-// capture is open on the device no fence is recorded at all: the manager keeps the epoch open
-// and tries again later. The capture hooks count the captures they see begin and end, and a
+// capture is open on the device no fence of its own pools is recorded at all: the manager keeps
+// the epoch open and tries again later (another device's free on one of its streams records an
+// event still, unless that stream captures: Note [Frees on another device's stream]). The capture hooks count the captures they see begin and end, and a
 // begin happens under the stream table's lock, which a fence holds from its check to its last
 // record: a capture that begins on another thread can never fall between the two. Captures
 // begun behind the hooks' back are found by asking the legacy stream, this thread's default

@@ -84,7 +84,7 @@ class CudaDevice final : public Device {
   static StreamToken other_device_stream(int device, StreamToken stream);
 
   // For another device's fence: an event of this device recorded on `stream`, one of this
-  // device's streams; `event` is null when none could be recorded (a capture is open, the
+  // device's streams; `event` is null when none could be recorded (the stream captures, the
   // stream is gone). Each event goes back through return_peer_event.
   struct PeerEvent {
     CudaDevice* owner = nullptr;

@@ -531,7 +531,8 @@ Freed release(int device, const void* ptr, StreamToken stream) {
     // the pools' frees are (a slab's reuse waits for its own fence in every mode); the
     // synchronize refuses while a capture is open. A stream-ordered free is no barrier, but on a
     // stream the library never saw created, which the slab's fence does not cover, it waits for
-    // the synchronize as the pools' does.
+    // a synchronize (after its slab took it back: another thread's fence in between can still
+    // let the slab rewind before that stream is done).
     CudaDevice* owner = registry.device(freed.owner);
     if (freed.outcome == FreeOutcome::freed && config().free_fence == FreeFence::sync &&
         owner != nullptr &&
@@ -768,11 +769,12 @@ void untrack_stream(cudaStream_t stream) {
   // Out of the table first: no fence may be recorded on it once the real destroy has run. Its
   // queued work still runs after the destroy, so later fences wait for its tail (Note
   // [Destroyed streams] in cuda_device.cpp); under the table's lock, so that no fence falls
-  // between the removal and the tail.
+  // between the removal and the tail. Under free_fence:sync too: a stream-ordered free there
+  // that gets no event of its own waits for the event batch, not for a synchronize.
   auto table = registry.streams().lock();
   TrackedStream removed;
   if (registry.streams().remove_locked(stream, &removed) &&
-      config().free_fence != FreeFence::none && config().free_fence != FreeFence::sync) {
+      config().free_fence != FreeFence::none) {
     if (CudaDevice* device = registry.device(removed.device)) device->adopt_stream_tail(stream);
   }
 }

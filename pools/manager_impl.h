@@ -309,10 +309,9 @@ struct MemoryManager::Impl {
   enum class FreeBy : std::uint8_t { program, release };
   // live/held -> pending or free, by the fence mode; `stream`: freed in that stream's order.
   void retire(Slice* slice, StreamToken stream = kNoStream, FreeBy by = FreeBy::program);
-  // A stream-ordered free's pending slice waits for a fence recorded on `stream`, which runs at
-  // `place` (Note [Stream-ordered frees]); false, with the slice in no list, when none could be
-  // recorded.
-  bool fence_on_stream(Slice* slice, StreamToken stream, Device::StreamPlace place);
+  // A stream-ordered free's pending slice waits for a fence recorded on `stream` (Note
+  // [Stream-ordered frees]); false, with the slice in no list, when none could be recorded.
+  bool fence_on_stream(Slice* slice, StreamToken stream);
   // Closes the open epoch when it holds enough frees or bytes, or is old enough (a fence that
   // cannot be recorded now is recorded later).
   void close_epoch_when_due();

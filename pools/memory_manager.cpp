@@ -70,9 +70,11 @@
 // Capture under FreeFence::sync. A device-wide synchronize while a stream capture is open
 // would invalidate the capture, so while Device::capture_active() says one is open a free
 // under sync retires its slice through the open epoch exactly as under events; the epoch is
-// closed and reaped by later misses, cleanups or drain_fences() like any other. Otherwise the
-// free synchronizes after releasing the lock and gives back, in free order, every slice freed
-// before its synchronize began.
+// closed and reaped by later misses, cleanups or drain_fences() like any other. Otherwise a
+// cudaFree synchronizes after releasing the lock and gives back, in free order, every slice
+// freed before its synchronize began; a stream-ordered free is fenced on its stream (Note
+// [Stream-ordered frees]), or waits in the open epoch, and only one on a stream the library
+// never saw synchronizes.
 //
 // Note [Stream-ordered frees]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~
@@ -95,7 +97,9 @@
 // lanes (at the limit, those whose fences passed are taken back first), and a stream-ordered
 // free past them joins the open epoch as a cudaFree's would, as it does when
 // Device::fence_record_on cannot record (the stream captures, a capture begun through the hooks
-// is open on its device, the stream is unknown).
+// is open on its device, the stream is unknown). Not one on another device's stream: the epoch
+// has no fence on that device, so its own event is recorded past the limit too, and while a
+// capture is open there (Note [Frees on another device's stream] in interpose/cuda_device.cpp).
 // Fences no longer pass in the order recorded: a cudaFreeAsync never blocks, so its fence may
 // lie behind a park of its own stream, older than fences about to pass. So while any lane holds
 // a free, a wait for the oldest fence lasts at most kLaneWaitSliceMicros and takes back whatever
@@ -889,12 +893,13 @@ void MemoryManager::Impl::close_epoch_when_due() {
   }
 }
 
-bool MemoryManager::Impl::fence_on_stream(Slice* slice, StreamToken stream,
-                                          Device::StreamPlace place) {
+bool MemoryManager::Impl::fence_on_stream(Slice* slice, StreamToken stream) {
   // At the limit, fences that passed make room first. Another device's stream goes past it: the
-  // open epoch, where the limit sends the rest, has no fence on that device.
+  // open epoch, where the limit sends the rest, has no fence on that device. (Asked only here:
+  // it looks the stream up in the table.)
   if (fences.lane_frees() >= kMaxLaneFrees) fences.reap(device, kGiveBack);
-  if (fences.lane_frees() >= kMaxLaneFrees && place != Device::StreamPlace::other_device)
+  if (fences.lane_frees() >= kMaxLaneFrees &&
+      device.stream_place(stream) != Device::StreamPlace::other_device)
     return false;
   // The slice is pending already: a failed host allocation (recording a fence, growing a lane)
   // must not leave it in no list, so the caller's list, which needs no memory, takes it then.
@@ -935,9 +940,8 @@ void MemoryManager::Impl::retire(Slice* slice, StreamToken stream, FreeBy by) {
       // not cover, waits for the synchronize still.
       if (by == FreeBy::program && !device.capture_active()) {
         if (stream != kNoStream) {
-          const Device::StreamPlace place = device.stream_place(stream);
-          if (fence_on_stream(slice, stream, place)) return;
-          if (place != Device::StreamPlace::unknown) {
+          if (fence_on_stream(slice, stream)) return;
+          if (device.stream_place(stream) != Device::StreamPlace::unknown) {
             fences.add(slice);
             close_epoch_when_due();
             return;
@@ -954,8 +958,7 @@ void MemoryManager::Impl::retire(Slice* slice, StreamToken stream, FreeBy by) {
     case FreeFence::automatic:
     case FreeFence::events: {
       // Note [Stream-ordered frees]: only that stream's work can still use the slice.
-      if (stream != kNoStream && fence_on_stream(slice, stream, device.stream_place(stream)))
-        return;
+      if (stream != kNoStream && fence_on_stream(slice, stream)) return;
       fences.add(slice);
       close_epoch_when_due();
       return;
