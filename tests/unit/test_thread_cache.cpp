@@ -98,21 +98,23 @@ TEST_CASE("a report's figures add up while a thread parks and reuses slices") {
   std::thread owner([&] {
     std::vector<DevicePtr> held;
     for (std::uint64_t size : {64 * KiB, 96 * KiB, 128 * KiB}) held.push_back(rig.cached(size));
+    const std::vector<std::uint64_t> sizes = {64 * KiB, 96 * KiB, 128 * KiB};
     while (!done.load()) {
       rounds.fetch_add(1);
-      for (DevicePtr& p : held) {
-        const std::uint64_t size = rig.manager.live_size(p);
-        REQUIRE(rig.manager.free(p) == FreeOutcome::freed);
-        p = rig.manager.allocate(size).ptr;
-        REQUIRE(p != 0);
+      // All parked for a moment, then all reused.
+      for (const DevicePtr p : held) REQUIRE(rig.manager.free(p) == FreeOutcome::freed);
+      std::this_thread::yield();
+      for (std::size_t i = 0; i < held.size(); ++i) {
+        held[i] = rig.manager.allocate(sizes[i]).ptr;
+        REQUIRE(held[i] != 0);
       }
     }
     for (const DevicePtr p : held) REQUIRE(rig.manager.free(p) == FreeOutcome::freed);
   });
   int off = 0;
   std::uint64_t parked_seen = 0;
-  // Reports for as long as the owner makes its first 20,000 rounds.
-  while (rounds.load() < 20000) {
+  // 20,000 reports, and as many more as the owner needs for 1,000 rounds beside them.
+  for (int reports = 0; reports < 20000 || rounds.load() < 1000; ++reports) {
     const ManagerReport r = rig.report();
     parked_seen += r.thread_parked_bytes;
     off += r.bytes_in_use + r.bytes_padding + r.pending_fence_bytes + r.idle_bytes +
