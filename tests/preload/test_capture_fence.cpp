@@ -212,6 +212,44 @@ void sync_free_async_on_an_unseen_stream() {
             "a buffer freed on an unseen stream was handed out under that stream's write");
   if (counted) CHECK(preload_test::counter("races") == races_before);
   for (void* buffer : taken) CHECK_CUDA(cudaFree(buffer));
+
+  // Managed memory, whose slab's fence does not cover that stream either: new allocations, each
+  // freed again in stream order, until the address comes back or the write ends.
+  constexpr std::size_t kManaged = 64 << 10;
+  void* managed = nullptr;
+  CHECK_CUDA(cudaMallocManaged(&managed, kManaged));
+  CHECK_CUDA(cudaMemset(managed, 0, kManaged));
+  preload_test::Gate managed_gate;
+  if (auto launch_access = preload_test::launch_access_function()) {
+    CHECK(launch_access(stream, managed, kManaged, 1, &preload_test::wait_at_gate,
+                        &managed_gate) == cudaSuccess);
+  } else {
+    CHECK_CUDA(cudaLaunchHostFunc(stream, &preload_test::wait_at_gate, &managed_gate));
+  }
+  CHECK_CUDA(cudaMemsetAsync(managed, 0xaa, kManaged, stream));  // queued behind the gate
+  while (!managed_gate.entered.load()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  std::thread managed_opener([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));
+    managed_gate.open.store(true);
+  });
+  CHECK_CUDA(cudaFreeAsync(managed, stream));
+  void* again = nullptr;
+  for (int i = 0; i < 20000 && again == nullptr && !managed_gate.open.load(); ++i) {
+    void* buffer = nullptr;
+    CHECK_CUDA(cudaMallocManaged(&buffer, kManaged));
+    CHECK_CUDA(cudaMemset(buffer, 0xbb, kManaged));
+    if (buffer == managed) {
+      again = buffer;
+    } else {
+      CHECK_CUDA(cudaFreeAsync(buffer, cudaStreamLegacy));
+    }
+  }
+  managed_opener.join();
+  CHECK_CUDA(cudaDeviceSynchronize());
+  CHECK_MSG(again == nullptr || preload_test::device_bytes_equal(again, kManaged, 0xbb),
+            "managed memory freed on an unseen stream was handed out under that stream's write");
+  if (again != nullptr) CHECK_CUDA(cudaFree(again));
+  if (counted) CHECK(preload_test::counter("races") == races_before);
   using StreamDestroy = CUresult (*)(CUstream);
   CHECK(preload_test::real_driver<StreamDestroy>("cuStreamDestroy_v2")(unseen) == CUDA_SUCCESS);
   std::printf("sync free async on an unseen stream: ok\n");
