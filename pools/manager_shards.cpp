@@ -365,16 +365,6 @@ MemoryManager::Shards::Held MemoryManager::Shards::held(std::uint32_t k, std::ui
   return h;
 }
 
-namespace {
-
-void raise_to(std::atomic<std::uint64_t>& peak, std::uint64_t value) {
-  std::uint64_t seen = peak.load(std::memory_order_relaxed);
-  while (seen < value && !peak.compare_exchange_weak(seen, value, std::memory_order_relaxed)) {
-  }
-}
-
-}  // namespace
-
 void MemoryManager::Shards::note_held_peak(std::uint64_t in_use) { raise_to(held_peak, in_use); }
 
 void MemoryManager::Shards::note_device_peaks(std::uint32_t k, std::uint64_t in_use) {

@@ -146,14 +146,18 @@ using ReleaseList = boost::container::small_vector<PageRelease, 4>;
 // page a pool gave up (from then on the driver's to free; a page lent from one shard to another
 // stays counted), and the most there ever were (Note [Device peaks] in manager_shards.cpp).
 // Written at growths, releases and resets only.
+// Raises `peak` to `value` when it is below it, whatever other threads raise it to meanwhile.
+inline void raise_to(std::atomic<std::uint64_t>& peak, std::uint64_t value) {
+  std::uint64_t seen = peak.load(std::memory_order_relaxed);
+  while (seen < value && !peak.compare_exchange_weak(seen, value, std::memory_order_relaxed)) {
+  }
+}
+
 struct DeviceReserved {
   std::atomic<std::uint64_t> now{0};
   std::atomic<std::uint64_t> peak{0};
   void add(std::uint64_t bytes) {
-    const std::uint64_t after = now.fetch_add(bytes, std::memory_order_relaxed) + bytes;
-    std::uint64_t seen = peak.load(std::memory_order_relaxed);
-    while (seen < after && !peak.compare_exchange_weak(seen, after, std::memory_order_relaxed)) {
-    }
+    raise_to(peak, now.fetch_add(bytes, std::memory_order_relaxed) + bytes);
   }
   void remove(std::uint64_t bytes) { now.fetch_sub(bytes, std::memory_order_relaxed); }
 };
