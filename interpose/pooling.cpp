@@ -334,6 +334,21 @@ FreeOutcome free_managed(Registry& registry, int device, DevicePtr address, Stre
 }
 
 
+// The device whose managed slabs hold a live allocation starting at `address` (`device`'s asked
+// first), or -1.
+int managed_holder(const Registry& registry, int device, DevicePtr address) {
+  const auto starts_at = [&](int d) {
+    const ManagedSlabs* chain = registry.managed(d);
+    if (chain == nullptr) return false;
+    const ManagedLookup found = chain->find(address);
+    return found.kind == ManagedLookup::Kind::live && found.start == address;
+  };
+  if (device >= 0 && device < registry.managed_bound() && starts_at(device)) return device;
+  for (int other = 0; other < registry.managed_bound(); ++other)
+    if (other != device && starts_at(other)) return other;
+  return -1;
+}
+
 // The held frees of `device`'s memory go with its slabs (Note [Managed frees on another
 // device's stream]).
 void drop_held_frees(int device) {
@@ -525,21 +540,21 @@ Freed release(int device, const void* ptr, StreamToken stream) {
   // only while a capture the hooks saw is open on the device.
   const bool captured = stream != kNoStream && hooks::capture_open(device) &&
                         hooks::capturing(reinterpret_cast<cudaStream_t>(stream));
-  freed.outcome = free_managed(registry, device, address, named, captured, &freed.owner);
-  if (freed.outcome != FreeOutcome::not_mine) {
-    // free_fence:sync makes every free outside a capture the barrier the real cudaFree is, as
-    // the pools' frees are (a slab's reuse waits for its own fence in every mode); the
-    // synchronize refuses while a capture is open. A stream-ordered free is no barrier, but on a
-    // stream the library never saw created, which the slab's fence does not cover, it waits for
-    // a synchronize (after its slab took it back: another thread's fence in between can still
-    // let the slab rewind before that stream is done).
-    CudaDevice* owner = registry.device(freed.owner);
-    if (freed.outcome == FreeOutcome::freed && config().free_fence == FreeFence::sync &&
-        owner != nullptr &&
+  // free_fence:sync makes every free outside a capture the barrier the real cudaFree is, as the
+  // pools' frees are (a slab's reuse waits for its own fence in every mode); the synchronize
+  // refuses while a capture is open. A stream-ordered free is no barrier, but on a stream the
+  // library never saw created, which the slab's fence does not cover, it waits for a
+  // synchronize. Before its slab takes it back: another thread's fence in between could let the
+  // slab rewind, and hand the memory out, while that stream still writes it.
+  if (config().free_fence == FreeFence::sync) {
+    const int holder = managed_holder(registry, device, address);
+    CudaDevice* owner = holder >= 0 ? registry.device(holder) : nullptr;
+    if (owner != nullptr &&
         (stream == kNoStream || owner->stream_place(stream) == Device::StreamPlace::unknown))
       owner->synchronize();
-    return freed;
   }
+  freed.outcome = free_managed(registry, device, address, named, captured, &freed.owner);
+  if (freed.outcome != FreeOutcome::not_mine) return freed;
   freed.outcome = free_on(registry, device, address, stream);
   for (int other = 0; freed.outcome == FreeOutcome::not_mine && other < Registry::kMaxDevices;
        ++other) {
