@@ -106,7 +106,9 @@ Reservation MemoryManager::Impl::reserve(std::uint64_t size, Placement placement
     out.gate_closed = true;
     return {};
   }
-  if (thread != nullptr) {
+  // A thread still settling in its home leaves no mark there: a busy thread must not move
+  // for a newcomer's first reservations, which never move the newcomer (Note [Shards]).
+  if (thread != nullptr && !(home && thread->settling < kShardSettle)) {
     if (home) out.shared = last_reserver != nullptr && last_reserver != thread;
     last_reserver = thread;
   }

@@ -42,9 +42,13 @@ inline constexpr int kBorrowTries = kManagerSpinTries;
 // thread's previous reservation there. A thread moves to another shard at a shared reservation
 // that comes within kShardWindow of its own reservations after another shared one. Threads that
 // share a lock run in turns of a few calls each, so two busy threads part within a few turns;
-// a thread that reserves now and then beside a busy one moves itself after two calls, and the
-// busy one, which sees it rarely, stays.
+// a thread that reserves now and then beside a busy one moves itself after two calls past its
+// settling (kShardSettle), and the busy one, which sees it rarely, stays.
 inline constexpr std::uint32_t kShardWindow = 16;
+
+// A thread's first reservations in its home neither move it nor count as sharing for the
+// others (Note [Shards]).
+inline constexpr std::uint32_t kShardSettle = 8;
 
 // Whether a layout has a capped pool.
 bool layout_capped(const PoolLayout& layout);
@@ -55,6 +59,7 @@ bool layout_capped(const PoolLayout& layout);
 struct ShardHome {
   std::uint32_t index = 0;
   std::uint32_t since_shared = kShardWindow;
+  std::uint32_t settling = 0;  // its reservations in its home so far, up to kShardSettle
   std::uint64_t serial = 0;  // thread_serial(), 0 until asked
 };
 

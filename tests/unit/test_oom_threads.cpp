@@ -11,6 +11,7 @@
 #include <thread>
 #include <utility>
 
+#include "pools/manager_shards.h"
 #include "pools_test_util.h"
 
 using namespace poolcuda;
@@ -140,7 +141,7 @@ TEST_CASE("oom_recovery_returns_idle_pages_another_shard_left_meanwhile") {
   o.shards = 2;
   MemoryManager manager(device, o);
   Worker a, b;
-  for (int turn = 0; turn < 8; ++turn) {  // taking turns, they part
+  for (std::uint32_t turn = 0; turn < kShardSettle + 8; ++turn) {  // taking turns, they part
     a.run([&] { manager.free(manager.allocate(KiB).ptr); });
     b.run([&] { manager.free(manager.allocate(KiB).ptr); });
   }
