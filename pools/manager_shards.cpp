@@ -150,6 +150,7 @@ MemoryManager::Shards::Shards(Device& d, const ManagerOptions& o)
   shard[0]->ctx.borrow_owner = shard[0].get();
   shard[0]->ctx.shards_made = &made;
   shard[0]->ctx.device_reserved = &device_reserved;
+  shard[0]->ctx.device_peak_in_use = &held_peak;
   capped = layout_capped(o.layout);
   plan_layout(o.layout);
   if (capped) {
@@ -198,6 +199,7 @@ bool MemoryManager::Shards::make_shards(std::uint32_t n) {
       fresh->ctx.borrow_owner = fresh.get();
       fresh->ctx.shards_made = &made;
       fresh->ctx.device_reserved = &device_reserved;
+      fresh->ctx.device_peak_in_use = &held_peak;
       fresh->stream_ordered = stream_ordered;
       fresh->frozen = frozen;
       fresh->update_cache_gate();

@@ -210,6 +210,7 @@ MemoryManager::Impl::Impl(Device& d, const ManagerOptions& o)
   ctx.index = &index;
   total_memory = device.memory_info().total_bytes;
   ctx.total_memory = total_memory;
+  ctx.hold_percent = options.hold_percent;
   persistent = std::make_unique<PersistentPool>(ctx);
   build_pools(options.layout);
   update_cache_gate();

@@ -55,9 +55,15 @@ std::uint64_t PagePool::largest_free() const { return free_.largest(); }
 // Padding in a live page is the one memory recovery cannot return, so it is bounded twice. Per
 // page, at 1/64 of the device: a 12 GiB request on a 15 GiB idle page left a 16 GiB device 3 GiB
 // short of what the plain program had. And in all: a page more than a quarter above the class is
-// taken only while the pool's padding stays within 1/16 of the device. Without that, 260 MiB
-// requests on idle 500 MiB pages would each waste 240 MiB, and a program filling a 16 GiB device
-// with them after freeing thirty such pages would get about half of what plain CUDA gives. (A
+// taken only while the pool's padding stays within 1/16 of the device, and within what the held
+// bound leaves above the device's most bytes in use ((hold - 1) times them; the device's figure
+// is the one the held bound last saw at a growth, or this shard's own peak if higher): padding
+// past that let the pages in use alone hold more than the bound once the program was back at its
+// peak, and every growth passed it (random sizes up to 1 GiB held 1.78 times their peak on an
+// 80 GiB device, whose 16th is 5 GiB; 1.50 to 1.51 with this, the size classes' rounding).
+// Without the 16th, 260 MiB requests on idle 500 MiB pages would each waste 240 MiB, and a
+// program filling a 16 GiB device with them after freeing thirty such pages would get about half
+// of what plain CUDA gives. (A
 // budget of 1/64 cost the 1 GiB random traces four times the driver allocations; 1/16 keeps the
 // gains above.) With shards (Note [Shards]) each shard's pool gets its share of that budget, a
 // 16th divided by the shards made so far. At the held bound a request may take a page of up to
@@ -84,7 +90,16 @@ std::uint64_t PageSizing::largest_page_for(std::uint64_t size) const {
   return page + (device_share != 0 ? std::min(page, device_share) : page);
 }
 
-std::uint64_t PageSizing::padding_budget() const { return ctx_.total_memory / 16 / ctx_.shares(); }
+std::uint64_t PageSizing::padding_budget() const {
+  std::uint64_t budget = ctx_.total_memory / 16;
+  if (ctx_.hold_percent > 100) {
+    std::uint64_t peak = ctx_.totals.in_use_peak;
+    if (ctx_.device_peak_in_use != nullptr)
+      peak = std::max(peak, ctx_.device_peak_in_use->load(std::memory_order_relaxed));
+    budget = std::min(budget, peak / 100 * (ctx_.hold_percent - 100));
+  }
+  return budget / ctx_.shares();
+}
 
 std::uint64_t PageSizing::largest_reusable(std::uint64_t size, std::uint64_t padding) const {
   const std::uint64_t page = page_for(size);

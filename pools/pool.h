@@ -168,6 +168,11 @@ struct PoolContext {
   Device& device;
   std::uint64_t alignment;
   std::uint64_t total_memory = 0;     // the device's, as the driver reports it (0: unknown)
+  // The held bound (ManagerOptions::hold_percent; 0: off) and the most bytes in use on the
+  // device at a growth (Shards::held_peak; unset: this shard's peak only): the padding budget
+  // stays within what the bound leaves above the peak (Note [Exclusive pages] in page_pools.cpp).
+  std::uint32_t hold_percent = 0;
+  const std::atomic<std::uint64_t>* device_peak_in_use = nullptr;
   NodeSlab<Slice> slices;
   NodeSlab<Page> pages;
   PageSet page_set;                   // every page of every pool, by address

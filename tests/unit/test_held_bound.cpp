@@ -90,23 +90,48 @@ TEST_CASE("a growth that would pass the bound gives idle pages back first, and t
   CHECK(rig.manager.check_consistency().empty());
 }
 
-// Note [Wide reuse at the held bound]: the most in use was 100 MiB, so the bound is 150 MiB; an
-// idle 100 MiB page and a live 10 MiB one are held. A request of 41 MiB (a 42 MiB page) would
-// pass the bound by growing, and the idle page is more than twice its class.
+// Note [Wide reuse at the held bound]: 60 MiB stays in use; with an idle 100 MiB page the most in
+// use was 160 MiB, so the bound is 240 MiB, which leaves 80 MiB for padding. With 10 and twice
+// 30 MiB more in use, 230 MiB are held: a request of 41 MiB (a 42 MiB page) would pass the bound
+// by growing, and the idle page is more than twice its class.
 TEST_CASE("at the bound, an idle page up to four times the request's class serves it instead of "
           "a page given back and a growth") {
   HeldRig rig(150);
+  const DevicePtr x = rig.allocate(60 * MiB);
   const DevicePtr a = rig.allocate(100 * MiB);
   rig.free(a);
-  const DevicePtr b = rig.allocate(10 * MiB);  // a page of its own: 110 MiB held
+  const DevicePtr b = rig.allocate(10 * MiB), y = rig.allocate(30 * MiB),
+                  z = rig.allocate(30 * MiB);
+  REQUIRE(rig.manager.memory_usage().bytes_reserved == 230 * MiB);
   const std::uint64_t allocations = rig.driver.calls().allocate;
   const DevicePtr c = rig.allocate(41 * MiB);
   CHECK(c == a);
   CHECK(rig.driver.calls().allocate == allocations);
   CHECK(rig.device.delivered == 0);
-  CHECK(rig.manager.memory_usage().bytes_reserved == 110 * MiB);
+  CHECK(rig.manager.memory_usage().bytes_reserved == 230 * MiB);
   CHECK(rig.manager.memory_usage().bytes_padding == 59 * MiB);
   CHECK(rig.manager.report().held_released_bytes == 0);
+  for (const DevicePtr p : {c, b, x, y, z}) rig.free(p);
+  CHECK(rig.manager.check_consistency().empty());
+}
+
+// The padding a reused page carries stays within what the bound leaves above the most bytes in
+// use: else, with the program back at its peak, the pages in use alone would hold more than the
+// bound, and every growth would pass it (random sizes up to 1 GiB held 1.78 times their peak on
+// an 80 GiB device). Here the most in use was 100 MiB, so the bound is 150 MiB and 59 MiB of
+// padding would pass the 50 MiB it leaves: the idle page goes back and the request grows.
+TEST_CASE("at the bound, a wide idle page whose padding would pass what the bound leaves goes "
+          "back instead") {
+  HeldRig rig(150);
+  const DevicePtr a = rig.allocate(100 * MiB);
+  rig.free(a);
+  const DevicePtr b = rig.allocate(10 * MiB);  // a page of its own: 110 MiB held
+  const DevicePtr c = rig.allocate(41 * MiB);
+  rig.device.deliver();
+  CHECK(rig.manager.memory_usage().bytes_reserved == 52 * MiB);
+  CHECK(rig.manager.memory_usage().bytes_padding == MiB);
+  CHECK(rig.manager.report().held_released_bytes == 100 * MiB);
+  CHECK(rig.peak_driver <= 150 * MiB);
   rig.free(c);
   rig.free(b);
   CHECK(rig.manager.check_consistency().empty());
@@ -314,22 +339,28 @@ TEST_CASE("at the bound, another shard's idle page up to four times the class se
   HeldRig rig(150, 2, 16 * GiB);
   Worker a, b;
   rig.part(a, b);
-  DevicePtr x = 0;
+  DevicePtr x = 0, p = 0;
   b.run([&] {
     x = rig.allocate(200 * MiB);
     rig.free(x);
+    p = rig.allocate(70 * MiB);  // x is more than four times its class
+    rig.free(p);
   });
-  // The bound is 300 MiB (above the peak plus two shards' slack); with a's 20 MiB page, an
-  // 82 MiB growth would pass it, and b's idle page is more than twice that class.
+  // The bound is 300 MiB (the peak was 200 MiB), and it leaves 100 MiB for padding, 50 for each
+  // shard. With a's 16 MiB page (b's idle 70 MiB page is more than four times its class), a
+  // 30 MiB growth would pass it; b's idle page is more than twice that class, and carries 40 MiB
+  // of padding for it.
   DevicePtr live = 0, c = 0;
-  a.run([&] { live = rig.allocate(20 * MiB); });
+  a.run([&] { live = rig.allocate(16 * MiB); });
+  REQUIRE(live != p);
   const auto before = rig.driver.calls();
-  a.run([&] { c = rig.allocate(82 * MiB); });
+  const std::uint64_t released = rig.manager.report().held_released_bytes;
+  a.run([&] { c = rig.allocate(30 * MiB); });
   rig.device.deliver();
-  CHECK(c == x);
+  CHECK(c == p);
   CHECK(rig.driver.calls().allocate == before.allocate);
   CHECK(rig.driver.calls().release == before.release);
-  CHECK(rig.manager.report().held_released_bytes == 0);
+  CHECK(rig.manager.report().held_released_bytes == released);
   rig.free(c);
   rig.free(live);
   CHECK(rig.manager.check_consistency().empty());
