@@ -56,16 +56,15 @@ std::uint64_t PagePool::largest_free() const { return free_.largest(); }
 // page, at 1/64 of the device: a 12 GiB request on a 15 GiB idle page left a 16 GiB device 3 GiB
 // short of what the plain program had. And in all: a page more than a quarter above the class is
 // taken only while the pool's padding stays within 1/16 of the device, and within what the held
-// bound leaves above the device's most bytes in use ((hold - 1) times them; the device's figure
-// is the one the held bound last saw at a growth, or this shard's own peak if higher): padding
-// past that let the pages in use alone hold more than the bound once the program was back at its
-// peak, and every growth passed it (random sizes up to 1 GiB held 1.78 times their peak on an
-// 80 GiB device, whose 16th is 5 GiB; 1.50 to 1.51 with this, the size classes' rounding).
-// Without the 16th, 260 MiB requests on idle 500 MiB pages would each waste 240 MiB, and a
-// program filling a 16 GiB device with them after freeing thirty such pages would get about half
-// of what plain CUDA gives. (A
-// budget of 1/64 cost the 1 GiB random traces four times the driver allocations; 1/16 keeps the
-// gains above.) With shards (Note [Shards]) each shard's pool gets its share of that budget, a
+// bound leaves above the device's most bytes in use (15/16 of (hold - 1) times them; the device's
+// figure is the one the held bound last saw at a growth, or this shard's own peak if higher):
+// padding past that let the pages in use alone hold more than the bound once the program was back
+// at its peak, and every growth passed it (random sizes up to 1 GiB held 1.78 times their peak on
+// an 80 GiB device, whose 16th is 5 GiB; 1.50 with this, and 8% fewer driver allocations). Without
+// the 16th, 260 MiB requests on idle 500 MiB pages would each waste 240 MiB, and a program filling
+// a 16 GiB device with them after freeing thirty such pages would get about half of what plain
+// CUDA gives. (A budget of 1/64 cost the 1 GiB random traces four times the driver allocations;
+// 1/16 keeps the gains above.) With shards (Note [Shards]) each shard's pool gets its share of that budget, a
 // 16th divided by the shards made so far. At the held bound a request may take a page of up to
 // four times its class instead, within the same two bounds (Note [Wide reuse at the held bound]
 // in memory_manager.cpp). A shard made later lowers the shares but not what the
@@ -96,7 +95,8 @@ std::uint64_t PageSizing::padding_budget() const {
     std::uint64_t peak = ctx_.totals.in_use_peak;
     if (ctx_.device_peak_in_use != nullptr)
       peak = std::max(peak, ctx_.device_peak_in_use->load(std::memory_order_relaxed));
-    budget = std::min(budget, peak / 100 * (ctx_.hold_percent - 100));
+    // A 16th of that room is left to the size classes' rounding of the pages grown later.
+    budget = std::min(budget, peak / 100 * (ctx_.hold_percent - 100) / 16 * 15);
   }
   return budget / ctx_.shares();
 }
