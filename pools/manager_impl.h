@@ -53,9 +53,6 @@ inline constexpr std::uint64_t kMaxLaneFrees = 256;
 // bytes instead of 1.50 in one run of five; none in eight with 20 ms). A free stuck behind a
 // parked stream stops these waits as it stops the others (Note [Releases before growth]).
 inline constexpr std::uint32_t kHeldWaitBoundMicros = 20000;
-// Idle bytes the held bound always allows beyond the most bytes in use, for each shard made
-// (Note [Held memory bound]).
-inline constexpr std::uint64_t kHeldSlack = 32 * MiB;
 // How many times a reservation over the held bound has other shards release idle pages: another
 // thread may grow into the room between the release and this reservation's next look.
 inline constexpr int kHeldTrimsElsewhere = 4;

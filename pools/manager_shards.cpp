@@ -19,14 +19,15 @@
 // after another shared one moves the thread to a later shard (1 to options.shards - 1, taken in
 // turn, so two threads that move at once part), made then if new. The thread that moves forgets
 // its last reservation in the shard it leaves, so the one that stays does not move as well. A
-// thread's first kShardSettle reservations in its home neither move it nor count as sharing for
-// the others: a thread whose sizes repeat reaches the shard only until its thread cache holds
-// them (two reservations per size), and a move then made a shard, and a page in each of its
-// pools, for calls the cache served from then on (two threads each looping one 64 KiB buffer
-// held two pages in a quarter of the runs); a busy thread must not move for a newcomer's
-// settling either, or it would leave its warm shard to the newcomer. A program with one
-// allocating thread never makes a second shard; a thread that reserves now and then beside a
-// busy one moves itself after kShardSettle + 2 reservations, and the busy one stays.
+// thread's first kShardSettle reservations in its homes (one count for every device's manager, as
+// the home itself is) neither move it nor count as sharing for the others: a thread whose sizes
+// repeat reaches the shard only until its thread cache holds them (two reservations per size), and
+// a move then made a shard, and a page in each of its pools, for calls the cache served from then
+// on (two threads each looping one 64 KiB buffer held two pages in a quarter of the runs); a busy
+// thread must not move for a newcomer's settling either, or it would leave its warm shard to the
+// newcomer. A program with one allocating thread never makes a second shard; a thread that reserves
+// now and then beside a busy one moves itself after kShardSettle + 2 reservations, and the busy one
+// stays.
 // Which requests. Each shard holds a partly used page of every sliced pool it serves, so a
 // request a sliced pool serves comes from the thread's own shard only when that pool's pages
 // are at most a kShardPageShare-th of the most bytes the device has had in use since its layout

@@ -56,8 +56,9 @@ std::uint64_t PagePool::largest_free() const { return free_.largest(); }
 // page, at 1/64 of the device: a 12 GiB request on a 15 GiB idle page left a 16 GiB device 3 GiB
 // short of what the plain program had. And in all: a page more than a quarter above the class is
 // taken only while the pool's padding stays within 1/16 of the device, and within what the held
-// bound leaves above the device's most bytes in use (15/16 of (hold - 1) times them; the device's
-// figure is the one the held bound last saw at a growth, or this shard's own peak if higher):
+// bound leaves above the device's most bytes in use (15/16 of that room: (hold - 1) times them,
+// or kHeldSlack for each shard if more; the device's figure is the one the held bound last saw
+// at a growth, or this shard's own peak if higher):
 // padding past that let the pages in use alone hold more than the bound once the program was back
 // at its peak, and every growth passed it (random sizes up to 1 GiB held 1.78 times their peak on
 // an 80 GiB device, whose 16th is 5 GiB; 1.50 with this, and 8% fewer driver allocations). Without
@@ -91,12 +92,15 @@ std::uint64_t PageSizing::largest_page_for(std::uint64_t size) const {
 
 std::uint64_t PageSizing::padding_budget() const {
   std::uint64_t budget = ctx_.total_memory / 16;
-  if (ctx_.hold_percent > 100) {
+  if (ctx_.hold_percent >= 100) {
     std::uint64_t peak = ctx_.totals.in_use_peak;
     if (ctx_.device_peak_in_use != nullptr)
       peak = std::max(peak, ctx_.device_peak_in_use->load(std::memory_order_relaxed));
-    // A 16th of that room is left to the size classes' rounding of the pages grown later.
-    budget = std::min(budget, peak / 100 * (ctx_.hold_percent - 100) / 16 * 15);
+    // The bound's room above the peak, as held_figures() sets the bound; a 16th of it is left
+    // to the size classes' rounding of the pages grown later.
+    const std::uint64_t room =
+        std::max(peak / 100 * (ctx_.hold_percent - 100), kHeldSlack * ctx_.shares());
+    budget = std::min(budget, room / 16 * 15);
   }
   return budget / ctx_.shares();
 }

@@ -18,10 +18,10 @@ namespace poolcuda {
 // What it costs. A page split once may stay reserved for as long as any one allocation in it
 // lives, however small, and no release can return it meanwhile: while it holds more than one
 // slice (live, free or waiting for its fence) it counts whole. Split pages and the padding of
-// whole takes stay within the exclusive pool's padding budget (a 16th of the device, shared
-// between shards, with the gap Note [Exclusive pages] describes): splitting an idle page that
-// would pass it grows a page instead. The rest of a page already split is always used: that
-// holds back nothing more. So a program that fills the device still gets all but that 16th of
+// whole takes stay within the exclusive pool's padding budget (a 16th of the device, and 15/16
+// of what the held bound leaves above the peak in use, each shared between shards, with the gap
+// Note [Exclusive pages] describes): splitting an idle page that would pass it grows a page
+// instead. The rest of a page already split is always used: that holds back nothing more. So a program that fills the device still gets all but that 16th of
 // what it gets without the pools, as under the exclusive pool. (Counting only the free rest at
 // the time of a split let a program that split fifteen pages for small allocations, filled their
 // rests with large ones and freed those, hold 840 MiB of a 1 GiB device for 60 MiB live.)

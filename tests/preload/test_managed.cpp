@@ -110,8 +110,17 @@ void few_real_calls() {
     if (i % 100 == 99) CHECK_CUDA(cudaDeviceSynchronize());  // a program's steps
   }
   if (preload_test::on_stand_in()) {
+    // A slab rewinds once its fence passed, waited for at most kManagedFenceWaitMicros (2 ms);
+    // under ThreadSanitizer on a loaded machine the stand-in's events passed later than that
+    // now and then (7 slabs once in a CI-like run), and each such wait that ran out takes a new
+    // slab. Either bound is far from the call per pair it guards against.
+#if defined(__SANITIZE_THREAD__)
+    constexpr std::uint64_t kMost = 16;
+#else
+    constexpr std::uint64_t kMost = 4;
+#endif
     const std::uint64_t made = real_managed_calls() - before;
-    CHECK_MSG(made <= 4, std::to_string(made) + " real cudaMallocManaged for 5000 pairs");
+    CHECK_MSG(made <= kMost, std::to_string(made) + " real cudaMallocManaged for 5000 pairs");
   }
 }
 
