@@ -56,25 +56,25 @@ std::uint64_t PagePool::largest_free() const { return free_.largest(); }
 // page, at 1/64 of the device: a 12 GiB request on a 15 GiB idle page left a 16 GiB device 3 GiB
 // short of what the plain program had. And in all: a page more than a quarter above the class is
 // taken only while the pool's padding stays within 1/16 of the device, and within what the held
-// bound leaves above the device's most bytes in use (15/16 of that room: (hold - 1) times them,
-// or kHeldSlack for each shard if more; the device's figure is the one the held bound last saw
-// at a growth, or this shard's own peak if higher):
-// padding past that let the pages in use alone hold more than the bound once the program was back
-// at its peak, and every growth passed it (random sizes up to 1 GiB held 1.78 times their peak on
-// an 80 GiB device, whose 16th is 5 GiB; 1.50 with this, and 8% fewer driver allocations). Without
-// the 16th, 260 MiB requests on idle 500 MiB pages would each waste 240 MiB, and a program filling
-// a 16 GiB device with them after freeing thirty such pages would get about half of what plain
-// CUDA gives. (A budget of 1/64 cost the 1 GiB random traces four times the driver allocations;
-// 1/16 keeps the gains above.) With shards (Note [Shards]) each shard's pool gets its share of that budget, a
-// 16th divided by the shards made so far. At the held bound a request may take a page of up to
-// four times its class instead, within the same two bounds (Note [Wide reuse at the held bound]
-// in memory_manager.cpp). A shard made later lowers the shares but not what the
-// earlier ones already hold: the k-th shard can hold a 16th divided by k, so n shards together up
-// to the n-th harmonic number of 16ths (a seventh of the device with 5 shards, the most `auto`
-// makes). A device-wide count would close that gap. A page too large for every request stays idle until its
-// dealloc period, a growth (Note [Growing past idle pages] in pool.cpp) or a cleanup returns it;
-// out-of-memory recovery returns every idle page before it gives up, so such memory is never
-// lost to a later request that needs the device.
+// bound leaves above the device's most bytes in use (15/16 of that room: (hold - 1) times them, or
+// kHeldSlack for each shard if more; the device's figure is the one the held bound last saw at a
+// growth, or this shard's own peak if higher): padding past that let the pages in use alone hold
+// more than the bound once the program was back at its peak, and every growth passed it (random
+// sizes up to 1 GiB held 1.78 times their peak on an 80 GiB device, whose 16th is 5 GiB; 1.50 with
+// this, and 8% fewer driver allocations). Without the 16th, 260 MiB requests on idle 500 MiB pages
+// would each waste 240 MiB, and a program filling a 16 GiB device with them after freeing thirty
+// such pages would get about half of what plain CUDA gives. (A budget of 1/64 cost the 1 GiB random
+// traces four times the driver allocations; 1/16 keeps the gains above.) With shards
+// (Note [Shards]) each shard's pool gets its share of that budget, a 16th divided by the shards
+// made so far. At the held bound a request may take a page of up to four times its class instead,
+// within the same two bounds (Note [Wide reuse at the held bound] in memory_manager.cpp). A shard
+// made later lowers the shares but not what the earlier ones already hold: the k-th shard can hold
+// a 16th divided by k, so n shards together up to the n-th harmonic number of 16ths (a seventh of
+// the device with 5 shards, the most `auto` makes). A device-wide count would close that gap. A
+// page too large for every request stays idle until its dealloc period, a growth
+// (Note [Growing past idle pages] in pool.cpp) or a cleanup returns it; out-of-memory recovery
+// returns every idle page before it gives up, so such memory is never lost to a later request that
+// needs the device.
 std::uint64_t PageSizing::page_for(std::uint64_t size) const {
   const std::uint64_t alignment = ctx_.alignment;
   const std::uint64_t eff = align_up(size, alignment);

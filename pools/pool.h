@@ -162,11 +162,11 @@ struct DeviceReserved {
   void remove(std::uint64_t bytes) { now.fetch_sub(bytes, std::memory_order_relaxed); }
 };
 
-// State shared by all pools of one manager.
 // Idle bytes the held bound always allows beyond the most bytes in use, for each shard made
 // (Note [Held memory bound] in memory_manager.cpp).
 inline constexpr std::uint64_t kHeldSlack = 32 * MiB;
 
+// State shared by all pools of one manager.
 struct PoolContext {
   explicit PoolContext(Device& d) : device(d), alignment(d.alignment()) {}
   Device& device;

@@ -15,16 +15,17 @@ namespace poolcuda {
 // growth (Note [Growing past idle pages]), by a cleanup or by out-of-memory recovery, as any idle
 // page. So a program whose sizes vary from step to step reuses its large pages instead of
 // returning them and allocating others, and the driver sees few calls.
-// What it costs. A page split once may stay reserved for as long as any one allocation in it
-// lives, however small, and no release can return it meanwhile: while it holds more than one
-// slice (live, free or waiting for its fence) it counts whole. Split pages and the padding of
-// whole takes stay within the exclusive pool's padding budget (a 16th of the device, and 15/16
-// of what the held bound leaves above the peak in use, each shared between shards, with the gap
+// What it costs. A page split once may stay reserved for as long as any one allocation in it lives,
+// however small, and no release can return it meanwhile: while it holds more than one slice (live,
+// free or waiting for its fence) it counts whole. Split pages and the padding of whole takes stay
+// within the exclusive pool's padding budget (a 16th of the device, and 15/16 of what the held
+// bound leaves above the peak in use, each shared between shards, with the gap
 // Note [Exclusive pages] describes): splitting an idle page that would pass it grows a page
-// instead. The rest of a page already split is always used: that holds back nothing more. So a program that fills the device still gets all but that 16th of
-// what it gets without the pools, as under the exclusive pool. (Counting only the free rest at
-// the time of a split let a program that split fifteen pages for small allocations, filled their
-// rests with large ones and freed those, hold 840 MiB of a 1 GiB device for 60 MiB live.)
+// instead. The rest of a page already split is always used: that holds back nothing more. So a
+// program that fills the device still gets all but that 16th of what it gets without the pools, as
+// under the exclusive pool. (Counting only the free rest at the time of a split let a program that
+// split fifteen pages for small allocations, filled their rests with large ones and freed those,
+// hold 840 MiB of a 1 GiB device for 60 MiB live.)
 // From the bottom: a page's first slice starts at the page, so a large buffer on a page of its own
 // keeps an IPC handle of the driver's. A slice split off above another does not start its page,
 // and cudaIpcGetMemHandle refuses it (Note [IPC handles] in interpose/pooling.cpp): this is why
