@@ -183,6 +183,11 @@ def targets(results, meta):
             r = _ratio(default)
             rows.append((trace, f"peak reserved ÷ peak live ≤ {limit}", f"{r:.2f}",
                          "met" if r <= limit else f"missed by {r - limit:.2f}"))
+        gpu_sized = cell(trace, "poolcuda-80g")
+        if gpu_sized and limit and _ratio(gpu_sized) is not None:
+            r = _ratio(gpu_sized)
+            rows.append((trace, f"the same on an 80 GiB device (poolcuda-80g) ≤ {limit}",
+                         f"{r:.2f}", "met" if r <= limit else f"missed by {r - limit:.2f}"))
         if default and family(trace) == "loop" and default["peak_reserved_bytes"] is not None:
             peak = default["peak_reserved_bytes"]
             rows.append((trace, "reserves at most one 2 MiB page", f"{peak / MiB:.1f} MiB",
