@@ -221,8 +221,8 @@ def render(results_doc):
            "an empty cell was not run.",
            ""]
     if meta.get("context_only"):
-        out += [f"{', '.join(meta['context_only'])}: no target reads them; they ran in the first "
-                "repeat only.", ""]
+        out += [f"{', '.join(meta['context_only'])}: no target reads their times; they ran in the "
+                "first repeat only.", ""]
     for trace, names in (meta.get("first_repeat_only") or {}).items():
         out += [f"{trace}: {', '.join(names)} ran in the first repeat only too (their runs are "
                 "the longest; each live level is 20,000 steps).", ""]
