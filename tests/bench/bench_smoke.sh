@@ -99,15 +99,19 @@ expect_status 65 env LD_LIBRARY_PATH="$standin" "$replay" "$work/bad.trace"
 expect_status 64 env LD_LIBRARY_PATH="$standin" "$replay" --allocator nope "$work/bad.trace"
 
 # The suite script end to end on two traces, two repeats: its JSON and its tables. The columns
-# no target reads run once, the others in every repeat.
+# whose times no target reads run once, the others in every repeat.
 "$suite" --build "$build" --out "$work/suite" --quick --repeats 2 \
   --traces loop-64KiB,ring16-512B-16MiB-2t --preload "$preload" >"$work/tables.md" \
   2>"$work/suite.err" || fail "bench-suite: $(tail -5 "$work/suite.err")"
 check "$work/suite/results.json" 'len(r["traces"]) == 2' \
-  'all(c["ok"] == c["runs"] == (1 if a in ("cub", "cuda") else 2)
+  'all(c["ok"] == c["runs"] == (1 if a in ("cub", "cuda", "poolcuda-80g") else 2)
        for a, c in r["results"]["loop-64KiB"].items())' \
-  'set(r["results"]["loop-64KiB"]) >= {"pools", "poolcuda", "poolcuda-none", "cub", "cub-bg2", "cuda"}'
+  'set(r["results"]["loop-64KiB"]) >= {"pools", "poolcuda", "poolcuda-none", "poolcuda-80g", "cub",
+                                      "cub-bg2", "cuda"}'
 grep -q "^| loop-64KiB | " "$work/tables.md" || fail "no table row for loop-64KiB"
-grep -q "^cub, cuda: no target reads them" "$work/tables.md" || fail "no note of the runs made once"
+grep -q "^cub, cuda, poolcuda-80g: no target reads their times" "$work/tables.md" ||
+  fail "no note of the runs made once"
+grep -q "the same on an 80 GiB device (poolcuda-80g)" "$work/tables.md" ||
+  fail "no memory target read for the 80 GiB device"
 grep -q "^### Targets" "$work/tables.md" || fail "no targets section"
 echo "cuda smoke: ok"
