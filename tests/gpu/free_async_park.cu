@@ -14,15 +14,7 @@
 #include <thread>
 #include <vector>
 
-#define CHECK(expr)                                                                       \
-  do {                                                                                    \
-    cudaError_t check_ = (expr);                                                          \
-    if (check_ != cudaSuccess) {                                                          \
-      std::fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #expr,                 \
-                   cudaGetErrorString(check_));                                           \
-      std::exit(1);                                                                       \
-    }                                                                                     \
-  } while (0)
+#include "check.h"
 
 namespace {
 

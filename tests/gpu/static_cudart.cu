@@ -9,15 +9,7 @@
 #include <cstdlib>
 #include <vector>
 
-#define CHECK(expr)                                                                       \
-  do {                                                                                    \
-    cudaError_t check_ = (expr);                                                          \
-    if (check_ != cudaSuccess) {                                                          \
-      std::fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #expr,                 \
-                   cudaGetErrorString(check_));                                           \
-      std::exit(1);                                                                       \
-    }                                                                                     \
-  } while (0)
+#include "check.h"
 
 __global__ void fill(unsigned* data, size_t n, unsigned seed) {
   for (size_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
