@@ -142,10 +142,6 @@ struct PageRelease {
 };
 using ReleaseList = boost::container::small_vector<PageRelease, 4>;
 
-// The bytes of a device's pages, over every shard: each driver allocation a pool made, less each
-// page a pool gave up (from then on the driver's to free; a page lent from one shard to another
-// stays counted), and the most there ever were (Note [Device peaks] in manager_shards.cpp).
-// Written at growths, releases and resets only.
 // Raises `peak` to `value` when it is below it, whatever other threads raise it to meanwhile.
 inline void raise_to(std::atomic<std::uint64_t>& peak, std::uint64_t value) {
   std::uint64_t seen = peak.load(std::memory_order_relaxed);
@@ -153,6 +149,10 @@ inline void raise_to(std::atomic<std::uint64_t>& peak, std::uint64_t value) {
   }
 }
 
+// The bytes of a device's pages, over every shard: each driver allocation a pool made, less each
+// page a pool gave up (from then on the driver's to free; a page lent from one shard to another
+// stays counted), and the most there ever were (Note [Device peaks] in manager_shards.cpp).
+// Written at growths, releases and resets only.
 struct DeviceReserved {
   std::atomic<std::uint64_t> now{0};
   std::atomic<std::uint64_t> peak{0};
