@@ -72,10 +72,14 @@ bool program_cpus(cpu_set_t* all) {
   read = add_mask(::getpid(), all) || read;
   // Every CPU online is in the union already, so no thread can add one: the scan of /proc (a
   // system call or three per thread, about 180 us on the 2-core build machine with two threads)
-  // is skipped, for the three calls that read the online count. That is the usual case: the
-  // program pins no thread. (In a container limited to some CPUs the count is the host's, and
-  // the scan runs.)
-  if (read && CPU_COUNT(all) >= ::sysconf(_SC_NPROCESSORS_ONLN)) return true;
+  // is skipped. That is the usual case: the program pins no thread. (In a container limited to
+  // some CPUs the count is the host's, and the scan runs.) The online count is read once per
+  // process: glibc reads it from sysfs at every call, 40 to 50 us of a device's first
+  // cudaMalloc, which counts the CPUs again (Note [Pools made ahead] in registry.cpp). A CPU
+  // taken offline later only makes the scan run; after one comes online, the scan may be
+  // skipped where it would have added only that CPU.
+  static const long online = ::sysconf(_SC_NPROCESSORS_ONLN);
+  if (read && CPU_COUNT(all) >= online) return true;
   if (DIR* tasks = ::opendir("/proc/self/task")) {
     while (const dirent* task = ::readdir(tasks)) {
       char* end = nullptr;

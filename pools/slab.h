@@ -50,6 +50,15 @@ class NodeSlab {
     --live_;
   }
 
+  // Makes the first chunk now, with the page of its first node written, when there is none: a
+  // manager's pools are built ahead of its first reservation (Note [Pools made ahead] in
+  // interpose/registry.cpp), which then finds its first nodes ready.
+  void make_first_chunk() {
+    if (!chunks_.empty()) return;
+    grow();
+    unused_->next = nullptr;
+  }
+
   // Drops every node at once without running destructors (forget()).
   void reset() {
     chunks_.clear();
@@ -59,6 +68,7 @@ class NodeSlab {
   }
 
   std::size_t live() const { return live_; }
+  std::size_t chunks() const { return chunks_.size(); }
 
  private:
   union Cell {

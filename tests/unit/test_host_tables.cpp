@@ -125,4 +125,29 @@ TEST_CASE("a node slab hands out distinct nodes across chunks of every size, reu
   CHECK(fresh->b == 8);
 }
 
+TEST_CASE("a slab's first chunk made ahead serves the first nodes, and is made once") {
+  struct Node {
+    std::uint64_t a, b;
+  };
+  NodeSlab<Node, 64> slab;
+  slab.make_first_chunk();
+  CHECK(slab.chunks() == 1);
+  CHECK(slab.live() == 0);
+  slab.make_first_chunk();  // a second call makes no second chunk
+  CHECK(slab.chunks() == 1);
+  Node* first = slab.create(Node{1, 2});
+  slab.make_first_chunk();  // nor one made after the first node
+  for (std::uint64_t i = 1; i < 64; ++i) {
+    Node* n = slab.create(Node{i, i});
+    // One chunk's nodes go out in address order, from its first.
+    REQUIRE(reinterpret_cast<std::uintptr_t>(n) - reinterpret_cast<std::uintptr_t>(first) ==
+            i * sizeof(Node));
+  }
+  CHECK(slab.chunks() == 1);
+  CHECK(first->b == 2);
+  slab.create(Node{0, 0});  // the 65th node needs the second chunk
+  CHECK(slab.chunks() == 2);
+  CHECK(slab.live() == 65);
+}
+
 }  // TEST_SUITE
