@@ -602,7 +602,9 @@ bool in_pooled_free_memory(const void* ptr) {
     if (manager == nullptr) continue;
     if (manager->live_size(address) != 0) return false;  // an allocation's start: the usual ask
     const PointerPlace place = manager->locate(address);
-    if (place.pooled) return place.allocation == 0;
+    // An allocation's padding is no more the program's than freed memory is.
+    if (place.pooled)
+      return place.allocation == 0 || address - place.allocation >= place.allocation_size;
   }
   // A page the pools gave up is freed memory until the driver has it back (it may wait for the
   // device that long).

@@ -118,8 +118,9 @@ class ReturnsSince {
 // for them.
 bool beyond_device(int device, std::size_t size);
 
-// Whether `ptr` lies in a pooled page outside every live allocation: memory the program freed
-// (or never got), which the driver, knowing only the page, would call allocated.
+// Whether `ptr` lies in a pooled page outside the bytes every live allocation asked for: memory
+// the program freed (or never got, such as an allocation's padding), which the driver, knowing
+// only the page, would call allocated.
 bool in_pooled_free_memory(const void* ptr);
 
 

@@ -317,7 +317,10 @@ PointerPlace MemoryManager::locate(DevicePtr ptr) const {
     for (Slice& s : it->slices) {
       const bool live = s.state == SliceState::live && (s.cache == nullptr || !m.parked(&s));
       place.page_in_use |= live;
-      if (live && ptr >= s.ptr && ptr < s.ptr + s.size) place.allocation = s.ptr;
+      if (live && ptr >= s.ptr && ptr < s.ptr + s.size) {
+        place.allocation = s.ptr;
+        place.allocation_size = s.requested;
+      }
     }
   });
   return place;

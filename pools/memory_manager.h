@@ -100,6 +100,7 @@ struct PointerPlace {
   DevicePtr page_base = 0;   // the page: the device allocation the driver knows
   std::uint64_t page_size = 0;
   DevicePtr allocation = 0;  // the start of the live allocation holding the pointer, 0 if none
+  std::uint64_t allocation_size = 0;  // the bytes the program asked for there (its padding not)
   bool page_in_use = false;  // whether any allocation in the page is live
 };
 

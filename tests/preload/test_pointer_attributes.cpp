@@ -1,7 +1,7 @@
 // Preload test: cudaPointerGetAttributes on pooled device memory answers as the plain call does.
 // A live allocation, at its start or inside, is device memory of its device; memory the program
 // freed is unknown to the runtime (cudaMemoryTypeUnregistered), though the pools keep its page
-// allocated; and so is pooled memory never handed out. A page the pools gave back, whose driver
+// allocated; and so is pooled memory never handed out, an allocation's padding included. A page the pools gave back, whose driver
 // free waits for a kernel still running (stand-in only), is freed memory too: its pointers are
 // unknown to the runtime, cudaIpcGetMemHandle of them fails with cudaErrorInvalidValue, and a
 // second free of a pointer at its start is a double free.
@@ -86,6 +86,17 @@ int main() {
   CHECK(type_of(upper + (64 << 10)) == cudaMemoryTypeUnregistered);
   CHECK_CUDA(cudaFree(upper));
   CHECK(type_of(upper) == cudaMemoryTypeUnregistered);
+  // An allocation's padding is not the program's: 1000 bytes take a slice of 1024 in a shared
+  // page, and 3,000,000 a page of 3 MiB of their own.
+  for (const std::size_t size : {std::size_t{1000}, std::size_t{3000000}}) {
+    void* padded = nullptr;
+    CHECK_CUDA(cudaMalloc(&padded, size));
+    char* p = static_cast<char*>(padded);
+    CHECK(type_of(p + size - 1) == cudaMemoryTypeDevice);
+    CHECK(type_of(p + size) == cudaMemoryTypeUnregistered);
+    CHECK(type_of(p + size + 23) == cudaMemoryTypeUnregistered);
+    CHECK_CUDA(cudaFree(padded));
+  }
   CHECK_CUDA(cudaGetLastError());
   pages_on_their_way_back();
   std::printf("ok\n");

@@ -62,6 +62,7 @@ TEST_CASE("locate_names_the_page_and_the_live_allocation_holding_a_pointer") {
     CHECK(place.page_base == pages[0].base);
     CHECK(place.page_size == pages[0].size);
     CHECK(place.allocation == (p == b ? b : a));
+    CHECK(place.allocation_size == 512);
     CHECK(place.allocation != place.page_base);
   }
   // Free space in a page: pooled, no allocation.
@@ -72,6 +73,7 @@ TEST_CASE("locate_names_the_page_and_the_live_allocation_holding_a_pointer") {
   // A page-per-request pool's allocation starts its page.
   const DevicePtr big = rig.reserve(4096);
   CHECK(rig.manager.locate(big).allocation == big);
+  CHECK(rig.manager.locate(big + 4000).allocation_size == 4096);
   CHECK(rig.manager.locate(big + 4000).page_base == big);
   CHECK_FALSE(rig.manager.locate(0).pooled);
 }
