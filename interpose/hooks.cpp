@@ -108,12 +108,14 @@ int current_device() {
 // invalidate it, where the refused call (a cudaFreeAsync of a stale pointer) would not.
 cudaError_t raise_invalid_value() {
   static char not_device_memory;
+  // Before the raising call: asking for the device may fail (no device), and its error must not
+  // take the raised one's place in the slot.
+  bind_after_own_calls();
   cudaError_t raised;
   {
     RelaxedCaptureScope relaxed;
     raised = real::cudaFree()(&not_device_memory);
   }
-  bind_after_own_calls();
   return raised != cudaSuccess ? raised : cudaErrorInvalidValue;
 }
 
@@ -124,6 +126,7 @@ cudaError_t raise_out_of_memory(void** out) {
   constexpr std::size_t kImpossibleSize = std::size_t{1} << 52;
   void* scratch = nullptr;
   void** ptr = out != nullptr ? out : &scratch;
+  bind_after_own_calls();  // first, as in raise_invalid_value()
   cudaError_t raised;
   {
     RelaxedCaptureScope relaxed;
@@ -133,7 +136,6 @@ cudaError_t raise_out_of_memory(void** out) {
       *ptr = nullptr;
     }
   }
-  bind_after_own_calls();
   return raised != cudaSuccess ? raised : cudaErrorMemoryAllocation;
 }
 

@@ -11,7 +11,8 @@
 //  - address-range: cuMemGetAddressRange of freed managed memory whose slab lives on is refused
 //    (CUDA_ERROR_NOT_FOUND, as for any freed memory) and leaves the outputs as they were.
 //  - no-device (the stand-in with no device): calls that succeed leave the slot clean, though
-//    the library's own queries of the device failed.
+//    the library's own queries of the device failed; a refused free leaves its own error there,
+//    not theirs.
 #include <cuda.h>
 
 #include <string>
@@ -66,6 +67,7 @@ void no_device() {
   report("cudaFree(NULL)", cudaFree(nullptr));
   std::size_t free_bytes = 0, total_bytes = 0;
   report("cudaMemGetInfo", cudaMemGetInfo(&free_bytes, &total_bytes));
+  report("cudaFree of an address no allocation starts", cudaFree(reinterpret_cast<void*>(0x1000)));
 }
 
 int run_case(const std::string& name) {
