@@ -58,6 +58,7 @@ CUresult cuMemAllocPitch_v2(CUdeviceptr* out, size_t* pitch, size_t width, size_
   if (!out || !pitch || width == 0 || height == 0) return CUDA_ERROR_INVALID_VALUE;
   if (element_size != 4 && element_size != 8 && element_size != 16)
     return CUDA_ERROR_INVALID_VALUE;
+  if (width > SIZE_MAX - 511) return CUDA_ERROR_OUT_OF_MEMORY;  // no row that wide fits
   size_t row = (width + 511) / 512 * 512;
   if (row > SIZE_MAX / height) return CUDA_ERROR_OUT_OF_MEMORY;
   CUresult r = allocate(out, row * height, AllocKind::device);

@@ -183,6 +183,7 @@ cudaError_t cudaDeviceGetLimit(size_t* pValue, cudaLimit limit) {
 
 // Also returns the device's limits to their defaults (limits.cpp).
 cudaError_t cudaDeviceReset(void) {
+  if (config().devices == 0) return record_error(cudaErrorNoDevice);
   runtime_touch();
   if (rt::kStaticRuntime) {
     if (cudaError_t err = via_driver::device_reset(current_device()); err != cudaSuccess)

@@ -13,8 +13,8 @@ using simtest::stand_in;
 
 namespace {
 
-// Child: prints "count=<n> rc=<code> total=<bytes> memset_ms=<ms> concurrent=<0|1> reused=<0|1>"
-// on stderr; reused: a stream created after one was destroyed got the destroyed one's handle (it
+// Child: prints "count=<n> rc=<code> total=<bytes> memset_ms=<ms> concurrent=<0|1> reused=<0|1>
+// reset=<code>" on stderr; reset: cudaDeviceReset's answer with no device (-1 with one); reused: a stream created after one was destroyed got the destroyed one's handle (it
 // works, and a stream created once the first is gone gets yet another handle).
 int child_report() {
   int count = -1;
@@ -40,8 +40,10 @@ int child_report() {
       cudaStreamCreate(&third) == cudaSuccess && third != second &&
       cudaStreamDestroy(third) == cudaSuccess && cudaStreamDestroy(second) == cudaSuccess)
     reused = first == second ? 1 : 0;
-  std::fprintf(stderr, "count=%d rc=%d total=%zu memset_ms=%.1f concurrent=%d reused=%d\n",
-               count, static_cast<int>(rc), total, ms, concurrent, reused);
+  const int reset = rc == cudaSuccess ? -1 : static_cast<int>(cudaDeviceReset());
+  std::fprintf(stderr,
+               "count=%d rc=%d total=%zu memset_ms=%.1f concurrent=%d reused=%d reset=%d\n", count,
+               static_cast<int>(rc), total, ms, concurrent, reused, reset);
   return 0;
 }
 
@@ -70,6 +72,7 @@ TEST_CASE("device count and capacity come from the environment") {
   CHECK_EQ(field(out, "total"), std::to_string(size_t{16} << 30));
   out = run_child("--child", {"SIMCUDA_DEVICES=0"}, &status);
   CHECK_EQ(field(out, "rc"), std::to_string(cudaErrorNoDevice));
+  CHECK_EQ(field(out, "reset"), std::to_string(cudaErrorNoDevice));
 }
 
 TEST_CASE("SIMCUDA_CONCURRENT_MANAGED=0 takes concurrent managed access away") {

@@ -114,6 +114,10 @@ TEST_CASE("cuMemAllocPitch pads each row") {
   if (stand_in()) CHECK_EQ(pitch, 1024u);
   CUDA_OK(cudaMemset(reinterpret_cast<void*>(d), 0, pitch * 8));
   CHECK_EQ(pitched(&d, &pitch, 1000, 8, 3), CUDA_ERROR_INVALID_VALUE);
+  // A row too wide for any device: refused, the outputs left as they were.
+  CUdeviceptr untouched = 0;
+  CHECK_EQ(pitched(&untouched, &pitch, SIZE_MAX, 2, 16), CUDA_ERROR_OUT_OF_MEMORY);
+  CHECK_EQ(untouched, 0u);
   CUDA_OK(cudaFree(reinterpret_cast<void*>(d)));
 }
 
