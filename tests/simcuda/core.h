@@ -47,6 +47,7 @@ struct Config {
   unsigned freed_delay_us = 0;  // what a free takes to return once the memory is free
   unsigned lookup_delay_us = 0;  // what each cuGetProcAddress takes
   unsigned refusal_delay_us = 0;  // what an allocation refused for lack of memory takes
+  unsigned destructor_delay_us = 0;  // what the internal thread takes before each destructor
   // A destroyed stream's handle value goes to the next stream created, as a real driver's
   // freed stream object may (SIMCUDA_REUSE_STREAM_HANDLES).
   bool reuse_stream_handles = false;

@@ -55,6 +55,9 @@ void destructor_thread() {
     UserObject* o = u.dying.front();
     u.dying.pop_front();
     lk.unlock();
+    // A late internal thread (SIMCUDA_DESTRUCTOR_DELAY_US): CUDA runs it when it will.
+    if (config().destructor_delay_us)
+      std::this_thread::sleep_for(std::chrono::microseconds(config().destructor_delay_us));
     o->fn(o->ptr);
     delete o;
     lk.lock();

@@ -70,6 +70,7 @@ Config load_config() {
   c.freed_delay_us = delay_from_env("SIMCUDA_FREED_DELAY_US");
   c.lookup_delay_us = delay_from_env("SIMCUDA_LOOKUP_DELAY_US");
   c.refusal_delay_us = delay_from_env("SIMCUDA_REFUSAL_DELAY_US");
+  c.destructor_delay_us = delay_from_env("SIMCUDA_DESTRUCTOR_DELAY_US");
   if (const char* v = std::getenv("SIMCUDA_STRICT")) c.strict = std::strcmp(v, "0") != 0 && *v;
   if (const char* v = std::getenv("SIMCUDA_REUSE_STREAM_HANDLES"))
     c.reuse_stream_handles = std::strcmp(v, "0") != 0 && *v;

@@ -1,10 +1,14 @@
 // The stand-in's environment variables: device count, capacity with suffixes, operation delay,
-// stream handle reuse, and malformed values stopping the program with a message that names the variable. Each case
-// runs this program again as a child with its own environment. Stand-in only.
+// stream handle reuse, a late destructor thread, and malformed values stopping the program with a
+// message that names the variable. Each case runs this program again as a child with its own
+// environment. Stand-in only.
 #define DOCTEST_CONFIG_IMPLEMENT
+#include <atomic>
+#include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <string>
+#include <thread>
 
 #include "sim_test.h"
 
@@ -117,8 +121,43 @@ TEST_CASE("malformed values stop the program with a message naming the variable"
   }
 }
 
+namespace {
+
+// Child: a graph holding a user object is destroyed; prints "late=<0|1> ran=<0|1>": whether the
+// destructor had not run 50 ms after the destroy, and whether it ran within 5 s.
+std::atomic<int> destructor_runs{0};
+int child_destructor() {
+  cudaUserObject_t object = nullptr;
+  cudaGraph_t graph = nullptr;
+  if (cudaUserObjectCreate(&object, nullptr, [](void*) { destructor_runs.fetch_add(1); }, 1,
+                           cudaUserObjectNoDestructorSync) != cudaSuccess ||
+      cudaGraphCreate(&graph, 0) != cudaSuccess ||
+      cudaGraphRetainUserObject(graph, object, 1, cudaGraphUserObjectMove) != cudaSuccess ||
+      cudaGraphDestroy(graph) != cudaSuccess)
+    return 1;
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  const int late = destructor_runs.load() == 0 ? 1 : 0;
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  while (destructor_runs.load() == 0 && std::chrono::steady_clock::now() < until)
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  std::fprintf(stderr, "late=%d ran=%d\n", late, destructor_runs.load());
+  return 0;
+}
+
+}  // namespace
+
+TEST_CASE("SIMCUDA_DESTRUCTOR_DELAY_US makes the internal thread run a destructor late") {
+  if (!stand_in()) return;
+  int status = 0;
+  CHECK_EQ(field(run_child("--destructor", {}, &status), "ran"), "1");
+  const std::string out = run_child("--destructor", {"SIMCUDA_DESTRUCTOR_DELAY_US=1000000"}, &status);
+  CHECK_EQ(field(out, "late"), "1");
+  CHECK_EQ(field(out, "ran"), "1");
+}
+
 int main(int argc, char** argv) {
   if (argc == 2 && std::strcmp(argv[1], "--child") == 0) return child_report();
+  if (argc == 2 && std::strcmp(argv[1], "--destructor") == 0) return child_destructor();
   simtest::exit_77_without_stand_in("test_sim_config");
   doctest::Context context(argc, argv);
   return context.run();
