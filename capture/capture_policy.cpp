@@ -91,8 +91,11 @@ void CapturePolicy::prime() {
   CaptureProfile profile;
   {
     std::lock_guard hold(mutex_);
-    if (options_.share || largest_profile_.empty()) return;
-    profile = largest_profile_;
+    profile = options_.share ? CaptureProfile{} : largest_profile_;
+  }
+  if (profile.empty()) {
+    manager_.record_window_fence();  // what prime() records first, without its waits
+    return;
   }
   bool short_of_room = false;
   std::uint64_t added = manager_.prime(profile, &short_of_room);

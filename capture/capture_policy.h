@@ -83,7 +83,8 @@ class CapturePolicy {
   bool is_open(CaptureId id) const;
 
   // Automatic priming (Note [Priming]): tops the persistent pool up to the largest profile seen.
-  // Called before the capture begins, outside its window.
+  // Called before the capture begins, outside its window; records the window's fence first, also
+  // with nothing to prime (Note [Releases inside a window] in pools/manager_api.cpp).
   void prime();
 
   // Opens a window for capture `id`; a second begin of an open id changes nothing.

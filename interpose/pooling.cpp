@@ -73,9 +73,9 @@ namespace {
 // the program freed already: an allocation after the destroy that needs that memory failed for
 // lack of it where the plain run, which has no pins (and whose cudaFree of the buffer waited for
 // the launch), succeeded. So an allocation about to fail for lack of memory after such a destroy
-// (the hooks note the time), while graphs hold pinned memory and no capture is open, waits for
-// the release as long as out-of-memory recovery waits (a launch may run long: 100 ms was not
-// enough for one of 20 ms per operation), and routes once more when one came. Each destroy is
+// (the hooks note the time), while graphs hold pinned memory, waits for the release as long as
+// out-of-memory recovery waits (a launch may run long: 100 ms was not enough for one of 20 ms
+// per operation), and routes once more when one came. Each destroy is
 // waited for once: one whose release came (drained after it) or whose wait ran out is not waited
 // for again, so a program that keeps a graph alive (or destroys a graph whose exec lives on)
 // and probes for the largest size that fits pays the wait once at most; and a request larger
@@ -83,7 +83,10 @@ namespace {
 // not wait (the pinned bytes alone were too few a bound: a released slice frees its whole page,
 // and a 64 MiB request after a 4 KiB slice was freed in a capture failed at once). (The
 // destroys are not told apart by device or graph: a release drained after two destroys settles
-// both.)
+// both.) Inside a capture too: a loop that captured, destroyed the graph unlaunched and captured
+// again outran the stand-in's destructor thread, and its allocations inside the captures failed
+// once the graphs not yet reported held the device; what the releases free there waits for the
+// window's fence (Note [Releases inside a window] in pools/manager_api.cpp).
 std::atomic<std::int64_t> g_last_graph_destroy_ns{std::numeric_limits<std::int64_t>::min() / 2};
 // The time of the last destroy already waited for, or answered by a release drained after it.
 std::atomic<std::int64_t> g_graph_destroy_settled_ns{std::numeric_limits<std::int64_t>::min() / 2};
@@ -135,7 +138,7 @@ bool graph_release_arrived(CapturePolicy& capture, CudaDevice& device, MemoryMan
   const std::int64_t destroyed = g_last_graph_destroy_ns.load(std::memory_order_relaxed);
   if (destroyed <= g_graph_destroy_settled_ns.load(std::memory_order_relaxed)) return false;
   const std::uint64_t pinned = capture.stats().pinned_bytes;
-  if (capture.open() || pinned == 0) return false;
+  if (pinned == 0) return false;
   // A request that the release could not make room for fails without the wait: at most what the
   // pools hold beyond their live slices that are not pinned.
   const MemoryUsage usage = manager.memory_usage();
@@ -156,6 +159,9 @@ bool graph_release_arrived(CapturePolicy& capture, CudaDevice& device, MemoryMan
     return false;
   }
   drain_graph_releases(capture);
+  // Inside a window what the releases freed waits for the fence recorded before it opened
+  // (Note [Releases inside a window] in pools/manager_api.cpp), within what is left of the wait.
+  if (capture.open()) manager.wait_for_window_fence(bound.left_micros());
   return true;
 }
 
@@ -393,11 +399,10 @@ Route allocate(const char* api, int device, std::size_t size, void** ptr) {
   if (capture.releases_pending()) drain_graph_releases(capture);  // Note [Graph lifetimes]
   // Out-of-memory recovery gives back empty managed slabs too (Device::give_back_elsewhere).
   Reservation reservation = capture.open() ? capture.allocate(size) : manager->allocate(size);
-  // A capture that began during the wait takes the request in its window next time.
+  // A capture that began during the wait takes the request in its window.
   if (reservation.ptr == 0 && reservation.error.kind == ErrorKind::out_of_memory &&
-      graph_release_arrived(capture, *registry.device(device), *manager, size) &&
-      !capture.open()) {
-    reservation = manager->allocate(size);
+      graph_release_arrived(capture, *registry.device(device), *manager, size)) {
+    reservation = capture.open() ? capture.allocate(size) : manager->allocate(size);
   }
   // A sticky context error is not checked on a hit: that would cost a CUDA call on every
   // allocation, and the program's next launch or synchronisation reports the error anyway.

@@ -110,6 +110,54 @@ class FenceQueue {
     return true;
   }
 
+  // Closes the open epoch with a fence, or records a fence for an empty closed epoch when the
+  // open one is empty: the id of that closed epoch, or 0 when the device refused a fence.
+  std::uint64_t close_with_fence(Device& device) {
+    if (open_.count == 0) {
+      const FenceHandle fence = device.fence_record();
+      if (fence == kNoFence) return 0;
+      Epoch empty;
+      empty.fence = fence;
+      empty.id = next_id_;
+      try {
+        closed_.push_back(empty);
+      } catch (...) {
+        device.fence_destroy(fence);
+        throw;
+      }
+      return next_id_++;
+    }
+    const std::uint64_t id = next_id_;
+    return close(device) ? id : 0;
+  }
+
+  // Where closed epoch `id` (close_with_fence's) is: still waiting for its fence; reaped, so its
+  // fence passed (closed epochs are reaped oldest first: one older than the oldest queued has
+  // passed); or unknown (never closed, or forgotten with the device's memory).
+  enum class ClosedEpoch : std::uint8_t { waiting, passed, unknown };
+  ClosedEpoch closed_epoch(std::uint64_t id) const {
+    if (id == 0 || id >= next_id_) return ClosedEpoch::unknown;
+    for (const Epoch& epoch : closed_)
+      if (epoch.id == id) return ClosedEpoch::waiting;
+    return closed_.empty() || id < closed_.front().id ? ClosedEpoch::passed
+                                                      : ClosedEpoch::unknown;
+  }
+
+  // Adds `slice`, pending, to closed epoch `id`, which is waiting (closed_epoch()) and whose
+  // fence was recorded after the slice's free: it comes back with that epoch.
+  void join_closed(Slice* slice, std::uint64_t id) {
+    for (Epoch& epoch : closed_) {
+      if (epoch.id != id) continue;
+      slice->next_pending = nullptr;
+      if (epoch.tail != nullptr) epoch.tail->next_pending = slice;
+      else epoch.head = slice;
+      epoch.tail = slice;
+      ++epoch.count;
+      epoch.bytes += slice->size;
+      return;
+    }
+  }
+
   // Gives back the slices of every closed epoch whose fence has passed, oldest first, and stops
   // at the first that has not (a later fence never passes before an earlier one: each is
   // recorded after all work issued before it); then each lane's the same way. Never blocks.

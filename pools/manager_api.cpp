@@ -282,6 +282,7 @@ FreeOutcome MemoryManager::Impl::free_pointer(DevicePtr ptr, StreamToken stream)
   recent_next = (recent_next + 1) % kRecentFrees;
   const std::uint64_t synchronized_before = sync_added;
   if (slice->pins > 0) {
+    slice->held_era = held_era;  // Note [Releases inside a window]
     slice->page->pool->to_held(slice);
   } else {
     retire(slice, stream);
@@ -633,6 +634,24 @@ RetainedSlice MemoryManager::retain(DevicePtr ptr) {
 // fence event in every mode, which nothing ever blocks on: under sync too, its memory comes back
 // once the device has passed the event (a request that needs it before then waits for it, within
 // the out-of-memory bound, as under events).
+//
+// Note [Releases inside a window]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// CUDA reports a graph gone on a thread of its own, and the report may come late: behind a
+// program that captures, destroys and captures again in a loop, the stand-in's thread fell 30
+// to 100 graphs behind on a busy machine. The releases then arrive inside the next capture's
+// window, where no fence can be recorded (it would break the capture): the slices waited in the
+// open epoch for the windows to close, each capture primed a fresh slice beside them, and a
+// 4 GiB device ran out with all of it pending, where the plain run (whose cudaFree in the
+// relaxed capture freed at once) never failed. But a slice released while a window is open was
+// freed before that window began: the free pinned it for every capture open then, and a
+// capture still open would pin it still. So each capture's prime() records a fence before its
+// window opens (an empty epoch's if no free is open) and advances the shard's held era with it,
+// under the lock that every free takes; a free of a pinned slice notes the era. A slice released
+// in a window and freed in an earlier era joins that fence's epoch, recorded after its free,
+// and comes back when the fence passes (at once if it passed already), window or not; a slice
+// freed in the current era (between the fence and its window) waits in the open epoch as
+// before. The era is one byte: a slice held across a multiple of 256 fences waits as before.
 bool MemoryManager::release_retained(const RetainedSlice& pin) {
   Impl* shard = shards_->pinned(pin);
   if (shard == nullptr) return false;
@@ -641,8 +660,23 @@ bool MemoryManager::release_retained(const RetainedSlice& pin) {
   if (pin.generation != m.generation) return false;
   Slice* slice = static_cast<Slice*>(pin.node);
   if (slice->ptr != pin.ptr || slice->pins == 0) return false;
-  if (--slice->pins == 0 && slice->state == SliceState::held)
+  if (--slice->pins != 0 || slice->state != SliceState::held) return true;
+  const FenceQueue::ClosedEpoch window =
+      m.capture_windows > 0 && slice->held_era != m.held_era
+          ? m.fences.closed_epoch(m.window_epoch)
+          : FenceQueue::ClosedEpoch::unknown;
+  if (window == FenceQueue::ClosedEpoch::unknown) {
     m.retire(slice, kNoStream, Impl::FreeBy::release);
+    return true;
+  }
+  m.frees.store(m.frees.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
+  Pool* pool = slice->page->pool;
+  pool->to_pending(slice);
+  if (window == FenceQueue::ClosedEpoch::waiting) {
+    m.fences.join_closed(slice, m.window_epoch);
+  } else {
+    pool->give_back(slice);
+  }
   return true;
 }
 
@@ -652,7 +686,8 @@ std::uint64_t MemoryManager::prime(const CaptureProfile& profile, bool* short_of
   Impl::Scope scope(m);
   // Slices a graph released just now wait for their fence: give the device a bounded time to
   // pass it, so they count as free instead of being doubled (priming is rare: a capture begin).
-  m.close_epoch();
+  // The fence is the window's too (Note [Releases inside a window]).
+  m.record_window_fence();
   std::uint32_t budget = kPrimeWaitMicros;
   while (m.persistent->pending_bytes() > 0 && budget > 0 && m.fences.any_closed())
     m.wait_for_oldest_fence(scope, &budget);
@@ -674,6 +709,22 @@ std::uint64_t MemoryManager::prime(const CaptureProfile& profile, bool* short_of
     }
   }
   return added;
+}
+
+void MemoryManager::record_window_fence() {
+  Impl& m = shards_->at(0);
+  Impl::Scope scope(m);
+  m.record_window_fence();
+}
+
+bool MemoryManager::wait_for_window_fence(std::uint32_t budget_us) {
+  Impl& m = shards_->at(0);  // where prime() records it
+  Impl::Scope scope(m);
+  // Fences pass in the order recorded: the oldest first, until the window's has.
+  while (m.fences.closed_epoch(m.window_epoch) == FenceQueue::ClosedEpoch::waiting &&
+         budget_us > 0)
+    m.wait_for_oldest_fence(scope, &budget_us);
+  return m.fences.closed_epoch(m.window_epoch) == FenceQueue::ClosedEpoch::passed;
 }
 
 bool MemoryManager::reissue(const RetainedSlice& pin, std::uint64_t requested) {

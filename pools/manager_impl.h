@@ -313,6 +313,9 @@ struct MemoryManager::Impl {
   // cannot be recorded now is recorded later).
   void close_epoch_when_due();
   void close_epoch();
+  // Closes the open epoch, or an empty one, with a fence the next window's releases wait for
+  // (Note [Releases inside a window] in manager_api.cpp), and reaps.
+  void record_window_fence();
   // close_epoch(), then takes back what fences passed earlier (cleanups, recovery).
   std::uint64_t close_and_reap();  // slices given back
   bool drain(Scope& scope);
@@ -462,6 +465,10 @@ struct MemoryManager::Impl {
   std::uint64_t sync_returned = 0;
   std::uint64_t windows = 0;          // open persistent windows
   std::uint64_t capture_windows = 0;  // open stream captures on the device
+  // Note [Releases inside a window] in manager_api.cpp: advanced each time prime() records a
+  // window's fence, the closed epoch of that fence (0: none yet).
+  std::uint8_t held_era = 0;
+  std::uint64_t window_epoch = 0;
   std::uint32_t frozen = 0;           // set_frozen() nesting: no page is taken from the device
   bool stream_ordered = false;        // free_fence:auto: frees return at once
   // Thread caches (Note [Thread caches]): this manager's id in the threads' tables, whether

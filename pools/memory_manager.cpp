@@ -272,6 +272,7 @@ void MemoryManager::Impl::drop_everything() {
   sync_head = sync_tail = nullptr;
   sync_returned = sync_added;
   recent_frees.fill(0);
+  window_epoch = 0;
   ++generation;
 }
 
@@ -996,6 +997,15 @@ void MemoryManager::Impl::close_epoch() {
     last_fence_nanos = coarse_nanos();
     fences.reap(device, kGiveBack);
   }
+}
+
+void MemoryManager::Impl::record_window_fence() {
+  if (const std::uint64_t closed = fences.close_with_fence(device); closed != 0) {
+    last_fence_nanos = coarse_nanos();
+    window_epoch = closed;
+    ++held_era;  // under the lock every free takes: frees after it note the new era
+  }
+  fences.reap(device, kGiveBack);
 }
 
 std::uint64_t MemoryManager::Impl::close_and_reap() {

@@ -215,6 +215,14 @@ class MemoryManager {
   // `short_of_room` (when not null) is set when the device's free memory stopped it: half of
   // what is free is the most it adds (Note [Priming] in capture/capture_policy.cpp).
   std::uint64_t prime(const CaptureProfile& profile, bool* short_of_room = nullptr);
+  // Records the fence that a capture's window, about to open, gives the slices graphs release
+  // in it (Note [Releases inside a window] in manager_api.cpp); prime() records it too. No
+  // fence while a capture is open on the device.
+  void record_window_fence();
+  // Waits, within `budget_us`, for the fence the last prime() recorded before its capture's
+  // window opened, which the slices graphs release inside a window wait for (Note [Releases
+  // inside a window] in manager_api.cpp); true once it has passed and they are back.
+  bool wait_for_window_fence(std::uint32_t budget_us);
 
   // A slice the program freed while `pin` held it ("held") is handed out again, as a live
   // allocation of `requested` bytes (at most its size) at the same address; the pin stays.

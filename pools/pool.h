@@ -61,6 +61,9 @@ struct alignas(64) Slice {
   // bytes of their own, so that setting one is a plain store.
   std::uint8_t free_before = 0;
   std::uint8_t free_after = 0;
+  // Held: the manager's held era when the program freed it (Note [Releases inside a window] in
+  // manager_api.cpp).
+  std::uint8_t held_era = 0;
 };
 static_assert(sizeof(Slice) == 64, "a slice record fills one cache line");
 

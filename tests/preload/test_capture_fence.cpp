@@ -38,8 +38,9 @@ void run_case(const char* name, unsigned int flags) {
   CHECK_CUDA(cudaDeviceSynchronize());
 
   const bool counted = preload_test::on_stand_in() && !sync_mode;
-  std::uint64_t records = counted ? preload_test::counter("cudaEventRecord") : 0;
   CHECK_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeRelaxed));
+  // Counted from here: the begin records the window's fence before the capture begins.
+  std::uint64_t records = counted ? preload_test::counter("cudaEventRecord") : 0;
   CHECK_CUDA(cudaMemsetAsync(target, 0x6b, 4096, stream));
   for (void* ptr : buffers) CHECK_CUDA(cudaFree(ptr));
   cudaGraph_t graph = nullptr;

@@ -503,6 +503,64 @@ TEST_CASE("forget_drops_everything_destroying_only_the_closed_fences") {
   CHECK(rig.manager.check_consistency().empty());
 }
 
+TEST_CASE("a slice a graph releases inside a window waits for the window's fence if freed before") {
+  // Note [Releases inside a window] in pools/manager_api.cpp.
+  Rig rig(custom({sliced(4096)}), 512, 128 * MiB);
+  rig.device.set_fence_mode(HostDevice::FenceMode::manual);
+  rig.manager.set_mode(AllocationMode::persistent);
+  const DevicePtr early = rig.reserve(1024);
+  const DevicePtr late = rig.reserve(1024);
+  rig.manager.set_mode(AllocationMode::automatic);
+  const RetainedSlice early_pin = rig.manager.retain(early);
+  const RetainedSlice late_pin = rig.manager.retain(late);
+  REQUIRE(early_pin);
+  REQUIRE(late_pin);
+  CHECK(rig.manager.free(early) == FreeOutcome::freed);  // held, before the window's fence
+  rig.manager.record_window_fence();
+  CHECK(rig.manager.free(late) == FreeOutcome::freed);  // held, after it
+  // The window opens; the graph's release comes inside it, where no fence can be recorded.
+  rig.manager.set_capture_window(true);
+  rig.device.set_capture_open(true);
+  CHECK(rig.manager.release_retained(early_pin));
+  CHECK(rig.manager.release_retained(late_pin));
+  CHECK(rig.manager.report().pending_fence_bytes == 2048);
+  CHECK_FALSE(rig.manager.wait_for_window_fence(0));
+  rig.device.complete_fences();
+  CHECK(rig.manager.wait_for_window_fence(1000));
+  // `early` is back inside the window; `late`, freed after the fence, waits for the next one.
+  CHECK(rig.manager.report().pending_fence_bytes == 1024);
+  CHECK(rig.reserve(1024) == early);
+  const DevicePtr fresh = rig.reserve(1024);
+  CHECK(fresh != late);
+  rig.device.set_capture_open(false);
+  rig.manager.set_capture_window(false);
+  CHECK(rig.manager.free(early) == FreeOutcome::freed);
+  CHECK(rig.manager.free(fresh) == FreeOutcome::freed);
+  rig.manager.cleanup(true);
+  rig.device.complete_fences();
+  rig.manager.cleanup(true);
+  CHECK(rig.manager.report().pending_fence_bytes == 0);
+  CHECK(rig.manager.check_consistency().empty());
+}
+
+TEST_CASE("a window's fence that passed before the release gives the slice back at once") {
+  Rig rig(custom({sliced(4096)}), 512, 128 * MiB);
+  rig.manager.set_mode(AllocationMode::persistent);
+  const DevicePtr a = rig.reserve(1024);
+  rig.manager.set_mode(AllocationMode::automatic);
+  const RetainedSlice pin = rig.manager.retain(a);
+  CHECK(rig.manager.free(a) == FreeOutcome::freed);
+  rig.manager.record_window_fence();  // passes at once (immediate fences), and is reaped
+  rig.manager.set_capture_window(true);
+  rig.device.set_capture_open(true);
+  CHECK(rig.manager.release_retained(pin));
+  CHECK(rig.manager.report().pending_fence_bytes == 0);
+  CHECK(rig.reserve(1024) == a);
+  rig.device.set_capture_open(false);
+  rig.manager.set_capture_window(false);
+  CHECK(rig.manager.check_consistency().empty());
+}
+
 TEST_CASE("retained_slice_is_never_handed_out_until_released") {
   Rig rig(custom({sliced(4096)}), 512, 128 * MiB, FreeFence::none);
   rig.manager.set_mode(AllocationMode::persistent);
