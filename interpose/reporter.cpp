@@ -43,6 +43,18 @@
 // guess was wrong, or the program unblocked it), the reporter thread accepts it again and the
 // mark comes back: a storm of signals never turns reports off for good.
 //
+// Note [A handler of the program's]
+// A program that replaces the library's handler may also block the signal in its main thread
+// and wait for it in another (pause, sigsuspend): plain, the kernel gives a signal sent to the
+// process to that thread. The reporter thread accepts the signal too, and got it: the program's
+// handler ran there, the waiting thread slept on, and the program hung. So once the reporter
+// thread sees a handler that is not the library's (at its check, at least once a second), it
+// blocks the signal, until the library's comes back. A signal that reaches it before that runs
+// the program's handler there and interrupts the reporter's wait; the reporter thread then blocks
+// the signal and sends it to the process again, so that a thread of the program's gets it as
+// well: the program's handler runs twice for that one signal, once at most per replacement,
+// where it would otherwise never reach the thread that waits for it.
+//
 // Depends on the report channel, the report writer, the library's threads, the log and the
 // configuration.
 #include "interpose/reporter.h"
@@ -136,6 +148,14 @@ void publish_mark() {
   if (mark != MAP_FAILED) g_mark = mark;
 }
 
+// Whether the reporter thread accepts the signal (called on that thread only).
+void accept_signal(bool accept) {
+  sigset_t only;
+  ::sigemptyset(&only);
+  ::sigaddset(&only, g_signal);
+  ::pthread_sigmask(accept ? SIG_UNBLOCK : SIG_BLOCK, &only, nullptr);
+}
+
 // Note [Report signal]: the mark follows the signal's disposition.
 void check_handler() {
   static bool told = false;
@@ -174,8 +194,10 @@ void check_handler() {
   }
   const bool ours = handler_is_ours();
   if (ours && g_mark == nullptr) {
+    accept_signal(true);
     publish_mark();
   } else if (!ours && g_mark != nullptr) {
+    accept_signal(false);  // Note [A handler of the program's]
     ::munmap(g_mark, kMarkBytes);
     g_mark = nullptr;
     if (!told) {
@@ -208,7 +230,12 @@ void* reporter_main(void*) {
     ::clock_gettime(CLOCK_MONOTONIC, &deadline);
     deadline.tv_sec += 1;
     // Woken by a post, a timeout or the handler interrupting the wait: look again either way.
-    ::sem_clockwait(&g_wake, CLOCK_MONOTONIC, &deadline);
+    if (::sem_clockwait(&g_wake, CLOCK_MONOTONIC, &deadline) != 0 && errno == EINTR &&
+        !handler_is_ours()) {
+      // Note [A handler of the program's]: it ran here; the program's threads get it again.
+      accept_signal(false);
+      ::kill(::getpid(), g_signal);
+    }
   }
 }
 
