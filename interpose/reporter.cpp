@@ -46,14 +46,17 @@
 // Note [A handler of the program's]
 // A program that replaces the library's handler may also block the signal in its main thread
 // and wait for it in another (pause, sigsuspend): plain, the kernel gives a signal sent to the
-// process to that thread. The reporter thread accepts the signal too, and got it: the program's
-// handler ran there, the waiting thread slept on, and the program hung. So once the reporter
-// thread sees a handler that is not the library's (at its check, at least once a second), it
-// blocks the signal, until the library's comes back. A signal that reaches it before that runs
-// the program's handler there and interrupts the reporter's wait; the reporter thread then blocks
-// the signal and sends it to the process again, so that a thread of the program's gets it as
-// well: the program's handler runs twice for that one signal, once at most per replacement,
-// where it would otherwise never reach the thread that waits for it.
+// process to that thread. The reporter thread accepted the signal too, and got it: the program's
+// handler ran there, the waiting thread slept on, and the program hung. So the reporter thread
+// accepts the signal only while it waits for work, and only while the handler is the library's
+// (as it last looked, at least once a second) and the signal is not being passed on (Note [A
+// signal the program waits for]); while it works, a signal goes to the program's threads or waits
+// for its wait. One that reaches it after the program replaced the handler, before it looked,
+// runs the program's handler there and interrupts the wait; the reporter thread then blocks the
+// signal and sends it to the process again, so that a thread of the program's gets it as well:
+// the program's handler runs twice for that one signal, once at most per replacement, where it
+// would otherwise never reach the thread that waits for it. Not when that handler reset the
+// signal to its default action (SA_RESETHAND): the signal sent again would end the process.
 //
 // Depends on the report channel, the report writer, the library's threads, the log and the
 // configuration.
@@ -156,6 +159,16 @@ void accept_signal(bool accept) {
   ::pthread_sigmask(accept ? SIG_UNBLOCK : SIG_BLOCK, &only, nullptr);
 }
 
+// Whether the signal's handler is a function of the program's (not the default action, which
+// for SIGUSR1 ends the process, nor ignored).
+bool handler_is_programs() {
+  struct sigaction current {};
+  if (::sigaction(g_signal, nullptr, &current) != 0) return false;
+  if ((current.sa_flags & SA_SIGINFO) != 0)
+    return current.sa_sigaction != nullptr && current.sa_sigaction != &on_report_signal;
+  return current.sa_handler != SIG_DFL && current.sa_handler != SIG_IGN;
+}
+
 // Note [Report signal]: the mark follows the signal's disposition.
 void check_handler() {
   static bool told = false;
@@ -165,11 +178,7 @@ void check_handler() {
     // Note [A signal the program waits for]: a thread of the program's took it after all. The
     // mark clears first: a signal pending now reaches this thread as the unblock returns, and
     // its handler must see that it is not passed on yet, so that it passes it on and says so.
-    g_passed_on.store(false);
-    sigset_t only;
-    ::sigemptyset(&only);
-    ::sigaddset(&only, g_signal);
-    ::pthread_sigmask(SIG_UNBLOCK, &only, nullptr);
+    g_passed_on.store(false);  // the reporter thread accepts the signal again (reporter_main)
     if (!told_accepted) {
       told_accepted = true;
       log_when_touched(LogLevel::basic,
@@ -194,10 +203,8 @@ void check_handler() {
   }
   const bool ours = handler_is_ours();
   if (ours && g_mark == nullptr) {
-    accept_signal(true);
     publish_mark();
   } else if (!ours && g_mark != nullptr) {
-    accept_signal(false);  // Note [A handler of the program's]
     ::munmap(g_mark, kMarkBytes);
     g_mark = nullptr;
     if (!told) {
@@ -217,8 +224,10 @@ void* reporter_main(void*) {
   ::sigaddset(&only, g_signal);
   g_reporter_thread = ::pthread_self();
   g_reporter_known.store(true, std::memory_order_release);
-  ::pthread_sigmask(SIG_UNBLOCK, &only, nullptr);
   for (;;) {
+    // Blocked while it works: the signal is accepted only during the wait below (Note [A handler
+    // of the program's]).
+    accept_signal(false);
     {
       std::lock_guard<std::mutex> working(g_busy);
       check_handler();
@@ -226,12 +235,15 @@ void* reporter_main(void*) {
       ChannelRequest request;
       while (g_slots.pop(&request)) serve_request(request);
     }
+    const bool passed_on = g_passed_on.load();
+    const bool accepting = !passed_on && handler_is_ours();
+    if (accepting) accept_signal(true);
     timespec deadline{};
     ::clock_gettime(CLOCK_MONOTONIC, &deadline);
     deadline.tv_sec += 1;
     // Woken by a post, a timeout or the handler interrupting the wait: look again either way.
     if (::sem_clockwait(&g_wake, CLOCK_MONOTONIC, &deadline) != 0 && errno == EINTR &&
-        !handler_is_ours()) {
+        accepting && g_passed_on.load() == passed_on && handler_is_programs()) {
       // Note [A handler of the program's]: it ran here; the program's threads get it again.
       accept_signal(false);
       ::kill(::getpid(), g_signal);

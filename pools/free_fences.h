@@ -80,8 +80,13 @@ class FenceQueue {
   bool open_hint() const { return open_published_.load(std::memory_order_relaxed); }
   // Whether any free waits for a fence already recorded.
   bool any_closed() const { return !closed_.empty() || !lanes_.empty(); }
-  // Whether any free that is not stream-ordered does.
-  bool any_closed_epoch() const { return !closed_.empty(); }
+  // Whether any free that is not stream-ordered does (a window's empty epoch holds none:
+  // close_with_fence()).
+  bool any_closed_epoch() const {
+    for (const Epoch& epoch : closed_)
+      if (epoch.count != 0) return true;
+    return false;
+  }
   // Whether any stream-ordered free waits: fences then need not pass in the order recorded, so
   // a wait for the oldest must not outlast a short slice (Note [Stream-ordered frees]).
   bool any_lanes() const { return !lanes_.empty(); }

@@ -643,15 +643,18 @@ RetainedSlice MemoryManager::retain(DevicePtr ptr) {
 // window, where no fence can be recorded (it would break the capture): the slices waited in the
 // open epoch for the windows to close, each capture primed a fresh slice beside them, and a
 // 4 GiB device ran out with all of it pending, where the plain run (whose cudaFree in the
-// relaxed capture freed at once) never failed. But a slice released while a window is open was
-// freed before that window began: the free pinned it for every capture open then, and a
-// capture still open would pin it still. So each capture's prime() records a fence before its
-// window opens (an empty epoch's if no free is open) and advances the shard's held era with it,
-// under the lock that every free takes; a free of a pinned slice notes the era. A slice released
-// in a window and freed in an earlier era joins that fence's epoch, recorded after its free,
-// and comes back when the fence passes (at once if it passed already), window or not; a slice
-// freed in the current era (between the fence and its window) waits in the open epoch as
-// before. The era is one byte: a slice held across a multiple of 256 fences waits as before.
+// relaxed capture freed at once) never failed. So each capture begin records a fence before its
+// window opens (prime() or record_window_fence(); an empty epoch's if no free is open), in the
+// first shard, where captures reserve, and advances that shard's held era with it, under the
+// lock that every free takes; a free of a pinned slice notes the era. A slice released while a
+// window is open and freed in an earlier era was freed before that fence was recorded, so the
+// fence covers whatever work was queued before its free, as the release's own fence would: it
+// joins that fence's epoch and comes back when the fence passes (at once if it passed already).
+// (Usually it was freed before the window began at all: a free while a capture is open pins the
+// slice for that capture too.) A slice freed in the current era, one held in another shard, and
+// one held across a multiple of 256 fences (the era is one byte) wait in the open epoch as
+// before, for the windows to close. While another capture is open on the device no fence can be
+// recorded: a begin then leaves the last fence and era as they are.
 bool MemoryManager::release_retained(const RetainedSlice& pin) {
   Impl* shard = shards_->pinned(pin);
   if (shard == nullptr) return false;
