@@ -8,9 +8,9 @@
 // sem_post and atomics are async-signal-safe, and no file descriptor exists that the program
 // could close or reuse. A burst of plain signals sets the flag many times and yields one report.
 //
-// The reporter thread is created with every signal blocked and then unblocks the report signal
-// alone, so a signal sent to that thread (how `poolcuda report` asks) interrupts nothing of the
-// program's. A signal sent to the process (kill -USR1) goes to any thread that does not block
+// The reporter thread is created with every signal blocked and unblocks the report signal alone,
+// while it waits for work (Note [A handler of the program's]), so a signal sent to that thread
+// (how `poolcuda report` asks) interrupts nothing of the program's. A signal sent to the process (kill -USR1) goes to any thread that does not block
 // it, usually the main thread; the handler is installed with SA_RESTART, so the system calls
 // the kernel restarts are restarted there, but those it never restarts (poll, select,
 // epoll_wait, nanosleep and sleep, sigtimedwait, semop, and reads or writes on a socket with a
@@ -176,9 +176,10 @@ void check_handler() {
   static bool told_accepted = false;
   if (g_accepted_again.exchange(false) && g_passed_on.load()) {
     // Note [A signal the program waits for]: a thread of the program's took it after all. The
-    // mark clears first: a signal pending now reaches this thread as the unblock returns, and
-    // its handler must see that it is not passed on yet, so that it passes it on and says so.
-    g_passed_on.store(false);  // the reporter thread accepts the signal again (reporter_main)
+    // reporter thread accepts the signal again from its next wait (reporter_main); a signal
+    // pending then reaches it there, and its handler must see that it is not passed on, so that
+    // it passes it on and says so.
+    g_passed_on.store(false);
     if (!told_accepted) {
       told_accepted = true;
       log_when_touched(LogLevel::basic,
