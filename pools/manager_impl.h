@@ -469,6 +469,7 @@ struct MemoryManager::Impl {
   // window's fence, the closed epoch of that fence (0: none yet).
   std::uint8_t held_era = 0;
   std::uint64_t window_epoch = 0;
+  bool held_since_window = false;  // a pinned slice was freed since that fence
   std::uint32_t frozen = 0;           // set_frozen() nesting: no page is taken from the device
   bool stream_ordered = false;        // free_fence:auto: frees return at once
   // Thread caches (Note [Thread caches]): this manager's id in the threads' tables, whether

@@ -1000,10 +1000,15 @@ void MemoryManager::Impl::close_epoch() {
 }
 
 void MemoryManager::Impl::record_window_fence() {
-  if (const std::uint64_t closed = fences.close_with_fence(device); closed != 0) {
-    last_fence_nanos = coarse_nanos();
-    window_epoch = closed;
-    ++held_era;  // under the lock every free takes: frees after it note the new era
+  // With no free since the last one, that fence still follows every held slice's free: no empty
+  // epoch is added (a stream parked for good would otherwise keep one per capture begin).
+  if (fences.open_count() != 0 || window_epoch == 0 || held_since_window) {
+    if (const std::uint64_t closed = fences.close_with_fence(device); closed != 0) {
+      last_fence_nanos = coarse_nanos();
+      window_epoch = closed;
+      ++held_era;  // under the lock every free takes: frees after it note the new era
+      held_since_window = false;
+    }
   }
   fences.reap(device, kGiveBack);
 }

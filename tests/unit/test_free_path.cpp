@@ -543,6 +543,29 @@ TEST_CASE("a slice a graph releases inside a window waits for the window's fence
   CHECK(rig.manager.check_consistency().empty());
 }
 
+TEST_CASE("capture begins with no free since the last window's fence record no other") {
+  Rig rig(custom({sliced(4096)}), 512, 128 * MiB);
+  rig.device.set_fence_mode(HostDevice::FenceMode::manual);  // a stream parked for good
+  rig.manager.set_mode(AllocationMode::persistent);
+  const DevicePtr a = rig.reserve(1024);
+  rig.manager.set_mode(AllocationMode::automatic);
+  const RetainedSlice pin = rig.manager.retain(a);
+  rig.manager.record_window_fence();
+  for (int begin = 0; begin < 10; ++begin) rig.manager.record_window_fence();
+  CHECK(rig.device.outstanding_fences() == 1);
+  CHECK(rig.manager.free(a) == FreeOutcome::freed);  // held: the next begin needs a fence
+  rig.manager.record_window_fence();
+  rig.manager.record_window_fence();
+  CHECK(rig.device.outstanding_fences() == 2);
+  rig.device.complete_fences();
+  CHECK(rig.manager.release_retained(pin));
+  rig.manager.cleanup(true);
+  rig.device.complete_fences();
+  rig.manager.cleanup(true);
+  CHECK(rig.manager.report().pending_fence_bytes == 0);
+  CHECK(rig.manager.check_consistency().empty());
+}
+
 TEST_CASE("a window's fence that passed before the release gives the slice back at once") {
   Rig rig(custom({sliced(4096)}), 512, 128 * MiB);
   rig.manager.set_mode(AllocationMode::persistent);
