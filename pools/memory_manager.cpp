@@ -215,9 +215,13 @@ MemoryManager::Impl::Impl(Device& d, const ManagerOptions& o)
   build_pools(options.layout);
   update_cache_gate();
   // The first growth's records: the first chunks' allocation and page faults were a fifth of a
-  // process's first cudaMalloc through the library.
-  ctx.pages.make_first_chunk();
-  ctx.slices.make_first_chunk();
+  // process's first cudaMalloc through the library. Without host memory now, that growth tries
+  // again.
+  try {
+    ctx.pages.make_first_chunk();
+    ctx.slices.make_first_chunk();
+  } catch (const std::bad_alloc&) {
+  }
 }
 
 MemoryManager::Impl::~Impl() {
