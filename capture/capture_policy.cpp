@@ -66,6 +66,10 @@
 
 namespace poolcuda {
 
+// How long a capture begin under capture_share:on waits for its window's fence, so that shared
+// slices freed since can serve the capture (as prime() waits for released slices' fences).
+constexpr std::uint32_t kSharedFenceWaitMicros = 20000;
+
 struct CapturePolicy::Capture {
   CaptureId id = 0;
   bool priming = false;
@@ -95,6 +99,14 @@ void CapturePolicy::prime() {
   }
   if (profile.empty()) {
     manager_.record_window_fence();  // what prime() records first, without its waits
+    // Shared slices freed since are handed out again only once that fence has passed
+    // (MemoryManager::reissue): as prime() does for released slices, give it a moment.
+    bool shared_free = false;
+    {
+      std::lock_guard hold(mutex_);
+      shared_free = !shared_free_.empty();
+    }
+    if (shared_free) manager_.wait_for_window_fence(kSharedFenceWaitMicros);
     return;
   }
   bool short_of_room = false;

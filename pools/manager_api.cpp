@@ -741,6 +741,13 @@ bool MemoryManager::reissue(const RetainedSlice& pin, std::uint64_t requested) {
   Slice* slice = static_cast<Slice*>(pin.node);
   if (slice->ptr != pin.ptr || slice->state != SliceState::held || requested > slice->size)
     return false;
+  // Work queued before the program's free may still use it: a fence recorded after that free
+  // must have passed (Note [Releases inside a window]). Without this, capture_share:on handed a
+  // buffer freed in one capture, while a kernel on another stream still wrote it, to the next.
+  m.fences.reap(m.device, kGiveBack);
+  if (slice->held_era == m.held_era ||
+      m.fences.closed_epoch(m.window_epoch) != FenceQueue::ClosedEpoch::passed)
+    return false;
   m.index.reserve_one();
   slice->page->pool->reissue(slice, requested);
   m.index.insert(slice->ptr, slice);

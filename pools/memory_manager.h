@@ -225,7 +225,8 @@ class MemoryManager {
   bool wait_for_window_fence(std::uint32_t budget_us);
 
   // A slice the program freed while `pin` held it ("held") is handed out again, as a live
-  // allocation of `requested` bytes (at most its size) at the same address; the pin stays.
+  // allocation of `requested` bytes (at most its size) at the same address; the pin stays. Not
+  // before a window's fence recorded after its free has passed (false then).
   // False, and nothing changes, when the pin is stale, the slice is not held, or it is too
   // small. Shared capture memory (capture_share) reuses held slices this way.
   bool reissue(const RetainedSlice& pin, std::uint64_t requested);

@@ -299,7 +299,9 @@ TEST_CASE("shared_capture_memory_serves_later_captures_and_goes_with_the_last_gr
   const DevicePtr big = rig.allocate(8192);
   rig.policy.free(big);
   PinSet* first = rig.policy.end(1, true);
-  // A later, smaller capture reuses the first one's memory although its graph is alive.
+  // A later, smaller capture reuses the first one's memory although its graph is alive, once
+  // the fence its begin records (as the hooks do, prime() first) has passed.
+  rig.policy.prime();
   rig.policy.begin(2);
   const DevicePtr small = rig.allocate(4096);
   CHECK(small == big);
@@ -313,6 +315,27 @@ TEST_CASE("shared_capture_memory_serves_later_captures_and_goes_with_the_last_gr
   rig.policy.release(second);
   CHECK(rig.policy.stats().shared_bytes == 0);
   CHECK(rig.in_next_window(8192) == big);
+  CHECK(rig.manager.check_consistency().empty());
+}
+
+TEST_CASE("shared_capture_memory_waits_for_work_queued_before_its_free") {
+  CaptureRig rig(true);
+  rig.device.set_fence_mode(HostDevice::FenceMode::manual);  // a stream still runs
+  rig.policy.prime();
+  rig.policy.begin(1);
+  const DevicePtr first = rig.allocate(8192);
+  rig.policy.free(first);  // work queued before may still write it
+  PinSet* graph = rig.policy.end(1, true);
+  rig.policy.prime();  // its fence is recorded after the free, and waited for within a bound
+  rig.policy.begin(2);
+  CHECK(rig.allocate(8192) != first);  // the fence has not passed: not handed out again
+  CHECK(rig.policy.end(2, false) == nullptr);
+  rig.device.complete_fences();
+  rig.policy.prime();
+  rig.policy.begin(3);
+  CHECK(rig.allocate(8192) == first);  // it has now
+  CHECK(rig.policy.end(3, false) == nullptr);
+  rig.policy.release(graph);
   CHECK(rig.manager.check_consistency().empty());
 }
 
