@@ -9,12 +9,13 @@
 // could close or reuse. A burst of plain signals sets the flag many times and yields one report.
 //
 // The reporter thread is created with every signal blocked and unblocks the report signal alone,
-// while it waits for work (Note [A handler of the program's]), so a signal sent to that thread
-// (how `poolcuda report` asks) interrupts nothing of the program's. A signal sent to the process (kill -USR1) goes to any thread that does not block
-// it, usually the main thread; the handler is installed with SA_RESTART, so the system calls
-// the kernel restarts are restarted there, but those it never restarts (poll, select,
-// epoll_wait, nanosleep and sleep, sigtimedwait, semop, and reads or writes on a socket with a
-// timeout) fail with EINTR in that thread, exactly as for any handled signal (docs/reports.md).
+// while it waits for work (Note [A handler of the program's]), so a signal sent to that thread (how
+// `poolcuda report` asks) interrupts nothing of the program's. A signal sent to the process (kill
+// -USR1) goes to any thread that does not block it, usually the main thread; the handler is
+// installed with SA_RESTART, so the system calls the kernel restarts are restarted there, but those
+// it never restarts (poll, select, epoll_wait, nanosleep and sleep, sigtimedwait, semop, and reads
+// or writes on a socket with a timeout) fail with EINTR in that thread, exactly as for any handled
+// signal (docs/reports.md).
 //
 // The readiness mark (channel_protocol.h) is a PROT_NONE mapping of an empty memfd, whose name
 // /proc/PID/maps shows; its descriptor is closed at once. The library publishes it as it starts

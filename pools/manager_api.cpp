@@ -652,11 +652,12 @@ RetainedSlice MemoryManager::retain(DevicePtr ptr) {
 // fence covers whatever work was queued before its free, as the release's own fence would: it
 // joins that fence's epoch and comes back when the fence passes (at once if it passed already).
 // (Usually it was freed before the window began at all: a free while a capture is open pins the
-// slice for that capture too.) A begin records no fence when no pinned slice was freed and no
-// free is open since the last one, whose fence then still follows every held slice's free. A
-// slice freed in the current era, one held in another shard, and one held across a multiple of
-// 256 fences (the era is one byte) wait in the open epoch as before, for the windows to close. While another capture is open on the device no fence can be
-// recorded: a begin then leaves the last fence and era as they are.
+// slice for that capture too.) A begin records no fence when no pinned slice was freed and no free
+// is open since the last one (or ever), whose fence then still follows every held slice's free. A
+// slice freed in the current era, one held in another shard, and one held across a multiple of 256
+// fences (the era is one byte) wait in the open epoch as before, for the windows to close. While
+// another capture is open on the device no fence can be recorded: a begin then leaves the last
+// fence and era as they are.
 bool MemoryManager::release_retained(const RetainedSlice& pin) {
   Impl* shard = shards_->pinned(pin);
   if (shard == nullptr) return false;

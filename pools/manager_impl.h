@@ -465,8 +465,9 @@ struct MemoryManager::Impl {
   std::uint64_t sync_returned = 0;
   std::uint64_t windows = 0;          // open persistent windows
   std::uint64_t capture_windows = 0;  // open stream captures on the device
-  // Note [Releases inside a window] in manager_api.cpp: advanced each time prime() records a
-  // window's fence, the closed epoch of that fence (0: none yet).
+  // Note [Releases inside a window] in manager_api.cpp: advanced each time a capture begin
+  // records a window's fence (record_window_fence()), the closed epoch of that fence (0: none
+  // yet).
   std::uint8_t held_era = 0;
   std::uint64_t window_epoch = 0;
   bool held_since_window = false;  // a pinned slice was freed since that fence

@@ -884,7 +884,8 @@ MemoryManager::Impl::HeldCheck MemoryManager::Impl::trim_to_held_bound(const Poo
 
 bool MemoryManager::Impl::drain(Scope& scope) {
   const bool closed = fences.open_count() == 0 || fences.close(device);
-  while (wait_for_oldest_fence(scope, true)) {
+  // A window's empty epoch left last holds nothing to wait for (record_window_fence()).
+  while ((fences.any_closed_epoch() || fences.any_lanes()) && wait_for_oldest_fence(scope, true)) {
   }
   return closed;
 }
@@ -1004,9 +1005,10 @@ void MemoryManager::Impl::close_epoch() {
 }
 
 void MemoryManager::Impl::record_window_fence() {
-  // With no free since the last one, that fence still follows every held slice's free: no empty
-  // epoch is added (a stream parked for good would otherwise keep one per capture begin).
-  if (fences.open_count() != 0 || window_epoch == 0 || held_since_window) {
+  // With no free of a pinned slice since the last one (or ever), that fence still follows every
+  // held slice's free: no empty epoch is added (a stream parked for good would otherwise keep
+  // one per capture begin, and drain() would wait for it).
+  if (fences.open_count() != 0 || held_since_window) {
     if (const std::uint64_t closed = fences.close_with_fence(device); closed != 0) {
       last_fence_nanos = coarse_nanos();
       window_epoch = closed;

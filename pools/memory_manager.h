@@ -219,8 +219,8 @@ class MemoryManager {
   // in it (Note [Releases inside a window] in manager_api.cpp); prime() records it too. No
   // fence while a capture is open on the device.
   void record_window_fence();
-  // Waits, within `budget_us`, for the fence the last prime() recorded before its capture's
-  // window opened, which the slices graphs release inside a window wait for (Note [Releases
+  // Waits, within `budget_us`, for the fence the last capture begin recorded before its window
+  // opened (record_window_fence()), which the slices graphs release inside a window wait for (Note [Releases
   // inside a window] in manager_api.cpp); true once it has passed and they are back.
   bool wait_for_window_fence(std::uint32_t budget_us);
 

@@ -39,7 +39,7 @@ void run_case(const char* name, unsigned int flags) {
 
   const bool counted = preload_test::on_stand_in() && !sync_mode;
   CHECK_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeRelaxed));
-  // Counted from here: the begin records the window's fence before the capture begins.
+  // Counted from here: the begin may record the window's fence before the capture begins.
   std::uint64_t records = counted ? preload_test::counter("cudaEventRecord") : 0;
   CHECK_CUDA(cudaMemsetAsync(target, 0x6b, 4096, stream));
   for (void* ptr : buffers) CHECK_CUDA(cudaFree(ptr));

@@ -18,8 +18,9 @@ using simtest::stand_in;
 namespace {
 
 // Child: prints "count=<n> rc=<code> total=<bytes> memset_ms=<ms> concurrent=<0|1> reused=<0|1>
-// reset=<code>" on stderr; reset: cudaDeviceReset's answer with no device (-1 with one); reused: a stream created after one was destroyed got the destroyed one's handle (it
-// works, and a stream created once the first is gone gets yet another handle).
+// reset=<code>" on stderr; reset: cudaDeviceReset's answer with no device (-1 with one); reused: a
+// stream created after one was destroyed got the destroyed one's handle (it works, and a stream
+// created once the first is gone gets yet another handle).
 int child_report() {
   int count = -1;
   cudaError_t rc = cudaGetDeviceCount(&count);
@@ -150,7 +151,8 @@ TEST_CASE("SIMCUDA_DESTRUCTOR_DELAY_US makes the internal thread run a destructo
   if (!stand_in()) return;
   int status = 0;
   CHECK_EQ(field(run_child("--destructor", {}, &status), "ran"), "1");
-  const std::string out = run_child("--destructor", {"SIMCUDA_DESTRUCTOR_DELAY_US=1000000"}, &status);
+  const std::string out =
+      run_child("--destructor", {"SIMCUDA_DESTRUCTOR_DELAY_US=1000000"}, &status);
   CHECK_EQ(field(out, "late"), "1");
   CHECK_EQ(field(out, "ran"), "1");
 }
