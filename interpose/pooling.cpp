@@ -691,9 +691,10 @@ bool beyond_device(int device, std::size_t size) {
 // tried once more when give_back_idle gave anything or a page reached the driver since. No gap
 // is left between the two: a lane counts a page returned (ReleaseWorker::pages_returned) under
 // the same lock, and in the same step, that takes it off the bytes give_back_idle waits for.
-// While a capture is open on the device the call is not tried again, as before: the pools give
-// nothing back then, and a retry could turn the program's out-of-memory error into the
-// capture's invalidation.
+// While a capture is open on the device a page that arrived meanwhile is no reason to try again
+// (a retry could turn the program's out-of-memory error into the capture's invalidation): only
+// what the give-back itself returned is, the pages idle then and those whose fences, recorded
+// before the capture, passed.
 bool ReturnsSince::moved(int device) const {
   if (ReleaseWorker::pages_returned() == seen_) return false;
   const CapturePolicy* capture = device >= 0 ? Registry::instance().capture(device) : nullptr;

@@ -441,9 +441,10 @@ GiveBack MemoryManager::Impl::give_back(WaitBound& bound, std::uint32_t asked_mi
   if (frozen != 0) return GiveBack::nothing;
   flush_caches(false);
   if (idle() == 0 && pending() == 0 && device.releasing_bytes() == 0) return GiveBack::nothing;
-  // During a capture no fence is recorded or waited for (either could invalidate it): what is
-  // idle now goes back, the rest waits, as in a recovery inside a capture window. The release
-  // thread frees in relaxed capture mode (Note [Releases during capture] in
+  // During a capture no fence is recorded (FenceQueue::close refuses: a record could invalidate
+  // it), but fences recorded before it are waited for, as a recovery does: the memory they cover
+  // comes back once they pass, and what was freed since the last one waits for the capture to
+  // end. The release thread frees in relaxed capture mode (Note [Releases during capture] in
   // interpose/release_worker.cpp).
   const bool capture = device.capture_active();
   close_and_reap();
@@ -458,7 +459,7 @@ GiveBack MemoryManager::Impl::give_back(WaitBound& bound, std::uint32_t asked_mi
   const auto waiting = [&] {
     return with_lanes ? pending() != 0 : fences.open_count() != 0 || fences.any_closed_epoch();
   };
-  while (!capture && waiting()) {
+  while (waiting()) {
     // Frees other threads made while the lock was released wait in the open epoch.
     if (with_lanes ? !fences.any_closed() : !fences.any_closed_epoch()) close_epoch();
     if (with_lanes ? !fences.any_closed() : !fences.any_closed_epoch()) break;  // no fence
@@ -471,8 +472,8 @@ GiveBack MemoryManager::Impl::give_back(WaitBound& bound, std::uint32_t asked_mi
   scope.unlock();  // the pages go to the device
   const bool flushed = flush_within(device, bound);
   scope.relock();
-  // During a capture nothing was waited for: nothing to remember as stuck.
-  if (capture) return flushed ? GiveBack::done : GiveBack::timed_out;
+  // A flush that ran out during a capture may be pages the driver refused for it, not stuck.
+  if (capture && !timed_out) return flushed ? GiveBack::done : GiveBack::timed_out;
   if (!timed_out && flushed) {
     give_back_stuck.reset();
     return GiveBack::done;

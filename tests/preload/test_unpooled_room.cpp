@@ -19,7 +19,8 @@
 // allocation on device 1 while device 0 is current, and stream-ordered allocations on a device-1
 // stream (runtime and driver), find the room device 1's pools kept (the
 // stand-in's child gets a second device; on a GPU with one, that case is skipped). So does a
-// cudaMallocAsync on one stream while another captures.
+// cudaMallocAsync on one stream while another captures, and a cudaMallocPitch made during a
+// capture beside memory freed before it whose kernel still runs.
 // Runs on a GPU too, where 700 MiB only needs to fit next to nothing else.
 #include <cuda.h>
 
@@ -27,6 +28,8 @@
 #include <cstdio>
 #include <functional>
 #include <string>
+
+#include <unistd.h>
 
 #include "check.h"
 
@@ -325,6 +328,37 @@ void beside_a_capture() {
   CHECK_CUDA(cudaStreamDestroy(other));
 }
 
+void sleep_300ms(void*) { ::usleep(300000); }
+
+// A 700 MiB buffer freed while a kernel on another stream still writes it (plain cudaFree waits
+// for the kernel): its fence is recorded as the next capture begins, and an allocation the pools
+// do not serve, made while that capture is open, waits for the fence and gets the page. The
+// stand-in's kernel only (simcuda_launch_access): on a GPU the case is skipped.
+void fenced_beside_a_capture() {
+  const preload_test::LaunchAccessFn launch_access = preload_test::launch_access_function();
+  if (launch_access == nullptr) return;
+  cudaStream_t capturing = nullptr;
+  cudaStream_t work = nullptr;
+  CHECK_CUDA(cudaStreamCreateWithFlags(&capturing, cudaStreamNonBlocking));
+  CHECK_CUDA(cudaStreamCreateWithFlags(&work, cudaStreamNonBlocking));
+  void* buffer = nullptr;
+  CHECK_CUDA(cudaMalloc(&buffer, kBig));
+  CHECK(launch_access(work, buffer, kBig, 1, &sleep_300ms, nullptr) == cudaSuccess);
+  CHECK_CUDA(cudaFree(buffer));
+  CHECK_CUDA(cudaStreamBeginCapture(capturing, cudaStreamCaptureModeRelaxed));
+  void* ptr = nullptr;
+  std::size_t pitch = 0;
+  CHECK_MSG(cudaMallocPitch(&ptr, &pitch, 1 << 20, kBig >> 20) == cudaSuccess,
+            "cudaMallocPitch in a capture failed beside memory freed before it");
+  CHECK_CUDA(cudaGetLastError());
+  cudaGraph_t graph = nullptr;
+  CHECK_CUDA(cudaStreamEndCapture(capturing, &graph));
+  CHECK_CUDA(cudaGraphDestroy(graph));
+  CHECK_CUDA(cudaFree(ptr));
+  CHECK_CUDA(cudaStreamDestroy(capturing));
+  CHECK_CUDA(cudaStreamDestroy(work));
+}
+
 int main(int argc, char** argv) {
   if (argc > 1 && std::string(argv[1]) == "passed-through") return passed_through_child();
   if (argc > 1 && std::string(argv[1]) == "beside-budget") return beside_budget_child();
@@ -421,6 +455,7 @@ int main(int argc, char** argv) {
     return result;
   });
   beside_a_capture();
+  fenced_beside_a_capture();
   if (preload_test::on_stand_in()) {  // a GPU has more than 2 GiB, and other limits' costs
     array_beyond_the_device();
     limits_by_their_growth();
