@@ -178,11 +178,11 @@ namespace {
 
 // Gives `device`'s idle pool memory back; false when nothing went back. The pools' own calls run
 // in the device's primary context only; the caller's retry runs in the caller's context.
-bool give_back_on(const driver::CurrentContext& ctx, int device,
+bool give_back_on(const driver::CurrentContext& ctx, int device, pooling::GrowthHold& hold,
                   GiveBackWait wait = GiveBackWait::every_fence) {
-  if (ctx.primary && ctx.device == device) return pooling::give_back_idle(device, wait);
+  if (ctx.primary && ctx.device == device) return pooling::give_back_idle(device, hold, wait);
   driver::PrimaryScope scope(device);
-  return scope.ok() && pooling::give_back_idle(device, wait);
+  return scope.ok() && pooling::give_back_idle(device, hold, wait);
 }
 
 // Code waits only for the fences of frees that were not stream-ordered (Note [Launches short of
@@ -204,7 +204,8 @@ CUresult with_room_on(const std::function<int()>& device_of, std::size_t size,
   if (device < 0) return first;
   // A request larger than the device fails whatever comes back: the pools keep their pages.
   if (pooling::beyond_device(device, size)) return first;
-  const bool room = give_back_on(driver::current_context(), device) || returns.moved(device);
+  pooling::GrowthHold hold;  // Note [Room held for the retry] in pooling.cpp
+  const bool room = give_back_on(driver::current_context(), device, hold) || returns.moved(device);
   return room ? real() : first;
 }
 
@@ -220,7 +221,8 @@ int stream_device(CUstream stream) {
 CUresult again_with_room_on(int device, const pooling::ReturnsSince& returns,
                             const std::function<CUresult()>& real) {
   if (device < 0) return CUDA_ERROR_OUT_OF_MEMORY;
-  return give_back_on(driver::current_context(), device, kForCode) || returns.moved(device)
+  pooling::GrowthHold hold;  // Note [Room held for the retry] in pooling.cpp
+  return give_back_on(driver::current_context(), device, hold, kForCode) || returns.moved(device)
              ? real()
              : CUDA_ERROR_OUT_OF_MEMORY;
 }
@@ -230,7 +232,8 @@ CUresult again_with_room_anywhere(const pooling::ReturnsSince& returns,
   const driver::CurrentContext ctx = driver::current_context();
   const int current = ctx.handle != nullptr ? ctx.device : -1;
   std::optional<pooling::ReturnsSince> retried;  // made before the retry on the current device
-  if (current >= 0 && (give_back_on(ctx, current, kForCode) || returns.moved(current))) {
+  pooling::GrowthHold hold;  // Note [Room held for the retry] in pooling.cpp
+  if (current >= 0 && (give_back_on(ctx, current, hold, kForCode) || returns.moved(current))) {
     retried.emplace();
     const CUresult result = real();
     if (result != CUDA_ERROR_OUT_OF_MEMORY) return result;
@@ -239,7 +242,7 @@ CUresult again_with_room_anywhere(const pooling::ReturnsSince& returns,
   bool gave = false;
   for (const int device : Registry::instance().devices()) {
     if (device == current) continue;
-    gave = give_back_on(ctx, device, kForCode) || gave;
+    gave = give_back_on(ctx, device, hold, kForCode) || gave;
   }
   return gave || last.moved(current) ? real() : CUDA_ERROR_OUT_OF_MEMORY;
 }
@@ -259,9 +262,10 @@ CUresult with_room_anywhere(std::size_t size, const std::function<CUresult()>& r
   if (result != CUDA_ERROR_OUT_OF_MEMORY) return result;
   const driver::CurrentContext ctx = driver::current_context();
   bool gave = false;
+  pooling::GrowthHold hold;  // Note [Room held for the retry] in pooling.cpp
   for (const int device : Registry::instance().devices()) {
     if (device == ctx.device || pooling::beyond_device(device, size)) continue;
-    gave = give_back_on(ctx, device) || gave;
+    gave = give_back_on(ctx, device, hold) || gave;
   }
   return gave || last->moved(ctx.handle != nullptr ? ctx.device : -1) ? real() : result;
 }

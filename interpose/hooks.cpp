@@ -340,14 +340,15 @@ cudaError_t free_async(void* ptr, cudaStream_t stream, bool per_thread) {
 cudaError_t with_room(const std::function<int()>& device_of, std::size_t size,
                       const std::function<cudaError_t()>& real) {
   const bool slot_clean = real::cudaPeekAtLastError()() == cudaSuccess;
-  if (!slot_clean && driver_short_of(size)) pooling::give_back_idle(device_of());
+  pooling::GrowthHold hold;  // Note [Room held for the retry] in pooling.cpp
+  if (!slot_clean && driver_short_of(size)) pooling::give_back_idle(device_of(), hold);
   const pooling::ReturnsSince returns;
   const cudaError_t result = real();
   if (result != cudaErrorMemoryAllocation || !slot_clean) return result;
   const int device = device_of();
   // A request larger than the device fails whatever comes back: the pools keep their pages.
   if (pooling::beyond_device(device, size)) return result;
-  if (!pooling::give_back_idle(device) && !returns.moved(device)) return result;
+  if (!pooling::give_back_idle(device, hold) && !returns.moved(device)) return result;
   real::cudaGetLastError()();
   return real();
 }
@@ -389,7 +390,9 @@ cudaError_t with_room(int device, std::size_t size, const std::function<cudaErro
 cudaError_t launch_again(cudaError_t first, const pooling::ReturnsSince& returns,
                          const std::function<cudaError_t()>& real) {
   const int device = current_device();
-  if (!pooling::give_back_idle(device, GiveBackWait::cudafree_fences) && !returns.moved(device))
+  pooling::GrowthHold hold;  // Note [Room held for the retry] in pooling.cpp
+  if (!pooling::give_back_idle(device, hold, GiveBackWait::cudafree_fences) &&
+      !returns.moved(device))
     return first;
   real::cudaGetLastError()();
   return real();

@@ -93,18 +93,35 @@ void log_refused_free(const char* api, const void* ptr, const Freed& freed);
 // False (logged, naming `api`) for any other pointer in a pooled page.
 bool ipc_exportable(const char* api, const void* ptr);
 
+// While it lives, a growth of the held devices' pools on another thread first waits for it to
+// end (at most 20 ms, once per allocation), as it waits for an out-of-memory recovery: taken by
+// give_back_idle() and kept by the caller until its retry of the refused call has returned (Note
+// [Room held for the retry] in pooling.cpp).
+class GrowthHold {
+ public:
+  GrowthHold() = default;
+  GrowthHold(const GrowthHold&) = delete;
+  GrowthHold& operator=(const GrowthHold&) = delete;
+  ~GrowthHold();
+  // Holds `device` (once; a device without pools is not held).
+  void hold(int device);
+
+ private:
+  std::uint64_t devices_ = 0;  // a bit per device held
+};
+
 // Gives everything `device`'s pools keep for no live slice back to the driver, waiting (10 s
 // at most, as out-of-memory recovery) for the fences of freed memory (with cudafree_fences, only
 // of memory freed by a free that is not stream-ordered) and for the pages to get there
-// (MemoryManager::give_back_all(); Note [Stream-ordered allocations] in hooks.cpp). True when the
-// pools had anything to give.
-bool give_back_idle(int device, GiveBackWait wait = GiveBackWait::every_fence);
+// (MemoryManager::give_back_all(); Note [Stream-ordered allocations] in hooks.cpp), with the
+// device's growths held by `hold` first. True when the pools had anything to give.
+bool give_back_idle(int device, GrowthHold& hold,
+                    GiveBackWait wait = GiveBackWait::every_fence);
 
 // Made before a call the driver may refuse for lack of memory (one atomic load): after a
 // refusal, whether a page the pools gave up reached the driver since, which makes the call worth
 // trying once more on `device` even when give_back_idle() finds nothing left to give; never while
-// a capture is open on `device`, where the pools give nothing back either (Note [Room that
-// arrived meanwhile]).
+// a capture is open on `device` (Note [Room that arrived meanwhile]).
 class ReturnsSince {
  public:
   ReturnsSince() : seen_(ReleaseWorker::pages_returned()) {}

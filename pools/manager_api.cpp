@@ -484,6 +484,14 @@ GiveBack MemoryManager::Impl::give_back(WaitBound& bound, std::uint32_t asked_mi
   return GiveBack::timed_out;
 }
 
+void MemoryManager::begin_growth_hold() {
+  shards_->recovering.fetch_add(1, std::memory_order_acq_rel);
+}
+
+void MemoryManager::end_growth_hold() {
+  shards_->recovering.fetch_sub(1, std::memory_order_acq_rel);
+}
+
 bool MemoryManager::frozen() const {
   Impl& first = shards_->at(0);
   std::lock_guard lock(first.mutex);

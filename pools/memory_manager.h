@@ -262,6 +262,12 @@ class MemoryManager {
   // Whether set_frozen(true) is in force (a device reset is under way).
   bool frozen() const;
 
+  // Between these two another thread gives the pools' memory back for a request they do not
+  // serve and retries it: growths wait for it as for an out-of-memory recovery (Note [Growth
+  // during a recovery] in manager_recovery.cpp). Every begin needs its end.
+  void begin_growth_hold();
+  void end_growth_hold();
+
   // How many slices the program has freed (or released by their last pin), ever, parked ones
   // included (Note [Thread caches]); a later free may already be under way. Takes the lock (to
   // read the caches): not for the hot path.

@@ -20,14 +20,18 @@
 // stream (runtime and driver), find the room device 1's pools kept (the
 // stand-in's child gets a second device; on a GPU with one, that case is skipped). So does a
 // cudaMallocAsync on one stream while another captures, and a cudaMallocPitch made during a
-// capture beside memory freed before it whose kernel still runs.
+// capture beside memory freed before it whose kernel still runs. And a thread's unpooled
+// allocations beside another thread's pooled churn fail no more than without the library.
 // Runs on a GPU too, where 700 MiB only needs to fit next to nothing else.
 #include <cuda.h>
 
+#include <atomic>
 #include <climits>
 #include <cstdio>
 #include <functional>
+#include <random>
 #include <string>
+#include <thread>
 
 #include <unistd.h>
 
@@ -330,6 +334,56 @@ void beside_a_capture() {
 
 void sleep_300ms(void*) { ::usleep(300000); }
 
+// Two threads on a 256 MiB device, each holding one buffer at a time: a pooled one of a random
+// size up to 30% of the device, freed (its page stays idle), then an unpooled one of 30%, freed.
+// At most 60% of the device is live, so no call fails without the library; with it, the other
+// thread's next growth must not take the room given back for the unpooled call before its retry
+// (Note [Room held for the retry] in interpose/pooling.cpp).
+int two_threads_child() {
+  CHECK_CUDA(cudaFree(nullptr));
+  std::size_t free_bytes = 0;
+  std::size_t total = 0;
+  CHECK_CUDA(cudaMemGetInfo(&free_bytes, &total));
+  const std::size_t share = total / 10 * 3;
+  std::atomic<int> failures{0};
+  const auto churn = [&](int thread, int kind) {
+    std::mt19937_64 random(static_cast<unsigned>(thread + 1));
+    for (int round = 0; round < 600; ++round) {
+      void* pooled = nullptr;
+      if (cudaMalloc(&pooled, 4096 + random() % share) != cudaSuccess ||
+          cudaFree(pooled) != cudaSuccess) {
+        ++failures;
+        continue;
+      }
+      void* unpooled = nullptr;
+      std::size_t pitch = 0;
+      const cudaError_t made = kind == 0   ? cudaMallocPitch(&unpooled, &pitch, 1 << 16, share >> 16)
+                               : kind == 1 ? cudaMallocAsync(&unpooled, share, nullptr)
+                                           : cudaMallocManaged(&unpooled, share);
+      if (made != cudaSuccess) {
+        std::fprintf(stderr, "thread %d: an unpooled allocation of %zu bytes failed: %s\n", thread,
+                     share, cudaGetErrorName(made));
+        cudaGetLastError();
+        ++failures;
+        continue;
+      }
+      if (kind == 1) {
+        CHECK_CUDA(cudaFreeAsync(unpooled, nullptr));
+        CHECK_CUDA(cudaStreamSynchronize(nullptr));
+      } else {
+        CHECK_CUDA(cudaFree(unpooled));
+      }
+    }
+  };
+  for (int kind = 0; kind < 3; ++kind) {
+    std::thread other(churn, 1, kind);
+    churn(0, kind);
+    other.join();
+  }
+  CHECK_MSG(failures.load() == 0, std::to_string(failures.load()) + " allocations failed");
+  return 0;
+}
+
 // A 700 MiB buffer freed while a kernel on another stream still writes it (plain cudaFree waits
 // for the kernel): its fence is recorded as the next capture begins, and an allocation the pools
 // do not serve, made while that capture is open, waits for the fence and gets the page. The
@@ -363,6 +417,7 @@ int main(int argc, char** argv) {
   if (argc > 1 && std::string(argv[1]) == "passed-through") return passed_through_child();
   if (argc > 1 && std::string(argv[1]) == "beside-budget") return beside_budget_child();
   if (argc > 1 && std::string(argv[1]) == "other-device") return other_device_child();
+  if (argc > 1 && std::string(argv[1]) == "two-threads") return two_threads_child();
   preload_test::require_preloaded();
   CHECK_CUDA(cudaFree(nullptr));
   for (const bool dirty : {false, true}) {
@@ -466,6 +521,11 @@ int main(int argc, char** argv) {
   const preload_test::ChildResult beside =
       preload_test::run_self("beside-budget", {"POOLCUDA_CONF=limit:650M"});
   CHECK_MSG(beside.status == 0, beside.output);
+  if (preload_test::on_stand_in()) {  // a GPU's 30% takes long to allocate and free
+    const preload_test::ChildResult threads =
+        preload_test::run_self("two-threads", {"SIMCUDA_DEVICE_MEMORY=256M"});
+    CHECK_MSG(threads.status == 0, threads.output);
+  }
   int devices = 0;
   CHECK_CUDA(cudaGetDeviceCount(&devices));
   if (!preload_test::on_stand_in() && devices < 2) {
