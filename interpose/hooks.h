@@ -146,6 +146,8 @@ cudaError_t raise_out_of_memory(void** out);
   X(cudaMemcpyAsync_ptsz)                   \
   X(cudaMemsetAsync)                        \
   X(cudaMemsetAsync_ptsz)                   \
+  X(cudaMemcpy)                             \
+  X(cudaMemset)                             \
   X(cudaMemcpy_ptds)                        \
   X(cudaMemset_ptds)                        \
   POOLCUDA_SHAPED_COPIES(X)                 \

@@ -73,6 +73,13 @@ cudaError_t cudaMemDiscardAndPrefetchBatchAsync_ptsz(void** dptrs, size_t* sizes
                                                      cudaStream_t stream);
 cudaError_t cudaMemcpy2D_ptds(void* dst, size_t dpitch, const void* src, size_t spitch,
                               size_t width, size_t height, cudaMemcpyKind kind);
+cudaError_t cudaMemcpyArrayToArray_ptds(cudaArray_t dst, size_t wOffsetDst, size_t hOffsetDst,
+                                        cudaArray_const_t src, size_t wOffsetSrc,
+                                        size_t hOffsetSrc, size_t count, cudaMemcpyKind kind);
+cudaError_t cudaMemcpy2DArrayToArray_ptds(cudaArray_t dst, size_t wOffsetDst, size_t hOffsetDst,
+                                          cudaArray_const_t src, size_t wOffsetSrc,
+                                          size_t hOffsetSrc, size_t width, size_t height,
+                                          cudaMemcpyKind kind);
 cudaError_t cudaMemcpy2DFromArray_ptds(void* dst, size_t dpitch, cudaArray_const_t src,
                                        size_t wOffset, size_t hOffset, size_t width, size_t height,
                                        cudaMemcpyKind kind);
@@ -127,6 +134,20 @@ cudaError_t cudaMemset3DAsync_ptsz(cudaPitchedPtr ptr, int value, cudaExtent ext
 // The copies and memsets of other shapes than a plain byte range, in every flavour: watched
 // only (stream_exports.cpp). One list for the real functions and the hooks (hooks.h).
 #define POOLCUDA_SHAPED_COPIES(X)           \
+  X(cudaMemcpy2D)                           \
+  X(cudaMemcpy2DFromArray)                  \
+  X(cudaMemcpy2DToArray)                    \
+  X(cudaMemcpy3D)                           \
+  X(cudaMemcpyFromArray)                    \
+  X(cudaMemcpyToArray)                      \
+  X(cudaMemcpyFromSymbol)                   \
+  X(cudaMemcpyToSymbol)                     \
+  X(cudaMemset2D)                           \
+  X(cudaMemset3D)                           \
+  X(cudaMemcpyArrayToArray)                 \
+  X(cudaMemcpy2DArrayToArray)               \
+  X(cudaMemcpyArrayToArray_ptds)            \
+  X(cudaMemcpy2DArrayToArray_ptds)          \
   X(cudaMemcpy2D_ptds)                      \
   X(cudaMemcpy2DFromArray_ptds)             \
   X(cudaMemcpy2DToArray_ptds)               \
@@ -221,6 +242,8 @@ cudaError_t cudaMemset3DAsync_ptsz(cudaPitchedPtr ptr, int value, cudaExtent ext
   X(cudaMemcpyAsync_ptsz)                   \
   X(cudaMemsetAsync)                        \
   X(cudaMemsetAsync_ptsz)                   \
+  X(cudaMemcpy)                             \
+  X(cudaMemset)                             \
   X(cudaMemcpy_ptds)                        \
   X(cudaMemset_ptds)                        \
   POOLCUDA_SHAPED_COPIES(X)                 \

@@ -144,6 +144,65 @@ POOLCUDA_WATCHED(cudaMemsetAsync, false, stream,
 POOLCUDA_WATCHED(cudaMemsetAsync_ptsz, true, stream,
                  (void* ptr, int value, size_t count, cudaStream_t stream),
                  (ptr, value, count, stream))
+// The legacy stream's synchronous copies and memsets: they name no stream, so only the device
+// they run on is watched (a thread that never set one runs them on device 0).
+POOLCUDA_WATCHED(cudaMemcpy, false, nullptr,
+                 (void* dst, const void* src, size_t count, cudaMemcpyKind kind),
+                 (dst, src, count, kind))
+POOLCUDA_WATCHED(cudaMemset, false, nullptr, (void* ptr, int value, size_t count),
+                 (ptr, value, count))
+POOLCUDA_WATCHED(cudaMemcpy2D, false, nullptr,
+                 (void* dst, size_t dpitch, const void* src, size_t spitch, size_t width,
+                  size_t height, cudaMemcpyKind kind),
+                 (dst, dpitch, src, spitch, width, height, kind))
+POOLCUDA_WATCHED(cudaMemcpy2DFromArray, false, nullptr,
+                 (void* dst, size_t dpitch, cudaArray_const_t src, size_t wOffset,
+                  size_t hOffset, size_t width, size_t height, cudaMemcpyKind kind),
+                 (dst, dpitch, src, wOffset, hOffset, width, height, kind))
+POOLCUDA_WATCHED(cudaMemcpy2DToArray, false, nullptr,
+                 (cudaArray_t dst, size_t wOffset, size_t hOffset, const void* src,
+                  size_t spitch, size_t width, size_t height, cudaMemcpyKind kind),
+                 (dst, wOffset, hOffset, src, spitch, width, height, kind))
+POOLCUDA_WATCHED(cudaMemcpy3D, false, nullptr, (const cudaMemcpy3DParms* p), (p))
+POOLCUDA_WATCHED(cudaMemcpyFromArray, false, nullptr,
+                 (void* dst, cudaArray_const_t src, size_t wOffset, size_t hOffset, size_t count,
+                  cudaMemcpyKind kind),
+                 (dst, src, wOffset, hOffset, count, kind))
+POOLCUDA_WATCHED(cudaMemcpyToArray, false, nullptr,
+                 (cudaArray_t dst, size_t wOffset, size_t hOffset, const void* src, size_t count,
+                  cudaMemcpyKind kind),
+                 (dst, wOffset, hOffset, src, count, kind))
+POOLCUDA_WATCHED(cudaMemcpyFromSymbol, false, nullptr,
+                 (void* dst, const void* symbol, size_t count, size_t offset,
+                  cudaMemcpyKind kind),
+                 (dst, symbol, count, offset, kind))
+POOLCUDA_WATCHED(cudaMemcpyToSymbol, false, nullptr,
+                 (const void* symbol, const void* src, size_t count, size_t offset,
+                  cudaMemcpyKind kind),
+                 (symbol, src, count, offset, kind))
+POOLCUDA_WATCHED(cudaMemset2D, false, nullptr,
+                 (void* ptr, size_t pitch, int value, size_t width, size_t height),
+                 (ptr, pitch, value, width, height))
+POOLCUDA_WATCHED(cudaMemset3D, false, nullptr, (cudaPitchedPtr ptr, int value, cudaExtent extent),
+                 (ptr, value, extent))
+POOLCUDA_WATCHED(cudaMemcpyArrayToArray, false, nullptr,
+                 (cudaArray_t dst, size_t wOffsetDst, size_t hOffsetDst, cudaArray_const_t src,
+                  size_t wOffsetSrc, size_t hOffsetSrc, size_t count, cudaMemcpyKind kind),
+                 (dst, wOffsetDst, hOffsetDst, src, wOffsetSrc, hOffsetSrc, count, kind))
+POOLCUDA_WATCHED(cudaMemcpyArrayToArray_ptds, true, nullptr,
+                 (cudaArray_t dst, size_t wOffsetDst, size_t hOffsetDst, cudaArray_const_t src,
+                  size_t wOffsetSrc, size_t hOffsetSrc, size_t count, cudaMemcpyKind kind),
+                 (dst, wOffsetDst, hOffsetDst, src, wOffsetSrc, hOffsetSrc, count, kind))
+POOLCUDA_WATCHED(cudaMemcpy2DArrayToArray, false, nullptr,
+                 (cudaArray_t dst, size_t wOffsetDst, size_t hOffsetDst, cudaArray_const_t src,
+                  size_t wOffsetSrc, size_t hOffsetSrc, size_t width, size_t height,
+                  cudaMemcpyKind kind),
+                 (dst, wOffsetDst, hOffsetDst, src, wOffsetSrc, hOffsetSrc, width, height, kind))
+POOLCUDA_WATCHED(cudaMemcpy2DArrayToArray_ptds, true, nullptr,
+                 (cudaArray_t dst, size_t wOffsetDst, size_t hOffsetDst, cudaArray_const_t src,
+                  size_t wOffsetSrc, size_t hOffsetSrc, size_t width, size_t height,
+                  cudaMemcpyKind kind),
+                 (dst, wOffsetDst, hOffsetDst, src, wOffsetSrc, hOffsetSrc, width, height, kind))
 POOLCUDA_WATCHED(cudaMemcpy_ptds, true, nullptr,
                  (void* dst, const void* src, size_t count, cudaMemcpyKind kind),
                  (dst, src, count, kind))
@@ -345,11 +404,13 @@ POOLCUDA_EXPORT cudaError_t cudaDeviceEnablePeerAccess(int peer, unsigned int fl
 
 POOLCUDA_EXPORT cudaError_t cudaMemcpyPeer(void* dst, int dst_device, const void* src,
                                            int src_device, size_t count) {
+  WATCH(nullptr, false);
   if (!pc::bypass() && dst_device != src_device) pc::stream_order::devices_connected();
   return pc::real::cudaMemcpyPeer()(dst, dst_device, src, src_device, count);
 }
 
 POOLCUDA_EXPORT cudaError_t cudaMemcpy3DPeer(const cudaMemcpy3DPeerParms* p) {
+  WATCH(nullptr, false);
   if (!pc::bypass() && p != nullptr && p->srcDevice != p->dstDevice)
     pc::stream_order::devices_connected();
   return pc::real::cudaMemcpy3DPeer()(p);
@@ -358,6 +419,7 @@ POOLCUDA_EXPORT cudaError_t cudaMemcpy3DPeer(const cudaMemcpy3DPeerParms* p) {
 POOLCUDA_EXPORT cudaError_t cudaMemcpyPeerAsync(void* dst, int dst_device, const void* src,
                                                 int src_device, size_t count,
                                                 cudaStream_t stream) {
+  WATCH(stream, false);
   if (!pc::bypass() && dst_device != src_device) pc::stream_order::devices_connected();
   return pc::real::cudaMemcpyPeerAsync()(dst, dst_device, src, src_device, count, stream);
 }
@@ -365,6 +427,7 @@ POOLCUDA_EXPORT cudaError_t cudaMemcpyPeerAsync(void* dst, int dst_device, const
 POOLCUDA_EXPORT cudaError_t cudaMemcpyPeerAsync_ptsz(void* dst, int dst_device, const void* src,
                                                      int src_device, size_t count,
                                                      cudaStream_t stream) {
+  WATCH(stream, true);
   if (!pc::bypass() && dst_device != src_device) pc::stream_order::devices_connected();
   return pc::real::cudaMemcpyPeerAsync_ptsz()(dst, dst_device, src, src_device, count, stream);
 }

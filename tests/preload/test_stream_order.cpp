@@ -22,6 +22,7 @@
 //   device        a second device is made current and its legacy stream writes the buffer
 //   implicit_device  the program works on device 1; a thread that never called cudaSetDevice
 //                 (so on device 0) writes the buffer on its legacy stream
+//   implicit_device_sync  the same with that thread's synchronous cudaMemcpy
 //   peer          peer access is enabled, then the second device writes the buffer
 //   driver        a stream is created with cuStreamCreate (from the runtime's driver resolver)
 //   capture       a capture begins on a blocking stream; the late stream is created inside the
@@ -195,6 +196,16 @@ class Handover {
     CHECK_CUDA(cudaThreadExchangeStreamCaptureMode(&mode));
   }
 
+  // The new owner writes half `half` with the legacy stream's synchronous cudaMemcpy, which
+  // returns once the copy is done: after the old owner's write (free_fence:auto), or at once,
+  // past it (free_fence:none).
+  void write_synchronously(int half) {
+    void* dst = static_cast<char*>(new_) + half * kHalf;
+    CHECK_CUDA(cudaMemcpy(dst, host_[half], kHalf, cudaMemcpyHostToDevice));
+  }
+
+  void open_gate() { gate_.open.store(true); }
+
   // A non-blocking stream created after the transition on the current device writes `half`.
   void write_from_new_stream(int half) {
     late_.push_back(create_stream(cudaStreamNonBlocking));
@@ -300,6 +311,26 @@ void implicit_device_case() {
   std::thread([&] { handover.write(0, cudaStreamLegacy); }).join();
   handover.write_from_new_stream(1);
   handover.finish("implicit_device");
+}
+
+// As implicit_device, with a synchronous cudaMemcpy: the thread's copy must still be waiting for
+// the old owner while the gate is closed.
+void implicit_device_sync_case() {
+  device_count();
+  CHECK_CUDA(cudaSetDevice(1));
+  Handover handover(cudaStreamLegacy);
+  std::atomic<bool> copied{false};
+  std::thread thread([&] {
+    handover.write_synchronously(0);
+    copied.store(true);
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  const bool early = copied.load();
+  handover.open_gate();
+  thread.join();
+  if (!expect_race) CHECK_MSG(!early, "the copy did not wait for the old owner");
+  handover.write_from_new_stream(1);
+  handover.finish("implicit_device_sync");
 }
 
 void peer_case() {
@@ -433,6 +464,7 @@ int main(int argc, char** argv) {
   else if (which == "per_thread") per_thread_case();
   else if (which == "device") device_case();
   else if (which == "implicit_device") implicit_device_case();
+  else if (which == "implicit_device_sync") implicit_device_sync_case();
   else if (which == "peer") peer_case();
   else if (which == "driver") driver_case();
   else if (which == "capture") capture_case();
