@@ -53,6 +53,15 @@ inline void before_host_function() {
   });
 }
 
+// The host work is queued: frees stay fenced until it is done (Note [Frees behind host work] in
+// pools/manager_api.cpp).
+inline void after_host_work() {
+  (void)pc::guarded([] {
+    pc::pooling::after_host_work();
+    return cudaSuccess;
+  });
+}
+
 }  // namespace
 
 // Watches the call, and notes its work before the real call and once it has queued it (Note
@@ -96,8 +105,11 @@ inline void before_host_function() {
 #define POOLCUDA_HOST_WORK(name, flavour, stream_expr, params, args) \
   POOLCUDA_EXPORT cudaError_t name params {                        \
     WATCH(stream_expr, flavour);                                   \
-    if (!pc::bypass()) fence_before_host_work();                   \
-    return pc::real::name() args;                                  \
+    if (pc::bypass()) return pc::real::name() args;                \
+    fence_before_host_work();                                      \
+    const cudaError_t result = pc::real::name() args;              \
+    after_host_work();                                             \
+    return result;                                                 \
   }
 
 POOLCUDA_LAUNCH(cudaLaunchKernel, false, stream,
@@ -360,8 +372,13 @@ POOLCUDA_WATCHED(cudaMemset3DAsync_ptsz, true, stream,
     WATCH(stream_expr, flavour);                                       \
     if (pc::bypass()) return pc::real::name() args;                    \
     before_host_function();                                            \
-    pc::InsideHook inside;                                             \
-    return pc::real::name() args;                                      \
+    cudaError_t result;                                                \
+    {                                                                  \
+      pc::InsideHook inside;                                           \
+      result = pc::real::name() args;                                  \
+    }                                                                  \
+    after_host_work();                                                 \
+    return result;                                                     \
   }
 
 POOLCUDA_HOST_FUNCTION(cudaLaunchHostFunc, false, stream,
