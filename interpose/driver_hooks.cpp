@@ -38,10 +38,21 @@ void driver_used(const driver::CurrentContext& ctx) {
   if (ctx.live()) stream_order::driver_used_directly();
 }
 
-// `stream`: a stream-ordered free's stream as the runtime names it, used only in the primary
-// context (the runtime's streams live there). Under a context of cuCtxCreate the pools take the
-// pointer back in the primary context of the device whose pools hold it, which may not be the
-// current context's device, nor one whose primary context the program ever used.
+// Whether `stream` is one the library saw created in a primary context (the stream table's).
+bool tracked_stream(cudaStream_t stream) {
+  StreamTable& table = Registry::instance().streams();
+  auto hold = table.lock();
+  for (const TrackedStream& tracked : table.streams())
+    if (tracked.stream == stream) return true;
+  return false;
+}
+
+// `stream`: a stream-ordered free's stream as the runtime names it. Under a context of
+// cuCtxCreate the pools take the pointer back in the primary context of the device whose pools
+// hold it, which may not be the current context's device, nor one whose primary context the
+// program ever used; the free stays ordered on its stream when that is one the library saw
+// created (in a primary context, of any device: its fence covers it). The default streams there
+// are that context's own, which no fence of the pools reaches: the free is fenced as a plain one.
 pooling::Freed release(const driver::CurrentContext& ctx, CUdeviceptr dptr,
                        cudaStream_t stream = nullptr) {
   if (ctx.primary) {
@@ -49,9 +60,12 @@ pooling::Freed release(const driver::CurrentContext& ctx, CUdeviceptr dptr,
   }
   const int holder = pooling::holder_device(as_pointer(dptr));
   const int device = holder >= 0 ? holder : ctx.device;
+  const bool ordered = stream != nullptr && stream != cudaStreamLegacy &&
+                       stream != cudaStreamPerThread && tracked_stream(stream);
   driver::PrimaryScope scope(device);
   if (!scope.ok()) return {};  // no pools alive there: the real free answers
-  return pooling::release(device, as_pointer(dptr));
+  return pooling::release(device, as_pointer(dptr),
+                          ordered ? reinterpret_cast<StreamToken>(stream) : kNoStream);
 }
 
 }  // namespace

@@ -329,10 +329,10 @@ void implicit_device_sync_case() {
   });
   std::this_thread::sleep_for(std::chrono::milliseconds(100));
   const bool early = copied.load();
+  handover.write_from_new_stream(1);
   handover.open_gate();
   thread.join();
   if (!expect_race) CHECK_MSG(!early, "the copy did not wait for the old owner");
-  handover.write_from_new_stream(1);
   handover.finish("implicit_device_sync");
 }
 
