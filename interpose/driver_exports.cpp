@@ -741,18 +741,8 @@ CUresult host_function(Call&& real) {
     pc::pooling::before_host_function();
     return CUDA_SUCCESS;
   });
-  CUresult result;
-  {
-    pc::InsideHook inside;
-    result = real();
-  }
-  // Frees stay fenced until the host function is done (Note [Frees behind host work] in
-  // pools/manager_api.cpp).
-  (void)pc::guarded([] {
-    pc::pooling::after_host_work();
-    return CUDA_SUCCESS;
-  });
-  return result;
+  pc::InsideHook inside;
+  return real();
 }
 
 }  // namespace

@@ -494,8 +494,6 @@ void fence_before_host_work() {
   }
 }
 
-void after_host_work() { stream_order::host_work_issued(); }
-
 // Note [Memory info after a synchronize]
 // Frees wait in an open batch until a later free or allocation closes it with a fence
 // (pools/memory_manager.cpp); cudaMemGetInfo closes it too, but the events it records then have

@@ -155,9 +155,6 @@ int reset_device(int device, const std::function<int()>& real);
 // device with pools when no free waits in an open epoch.
 void fence_before_host_work();
 
-// That work is queued now (stream_order::host_work_issued()).
-void after_host_work();
-
 // A device-wide synchronize of `device` is about to begin: its pools' open batch of frees gets
 // its fence now, so that the synchronize passes it and memory freed before it counts as free
 // right after (cudaMemGetInfo, Note [Memory info after a synchronize] in pooling.cpp).

@@ -53,15 +53,6 @@ inline void before_host_function() {
   });
 }
 
-// The host work is queued: frees stay fenced until it is done (Note [Frees behind host work] in
-// pools/manager_api.cpp).
-inline void after_host_work() {
-  (void)pc::guarded([] {
-    pc::pooling::after_host_work();
-    return cudaSuccess;
-  });
-}
-
 }  // namespace
 
 // Watches the call, and notes its work before the real call and once it has queued it (Note
@@ -105,11 +96,8 @@ inline void after_host_work() {
 #define POOLCUDA_HOST_WORK(name, flavour, stream_expr, params, args) \
   POOLCUDA_EXPORT cudaError_t name params {                        \
     WATCH(stream_expr, flavour);                                   \
-    if (pc::bypass()) return pc::real::name() args;                \
-    fence_before_host_work();                                      \
-    const cudaError_t result = pc::real::name() args;              \
-    after_host_work();                                             \
-    return result;                                                 \
+    if (!pc::bypass()) fence_before_host_work();                   \
+    return pc::real::name() args;                                  \
   }
 
 POOLCUDA_LAUNCH(cudaLaunchKernel, false, stream,
@@ -372,13 +360,8 @@ POOLCUDA_WATCHED(cudaMemset3DAsync_ptsz, true, stream,
     WATCH(stream_expr, flavour);                                       \
     if (pc::bypass()) return pc::real::name() args;                    \
     before_host_function();                                            \
-    cudaError_t result;                                                \
-    {                                                                  \
-      pc::InsideHook inside;                                           \
-      result = pc::real::name() args;                                  \
-    }                                                                  \
-    after_host_work();                                                 \
-    return result;                                                     \
+    pc::InsideHook inside;                                             \
+    return pc::real::name() args;                                      \
   }
 
 POOLCUDA_HOST_FUNCTION(cudaLaunchHostFunc, false, stream,

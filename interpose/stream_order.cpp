@@ -66,19 +66,15 @@
 // never used would hang where the plain call returns. So before host work (a host function, a
 // graph launch) an ordered device records an event on L, once per batch of frees (the
 // manager's free count), and leaving uses that event as F when no free came after it; otherwise
-// it records a new one as before. A free during the park is no such free: from just before
-// host work until a fence recorded just after it has passed, frees are fenced (Note [Frees
-// behind host work] in pools/manager_api.cpp), so the event recorded before the park serves
-// (a cudaFreeAsync during the park, or another thread's cudaFree, once made it record F behind
-// the park, and a stream created then hung its synchronize).
+// it records a new one as before. A free during the park would block the plain program in
+// cudaFree, so a working program makes none, and the event recorded before the park serves.
 //
 //
 // Note [Leaving before any free]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
 // F exists for memory that changed owners while the device was ordered. A device whose pools
-// never had an unfenced free (a thread cache's parked one included:
-// MemoryManager::unfenced_frees) has handed no memory to a second owner without a fence, so it
-// leaves without F, and nothing waits. That is the usual start
+// never had a free (a thread cache's parked one included: MemoryManager::frees) has handed no
+// memory to a second owner, so it leaves without F, and nothing waits. That is the usual start
 // of a program: allocate, start a kernel that runs until the host or a stream releases it, then
 // make the streams that feed it; with F, each of those streams first waited for that kernel,
 // and the program hung where plain CUDA ran.
@@ -179,16 +175,15 @@ void leave(State& s, int device, const std::vector<cudaStream_t>& waiters) {
   OwnCallScope scope(device);
   if (!scope.ok()) return;
   cudaEvent_t fence = std::exchange(d.before_host_work, nullptr);
-  // Nothing was ever handed on unfenced: no memory has an old owner that a fence does not
-  // cover, and nothing needs F (Note [Leaving before any free]).
-  const std::uint64_t unfenced = d.manager->unfenced_frees();
-  if (unfenced == 0) {
+  // Nothing was ever freed: no memory has an old owner, and nothing needs F (Note [Leaving
+  // before any free]).
+  if (d.manager->frees() == 0) {
     if (fence != nullptr) own::cudaEventDestroy()(fence);
     return;
   }
-  // No unfenced free since it was recorded: it covers every old owner's work (Note [Leaving
-  // behind a park]).
-  if (fence != nullptr && d.frees_then != unfenced) {
+  // No free since it was recorded: it covers every old owner's work (Note [Leaving behind a
+  // park]).
+  if (fence != nullptr && d.frees_then != d.manager->frees()) {
     own::cudaEventDestroy()(fence);
     fence = nullptr;
   }
@@ -350,9 +345,7 @@ void host_work_issuing() {
   for (int device = 0; device < kMaxDevices; ++device) {
     DeviceState& d = s.devices[device];
     if (!d.ordered.load() || d.manager->frozen()) continue;  // frozen: a reset is under way
-    // First: no free after the event below hands its slice on unfenced.
-    d.manager->host_work_begins();
-    const std::uint64_t frees = d.manager->unfenced_frees();
+    const std::uint64_t frees = d.manager->frees();
     if (d.before_host_work != nullptr && d.frees_then == frees) continue;  // still covers all
     OwnCallScope scope(device);
     if (!scope.ok()) continue;
@@ -364,16 +357,6 @@ void host_work_issuing() {
     }
     own::cudaEventRecord()(d.before_host_work, cudaStreamLegacy);
     d.frees_then = frees;
-  }
-}
-
-void host_work_issued() {
-  State& s = state();
-  if (s.ordered_devices.load(std::memory_order_relaxed) == 0) return;
-  std::lock_guard hold(s.mutex);
-  for (int device = 0; device < kMaxDevices; ++device) {
-    DeviceState& d = s.devices[device];
-    if (d.ordered.load() && !d.manager->frozen()) d.manager->host_work_issued();
   }
 }
 

@@ -55,11 +55,8 @@ void devices_connected();
 void capture_beginning(int device);
 
 // The program is about to issue work that may park a stream on the host (a host function, a
-// graph launch): an ordered device's frees are fenced from now, and it records the event its
-// leaving may use as its fence. host_work_issued() follows once the work is queued: the frees
-// stay fenced until that work is done (Note [Frees behind host work] in pools/manager_api.cpp).
+// graph launch): an ordered device records the event its leaving may use as its fence.
 void host_work_issuing();
-void host_work_issued();
 
 // Whether `device` reuses at once now (reports and tests).
 bool ordered(int device);

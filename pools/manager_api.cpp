@@ -609,69 +609,6 @@ void MemoryManager::set_stream_ordered(bool ordered) {
   });
 }
 
-// Note [Frees behind host work]
-// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
-// While a device is stream-ordered, a free gives its slice back at once (Note [Stream-ordered
-// reuse] in interpose/stream_order.cpp), and leaving that state makes every queue outside the
-// order wait for an event F that follows the old owners' work of every slice handed on that
-// way. A program may park the legacy stream on a host function that it releases later; F
-// recorded after the park would complete only after it, and a stream created during the park
-// would wait for it, where the plain program's stream does not (its cudaStreamSynchronize
-// hung). So F is an event recorded before the host work, as long as no slice was handed on
-// unfenced after it (interpose/stream_order.cpp). But frees during the park happen: a
-// cudaFreeAsync never blocks the host, and another thread's cudaFree only blocks that thread.
-// Their old owners' work lies behind the park. So from just before host work is issued
-// (host_work_begins) until a fence recorded just after it (host_work_issued) has passed, the
-// device's frees are fenced as under free_fence:events, and thread caches close: the memory
-// comes back once the work before its free is done, which for a free behind a park is when the
-// plain program would have had it back, and F recorded before the host work still covers
-// every slice handed on unfenced (unfenced_frees() did not move). A fence that cannot be recorded
-// (a capture is open, which ends the ordered state anyway) keeps the frees fenced.
-void MemoryManager::host_work_begins() {
-  Shards& s = *shards_;
-  std::lock_guard control(s.control);
-  if (!s.stream_ordered) return;
-  s.host_work_seen = true;
-  s.each([&](Impl& m) {
-    std::lock_guard lock(m.mutex);  // a barrier for the frees, as set_stream_ordered's
-    if (m.behind_host_work) return;
-    m.behind_host_work = true;
-    m.update_cache_gate();
-  });
-}
-
-void MemoryManager::host_work_issued() {
-  Shards& s = *shards_;
-  std::lock_guard control(s.control);
-  if (!s.stream_ordered) return;
-  s.each([&](Impl& m) {
-    std::lock_guard lock(m.mutex);
-    if (!m.behind_host_work) return;
-    // The newest fence follows all the work the older one did: one is enough.
-    if (m.host_work_done != kNoFence) m.device.fence_destroy(m.host_work_done);
-    m.host_work_done = m.device.fence_record();
-  });
-}
-
-bool MemoryManager::Impl::held_behind_host_work() {
-  if (!behind_host_work) return false;
-  if (host_work_done == kNoFence || !device.fence_passed(host_work_done)) return true;
-  device.fence_destroy(host_work_done);
-  host_work_done = kNoFence;
-  behind_host_work = false;
-  update_cache_gate();
-  return false;
-}
-
-std::uint64_t MemoryManager::unfenced_frees() const {
-  std::uint64_t n = 0;
-  shards_->each([&](Impl& m) {
-    std::lock_guard lock(m.mutex);  // the list of caches
-    n += m.unfenced_frees + m.parked_frees();
-  });
-  return n;
-}
-
 void MemoryManager::set_frozen(bool frozen) {
   Shards& s = *shards_;
   std::lock_guard control(s.control);

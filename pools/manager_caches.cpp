@@ -67,8 +67,7 @@ namespace poolcuda {
 
 void MemoryManager::Impl::update_cache_gate() {
   FreeFence mode = options.free_fence;
-  if (mode == FreeFence::automatic)
-    mode = stream_ordered && !behind_host_work ? FreeFence::none : FreeFence::events;
+  if (mode == FreeFence::automatic) mode = stream_ordered ? FreeFence::none : FreeFence::events;
   const bool open = options.thread_cache && mode == FreeFence::none && capture_windows == 0 &&
                     windows == 0 && frozen == 0 &&
                     options.persistent != PersistentMode::enforced &&

@@ -370,8 +370,6 @@ struct MemoryManager::Impl {
   // Opens or closes the gate from the settings and state it depends on; closing flushes and
   // unbinds every cache, and is a barrier for the owners' calls.
   void update_cache_gate();
-  // Whether frees are still fenced behind host work: until its fence is seen passed.
-  bool held_behind_host_work();
   // A slice just reserved for the calling thread joins its cache, when it qualifies.
   void cache_new_slice(Slice* slice, Placement placement);
   // The slice of `ptr`, when it is in a cache: false if parked there (freed already); else it
@@ -475,11 +473,6 @@ struct MemoryManager::Impl {
   bool held_since_window = false;  // a pinned slice was freed since that fence
   std::uint32_t frozen = 0;           // set_frozen() nesting: no page is taken from the device
   bool stream_ordered = false;        // free_fence:auto: frees return at once
-  // Note [Frees behind host work] in manager_api.cpp: frees are fenced while set; the fence of
-  // the host work issued last (kNoFence while it is being issued).
-  bool behind_host_work = false;
-  FenceHandle host_work_done = kNoFence;
-  std::uint64_t unfenced_frees = 0;  // retire()s that gave the slice back at once
   // Thread caches (Note [Thread caches]): this manager's id in the threads' tables, whether
   // their calls may serve and park slices now, and every cache ever made (owners hold shared
   // references too, so a cache outlives whichever goes first).

@@ -202,12 +202,6 @@ bool MemoryManager::Shards::make_shards(std::uint32_t n) {
       fresh->ctx.device_reserved = &device_reserved;
       fresh->ctx.device_peak_in_use = &held_peak;
       fresh->stream_ordered = stream_ordered;
-      if (stream_ordered && host_work_seen) {
-        // Host work issued earlier may still park the queue: this shard's frees wait for a
-        // fence recorded now (Note [Frees behind host work] in manager_api.cpp).
-        fresh->behind_host_work = true;
-        fresh->host_work_done = device.fence_record();
-      }
       fresh->frozen = frozen;
       fresh->update_cache_gate();
       {

@@ -236,7 +236,6 @@ struct MemoryManager::Shards {
   std::uint32_t captures = 0;    // open stream captures
   bool capped = false;           // the layout has a capped pool
   bool stream_ordered = false;   // the last set_stream_ordered
-  bool host_work_seen = false;   // host_work_begins() was called while stream-ordered
   std::uint32_t frozen = 0;      // set_frozen nesting
 };
 

@@ -277,9 +277,6 @@ void MemoryManager::Impl::drop_everything() {
   sync_returned = sync_added;
   recent_frees.fill(0);
   window_epoch = 0;
-  if (host_work_done != kNoFence) device.fence_destroy(host_work_done);
-  host_work_done = kNoFence;
-  behind_host_work = false;
   ++generation;
 }
 
@@ -937,11 +934,9 @@ void MemoryManager::Impl::retire(Slice* slice, StreamToken stream, FreeBy by) {
   pool->to_pending(slice);
   FreeFence mode = options.free_fence;
   // One ordered queue: any later user of the memory runs after every earlier one.
-  if (mode == FreeFence::automatic)
-    mode = stream_ordered && !held_behind_host_work() ? FreeFence::none : FreeFence::events;
+  if (mode == FreeFence::automatic) mode = stream_ordered ? FreeFence::none : FreeFence::events;
   switch (mode) {
     case FreeFence::none:
-      ++unfenced_frees;
       pool->give_back(slice);
       return;
     case FreeFence::sync:

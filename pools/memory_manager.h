@@ -190,18 +190,6 @@ class MemoryManager {
   // barrier: it returns only once every free that saw it true has finished.
   void set_stream_ordered(bool ordered);
 
-  // While stream-ordered: the program is about to issue work that may park the legacy stream on
-  // the host (a host function, a graph), and has just issued it. From the first call frees are
-  // fenced, and from the second until a fence recorded then has passed (Note [Frees behind host
-  // work] in manager_api.cpp). No effect while not stream-ordered.
-  void host_work_begins();
-  void host_work_issued();
-
-  // Frees that gave their slice back at once, unfenced (stream-ordered reuse, and thread caches'
-  // parks): the memory of these alone can have changed owners without a fence. Takes every
-  // shard's lock: not for the hot path.
-  std::uint64_t unfenced_frees() const;
-
   // While frozen, no reservation takes a new page from the device (it fails with
   // ErrorKind::device_error instead, and the interposer passes the request to the driver): a
   // device reset in progress would free that page behind the pools' back. Freezes nest.

@@ -33,9 +33,6 @@
 //                 created then (the device leaves) writes the buffer: the write must wait for
 //                 the old owner's, and once that is done the stream's synchronize must return
 //                 while the park goes on, since no work it depends on lies behind the park
-//   park_free     the same with frees during the park (a cudaFreeAsync on the parked stream,
-//                 another thread's cudaFree): their buffers are not handed on during the park,
-//                 and the new stream still does not wait for it
 // With the argument "expect-race" (run under free_fence:none), the same steps reuse without any
 // fence: the new owner's writes run while the old owner still writes, the race detector fires and
 // the data is the old owner's. That proves each case can fail.
@@ -423,62 +420,6 @@ void park_case() {
   CHECK_CUDA(cudaStreamDestroy(late));
 }
 
-// As park, with frees during the park: a cudaFreeAsync on the parked legacy stream and another
-// thread's cudaFree, each of a buffer whose old owner's write is queued behind the park. The new
-// stream's synchronize must still return while the park goes on, and neither buffer may go to
-// a new owner before the park ends.
-void park_free_case() {
-  const std::uint64_t races_before = races();
-  void* keeper = nullptr;
-  void* buffer = nullptr;
-  void* behind[2] = {};
-  CHECK_CUDA(cudaMalloc(&keeper, kSize));
-  CHECK_CUDA(cudaMalloc(&buffer, kSize));
-  for (void*& b : behind) CHECK_CUDA(cudaMalloc(&b, kSize));
-  Gate old_write;
-  launch_write(cudaStreamLegacy, buffer, kSize, &old_write);
-  wait_entered(old_write);
-  CHECK_CUDA(cudaFree(buffer));
-  expect_reuse("ordered");
-  Gate park;
-  CHECK_CUDA(cudaLaunchHostFunc(cudaStreamLegacy, &wait_at_gate, &park));
-  std::atomic<bool> done{false};
-  std::thread watchdog([&] {
-    for (int i = 0; i < 5000 && !done.load(); ++i)
-      std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    if (!done.load()) park.open.store(true);  // never leave a real GPU parked
-  });
-  for (void* b : behind) CHECK_CUDA(cudaMemsetAsync(b, kOld, kSize, cudaStreamLegacy));
-  CHECK_CUDA(cudaFreeAsync(behind[0], cudaStreamLegacy));
-  // Without the library this thread waits in cudaFree until the park ends.
-  std::thread freeing([&] { CHECK_CUDA(cudaFree(behind[1])); });
-  std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  const cudaStream_t late = create_stream(cudaStreamNonBlocking);  // the device leaves
-  void* again[3] = {};
-  for (void*& a : again) CHECK_CUDA(cudaMalloc(&a, kSize));
-  for (int i = 0; i < 3; ++i)
-    CHECK_CUDA(cudaMemsetAsync(again[i], kNew[i % 2], kSize, late));
-  old_write.open.store(true);
-  wait_entered(park);
-  const cudaError_t synced = cudaStreamSynchronize(late);
-  const bool before_park_ended = !park.open.load();
-  done.store(true);
-  watchdog.join();
-  CHECK_RESULT(synced, cudaSuccess);
-  CHECK_MSG(before_park_ended, "cudaStreamSynchronize of the new stream waited for the park");
-  park.open.store(true);
-  freeing.join();
-  CHECK_CUDA(cudaDeviceSynchronize());
-  for (void* a : again)
-    CHECK_MSG(a != behind[0] && a != behind[1], "a buffer freed during the park was handed on");
-  for (int i = 0; i < 3; ++i)
-    CHECK(preload_test::device_bytes_equal(again[i], kSize, kNew[i % 2]));
-  CHECK_MSG(races() == races_before, "a new owner raced an old one");
-  for (void* a : again) CHECK_CUDA(cudaFree(a));
-  CHECK_CUDA(cudaFree(keeper));
-  CHECK_CUDA(cudaStreamDestroy(late));
-}
-
 // ---- Parent ------------------------------------------------------------------------------------
 
 int run_child(const std::string& which) {
@@ -524,7 +465,6 @@ int main(int argc, char** argv) {
   else if (which == "device") device_case();
   else if (which == "implicit_device") implicit_device_case();
   else if (which == "implicit_device_sync") implicit_device_sync_case();
-  else if (which == "park_free") park_free_case();
   else if (which == "peer") peer_case();
   else if (which == "driver") driver_case();
   else if (which == "capture") capture_case();

@@ -210,36 +210,6 @@ TEST_CASE("leaving ordered reuse gives parked slices back at once and shuts the 
   CHECK(rig.report().thread_cache_hits == 0);
 }
 
-TEST_CASE("frees behind host work are fenced until its fence passes, then immediate again") {
-  CacheRig rig(FreeFence::automatic);
-  rig.device.set_fence_mode(HostDevice::FenceMode::manual);
-  rig.manager.set_stream_ordered(true);
-  const DevicePtr before = rig.cached(64 * KiB);  // after one unfenced free
-  const DevicePtr behind = rig.manager.allocate(64 * KiB).ptr;
-  REQUIRE(behind != 0);
-  REQUIRE(rig.manager.free(before) == FreeOutcome::freed);
-  REQUIRE(rig.report().thread_parked_bytes == 64 * KiB);
-  CHECK(rig.manager.unfenced_frees() == 2);
-  rig.manager.host_work_begins();  // the parked slice goes back; the caches close
-  CHECK(rig.report().thread_parked_bytes == 0);
-  REQUIRE(rig.manager.free(behind) == FreeOutcome::freed);  // while the host work is issued
-  rig.manager.host_work_issued();
-  CHECK(rig.report().pending_fence_bytes == 64 * KiB);
-  CHECK(rig.manager.unfenced_frees() == 2);
-  // Not handed on while the host work may run; the slice freed before it is.
-  const DevicePtr first = rig.manager.allocate(64 * KiB).ptr;
-  const DevicePtr second = rig.manager.allocate(64 * KiB).ptr;
-  CHECK(first == before);
-  CHECK(second != behind);
-  REQUIRE(rig.manager.free(second) == FreeOutcome::freed);
-  CHECK(rig.report().pending_fence_bytes == 128 * KiB);
-  rig.device.complete_fences();  // the host work is done: the next free sees it
-  REQUIRE(rig.manager.free(first) == FreeOutcome::freed);
-  CHECK(rig.manager.unfenced_frees() == 3);
-  CHECK(rig.manager.allocate(64 * KiB).ptr != 0);
-  CHECK(rig.manager.check_consistency().empty());
-}
-
 TEST_CASE("capture and persistent windows shut the caches") {
   CacheRig rig;
   const DevicePtr p = rig.cached(64 * KiB);
