@@ -66,8 +66,12 @@
 // never used would hang where the plain call returns. So before host work (a host function, a
 // graph launch) an ordered device records an event on L, once per batch of frees (the
 // manager's free count), and leaving uses that event as F when no free came after it; otherwise
-// it records a new one as before. A free during the park would block the plain program in
-// cudaFree, so a working program makes none, and the event recorded before the park serves.
+// it records a new one as before. A cudaFree during the park blocks the plain program's thread
+// until the park ends, but a cudaFreeAsync on the parked stream or another thread's free does
+// not: after one of those, leaving records F behind the park, and a stream created then waits
+// for it (docs/limits.md). Fencing every free made while host work may still run avoids that,
+// but a loop that queues a host function each iteration then ran 3 to 5 times as long and
+// returned its page to the driver every few iterations, slower than plain CUDA.
 //
 //
 // Note [Leaving before any free]

@@ -600,11 +600,6 @@ void MemoryManager::set_stream_ordered(bool ordered) {
   s.each([&](Impl& m) {
     std::lock_guard lock(m.mutex);  // frees read the flag under this lock: a barrier
     m.stream_ordered = ordered;
-    if (!ordered && m.host_work_done != kNoFence) {  // every free is fenced from now on
-      m.device.fence_destroy(m.host_work_done);
-      m.host_work_done = kNoFence;
-    }
-    m.behind_host_work = m.behind_host_work && ordered;
     m.update_cache_gate();  // and the caches' frees read the gate under theirs
   });
 }
