@@ -712,10 +712,14 @@ bool ReturnsSince::moved(int device) const {
 // plain program's cudaFree had returned the first): two threads on a 256 MiB device, one cycling
 // cudaMalloc and cudaFree of random sizes up to 30% of it, the other cudaMallocPitch,
 // cudaMallocAsync or cudaMallocManaged of 30%, at most 60% live, saw 2 to 12 of 600 unpooled
-// calls fail where the plain run never did. So the give-back counts as an out-of-memory recovery
-// of the device (Note [Growth during a recovery] in pools/manager_recovery.cpp) from before it
-// starts until the retry has returned (GrowthHold): another thread's growth waits for it, 20 ms
-// at most and once per allocation, then goes ahead; reuse of what a pool holds never waits.
+// calls fail where the plain run never did. So after the give-back a second, short one (20 ms
+// at most) runs as an out-of-memory recovery of the device (Note [Growth during a recovery] in
+// pools/manager_recovery.cpp), and the recovery lasts until the retry has returned (GrowthHold):
+// another thread's growth waits for it, 20 ms at most and once per allocation, then goes ahead;
+// reuse of what a pool holds never waits. The second give-back returns what went idle during the
+// first. The first runs without the hold: its wait for fences may last seconds behind a stream
+// parked on a host function, and holding meanwhile made every growth of another thread wait its
+// 20 ms (100 allocations of another thread took 2 s instead of nothing).
 GrowthHold::~GrowthHold() {
   Registry& registry = Registry::instance();
   for (int device = 0; devices_ != 0; ++device, devices_ >>= 1) {
@@ -735,12 +739,16 @@ void GrowthHold::hold(int device) {
 bool give_back_idle(int device, GrowthHold& hold, GiveBackWait wait) {
   // As long as out-of-memory recovery waits (ManagerOptions::recovery_wait_micros).
   constexpr std::uint32_t kGiveBackMicros = 10000000;
+  // The held pass's bound: no longer than another thread's growth waits for the hold.
+  constexpr std::uint32_t kHeldGiveBackMicros = 20000;
   Registry& registry = Registry::instance();
-  hold.hold(device);
   release_passed_managed_frees(registry);
   MemoryManager* manager = device >= 0 ? registry.manager(device) : nullptr;
-  const bool pages =
+  bool pages =
       manager != nullptr && manager->give_back_all(kGiveBackMicros, wait) != GiveBack::nothing;
+  hold.hold(device);  // Note [Room held for the retry]
+  if (manager != nullptr && manager->give_back_all(kHeldGiveBackMicros, wait) != GiveBack::nothing)
+    pages = true;
   const CapturePolicy* capture = registry.capture(device);
   WaitBound trim_bound{std::chrono::microseconds(kGiveBackMicros)};
   const bool slabs =
