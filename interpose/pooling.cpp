@@ -525,7 +525,7 @@ void before_host_function() {
         std::chrono::duration_cast<std::chrono::microseconds>(deadline - Clock::now()).count();
     const auto bound = static_cast<std::uint32_t>(
         std::max<std::int64_t>(left, kParkGiveBackMicros / 10));
-    manager->give_back_all(bound, GiveBackWait::cudafree_fences);
+    manager->give_back_all(bound, GiveBackWait::before_park);
     // Empty managed slabs too, as a free would have had them back.
     WaitBound trim_bound{std::chrono::microseconds(bound)};
     registry.trim_managed(device, trim_bound);

@@ -261,7 +261,7 @@ FreeOutcome MemoryManager::Impl::free_pointer(DevicePtr ptr, StreamToken stream)
   index.prefetch(ptr);  // read after the lock (Note [Loads started early] in pool.h)
   if (ptr != 0 && caches_open.load(std::memory_order_acquire)) {
     if (ThreadCache* cache = find_thread_cache(id)) {
-      switch (cache->give(ptr, caches_open)) {
+      switch (cache->give(ptr, caches_open, stream != kNoStream)) {
         case ThreadCache::Give::parked: return FreeOutcome::freed;
         case ThreadCache::Give::double_free: return FreeOutcome::double_free;
         case ThreadCache::Give::not_here: break;
@@ -468,7 +468,7 @@ GiveBack MemoryManager::Impl::give_back(WaitBound& bound, std::uint32_t asked_mi
       break;
     }
   }
-  cleanup_all(true);
+  cleanup_all(true, wait == GiveBackWait::before_park);
   scope.unlock();  // the pages go to the device
   const bool flushed = flush_within(device, bound);
   scope.relock();

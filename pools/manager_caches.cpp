@@ -125,17 +125,17 @@ void MemoryManager::Impl::cache_new_slice(Slice* slice, Placement placement) {
   slice->cache = cache;
   if (evicted.slice == nullptr) return;
   evicted.slice->cache = nullptr;
-  if (evicted.parked) retire_parked(evicted.slice);
+  if (evicted.parked) retire_parked(evicted.slice, evicted.freed_in_order);
 }
 
 void MemoryManager::Impl::expire_parked(ThreadCache& cache) {
-  boost::container::small_vector<Slice*, kThreadCacheSlots> to_retire;
+  boost::container::small_vector<std::pair<Slice*, bool>, kThreadCacheSlots> to_retire;
   {
     std::lock_guard hold(cache.lock);
     for (std::size_t i = 0; i < cache.count();) {
       ThreadCache::Entry& entry = cache.at(i);
       if (entry.parked && entry.stale) {
-        to_retire.push_back(entry.slice);
+        to_retire.emplace_back(entry.slice, entry.freed_in_order);
         entry.slice->cache = nullptr;
         cache.remove(&entry);  // moves the last entry here
         continue;
@@ -144,7 +144,7 @@ void MemoryManager::Impl::expire_parked(ThreadCache& cache) {
       ++i;
     }
   }
-  for (Slice* slice : to_retire) retire_parked(slice);
+  for (const auto& [slice, in_order] : to_retire) retire_parked(slice, in_order);
 }
 
 void MemoryManager::Impl::sweep_caches() {
@@ -182,7 +182,7 @@ bool MemoryManager::Impl::parked(Slice* slice) {
 std::size_t MemoryManager::Impl::flush_caches(bool unbind, CacheFlush which, const Pool* only,
                                               const ThreadCache* keep_fresh) {
   if (caches.empty()) return 0;
-  boost::container::small_vector<Slice*, kThreadCacheSlots> to_retire;
+  boost::container::small_vector<std::pair<Slice*, bool>, kThreadCacheSlots> to_retire;
   std::size_t retired = 0;
   // Cleared first and set again at the end if anything stays parked, so an owner that parks
   // meanwhile leaves it set.
@@ -203,13 +203,13 @@ std::size_t MemoryManager::Impl::flush_caches(bool unbind, CacheFlush which, con
           ++i;
           continue;
         }
-        if (entry.parked) to_retire.push_back(entry.slice);
+        if (entry.parked) to_retire.emplace_back(entry.slice, entry.freed_in_order);
         entry.slice->cache = nullptr;
         cache->remove(&entry);  // moves the last entry here
       }
       parked_left = parked_left || cache->parked_bytes() != 0;
     }
-    for (Slice* slice : to_retire) retire_parked(slice);
+    for (const auto& [slice, in_order] : to_retire) retire_parked(slice, in_order);
     retired += to_retire.size();
     to_retire.clear();
   }
@@ -217,12 +217,13 @@ std::size_t MemoryManager::Impl::flush_caches(bool unbind, CacheFlush which, con
   return retired;
 }
 
-void MemoryManager::Impl::retire_parked(Slice* slice) {
+void MemoryManager::Impl::retire_parked(Slice* slice, bool freed_in_order) {
   index.erase(slice->ptr);
   recent_frees[recent_next] = slice->ptr;
   recent_next = (recent_next + 1) % kRecentFrees;
   Pool* pool = slice->page->pool;
   pool->to_pending(slice);
+  slice->freed_in_order = freed_in_order;
   pool->give_back(slice);
 }
 

@@ -320,7 +320,9 @@ struct MemoryManager::Impl {
   std::uint64_t close_and_reap();  // slices given back
   bool drain(Scope& scope);
   void finish_sync_frees(Scope& scope);
-  std::uint64_t cleanup_all(bool explicit_cleanup);
+  // `keep_ordered_frees`: an explicit cleanup that keeps the pages whose last slice came back
+  // from a stream-ordered free (Note [Idle memory before a park] in memory_manager.cpp).
+  std::uint64_t cleanup_all(bool explicit_cleanup, bool keep_ordered_frees = false);
   // Releases the oldest of the dynamic pools' idle pages that holds `bytes` alone, or else
   // their idle pages oldest first until `bytes` are on their way to the device or none is left
   // (Note [Recovery in two steps]). Returns bytes released.
@@ -393,7 +395,8 @@ struct MemoryManager::Impl {
   std::uint64_t next_cache_sweep = kThreadCacheSweepEvery;
   // A parked slice leaves the index and goes back to its pool at once, as the free that parked
   // it would have done when it was made (the gate was open then); frees() counted it then.
-  void retire_parked(Slice* slice);
+  // `freed_in_order`: the program's free that parked it was stream-ordered.
+  void retire_parked(Slice* slice, bool freed_in_order);
   // The report's figures in use (the program's, without parked slices) and its thread caches'.
   void fill_cache_report(ManagerReport& r) const;
   // Bytes of the pages whose every busy slice is parked, or, with `batch_pending`, parked or

@@ -174,7 +174,11 @@
 // Stream-ordered frees are not waited for: the plain cudaFreeAsync gives its memory to the
 // stream-ordered pool when the stream gets there, never to the driver before a park, and one
 // behind a park of its own stream (which may never pass while the program runs) made every
-// later host function pay the whole bound again (GiveBackWait::cudafree_fences).
+// later host function pay the whole bound again (GiveBackWait::cudafree_fences). For the same
+// reason a page that went idle when a stream-ordered free gave back its last slice stays
+// (GiveBackWait::before_park): a loop of cudaMalloc, a kernel, cudaFreeAsync and a host function
+// on the legacy stream returned its page to the driver and took a new one every iteration, twice
+// the plain loop's time on the stand-in, and a device synchronize each time on a GPU.
 // Graph launches, whose nodes may be host functions too, only close the open epoch: waiting for
 // the device before every launch would undo what graphs are for.
 //
@@ -784,9 +788,12 @@ void MemoryManager::Impl::implicit_cleanup() {
   ctx.next_deadline = next;
 }
 
-std::uint64_t MemoryManager::Impl::cleanup_all(bool explicit_cleanup) {
-  std::uint64_t released = persistent->cleanup(explicit_cleanup);
-  for (const auto& pool : pools) released += pool->cleanup(explicit_cleanup);
+std::uint64_t MemoryManager::Impl::cleanup_all(bool explicit_cleanup, bool keep_ordered_frees) {
+  std::uint64_t released = keep_ordered_frees ? persistent->cleanup_but_ordered_frees()
+                                              : persistent->cleanup(explicit_cleanup);
+  for (const auto& pool : pools)
+    released += keep_ordered_frees ? pool->cleanup_but_ordered_frees()
+                                   : pool->cleanup(explicit_cleanup);
   ctx.next_deadline = kNever;
   for (const auto& pool : pools) ctx.next_deadline = std::min(ctx.next_deadline, pool->deadline());
   return released;
@@ -932,6 +939,7 @@ void MemoryManager::Impl::retire(Slice* slice, StreamToken stream, FreeBy by) {
   frees.store(frees.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
   Pool* pool = slice->page->pool;
   pool->to_pending(slice);
+  slice->freed_in_order = stream != kNoStream;
   FreeFence mode = options.free_fence;
   // One ordered queue: any later user of the memory runs after every earlier one.
   if (mode == FreeFence::automatic) mode = stream_ordered ? FreeFence::none : FreeFence::events;

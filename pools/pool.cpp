@@ -170,14 +170,17 @@ void Pool::to_pending(Slice* slice) {
   ctx_.totals.padding -= slice->size - slice->requested;
   pending_bytes_ += slice->size;
   slice->state = SliceState::pending;
+  slice->freed_in_order = 0;
 }
 
 void Pool::give_back(Slice* slice) {
   pending_bytes_ -= slice->size;
   slice->state = SliceState::free;
   Page* page = slice->page;
+  const bool in_order = slice->freed_in_order != 0;
   on_free(slice);  // may merge `slice` away: do not touch it after this
   if (--page->busy == 0) {
+    page->idle_after_ordered_free = in_order;
     make_idle(page);
     if (dealloc_period_) {
       const std::uint64_t due = ctx_.clock + *dealloc_period_;
@@ -199,6 +202,17 @@ std::uint64_t Pool::cleanup(bool explicit_cleanup) {
   while (!idle_.empty() && ctx_.clock - idle_.front().idle_since >= *dealloc_period_) {
     released += idle_.front().size;
     release_page(&idle_.front());
+  }
+  return released;
+}
+
+std::uint64_t Pool::cleanup_but_ordered_frees() {
+  std::uint64_t released = 0;
+  for (auto it = idle_.begin(); it != idle_.end();) {
+    Page* page = &*it++;  // release_page unlinks it
+    if (page->idle_after_ordered_free) continue;
+    released += page->size;
+    release_page(page);
   }
   return released;
 }

@@ -61,9 +61,14 @@ struct alignas(64) Slice {
   // bytes of their own, so that setting one is a plain store.
   std::uint8_t free_before = 0;
   std::uint8_t free_after = 0;
-  // Held: the manager's held era when the program freed it (Note [Releases inside a window] in
-  // manager_api.cpp).
-  std::uint8_t held_era = 0;
+  union {
+    // Held: the manager's held era when the program freed it (Note [Releases inside a window]
+    // in manager_api.cpp).
+    std::uint8_t held_era = 0;
+    // Pending and free: its free was the program's stream-ordered one (Note [Idle memory before
+    // a park] in memory_manager.cpp); Pool::to_pending clears it.
+    std::uint8_t freed_in_order;
+  };
 };
 static_assert(sizeof(Slice) == 64, "a slice record fills one cache line");
 
@@ -121,6 +126,9 @@ struct alignas(64) Page {
   bi::set_member_hook<FastLink> addr_hook;   // the manager's page set
   bi::list_member_hook<FastLink> idle_hook;  // the pool's idle list (busy == 0)
   std::uint64_t idle_order = 0;  // the shard's count of pages gone idle, then: idle pages' order
+  // Idle: its last slice came back from a stream-ordered free (Note [Idle memory before a park]
+  // in memory_manager.cpp).
+  bool idle_after_ordered_free = false;
 };
 
 struct PageOrder {
@@ -267,6 +275,8 @@ class Pool {
   // Releases idle pages: all of them when `explicit_cleanup`, else those idle for at least the
   // dealloc period. Returns bytes released.
   std::uint64_t cleanup(bool explicit_cleanup);
+  // An explicit cleanup that keeps the pages idle_after_ordered_free.
+  std::uint64_t cleanup_but_ordered_frees();
   // Releases idle pages idle for at least `min_age` reservations, oldest first, until at most
   // `keep_bytes` of idle pages are left. Returns bytes released.
   std::uint64_t release_idle_pages(std::uint64_t min_age, std::uint64_t keep_bytes);

@@ -52,7 +52,8 @@ DevicePtr ThreadCache::take_locked(std::uint64_t size, const std::atomic<bool>& 
   return 0;
 }
 
-ThreadCache::Give ThreadCache::give_locked(DevicePtr ptr, const std::atomic<bool>& open) {
+ThreadCache::Give ThreadCache::give_locked(DevicePtr ptr, const std::atomic<bool>& open,
+                                           bool in_order) {
   std::lock_guard hold(lock);
   if (!open.load(std::memory_order_relaxed)) return Give::not_here;
   used = true;
@@ -65,6 +66,7 @@ ThreadCache::Give ThreadCache::give_locked(DevicePtr ptr, const std::atomic<bool
   if (parked_bytes_ + e->size > parked_max_) return Give::not_here;
   e->parked = true;
   e->stale = false;
+  e->freed_in_order = in_order;
   parked_bytes_ += e->size;
   add_bit(size_hint_, e->requested);
   if (parked_flag_ != nullptr && !parked_flag_->load(std::memory_order_relaxed))

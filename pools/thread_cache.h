@@ -60,6 +60,7 @@ class alignas(64) ThreadCache {
     std::uint64_t size = 0;  // the slice's size: what parking it keeps from the pools
     bool parked = false;
     bool stale = false;  // parked, and not reused since the last expiry pass
+    bool freed_in_order = false;  // parked by a stream-ordered free
   };
 
   enum class Give : std::uint8_t { parked, double_free, not_here };
@@ -78,9 +79,10 @@ class alignas(64) ThreadCache {
 
   // Parks a slice this cache handed out. not_here: the pointer is not in this cache, or parking
   // it would pass the cache's parked_max (the manager's free path takes it then).
-  Give give(DevicePtr ptr, const std::atomic<bool>& open) {
+  // `in_order`: the free is stream-ordered (Entry::freed_in_order).
+  Give give(DevicePtr ptr, const std::atomic<bool>& open, bool in_order = false) {
     if ((ptr_hint_.load(std::memory_order_relaxed) & bit(ptr)) == 0) return Give::not_here;
-    return give_locked(ptr, open);
+    return give_locked(ptr, open, in_order);
   }
 
   // --- The manager, holding its own lock and this cache's --------------------------------------
@@ -127,7 +129,7 @@ class alignas(64) ThreadCache {
   }
   // take() and give() once the hint says the cache may hold it.
   DevicePtr take_locked(std::uint64_t size, const std::atomic<bool>& open, bool* clock_due);
-  Give give_locked(DevicePtr ptr, const std::atomic<bool>& open);
+  Give give_locked(DevicePtr ptr, const std::atomic<bool>& open, bool in_order);
   static void add_bit(std::atomic<std::uint64_t>& hint, std::uint64_t key) {
     hint.store(hint.load(std::memory_order_relaxed) | bit(key), std::memory_order_relaxed);
   }

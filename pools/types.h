@@ -80,6 +80,8 @@ enum class FreeOutcome : std::uint8_t {
 
 // Which fences MemoryManager::give_back_all() waits for: every one, or only those of frees that
 // are not stream-ordered (Note [Idle memory before a park] in memory_manager.cpp).
-enum class GiveBackWait : std::uint8_t { every_fence, cudafree_fences };
+// before_park: as cudafree_fences, and the idle pages whose last slice a stream-ordered free
+// gave back stay (Note [Idle memory before a park] in memory_manager.cpp).
+enum class GiveBackWait : std::uint8_t { every_fence, cudafree_fences, before_park };
 
 }  // namespace poolcuda

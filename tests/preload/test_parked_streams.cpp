@@ -25,6 +25,8 @@
 //            needed by an allocation: the allocation is refused once, after that bound, not
 //            after it twice (the retry through the driver waited for the same fence again).
 //            (Plain CUDA's free would have blocked until the park ended.)
+//   free_async_loop  A loop that frees with cudaFreeAsync and then queues a host function on
+//            the legacy stream keeps its page: the plain cudaFreeAsync never reaches the driver.
 // A watchdog fails the test instead of hanging; every gate opens by itself after ten seconds.
 #include <atomic>
 #include <chrono>
@@ -214,6 +216,30 @@ void host_functions_beside_park_case() {
   std::printf("host_functions_beside_park: no host function waited for the parked free\n");
 }
 
+void noop(void*) {}
+
+// Each iteration allocates, writes, frees with cudaFreeAsync and queues a host function, all on
+// the legacy stream: the plain cudaFreeAsync never goes to the driver, so the pools must not
+// give the page back before every host function either (a driver free and a new page each
+// time, and on a GPU a device synchronize).
+void free_async_loop_case() {
+  if (!preload_test::on_stand_in()) preload_test::skip("counts the stand-in's driver calls");
+  const std::uint64_t mallocs = preload_test::counter("cudaMalloc");
+  const std::uint64_t frees = preload_test::counter("cudaFree");
+  for (int i = 0; i < 100; ++i) {
+    void* buffer = nullptr;
+    CHECK_CUDA(cudaMalloc(&buffer, 1 << 20));
+    CHECK_CUDA(cudaMemsetAsync(buffer, i, 1 << 20, cudaStreamLegacy));
+    CHECK_CUDA(cudaFreeAsync(buffer, cudaStreamLegacy));
+    CHECK_CUDA(cudaLaunchHostFunc(cudaStreamLegacy, &noop, nullptr));
+  }
+  CHECK_CUDA(cudaDeviceSynchronize());
+  const std::uint64_t grown = preload_test::counter("cudaMalloc") - mallocs;
+  const std::uint64_t returned = preload_test::counter("cudaFree") - frees;
+  CHECK_MSG(grown <= 2 && returned == 0, std::to_string(grown) + " driver allocations and " +
+                                             std::to_string(returned) + " driver frees");
+}
+
 void refusal_bound_case() {
   const std::size_t size = kRoomSize;
   void* filler = fill_but_room();
@@ -260,6 +286,7 @@ int main(int argc, char** argv) {
   else if (which == "give_back_driver") give_back_case(Park::driver, "give_back_driver");
   else if (which == "host_functions_beside_park") host_functions_beside_park_case();
   else if (which == "refusal_bound") refusal_bound_case();
+  else if (which == "free_async_loop") free_async_loop_case();
   else preload_test::fail(__FILE__, __LINE__, "unknown case " + which);
   return 0;
 }

@@ -306,6 +306,39 @@ TEST_CASE("give_back_all_before_a_host_function_leaves_stream_ordered_frees_behi
   CHECK(rig.manager.check_consistency().empty());
 }
 
+TEST_CASE("give_back_all_before_a_park_keeps_pages_a_stream_ordered_free_left_idle") {
+  // Under ordered reuse a free gives its slice back at once; a page left idle by a
+  // stream-ordered free stays through the give-back before a host function (the plain
+  // cudaFreeAsync's memory goes to the stream-ordered pool, not to the driver), through the
+  // thread cache too; one left idle by a cudaFree goes back; a later give-back of every idle
+  // page returns it.
+  Rig rig(custom({exclusive(32 * MiB)}), 512, 64 * MiB, FreeFence::automatic,
+          PersistentMode::enabled, /*thread_cache=*/true);
+  const StreamToken stream = 0x2000;
+  rig.manager.set_stream_ordered(true);
+  const DevicePtr ordered = rig.reserve(4 * MiB);
+  const DevicePtr plain = rig.reserve(8 * MiB);
+  REQUIRE((ordered != 0 && plain != 0));
+  REQUIRE(rig.manager.free(ordered, stream) == FreeOutcome::freed);
+  REQUIRE(rig.manager.free(plain) == FreeOutcome::freed);
+  CHECK(rig.manager.give_back_all(1000000, GiveBackWait::before_park) == GiveBack::done);
+  CHECK(rig.device.outstanding_bytes() == 4 * MiB);
+  SUBCASE("reused") { CHECK(rig.reserve(4 * MiB) == ordered); }
+  SUBCASE("parked in the thread cache and flushed") {
+    for (int i = 0; i < 3; ++i) {  // the size joins the cache, and the slice is parked in it
+      const DevicePtr again = rig.reserve(4 * MiB);
+      REQUIRE(again == ordered);
+      REQUIRE(rig.manager.free(again, stream) == FreeOutcome::freed);
+    }
+    REQUIRE(rig.manager.report().thread_parked_bytes == 4 * MiB);
+    CHECK(rig.manager.give_back_all(1000000, GiveBackWait::before_park) != GiveBack::timed_out);
+    CHECK(rig.device.outstanding_bytes() == 4 * MiB);
+    CHECK(rig.manager.give_back_all(1000000, GiveBackWait::cudafree_fences) == GiveBack::done);
+    CHECK(rig.device.outstanding_bytes() == 0);
+  }
+  CHECK(rig.manager.check_consistency().empty());
+}
+
 TEST_CASE("give_back_all_during_a_capture_waits_only_for_fences_recorded_before_it") {
   // The pages' frees are legal during a capture (the release thread's, in relaxed mode), and so
   // is waiting for a fence recorded before it; recording one is not. What a passed fence freed
