@@ -7,6 +7,8 @@
 // so the two never disagree about a path.
 #pragma once
 
+#include <limits.h>
+#include <stdlib.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -46,6 +48,9 @@ struct ReportTarget {
 // the link itself (as root, /dev/stderr). It is written into whatever it leads to, and a link to
 // /proc/self/fd/N through descriptor N itself, sharing its offset as a shell's 2>/dev/stderr
 // does: a new open of a file the program writes at its own offset would be overwritten.
+// A name in a directory of /proc, reached through links (/dev/fd/N is /proc/self/fd/N) is the
+// same: /proc keeps it, no file can be made beside it, and in a descriptor directory of this
+// process it is that descriptor.
 inline ReportTarget report_target(const std::string& path) {
   ReportTarget target;
   struct stat name {};
@@ -53,7 +58,23 @@ inline ReportTarget report_target(const std::string& path) {
   const bool link = S_ISLNK(name.st_mode);
   if (link && name.st_uid != ::geteuid() && name.st_uid != 0) return target;
   bool into_proc = false;
-  if (link) {
+  const std::size_t slash = path.rfind('/');
+  char directory[PATH_MAX];
+  if (slash != std::string::npos && slash != 0 &&
+      ::realpath(path.substr(0, slash).c_str(), directory) != nullptr) {
+    const std::string_view in(directory);
+    into_proc = in.starts_with("/proc/");
+    const std::string own = "/proc/" + std::to_string(::getpid()) + "/fd";
+    if (in == own) {
+      const std::string_view number = std::string_view(path).substr(slash + 1);
+      int descriptor = -1;
+      const auto [end, error] =
+          std::from_chars(number.data(), number.data() + number.size(), descriptor);
+      if (error == std::errc() && end == number.data() + number.size() && descriptor >= 0)
+        target.descriptor = descriptor;
+    }
+  }
+  if (link && !into_proc) {
     char to[64];
     const ssize_t length = ::readlink(path.c_str(), to, sizeof to);
     const std::string_view points_to(to, length > 0 ? static_cast<std::size_t>(length) : 0);

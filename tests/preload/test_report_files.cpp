@@ -206,6 +206,15 @@ void check_nodes(const std::string& dir) {
                 appended.find("report 1 written to " + stderr_link) != std::string::npos,
             "standard error got: " + appended);
   CHECK(kind_of(stderr_link) == S_IFLNK);
+  // So is a name in a descriptor directory itself (/dev/fd is a link to /proc/self/fd): no
+  // temporary file can be made beside it.
+  for (const char* name : {"/dev/fd/2", "/proc/self/fd/2"}) {
+    run_exit_child(dir, name, stderr_file);
+    const std::string written = read_file(stderr_file);
+    CHECK_MSG(written.find("poolcuda report #1 (pid ") != std::string::npos &&
+                  written.find(std::string("report 1 written to ") + name) != std::string::npos,
+              std::string(name) + ": standard error got: " + written);
+  }
 
   // A link into /proc to nothing (a closed descriptor) is refused, not replaced.
   const std::string closed_link = dir + "/closed-link";
