@@ -125,6 +125,7 @@ Reservation MemoryManager::Impl::reserve(std::uint64_t size, Placement placement
 
   // For the whole reservation.
   std::uint32_t wait_budget_us = out.quick ? 0 : kFenceWaitBoundMicros;
+  std::uint32_t progress_us = kFenceProgressTotalMicros;  // Note [A host far ahead]
   bool may_flush = !out.quick;  // once per reservation (Note [Releases before growth])
   bool may_wait_recovery = !out.quick;  // once too (Note [Growth during a recovery])
   HeldReservation held;  // Note [Held memory bound]
@@ -175,7 +176,7 @@ Reservation MemoryManager::Impl::reserve(std::uint64_t size, Placement placement
       } else if (r.patient) {
         wait_for_oldest_fence(scope, false);
       } else {
-        wait_for_oldest_fence(scope, &wait_budget_us);
+        wait_for_oldest_fence(scope, &wait_budget_us, &progress_us);
       }
     }
     r = route(size, placement, wait_budget_us, may_flush, may_wait_recovery, &held);

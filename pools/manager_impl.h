@@ -33,6 +33,12 @@ namespace poolcuda {
 // releases) never deadlocks it. At worst, when fences never pass, the bound throttles growth to
 // one page (or one allocation) per kFenceWaitBoundMicros.
 inline constexpr std::uint32_t kFenceWaitBoundMicros = 2000;
+// While the device is seen passing fences (one passed in the last kFenceProgressNanos), a
+// reservation waits up to kFenceProgressWaitMicros for the oldest one, and again after each that
+// passes, kFenceProgressTotalMicros in all (Note [A host far ahead] in memory_manager.cpp).
+inline constexpr std::uint64_t kFenceProgressNanos = 20'000'000;
+inline constexpr std::uint32_t kFenceProgressWaitMicros = 20000;
+inline constexpr std::uint32_t kFenceProgressTotalMicros = 100000;
 
 // The longest one wait for a fence lasts while stream-ordered frees wait in lanes: fences then
 // need not pass in the order recorded, so the waits take back what passed meanwhile and route
@@ -281,8 +287,11 @@ struct MemoryManager::Impl {
     return std::max<std::uint64_t>(options.fence_slack / 4, MiB);
   }
   // Waits (unlocked) at most *budget_us for the oldest fence recorded (a slice at a time while
-  // stream-ordered frees wait) and takes the time spent from it.
-  void wait_for_oldest_fence(Scope& scope, std::uint32_t* budget_us);
+  // stream-ordered frees wait) and takes the time spent from it. `progress_us`, a reservation's
+  // own: while the device is seen passing fences, the wait may last longer and the budget comes
+  // back after a fence passed, out of *progress_us (Note [A host far ahead]).
+  void wait_for_oldest_fence(Scope& scope, std::uint32_t* budget_us,
+                             std::uint32_t* progress_us = nullptr);
   // Waits (unlocked) for the oldest fence recorded; false when none is. `until_passed`: without
   // a time bound; otherwise, while stream-ordered frees wait, a slice at a time (Note
   // [Stream-ordered frees]), and the caller routes again before it waits again.
@@ -458,6 +467,7 @@ struct MemoryManager::Impl {
   SliceIndex index;
   FenceQueue fences;
   std::uint64_t last_fence_nanos = 0;  // when the last epoch was closed (prompt fences)
+  std::uint64_t last_passed_nanos = 0;  // when a reservation last saw a fence pass
   std::array<DevicePtr, kRecentFrees> recent_frees{};  // a ring of freed addresses
   std::size_t recent_next = 0;
   // free_fence:sync: slices freed and waiting for the synchronize that follows the free, in
