@@ -357,9 +357,10 @@ int two_threads_child() {
       }
       void* unpooled = nullptr;
       std::size_t pitch = 0;
-      const cudaError_t made = kind == 0   ? cudaMallocPitch(&unpooled, &pitch, 1 << 16, share >> 16)
-                               : kind == 1 ? cudaMallocAsync(&unpooled, share, nullptr)
-                                           : cudaMallocManaged(&unpooled, share);
+      const cudaError_t made =
+          kind == 0   ? cudaMallocPitch(&unpooled, &pitch, 1 << 16, share >> 16)
+          : kind == 1 ? cudaMallocAsync(&unpooled, share, nullptr)
+                      : cudaMallocManaged(&unpooled, share);
       if (made != cudaSuccess) {
         std::fprintf(stderr, "thread %d: an unpooled allocation of %zu bytes failed: %s\n", thread,
                      share, cudaGetErrorName(made));
