@@ -491,6 +491,12 @@ real-refusals)
   done
   has err "process $background_pid has its own SIGUSR1 handler"
   stop_target
+  # The signal set back to its default action after the library's handler: refused for good,
+  # never signalled (the signal would kill it).
+  start_target -- "$target" default 60
+  run_cli 1 report "$background_pid"
+  has err "process $background_pid was ready, but SIGUSR1 no longer has a handler"
+  stop_target
   # The signal ignored (inherited through exec).
   start_target -- sh -c 'trap "" USR1; exec "$0" sleep 60' "$target"
   run_cli 1 report "$background_pid"

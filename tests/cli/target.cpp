@@ -3,6 +3,8 @@
 //   sleep    sleeps;
 //   cuda     allocates (64 MiB freed, 1 MiB kept) before it says ready, then sleeps;
 //   handler  installs its own SIGUSR1 handler after the library's, then sleeps;
+//   default  sets SIGUSR1 back to its default action after the library installed its handler,
+//            then sleeps;
 //   poll     blocks in poll() on its main thread and in nanosleep() on a second thread, and
 //            at the end prints how many of those calls failed with EINTR ("eintr N").
 // It prints "ready" (flushed) once set up. Sleeps are restarted after EINTR, so only `poll`
@@ -67,7 +69,7 @@ int poll_until(Clock::time_point end) {
 
 int main(int argc, char** argv) {
   if (argc != 3) {
-    std::fprintf(stderr, "usage: cli_target sleep|cuda|handler|poll SECONDS\n");
+    std::fprintf(stderr, "usage: cli_target sleep|cuda|handler|default|poll SECONDS\n");
     return 2;
   }
   const char* mode = argv[1];
@@ -79,6 +81,7 @@ int main(int argc, char** argv) {
     sigemptyset(&action.sa_mask);
     sigaction(SIGUSR1, &action, nullptr);
   }
+  if (std::strcmp(mode, "default") == 0) signal(SIGUSR1, SIG_DFL);
   std::printf("ready (constructor: %s)\n", target_constructor_action());
   std::fflush(stdout);
   if (std::strcmp(mode, "poll") == 0) return poll_until(end);

@@ -230,7 +230,13 @@ std::string refusal(const Target& target, int* signal_number) {
                      "it cannot answer requests" + nothing +
            " (report_at_exit:1 writes a report when it exits)";
   }
-  if (target.ready_signal == 0 || !has(target.caught, signal)) {
+  if (target.ready_signal != 0 && !has(target.caught, signal)) {
+    return process + " was ready, but " + name + " no longer has a handler (the program set it "
+                     "back to the default, which the signal would kill it with), so the "
+                     "library cannot answer" + nothing +
+           " (report_at_exit:1 writes a report when it exits)";
+  }
+  if (target.ready_signal == 0) {
     return process + " has loaded libpoolcuda.so but is not ready to answer (the library is "
                      "still loading, or this is a forked child or a second copy of the "
                      "library)" + nothing + "; try again";
