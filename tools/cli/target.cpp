@@ -230,7 +230,8 @@ std::string refusal(const Target& target, int* signal_number) {
                      "it cannot answer requests" + nothing +
            " (report_at_exit:1 writes a report when it exits)";
   }
-  if (target.ready_signal != 0 && !has(target.caught, signal)) {
+  // Ready once (the mark, or the reporter thread that publishes it), and no handler now.
+  if ((target.ready_signal != 0 || target.reporter_thread != 0) && !has(target.caught, signal)) {
     return process + " was ready, but " + name + " no longer has a handler (the program set it "
                      "back to the default, which the signal would kill it with), so the "
                      "library cannot answer" + nothing +
