@@ -99,6 +99,9 @@ inline ReportTarget report_target(const std::string& path) {
     return target;  // a link to nothing is replaced
   }
   const mode_t mode = target.info.st_mode;
+  // Only a file shares an offset with the program's writes. A pipe or terminal is opened anew
+  // (a pipe non-blocking, so that no reader cannot hold the writer); a socket cannot be.
+  if (!S_ISREG(mode) && !S_ISSOCK(mode)) target.descriptor = -1;
   if (S_ISBLK(mode)) return refuse("it is a block device, which is never written");
   // A FIFO or socket another user made (in a shared directory such as /tmp) would receive the
   // reports: renaming over it failed before, and writing into it must not succeed now.

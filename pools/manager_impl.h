@@ -37,8 +37,8 @@ inline constexpr std::uint32_t kFenceWaitBoundMicros = 2000;
 // reservation waits up to kFenceProgressWaitMicros for the oldest one, and again after each that
 // passes, kFenceProgressTotalMicros in all (Note [A host far ahead] in memory_manager.cpp).
 inline constexpr std::uint64_t kFenceProgressNanos = 20'000'000;
-inline constexpr std::uint32_t kFenceProgressWaitMicros = 20000;
-inline constexpr std::uint32_t kFenceProgressTotalMicros = 100000;
+inline constexpr std::uint32_t kFenceProgressWaitMicros = 10000;
+inline constexpr std::uint32_t kFenceProgressTotalMicros = 20000;
 
 // The longest one wait for a fence lasts while stream-ordered frees wait in lanes: fences then
 // need not pass in the order recorded, so the waits take back what passed meanwhile and route

@@ -89,9 +89,13 @@
 // waits up to kFenceProgressWaitMicros for the oldest one, and after each that passes the
 // bound starts again, kFenceProgressTotalMicros per reservation in all: the host keeps pace
 // with the device, as the plain one does, while fences keep passing, and the pools stay within
-// the fence bound (the same loops: 75 MB, 340 MB with the eight threads' shards, 75 MB; about
-// the same times). When fences stop passing (a park, a kernel longer than the window) the
-// first wait may last kFenceProgressWaitMicros, and every later one the 2 ms as before.
+// the fence bound (the same loops: 75 MB, and 75 MB for the graph loop, in the same times).
+// The total is short because a batch's fence covers every stream: eight threads each feeding
+// its own stream 5 ms kernels waited up to 100 ms per allocation with a total of 100 ms, while
+// their own streams ran dry (1.5 to 1.8 times the plain run's time); with 20 ms, 1.1 to 1.3
+// times, holding 1.2 GB instead of the 2.3 GB before these waits. When fences stop passing (a
+// park, a kernel longer than the window) the first wait may last kFenceProgressWaitMicros, and
+// every later one the 2 ms as before.
 //
 // Note [Stream-ordered frees]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~
@@ -192,10 +196,13 @@
 // stream-ordered pool when the stream gets there, never to the driver before a park, and one
 // behind a park of its own stream (which may never pass while the program runs) made every
 // later host function pay the whole bound again (GiveBackWait::cudafree_fences). For the same
-// reason a page that went idle when a stream-ordered free gave back its last slice stays
-// (GiveBackWait::before_park): a loop of cudaMalloc, a kernel, cudaFreeAsync and a host function
-// on the legacy stream returned its page to the driver and took a new one every iteration, twice
-// the plain loop's time on the stand-in, and a device synchronize each time on a GPU.
+// reason pages that went idle when a stream-ordered free gave back their last slice stay, the
+// newest first, up to a 64th of the device (GiveBackWait::before_park): a loop of cudaMalloc, a
+// kernel, cudaFreeAsync and a host function on the legacy stream returned its page to the driver
+// and took a new one every iteration, twice the plain loop's time on the stand-in, and a device
+// synchronize each time on a GPU. Not more: once the stream has passed the free, the plain
+// program's memory is the driver's, and a request during the park that needed a kept page of
+// 160 MiB on a 256 MiB device failed after 10 seconds (the page's free waited for the park).
 // Graph launches, whose nodes may be host functions too, only close the open epoch: waiting for
 // the device before every launch would undo what graphs are for.
 //
@@ -823,10 +830,12 @@ void MemoryManager::Impl::implicit_cleanup() {
 }
 
 std::uint64_t MemoryManager::Impl::cleanup_all(bool explicit_cleanup, bool keep_ordered_frees) {
-  std::uint64_t released = keep_ordered_frees ? persistent->cleanup_but_ordered_frees()
+  // Note [Idle memory before a park]: a 64th of the device at most.
+  std::uint64_t keep = thread_cache_parked_max(total_memory);
+  std::uint64_t released = keep_ordered_frees ? persistent->cleanup_but_ordered_frees(&keep)
                                               : persistent->cleanup(explicit_cleanup);
   for (const auto& pool : pools)
-    released += keep_ordered_frees ? pool->cleanup_but_ordered_frees()
+    released += keep_ordered_frees ? pool->cleanup_but_ordered_frees(&keep)
                                    : pool->cleanup(explicit_cleanup);
   ctx.next_deadline = kNever;
   for (const auto& pool : pools) ctx.next_deadline = std::min(ctx.next_deadline, pool->deadline());

@@ -206,13 +206,19 @@ std::uint64_t Pool::cleanup(bool explicit_cleanup) {
   return released;
 }
 
-std::uint64_t Pool::cleanup_but_ordered_frees() {
+std::uint64_t Pool::cleanup_but_ordered_frees(std::uint64_t* keep_bytes) {
   std::uint64_t released = 0;
-  for (auto it = idle_.begin(); it != idle_.end();) {
-    Page* page = &*it++;  // release_page unlinks it
-    if (page->idle_after_ordered_free) continue;
+  // The newest idle pages first: the likeliest to serve the next requests.
+  for (auto it = idle_.end(); it != idle_.begin();) {
+    Page* page = &*--it;
+    if (page->idle_after_ordered_free && page->size <= *keep_bytes) {
+      *keep_bytes -= page->size;
+      continue;
+    }
+    auto next = std::next(it);
     released += page->size;
-    release_page(page);
+    release_page(page);  // unlinks it
+    it = next;
   }
   return released;
 }

@@ -275,8 +275,9 @@ class Pool {
   // Releases idle pages: all of them when `explicit_cleanup`, else those idle for at least the
   // dealloc period. Returns bytes released.
   std::uint64_t cleanup(bool explicit_cleanup);
-  // An explicit cleanup that keeps the pages idle_after_ordered_free.
-  std::uint64_t cleanup_but_ordered_frees();
+  // An explicit cleanup that keeps the pages idle_after_ordered_free, newest first, as long as
+  // they fit in *keep_bytes (which shrinks by each page kept).
+  std::uint64_t cleanup_but_ordered_frees(std::uint64_t* keep_bytes);
   // Releases idle pages idle for at least `min_age` reservations, oldest first, until at most
   // `keep_bytes` of idle pages are left. Returns bytes released.
   std::uint64_t release_idle_pages(std::uint64_t min_age, std::uint64_t keep_bytes);

@@ -26,7 +26,9 @@
 //            after it twice (the retry through the driver waited for the same fence again).
 //            (Plain CUDA's free would have blocked until the park ended.)
 //   free_async_loop  A loop that frees with cudaFreeAsync and then queues a host function on
-//            the legacy stream keeps its page: the plain cudaFreeAsync never reaches the driver.
+//            the legacy stream keeps its page, as the plain loop makes no driver call.
+//   free_async_room  But 5/8 of the device freed that way and synchronized before the park is
+//            the driver's during it, for a cudaMallocPitch of the same size.
 // A watchdog fails the test instead of hanging; every gate opens by itself after ten seconds.
 #include <atomic>
 #include <chrono>
@@ -240,6 +242,36 @@ void free_async_loop_case() {
                                              std::to_string(returned) + " driver frees");
 }
 
+// Memory freed with cudaFreeAsync, its stream synchronized before the park: under plain CUDA it
+// is the driver's again, so a cudaMallocPitch of most of the device during the park succeeds at
+// once, and must under the library (which keeps pages such frees left idle only up to a 64th of
+// the device).
+void free_async_room_case() {
+  std::size_t free_bytes = 0;
+  std::size_t total = 0;
+  CHECK_CUDA(cudaMemGetInfo(&free_bytes, &total));
+  const std::size_t big = total / 8 * 5;
+  void* buffer = nullptr;
+  CHECK_CUDA(cudaMalloc(&buffer, big));
+  CHECK_CUDA(cudaMemsetAsync(buffer, 1, big, cudaStreamLegacy));
+  CHECK_CUDA(cudaFreeAsync(buffer, cudaStreamLegacy));
+  CHECK_CUDA(cudaStreamSynchronize(cudaStreamLegacy));
+  Gate gate;
+  park_legacy_stream(gate);
+  std::atomic<bool> done{false};
+  std::thread dog = watchdog(done, gate, 5, "cudaMallocPitch");
+  void* pitched = nullptr;
+  std::size_t pitch = 0;
+  const cudaError_t made = cudaMallocPitch(&pitched, &pitch, 1 << 20, big >> 20);
+  done.store(true);
+  dog.join();
+  gate.open.store(true);
+  CHECK_CUDA(cudaDeviceSynchronize());
+  CHECK_MSG(made == cudaSuccess, std::string("cudaMallocPitch during the park: ") +
+                                     cudaGetErrorName(made));
+  CHECK_CUDA(cudaFree(pitched));
+}
+
 void refusal_bound_case() {
   const std::size_t size = kRoomSize;
   void* filler = fill_but_room();
@@ -287,6 +319,7 @@ int main(int argc, char** argv) {
   else if (which == "host_functions_beside_park") host_functions_beside_park_case();
   else if (which == "refusal_bound") refusal_bound_case();
   else if (which == "free_async_loop") free_async_loop_case();
+  else if (which == "free_async_room") free_async_room_case();
   else preload_test::fail(__FILE__, __LINE__, "unknown case " + which);
   return 0;
 }

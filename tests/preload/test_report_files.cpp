@@ -98,6 +98,17 @@ int exit_child() {
     const int fd = ::open(file, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     CHECK(fd >= 0 && ::dup2(fd, 2) == 2);
   }
+  // CHILD_FULL_PIPE: descriptor 9 is a pipe already full, whose reader (kept open for the life
+  // of the process) never reads.
+  if (std::getenv("CHILD_FULL_PIPE") != nullptr) {
+    int ends[2];
+    CHECK(::pipe(ends) == 0 && ::dup2(ends[1], 9) == 9);
+    CHECK(::fcntl(9, F_SETFL, O_NONBLOCK) == 0);
+    const std::string block(4096, 'x');
+    while (::write(9, block.data(), block.size()) > 0) {
+    }
+    CHECK(::fcntl(9, F_SETFL, 0) == 0);  // blocking again, as the program's own would be
+  }
   CHECK_CUDA(cudaFree(nullptr));
   return 0;
 }
@@ -214,6 +225,20 @@ void check_nodes(const std::string& dir) {
     CHECK_MSG(written.find("poolcuda report #1 (pid ") != std::string::npos &&
                   written.find(std::string("report 1 written to ") + name) != std::string::npos,
               std::string(name) + ": standard error got: " + written);
+  }
+
+  // A full pipe named through /dev/fd is opened anew, non-blocking, as a FIFO is: its
+  // descriptor, which blocks, would hold the exit for good.
+  {
+    const preload_test::ChildResult full = preload_test::run_self(
+        "exit-child",
+        {"POOLCUDA_CONF=report_at_exit:1,report_path:/dev/fd/9", "CHILD_DIR=" + dir,
+         "CHILD_FULL_PIPE=1", "CHILD_STDERR"},
+        20);
+    CHECK_MSG(full.status == 0 && !full.timed_out &&
+                  full.output.find("its reader did not take the whole report") !=
+                      std::string::npos,
+              "a full pipe: " + full.output);
   }
 
   // A link into /proc to nothing (a closed descriptor) is refused, not replaced.
