@@ -144,110 +144,65 @@ POOLCUDA_WATCHED(cudaMemsetAsync, false, stream,
 POOLCUDA_WATCHED(cudaMemsetAsync_ptsz, true, stream,
                  (void* ptr, int value, size_t count, cudaStream_t stream),
                  (ptr, value, count, stream))
-// The legacy stream's synchronous copies and memsets: they name no stream, so only the device
-// they run on is watched (a thread that never set one runs them on device 0).
-POOLCUDA_WATCHED(cudaMemcpy, false, nullptr,
-                 (void* dst, const void* src, size_t count, cudaMemcpyKind kind),
-                 (dst, src, count, kind))
-POOLCUDA_WATCHED(cudaMemset, false, nullptr, (void* ptr, int value, size_t count),
-                 (ptr, value, count))
-POOLCUDA_WATCHED(cudaMemcpy2D, false, nullptr,
-                 (void* dst, size_t dpitch, const void* src, size_t spitch, size_t width,
-                  size_t height, cudaMemcpyKind kind),
-                 (dst, dpitch, src, spitch, width, height, kind))
-POOLCUDA_WATCHED(cudaMemcpy2DFromArray, false, nullptr,
-                 (void* dst, size_t dpitch, cudaArray_const_t src, size_t wOffset,
-                  size_t hOffset, size_t width, size_t height, cudaMemcpyKind kind),
-                 (dst, dpitch, src, wOffset, hOffset, width, height, kind))
-POOLCUDA_WATCHED(cudaMemcpy2DToArray, false, nullptr,
-                 (cudaArray_t dst, size_t wOffset, size_t hOffset, const void* src,
-                  size_t spitch, size_t width, size_t height, cudaMemcpyKind kind),
-                 (dst, wOffset, hOffset, src, spitch, width, height, kind))
-POOLCUDA_WATCHED(cudaMemcpy3D, false, nullptr, (const cudaMemcpy3DParms* p), (p))
-POOLCUDA_WATCHED(cudaMemcpyFromArray, false, nullptr,
-                 (void* dst, cudaArray_const_t src, size_t wOffset, size_t hOffset, size_t count,
-                  cudaMemcpyKind kind),
-                 (dst, src, wOffset, hOffset, count, kind))
-POOLCUDA_WATCHED(cudaMemcpyToArray, false, nullptr,
-                 (cudaArray_t dst, size_t wOffset, size_t hOffset, const void* src, size_t count,
-                  cudaMemcpyKind kind),
-                 (dst, wOffset, hOffset, src, count, kind))
-POOLCUDA_WATCHED(cudaMemcpyFromSymbol, false, nullptr,
-                 (void* dst, const void* symbol, size_t count, size_t offset,
-                  cudaMemcpyKind kind),
-                 (dst, symbol, count, offset, kind))
-POOLCUDA_WATCHED(cudaMemcpyToSymbol, false, nullptr,
-                 (const void* symbol, const void* src, size_t count, size_t offset,
-                  cudaMemcpyKind kind),
-                 (symbol, src, count, offset, kind))
-POOLCUDA_WATCHED(cudaMemset2D, false, nullptr,
-                 (void* ptr, size_t pitch, int value, size_t width, size_t height),
-                 (ptr, pitch, value, width, height))
-POOLCUDA_WATCHED(cudaMemset3D, false, nullptr, (cudaPitchedPtr ptr, int value, cudaExtent extent),
-                 (ptr, value, extent))
-POOLCUDA_WATCHED(cudaMemcpyArrayToArray, false, nullptr,
-                 (cudaArray_t dst, size_t wOffsetDst, size_t hOffsetDst, cudaArray_const_t src,
-                  size_t wOffsetSrc, size_t hOffsetSrc, size_t count, cudaMemcpyKind kind),
-                 (dst, wOffsetDst, hOffsetDst, src, wOffsetSrc, hOffsetSrc, count, kind))
-POOLCUDA_WATCHED(cudaMemcpyArrayToArray_ptds, true, nullptr,
-                 (cudaArray_t dst, size_t wOffsetDst, size_t hOffsetDst, cudaArray_const_t src,
-                  size_t wOffsetSrc, size_t hOffsetSrc, size_t count, cudaMemcpyKind kind),
-                 (dst, wOffsetDst, hOffsetDst, src, wOffsetSrc, hOffsetSrc, count, kind))
-POOLCUDA_WATCHED(cudaMemcpy2DArrayToArray, false, nullptr,
-                 (cudaArray_t dst, size_t wOffsetDst, size_t hOffsetDst, cudaArray_const_t src,
-                  size_t wOffsetSrc, size_t hOffsetSrc, size_t width, size_t height,
-                  cudaMemcpyKind kind),
-                 (dst, wOffsetDst, hOffsetDst, src, wOffsetSrc, hOffsetSrc, width, height, kind))
-POOLCUDA_WATCHED(cudaMemcpy2DArrayToArray_ptds, true, nullptr,
-                 (cudaArray_t dst, size_t wOffsetDst, size_t hOffsetDst, cudaArray_const_t src,
-                  size_t wOffsetSrc, size_t hOffsetSrc, size_t width, size_t height,
-                  cudaMemcpyKind kind),
-                 (dst, wOffsetDst, hOffsetDst, src, wOffsetSrc, hOffsetSrc, width, height, kind))
-POOLCUDA_WATCHED(cudaMemcpy_ptds, true, nullptr,
-                 (void* dst, const void* src, size_t count, cudaMemcpyKind kind),
-                 (dst, src, count, kind))
-POOLCUDA_WATCHED(cudaMemset_ptds, true, nullptr, (void* ptr, int value, size_t count),
-                 (ptr, value, count))
-POOLCUDA_WATCHED(cudaMemcpy2D_ptds, true, nullptr,
-                 (void* dst, size_t dpitch, const void* src, size_t spitch, size_t width,
-                  size_t height, cudaMemcpyKind kind),
-                 (dst, dpitch, src, spitch, width, height, kind))
-POOLCUDA_WATCHED(cudaMemcpy2DFromArray_ptds, true, nullptr,
-                 (void* dst, size_t dpitch, cudaArray_const_t src, size_t wOffset,
-                  size_t hOffset, size_t width, size_t height, cudaMemcpyKind kind),
-                 (dst, dpitch, src, wOffset, hOffset, width, height, kind))
-POOLCUDA_WATCHED(cudaMemcpy2DToArray_ptds, true, nullptr,
-                 (cudaArray_t dst, size_t wOffset, size_t hOffset, const void* src,
-                  size_t spitch, size_t width, size_t height, cudaMemcpyKind kind),
-                 (dst, wOffset, hOffset, src, spitch, width, height, kind))
-POOLCUDA_WATCHED(cudaMemcpy3D_ptds, true, nullptr,
-                 (const cudaMemcpy3DParms* p),
-                 (p))
+// The synchronous copies and memsets name no stream: the legacy one, or with a per-thread build
+// (the _ptds form) the thread's own. The legacy form's call watches only the device it runs on
+// (a thread that never set one runs it on device 0).
+#define POOLCUDA_WATCHED_SYNC(name, params, args)  \
+  POOLCUDA_WATCHED(name, false, nullptr, params, args) \
+  POOLCUDA_WATCHED(name##_ptds, true, nullptr, params, args)
+
+POOLCUDA_WATCHED_SYNC(cudaMemcpy, (void* dst, const void* src, size_t count, cudaMemcpyKind kind),
+                      (dst, src, count, kind))
+POOLCUDA_WATCHED_SYNC(cudaMemset, (void* ptr, int value, size_t count), (ptr, value, count))
+POOLCUDA_WATCHED_SYNC(cudaMemcpy2D,
+                      (void* dst, size_t dpitch, const void* src, size_t spitch, size_t width,
+                       size_t height, cudaMemcpyKind kind),
+                      (dst, dpitch, src, spitch, width, height, kind))
+POOLCUDA_WATCHED_SYNC(cudaMemcpy2DFromArray,
+                      (void* dst, size_t dpitch, cudaArray_const_t src, size_t wOffset,
+                       size_t hOffset, size_t width, size_t height, cudaMemcpyKind kind),
+                      (dst, dpitch, src, wOffset, hOffset, width, height, kind))
+POOLCUDA_WATCHED_SYNC(cudaMemcpy2DToArray,
+                      (cudaArray_t dst, size_t wOffset, size_t hOffset, const void* src,
+                       size_t spitch, size_t width, size_t height, cudaMemcpyKind kind),
+                      (dst, wOffset, hOffset, src, spitch, width, height, kind))
+POOLCUDA_WATCHED_SYNC(cudaMemcpy3D, (const cudaMemcpy3DParms* p), (p))
+POOLCUDA_WATCHED_SYNC(cudaMemcpyFromArray,
+                      (void* dst, cudaArray_const_t src, size_t wOffset, size_t hOffset,
+                       size_t count, cudaMemcpyKind kind),
+                      (dst, src, wOffset, hOffset, count, kind))
+POOLCUDA_WATCHED_SYNC(cudaMemcpyToArray,
+                      (cudaArray_t dst, size_t wOffset, size_t hOffset, const void* src,
+                       size_t count, cudaMemcpyKind kind),
+                      (dst, wOffset, hOffset, src, count, kind))
+POOLCUDA_WATCHED_SYNC(cudaMemcpyFromSymbol,
+                      (void* dst, const void* symbol, size_t count, size_t offset,
+                       cudaMemcpyKind kind),
+                      (dst, symbol, count, offset, kind))
+POOLCUDA_WATCHED_SYNC(cudaMemcpyToSymbol,
+                      (const void* symbol, const void* src, size_t count, size_t offset,
+                       cudaMemcpyKind kind),
+                      (symbol, src, count, offset, kind))
+POOLCUDA_WATCHED_SYNC(cudaMemset2D,
+                      (void* ptr, size_t pitch, int value, size_t width, size_t height),
+                      (ptr, pitch, value, width, height))
+POOLCUDA_WATCHED_SYNC(cudaMemset3D, (cudaPitchedPtr ptr, int value, cudaExtent extent),
+                      (ptr, value, extent))
+POOLCUDA_WATCHED_SYNC(cudaMemcpyArrayToArray,
+                      (cudaArray_t dst, size_t wOffsetDst, size_t hOffsetDst,
+                       cudaArray_const_t src, size_t wOffsetSrc, size_t hOffsetSrc, size_t count,
+                       cudaMemcpyKind kind),
+                      (dst, wOffsetDst, hOffsetDst, src, wOffsetSrc, hOffsetSrc, count, kind))
+POOLCUDA_WATCHED_SYNC(cudaMemcpy2DArrayToArray,
+                      (cudaArray_t dst, size_t wOffsetDst, size_t hOffsetDst,
+                       cudaArray_const_t src, size_t wOffsetSrc, size_t hOffsetSrc, size_t width,
+                       size_t height, cudaMemcpyKind kind),
+                      (dst, wOffsetDst, hOffsetDst, src, wOffsetSrc, hOffsetSrc, width, height,
+                       kind))
+#undef POOLCUDA_WATCHED_SYNC
 POOLCUDA_WATCHED_PEER(cudaMemcpy3DPeer_ptds, true, nullptr,
                  (const cudaMemcpy3DPeerParms* p),
                  (p))
-POOLCUDA_WATCHED(cudaMemcpyFromArray_ptds, true, nullptr,
-                 (void* dst, cudaArray_const_t src, size_t wOffset, size_t hOffset, size_t count,
-                  cudaMemcpyKind kind),
-                 (dst, src, wOffset, hOffset, count, kind))
-POOLCUDA_WATCHED(cudaMemcpyToArray_ptds, true, nullptr,
-                 (cudaArray_t dst, size_t wOffset, size_t hOffset, const void* src, size_t count,
-                  cudaMemcpyKind kind),
-                 (dst, wOffset, hOffset, src, count, kind))
-POOLCUDA_WATCHED(cudaMemcpyFromSymbol_ptds, true, nullptr,
-                 (void* dst, const void* symbol, size_t count, size_t offset,
-                  cudaMemcpyKind kind),
-                 (dst, symbol, count, offset, kind))
-POOLCUDA_WATCHED(cudaMemcpyToSymbol_ptds, true, nullptr,
-                 (const void* symbol, const void* src, size_t count, size_t offset,
-                  cudaMemcpyKind kind),
-                 (symbol, src, count, offset, kind))
-POOLCUDA_WATCHED(cudaMemset2D_ptds, true, nullptr,
-                 (void* ptr, size_t pitch, int value, size_t width, size_t height),
-                 (ptr, pitch, value, width, height))
-POOLCUDA_WATCHED(cudaMemset3D_ptds, true, nullptr,
-                 (cudaPitchedPtr ptr, int value, cudaExtent extent),
-                 (ptr, value, extent))
 POOLCUDA_WATCHED(cudaMemcpy2DAsync, false, stream,
                  (void* dst, size_t dpitch, const void* src, size_t spitch, size_t width,
                   size_t height, cudaMemcpyKind kind, cudaStream_t stream),
