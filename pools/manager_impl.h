@@ -27,11 +27,11 @@
 namespace poolcuda {
 
 // The most a reservation waits, in total, for fences when fence-pending bytes exceed their bound
-// (Note [Free fences]). Long enough for a device that merely lags the host to reach the oldest
-// fence, so memory stays bounded in the usual case; short enough that a fence which cannot pass
-// while the allocating thread waits (its stream parked by a host function only that thread
-// releases) never deadlocks it. At worst, when fences never pass, the bound throttles growth to
-// one page (or one allocation) per kFenceWaitBoundMicros.
+// (Note [Free fences]), unless the device is seen passing them (kFenceProgressWaitMicros below).
+// Long enough for a device that merely lags the host a little to reach the oldest fence; short
+// enough that a fence which cannot pass while the allocating thread waits (its stream parked by a
+// host function only that thread releases) never deadlocks it. At worst, when fences never pass,
+// the bound throttles growth to one page (or one allocation) per kFenceWaitBoundMicros.
 inline constexpr std::uint32_t kFenceWaitBoundMicros = 2000;
 // While the device is seen passing fences (one passed in the last kFenceProgressNanos), a
 // reservation waits up to kFenceProgressWaitMicros for the oldest one, and again after each that

@@ -45,12 +45,13 @@
 // in the same step. The real cudaFree synchronizes the whole device on every call; this waits,
 // rarely, for a point the device has (nearly) reached.
 // The wait is bounded: at most kFenceWaitBoundMicros (manager_impl.h) in total per
-// reservation; when the bound expires the reservation grows as if there were no bound. A real
-// cudaMalloc never waits on streams, and a program may park a stream on a host function that
-// only the allocating thread will release: an unbounded wait here would deadlock it. The wait
-// happens with the manager's lock released (Note [Outside the lock]), so other threads keep
-// allocating meanwhile. Under normal device lag the bound is ample, so memory stays bounded;
-// when fences do not pass, growth is throttled to one page per bound, never stopped.
+// reservation, longer only while fences keep passing (Note [A host far ahead]); when the bound
+// expires the reservation grows as if there were no bound. A real cudaMalloc never waits on
+// streams, and a program may park a stream on a host function that only the allocating thread
+// will release: an unbounded wait here would deadlock it. The wait happens with the manager's
+// lock released (Note [Outside the lock]), so other threads keep allocating meanwhile. While the
+// device passes fences the waits keep memory near the bound; when fences do not pass, growth is
+// throttled to one page per bound, never stopped.
 // fence_slack 0 leaves only the share of the live set: no pool grows while more than an
 // eighth of the bytes in use wait on fences (with nothing in use: while any do) and the oldest
 // fence passes within the bound. If the miss could not close the open epoch
