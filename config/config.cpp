@@ -241,7 +241,8 @@ std::string describe_hold(const Config& c) {
 std::string grammar_hold() { return "off|FACTOR"; }
 
 constexpr std::string_view kPathExpected =
-    "stderr or a file path without ',' (%p = pid, %n = report number; no other '%' sequence)";
+    "stderr, stdout or a file path without ',' (%p = pid, %n = report number; no other '%' "
+    "sequence)";
 
 std::optional<ConfigError> parse_report_path(std::string_view key, std::string_view value,
                                              Config& c) {
@@ -257,7 +258,7 @@ std::optional<ConfigError> parse_report_path(std::string_view key, std::string_v
 }
 
 std::string describe_report_path(const Config& c) { return c.report_path; }
-std::string grammar_report_path() { return "stderr|PATH"; }
+std::string grammar_report_path() { return "stderr|stdout|PATH"; }
 
 std::optional<ConfigError> parse_pools_option(std::string_view key, std::string_view value,
                                               Config& c) {
@@ -313,7 +314,7 @@ constexpr std::array<Option, 18> kOptions = {{
                          "the signal that makes the process write a report"),
     POOLCUDA_WORD_OPTION("report_format", kFormatWords, &Config::report_format,
                          "the report's format (wide: text with every column)"),
-    {"report_path", "where reports go: stderr or a file (%p = pid, %n = report number)",
+    {"report_path", "where reports go: stderr, stdout or a file (%p = pid, %n = report number)",
      &parse_report_path, &describe_report_path, &grammar_report_path},
     POOLCUDA_WORD_OPTION("report_at_exit", kBitWords, &Config::report_at_exit,
                          "1: write one report when the process exits"),

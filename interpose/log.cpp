@@ -47,13 +47,17 @@ bool log_enabled(LogLevel level) {
 // which is dropped when the pipe is full, kAskedForWait for what the user asked for. SIGPIPE is
 // blocked meanwhile; the write fails with EPIPE instead.
 void write_stderr(std::string_view text, std::chrono::milliseconds wait) {
+  write_descriptor(STDERR_FILENO, text, wait);
+}
+
+void write_descriptor(int fd, std::string_view text, std::chrono::milliseconds wait) {
   NoCancel no_cancel;  // a log line inside the program's call (Note [Cancellation])
   NoSigpipe no_sigpipe;
   const auto deadline = std::chrono::steady_clock::now() + wait;
   while (!text.empty()) {
     const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
         deadline - std::chrono::steady_clock::now());
-    pollfd ready{STDERR_FILENO, POLLOUT, 0};
+    pollfd ready{fd, POLLOUT, 0};
     const int polled =
         ::poll(&ready, 1, static_cast<int>(std::max<std::int64_t>(left.count(), 0)));
     if (polled < 0 && errno == EINTR) continue;
@@ -64,7 +68,7 @@ void write_stderr(std::string_view text, std::chrono::milliseconds wait) {
       const std::size_t last_line = text.substr(0, piece).rfind('\n');
       if (last_line != std::string_view::npos) piece = last_line + 1;
     }
-    const ssize_t n = ::write(STDERR_FILENO, text.data(), piece);
+    const ssize_t n = ::write(fd, text.data(), piece);
     if (n < 0) {
       if (errno == EINTR) continue;
       return;

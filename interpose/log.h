@@ -41,6 +41,8 @@ void drop_kept();
 // dies of SIGPIPE (Note [Writes to standard error] in log.cpp).
 void write_stderr(std::string_view text,
                   std::chrono::milliseconds wait = std::chrono::milliseconds{0});
+// The same for descriptor `fd` (report_path:stdout writes reports to descriptor 1).
+void write_descriptor(int fd, std::string_view text, std::chrono::milliseconds wait);
 // How long a message the user asked for (a configuration error, confirm:1, the exit summary, a
 // report) waits for a full pipe; a log line waits for none.
 inline constexpr std::chrono::milliseconds kAskedForWait{2000};

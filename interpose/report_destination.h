@@ -18,15 +18,18 @@
 
 namespace poolcuda {
 
-// The keyword value of report_path, in any case (keyword values of POOLCUDA_CONF ignore case).
-inline bool is_stderr_keyword(std::string_view report_path) {
-  constexpr std::string_view kKeyword = "stderr";
-  if (report_path.size() != kKeyword.size()) return false;
-  for (std::size_t i = 0; i < kKeyword.size(); ++i) {
-    const char c = report_path[i];
-    if ((c >= 'A' && c <= 'Z' ? static_cast<char>(c + 32) : c) != kKeyword[i]) return false;
-  }
-  return true;
+// The descriptor a keyword value of report_path names (`stderr`: 2, `stdout`: 1, in any case, as
+// keyword values of POOLCUDA_CONF ignore case), or -1 for a file name.
+inline int report_keyword_descriptor(std::string_view report_path) {
+  const auto is = [report_path](std::string_view keyword) {
+    if (report_path.size() != keyword.size()) return false;
+    for (std::size_t i = 0; i < keyword.size(); ++i) {
+      const char c = report_path[i];
+      if ((c >= 'A' && c <= 'Z' ? static_cast<char>(c + 32) : c) != keyword[i]) return false;
+    }
+    return true;
+  };
+  return is("stderr") ? STDERR_FILENO : is("stdout") ? STDOUT_FILENO : -1;
 }
 
 enum class ReportDestination {

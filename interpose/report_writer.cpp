@@ -208,11 +208,11 @@ RenderedReport render_snapshots(std::string_view reason, ReportFormat format,
 Delivery deliver(const RenderedReport& report) {
   const Config& conf = config();
   std::lock_guard<std::mutex> hold(output_mutex());
-  if (is_stderr_keyword(conf.report_path)) {
+  if (const int stream = report_keyword_descriptor(conf.report_path); stream >= 0) {
     // A reader that does not take it within the bound loses the rest (Note [Writes to
     // standard error] in log.cpp).
-    write_stderr(report.text, kAskedForWait);
-    return Delivery{true, "standard error"};
+    write_descriptor(stream, report.text, kAskedForWait);
+    return Delivery{true, stream == STDOUT_FILENO ? "standard output" : "standard error"};
   }
   const std::string path =
       expand_report_path(conf.report_path, static_cast<long>(::getpid()), report.sequence);

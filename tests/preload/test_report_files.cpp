@@ -286,7 +286,21 @@ void check_nodes(const std::string& dir) {
     CHECK_MSG(kind_of(dir + "/" + keyword) == 0, keyword + " was written as a file");
   }
 
-  for (const char* name : {"fifo", "socket", "null-link", "stderr-link", "stderr.txt",
+  // The stdout keyword writes to descriptor 1 (the test's pipe), in any case, with nothing on
+  // standard error and no file named after it; ./stdout is a file.
+  for (const std::string keyword : {"stdout", "STDOUT"}) {
+    result = run_exit_child(dir, keyword, stderr_file);
+    CHECK_MSG(result.output.find("poolcuda report #1 (pid ") != std::string::npos,
+              keyword + ": no report on stdout");
+    const std::string on_stderr = read_file(stderr_file);
+    CHECK_MSG(on_stderr.find("poolcuda report #") == std::string::npos,
+              keyword + ": standard error had:\n" + on_stderr);
+    CHECK_MSG(kind_of(dir + "/" + keyword) == 0, keyword + " was written as a file");
+  }
+  run_exit_child(dir, "./stdout");
+  CHECK(read_file(dir + "/stdout").find("poolcuda report #1 (pid ") != std::string::npos);
+
+  for (const char* name : {"fifo", "socket", "null-link", "stderr-link", "stderr.txt", "stdout",
                            "closed-link", "others-link", "others-fifo"}) {
     ::unlink((dir + "/" + name).c_str());
   }

@@ -101,6 +101,7 @@ TEST_CASE("every keyword value of every key") {
   CHECK(parse_ok("report_format:json").report_format == ReportFormat::json);
   CHECK(parse_ok("report_format:wide").report_format == ReportFormat::wide);
   CHECK(parse_ok("report_path:stderr").report_path == "stderr");
+  CHECK(parse_ok("report_path:stdout").report_path == "stdout");
   CHECK(parse_ok("report_path:/tmp/r-%p-%n.json").report_path == "/tmp/r-%p-%n.json");
   CHECK(parse_ok("report_path:C:/x(1)[2].txt").report_path == "C:/x(1)[2].txt");
   CHECK(parse_ok("report_at_exit:1").report_at_exit);
@@ -381,7 +382,7 @@ TEST_CASE("error: a bad keyword value") {
 }
 
 TEST_CASE("error: a bad report path") {
-  check_error("report_path:", "report_path", "", "stderr or a file path");
+  check_error("report_path:", "report_path", "", "stderr, stdout or a file path");
   check_error("report_path:/tmp/r-%d", "report_path", "/tmp/r-%d", "%p = pid");
   check_error("report_path:/tmp/r-%", "report_path", "/tmp/r-%", "no other '%' sequence");
 }

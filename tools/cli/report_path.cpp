@@ -45,7 +45,7 @@ std::string create_probe_file(const std::string& directory) {
 }  // namespace
 
 std::string report_path_problem(const std::string& pattern) {
-  if (is_stderr_keyword(pattern)) return {};
+  if (report_keyword_descriptor(pattern) >= 0) return {};
   const std::string path = expand_report_path(pattern, static_cast<long>(::getpid()), 1);
   // What the library does with what is there now (report_destination.h): what it writes into
   // in place must be writable, and a socket cannot be opened.
