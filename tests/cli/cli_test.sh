@@ -153,6 +153,11 @@ check-conf-report-path)
   run_cli 0 check-conf "report_path:$work/reports/r-%p-%n.json"
   is_empty err
   run_cli 0 check-conf "report_path:stderr"
+  run_cli 0 check-conf "report_path:stdout"
+  is_empty err
+  long_name=$(printf 'r%.0s' $(seq 256))
+  run_cli 1 check-conf "report_path:$work/reports/$long_name"
+  has err "the file name is 256 bytes, longer than the 255 a name in '$work/reports' may have"
   # The keyword in any case: not a file named STDERR (here a directory, which would be refused).
   mkdir "$work/STDERR"
   (cd "$work" && run_cli 0 check-conf "report_path:STDERR") || exit 1

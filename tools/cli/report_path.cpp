@@ -76,6 +76,13 @@ std::string report_path_problem(const std::string& pattern) {
                     : " (the library creates no directory)");
   }
   if (!S_ISDIR(info.st_mode)) return "'" + directory + "' is not a directory";
+  // The kernel refuses a longer name (ENAMETOOLONG); %p and %n make it a few bytes longer or
+  // shorter in the program than here.
+  const std::string name = slash == std::string::npos ? path : path.substr(slash + 1);
+  const long longest = ::pathconf(directory.c_str(), _PC_NAME_MAX);
+  if (longest > 0 && name.size() > static_cast<std::size_t>(longest))
+    return "the file name is " + std::to_string(name.size()) + " bytes, longer than the " +
+           std::to_string(longest) + " a name in '" + directory + "' may have";
   return create_probe_file(directory);
 }
 
