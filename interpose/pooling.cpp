@@ -455,21 +455,27 @@ int forward(int device, std::size_t size, void** ptr, const std::function<int()>
   }
   budget::ChargeScope charged(device, size);
   passed();
+  const std::uint64_t returned_before = ReleaseWorker::pages_returned();
   const int result = real();
   if (result == 0) {
     charged.keep();
     budget::passed_through(device, *ptr, size);
     drop_kept();  // the pools' refusal, if any, cost the program nothing
   } else if (has_kept()) {
-    // The pools' figures are from before CUDA was asked (and may have given their idle pages
-    // back meanwhile): what the device had free then tells the rest. Asked only for a line to
-    // write: a program that probes for the largest allocation that fits pays nothing more.
+    // The pools' figures are from before CUDA was asked: what the device had free then tells
+    // the rest. Pages that went back to the driver meanwhile (the retry that gives idle pages
+    // back) are in both figures, which the line says, lest a reader add them up. Asked only for
+    // a line to write: a program that probes for the largest allocation that fits pays nothing
+    // more.
     CudaDevice* cuda = Registry::instance().device(device);
+    const bool given_back = ReleaseWorker::pages_returned() != returned_before;
     say_kept(cuda == nullptr ? std::string("; CUDA's own allocation failed too")
                              : "; CUDA's own allocation failed too, with " +
                                    std::to_string(cuda->memory_info().free_bytes) +
                                    (budget::limit(device) ? " B free within the budget"
-                                                          : " B free on the device"));
+                                                          : " B free on the device") +
+                                   (given_back ? " once the pools had given their idle pages back"
+                                               : ""));
   }
   return result;
 }
