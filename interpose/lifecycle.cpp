@@ -56,6 +56,14 @@
 // the process as touched on their first call (one relaxed load afterwards), notes about the
 // library's own state wait for that mark (log_when_touched), and the exit work looks at it.
 // Errors the user must see at once (a malformed configuration, confirm:1) are exempt.
+// Nor does such a process get the library's report signal handler and reporter thread: both come
+// at the first CUDA call, as a process's CUDA threads do. A thread of the library's in a process
+// that never used CUDA broke what a single-threaded program may do: privilege-dropping tools
+// that set their capabilities back on their own thread between setresuid and setresgid (setpriv,
+// the library preloaded through `poolcuda run -- setpriv ... ./app`) were aborted by the C
+// library, whose set-ID call on every thread failed on ours; unshare(CLONE_NEWUSER) and a setns
+// into a mount namespace failed; and the report signal, which ends a plain program, made a
+// report instead.
 //
 // Depends on config/config.h, the C library's dlsym (dl_real.h), the driver map's fork handlers
 // (driver_variants.h), the log, the reporter and the exit work; names no CUDA symbol.
@@ -169,7 +177,9 @@ thread_local bool t_holding_notes = false;
 // A child forked from an untouched process, until its first CUDA call: the exit work leaves it
 // silent (what it would say about calls that never arrived is its parent's to say).
 bool g_fresh_child = false;
-std::atomic<bool> g_reporter_due{false};  // a fresh child starts its reporter at its first call
+// The reporter starts at the process's first call (Note [Silent processes]), and at a fresh
+// child's.
+std::atomic<bool> g_reporter_due{false};
 // How long a fork waits for a report in progress before its child gives up the pools.
 constexpr std::uint32_t kReporterWaitMillis = 100;
 
@@ -239,9 +249,9 @@ void exit_work() {
 __attribute__((constructor)) void load_library() {
   g_loaded_ns.store(monotonic_ns(), std::memory_order_relaxed);
   if (decide_state() != detail::active) return;  // announced at the first call (passthrough)
-  const Config& conf = load_config();
+  load_config();  // a malformed configuration stops the process now (DESIGN.md decision 9)
   ::pthread_atfork(&before_fork, &after_fork_in_parent, &after_fork_in_child);
-  start_reporter(conf);
+  g_reporter_due.store(true, std::memory_order_relaxed);  // Note [Silent processes]
   std::atexit(&exit_work);
 }
 

@@ -285,11 +285,12 @@ void start_reporter(const Config& conf) {
   if (::sigaction(g_signal, &action, nullptr) != 0) return;
   g_installed = true;
 
-  // The mark is published here, before the reporter thread starts, not by that thread: here,
-  // in the library's constructor, no code of the program runs yet. A program whose main first
-  // closes every descriptor it did not open and reuses the numbers (closefrom, then a pipe)
-  // could otherwise lose its new descriptor to the close of the memfd, when the thread's
-  // memfd_create landed before the program's close and the library's close after its reuse.
+  // The mark is published here, inside the program's first CUDA call (Note [Silent processes]
+  // in lifecycle.cpp), not by the reporter thread: a program that closes every descriptor it
+  // did not open and reuses the numbers (closefrom, then a pipe) could otherwise lose its new
+  // descriptor to the close of the memfd, when the thread's memfd_create landed before the
+  // program's close and the library's close after its reuse. Inside the call, the memfd lives
+  // and goes as a descriptor the runtime opens and closes there would.
   publish_mark();
   // Note [Report signal]: the thread starts with every signal blocked.
   if (!start_library_thread(&reporter_main, nullptr, nullptr)) {

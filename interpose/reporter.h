@@ -12,11 +12,11 @@
 
 namespace poolcuda {
 
-// Installs the report signal's handler, starts the reporter thread, which then publishes the
-// readiness mark. When the program (or another library) already handles or ignores that signal,
-// leaves it alone and says so at the first CUDA call: reports then come only from
-// report_at_exit. Called from the library's constructor, and again in a forked child that keeps
-// the pools, at its first CUDA call (Note [Fork] in lifecycle.cpp).
+// Installs the report signal's handler, publishes the readiness mark and starts the reporter
+// thread. When the program (or another library) already handles or ignores that signal, leaves it
+// alone and says so: reports then come only from report_at_exit. Called at the process's first
+// CUDA call (Note [Silent processes] in lifecycle.cpp), and at that of a forked child that keeps
+// the pools (Note [Fork]).
 void start_reporter(const Config& config);
 
 // In a forked child: puts back the disposition the signal had before the library installed its

@@ -525,6 +525,43 @@ real-refusals)
   run_cli 1 report "$background_pid"
   has err "runs with report_signal:none"
   stop_target
+  # A process that has made no CUDA call has no handler and no thread of the library's: refused,
+  # and the report signal ends it as it ends the plain program.
+  start_target -- "$target" nocuda 60
+  run_cli 1 report "$background_pid"
+  has err "process $background_pid has loaded libpoolcuda.so but is not ready to answer (it has"
+  has err "(it has made no CUDA call yet"
+  kill -USR1 "$background_pid"
+  wait "$background_pid"
+  status=$?
+  [ "$status" -eq $((128 + 10)) ] || fail "SIGUSR1 left the process with status $status"
+  background_pid=
+  # A privilege-dropping tool that sets its capabilities back on its own thread between
+  # setresuid and setresgid: the C library aborts a set-ID call that fails on any other thread.
+  if [ "$(id -u)" = 0 ] && command -v setpriv >/dev/null; then
+    cli run -- setpriv --reuid=65534 --regid=65534 --clear-groups true >"$work/out" 2>"$work/err" ||
+      fail "setpriv under the library exited $?"
+  fi
+  # A process the library's answer could not come back from (it opens this command's pipe
+  # through /proc): refused at once, nothing sent, instead of a wait for the timeout.
+  if [ "$(id -u)" = 0 ] && command -v setpriv >/dev/null; then
+    # Another user's (this command runs as root).
+    start_target -- setpriv --reuid=65534 --regid=65534 --clear-groups "$target" sleep 60
+    wait_ready_mark
+    run_cli 1 report --timeout 30 "$background_pid"
+    has err "process $background_pid runs as "
+    has err "which may not open the reply pipe of this command (uid 0); nothing was sent"
+    stop_target
+  fi
+  if [ "$(id -u)" = 0 ] && unshare --pid --fork true 2>/dev/null; then
+    # One in a PID namespace below this command's.
+    start_target -- unshare --pid --fork "$target" sleep 60
+    inner=$(pgrep -P "$background_pid")
+    wait_for "/proc/$inner/maps" "poolcuda-ready."
+    run_cli 1 report --timeout 30 "$inner"
+    has err "process $inner runs in another PID namespace (a container's, where it is PID 1)"
+    stop_target
+  fi
   # The same with a copy of the library under another name: still the library (its marker).
   build=$(dirname "$(dirname "$(dirname "$poolcuda")")")
   mkdir -p "$work/renamed/interpose" "$work/renamed/tests"

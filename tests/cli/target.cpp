@@ -1,6 +1,8 @@
 // The program the CLI tests run under `poolcuda run` with the real library: plain C++ against
-// the CUDA runtime. Usage: cli_target MODE SECONDS, where MODE is
+// the CUDA runtime. Usage: cli_target MODE SECONDS. Every mode but `nocuda` first makes one CUDA
+// call (cudaFree(nullptr)), which installs the library's handler and starts its reporter. MODE is
 //   sleep    sleeps;
+//   nocuda   sleeps, without that call;
 //   cuda     allocates (64 MiB freed, 1 MiB kept) before it says ready, then sleeps;
 //   handler  installs its own SIGUSR1 handler after the library's, then sleeps;
 //   default  sets SIGUSR1 back to its default action after the library installed its handler,
@@ -69,11 +71,15 @@ int poll_until(Clock::time_point end) {
 
 int main(int argc, char** argv) {
   if (argc != 3) {
-    std::fprintf(stderr, "usage: cli_target sleep|cuda|handler|default|poll SECONDS\n");
+    std::fprintf(stderr, "usage: cli_target sleep|nocuda|cuda|handler|default|poll SECONDS\n");
     return 2;
   }
   const char* mode = argv[1];
   const Clock::time_point end = Clock::now() + std::chrono::seconds(std::atoi(argv[2]));
+  if (std::strcmp(mode, "nocuda") != 0 && cudaFree(nullptr) != cudaSuccess) {
+    std::printf("cuda failed\n");
+    return 1;
+  }
   if (std::strcmp(mode, "cuda") == 0 && cuda_work() != 0) return 1;
   if (std::strcmp(mode, "handler") == 0) {
     struct sigaction action {};

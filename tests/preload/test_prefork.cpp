@@ -6,8 +6,8 @@
 // child's first call keeps the pools too; one forked after it passes through, as any child of a
 // process that used CUDA does, and writes no report. A child that never calls CUDA writes
 // nothing at all, even at exit. Two threads that fork while a third makes the first CUDA call
-// leave the reporter working. The parent, untouched by all this, pools its own allocations
-// afterwards.
+// leave the reporter working. The parent, untouched by all this (no handler, no mark, as any
+// process before its first CUDA call), pools its own allocations afterwards.
 //
 // Run with report_at_exit:1 and report_path REPORT_DIR/prefork-%p.txt.
 #include <signal.h>
@@ -170,8 +170,8 @@ int main() {
   preload_test::require_preloaded();
   if (!preload_test::on_stand_in()) preload_test::skip("counts real calls on the stand-in");
 
-  // No CUDA call yet: the library's reporter listens all the same.
-  CHECK(wait_for_ready_mark());
+  // No CUDA call yet: the program alone, as its children are (Note [Silent processes]).
+  CHECK(signal_is_default() && !has_ready_mark());
 
   for (int round = 0; round < 3; ++round) {
     const pid_t child = ::fork();
@@ -196,8 +196,9 @@ int main() {
   }
 #endif
 
-  CHECK(signal_is_default() == false);
+  CHECK(signal_is_default() && !has_ready_mark());
   CHECK(allocate_pooled() == 0);
+  CHECK(signal_is_default() == false && wait_for_ready_mark());
   std::printf("ok\n");
   return 0;
 }

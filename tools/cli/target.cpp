@@ -7,6 +7,7 @@
 // Depends on config/config.h, interpose/channel_protocol.h and check_library (cli.h).
 #include <dirent.h>
 #include <fcntl.h>
+#include <pwd.h>
 #include <signal.h>
 #include <unistd.h>
 
@@ -130,8 +131,36 @@ bool preloads_renamed_copy(const std::string& proc, std::string_view preload,
   return found;
 }
 
+// The numbers after the label of a /proc/PID/status line, such as "Uid:\t0\t0\t0\t0".
+std::vector<long> status_numbers(std::string_view line) {
+  std::vector<long> numbers;
+  line.remove_prefix(line.find(':') + 1);
+  for (;;) {
+    while (!line.empty() && (line.front() == ' ' || line.front() == '\t')) line.remove_prefix(1);
+    long value = 0;
+    const auto [end, error] = std::from_chars(line.data(), line.data() + line.size(), value);
+    if (error != std::errc()) return numbers;
+    numbers.push_back(value);
+    line.remove_prefix(static_cast<std::size_t>(end - line.data()));
+  }
+}
+
 void read_status(std::string_view status, Target* target) {
   for_each_line(status, '\n', [target](std::string_view line) {
+    if (line.starts_with("Uid:")) {
+      const std::vector<long> uids = status_numbers(line);  // real, effective, saved, fs
+      if (uids.size() == 4) {
+        target->effective_uid = uids[1];
+        target->fs_uid = uids[3];
+      }
+      return;
+    }
+    if (line.starts_with("NSpid:")) {
+      const std::vector<long> pids = status_numbers(line);
+      target->pid_namespaces = static_cast<int>(pids.size());
+      if (!pids.empty()) target->pid_inside = pids.back();
+      return;
+    }
     std::uint64_t* mask = line.starts_with("SigCgt:")   ? &target->caught
                           : line.starts_with("SigIgn:") ? &target->ignored
                                                         : nullptr;
@@ -238,9 +267,34 @@ std::string refusal(const Target& target, int* signal_number) {
            " (report_at_exit:1 writes a report when it exits)";
   }
   if (target.ready_signal == 0) {
-    return process + " has loaded libpoolcuda.so but is not ready to answer (the library is "
-                     "still loading, or this is a forked child or a second copy of the "
-                     "library)" + nothing + "; try again";
+    return process + " has loaded libpoolcuda.so but is not ready to answer (it has made no "
+                     "CUDA call yet, the library is still loading, or this is a forked child or "
+                     "a second copy of the library)" + nothing + "; try again";
+  }
+  // The library answers through this command's pipe, which it opens as /proc/SENDER/fd/N (Note
+  // [Report channel]): from a nested PID namespace the sender is not there to be named, and a
+  // process of another user may not open another user's descriptors.
+  int own_namespaces = 0;
+  if (const auto own = read_proc_file("/proc/self/status")) {
+    Target self;
+    read_status(*own, &self);
+    own_namespaces = self.pid_namespaces;
+  }
+  if (own_namespaces != 0 && target.pid_namespaces > own_namespaces) {
+    return process + " runs in another PID namespace (a container's, where it is PID " +
+           std::to_string(target.pid_inside) + "), from which the library cannot reach this "
+           "command" + nothing + "; run poolcuda report inside that container";
+  }
+  const long uid = static_cast<long>(::geteuid());
+  if (target.fs_uid >= 0 && target.fs_uid != uid && target.effective_uid != 0) {
+    const passwd* user = ::getpwuid(static_cast<uid_t>(target.fs_uid));
+    const std::string who = user != nullptr ? std::string(user->pw_name)
+                                            : "uid " + std::to_string(target.fs_uid);
+    return process + " runs as " + who + ", which may not open the reply pipe of this command "
+           "(uid " + std::to_string(uid) + ")" + nothing + "; run poolcuda report as " + who +
+           (user != nullptr ? " (sudo -u " + who + " poolcuda report " +
+                                  std::to_string(target.pid) + ")"
+                            : "");
   }
   *signal_number = signal;
   return {};

@@ -23,6 +23,14 @@ struct Target {
   std::uint64_t caught = 0;        // SigCgt of /proc/PID/status: bit n-1 for signal n
   std::uint64_t ignored = 0;       // SigIgn
   long reporter_thread = 0;        // the thread named poolcuda-report; 0 when none
+  // Uid: of /proc/PID/status: the user whose rights open files (the fourth figure), and the
+  // effective one. -1 when unknown.
+  long fs_uid = -1;
+  long effective_uid = -1;
+  // How many PID namespaces the process is seen from (the figures of NSpid:): more than this
+  // command's when it runs in a container nested below ours. 0 when unknown.
+  int pid_namespaces = 0;
+  long pid_inside = 0;             // its PID in its own namespace (NSpid's last figure)
 };
 
 // Reads /proc/PID. Nothing, with `error` set, when the process does not exist or cannot be
