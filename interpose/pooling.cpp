@@ -75,23 +75,32 @@ namespace {
 // the launch), succeeded. So an allocation about to fail for lack of memory after such a destroy
 // (the hooks note the time), while graphs hold pinned memory, waits for the release as long as
 // out-of-memory recovery waits (a launch may run long: 100 ms was not enough for one of 20 ms
-// per operation), and routes once more when one came. Each destroy is
-// waited for once: one whose release came (drained after it) or whose wait ran out is not waited
-// for again, so a program that keeps a graph alive (or destroys a graph whose exec lives on)
-// and probes for the largest size that fits pays the wait once at most; and a request larger
+// per operation), and routes once more when one came, as long as releases come. Graphs
+// destroyed together send their releases one by one, so once a release came after the last
+// destroy, the wait for the next is kGraphReleaseGap only: a drained release used to settle
+// every destroy before it, and after two graphs of 25 MiB were freed and destroyed on a 64 MiB
+// stand-in device whose destructors ran 1 ms apart, a 56 MiB request failed with the second
+// still pinned, as did allocations inside the next round's captures of a loop that kept four
+// graphs at a time, where the plain runs had the memory. Each destroy is waited for until a wait
+// runs out: then it is settled, so a program that keeps a graph alive (or destroys a graph whose
+// exec lives on) and probes for the largest size that fits pays the wait once at most (the gap,
+// once another graph's release came); and a request larger
 // than the driver's free memory and what the pools hold beyond their unpinned live slices does
 // not wait (the pinned bytes alone were too few a bound: a released slice frees its whole page,
 // and a 64 MiB request after a 4 KiB slice was freed in a capture failed at once). (The
-// destroys are not told apart by device or graph: a release drained after two destroys settles
-// both.) Inside a capture too: a loop that captured, destroyed the graph unlaunched and captured
+// destroys are not told apart by device or graph.) Inside a capture too: a loop that captured, destroyed the graph unlaunched and captured
 // again outran the stand-in's destructor thread, and its allocations inside the captures failed
 // once the graphs not yet reported held the device; what the releases free there waits for the
 // window's fence (Note [Releases inside a window] in pools/manager_api.cpp).
 std::atomic<std::int64_t> g_last_graph_destroy_ns{std::numeric_limits<std::int64_t>::min() / 2};
-// The time of the last destroy already waited for, or answered by a release drained after it.
+// The time of the last destroy whose wait ran out.
 std::atomic<std::int64_t> g_graph_destroy_settled_ns{std::numeric_limits<std::int64_t>::min() / 2};
+// The time of the last drain of a release.
+std::atomic<std::int64_t> g_graph_release_drained_ns{std::numeric_limits<std::int64_t>::min() / 2};
 // As long as out-of-memory recovery waits (ManagerOptions::recovery_wait_micros).
 constexpr std::chrono::microseconds kGraphReleaseWait{10000000};
+// The wait once a release came after the last destroy: the next is usually a moment behind.
+constexpr std::chrono::microseconds kGraphReleaseGap{100000};
 
 std::int64_t steady_ns() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(
@@ -108,11 +117,10 @@ void settle_graph_destroys(std::int64_t destroyed) {
   }
 }
 
-// Drains the graph releases CUDA has posted; a drain after a destroy settles it.
+// Drains the graph releases CUDA has posted.
 void drain_graph_releases(CapturePolicy& capture) {
-  const std::int64_t destroyed = g_last_graph_destroy_ns.load(std::memory_order_relaxed);
   capture.drain_releases();
-  settle_graph_destroys(destroyed);
+  g_graph_release_drained_ns.store(steady_ns(), std::memory_order_relaxed);
 }
 
 // cudaMemGetInfo right after a destroy: the release is usually a moment away, so the query
@@ -146,7 +154,8 @@ bool graph_release_arrived(CapturePolicy& capture, CudaDevice& device, MemoryMan
   const std::uint64_t room = usage.bytes_reserved > unpinned ? usage.bytes_reserved - unpinned : 0;
   if (size > room + device.memory_info().free_bytes) return false;
   NoCancel no_cancel;  // a wait plain CUDA's call would not make (Note [Cancellation])
-  WaitBound bound{kGraphReleaseWait};
+  const bool one_came = g_graph_release_drained_ns.load(std::memory_order_relaxed) > destroyed;
+  WaitBound bound{one_came ? kGraphReleaseGap : kGraphReleaseWait};
   const bool came = bound.retry([&] {
     while (!capture.releases_pending()) {
       if (bound.over()) return false;
@@ -400,8 +409,8 @@ Route allocate(const char* api, int device, std::size_t size, void** ptr) {
   // Out-of-memory recovery gives back empty managed slabs too (Device::give_back_elsewhere).
   Reservation reservation = capture.open() ? capture.allocate(size) : manager->allocate(size);
   // A capture that began during the wait takes the request in its window.
-  if (reservation.ptr == 0 && reservation.error.kind == ErrorKind::out_of_memory &&
-      graph_release_arrived(capture, *registry.device(device), *manager, size)) {
+  while (reservation.ptr == 0 && reservation.error.kind == ErrorKind::out_of_memory &&
+         graph_release_arrived(capture, *registry.device(device), *manager, size)) {
     reservation = capture.open() ? capture.allocate(size) : manager->allocate(size);
   }
   // A sticky context error is not checked on a hit: that would cost a CUDA call on every

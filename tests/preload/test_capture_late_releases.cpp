@@ -9,8 +9,66 @@
 // due, and the memory they release inside the window is reused there once the fence recorded
 // before the window opened has passed. The allocations used to fail once the device was full
 // (they did not wait inside a window), and on a busy machine also with no delay at all.
+// Then graphs destroyed together, whose reports come one by one (Note [Graphs dying] in
+// interpose/pooling.cpp): four graphs each pin a fifth of the device that the program freed; once
+// they are destroyed, a request of 85% must wait for all four reports, not the first only. And
+// rounds of four captures that each allocate 3/16 of the device while the previous round's graphs
+// (destroyed, then their buffers freed) are still reported: no allocation inside the captures may
+// fail. Both used to fail once the first report had come.
 // Sizes are fractions of the device; on a GPU the reports come at once and the loop passes.
+#include <vector>
+
 #include "check.h"
+
+namespace {
+
+// Captures, in relaxed mode on `stream`, an allocation of `size` and a memset of it.
+cudaGraph_t capture_allocation(cudaStream_t stream, std::size_t size, void** buffer,
+                               const std::string& what) {
+  CHECK_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeRelaxed));
+  const cudaError_t allocated = cudaMalloc(buffer, size);
+  CHECK_MSG(allocated == cudaSuccess, what + ": cudaMalloc of " + std::to_string(size) +
+                                          " B inside the capture: " + cudaGetErrorName(allocated));
+  CHECK_CUDA(cudaMemsetAsync(*buffer, 1, size, stream));
+  cudaGraph_t graph = nullptr;
+  CHECK_CUDA(cudaStreamEndCapture(stream, &graph));
+  return graph;
+}
+
+void graphs_destroyed_together(cudaStream_t stream, std::size_t total) {
+  std::vector<cudaGraph_t> graphs;
+  std::vector<void*> buffers(4);
+  for (void*& buffer : buffers)
+    graphs.push_back(capture_allocation(stream, total / 5, &buffer, "together"));
+  for (void* buffer : buffers) CHECK_CUDA(cudaFree(buffer));
+  for (cudaGraph_t graph : graphs) CHECK_CUDA(cudaGraphDestroy(graph));
+  void* large = nullptr;
+  CHECK_CUDA(cudaMalloc(&large, total / 20 * 17));
+  CHECK_CUDA(cudaFree(large));
+}
+
+void rounds_of_graphs(cudaStream_t stream, std::size_t total) {
+  for (int round = 0; round < 6; ++round) {
+    std::vector<cudaGraph_t> graphs;
+    std::vector<cudaGraphExec_t> execs;
+    std::vector<void*> buffers(4);
+    for (std::size_t k = 0; k < buffers.size(); ++k) {
+      graphs.push_back(capture_allocation(stream, total / 16 * 3, &buffers[k],
+                                          "round " + std::to_string(round) + ", graph " +
+                                              std::to_string(k)));
+      cudaGraphExec_t exec = nullptr;
+      CHECK_CUDA(cudaGraphInstantiate(&exec, graphs.back(), 0));
+      CHECK_CUDA(cudaGraphLaunch(exec, stream));
+      execs.push_back(exec);
+    }
+    CHECK_CUDA(cudaStreamSynchronize(stream));
+    for (cudaGraphExec_t exec : execs) CHECK_CUDA(cudaGraphExecDestroy(exec));
+    for (cudaGraph_t graph : graphs) CHECK_CUDA(cudaGraphDestroy(graph));
+    for (void* buffer : buffers) CHECK_CUDA(cudaFree(buffer));
+  }
+}
+
+}  // namespace
 
 int main() {
   preload_test::require_preloaded();
@@ -35,6 +93,8 @@ int main() {
     CHECK_CUDA(cudaStreamEndCapture(stream, &graph));
     CHECK_CUDA(cudaGraphDestroy(graph));
   }
+  graphs_destroyed_together(stream, total);
+  rounds_of_graphs(stream, total);
   CHECK_CUDA(cudaStreamDestroy(stream));
   CHECK_CUDA(cudaGetLastError());
   std::printf("ok\n");
