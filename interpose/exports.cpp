@@ -23,7 +23,13 @@ POOLCUDA_EXPORT cudaError_t cudaMalloc(void** ptr, size_t size) {
 }
 
 POOLCUDA_EXPORT cudaError_t cudaFree(void* ptr) {
-  if (pc::bypass()) return pc::real::cudaFree()(ptr);
+  if (pc::bypass()) {
+    if (ptr != nullptr && pc::deferred::must_wait()) {
+      pc::deferred::queue(ptr, nullptr, pc::deferred::plain);
+      return cudaSuccess;  // Note [Frees from inside a call]
+    }
+    return pc::real::cudaFree()(ptr);
+  }
   return pc::guarded([&] { return pc::hooks::free(ptr); });
 }
 
@@ -33,12 +39,24 @@ POOLCUDA_EXPORT cudaError_t cudaIpcGetMemHandle(cudaIpcMemHandle_t* handle, void
 }
 
 POOLCUDA_EXPORT cudaError_t cudaFreeAsync(void* ptr, cudaStream_t stream) {
-  if (pc::bypass()) return pc::real::cudaFreeAsync()(ptr, stream);
+  if (pc::bypass()) {
+    if (ptr != nullptr && pc::deferred::must_wait()) {
+      pc::deferred::queue(ptr, stream, pc::deferred::async);
+      return cudaSuccess;  // Note [Frees from inside a call]
+    }
+    return pc::real::cudaFreeAsync()(ptr, stream);
+  }
   return pc::guarded([&] { return pc::hooks::free_async(ptr, stream, false); });
 }
 
 POOLCUDA_EXPORT cudaError_t cudaFreeAsync_ptsz(void* ptr, cudaStream_t stream) {
-  if (pc::bypass()) return pc::real::cudaFreeAsync_ptsz()(ptr, stream);
+  if (pc::bypass()) {
+    if (ptr != nullptr && pc::deferred::must_wait()) {
+      pc::deferred::queue(ptr, stream, pc::deferred::async_per_thread);
+      return cudaSuccess;  // Note [Frees from inside a call]
+    }
+    return pc::real::cudaFreeAsync_ptsz()(ptr, stream);
+  }
   return pc::guarded([&] { return pc::hooks::free_async(ptr, stream, true); });
 }
 

@@ -6,7 +6,7 @@
 // A runtime call's failed host allocation also leaves cudaErrorMemoryAllocation in the thread's
 // last-error slot, as the runtime's own failures do (Note [Last error] in hooks.cpp).
 //
-// Depends on hook_guard.h, and on hooks.cpp for the last-error slot.
+// Depends on hook_guard.h, deferred_frees.h, and on hooks.cpp for the last-error slot.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -16,6 +16,7 @@
 #include <new>
 #include <type_traits>
 
+#include "interpose/deferred_frees.h"
 #include "interpose/hook_guard.h"
 
 #define POOLCUDA_EXPORT extern "C" __attribute__((visibility("default")))
@@ -35,8 +36,14 @@ __attribute__((no_sanitize_undefined)) inline auto guarded(Body&& body) -> declt
   using Result = decltype(body());
   try {
     note_cuda_call();  // a process's first call allocates: a failure there is caught too
-    InsideHook inside;
-    return body();
+    Result result;
+    {
+      InsideHook inside;
+      result = body();
+    }
+    // Frees a signal handler made while the call ran (Note [Frees from inside a call]).
+    if (deferred::waiting()) deferred::drain();
+    return result;
   } catch (const abi::__forced_unwind&) {
     throw;  // a cancellation inside CUDA's own call (Note [Cancellation] in no_cancel.h)
   } catch (const std::bad_alloc&) {
