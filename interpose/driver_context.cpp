@@ -22,8 +22,22 @@
 // cuCtxGetDevice fail in a destroyed context (CUDA_ERROR_CONTEXT_IS_DESTROYED), so no cached
 // answer is read for it, and current_context() reports it as destroyed.
 //
+// Note [Contexts of the program's]
+// The runtime's calls run in the thread's current context, which is a context of the program's
+// own while one of cuCtxCreate is current (PyCUDA makes its contexts so, and cuBLAS and cuDNN then
+// allocate their workspaces with cudaMalloc in them). Memory from the pools is the primary
+// context's: handed out there, a kernel of the other context could not use it, and a page grown
+// there went with that context's cuCtxDestroy while the pools still handed out its slices. So a
+// runtime allocation in a context of the program's goes to the driver, as a driver one does, and
+// a runtime free of pooled memory there is taken back in the primary context. Asking for the
+// current context costs two driver calls on every allocation; a process that never made a
+// context (nearly all) is spared them: the hooks of the calls that make one set a flag, and the
+// runtime hooks ask only once it is set.
+//
 // Depends on real_driver.h.
 #include "interpose/driver_context.h"
+
+#include <atomic>
 
 #include "interpose/real_driver.h"
 
@@ -38,6 +52,8 @@ struct Cached {
 };
 
 __attribute__((tls_model("initial-exec"))) thread_local Cached t_cached;
+
+std::atomic<bool> g_program_contexts{false};
 
 // `device`'s primary context, if it is alive; null otherwise. Takes no lasting reference.
 CUcontext primary_of(int device) {
@@ -56,6 +72,10 @@ bool primary_alive(int device) {
   return real_driver::cuDevicePrimaryCtxGetState()(device, &flags, &active) == CUDA_SUCCESS &&
          active != 0;
 }
+
+bool program_contexts_made() { return g_program_contexts.load(std::memory_order_relaxed); }
+
+void note_program_context() { g_program_contexts.store(true, std::memory_order_relaxed); }
 
 CurrentContext current_context() {
   CurrentContext current;

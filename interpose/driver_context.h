@@ -23,6 +23,20 @@ struct CurrentContext {
 
 CurrentContext current_context();
 
+// Whether the program made a context of its own (cuCtxCreate, cuCtxFromGreenCtx) so far: only
+// then can the runtime's calls run outside a primary context, and the runtime hooks ask
+// (Note [Contexts of the program's] in driver_context.cpp). One relaxed load.
+bool program_contexts_made();
+void note_program_context();
+
+// Whether the calling thread's current context is a live context of the program's own: the
+// runtime's allocations there are the driver's, not the pools'.
+inline bool in_program_context() {
+  if (!program_contexts_made()) return false;
+  const CurrentContext ctx = current_context();
+  return ctx.live() && !ctx.primary;
+}
+
 // Whether `ctx` is the primary context of a device, and which (for cuCtxDestroy).
 bool is_primary(CUcontext ctx, int* device);
 

@@ -13,6 +13,7 @@
 // at the mode.
 //
 // Depends on driver_hooks.h, driver_variants.h, hooks.h and exports_common.h.
+#include "interpose/driver_context.h"
 #include "interpose/driver_hooks.h"
 #include "interpose/driver_variants.h"
 #include "interpose/exports_common.h"
@@ -635,6 +636,36 @@ POOLCUDA_EXPORT CUresult cuGraphExecDestroy(CUgraphExec exec) {
   const CUresult result = dr::cuGraphExecDestroy()(exec);
   if (result == CUDA_SUCCESS) poolcuda::pooling::graph_destroyed();
   return result;
+}
+
+// Contexts of the program's own (Note [Contexts of the program's] in driver_context.cpp).
+namespace {
+CUresult made_context(CUresult result) {
+  if (result == CUDA_SUCCESS) pc::driver::note_program_context();
+  return result;
+}
+}  // namespace
+
+POOLCUDA_EXPORT CUresult cuCtxCreate(CUcontext* pctx, unsigned int flags, CUdevice dev) {
+  return made_context(dr::cuCtxCreate()(pctx, flags, dev));
+}
+
+POOLCUDA_EXPORT CUresult cuCtxCreate_v2(CUcontext* pctx, unsigned int flags, CUdevice dev) {
+  return made_context(dr::cuCtxCreate_v2()(pctx, flags, dev));
+}
+
+POOLCUDA_EXPORT CUresult cuCtxCreate_v3(CUcontext* pctx, CUexecAffinityParam* params,
+                                        int count, unsigned int flags, CUdevice dev) {
+  return made_context(dr::cuCtxCreate_v3()(pctx, params, count, flags, dev));
+}
+
+POOLCUDA_EXPORT CUresult cuCtxCreate_v4(CUcontext* pctx, CUctxCreateParams* params,
+                                        unsigned int flags, CUdevice dev) {
+  return made_context(dr::cuCtxCreate_v4()(pctx, params, flags, dev));
+}
+
+POOLCUDA_EXPORT CUresult cuCtxFromGreenCtx(CUcontext* pctx, CUgreenCtx green) {
+  return made_context(dr::cuCtxFromGreenCtx()(pctx, green));
 }
 
 POOLCUDA_EXPORT CUresult cuCtxDestroy(CUcontext ctx) {

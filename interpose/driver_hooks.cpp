@@ -47,6 +47,8 @@ bool tracked_stream(cudaStream_t stream) {
   return false;
 }
 
+}  // namespace
+
 // `stream`: a stream-ordered free's stream as the runtime names it. Under a context of
 // cuCtxCreate the pools take the pointer back in the primary context of the device whose pools
 // hold it, which may not be the current context's device, nor one whose primary context the
@@ -54,7 +56,7 @@ bool tracked_stream(cudaStream_t stream) {
 // created (in a primary context, of any device: its fence covers it). The default streams there
 // are that context's own, which no fence of the pools reaches: the free is fenced as a plain one.
 pooling::Freed release(const driver::CurrentContext& ctx, CUdeviceptr dptr,
-                       cudaStream_t stream = nullptr) {
+                       cudaStream_t stream) {
   if (ctx.primary) {
     return pooling::release(ctx.device, as_pointer(dptr), reinterpret_cast<StreamToken>(stream));
   }
@@ -68,7 +70,6 @@ pooling::Freed release(const driver::CurrentContext& ctx, CUdeviceptr dptr,
                           ordered ? reinterpret_cast<StreamToken>(stream) : kNoStream);
 }
 
-}  // namespace
 
 CUresult mem_alloc(CUdeviceptr* dptr, std::size_t size) {
   const driver::CurrentContext ctx = driver::current_context();

@@ -8,15 +8,21 @@
 #pragma once
 
 #include <cuda.h>
+#include <cuda_runtime_api.h>
 
 #include <cstddef>
 #include <functional>
 
-namespace poolcuda::pooling {
-class ReturnsSince;
-}
+#include "interpose/driver_context.h"
+#include "interpose/pooling.h"
 
 namespace poolcuda::driver_hooks {
+
+// A free of `dptr` in `ctx`: in the pools of its device's primary context when it is pooled
+// memory, whatever context is current (Note [Contexts of the program's] in driver_context.cpp);
+// ordered on `stream` (a runtime handle; nullptr: none) when the pools can fence it there.
+pooling::Freed release(const driver::CurrentContext& ctx, CUdeviceptr dptr,
+                       cudaStream_t stream = nullptr);
 
 CUresult mem_alloc(CUdeviceptr* dptr, std::size_t size);
 CUresult mem_free(CUdeviceptr dptr);

@@ -19,6 +19,7 @@
 #undef cuMemAllocAsync
 #undef cuStreamDestroy
 #undef cuCtxDestroy
+#undef cuCtxCreate
 #undef cuMemAllocFromPoolAsync
 #undef cuLaunchKernel
 #undef cuLaunchKernelEx
@@ -31,6 +32,10 @@ CUresult cuDevicePrimaryCtxReset(CUdevice dev);
 CUresult cuDevicePrimaryCtxRelease(CUdevice dev);
 CUresult cuStreamDestroy(CUstream hStream);
 CUresult cuCtxDestroy(CUcontext ctx);
+CUresult cuCtxCreate(CUcontext* pctx, unsigned int flags, CUdevice dev);
+CUresult cuCtxCreate_v2(CUcontext* pctx, unsigned int flags, CUdevice dev);
+CUresult cuCtxCreate_v3(CUcontext* pctx, CUexecAffinityParam* paramsArray, int numParams,
+                        unsigned int flags, CUdevice dev);
 CUresult cuStreamBeginCapture(CUstream hStream);
 CUresult cuStreamBeginCapture_ptsz(CUstream hStream);
 CUresult cuStreamBeginCapture_v2_ptsz(CUstream hStream, CUstreamCaptureMode mode);
@@ -93,6 +98,11 @@ CUresult cuLaunchCooperativeKernel_ptsz(CUfunction f, unsigned int gridDimX,
   X(cuCtxSynchronize, "cuCtxSynchronize", 2000, false)                                 \
   X(cuCtxSynchronize_v2, "cuCtxSynchronize", 13000, false)                             \
   X(cuCtxDestroy_v2, "cuCtxDestroy", 4000, false)                                      \
+  X(cuCtxCreate, "cuCtxCreate", 2000, false)                                           \
+  X(cuCtxCreate_v2, "cuCtxCreate", 3020, false)                                        \
+  X(cuCtxCreate_v3, "cuCtxCreate", 11040, false)                                       \
+  X(cuCtxCreate_v4, "cuCtxCreate", 12050, false)                                       \
+  X(cuCtxFromGreenCtx, "cuCtxFromGreenCtx", 12040, false)                              \
   X(cuStreamBeginCapture, "cuStreamBeginCapture", 10000, false)                        \
   X(cuStreamBeginCapture_ptsz, "cuStreamBeginCapture", 10000, true)                    \
   X(cuStreamBeginCapture_v2, "cuStreamBeginCapture", 10010, false)                     \

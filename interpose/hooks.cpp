@@ -246,6 +246,9 @@ cudaError_t free_foreign(const char* api, int device, void* ptr, Real&& real) {
 
 cudaError_t malloc(void** ptr, std::size_t size) {
   const int device = current_device();
+  if (driver::in_program_context()) {  // Note [Contexts of the program's] in driver_context.cpp
+    return with_room(device, size, [&] { return real::cudaMalloc()(ptr, size); });
+  }
   switch (pooling::allocate("cudaMalloc", device, size, ptr)) {
     case pooling::Route::pooled:
       bind_after_own_calls();  // Note [A thread's first call]
@@ -257,6 +260,24 @@ cudaError_t malloc(void** ptr, std::size_t size) {
   }
   return raise_out_of_memory(ptr);
 }
+
+namespace {
+
+// pooling::release of `ptr` on `device`; in a context of the program's own, in the primary
+// context of the device whose pools hold it (Note [Contexts of the program's] in
+// driver_context.cpp).
+pooling::Freed release_here(int device, void* ptr, StreamToken stream) {
+  if (driver::program_contexts_made()) {
+    const driver::CurrentContext ctx = driver::current_context();
+    if (ctx.live() && !ctx.primary) {
+      return driver_hooks::release(ctx, reinterpret_cast<CUdeviceptr>(ptr),
+                                   reinterpret_cast<cudaStream_t>(stream));
+    }
+  }
+  return pooling::release(device, ptr, stream);
+}
+
+}  // namespace
 
 cudaError_t free(void* ptr) {
   if (ptr == nullptr) {
@@ -272,7 +293,7 @@ cudaError_t free(void* ptr) {
   // Every device's pools are searched before a pointer is called foreign, so the first device
   // searched only saves time: with one device in use, the runtime is not asked which is current.
   const int sole = Registry::instance().sole_device();
-  const pooling::Freed freed = pooling::release(sole >= 0 ? sole : current_device(), ptr);
+  const pooling::Freed freed = release_here(sole >= 0 ? sole : current_device(), ptr, kNoStream);
   switch (freed.outcome) {
     case FreeOutcome::freed:
       bind_after_own_calls();  // Note [A thread's first call]
@@ -306,7 +327,7 @@ cudaError_t free_async(void* ptr, cudaStream_t stream, bool per_thread) {
   if (capture_invalidated(device, named)) return refuse_on_invalidated_capture(named);
   const cudaStream_t ordered_on = named == nullptr ? cudaStreamLegacy : named;
   const pooling::Freed freed =
-      pooling::release(device, ptr, reinterpret_cast<StreamToken>(ordered_on));
+      release_here(device, ptr, reinterpret_cast<StreamToken>(ordered_on));
   switch (freed.outcome) {
     case FreeOutcome::freed:
       bind_after_own_calls();  // Note [A thread's first call]

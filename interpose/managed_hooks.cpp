@@ -97,6 +97,7 @@
 
 #include <vector>
 
+#include "interpose/driver_context.h"
 #include "interpose/hooks.h"
 #include "interpose/lifecycle.h"
 #include "interpose/log.h"
@@ -256,6 +257,11 @@ cudaError_t malloc_managed(void** ptr, std::size_t size, unsigned int flags) {
   if (!conf.managed || ptr == nullptr || size == 0 || size > conf.managed_slab ||
       flags != cudaMemAttachGlobal || device < 0) {
     return forward_managed(device, ptr, size, flags);
+  }
+  // The slabs are the primary context's (Note [Contexts of the program's] in driver_context.cpp).
+  if (driver::in_program_context()) {
+    return hooks::with_room(device, size,
+                            [&] { return real::cudaMallocManaged()(ptr, size, flags); });
   }
   // Where CUDA refuses it for a capture (and invalidates the capture), the real call answers
   // (Note [Unsafe calls in a capture] in capture_hooks.cpp).
