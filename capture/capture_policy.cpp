@@ -181,20 +181,20 @@ Reservation CapturePolicy::allocate(std::uint64_t size) {
   return r;
 }
 
-FreeOutcome CapturePolicy::free(DevicePtr ptr) {
+FreeOutcome CapturePolicy::free(DevicePtr ptr, StreamToken stream) {
   std::lock_guard hold(mutex_);
-  if (shared_.count(ptr) != 0) return free_shared(ptr, !captures_.empty());
-  if (captures_.empty()) return manager_.free(ptr);
-  if (options_.share) return free_shared(ptr, true);
+  if (shared_.count(ptr) != 0) return free_shared(ptr, !captures_.empty(), stream);
+  if (captures_.empty()) return manager_.free(ptr, stream);
+  if (options_.share) return free_shared(ptr, true, stream);
   // Every open capture pins it (a pre-existing slice is touched now).
   for (auto& [id, capture] : captures_) {
     if (capture->pins.count(ptr) != 0) continue;
     const RetainedSlice pin = manager_.retain(ptr);
-    if (!pin) return manager_.free(ptr);  // not a live slice: the manager says what it is
+    if (!pin) return manager_.free(ptr, stream);  // not a live slice: the manager says what it is
     capture->pins.emplace(ptr, pin);
   }
   const std::uint64_t eff = manager_.pinned_size(captures_.begin()->second->pins.at(ptr));
-  const FreeOutcome outcome = manager_.free(ptr);
+  const FreeOutcome outcome = manager_.free(ptr, stream);
   if (outcome != FreeOutcome::freed) return outcome;
   for (auto& [id, capture] : captures_) {
     if (!capture->priming) continue;
@@ -323,21 +323,21 @@ Reservation CapturePolicy::allocate_shared(std::uint64_t size) {
   return r;
 }
 
-FreeOutcome CapturePolicy::free_shared(DevicePtr ptr, bool in_window) {
+FreeOutcome CapturePolicy::free_shared(DevicePtr ptr, bool in_window, StreamToken stream) {
   auto it = shared_.find(ptr);
   if (it == shared_.end()) {
     // A buffer from before the window, freed in it: the graph may use it, so it joins.
     const RetainedSlice pin = manager_.retain(ptr);
-    if (!pin) return manager_.free(ptr);
+    if (!pin) return manager_.free(ptr, stream);
     auto slice = std::make_unique<SharedSlice>();
     slice->pin = pin;
     slice->size = manager_.pinned_size(pin);
     it = shared_.emplace(ptr, std::move(slice)).first;
     shared_count_.store(shared_.size(), std::memory_order_release);
   } else if (!it->second->program_holds) {
-    return manager_.free(ptr);  // already freed: the manager classifies it (double free)
+    return manager_.free(ptr, stream);  // already freed: the manager classifies it (double free)
   }
-  const FreeOutcome outcome = manager_.free(ptr);
+  const FreeOutcome outcome = manager_.free(ptr, stream);
   if (outcome != FreeOutcome::freed) return outcome;
   SharedSlice& slice = *it->second;
   slice.program_holds = false;

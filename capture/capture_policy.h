@@ -99,7 +99,9 @@ class CapturePolicy {
 
   // Inside a window: the slice stays held (touched, never handed out again until its graphs
   // are gone); outside one a plain free, except that shared capture memory stays shared.
-  FreeOutcome free(DevicePtr ptr);
+  // `stream`: a stream-ordered free's (Note [Stream-ordered frees of pinned slices] in
+  // pools/manager_api.cpp); kNoStream for a plain one.
+  FreeOutcome free(DevicePtr ptr, StreamToken stream = kNoStream);
 
   // Closes capture `id`. `ok` (the capture produced a graph): returns the pins its graph keeps,
   // or nullptr when it touched nothing. Otherwise (failed or invalidated) every touched slice is
@@ -131,7 +133,7 @@ class CapturePolicy {
   void touch_allocation(DevicePtr ptr, std::uint64_t size);
   void finish_priming(Capture& capture);
   Reservation allocate_shared(std::uint64_t size);
-  FreeOutcome free_shared(DevicePtr ptr, bool in_window);
+  FreeOutcome free_shared(DevicePtr ptr, bool in_window, StreamToken stream);
   void release_pins(std::vector<RetainedSlice>& pins);
   void release_shared_if_unused();
 

@@ -182,7 +182,7 @@ FreeOutcome free_on(Registry& registry, int device, DevicePtr address,
   if (manager == nullptr) return FreeOutcome::not_mine;
   CapturePolicy& capture = *registry.capture(device);
   if (capture.releases_pending()) drain_graph_releases(capture);  // Note [Graph lifetimes]
-  return capture.routes_frees() ? capture.free(address) : manager->free(address, stream);
+  return capture.routes_frees() ? capture.free(address, stream) : manager->free(address, stream);
 }
 
 // Note [Managed frees during a capture]

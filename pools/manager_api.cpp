@@ -286,6 +286,7 @@ FreeOutcome MemoryManager::Impl::free_pointer(DevicePtr ptr, StreamToken stream)
     slice->held_era = held_era;  // Note [Releases inside a window]
     held_since_window = true;
     slice->page->pool->to_held(slice);
+    if (stream != kNoStream) fence_held_free(slice, stream);
   } else {
     retire(slice, stream);
   }
@@ -668,6 +669,37 @@ RetainedSlice MemoryManager::retain(DevicePtr ptr) {
 // fences (the era is one byte) wait in the open epoch as before, for the windows to close. While
 // another capture is open on the device no fence can be recorded: a begin then leaves the last
 // fence and era as they are.
+//
+// Note [Stream-ordered frees of pinned slices]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// A cudaFreeAsync of a pinned slice (a capture is open on its device, or a graph pins it) holds
+// it until its pins go, and the release used to fence it as a plain free: on the streams of the
+// memory's device. The program's promise is about the free's own stream, which may be another
+// device's (a device-1 stream that wrote device-0 memory through peer access frees it there): a
+// release at a graph's destroy gave the slice back while that stream, parked on a host function,
+// had yet to make its write, and the next cudaMalloc's owner got the write. So such a free records
+// its fence on its stream at once (a stream of another device takes one during a capture here),
+// and the release waits for that fence alone, as an unpinned free would have. One the stream
+// cannot take (it captures, or it is the device's own while a capture is open) is fenced as
+// before. The fences wait in a map by pointer: such frees are rare.
+void MemoryManager::Impl::fence_held_free(Slice* slice, StreamToken stream) {
+  FreeFence mode = options.free_fence;
+  if (mode == FreeFence::automatic) mode = stream_ordered ? FreeFence::none : FreeFence::events;
+  if (mode == FreeFence::none) return;
+  StreamToken lane = stream;
+  const FenceHandle fence = device.fence_record_on(stream, lane);
+  if (fence == kNoFence) return;
+  try {
+    auto [it, fresh] = held_fences.try_emplace(slice->ptr, HeldFence{fence, lane});
+    if (!fresh) {  // a stale entry of an earlier slice at this address
+      device.fence_destroy(it->second.fence);
+      it->second = HeldFence{fence, lane};
+    }
+  } catch (const std::bad_alloc&) {
+    device.fence_destroy(fence);  // fenced as a plain free when its pins go
+  }
+}
+
 bool MemoryManager::release_retained(const RetainedSlice& pin) {
   Impl* shard = shards_->pinned(pin);
   if (shard == nullptr) return false;
@@ -677,6 +709,21 @@ bool MemoryManager::release_retained(const RetainedSlice& pin) {
   Slice* slice = static_cast<Slice*>(pin.node);
   if (slice->ptr != pin.ptr || slice->pins == 0) return false;
   if (--slice->pins != 0 || slice->state != SliceState::held) return true;
+  if (auto held = m.held_fences.find(slice->ptr); held != m.held_fences.end()) {
+    const Impl::HeldFence fence = held->second;
+    m.held_fences.erase(held);
+    m.frees.store(m.frees.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
+    slice->page->pool->to_pending(slice);
+    slice->freed_in_order = 1;
+    try {
+      // A lane of its own: these fences come in the order of the releases, not of the frees.
+      m.fences.add_ordered(slice, fence.fence, fence.lane, kReleasedHoldsThread);
+    } catch (const std::bad_alloc&) {
+      m.device.fence_destroy(fence.fence);
+      m.fences.add(slice);
+    }
+    return true;
+  }
   const FenceQueue::ClosedEpoch window =
       m.capture_windows > 0 && slice->held_era != m.held_era
           ? m.fences.closed_epoch(m.window_epoch)

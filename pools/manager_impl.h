@@ -13,6 +13,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "pools/free_fences.h"
@@ -318,6 +319,9 @@ struct MemoryManager::Impl {
   // A stream-ordered free's pending slice waits for a fence recorded on `stream` (Note
   // [Stream-ordered frees]); false, with the slice in no list, when none could be recorded.
   bool fence_on_stream(Slice* slice, StreamToken stream);
+  // A stream-ordered free of `slice`, which is pinned: its fence on `stream`, for when the pins
+  // go (Note [Stream-ordered frees of pinned slices] in manager_api.cpp).
+  void fence_held_free(Slice* slice, StreamToken stream);
   // Closes the open epoch when it holds enough frees or bytes, or is old enough (a fence that
   // cannot be recorded now is recorded later).
   void close_epoch_when_due();
@@ -484,6 +488,13 @@ struct MemoryManager::Impl {
   std::uint8_t held_era = 0;
   std::uint64_t window_epoch = 0;
   bool held_since_window = false;  // a pinned slice was freed since that fence
+  // Note [Stream-ordered frees of pinned slices] in manager_api.cpp: the fence each such free
+  // recorded on its stream, by pointer, until its pins go.
+  struct HeldFence {
+    FenceHandle fence = kNoFence;
+    StreamToken lane = kNoStream;
+  };
+  std::unordered_map<DevicePtr, HeldFence> held_fences;
   std::uint32_t frozen = 0;           // set_frozen() nesting: no page is taken from the device
   bool stream_ordered = false;        // free_fence:auto: frees return at once
   // Thread caches (Note [Thread caches]): this manager's id in the threads' tables, whether

@@ -289,6 +289,8 @@ void MemoryManager::Impl::drop_everything() {
     cache->clear();
   }
   fences.forget(device);
+  for (const auto& [ptr, held] : held_fences) device.fence_destroy(held.fence);
+  held_fences.clear();
   index.clear();
   pools.clear();
   persistent.reset();

@@ -1,0 +1,87 @@
+// Preload test: device-0 memory freed with cudaFreeAsync on a device-1 stream while a capture is
+// open on device 0 (Note [Stream-ordered frees of pinned slices] in pools/manager_api.cpp). The
+// device-1 stream is parked on a host function, then writes the buffer (peer access) and frees
+// it there; the capture ends and its graph is destroyed; then device 0 allocates and fills twenty
+// buffers of the same size. None may be the freed one until the device-1 stream has made its
+// write: the release at the graph's destroy used to fence the slice on device 0's streams only,
+// the buffer went to a new owner at once, and the late write replaced its bytes. Each free
+// fence mode that fences (auto, events, sync) is run in a child.
+#include <unistd.h>
+
+#include <atomic>
+#include <vector>
+
+#include "check.h"
+
+namespace {
+
+constexpr std::size_t kBuffer = 1 << 20;
+std::atomic<bool> g_gate{false};
+
+void wait_for_gate(void*) {
+  while (!g_gate.load()) ::usleep(1000);
+}
+
+int child() {
+  cudaStream_t mine = nullptr;
+  cudaStream_t capturing = nullptr;
+  cudaStream_t peer = nullptr;
+  CHECK_CUDA(cudaSetDevice(0));
+  CHECK_CUDA(cudaStreamCreateWithFlags(&mine, cudaStreamNonBlocking));
+  CHECK_CUDA(cudaStreamCreateWithFlags(&capturing, cudaStreamNonBlocking));
+  CHECK_CUDA(cudaSetDevice(1));
+  CHECK_CUDA(cudaStreamCreateWithFlags(&peer, cudaStreamNonBlocking));
+  CHECK_CUDA(cudaDeviceEnablePeerAccess(0, 0));
+  CHECK_CUDA(cudaSetDevice(0));
+  void* freed = nullptr;
+  CHECK_CUDA(cudaMalloc(&freed, kBuffer));
+  CHECK_CUDA(cudaMemset(freed, 0, kBuffer));
+  void* captured = nullptr;
+  CHECK_CUDA(cudaMalloc(&captured, 4096));
+
+  CHECK_CUDA(cudaStreamBeginCapture(capturing, cudaStreamCaptureModeRelaxed));
+  CHECK_CUDA(cudaMemsetAsync(captured, 1, 4096, capturing));
+  CHECK_CUDA(cudaSetDevice(1));
+  CHECK_CUDA(cudaLaunchHostFunc(peer, wait_for_gate, nullptr));
+  CHECK_CUDA(cudaMemsetAsync(freed, 0xaa, kBuffer, peer));  // held behind the gate
+  CHECK_CUDA(cudaFreeAsync(freed, peer));
+  CHECK_CUDA(cudaSetDevice(0));
+  cudaGraph_t graph = nullptr;
+  CHECK_CUDA(cudaStreamEndCapture(capturing, &graph));
+  CHECK_CUDA(cudaGraphDestroy(graph));
+
+  std::vector<void*> fresh(20);
+  for (void*& p : fresh) {
+    CHECK_CUDA(cudaMalloc(&p, kBuffer));
+    CHECK_CUDA(cudaMemsetAsync(p, 0xbb, kBuffer, mine));
+    CHECK_CUDA(cudaStreamSynchronize(mine));
+  }
+  g_gate = true;
+  CHECK_CUDA(cudaSetDevice(1));
+  CHECK_CUDA(cudaStreamSynchronize(peer));
+  CHECK_CUDA(cudaSetDevice(0));
+  std::vector<unsigned char> bytes(kBuffer);
+  for (void* p : fresh) {
+    CHECK_CUDA(cudaMemcpy(bytes.data(), p, kBuffer, cudaMemcpyDeviceToHost));
+    for (unsigned char b : bytes) CHECK_MSG(b == 0xbb, "a new buffer got the old owner's write");
+    CHECK_CUDA(cudaFree(p));
+  }
+  std::printf("case done\n");
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  preload_test::require_preloaded();
+  if (!preload_test::on_stand_in()) preload_test::skip("needs the stand-in's second device");
+  if (argc > 1 && std::string(argv[1]) == "child") return child();
+  for (const char* mode : {"auto", "events", "sync"}) {
+    const preload_test::ChildResult result =
+        preload_test::run_self("child", {std::string("POOLCUDA_CONF=free_fence:") + mode}, 60);
+    CHECK_MSG(result.status == 0 && result.output.find("case done") != std::string::npos,
+              std::string(mode) + ": " + result.output);
+    std::printf("free_fence:%s: ok\n", mode);
+  }
+  return 0;
+}
