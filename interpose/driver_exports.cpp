@@ -19,6 +19,7 @@
 #include "interpose/exports_common.h"
 #include "interpose/hooks.h"
 #include "interpose/pooling.h"
+#include "interpose/stream_order.h"
 #include "pools/work_since_free.h"
 
 #include <algorithm>
@@ -666,6 +667,39 @@ POOLCUDA_EXPORT CUresult cuCtxCreate_v4(CUcontext* pctx, CUctxCreateParams* para
 
 POOLCUDA_EXPORT CUresult cuCtxFromGreenCtx(CUcontext* pctx, CUgreenCtx green) {
   return made_context(dr::cuCtxFromGreenCtx()(pctx, green));
+}
+
+// A switch of the thread's context: its device's work is the next to count (free_fence:auto).
+namespace {
+CUresult switched(CUresult result) {
+  if (result == CUDA_SUCCESS) pc::stream_order::context_switched();
+  return result;
+}
+}  // namespace
+
+POOLCUDA_EXPORT CUresult cuCtxSetCurrent(CUcontext ctx) {
+  if (pc::bypass()) return dr::cuCtxSetCurrent()(ctx);
+  return pc::guarded([&] { return switched(dr::cuCtxSetCurrent()(ctx)); });
+}
+
+POOLCUDA_EXPORT CUresult cuCtxPushCurrent(CUcontext ctx) {
+  if (pc::bypass()) return dr::cuCtxPushCurrent()(ctx);
+  return pc::guarded([&] { return switched(dr::cuCtxPushCurrent()(ctx)); });
+}
+
+POOLCUDA_EXPORT CUresult cuCtxPushCurrent_v2(CUcontext ctx) {
+  if (pc::bypass()) return dr::cuCtxPushCurrent_v2()(ctx);
+  return pc::guarded([&] { return switched(dr::cuCtxPushCurrent_v2()(ctx)); });
+}
+
+POOLCUDA_EXPORT CUresult cuCtxPopCurrent(CUcontext* pctx) {
+  if (pc::bypass()) return dr::cuCtxPopCurrent()(pctx);
+  return pc::guarded([&] { return switched(dr::cuCtxPopCurrent()(pctx)); });
+}
+
+POOLCUDA_EXPORT CUresult cuCtxPopCurrent_v2(CUcontext* pctx) {
+  if (pc::bypass()) return dr::cuCtxPopCurrent_v2()(pctx);
+  return pc::guarded([&] { return switched(dr::cuCtxPopCurrent_v2()(pctx)); });
 }
 
 POOLCUDA_EXPORT CUresult cuCtxDestroy(CUcontext ctx) {

@@ -20,6 +20,8 @@
 #undef cuStreamDestroy
 #undef cuCtxDestroy
 #undef cuCtxCreate
+#undef cuCtxPushCurrent
+#undef cuCtxPopCurrent
 #undef cuMemAllocFromPoolAsync
 #undef cuLaunchKernel
 #undef cuLaunchKernelEx
@@ -33,6 +35,8 @@ CUresult cuDevicePrimaryCtxRelease(CUdevice dev);
 CUresult cuStreamDestroy(CUstream hStream);
 CUresult cuCtxDestroy(CUcontext ctx);
 CUresult cuCtxCreate(CUcontext* pctx, unsigned int flags, CUdevice dev);
+CUresult cuCtxPushCurrent(CUcontext ctx);
+CUresult cuCtxPopCurrent(CUcontext* pctx);
 CUresult cuCtxCreate_v2(CUcontext* pctx, unsigned int flags, CUdevice dev);
 CUresult cuCtxCreate_v3(CUcontext* pctx, CUexecAffinityParam* paramsArray, int numParams,
                         unsigned int flags, CUdevice dev);
@@ -103,6 +107,11 @@ CUresult cuLaunchCooperativeKernel_ptsz(CUfunction f, unsigned int gridDimX,
   X(cuCtxCreate_v3, "cuCtxCreate", 11040, false)                                       \
   X(cuCtxCreate_v4, "cuCtxCreate", 12050, false)                                       \
   X(cuCtxFromGreenCtx, "cuCtxFromGreenCtx", 12040, false)                              \
+  X(cuCtxSetCurrent, "cuCtxSetCurrent", 4000, false)                                   \
+  X(cuCtxPushCurrent, "cuCtxPushCurrent", 2000, false)                                 \
+  X(cuCtxPushCurrent_v2, "cuCtxPushCurrent", 4000, false)                              \
+  X(cuCtxPopCurrent, "cuCtxPopCurrent", 2000, false)                                   \
+  X(cuCtxPopCurrent_v2, "cuCtxPopCurrent", 4000, false)                                \
   X(cuStreamBeginCapture, "cuStreamBeginCapture", 10000, false)                        \
   X(cuStreamBeginCapture_ptsz, "cuStreamBeginCapture", 10000, true)                    \
   X(cuStreamBeginCapture_v2, "cuStreamBeginCapture", 10010, false)                     \

@@ -318,13 +318,24 @@ void device_made_current(int device) {
   use(s, device);
 }
 
+namespace {
+// Whether this thread's current device was counted since its last switch of context.
+__attribute__((tls_model("initial-exec"))) thread_local bool t_device_counted = false;
+}  // namespace
+
 void work_issued() {
   if (state().ordered_devices.load(std::memory_order_relaxed) == 0) return;
-  static thread_local bool checked = false;
-  if (checked) return;
-  checked = true;  // later switches go through cudaSetDevice
+  if (t_device_counted) return;
+  t_device_counted = true;  // later switches go through cudaSetDevice or context_switched()
   int device = -1;
   if (own::cudaGetDevice()(&device) == cudaSuccess) device_made_current(device);
+}
+
+void context_switched() {
+  t_device_counted = false;
+  if (state().ordered_devices.load(std::memory_order_relaxed) == 0) return;
+  CUdevice device = -1;
+  if (real_driver::cuCtxGetDevice()(&device) == CUDA_SUCCESS) device_made_current(device);
 }
 
 void devices_connected() {

@@ -47,6 +47,11 @@ void device_made_current(int device);
 // Cheap when it changes nothing.
 void work_issued();
 
+// The calling thread switched its driver context (cuCtxSetCurrent, cuCtxPushCurrent,
+// cuCtxPopCurrent): the new context's device counts as used, as after cudaSetDevice, and so
+// does the device at the thread's next work (the runtime's calls run in that context too).
+void context_switched();
+
 // Work of one device may now touch another's memory (peer access, a peer copy).
 void devices_connected();
 

@@ -107,6 +107,33 @@ CUresult cuCtxSetCurrent(CUcontext ctx) {
   return CUDA_SUCCESS;
 }
 
+// The thread's context stack: the current context is its top, the rest waits below it
+// (contexts_below() in context.cpp).
+CUresult cuCtxPushCurrent_v2(CUcontext ctx) {
+  if (CUresult r = guard()) return r;
+  Context* c = as_context(ctx);
+  if (!c || !valid_device(c->device)) return CUDA_ERROR_INVALID_CONTEXT;
+  if (c->destroyed && !c->primary) return CUDA_ERROR_CONTEXT_IS_DESTROYED;
+  contexts_below().push_back(thread_context());
+  make_current(c);
+  return CUDA_SUCCESS;
+}
+
+CUresult cuCtxPushCurrent(CUcontext ctx) { return cuCtxPushCurrent_v2(ctx); }
+
+CUresult cuCtxPopCurrent_v2(CUcontext* pctx) {
+  if (CUresult r = guard()) return r;
+  if (!thread_context()) return CUDA_ERROR_INVALID_CONTEXT;
+  if (pctx) *pctx = as_handle(thread_context());
+  std::vector<Context*>& below = contexts_below();
+  Context* next = below.empty() ? nullptr : below.back();
+  if (!below.empty()) below.pop_back();
+  make_current(next);
+  return CUDA_SUCCESS;
+}
+
+CUresult cuCtxPopCurrent(CUcontext* pctx) { return cuCtxPopCurrent_v2(pctx); }
+
 CUresult cuCtxGetDevice(CUdevice* device) {
   if (CUresult r = guard(true)) return r;
   if (!device) return CUDA_ERROR_INVALID_VALUE;
@@ -264,6 +291,10 @@ const Entry kEntries[] = {
     {"cuCtxDestroy", 4000, false, SIM_FN(cuCtxDestroy_v2)},
     {"cuCtxGetCurrent", 4000, false, SIM_FN(cuCtxGetCurrent)},
     {"cuCtxSetCurrent", 4000, false, SIM_FN(cuCtxSetCurrent)},
+    {"cuCtxPushCurrent", 2000, false, SIM_FN(cuCtxPushCurrent)},
+    {"cuCtxPushCurrent", 4000, false, SIM_FN(cuCtxPushCurrent_v2)},
+    {"cuCtxPopCurrent", 2000, false, SIM_FN(cuCtxPopCurrent)},
+    {"cuCtxPopCurrent", 4000, false, SIM_FN(cuCtxPopCurrent_v2)},
     {"cuCtxGetDevice", 2000, false, SIM_FN(cuCtxGetDevice)},
     {"cuCtxGetDevice", 13000, false, SIM_FN(cuCtxGetDevice_v2)},
     {"cuCtxGetId", 12000, false, SIM_FN(cuCtxGetId)},

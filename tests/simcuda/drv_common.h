@@ -19,6 +19,8 @@
 #undef cuDevicePrimaryCtxRelease
 #undef cuDevicePrimaryCtxReset
 #undef cuCtxDestroy
+#undef cuCtxPushCurrent
+#undef cuCtxPopCurrent
 #undef cuStreamDestroy
 #undef cuEventDestroy
 #undef cuStreamBeginCapture
@@ -47,6 +49,8 @@ CUresult cuCtxCreate_v3(CUcontext* pctx, CUexecAffinityParam* params, int num_pa
 CUresult cuCtxCreate_v4(CUcontext* pctx, CUctxCreateParams* params, unsigned int flags,
                         CUdevice dev);
 CUresult cuCtxDestroy_v2(CUcontext ctx);
+CUresult cuCtxPushCurrent(CUcontext ctx);
+CUresult cuCtxPopCurrent(CUcontext* pctx);
 CUresult cuMemAllocPitch_v2(CUdeviceptr* dptr, size_t* pitch, size_t width, size_t height,
                             unsigned int element_size);
 CUresult cuStreamDestroy(CUstream stream);
