@@ -19,15 +19,12 @@
 // The prepare handler makes sure of it. It holds the notes mutex, under which a process is first
 // marked touched, so no call of another thread can be half-way into the pools at the fork:
 // every hook marks the process (guarded() in exports_common.h) before it takes any of their
-// locks. It also holds the reporter thread between two pieces of work, so no report is
-// half-written. And it gives the pools up (the child passes through, as below) rather than
-// wait where waiting could hang: when the reporter stays at work for 100 ms (a report blocked
-// on a full pipe), and when the forking thread itself holds the notes mutex (a signal handler
-// that forks). What it took is recorded per thread, since forks of several threads may run
-// their handlers at once. The child, which has no reporter thread, gets back the report
-// signal's disposition the program had, loses the readiness mark, and starts a reporter of its
-// own at its first CUDA call; until then it is silent, even at exit; its uptime counts from the
-// fork. Before all of this it waits for the driver's symbol map, which the first lookup of a
+// locks. Such a parent has no reporter thread either (it comes with the first CUDA call: Note
+// [Silent processes]). The handler gives the pools up (the child passes through, as below)
+// rather than wait where waiting could hang: when the forking thread itself holds the notes
+// mutex (a signal handler that forks). What it took is recorded per thread, since forks of
+// several threads may run their handlers at once. The child starts a reporter of its own at its
+// first CUDA call; until then it is silent, even at exit; its uptime counts from the fork. Before all of this it waits for the driver's symbol map, which the first lookup of a
 // driver function builds once under a lock (Note [Variants] in driver_variants.cpp): a child
 // forked in the middle of that build would inherit the lock taken, and hang at its own first
 // lookup, where the plain program's child gets an answer.
@@ -168,7 +165,7 @@ const Config& load_config() {
 
 // Note [Fork]: what the prepare handler took, for the other two handlers of the same fork (each
 // fork runs its three on the thread that forks, and forks of several threads may overlap).
-enum ForkHold : int { hold_nothing, hold_notes, hold_notes_and_reporter };
+enum ForkHold : int { hold_nothing, hold_notes };
 thread_local ForkHold t_fork_hold = hold_nothing;
 thread_local bool t_fork_from_untouched = false;
 // Set while this thread holds the notes mutex: a fork from a signal handler that interrupted
@@ -180,8 +177,6 @@ bool g_fresh_child = false;
 // The reporter starts at the process's first call (Note [Silent processes]), and at a fresh
 // child's.
 std::atomic<bool> g_reporter_due{false};
-// How long a fork waits for a report in progress before its child gives up the pools.
-constexpr std::uint32_t kReporterWaitMillis = 100;
 
 // The notes mutex, with t_holding_notes set from before the lock to after the unlock.
 class HoldNotes {
@@ -207,18 +202,14 @@ void before_fork() {
   if (t_holding_notes) return;  // a signal handler forks inside a note: the child passes through
   // First: the map's build takes none of the holds below, so this wait never waits on them.
   driver::before_fork();
-  // The reporter before the notes mutex: its thread takes them in that order.
-  const bool untouched = !detail::g_touched.load(std::memory_order_acquire);
-  const bool reporter = untouched && hold_reporter_at_rest(kReporterWaitMillis);
   pending_notes().mutex.lock();
-  t_fork_hold = reporter ? hold_notes_and_reporter : hold_notes;
-  // A first call may have finished between the two reads: the child then keeps out.
-  t_fork_from_untouched = reporter && !detail::g_touched.load(std::memory_order_acquire);
+  t_fork_hold = hold_notes;
+  // Read under the mutex that a first call marks the process under.
+  t_fork_from_untouched = !detail::g_touched.load(std::memory_order_acquire);
 }
 
 void release_fork_holds() {
   if (t_fork_hold != hold_nothing) pending_notes().mutex.unlock();
-  if (t_fork_hold == hold_notes_and_reporter) release_reporter();
   t_fork_hold = hold_nothing;
   driver::after_fork();
 }
@@ -227,7 +218,7 @@ void after_fork_in_parent() { release_fork_holds(); }
 
 void after_fork_in_child() {
   if (t_fork_from_untouched) {
-    // The parent's notes are about its reporter; the child's will say its own.
+    // The parent's notes are the parent's to say.
     pending_notes().notes.clear();
     g_loaded_ns.store(monotonic_ns(), std::memory_order_relaxed);
     g_fresh_child = true;
@@ -249,9 +240,13 @@ void exit_work() {
 __attribute__((constructor)) void load_library() {
   g_loaded_ns.store(monotonic_ns(), std::memory_order_relaxed);
   if (decide_state() != detail::active) return;  // announced at the first call (passthrough)
-  load_config();  // a malformed configuration stops the process now (DESIGN.md decision 9)
+  const Config& conf = load_config();  // a malformed one stops the process now (decision 9)
   ::pthread_atfork(&before_fork, &after_fork_in_parent, &after_fork_in_child);
   g_reporter_due.store(true, std::memory_order_relaxed);  // Note [Silent processes]
+  // A constructor of the program's own libraries, which run before this one, may have made the
+  // process's first CUDA call already: the reporter it did not start starts now.
+  if (touched_cuda() && g_reporter_due.exchange(false, std::memory_order_relaxed))
+    start_reporter(conf);
   std::atexit(&exit_work);
 }
 

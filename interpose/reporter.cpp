@@ -74,7 +74,6 @@
 #include <atomic>
 #include <cerrno>
 #include <cstdint>
-#include <mutex>
 #include <string>
 
 #include "interpose/channel_protocol.h"
@@ -83,6 +82,7 @@
 #include "interpose/report_channel.h"
 #include "interpose/report_writer.h"
 #include "interpose/threads.h"
+#include "pools/no_cancel.h"
 
 namespace poolcuda {
 
@@ -98,10 +98,6 @@ constinit RequestSlots g_slots;
 std::atomic<bool> g_plain_request{false};
 sem_t g_wake;
 void* g_mark = nullptr;  // touched by the reporter thread, or by a forked child alone
-// Held by the reporter thread while it works (between its waits), and by a fork that may leave
-// the child a working library (Note [Fork] in lifecycle.cpp): the child then inherits no
-// report half-written, no output lock taken and no mark half-published.
-std::mutex g_busy;
 pthread_t g_reporter_thread{};
 std::atomic<bool> g_reporter_known{false};
 std::atomic<bool> g_passed_on{false};  // Note [A signal the program waits for]
@@ -230,13 +226,10 @@ void* reporter_main(void*) {
     // Blocked while it works: the signal is accepted only during the wait below (Note [A handler
     // of the program's]).
     accept_signal(false);
-    {
-      std::lock_guard<std::mutex> working(g_busy);
-      check_handler();
-      if (g_plain_request.exchange(false)) write_report("signal");
-      ChannelRequest request;
-      while (g_slots.pop(&request)) serve_request(request);
-    }
+    check_handler();
+    if (g_plain_request.exchange(false)) write_report("signal");
+    ChannelRequest request;
+    while (g_slots.pop(&request)) serve_request(request);
     const bool passed_on = g_passed_on.load();
     const bool accepting = !passed_on && handler_is_ours();
     if (accepting) accept_signal(true);
@@ -257,6 +250,9 @@ void* reporter_main(void*) {
 
 void start_reporter(const Config& conf) {
   if (conf.report_signal == ReportSignal::none) return;
+  // Inside the program's first CUDA call: a cancellation pending for the thread must not take
+  // effect at the close below and leave the handler without its thread (Note [Cancellation]).
+  NoCancel no_cancel;
   g_signal = conf.report_signal == ReportSignal::usr1 ? SIGUSR1 : SIGUSR2;
   g_signal_name = g_signal == SIGUSR1 ? "SIGUSR1" : "SIGUSR2";
 
@@ -293,7 +289,9 @@ void start_reporter(const Config& conf) {
   // and goes as a descriptor the runtime opens and closes there would.
   publish_mark();
   // Note [Report signal]: the thread starts with every signal blocked.
-  if (!start_library_thread(&reporter_main, nullptr, nullptr)) {
+  cpu_set_t cpus;  // Note [Library threads' CPUs] in threads.cpp
+  const bool cpus_read = program_cpus(&cpus);
+  if (!start_library_thread(&reporter_main, nullptr, nullptr, cpus_read ? &cpus : nullptr)) {
     if (g_mark != nullptr) ::munmap(g_mark, kMarkBytes);
     g_mark = nullptr;
     ::sigaction(g_signal, &g_previous, nullptr);
@@ -320,16 +318,5 @@ void restore_report_signal_after_fork() {
   while (g_slots.pop(&stale)) {
   }
 }
-
-bool hold_reporter_at_rest(std::uint32_t max_millis) {
-  // Tries a millisecond apart rather than a timed lock, which ThreadSanitizer does not follow.
-  for (std::uint32_t waited = 0;; ++waited) {
-    if (g_busy.try_lock()) return true;
-    if (waited == max_millis) return false;
-    ::usleep(1000);
-  }
-}
-
-void release_reporter() { g_busy.unlock(); }
 
 }  // namespace poolcuda

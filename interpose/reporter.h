@@ -24,11 +24,4 @@ void start_reporter(const Config& config);
 // in lifecycle.cpp).
 void restore_report_signal_after_fork();
 
-// Around a fork whose child may keep the pools: waits at most `max_millis` until the reporter
-// thread is between two pieces of work and keeps it there (false when it stayed at work: a
-// report blocked on a full pipe). release_reporter() lets it go on (in the parent) or releases
-// the inherited hold (in the child).
-bool hold_reporter_at_rest(std::uint32_t max_millis);
-void release_reporter();
-
 }  // namespace poolcuda

@@ -525,6 +525,13 @@ real-refusals)
   run_cli 1 report "$background_pid"
   has err "runs with report_signal:none"
   stop_target
+  # The first CUDA call made by a constructor of the program's own libraries, which run before
+  # the library's: the process answers all the same.
+  CLI_TARGET_CONSTRUCTOR=cuda start_target -- "$target" nocuda 60
+  wait_ready_mark
+  run_cli 0 report "$background_pid"
+  has out "poolcuda report #1"
+  stop_target
   # A process that has made no CUDA call has no handler and no thread of the library's: refused,
   # and the report signal ends it as it ends the plain program.
   start_target -- "$target" nocuda 60

@@ -4,9 +4,12 @@
 //   "handler"   installs a SIGUSR1 handler of the program's own (the library then leaves the
 //               signal alone);
 //   "sleep:MS"  writes "constructor" to the file CLI_TARGET_MARKER names, then sleeps MS ms (a
-//               window in which the library is mapped but its constructor has not run).
+//               window in which the library is mapped but its constructor has not run);
+//   "cuda"      makes the process's first CUDA call (cudaFree(nullptr)) before the library's
+//               constructor has run.
 // Unset, it does nothing. The program calls target_constructor_action() (what was done), which
 // also keeps the linker from dropping this library.
+#include <cuda_runtime_api.h>
 #include <fcntl.h>
 #include <signal.h>
 #include <unistd.h>
@@ -30,6 +33,8 @@ __attribute__((constructor)) void constructor() {
     action.sa_handler = own_handler;
     sigemptyset(&action.sa_mask);
     sigaction(SIGUSR1, &action, nullptr);
+  } else if (std::strcmp(what, "cuda") == 0) {
+    cudaFree(nullptr);
   } else if (std::strncmp(what, "sleep:", 6) == 0) {
     if (const char* marker = std::getenv("CLI_TARGET_MARKER")) {
       const int fd = open(marker, O_WRONLY | O_CREAT | O_APPEND, 0644);

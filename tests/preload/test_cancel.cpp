@@ -7,9 +7,16 @@
 // on, the thread ends at its next cancellation point, and the process carries on with its
 // memory intact. Runs in a child, so an abort fails the test with a message. The budget
 // (limit:64M in meson.build) gives a GPU the stand-in's 64 MiB.
+// In a second child, a thread with a cancellation pending makes the process's first CUDA call,
+// which starts the library's reporter: the call must complete (the cancellation takes effect at
+// the thread's next cancellation point, as without the library), and the reporter must be ready.
+// The start used to be cancelled half-way, in the cudaMalloc, leaving a handler without its
+// thread.
 #include <pthread.h>
 
 #include <atomic>
+#include <cstdio>
+#include <cstring>
 #include <chrono>
 #include <string>
 #include <thread>
@@ -67,11 +74,53 @@ int run() {
   return 0;
 }
 
+std::atomic<int> first_stage{0};
+
+void* first_call_with_cancellation_pending(void*) {
+  ::pthread_setcancelstate(PTHREAD_CANCEL_DISABLE, nullptr);
+  first_stage = 1;
+  while (first_stage.load() != 2) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  ::pthread_setcancelstate(PTHREAD_CANCEL_ENABLE, nullptr);
+  void* ptr = nullptr;
+  answer = cudaMalloc(&ptr, 1 << 20);  // the process's first CUDA call
+  pthread_testcancel();
+  return nullptr;
+}
+
+bool ready_mark() {
+  std::FILE* maps = std::fopen("/proc/self/maps", "r");
+  char line[512];
+  bool found = false;
+  while (maps != nullptr && !found && std::fgets(line, sizeof line, maps) != nullptr)
+    found = std::strstr(line, "poolcuda-ready.") != nullptr;
+  if (maps != nullptr) std::fclose(maps);
+  return found;
+}
+
+int first_call() {
+  pthread_t thread;
+  CHECK(pthread_create(&thread, nullptr, &first_call_with_cancellation_pending, nullptr) == 0);
+  while (first_stage.load() != 1) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  CHECK(pthread_cancel(thread) == 0);
+  first_stage = 2;
+  void* result = nullptr;
+  CHECK(pthread_join(thread, &result) == 0);
+  CHECK_MSG(result == PTHREAD_CANCELED, "the thread was not cancelled");
+  CHECK_MSG(answer.load() == cudaSuccess, "cancelled inside cudaMalloc");
+  CHECK_MSG(ready_mark(), "the reporter did not start");
+  std::printf("first call ok\n");
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   preload_test::require_preloaded();
   if (argc == 2 && std::string(argv[1]) == "child") return run();
+  if (argc == 2 && std::string(argv[1]) == "first") return first_call();
+  const preload_test::ChildResult first = preload_test::run_self("first", {}, 60);
+  std::printf("%s", first.output.c_str());
+  CHECK_MSG(first.status == 0, "first-call child exited with " + std::to_string(first.status));
   const preload_test::ChildResult child = preload_test::run_self("child", {}, 60);
   std::printf("%s", child.output.c_str());
   CHECK_MSG(child.status == 0, "child exited with " + std::to_string(child.status));
