@@ -11,13 +11,13 @@
 // seven buffers the program still owned; a free of a slice inside a page failed with
 // cudaErrorInvalidValue, and an exit() from the handler ended in the program's own error check
 // on such a free. The pools cannot be entered there: the interrupted call may hold their locks.
-// So a runtime free (cudaFree, cudaFreeAsync) made inside a call is queued on the thread and
+// So a runtime free (cudaFree, cudaFreeAsync) made inside a call is queued for the thread and
 // answered cudaSuccess; the call, once it is over, makes the queued frees as the program's own
-// (guarded() in exports_common.h), or they go with the process when it exits. Queueing is a
-// fetch-add and a few stores in thread-local memory, which a handler may do. A full queue (a
-// handler freeing more than kCapacity buffers) drops the rest: leaked, said once, never freed
-// wrongly. Driver frees (cuMemFree) cannot be told from the real runtime's own, and still pass
-// through (docs/limits.md).
+// (guarded() in exports_common.h), or they go with the process when it exits. Queueing takes a
+// slot of a fixed table with a compare-and-swap and fills it: atomics and stores, which a
+// handler may do. A full table (more than kSlots frees waiting in the process) drops the rest:
+// leaked, said once, never freed wrongly. Driver frees (cuMemFree) cannot be told from the real
+// runtime's own, and still pass through (docs/limits.md).
 //
 // Depends on hooks.h and the log.
 #include "interpose/deferred_frees.h"
@@ -30,52 +30,74 @@
 namespace poolcuda::deferred {
 
 namespace {
+
+// The queued frees of every thread, in one process-wide table: a handler cannot allocate, and a
+// table per thread took 800 bytes of every thread's initial-exec storage, which a dlopen of the
+// library may not find left. A slot is taken by a compare-and-swap of its owner, a thread-local
+// address that no other live thread has.
+constexpr unsigned kSlots = 64;
+
+struct Slot {
+  std::atomic<const void*> owner{nullptr};
+  std::atomic<bool> ready{false};  // filled: its owner may take it
+  void* ptr = nullptr;
+  cudaStream_t stream = nullptr;
+  Kind kind = plain;
+};
+
+Slot g_slots[kSlots];
 std::atomic<std::uint64_t> g_dropped{0};
 std::atomic<bool> g_dropped_said{false};
+
+const void* this_thread_token() { return &detail::t_queued; }
+
 }  // namespace
 
 void queue(void* ptr, cudaStream_t stream, Kind kind) {
-  const unsigned at = detail::t_taken.fetch_add(1, std::memory_order_relaxed);
-  if (at >= kCapacity) {
-    g_dropped.fetch_add(1, std::memory_order_relaxed);
+  const void* me = this_thread_token();
+  for (Slot& slot : g_slots) {
+    const void* unowned = nullptr;
+    if (!slot.owner.compare_exchange_strong(unowned, me, std::memory_order_acquire)) continue;
+    slot.ptr = ptr;
+    slot.stream = stream;
+    slot.kind = kind;
+    slot.ready.store(true, std::memory_order_release);
+    detail::t_queued.fetch_add(1, std::memory_order_release);
     return;
   }
-  Free& slot = detail::t_frees[at];
-  slot.ptr = ptr;
-  slot.stream = stream;
-  slot.kind = kind;
-  slot.ready.store(true, std::memory_order_release);
+  g_dropped.fetch_add(1, std::memory_order_relaxed);
 }
 
 void drain() {
-  // Taken in order. A handler that runs meanwhile queues behind, and this loop takes it too: the
-  // count goes back to 0 only if it is still what the loop took.
-  for (unsigned at = 0;;) {
-    unsigned taken = detail::t_taken.load(std::memory_order_acquire);
-    if (at >= taken || at >= kCapacity) {
-      if (detail::t_taken.compare_exchange_strong(taken, 0, std::memory_order_acq_rel)) break;
-      continue;
-    }
-    Free& slot = detail::t_frees[at++];
-    // A handler that interrupted this drain between its two steps has finished by now.
-    if (!slot.ready.exchange(false, std::memory_order_acquire)) continue;
-    try {
-      InsideHook inside;
-      if (slot.kind == plain)
-        hooks::free(slot.ptr);
-      else
-        hooks::free_async(slot.ptr, slot.stream, slot.kind == async_per_thread);
-    } catch (const abi::__forced_unwind&) {
-      throw;  // a cancellation (Note [Cancellation] in pools/no_cancel.h)
-    } catch (...) {  // a host allocation failed: that free is lost, as a dropped one is
+  const void* me = this_thread_token();
+  // A handler that runs meanwhile counts its free again, and the next round takes it.
+  while (detail::t_queued.exchange(0, std::memory_order_acquire) != 0) {
+    for (Slot& slot : g_slots) {
+      if (slot.owner.load(std::memory_order_acquire) != me ||
+          !slot.ready.exchange(false, std::memory_order_acquire))
+        continue;
+      void* const ptr = slot.ptr;
+      const cudaStream_t stream = slot.stream;
+      const Kind kind = slot.kind;
+      slot.owner.store(nullptr, std::memory_order_release);
+      try {
+        InsideHook inside;
+        if (kind == plain)
+          hooks::free(ptr);
+        else
+          hooks::free_async(ptr, stream, kind == async_per_thread);
+      } catch (const abi::__forced_unwind&) {
+        throw;  // a cancellation (Note [Cancellation] in pools/no_cancel.h)
+      } catch (...) {  // a host allocation failed: that free is lost, as a dropped one is
+      }
     }
   }
   const std::uint64_t dropped = g_dropped.load(std::memory_order_relaxed);
   if (dropped != 0 && !g_dropped_said.exchange(true))
     log_format(LogLevel::basic,
                "%llu frees made inside a call of the library's (a signal handler's) were not "
-               "made: more than %u waited on one thread; their memory stays allocated",
-               static_cast<unsigned long long>(dropped), kCapacity);
+               "made: more than %u waited at once; their memory stays allocated",
+               static_cast<unsigned long long>(dropped), kSlots);
 }
 
 }  // namespace poolcuda::deferred

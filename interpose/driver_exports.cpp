@@ -806,8 +806,7 @@ CUresult host_function(Call&& real) {
     pc::pooling::before_host_function();
     return CUDA_SUCCESS;
   });
-  pc::InsideHook inside;
-  return real();
+  return pc::guarded([&] { return real(); });
 }
 
 }  // namespace

@@ -308,15 +308,14 @@ POOLCUDA_WATCHED(cudaMemset3DAsync_ptsz, true, stream,
                  (cudaPitchedPtr ptr, int value, cudaExtent extent, cudaStream_t stream),
                  (ptr, value, extent, stream))
 // A host function: besides the fences, the pools' idle memory goes back first. The real call
-// runs inside the guard: the runtime passes it to the driver's hooked cuLaunchHostFunc, which
-// must not do the same again.
+// runs inside the guard (guarded()): the runtime passes it to the driver's hooked
+// cuLaunchHostFunc, which must not do the same again.
 #define POOLCUDA_HOST_FUNCTION(name, flavour, stream_expr, params, args) \
   POOLCUDA_EXPORT cudaError_t name params {                            \
     WATCH(stream_expr, flavour);                                       \
     if (pc::bypass()) return pc::real::name() args;                    \
     before_host_function();                                            \
-    pc::InsideHook inside;                                             \
-    return pc::real::name() args;                                      \
+    return pc::guarded([&] { return pc::real::name() args; });         \
   }
 
 POOLCUDA_HOST_FUNCTION(cudaLaunchHostFunc, false, stream,
