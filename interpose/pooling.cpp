@@ -73,34 +73,31 @@ namespace {
 // the program freed already: an allocation after the destroy that needs that memory failed for
 // lack of it where the plain run, which has no pins (and whose cudaFree of the buffer waited for
 // the launch), succeeded. So an allocation about to fail for lack of memory after such a destroy
-// (the hooks note the time), while graphs hold pinned memory, waits for the release as long as
+// (the hooks note the time), while graphs hold pinned memory, waits for the releases as long as
 // out-of-memory recovery waits (a launch may run long: 100 ms was not enough for one of 20 ms
-// per operation), and routes once more when one came, as long as releases come. Graphs
-// destroyed together send their releases one by one, so once a release came after the last
-// destroy, the wait for the next is kGraphReleaseGap only: a drained release used to settle
-// every destroy before it, and after two graphs of 25 MiB were freed and destroyed on a 64 MiB
-// stand-in device whose destructors ran 1 ms apart, a 56 MiB request failed with the second
-// still pinned, as did allocations inside the next round's captures of a loop that kept four
-// graphs at a time, where the plain runs had the memory. Each destroy is waited for until a wait
-// runs out: then it is settled, so a program that keeps a graph alive (or destroys a graph whose
-// exec lives on) and probes for the largest size that fits pays the wait once at most (the gap,
-// once another graph's release came); and a request larger
-// than the driver's free memory and what the pools hold beyond their unpinned live slices does
-// not wait (the pinned bytes alone were too few a bound: a released slice frees its whole page,
-// and a 64 MiB request after a 4 KiB slice was freed in a capture failed at once). (The
-// destroys are not told apart by device or graph.) Inside a capture too: a loop that captured, destroyed the graph unlaunched and captured
-// again outran the stand-in's destructor thread, and its allocations inside the captures failed
-// once the graphs not yet reported held the device; what the releases free there waits for the
-// window's fence (Note [Releases inside a window] in pools/manager_api.cpp).
+// per operation), and routes once more each time one comes, within that one bound: graphs
+// destroyed together send their releases one by one (after two graphs of 25 MiB were freed and
+// destroyed on a 64 MiB stand-in device whose destructors ran 1 ms apart, a 56 MiB request
+// failed with the second still pinned), and one whose launch still runs sends its own after the
+// others. Each destroy is waited for until a wait runs out; then it is settled, so a program
+// that keeps a graph alive (or destroys a graph whose exec lives on) and probes for the largest
+// size that fits pays the wait once at most. (A release drained after a destroy used to settle
+// it, and every destroy before it: a graph released at once cut short the wait for another whose
+// launch still ran, and the request failed where the plain run succeeded. The price: a request
+// that fails for good after a destroy, while another graph keeps pinned memory, is refused after
+// the bound.) A request larger than the driver's free memory and what the pools hold beyond their
+// unpinned live slices does not wait (the pinned bytes alone were too few a bound: a released
+// slice frees its whole page, and a 64 MiB request after a 4 KiB slice was freed in a capture
+// failed at once). (The destroys are not told apart by device or graph.) Inside a capture too: a
+// loop that captured, destroyed the graph unlaunched and captured again outran the stand-in's
+// destructor thread, and its allocations inside the captures failed once the graphs not yet
+// reported held the device; what the releases free there waits for the window's fence (Note
+// [Releases inside a window] in pools/manager_api.cpp).
 std::atomic<std::int64_t> g_last_graph_destroy_ns{std::numeric_limits<std::int64_t>::min() / 2};
 // The time of the last destroy whose wait ran out.
 std::atomic<std::int64_t> g_graph_destroy_settled_ns{std::numeric_limits<std::int64_t>::min() / 2};
-// The time of the last drain of a release.
-std::atomic<std::int64_t> g_graph_release_drained_ns{std::numeric_limits<std::int64_t>::min() / 2};
 // As long as out-of-memory recovery waits (ManagerOptions::recovery_wait_micros).
 constexpr std::chrono::microseconds kGraphReleaseWait{10000000};
-// The wait once a release came after the last destroy: the next is usually a moment behind.
-constexpr std::chrono::microseconds kGraphReleaseGap{100000};
 
 std::int64_t steady_ns() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(
@@ -118,10 +115,7 @@ void settle_graph_destroys(std::int64_t destroyed) {
 }
 
 // Drains the graph releases CUDA has posted.
-void drain_graph_releases(CapturePolicy& capture) {
-  capture.drain_releases();
-  g_graph_release_drained_ns.store(steady_ns(), std::memory_order_relaxed);
-}
+void drain_graph_releases(CapturePolicy& capture) { capture.drain_releases(); }
 
 // cudaMemGetInfo right after a destroy: the release is usually a moment away, so the query
 // waits for it briefly, once per destroy (a graph whose exec lives on sends none), without
@@ -141,8 +135,9 @@ void await_graph_release_briefly(CapturePolicy& capture) {
     std::this_thread::sleep_for(std::chrono::microseconds(100));
 }
 
+// Waits within `bound`, the request's (Note [Graphs dying]).
 bool graph_release_arrived(CapturePolicy& capture, CudaDevice& device, MemoryManager& manager,
-                           std::uint64_t size) {
+                           std::uint64_t size, WaitBound& bound) {
   const std::int64_t destroyed = g_last_graph_destroy_ns.load(std::memory_order_relaxed);
   if (destroyed <= g_graph_destroy_settled_ns.load(std::memory_order_relaxed)) return false;
   const std::uint64_t pinned = capture.stats().pinned_bytes;
@@ -154,8 +149,6 @@ bool graph_release_arrived(CapturePolicy& capture, CudaDevice& device, MemoryMan
   const std::uint64_t room = usage.bytes_reserved > unpinned ? usage.bytes_reserved - unpinned : 0;
   if (size > room + device.memory_info().free_bytes) return false;
   NoCancel no_cancel;  // a wait plain CUDA's call would not make (Note [Cancellation])
-  const bool one_came = g_graph_release_drained_ns.load(std::memory_order_relaxed) > destroyed;
-  WaitBound bound{one_came ? kGraphReleaseGap : kGraphReleaseWait};
   const bool came = bound.retry([&] {
     while (!capture.releases_pending()) {
       if (bound.over()) return false;
@@ -409,9 +402,11 @@ Route allocate(const char* api, int device, std::size_t size, void** ptr) {
   // Out-of-memory recovery gives back empty managed slabs too (Device::give_back_elsewhere).
   Reservation reservation = capture.open() ? capture.allocate(size) : manager->allocate(size);
   // A capture that began during the wait takes the request in its window.
-  while (reservation.ptr == 0 && reservation.error.kind == ErrorKind::out_of_memory &&
-         graph_release_arrived(capture, *registry.device(device), *manager, size)) {
-    reservation = capture.open() ? capture.allocate(size) : manager->allocate(size);
+  if (reservation.ptr == 0 && reservation.error.kind == ErrorKind::out_of_memory) {
+    WaitBound graph_wait{kGraphReleaseWait};
+    while (reservation.ptr == 0 && reservation.error.kind == ErrorKind::out_of_memory &&
+           graph_release_arrived(capture, *registry.device(device), *manager, size, graph_wait))
+      reservation = capture.open() ? capture.allocate(size) : manager->allocate(size);
   }
   // A sticky context error is not checked on a hit: that would cost a CUDA call on every
   // allocation, and the program's next launch or synchronisation reports the error anyway.

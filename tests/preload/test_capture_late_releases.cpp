@@ -14,7 +14,10 @@
 // they are destroyed, a request of 85% must wait for all four reports, not the first only. And
 // rounds of four captures that each allocate 3/16 of the device while the previous round's graphs
 // (destroyed, then their buffers freed) are still reported: no allocation inside the captures may
-// fail. Both used to fail once the first report had come.
+// fail. Both used to fail once the first report had come. In a child whose every stream operation
+// takes 0.4 s, graph A (2/5 of the device) is launched and graph B (1/10) is not, both are freed
+// and destroyed, and a request of 85% must wait for A's report, which comes after its launch:
+// B's, which comes at once, used to end the wait.
 // Sizes are fractions of the device; on a GPU the reports come at once and the loop passes.
 #include <vector>
 
@@ -68,9 +71,29 @@ void rounds_of_graphs(cudaStream_t stream, std::size_t total) {
   }
 }
 
+int one_graph_still_running(cudaStream_t stream, std::size_t total) {
+  void* a = nullptr;
+  void* b = nullptr;
+  cudaGraph_t running = capture_allocation(stream, total / 5 * 2, &a, "running");
+  cudaGraph_t idle = capture_allocation(stream, total / 10, &b, "idle");
+  cudaGraphExec_t exec = nullptr;
+  CHECK_CUDA(cudaGraphInstantiate(&exec, running, 0));
+  CHECK_CUDA(cudaGraphLaunch(exec, stream));
+  CHECK_CUDA(cudaFree(a));
+  CHECK_CUDA(cudaFree(b));
+  CHECK_CUDA(cudaGraphExecDestroy(exec));
+  CHECK_CUDA(cudaGraphDestroy(running));
+  CHECK_CUDA(cudaGraphDestroy(idle));
+  void* large = nullptr;
+  CHECK_CUDA(cudaMalloc(&large, total / 20 * 17));
+  CHECK_CUDA(cudaFree(large));
+  std::printf("running child ok\n");
+  return 0;
+}
+
 }  // namespace
 
-int main() {
+int main(int argc, char** argv) {
   preload_test::require_preloaded();
   CHECK_CUDA(cudaFree(nullptr));
   std::size_t free_bytes = 0;
@@ -79,6 +102,7 @@ int main() {
   const std::size_t size = total / 32;
   cudaStream_t stream = nullptr;
   CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  if (argc > 1 && std::string(argv[1]) == "running") return one_graph_still_running(stream, total);
   constexpr int kRounds = 160;  // five devices' worth
   for (int round = 0; round < kRounds; ++round) {
     CHECK_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeRelaxed));
@@ -95,6 +119,9 @@ int main() {
   }
   graphs_destroyed_together(stream, total);
   rounds_of_graphs(stream, total);
+  const preload_test::ChildResult running =
+      preload_test::run_self("running", {"SIMCUDA_OP_DELAY_US=400000"}, 60);
+  CHECK_MSG(running.status == 0, running.output);
   CHECK_CUDA(cudaStreamDestroy(stream));
   CHECK_CUDA(cudaGetLastError());
   std::printf("ok\n");
