@@ -28,11 +28,12 @@
 // allocate their workspaces with cudaMalloc in them). Memory from the pools is the primary
 // context's: handed out there, a kernel of the other context could not use it, and a page grown
 // there went with that context's cuCtxDestroy while the pools still handed out its slices. So a
-// runtime allocation in a context of the program's goes to the driver, as a driver one does, and
-// a runtime free of pooled memory there is taken back in the primary context. Asking for the
-// current context costs two driver calls on every allocation; a process that never made a
-// context (nearly all) is spared them: the hooks of the calls that make one set a flag, and the
-// runtime hooks ask only once it is set.
+// runtime allocation in a context of the program's goes to the driver, as a driver one does
+// (counted against a `limit` as any request the pools do not serve), and a runtime free of pooled
+// memory there is taken back in the primary context. Asking for the current context costs
+// driver calls on every allocation and free; a process that never made a context (nearly all)
+// is spared them: the hooks of the calls that make one set a flag, and the runtime hooks ask
+// only once it is set.
 //
 // Depends on real_driver.h.
 #include "interpose/driver_context.h"

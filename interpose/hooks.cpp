@@ -246,9 +246,8 @@ cudaError_t free_foreign(const char* api, int device, void* ptr, Real&& real) {
 
 cudaError_t malloc(void** ptr, std::size_t size) {
   const int device = current_device();
-  if (driver::in_program_context()) {  // Note [Contexts of the program's] in driver_context.cpp
-    return with_room(device, size, [&] { return real::cudaMalloc()(ptr, size); });
-  }
+  // Note [Contexts of the program's] in driver_context.cpp.
+  if (driver::in_program_context()) return forward_malloc(device, ptr, size);
   switch (pooling::allocate("cudaMalloc", device, size, ptr)) {
     case pooling::Route::pooled:
       bind_after_own_calls();  // Note [A thread's first call]

@@ -259,10 +259,7 @@ cudaError_t malloc_managed(void** ptr, std::size_t size, unsigned int flags) {
     return forward_managed(device, ptr, size, flags);
   }
   // The slabs are the primary context's (Note [Contexts of the program's] in driver_context.cpp).
-  if (driver::in_program_context()) {
-    return hooks::with_room(device, size,
-                            [&] { return real::cudaMallocManaged()(ptr, size, flags); });
-  }
+  if (driver::in_program_context()) return forward_managed(device, ptr, size, flags);
   // Where CUDA refuses it for a capture (and invalidates the capture), the real call answers
   // (Note [Unsafe calls in a capture] in capture_hooks.cpp).
   if (unsafe_calls_refused_here()) return forward_managed(device, ptr, size, flags);

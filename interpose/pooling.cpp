@@ -459,20 +459,26 @@ int forward(int device, std::size_t size, void** ptr, const std::function<int()>
   }
   budget::ChargeScope charged(device, size);
   passed();
-  const std::uint64_t returned_before = ReleaseWorker::pages_returned();
+  // The pools' reserved bytes, when they refused the request and will say so (Note [A
+  // refusal's account]).
+  MemoryManager* manager = has_kept() ? Registry::instance().manager(device) : nullptr;
+  const std::uint64_t reserved_before =
+      manager != nullptr ? manager->memory_usage().bytes_reserved : 0;
   const int result = real();
   if (result == 0) {
     charged.keep();
     budget::passed_through(device, *ptr, size);
     drop_kept();  // the pools' refusal, if any, cost the program nothing
   } else if (has_kept()) {
+    // Note [A refusal's account]
     // The pools' figures are from before CUDA was asked: what the device had free then tells
-    // the rest. Pages that went back to the driver meanwhile (the retry that gives idle pages
-    // back) are in both figures, which the line says, lest a reader add them up. Asked only for
-    // a line to write: a program that probes for the largest allocation that fits pays nothing
-    // more.
+    // the rest. Pages of this device's pools that went back to the driver meanwhile (the retry
+    // that gives idle pages back) are in both figures, which the line says, lest a reader add
+    // them up. Asked only for a line to write: a program that probes for the largest allocation
+    // that fits pays nothing more.
     CudaDevice* cuda = Registry::instance().device(device);
-    const bool given_back = ReleaseWorker::pages_returned() != returned_before;
+    const bool given_back =
+        manager != nullptr && manager->memory_usage().bytes_reserved < reserved_before;
     say_kept(cuda == nullptr ? std::string("; CUDA's own allocation failed too")
                              : "; CUDA's own allocation failed too, with " +
                                    std::to_string(cuda->memory_info().free_bytes) +
