@@ -16,6 +16,7 @@
 // contexts) are not charged.
 #include "interpose/budget.h"
 
+#include <algorithm>
 #include <atomic>
 #include <mutex>
 #include <unordered_map>
@@ -147,13 +148,19 @@ void forget_device(int device) {
   ++s.resets[device];
 }
 
-void adjust_memory_info(int device, std::uint64_t idle, std::size_t* free_bytes,
-                        std::size_t* total_bytes) {
+std::uint64_t charged_now(int device) {
+  return in_range(device) ? state().accounts[device].charged.load(std::memory_order_acquire) : 0;
+}
+
+void adjust_memory_info(int device, std::uint64_t charged, std::uint64_t idle,
+                        std::size_t* free_bytes, std::size_t* total_bytes) {
   if (!in_range(device)) return;
   const std::optional<std::uint64_t> limit = limit_of(device);
   if (!limit) return;
-  const std::uint64_t charged = state().accounts[device].charged.load(std::memory_order_relaxed);
-  const std::uint64_t left = (charged < *limit ? *limit - charged : 0) + idle;
+  // Never more than the budget: `charged` was read before `idle`, so a page given back between
+  // the two reads counts in neither (another order counted it twice, and free passed total).
+  const std::uint64_t left =
+      std::min(*limit, (charged < *limit ? *limit - charged : 0) + idle);
   if (free_bytes != nullptr && left < *free_bytes) *free_bytes = static_cast<std::size_t>(left);
   if (total_bytes != nullptr && *limit < *total_bytes)
     *total_bytes = static_cast<std::size_t>(*limit);

@@ -67,9 +67,15 @@ void settle_through(const PassedCharge& charge, bool freed);
 // cudaDeviceReset freed everything on the device: nothing is charged any more.
 void forget_device(int device);
 
+// Bytes charged to `device`'s budget now (0 without one), read before the pools' idle bytes
+// for adjust_memory_info.
+std::uint64_t charged_now(int device);
+
 // cudaMemGetInfo under a budget: the budget as the total, what is left of it (plus `idle`
-// pooled bytes, which the library would give back) as free, never more than the driver says.
-void adjust_memory_info(int device, std::uint64_t idle, std::size_t* free_bytes,
+// pooled bytes, which the library would give back) as free, never more than the driver says
+// nor than the budget; `charged` is charged_now() from before `idle` was read.
+void adjust_memory_info(int device, std::uint64_t charged, std::uint64_t idle,
+                        std::size_t* free_bytes,
                         std::size_t* total_bytes);
 
 // The device's budget part of the report; nullopt when it has no budget.

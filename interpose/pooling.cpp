@@ -790,6 +790,7 @@ void adjust_memory_info(int device, std::size_t* free_bytes, std::size_t* total_
   // only requests that fit a hole, so counting it would let an allocation of the reported free
   // size fail.
   const ManagedSlabs* slabs = registry.managed(device);
+  const std::uint64_t charged = budget::charged_now(device);  // first: budget.h
   const std::uint64_t idle = (manager != nullptr ? manager->idle_bytes_now() : 0) +
                              (slabs != nullptr ? slabs->empty_bytes() : 0);
   if (config().memgetinfo == MemGetInfoMode::pooled && idle != 0) {
@@ -798,7 +799,7 @@ void adjust_memory_info(int device, std::size_t* free_bytes, std::size_t* total_
                                    : idle;
     *free_bytes += static_cast<std::size_t>(idle < room ? idle : room);
   }
-  budget::adjust_memory_info(device, idle, free_bytes, total_bytes);
+  budget::adjust_memory_info(device, charged, idle, free_bytes, total_bytes);
 }
 
 int reset_device(int device, const std::function<int()>& real) {

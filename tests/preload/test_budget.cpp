@@ -4,7 +4,14 @@
 // is refused without reaching the driver; freeing makes room again, and a request over the
 // budget takes back only the idle pages it lacks. The device itself has more. A request whose
 // rounded page does not fit the budget but whose exact size does succeeds, and logs nothing.
+// With eight threads churning buffers up to 1 MiB, cudaMemGetInfo never reports more free than
+// the total, and a request of what it reports free, less 32 MiB, succeeds (bar a rare race): the
+// free figure once counted a page given back between its two reads twice, and passed the total.
+#include <atomic>
+#include <chrono>
+#include <cstdint>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "check.h"
@@ -89,6 +96,57 @@ int rounded_child() {
 
 // Runs this program as `which` under `limit`, checks that it succeeded and that the budget
 // logged `lines` refusals.
+int threads_child() {
+  constexpr std::size_t kMargin = std::size_t{32} << 20;
+  CHECK_CUDA(cudaFree(nullptr));
+  std::atomic<bool> stop{false};
+  std::vector<std::thread> workers;
+  for (unsigned id = 0; id < 8; ++id) {
+    workers.emplace_back([&stop, id] {
+      std::uint64_t state = id + 1;
+      std::vector<void*> live;
+      while (!stop.load()) {
+        state = state * 6364136223846793005ULL + 1442695040888963407ULL;
+        void* ptr = nullptr;
+        if (cudaMalloc(&ptr, (state >> 44) + 1) == cudaSuccess)  // 1 B to 1 MiB
+          live.push_back(ptr);
+        else
+          (void)cudaGetLastError();  // the budget is full while the main thread holds most
+        if (live.size() > 2) {
+          (void)cudaFree(live.front());
+          live.erase(live.begin());
+        }
+      }
+      for (void* ptr : live) (void)cudaFree(ptr);
+    });
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));  // the workers under way
+  int over = 0;
+  int refused = 0;
+  for (int i = 0; i < 200; ++i) {
+    std::size_t free_bytes = 0, total = 0;
+    CHECK_CUDA(cudaMemGetInfo(&free_bytes, &total));
+    over += free_bytes > total;
+    if (free_bytes <= kMargin) continue;
+    void* ptr = nullptr;
+    if (cudaMalloc(&ptr, free_bytes - kMargin) != cudaSuccess) {
+      ++refused;
+      (void)cudaGetLastError();
+      continue;
+    }
+    std::this_thread::sleep_for(std::chrono::microseconds(500));  // the workers churn beside it
+    CHECK_CUDA(cudaFree(ptr));
+  }
+  stop = true;
+  for (std::thread& worker : workers) worker.join();
+  // A refusal of what was reported free can still follow a worker's growth between the two
+  // calls (the margin holds 32 of their 1 MiB buffers); the inflated figure refused 15 to 24.
+  CHECK_MSG(over == 0 && refused <= 2, std::to_string(over) + " times free > total, " +
+                                           std::to_string(refused) + " requests refused");
+  std::printf("threads ok\n");
+  return 0;
+}
+
 void run_child(const char* which, const std::string& limit, std::size_t lines) {
   const preload_test::ChildResult result =
       preload_test::run_self(which, {"POOLCUDA_CONF=limit:" + limit});
@@ -109,7 +167,12 @@ int main(int argc, char** argv) {
   preload_test::require_preloaded();
   if (argc > 1 && std::string(argv[1]) == "child") return child();
   if (argc > 1 && std::string(argv[1]) == "rounded") return rounded_child();
+  if (argc > 1 && std::string(argv[1]) == "threads") return threads_child();
   run_child("child", "1G", 1);
   run_child("rounded", "256M", 0);  // the request fit: nothing was refused
+  const preload_test::ChildResult threads =
+      preload_test::run_self("threads", {"POOLCUDA_CONF=limit:2G,log:off"}, 120);
+  std::printf("%s", threads.output.c_str());
+  CHECK_MSG(threads.status == 0, "threads child exited with " + std::to_string(threads.status));
   return 0;
 }
