@@ -639,10 +639,13 @@ POOLCUDA_EXPORT CUresult cuGraphExecDestroy(CUgraphExec exec) {
   return result;
 }
 
-// Contexts of the program's own (Note [Contexts of the program's] in driver_context.cpp).
+// Contexts of the program's own (Note [Contexts of the program's] in driver_context.cpp). Those
+// of cuCtxCreate are made current: a switch of context (below) as well.
 namespace {
-CUresult made_context(CUresult result) {
-  if (result == CUDA_SUCCESS) pc::driver::note_program_context();
+CUresult made_context(CUresult result, bool made_current = true) {
+  if (result != CUDA_SUCCESS) return result;
+  pc::driver::note_program_context();
+  if (made_current) pc::stream_order::context_switched();
   return result;
 }
 }  // namespace
@@ -666,7 +669,7 @@ POOLCUDA_EXPORT CUresult cuCtxCreate_v4(CUcontext* pctx, CUctxCreateParams* para
 }
 
 POOLCUDA_EXPORT CUresult cuCtxFromGreenCtx(CUcontext* pctx, CUgreenCtx green) {
-  return made_context(dr::cuCtxFromGreenCtx()(pctx, green));
+  return made_context(dr::cuCtxFromGreenCtx()(pctx, green), false);
 }
 
 // A switch of the thread's context: its device's work is the next to count (free_fence:auto).

@@ -466,6 +466,8 @@ CUresult ctx_destroy(CUresult (*real)(CUcontext), CUcontext ctx) {
   const bool primary = driver::is_primary(ctx, &device);
   const CUresult result = real(ctx);
   if (primary && result == CUDA_SUCCESS) pooling::reset_device(device, [] { return 0; });
+  // The destroyed context, if it was current, gave way to the one below it.
+  if (result == CUDA_SUCCESS) stream_order::context_switched();
   return result;
 }
 

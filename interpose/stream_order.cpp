@@ -53,8 +53,9 @@
 // calls come from inside the library's hooks and do not count) could use per-thread streams
 // there, so its devices leave ordered reuse at its first such call (driver_used_directly).
 // A program that never allocates, frees or creates a stream through the driver but launches or
-// copies there on per-thread streams, or on another device it made current there
-// (cuCtxSetCurrent), is not seen; such a program should run with free_fence:events.
+// copies there on per-thread streams is not seen; such a program should run with
+// free_fence:events. A device made current through the driver (cuCtxSetCurrent, a push or pop,
+// cuCtxCreate) counts as used, as after cudaSetDevice (context_switched).
 //
 // Note [Leaving behind a park]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~

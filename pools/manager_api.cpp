@@ -681,7 +681,8 @@ RetainedSlice MemoryManager::retain(DevicePtr ptr) {
 // its fence on its stream at once (a stream of another device takes one during a capture here),
 // and the release waits for that fence alone, as an unpinned free would have. One the stream
 // cannot take (it captures, or it is the device's own while a capture is open) is fenced as
-// before. The fences wait in a map by pointer: such frees are rare.
+// before. The fences wait in a map by pointer (such frees are rare) until the release, or until a
+// reissue (capture_share), which needs the fence passed as well.
 void MemoryManager::Impl::fence_held_free(Slice* slice, StreamToken stream) {
   FreeFence mode = options.free_fence;
   if (mode == FreeFence::automatic) mode = stream_ordered ? FreeFence::none : FreeFence::events;
@@ -689,11 +690,12 @@ void MemoryManager::Impl::fence_held_free(Slice* slice, StreamToken stream) {
   StreamToken lane = stream;
   const FenceHandle fence = device.fence_record_on(stream, lane);
   if (fence == kNoFence) return;
+  const HeldFence held{fence, lane, thread_serial(this_thread_home())};
   try {
-    auto [it, fresh] = held_fences.try_emplace(slice->ptr, HeldFence{fence, lane});
-    if (!fresh) {  // a stale entry of an earlier slice at this address
+    auto [it, fresh] = held_fences.try_emplace(slice->ptr, held);
+    if (!fresh) {  // never left behind (a release, a reissue or a reset takes it): defensive
       device.fence_destroy(it->second.fence);
-      it->second = HeldFence{fence, lane};
+      it->second = held;
     }
   } catch (const std::bad_alloc&) {
     device.fence_destroy(fence);  // fenced as a plain free when its pins go
@@ -716,8 +718,8 @@ bool MemoryManager::release_retained(const RetainedSlice& pin) {
     slice->page->pool->to_pending(slice);
     slice->freed_in_order = 1;
     try {
-      // A lane of its own: these fences come in the order of the releases, not of the frees.
-      m.fences.add_ordered(slice, fence.fence, fence.lane, kReleasedHoldsThread);
+      // Lanes of their own: these fences come in the order of the releases, not of the frees.
+      m.fences.add_ordered(slice, fence.fence, fence.lane, kReleasedHolds | fence.thread);
     } catch (const std::bad_alloc&) {
       m.device.fence_destroy(fence.fence);
       m.fences.add(slice);
@@ -806,6 +808,13 @@ bool MemoryManager::reissue(const RetainedSlice& pin, std::uint64_t requested) {
   if (slice->held_era == m.held_era ||
       m.fences.closed_epoch(m.window_epoch) != FenceQueue::ClosedEpoch::passed)
     return false;
+  // A stream-ordered free's own fence, which the window's may not cover (another device's
+  // stream: Note [Stream-ordered frees of pinned slices]): passed too, and it goes with the free.
+  if (auto held = m.held_fences.find(slice->ptr); held != m.held_fences.end()) {
+    if (!m.device.fence_passed(held->second.fence)) return false;
+    m.device.fence_destroy(held->second.fence);
+    m.held_fences.erase(held);
+  }
   m.index.reserve_one();
   slice->page->pool->reissue(slice, requested);
   m.index.insert(slice->ptr, slice);

@@ -493,6 +493,7 @@ struct MemoryManager::Impl {
   struct HeldFence {
     FenceHandle fence = kNoFence;
     StreamToken lane = kNoStream;
+    std::uint64_t thread = 0;  // thread_serial() of the freeing thread
   };
   std::unordered_map<DevicePtr, HeldFence> held_fences;
   std::uint32_t frozen = 0;           // set_frozen() nesting: no page is taken from the device

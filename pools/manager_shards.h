@@ -71,9 +71,10 @@ inline std::uint64_t thread_serial(ShardHome& home) {
   return home.serial;
 }
 
-// The thread of the fence lane where stream-ordered frees of pinned slices wait once their pins
-// go (Note [Stream-ordered frees of pinned slices] in manager_api.cpp): no thread's serial.
-inline constexpr std::uint64_t kReleasedHoldsThread = ~std::uint64_t{0};
+// Marks the thread of the fence lanes where stream-ordered frees of pinned slices wait once their
+// pins go, one per freeing thread and stream (Note [Stream-ordered frees of pinned slices] in
+// manager_api.cpp): no thread's serial has it.
+inline constexpr std::uint64_t kReleasedHolds = std::uint64_t{1} << 63;
 
 // The calling thread's ShardHome: one thread-local lookup, done once per call. Initial-exec:
 // the library is loaded with the program (LD_PRELOAD), so these few bytes sit in the static

@@ -1,6 +1,6 @@
-// Preload test: a device made current by a switch of the driver context (cuCtxSetCurrent, or
-// cuCtxPushCurrent and cuCtxPopCurrent), then used through the runtime, ends stream-ordered reuse
-// as cudaSetDevice does (free_fence:auto, docs/fences.md). Device 0 reads a buffer behind a
+// Preload test: a device made current by a switch of the driver context (cuCtxSetCurrent,
+// cuCtxPushCurrent and cuCtxPopCurrent, or cuCtxCreate), then used through the runtime, ends
+// stream-ordered reuse as cudaSetDevice does (free_fence:auto, docs/fences.md). Device 0 reads a buffer behind a
 // 300 ms operation and the program frees it (plain cudaFree waits for device 0 there); the next
 // allocation gets the same memory at once, as device 0 alone orders its reuse; then device 1's
 // legacy stream, made current by the switch, writes the new buffer. The old owner's read must
@@ -50,6 +50,13 @@ int child(const std::string& how) {
   CUcontext second = nullptr;
   CHECK_CU(cuDevicePrimaryCtxRetain(&first, 0));
   CHECK_CU(cuDevicePrimaryCtxRetain(&second, 1));
+  if (how == "create") {  // cuCtxCreate makes its context current
+    CUcontext made = nullptr;
+    return round([&] { CHECK_CU(cuCtxCreate(&made, nullptr, 0, 1)); }, [&] {
+      CUcontext popped = nullptr;
+      CHECK_CU(cuCtxPopCurrent(&popped));
+    });
+  }
   if (how == "set") {
     return round([&] { CHECK_CU(cuCtxSetCurrent(second)); },
                  [&] { CHECK_CU(cuCtxSetCurrent(first)); });
@@ -66,7 +73,7 @@ int main(int argc, char** argv) {
   preload_test::require_preloaded();
   if (!preload_test::on_stand_in()) preload_test::skip("needs the stand-in's timed operations");
   if (argc > 1 && std::string(argv[1]) == "child") return child(std::getenv("CHILD_SWITCH"));
-  for (const char* how : {"set", "push"}) {
+  for (const char* how : {"set", "push", "create"}) {
     // A fresh process each: one that has used device 1 no longer reuses at once anywhere.
     const preload_test::ChildResult result =
         preload_test::run_self("child", {std::string("CHILD_SWITCH=") + how}, 60);

@@ -5,7 +5,9 @@
 // buffers of the same size. None may be the freed one until the device-1 stream has made its
 // write: the release at the graph's destroy used to fence the slice on device 0's streams only,
 // the buffer went to a new owner at once, and the late write replaced its bytes. Each free
-// fence mode that fences (auto, events, sync) is run in a child.
+// fence mode that fences (auto, events, sync) is run in a child. Under capture_share:on, a
+// second capture's allocation must not be handed that buffer before the device-1 stream has
+// written it either: the reissue looked at the window's fence only (device 0's).
 #include <unistd.h>
 
 #include <atomic>
@@ -70,12 +72,57 @@ int child() {
   return 0;
 }
 
+int reissue_child() {
+  cudaStream_t capturing = nullptr;
+  cudaStream_t peer = nullptr;
+  CHECK_CUDA(cudaSetDevice(0));
+  CHECK_CUDA(cudaStreamCreateWithFlags(&capturing, cudaStreamNonBlocking));
+  CHECK_CUDA(cudaSetDevice(1));
+  CHECK_CUDA(cudaStreamCreateWithFlags(&peer, cudaStreamNonBlocking));
+  CHECK_CUDA(cudaDeviceEnablePeerAccess(0, 0));
+  CHECK_CUDA(cudaSetDevice(0));
+  void* freed = nullptr;
+  CHECK_CUDA(cudaMalloc(&freed, kBuffer));
+  CHECK_CUDA(cudaMemset(freed, 0, kBuffer));
+  void* captured = nullptr;
+  CHECK_CUDA(cudaMalloc(&captured, 4096));
+  cudaGraph_t first = nullptr;
+  CHECK_CUDA(cudaStreamBeginCapture(capturing, cudaStreamCaptureModeRelaxed));
+  CHECK_CUDA(cudaMemsetAsync(captured, 1, 4096, capturing));
+  CHECK_CUDA(cudaSetDevice(1));
+  CHECK_CUDA(cudaLaunchHostFunc(peer, wait_for_gate, nullptr));
+  CHECK_CUDA(cudaMemsetAsync(freed, 0xaa, kBuffer, peer));  // held behind the gate
+  CHECK_CUDA(cudaFreeAsync(freed, peer));
+  CHECK_CUDA(cudaSetDevice(0));
+  CHECK_CUDA(cudaStreamEndCapture(capturing, &first));
+  void* fresh = nullptr;
+  cudaGraph_t second = nullptr;
+  CHECK_CUDA(cudaStreamBeginCapture(capturing, cudaStreamCaptureModeRelaxed));
+  CHECK_CUDA(cudaMalloc(&fresh, kBuffer));
+  CHECK_CUDA(cudaMemsetAsync(fresh, 0xbb, kBuffer, capturing));
+  CHECK_CUDA(cudaStreamEndCapture(capturing, &second));
+  cudaGraphExec_t exec = nullptr;
+  CHECK_CUDA(cudaGraphInstantiate(&exec, second, 0));
+  CHECK_CUDA(cudaGraphLaunch(exec, capturing));
+  CHECK_CUDA(cudaStreamSynchronize(capturing));
+  g_gate = true;
+  CHECK_CUDA(cudaSetDevice(1));
+  CHECK_CUDA(cudaStreamSynchronize(peer));
+  CHECK_CUDA(cudaSetDevice(0));
+  std::vector<unsigned char> bytes(kBuffer);
+  CHECK_CUDA(cudaMemcpy(bytes.data(), fresh, kBuffer, cudaMemcpyDeviceToHost));
+  for (unsigned char b : bytes) CHECK_MSG(b == 0xbb, "the second capture's buffer got the write");
+  std::printf("case done\n");
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   preload_test::require_preloaded();
   if (!preload_test::on_stand_in()) preload_test::skip("needs the stand-in's second device");
   if (argc > 1 && std::string(argv[1]) == "child") return child();
+  if (argc > 1 && std::string(argv[1]) == "reissue") return reissue_child();
   for (const char* mode : {"auto", "events", "sync"}) {
     const preload_test::ChildResult result =
         preload_test::run_self("child", {std::string("POOLCUDA_CONF=free_fence:") + mode}, 60);
@@ -83,5 +130,10 @@ int main(int argc, char** argv) {
               std::string(mode) + ": " + result.output);
     std::printf("free_fence:%s: ok\n", mode);
   }
+  const preload_test::ChildResult shared =
+      preload_test::run_self("reissue", {"POOLCUDA_CONF=capture_share:on"}, 60);
+  CHECK_MSG(shared.status == 0 && shared.output.find("case done") != std::string::npos,
+            "capture_share:on: " + shared.output);
+  std::printf("capture_share:on: ok\n");
   return 0;
 }
