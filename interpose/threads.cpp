@@ -10,7 +10,8 @@
 // only when that thread blocks, a growth that waits for them would wait on its own CPU, and
 // the worker would not watch for work (Note [Spinning before sleeping] in release_worker.cpp).
 // So the release worker and the reporter run on the CPUs any of the program's threads may use
-// when they start (the reporter at the process's first CUDA call, on the calling thread):
+// when they start (the reporter at the process's first CUDA call, or in the library's
+// constructor when a constructor of the program's own libraries made that call):
 // the union of their masks (program_cpus()), what `taskset`, a container or the program's own
 // bindings allow. A mask read once, at load, would not do: the constructors of the program's
 // libraries run first and may pin the main thread (an OpenMP binding), a forked child may pin
