@@ -88,13 +88,22 @@ class Origins {
     std::erase_if(open_, [&](const Entry& entry) { return entry.id == id; });
     count_.store(open_.size(), std::memory_order_release);
   }
-  // The open capture that `stream` began (its id and device), or {0, -1}.
+  // The open capture that `stream` began (its id and device), or {0, -1}. cudaStreamPerThread
+  // names another stream on each thread: only the calling thread's capture on it counts.
   std::pair<unsigned long long, int> begun_by(cudaStream_t stream) {
     std::lock_guard<RankedMutex> hold(mutex_);
+    const std::thread::id self = std::this_thread::get_id();
     for (const Entry& entry : open_) {
-      if (entry.stream == stream) return {entry.id, entry.device};
+      if (entry.stream == stream && (stream != cudaStreamPerThread || entry.thread == self))
+        return {entry.id, entry.device};
     }
     return {0, -1};
+  }
+  // A reset of `device` ended its captures (cudaStreamEndCapture then answers an error).
+  void forget_device(int device) {
+    std::lock_guard<RankedMutex> hold(mutex_);
+    std::erase_if(open_, [&](const Entry& entry) { return entry.device == device; });
+    count_.store(open_.size(), std::memory_order_release);
   }
   bool began(unsigned long long id, cudaStream_t stream) {
     std::lock_guard<RankedMutex> hold(mutex_);
@@ -302,6 +311,8 @@ void stream_destroyed_while_capturing(cudaStream_t stream, int device,
 // call would have given: the calls it makes legal in a capture (pooled allocations and frees)
 // need not ask; the others (managed memory) answer as the plain call does. The thread's mode is
 // read by exchanging it twice. Captures begun behind the hooks' back are not counted.
+void device_captures_forgotten(int device) { origins().forget_device(device); }
+
 bool unsafe_calls_refused_here() {
   if (!origins().any()) return false;
   cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;

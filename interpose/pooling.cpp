@@ -815,6 +815,7 @@ int reset_device(int device, const std::function<int()>& real) {
       registry.capture(device)->forget();
       registry.device(device)->forget_events();
       registry.device(device)->captures_forgotten();
+      hooks::device_captures_forgotten(device);
     }
     registry.streams().forget_device(device);
   };
