@@ -24,94 +24,81 @@ void wait_for_gate(void*) {
   while (!g_gate.load()) ::usleep(1000);
 }
 
-int child() {
+// Streams of device 0 (`mine`, `capturing`) and device 1 (`peer`, with access to device 0's
+// memory), and a capture open on `capturing` during which `peer`, parked on the gate, writes
+// `freed` and frees it (cudaFreeAsync): the capture is left open for the caller to end.
+struct PeerFree {
   cudaStream_t mine = nullptr;
   cudaStream_t capturing = nullptr;
   cudaStream_t peer = nullptr;
+  void* freed = nullptr;
+};
+
+PeerFree free_on_peer_during_capture() {
+  PeerFree setup;
   CHECK_CUDA(cudaSetDevice(0));
-  CHECK_CUDA(cudaStreamCreateWithFlags(&mine, cudaStreamNonBlocking));
-  CHECK_CUDA(cudaStreamCreateWithFlags(&capturing, cudaStreamNonBlocking));
+  CHECK_CUDA(cudaStreamCreateWithFlags(&setup.mine, cudaStreamNonBlocking));
+  CHECK_CUDA(cudaStreamCreateWithFlags(&setup.capturing, cudaStreamNonBlocking));
   CHECK_CUDA(cudaSetDevice(1));
-  CHECK_CUDA(cudaStreamCreateWithFlags(&peer, cudaStreamNonBlocking));
+  CHECK_CUDA(cudaStreamCreateWithFlags(&setup.peer, cudaStreamNonBlocking));
   CHECK_CUDA(cudaDeviceEnablePeerAccess(0, 0));
   CHECK_CUDA(cudaSetDevice(0));
-  void* freed = nullptr;
-  CHECK_CUDA(cudaMalloc(&freed, kBuffer));
-  CHECK_CUDA(cudaMemset(freed, 0, kBuffer));
+  CHECK_CUDA(cudaMalloc(&setup.freed, kBuffer));
+  CHECK_CUDA(cudaMemset(setup.freed, 0, kBuffer));
   void* captured = nullptr;
   CHECK_CUDA(cudaMalloc(&captured, 4096));
-
-  CHECK_CUDA(cudaStreamBeginCapture(capturing, cudaStreamCaptureModeRelaxed));
-  CHECK_CUDA(cudaMemsetAsync(captured, 1, 4096, capturing));
+  CHECK_CUDA(cudaStreamBeginCapture(setup.capturing, cudaStreamCaptureModeRelaxed));
+  CHECK_CUDA(cudaMemsetAsync(captured, 1, 4096, setup.capturing));
   CHECK_CUDA(cudaSetDevice(1));
-  CHECK_CUDA(cudaLaunchHostFunc(peer, wait_for_gate, nullptr));
-  CHECK_CUDA(cudaMemsetAsync(freed, 0xaa, kBuffer, peer));  // held behind the gate
-  CHECK_CUDA(cudaFreeAsync(freed, peer));
+  CHECK_CUDA(cudaLaunchHostFunc(setup.peer, wait_for_gate, nullptr));
+  CHECK_CUDA(cudaMemsetAsync(setup.freed, 0xaa, kBuffer, setup.peer));  // held behind the gate
+  CHECK_CUDA(cudaFreeAsync(setup.freed, setup.peer));
   CHECK_CUDA(cudaSetDevice(0));
-  cudaGraph_t graph = nullptr;
-  CHECK_CUDA(cudaStreamEndCapture(capturing, &graph));
-  CHECK_CUDA(cudaGraphDestroy(graph));
+  return setup;
+}
 
+// Opens the gate, waits for the peer stream, and checks that `buffer` still holds 0xbb.
+void open_gate_and_check(const PeerFree& setup, void* buffer) {
+  g_gate = true;
+  CHECK_CUDA(cudaSetDevice(1));
+  CHECK_CUDA(cudaStreamSynchronize(setup.peer));
+  CHECK_CUDA(cudaSetDevice(0));
+  std::vector<unsigned char> bytes(kBuffer);
+  CHECK_CUDA(cudaMemcpy(bytes.data(), buffer, kBuffer, cudaMemcpyDeviceToHost));
+  for (unsigned char b : bytes) CHECK_MSG(b == 0xbb, "a new buffer got the old owner's write");
+}
+
+int child() {
+  const PeerFree setup = free_on_peer_during_capture();
+  cudaGraph_t graph = nullptr;
+  CHECK_CUDA(cudaStreamEndCapture(setup.capturing, &graph));
+  CHECK_CUDA(cudaGraphDestroy(graph));
   std::vector<void*> fresh(20);
   for (void*& p : fresh) {
     CHECK_CUDA(cudaMalloc(&p, kBuffer));
-    CHECK_CUDA(cudaMemsetAsync(p, 0xbb, kBuffer, mine));
-    CHECK_CUDA(cudaStreamSynchronize(mine));
+    CHECK_CUDA(cudaMemsetAsync(p, 0xbb, kBuffer, setup.mine));
+    CHECK_CUDA(cudaStreamSynchronize(setup.mine));
   }
-  g_gate = true;
-  CHECK_CUDA(cudaSetDevice(1));
-  CHECK_CUDA(cudaStreamSynchronize(peer));
-  CHECK_CUDA(cudaSetDevice(0));
-  std::vector<unsigned char> bytes(kBuffer);
-  for (void* p : fresh) {
-    CHECK_CUDA(cudaMemcpy(bytes.data(), p, kBuffer, cudaMemcpyDeviceToHost));
-    for (unsigned char b : bytes) CHECK_MSG(b == 0xbb, "a new buffer got the old owner's write");
-    CHECK_CUDA(cudaFree(p));
-  }
+  for (void* p : fresh) open_gate_and_check(setup, p);
   std::printf("case done\n");
   return 0;
 }
 
 int reissue_child() {
-  cudaStream_t capturing = nullptr;
-  cudaStream_t peer = nullptr;
-  CHECK_CUDA(cudaSetDevice(0));
-  CHECK_CUDA(cudaStreamCreateWithFlags(&capturing, cudaStreamNonBlocking));
-  CHECK_CUDA(cudaSetDevice(1));
-  CHECK_CUDA(cudaStreamCreateWithFlags(&peer, cudaStreamNonBlocking));
-  CHECK_CUDA(cudaDeviceEnablePeerAccess(0, 0));
-  CHECK_CUDA(cudaSetDevice(0));
-  void* freed = nullptr;
-  CHECK_CUDA(cudaMalloc(&freed, kBuffer));
-  CHECK_CUDA(cudaMemset(freed, 0, kBuffer));
-  void* captured = nullptr;
-  CHECK_CUDA(cudaMalloc(&captured, 4096));
+  const PeerFree setup = free_on_peer_during_capture();
   cudaGraph_t first = nullptr;
-  CHECK_CUDA(cudaStreamBeginCapture(capturing, cudaStreamCaptureModeRelaxed));
-  CHECK_CUDA(cudaMemsetAsync(captured, 1, 4096, capturing));
-  CHECK_CUDA(cudaSetDevice(1));
-  CHECK_CUDA(cudaLaunchHostFunc(peer, wait_for_gate, nullptr));
-  CHECK_CUDA(cudaMemsetAsync(freed, 0xaa, kBuffer, peer));  // held behind the gate
-  CHECK_CUDA(cudaFreeAsync(freed, peer));
-  CHECK_CUDA(cudaSetDevice(0));
-  CHECK_CUDA(cudaStreamEndCapture(capturing, &first));
+  CHECK_CUDA(cudaStreamEndCapture(setup.capturing, &first));
   void* fresh = nullptr;
   cudaGraph_t second = nullptr;
-  CHECK_CUDA(cudaStreamBeginCapture(capturing, cudaStreamCaptureModeRelaxed));
+  CHECK_CUDA(cudaStreamBeginCapture(setup.capturing, cudaStreamCaptureModeRelaxed));
   CHECK_CUDA(cudaMalloc(&fresh, kBuffer));
-  CHECK_CUDA(cudaMemsetAsync(fresh, 0xbb, kBuffer, capturing));
-  CHECK_CUDA(cudaStreamEndCapture(capturing, &second));
+  CHECK_CUDA(cudaMemsetAsync(fresh, 0xbb, kBuffer, setup.capturing));
+  CHECK_CUDA(cudaStreamEndCapture(setup.capturing, &second));
   cudaGraphExec_t exec = nullptr;
   CHECK_CUDA(cudaGraphInstantiate(&exec, second, 0));
-  CHECK_CUDA(cudaGraphLaunch(exec, capturing));
-  CHECK_CUDA(cudaStreamSynchronize(capturing));
-  g_gate = true;
-  CHECK_CUDA(cudaSetDevice(1));
-  CHECK_CUDA(cudaStreamSynchronize(peer));
-  CHECK_CUDA(cudaSetDevice(0));
-  std::vector<unsigned char> bytes(kBuffer);
-  CHECK_CUDA(cudaMemcpy(bytes.data(), fresh, kBuffer, cudaMemcpyDeviceToHost));
-  for (unsigned char b : bytes) CHECK_MSG(b == 0xbb, "the second capture's buffer got the write");
+  CHECK_CUDA(cudaGraphLaunch(exec, setup.capturing));
+  CHECK_CUDA(cudaStreamSynchronize(setup.capturing));
+  open_gate_and_check(setup, fresh);
   std::printf("case done\n");
   return 0;
 }
