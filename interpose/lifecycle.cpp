@@ -20,14 +20,15 @@
 // marked touched, so no call of another thread can be half-way into the pools at the fork:
 // every hook marks the process (guarded() in exports_common.h) before it takes any of their
 // locks. Such a parent has no reporter thread either (it comes with the first CUDA call: Note
-// [Silent processes]). The handler gives the pools up (the child passes through, as below)
-// rather than wait where waiting could hang: when the forking thread itself holds the notes
-// mutex (a signal handler that forks). What it took is recorded per thread, since forks of
-// several threads may run their handlers at once. The child starts a reporter of its own at its
-// first CUDA call; until then it is silent, even at exit; its uptime counts from the fork. Before all of this it waits for the driver's symbol map, which the first lookup of a
-// driver function builds once under a lock (Note [Variants] in driver_variants.cpp): a child
-// forked in the middle of that build would inherit the lock taken, and hang at its own first
-// lookup, where the plain program's child gets an answer.
+// [Silent processes]). The handler gives the pools up (the child passes through, as below) rather
+// than wait where waiting could hang: when the forking thread itself holds the notes mutex (a
+// signal handler that forks). What it took is recorded per thread, since forks of several threads
+// may run their handlers at once. The child starts a reporter of its own at its first CUDA call;
+// until then it is silent, even at exit; its uptime counts from the fork. Before all of this it
+// waits for the driver's symbol map, which the first lookup of a driver function builds once under
+// a lock (Note [Variants] in driver_variants.cpp): a child forked in the middle of that build would
+// inherit the lock taken, and hang at its own first lookup, where the plain program's child gets an
+// answer.
 //
 // A parent that has touched CUDA leaves its child pools exactly as its threads left them,
 // possibly with a lock held by a thread that does not exist in the child, and (on a real GPU) a

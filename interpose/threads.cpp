@@ -9,16 +9,16 @@
 // per CPU, would then have the release worker share that thread's one CPU: its frees would run
 // only when that thread blocks, a growth that waits for them would wait on its own CPU, and
 // the worker would not watch for work (Note [Spinning before sleeping] in release_worker.cpp).
-// So the release worker and the reporter run on the CPUs any of the program's threads may use
-// when they start (the reporter at the process's first CUDA call, or in the library's
-// constructor when a constructor of the program's own libraries made that call):
-// the union of their masks (program_cpus()), what `taskset`, a container or the program's own
-// bindings allow. A mask read once, at load, would not do: the constructors of the program's
-// libraries run first and may pin the main thread (an OpenMP binding), a forked child may pin
-// itself after the fork, and a program may narrow its CPUs from main. Threads the library
-// starts where reading /proc is not welcome (the exit snapshots) keep the creator's mask. Where the union cannot be read, or the thread cannot be
-// created with it (a filtered sched_setaffinity, a cpuset that shrank meanwhile), the thread
-// gets the creator's mask, as before.
+// So the release worker and the reporter run on the CPUs any of the program's threads may use when
+// they start (the reporter at the process's first CUDA call, or in the library's constructor when a
+// constructor of the program's own libraries made that call): the union of their masks
+// (program_cpus()), what `taskset`, a container or the program's own bindings allow. A mask read
+// once, at load, would not do: the constructors of the program's libraries run first and may pin
+// the main thread (an OpenMP binding), a forked child may pin itself after the fork, and a program
+// may narrow its CPUs from main. Threads the library starts where reading /proc is not welcome (the
+// exit snapshots) keep the creator's mask. Where the union cannot be read, or the thread cannot be
+// created with it (a filtered sched_setaffinity, a cpuset that shrank meanwhile), the thread gets
+// the creator's mask, as before.
 #include "interpose/threads.h"
 
 #include <dirent.h>
