@@ -38,8 +38,6 @@
 // Depends on real_driver.h.
 #include "interpose/driver_context.h"
 
-#include <atomic>
-
 #include "interpose/real_driver.h"
 
 namespace poolcuda::driver {
@@ -54,7 +52,6 @@ struct Cached {
 
 __attribute__((tls_model("initial-exec"))) thread_local Cached t_cached;
 
-std::atomic<bool> g_program_contexts{false};
 
 // `device`'s primary context, if it is alive; null otherwise. Takes no lasting reference.
 CUcontext primary_of(int device) {
@@ -73,10 +70,6 @@ bool primary_alive(int device) {
   return real_driver::cuDevicePrimaryCtxGetState()(device, &flags, &active) == CUDA_SUCCESS &&
          active != 0;
 }
-
-bool program_contexts_made() { return g_program_contexts.load(std::memory_order_relaxed); }
-
-void note_program_context() { g_program_contexts.store(true, std::memory_order_relaxed); }
 
 CurrentContext current_context() {
   CurrentContext current;

@@ -8,6 +8,8 @@
 
 #include <cuda.h>
 
+#include <atomic>
+
 namespace poolcuda::driver {
 
 struct CurrentContext {
@@ -26,8 +28,15 @@ CurrentContext current_context();
 // Whether the program made a context of its own (cuCtxCreate, cuCtxFromGreenCtx) so far: only
 // then can the runtime's calls run outside a primary context, and the runtime hooks ask
 // (Note [Contexts of the program's] in driver_context.cpp). One relaxed load.
-bool program_contexts_made();
-void note_program_context();
+namespace detail {
+inline std::atomic<bool> g_program_contexts{false};
+}  // namespace detail
+inline bool program_contexts_made() {
+  return detail::g_program_contexts.load(std::memory_order_relaxed);
+}
+inline void note_program_context() {
+  detail::g_program_contexts.store(true, std::memory_order_relaxed);
+}
 
 // Whether the calling thread's current context is a live context of the program's own: the
 // runtime's allocations there are the driver's, not the pools'.

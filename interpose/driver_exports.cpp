@@ -642,34 +642,39 @@ POOLCUDA_EXPORT CUresult cuGraphExecDestroy(CUgraphExec exec) {
 // Contexts of the program's own (Note [Contexts of the program's] in driver_context.cpp). Those
 // of cuCtxCreate are made current: a switch of context (below) as well.
 namespace {
-CUresult made_context(CUresult result, bool made_current = true) {
-  if (result != CUDA_SUCCESS) return result;
-  pc::driver::note_program_context();
-  if (made_current) pc::stream_order::context_switched();
-  return result;
+template <typename Real>
+CUresult make_context(Real&& real, bool made_current = true) {
+  if (pc::bypass()) return real();  // a forked child's passes through untouched
+  return pc::guarded([&] {
+    const CUresult result = real();
+    if (result != CUDA_SUCCESS) return result;
+    pc::driver::note_program_context();
+    if (made_current) pc::stream_order::context_switched();
+    return result;
+  });
 }
 }  // namespace
 
 POOLCUDA_EXPORT CUresult cuCtxCreate(CUcontext* pctx, unsigned int flags, CUdevice dev) {
-  return made_context(dr::cuCtxCreate()(pctx, flags, dev));
+  return make_context([&] { return dr::cuCtxCreate()(pctx, flags, dev); });
 }
 
 POOLCUDA_EXPORT CUresult cuCtxCreate_v2(CUcontext* pctx, unsigned int flags, CUdevice dev) {
-  return made_context(dr::cuCtxCreate_v2()(pctx, flags, dev));
+  return make_context([&] { return dr::cuCtxCreate_v2()(pctx, flags, dev); });
 }
 
 POOLCUDA_EXPORT CUresult cuCtxCreate_v3(CUcontext* pctx, CUexecAffinityParam* params,
                                         int count, unsigned int flags, CUdevice dev) {
-  return made_context(dr::cuCtxCreate_v3()(pctx, params, count, flags, dev));
+  return make_context([&] { return dr::cuCtxCreate_v3()(pctx, params, count, flags, dev); });
 }
 
 POOLCUDA_EXPORT CUresult cuCtxCreate_v4(CUcontext* pctx, CUctxCreateParams* params,
                                         unsigned int flags, CUdevice dev) {
-  return made_context(dr::cuCtxCreate_v4()(pctx, params, flags, dev));
+  return make_context([&] { return dr::cuCtxCreate_v4()(pctx, params, flags, dev); });
 }
 
 POOLCUDA_EXPORT CUresult cuCtxFromGreenCtx(CUcontext* pctx, CUgreenCtx green) {
-  return made_context(dr::cuCtxFromGreenCtx()(pctx, green), false);
+  return make_context([&] { return dr::cuCtxFromGreenCtx()(pctx, green); }, false);
 }
 
 // A switch of the thread's context: its device's work is the next to count (free_fence:auto).

@@ -114,9 +114,6 @@ void settle_graph_destroys(std::int64_t destroyed) {
   }
 }
 
-// Drains the graph releases CUDA has posted.
-void drain_graph_releases(CapturePolicy& capture) { capture.drain_releases(); }
-
 // cudaMemGetInfo right after a destroy: the release is usually a moment away, so the query
 // waits for it briefly, once per destroy (a graph whose exec lives on sends none), without
 // settling it: an allocation that needs the memory still waits in full.
@@ -160,7 +157,7 @@ bool graph_release_arrived(CapturePolicy& capture, CudaDevice& device, MemoryMan
     settle_graph_destroys(destroyed);
     return false;
   }
-  drain_graph_releases(capture);
+  capture.drain_releases();
   // Inside a window what the releases freed waits for the fence recorded before it opened
   // (Note [Releases inside a window] in pools/manager_api.cpp), within what is left of the wait.
   if (capture.open()) manager.wait_for_window_fence(bound.left_micros());
@@ -174,7 +171,7 @@ FreeOutcome free_on(Registry& registry, int device, DevicePtr address,
   MemoryManager* manager = registry.manager(device);
   if (manager == nullptr) return FreeOutcome::not_mine;
   CapturePolicy& capture = *registry.capture(device);
-  if (capture.releases_pending()) drain_graph_releases(capture);  // Note [Graph lifetimes]
+  if (capture.releases_pending()) capture.drain_releases();  // Note [Graph lifetimes]
   return capture.routes_frees() ? capture.free(address, stream) : manager->free(address, stream);
 }
 
@@ -398,7 +395,7 @@ Route allocate(const char* api, int device, std::size_t size, void** ptr) {
   if (size > registry.device(device)->total_bytes()) return Route::forward;
 
   CapturePolicy& capture = *registry.capture(device);
-  if (capture.releases_pending()) drain_graph_releases(capture);  // Note [Graph lifetimes]
+  if (capture.releases_pending()) capture.drain_releases();  // Note [Graph lifetimes]
   // Out-of-memory recovery gives back empty managed slabs too (Device::give_back_elsewhere).
   Reservation reservation = capture.open() ? capture.allocate(size) : manager->allocate(size);
   // A capture that began during the wait takes the request in its window.
@@ -782,7 +779,7 @@ void adjust_memory_info(int device, std::size_t* free_bytes, std::size_t* total_
   // allocation or free.
   if (CapturePolicy* capture = registry.capture(device); capture != nullptr) {
     await_graph_release_briefly(*capture);
-    if (capture->releases_pending()) drain_graph_releases(*capture);
+    if (capture->releases_pending()) capture->drain_releases();
   }
   MemoryManager* manager = registry.manager(device);
   // Only whole idle pages: the out-of-memory path returns them to the driver, so a request of
