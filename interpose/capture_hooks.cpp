@@ -313,6 +313,8 @@ void stream_destroyed_while_capturing(cudaStream_t stream, int device,
 // read by exchanging it twice. Captures begun behind the hooks' back are not counted.
 void device_captures_forgotten(int device) { origins().forget_device(device); }
 
+bool any_capture_open() { return origins().any(); }
+
 bool unsafe_calls_refused_here() {
   if (!origins().any()) return false;
   cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;

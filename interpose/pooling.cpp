@@ -164,14 +164,41 @@ bool graph_release_arrived(CapturePolicy& capture, CudaDevice& device, MemoryMan
   return true;
 }
 
+// Note [Frees beside another device's capture]
+// A capture on one device may write memory of another (peer memory, managed memory), and a
+// capture window pins only its own device's allocations. Plain CUDA refuses a cudaFree where an
+// open capture, on any device, forbids the calling thread unsafe calls (Note [Unsafe calls in a
+// capture] in capture_hooks.cpp), and frees nothing; a stream-ordered free on a stream that
+// captures becomes a node of the graph, and frees nothing before the graph runs. Taken back at
+// once, such memory went to the next allocation on its device, and the graph's launch wrote over
+// it. So a free of either kind whose memory's device has no capture open, while some capture is,
+// keeps the allocation for the life of the process, as the plain refusal does (managed memory
+// the same way: Note [Managed frees during a capture]); the free succeeds, a log line says so
+// once per device, and a second free of the pointer frees it. Memory of the capturing device
+// itself goes through its capture window, which pins it until the graphs are gone.
+bool keep_beside_capture(Registry& registry, int device, MemoryManager& manager,
+                         DevicePtr address) {
+  if (manager.live_size(address) == 0) return false;  // not a live allocation's start
+  if (registry.first_time(Registry::Once::held_for_other_capture, device)) {
+    log_format(LogLevel::basic,
+               "device %d: memory freed while a stream capture is open on another device stays "
+               "allocated (a graph may still use it)",
+               device);
+  }
+  return true;
+}
+
 // A pooled pointer goes back to its device's pools (through the capture policy while it routes
-// frees); anything else answers `not_mine`.
+// frees), or stays allocated when `keep` (Note [Frees beside another device's capture]);
+// anything else answers `not_mine`.
 FreeOutcome free_on(Registry& registry, int device, DevicePtr address,
-                    StreamToken stream = kNoStream) {
+                    StreamToken stream = kNoStream, bool keep = false) {
   MemoryManager* manager = registry.manager(device);
   if (manager == nullptr) return FreeOutcome::not_mine;
   CapturePolicy& capture = *registry.capture(device);
   if (capture.releases_pending()) capture.drain_releases();  // Note [Graph lifetimes]
+  if (keep && !capture.open() && keep_beside_capture(registry, device, *manager, address))
+    return FreeOutcome::freed;
   return capture.routes_frees() ? capture.free(address, stream) : manager->free(address, stream);
 }
 
@@ -279,9 +306,10 @@ void release_passed_managed_frees(Registry& registry) {
 // `captured`: that stream captures (Note [Managed frees during a capture]).
 FreeOutcome free_from_chain(Registry& registry, ManagedSlabs& chain, int device,
                             DevicePtr address, StreamToken stream, bool captured) {
-  const CapturePolicy* capture = registry.capture(device);
-  const bool capturing = captured || (stream == kNoStream && capture != nullptr &&
-                                      capture->open() && hooks::unsafe_calls_refused_here());
+  // Any device's capture (Note [Frees beside another device's capture]).
+  const bool capturing =
+      captured || (stream == kNoStream && hooks::any_capture_open() &&
+                   hooks::unsafe_calls_refused_here());
   // Under free_fence:none the program orders reuse itself (Note [Managed frees on another
   // device's stream]).
   const bool fenced = stream != kNoStream && config().free_fence != FreeFence::none;
@@ -559,9 +587,11 @@ Freed release(int device, const void* ptr, StreamToken stream) {
     registry.manager_or_create(device);  // records the fence on its legacy or per-thread stream
   }
   // Managed slabs first: a range test per slab, no lock. Whether the stream captures is asked
-  // only while a capture the hooks saw is open on the device.
-  const bool captured = stream != kNoStream && hooks::capture_open(device) &&
-                        hooks::capturing(reinterpret_cast<cudaStream_t>(stream));
+  // only while a capture the hooks saw is open, on any device: the stream may be another
+  // device's than the current one.
+  const bool any_capture = hooks::any_capture_open();
+  const bool captured =
+      stream != kNoStream && any_capture && hooks::capturing(reinterpret_cast<cudaStream_t>(stream));
   // free_fence:sync makes every free outside a capture the barrier the real cudaFree is, as the
   // pools' frees are (a slab's reuse waits for its own fence in every mode); the synchronize
   // refuses while a capture is open. A stream-ordered free is no barrier, but on a stream the
@@ -577,11 +607,14 @@ Freed release(int device, const void* ptr, StreamToken stream) {
   }
   freed.outcome = free_managed(registry, device, address, named, captured, &freed.owner);
   if (freed.outcome != FreeOutcome::not_mine) return freed;
-  freed.outcome = free_on(registry, device, address, stream);
+  // Note [Frees beside another device's capture]: asked only while a capture is open.
+  const bool keep = any_capture && (captured || (stream == kNoStream &&
+                                                 hooks::unsafe_calls_refused_here()));
+  freed.outcome = free_on(registry, device, address, stream, keep);
   for (int other = 0; freed.outcome == FreeOutcome::not_mine && other < Registry::kMaxDevices;
        ++other) {
     if (other == device) continue;
-    freed.outcome = free_on(registry, other, address, named);
+    freed.outcome = free_on(registry, other, address, named, keep);
     freed.owner = other;
   }
   return freed;

@@ -109,6 +109,7 @@ class Registry {
     managed_full,
     managed_pinned,
     managed_held_for_capture,
+    held_for_other_capture,
     count
   };
   // True for the first caller only, per condition and device (false when out of range).
