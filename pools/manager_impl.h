@@ -540,6 +540,9 @@ struct MemoryManager::Impl {
     }
   };
   std::optional<GiveBackState> give_back_stuck;
+  // The page inside the driver's free when a give-back's flush last ran out, or 0 (Note
+  // [Give-backs behind a stuck release] in memory_manager.cpp).
+  std::uint64_t give_back_stuck_release = 0;
   // `frees` when a memory query's wait for fences last ran out (Note [Memory info after a free]
   // in manager_api.cpp); ~0: none did.
   std::uint64_t mem_info_wait_ran_out = ~std::uint64_t{0};

@@ -29,6 +29,9 @@
 //            the legacy stream keeps its page, as the plain loop makes no driver call.
 //   free_async_room  But 5/8 of the device freed that way and synchronized before the park is
 //            the driver's during it, for a cudaMallocPitch of the same size.
+//   host_functions_behind_stuck_release  Beside a stream parked until the end, a loop frees
+//            10 to 70 MB with cudaFreeAsync on another stream and queues a host function there:
+//            once a give-back ran out behind the park, the later host functions do not wait.
 // A watchdog fails the test instead of hanging; every gate opens by itself after ten seconds.
 #include <atomic>
 #include <chrono>
@@ -220,6 +223,38 @@ void host_functions_beside_park_case() {
 
 void noop(void*) {}
 
+// A stream parked until the end, then a loop on another stream: an allocation of 10 to 70 MB,
+// a cudaFreeAsync of it there and a host function there. Past a 64th of the device, the pages
+// those frees left idle go to the driver before each host function, and their driver free
+// waits behind the park. Each host function waited its whole second for them (16 took 15 s,
+// against 0.01 s plainly); once the first give-back ran out behind the park, later ones must
+// not wait for the pages queued after it (Note [Give-backs behind a stuck release]).
+void host_functions_behind_stuck_release_case() {
+  cudaStream_t parked = nullptr;
+  cudaStream_t working = nullptr;
+  CHECK_CUDA(cudaStreamCreateWithFlags(&parked, cudaStreamNonBlocking));
+  CHECK_CUDA(cudaStreamCreateWithFlags(&working, cudaStreamNonBlocking));
+  Gate gate;
+  gate.limit_seconds = 30;
+  preload_test::park(parked, gate);
+  std::atomic<bool> done{false};
+  std::thread dog = watchdog(done, gate, 6, "16 host functions beside a parked stream");
+  for (int i = 0; i < 16; ++i) {
+    void* buffer = nullptr;
+    CHECK_CUDA(cudaMalloc(&buffer, std::size_t{10'000'000} * (1 + i % 7)));
+    CHECK_CUDA(cudaFreeAsync(buffer, working));
+    CHECK_CUDA(cudaLaunchHostFunc(working, noop, nullptr));
+  }
+  done.store(true);
+  dog.join();
+  gate.open.store(true);
+  CHECK_CUDA(cudaDeviceSynchronize());
+  CHECK_CUDA(cudaStreamDestroy(parked));
+  CHECK_CUDA(cudaStreamDestroy(working));
+  std::printf("host_functions_behind_stuck_release: one give-back waited at most\n");
+}
+
+
 // Each iteration allocates, writes, frees with cudaFreeAsync and queues a host function, all on
 // the legacy stream: the plain cudaFreeAsync never goes to the driver, so the pools must not
 // give the page back before every host function either (a driver free and a new page each
@@ -320,6 +355,8 @@ int main(int argc, char** argv) {
   else if (which == "refusal_bound") refusal_bound_case();
   else if (which == "free_async_loop") free_async_loop_case();
   else if (which == "free_async_room") free_async_room_case();
+  else if (which == "host_functions_behind_stuck_release")
+    host_functions_behind_stuck_release_case();
   else preload_test::fail(__FILE__, __LINE__, "unknown case " + which);
   return 0;
 }
