@@ -195,11 +195,8 @@ bool capture_invalidated(int device, cudaStream_t stream) {
   return asked == cudaSuccess && status == cudaStreamCaptureStatusInvalidated;
 }
 
-namespace {
-
-// The plain call's error on a stream whose capture is invalidated, left in the last-error slot
-// as the plain call leaves it: any work on that stream fails so, an event record too.
 cudaError_t refuse_on_invalidated_capture(cudaStream_t stream) {
+  // Any work on that stream fails so, an event record too.
   cudaEvent_t event = nullptr;
   if (real::cudaEventCreateWithFlags()(&event, cudaEventDisableTiming) == cudaSuccess) {
     real::cudaEventRecord()(event, stream);
@@ -207,6 +204,8 @@ cudaError_t refuse_on_invalidated_capture(cudaStream_t stream) {
   }
   return cudaErrorStreamCaptureInvalidated;
 }
+
+namespace {
 
 // Whether the driver has less than `size` free (a successful query leaves the last-error slot
 // alone; a failed one counts as short).

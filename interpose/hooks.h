@@ -88,6 +88,9 @@ bool capturing(cudaStream_t stream);
 // Whether `stream` of `device` is in a capture that an earlier call invalidated: a stream-ordered
 // free there fails in plain CUDA and frees nothing, so a pooled one must too.
 bool capture_invalidated(int device, cudaStream_t stream);
+// The plain call's error on a stream whose capture is invalidated, returned and left in the
+// last-error slot as the plain call leaves it.
+cudaError_t refuse_on_invalidated_capture(cudaStream_t stream);
 // Whether a capture the library saw begin is open on `device` (no CUDA call).
 bool capture_open(int device);
 

@@ -239,10 +239,12 @@ cudaError_t batch_answer(unsigned long long flags, cudaStream_t stream, bool per
   }
   // A capturing stream is never asked for its device: that would invalidate its capture (Note
   // [A capturing stream's device] in capture_hooks.cpp). Asking whether it captures is legal.
+  // On one whose capture is invalidated the plain call fails as any work there does.
+  const cudaStream_t named = per_thread && stream == nullptr ? cudaStreamPerThread : stream;
   cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
-  const cudaError_t asked = real::cudaStreamIsCapturing()(
-      per_thread && stream == nullptr ? cudaStreamPerThread : stream, &status);
+  const cudaError_t asked = real::cudaStreamIsCapturing()(named, &status);
   if (asked != cudaSuccess || status == cudaStreamCaptureStatusActive) return asked;
+  if (status == cudaStreamCaptureStatusInvalidated) return refuse_on_invalidated_capture(named);
   int device = 0;
   auto get_device = per_thread ? real::cudaStreamGetDevice_ptsz() : real::cudaStreamGetDevice();
   return get_device(stream, &device);

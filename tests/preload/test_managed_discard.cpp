@@ -216,6 +216,32 @@ int main() {
   }
   expect(m, stream, false);
 
+  // On a stream whose capture work on the legacy stream invalidated, a slab-only batch answers
+  // as the runtime's own memory does (cudaErrorStreamCaptureInvalidated, left as the last
+  // error); asking the stream for its device answered another error.
+  cudaStream_t blocking = nullptr;
+  CHECK_CUDA(cudaStreamCreate(&blocking));
+  CHECK_CUDA(cudaStreamBeginCapture(blocking, cudaStreamCaptureModeGlobal));
+  (void)cudaMemsetAsync(m.own, 0, 10, cudaStreamLegacy);  // invalidates the capture
+  (void)cudaGetLastError();
+  {
+    const cudaError_t theirs = cudaMemDiscardBatchAsync(&own_ptr, &one, 1, 0, blocking);
+    const cudaError_t their_last = cudaGetLastError();
+    const cudaError_t ours = cudaMemDiscardBatchAsync(&b_ptr, &one, 1, 0, blocking);
+    const cudaError_t our_last = cudaGetLastError();
+    CHECK_MSG(theirs == ours && their_last == our_last,
+              "invalidated capture: " + preload_test::error_text(theirs) + " vs " +
+                  preload_test::error_text(ours) + ", last " +
+                  preload_test::error_text(their_last) + " vs " +
+                  preload_test::error_text(our_last));
+  }
+  cudaGraph_t graph = nullptr;
+  CHECK(cudaStreamEndCapture(blocking, &graph) == cudaErrorStreamCaptureInvalidated);
+  (void)cudaGetLastError();
+  CHECK_CUDA(cudaStreamDestroy(blocking));
+  CHECK_CUDA(cudaDeviceSynchronize());
+  fill(m);
+
   // The per-thread variants, with the per-thread default stream.
   auto discard_ptsz =
       reinterpret_cast<DiscardFn>(::dlsym(RTLD_DEFAULT, "cudaMemDiscardBatchAsync_ptsz"));
