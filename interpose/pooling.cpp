@@ -590,8 +590,8 @@ Freed release(int device, const void* ptr, StreamToken stream) {
   // only while a capture the hooks saw is open, on any device: the stream may be another
   // device's than the current one.
   const bool any_capture = hooks::any_capture_open();
-  const bool captured =
-      stream != kNoStream && any_capture && hooks::capturing(reinterpret_cast<cudaStream_t>(stream));
+  const bool captured = stream != kNoStream && any_capture &&
+                        hooks::capturing(reinterpret_cast<cudaStream_t>(stream));
   // free_fence:sync makes every free outside a capture the barrier the real cudaFree is, as the
   // pools' frees are (a slab's reuse waits for its own fence in every mode); the synchronize
   // refuses while a capture is open. A stream-ordered free is no barrier, but on a stream the
