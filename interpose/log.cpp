@@ -13,6 +13,7 @@
 #include <cerrno>
 #include <cstdarg>
 #include <cstdio>
+#include <cstring>
 #include <string>
 
 #include "interpose/no_sigpipe.h"
@@ -101,14 +102,26 @@ void log_format(LogLevel level, const char* format, ...) {
 }
 
 namespace {
-thread_local std::string t_kept;
-// Whether t_kept holds a line: read by every pooled allocation, so of the cheapest model (the
-// string itself is touched only when a refusal kept one).
+// The kept line is plain bytes, never destroyed: a std::string here was destroyed at thread exit
+// before destructors the program registered earlier (a pthread key's, a thread_local object's),
+// and a refused cudaMalloc in one of them wrote into the freed string and freed it again (glibc
+// aborted the thread). Longer lines are cut, as log_format() cuts them.
+constexpr std::size_t kKeptBytes = 1024;
+thread_local char t_kept[kKeptBytes];
+thread_local std::size_t t_kept_length = 0;
+// Whether t_kept holds a line: read by every pooled allocation, so of the cheapest model.
 __attribute__((tls_model("initial-exec"))) thread_local bool t_has_kept = false;
+
+void append_kept(std::string_view text) {
+  const std::size_t n = std::min(text.size(), kKeptBytes - t_kept_length);
+  std::memcpy(t_kept + t_kept_length, text.data(), n);
+  t_kept_length += n;
+}
 }  // namespace
 
 void keep_line(std::string message) {
-  t_kept = std::move(message);
+  t_kept_length = 0;
+  append_kept(message);
   t_has_kept = true;
 }
 
@@ -116,14 +129,14 @@ bool has_kept() { return t_has_kept; }
 
 void say_kept(std::string_view then) {
   if (!t_has_kept) return;
-  t_kept += then;
-  log_line(LogLevel::basic, t_kept);
+  append_kept(then);
+  log_line(LogLevel::basic, std::string_view(t_kept, t_kept_length));
   drop_kept();
 }
 
 void drop_kept() {
   if (!t_has_kept) return;
-  t_kept.clear();
+  t_kept_length = 0;
   t_has_kept = false;
 }
 
