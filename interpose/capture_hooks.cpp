@@ -128,6 +128,15 @@ class Origins {
   }
   // Without the lock: a managed allocation asks on every call.
   bool any() const { return count_.load(std::memory_order_acquire) != 0; }
+  // Whether a capture is open on another device than `device`.
+  bool elsewhere(int device) {
+    if (!any()) return false;
+    std::lock_guard<RankedMutex> hold(mutex_);
+    for (const Entry& entry : open_) {
+      if (entry.device != device) return true;
+    }
+    return false;
+  }
   // The device of the open capture `id`, or -1 when the library did not see it begin.
   int device(unsigned long long id) {
     std::lock_guard<RankedMutex> hold(mutex_);
@@ -314,6 +323,8 @@ void stream_destroyed_while_capturing(cudaStream_t stream, int device,
 void device_captures_forgotten(int device) { origins().forget_device(device); }
 
 bool any_capture_open() { return origins().any(); }
+
+bool capture_open_elsewhere(int device) { return origins().elsewhere(device); }
 
 bool unsafe_calls_refused_here() {
   if (!origins().any()) return false;

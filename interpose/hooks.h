@@ -72,8 +72,10 @@ unsigned long long stream_capture_id(cudaStream_t stream, int* device);
 // now, for a capture begun through the hooks (Note [Unsafe calls in a capture] in
 // capture_hooks.cpp).
 bool unsafe_calls_refused_here();
-// Whether a capture the library saw begin is open on any device (one atomic load).
+// Whether a capture the library saw begin is open on any device (one atomic load), or on
+// another device than `device`.
 bool any_capture_open();
+bool capture_open_elsewhere(int device);
 // A reset of `device` ended its open captures: the streams that began them begin no capture now.
 void device_captures_forgotten(int device);
 void stream_destroyed_while_capturing(cudaStream_t stream, int device,

@@ -171,11 +171,12 @@ bool graph_release_arrived(CapturePolicy& capture, CudaDevice& device, MemoryMan
 // capture] in capture_hooks.cpp), and frees nothing; a stream-ordered free on a stream that
 // captures becomes a node of the graph, and frees nothing before the graph runs. Taken back at
 // once, such memory went to the next allocation on its device, and the graph's launch wrote over
-// it. So a free of either kind whose memory's device has no capture open, while some capture is,
+// it. So a free of either kind, while a capture is open on another device than the memory's,
 // keeps the allocation for the life of the process, as the plain refusal does (managed memory
 // the same way: Note [Managed frees during a capture]); the free succeeds, a log line says so
-// once per device, and a second free of the pointer frees it. Memory of the capturing device
-// itself goes through its capture window, which pins it until the graphs are gone.
+// once per device, and a second free of the pointer frees it. Only while captures are open on
+// the memory's own device alone does it go through their window, which pins it until their
+// graphs are gone.
 bool keep_beside_capture(Registry& registry, int device, MemoryManager& manager,
                          DevicePtr address) {
   if (manager.live_size(address) == 0) return false;  // not a live allocation's start
@@ -197,7 +198,8 @@ FreeOutcome free_on(Registry& registry, int device, DevicePtr address,
   if (manager == nullptr) return FreeOutcome::not_mine;
   CapturePolicy& capture = *registry.capture(device);
   if (capture.releases_pending()) capture.drain_releases();  // Note [Graph lifetimes]
-  if (keep && !capture.open() && keep_beside_capture(registry, device, *manager, address))
+  if (keep && hooks::capture_open_elsewhere(device) &&
+      keep_beside_capture(registry, device, *manager, address))
     return FreeOutcome::freed;
   return capture.routes_frees() ? capture.free(address, stream) : manager->free(address, stream);
 }

@@ -9,7 +9,9 @@
 //  - other-thread: freed by another thread (global mode) beside a global capture;
 //  - managed: cudaMallocManaged memory freed by the capturing thread, global mode;
 //  - free-async: a cudaFreeAsync on the capturing stream (relaxed mode), device 0 current;
-//  - managed-free-async: the same with managed memory.
+//  - managed-free-async: the same with managed memory;
+//  - both-devices: as global, with a relaxed capture open on device 0 as well, whose graph is
+//    destroyed at once (its window pins the memory only until then).
 // After the free, 20,000 allocations and frees of the same size on device 0 must never get the
 // freed address, and 64 allocations made then must hold their own bytes after the graph's launch.
 #include <cstring>
@@ -28,6 +30,7 @@ struct Case {
   bool managed = false;
   bool other_thread = false;
   bool stream_ordered = false;
+  bool own_device_captures = false;  // a capture open on device 0 too, ended before the loop
 };
 
 char* allocate_on_device_0(bool managed) {
@@ -50,6 +53,13 @@ void run(const Case& c) {
   CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   CHECK_CUDA(cudaStreamBeginCapture(stream, c.mode));
   CHECK_CUDA(cudaMemsetAsync(freed, 0xee, kSize, stream));
+  cudaStream_t own_stream = nullptr;
+  if (c.own_device_captures) {
+    CHECK_CUDA(cudaSetDevice(0));
+    CHECK_CUDA(cudaStreamCreateWithFlags(&own_stream, cudaStreamNonBlocking));
+    CHECK_CUDA(cudaStreamBeginCapture(own_stream, cudaStreamCaptureModeRelaxed));
+    CHECK_CUDA(cudaSetDevice(1));
+  }
   cudaError_t answer = cudaSuccess;
   if (c.stream_ordered) {
     CHECK_CUDA(cudaSetDevice(0));  // the memory's device current, the stream device 1's
@@ -67,6 +77,13 @@ void run(const Case& c) {
   (void)cudaGetLastError();
   std::printf("free: %s, end: %s\n", preload_test::error_text(answer).c_str(),
               preload_test::error_text(ended).c_str());
+  if (own_stream != nullptr) {  // its graph gone at once: device 0's pins with it
+    CHECK_CUDA(cudaSetDevice(0));
+    cudaGraph_t own_graph = nullptr;
+    CHECK_CUDA(cudaStreamEndCapture(own_stream, &own_graph));
+    CHECK_CUDA(cudaGraphDestroy(own_graph));
+    CHECK_CUDA(cudaStreamDestroy(own_stream));
+  }
   // Allocations and frees of the same size until the freed address would come round again
   // (a managed slab rewinds only once its fence passed: a synchronize now and then).
   for (int i = 0; i < 20000; ++i) {
@@ -99,6 +116,7 @@ int run_case(const std::string& name) {
   Case c;
   if (name == "thread-local") c.mode = cudaStreamCaptureModeThreadLocal;
   if (name == "other-thread") c.other_thread = true;
+  if (name == "both-devices") c.own_device_captures = true;
   if (name == "managed" || name == "managed-free-async") c.managed = true;
   if (name == "free-async" || name == "managed-free-async") {
     c.stream_ordered = true;
@@ -116,7 +134,7 @@ int main(int argc, char** argv) {
   preload_test::require_preloaded();
   preload_test::require_devices(2);
   preload_test::run_cases_in_children({"global", "thread-local", "other-thread", "managed",
-                                       "free-async", "managed-free-async"});
+                                       "free-async", "managed-free-async", "both-devices"});
   std::printf("ok\n");
   return 0;
 }
