@@ -32,10 +32,14 @@
 
 namespace {
 
-// A handle-based lookup found `found` for `name`: the hook when it wraps exactly that function.
+// A handle-based lookup found `found` for `name`: the hook when it wraps exactly that function,
+// or when `found` is a runtime's own (another interposer preloaded after this library may be
+// what the hook calls: the runtime's function, handed out unhooked, then freed pooled memory).
 void* substitute(const char* name, void* found) {
   if (void* hook = poolcuda::runtime_hook(name)) {
-    return found == poolcuda::real::resolve_by_name(name) ? hook : found;
+    return found == poolcuda::real::resolve_by_name(name) || poolcuda::real::in_runtime(found)
+               ? hook
+               : found;
   }
   return poolcuda::driver::hook_for_symbol(name, found);
 }

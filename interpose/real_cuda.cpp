@@ -3,19 +3,32 @@
 // Why not only RTLD_NEXT: a program that dlopen()s a library linked to libcudart with
 // RTLD_LOCAL (Python extensions do) keeps libcudart out of the global scope, so RTLD_NEXT from
 // a preloaded library finds nothing. The runtime is then already loaded, and
-// dlopen(RTLD_NOLOAD) finds it by soname without loading anything new.
+// dlopen(RTLD_NOLOAD) finds it by soname without loading anything new; a runtime bundled under
+// a name of its own (a Python wheel's libcudart-<hash>.so.12) is found among the loaded objects
+// by its file name.
 //
 // Note [Missing functions]
-// A lookup that finds nothing is remembered (a sentinel in the slot), so a missing function
-// costs one dlsym and a few dlopen attempts once, not on every call. Nothing is lost by not
-// looking again: a hook runs only when code linked to the runtime calls it, so the runtime is
-// already loaded by the first lookup; a function missing then belongs to an older runtime than
-// the headers. The first thread to record the miss logs one line naming the function.
+// A lookup that finds nothing while a runtime is loaded is remembered (a sentinel in the slot),
+// so a missing function costs one dlsym and a few dlopen attempts once, not on every call: the
+// function belongs to an older runtime than the headers. The first thread to record the miss
+// logs one line naming the function. With no runtime loaded yet nothing is remembered: a
+// program may reach a hook before it loads the runtime (dlsym(dlopen(NULL), "cudaFree"), as
+// ctypes.CDLL(None) does to ask whether CUDA is loaded), and remembering the miss then made
+// that function fail, or go unhooked, for the rest of the process.
+//
+// Note [The runtime stays loaded]
+// The addresses found are kept for the life of the process, so the object that holds them must
+// stay mapped: a plugin host that dlclose()d the last user of a runtime it had dlopen()ed left
+// the library calling into unmapped or reused memory (a crash, or a pooled pointer passed to
+// the real cudaFree, which freed its whole page, after the runtime was loaded again elsewhere).
+// So each object a function is found in is made RTLD_NODELETE when found: the program's
+// dlclose() leaves it loaded, as if the library held a reference.
 //
 // Depends on the CUDA runtime header, the real dlsym and the log.
 #include "interpose/real_cuda.h"
 
 #include <dlfcn.h>
+#include <link.h>
 
 #include <atomic>
 #include <cstring>
@@ -35,6 +48,43 @@ constexpr const char* kNames[kSlots] = {
 #undef POOLCUDA_NAME
 };
 
+// Keeps the object holding `address` loaded for good (Note [The runtime stays loaded]).
+void keep_loaded(void* address) {
+  Dl_info info{};
+  if (::dladdr(address, &info) == 0 || info.dli_fname == nullptr) return;
+  // NOLOAD takes a reference to an object already loaded and marks it NODELETE; the reference
+  // is never given back either.
+  (void)::dlopen(info.dli_fname, RTLD_LAZY | RTLD_NOLOAD | RTLD_NODELETE);
+}
+
+// Whether a loaded object's file name (any directory) names a CUDA runtime: libcudart.so*, or
+// a bundled copy renamed libcudart-<hash>.so*.
+bool runtime_file(const char* path) {
+  const char* base = std::strrchr(path, '/');
+  base = base == nullptr ? path : base + 1;
+  return std::strncmp(base, "libcudart.so", 12) == 0 || std::strncmp(base, "libcudart-", 10) == 0;
+}
+
+// `name` in a loaded runtime found by its file name, or null.
+void* lookup_in_loaded_runtimes(const char* name) {
+  struct Search {
+    const char* name;
+    void* found = nullptr;
+  } search{name};
+  ::dl_iterate_phdr(
+      [](dl_phdr_info* object, std::size_t, void* data) {
+        auto* s = static_cast<Search*>(data);
+        if (object->dlpi_name == nullptr || !runtime_file(object->dlpi_name)) return 0;
+        void* handle = ::dlopen(object->dlpi_name, RTLD_LAZY | RTLD_NOLOAD);
+        if (handle == nullptr) return 0;
+        s->found = dl::real_dlsym(handle, s->name);
+        ::dlclose(handle);  // NOLOAD took a reference; keep_loaded() takes the lasting one
+        return s->found != nullptr ? 1 : 0;
+      },
+      &search);
+  return search.found;
+}
+
 void* lookup(const char* name) {
   if (void* address = dl::real_dlsym(RTLD_NEXT, name)) return address;
   static constexpr const char* kSonames[] = {"libcudart.so.13", "libcudart.so.12",
@@ -43,10 +93,10 @@ void* lookup(const char* name) {
     void* handle = ::dlopen(soname, RTLD_LAZY | RTLD_NOLOAD);
     if (handle == nullptr) continue;
     void* address = dl::real_dlsym(handle, name);
-    ::dlclose(handle);  // NOLOAD took a reference; the library stays loaded by its owner
+    ::dlclose(handle);  // NOLOAD took a reference; keep_loaded() takes the lasting one
     if (address != nullptr) return address;
   }
-  return nullptr;
+  return lookup_in_loaded_runtimes(name);
 }
 
 }  // namespace
@@ -63,6 +113,11 @@ void* resolve_first(Slot slot) {
   if (address == nullptr) {
     const char* name = kNames[static_cast<int>(slot)];
     void* found = lookup(name);
+    if (found != nullptr) {
+      keep_loaded(found);
+    } else if (!runtime_loaded()) {
+      return nullptr;  // Note [Missing functions]: asked again next time
+    }
     void* expected = nullptr;
     if (entry.compare_exchange_strong(expected, found != nullptr ? found : &g_missing,
                                       std::memory_order_acq_rel) &&
@@ -85,5 +140,11 @@ void* resolve_by_name(const char* name) {
 }
 
 bool runtime_loaded() { return lookup("cudaGetDevice") != nullptr; }
+
+bool in_runtime(const void* address) {
+  Dl_info info{};
+  return ::dladdr(address, &info) != 0 && info.dli_fname != nullptr &&
+         runtime_file(info.dli_fname);
+}
 
 }  // namespace poolcuda::real

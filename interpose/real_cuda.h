@@ -1,8 +1,8 @@
 // The table of real CUDA runtime functions. Each entry is resolved on first use with the C
 // library's own dlsym (dl_real.h), RTLD_NEXT from this library (falling back to a libcudart that
 // was loaded privately, see real_cuda.cpp), once per process, lock-free and thread-safe: racing
-// threads store the same pointer. A function that cannot be found is remembered as missing (one
-// log line, no further lookups) and answers cudaErrorSharedObjectSymbolNotFound instead of
+// threads store the same pointer. A function that cannot be found while a runtime is loaded is
+// remembered as missing (one log line, no further lookups) and answers cudaErrorSharedObjectSymbolNotFound instead of
 // crashing.
 //
 // Usage: real::cudaMalloc()(&ptr, size). Depends on the CUDA runtime header and dl_real.h.
@@ -325,6 +325,10 @@ void* resolve_by_name(const char* name);
 // Whether a CUDA runtime is loaded now. Looks, records nothing: unlike a slot, the answer may
 // change when a library brings a runtime in later.
 bool runtime_loaded();
+
+// Whether `address` lies in a CUDA runtime library, found by its file name (libcudart.so*, or a
+// bundled copy renamed libcudart-<hash>.so*).
+bool in_runtime(const void* address);
 
 template <typename Fn>
 struct Missing;
