@@ -14,6 +14,10 @@
 //   renamed: a copy of the runtime whose SONAME is libcudart-a1.so (how a Python wheel bundles
 //            one), opened RTLD_LOCAL: neither RTLD_NEXT nor the runtime's usual names find it,
 //            and every call of the library's exports failed (cudaErrorSharedObjectSymbolNotFound).
+//   shim:    a second interposer that wraps cudaFree only, preloaded after the library (the
+//            test's argument): the library's real cudaFree is then the shim's, and a handle's
+//            lookup of the runtime's own cudaFree was handed out unhooked (while its cudaMalloc
+//            was hooked), so a pooled buffer's free freed the whole page.
 #include <dlfcn.h>
 #include <elf.h>
 #include <unistd.h>
@@ -153,19 +157,35 @@ void renamed_case() {
   ::rmdir(path.substr(0, path.rfind('/')).c_str());
 }
 
+void shim_case() {
+  void* runtime = ::dlopen("libcudart.so.13", RTLD_NOW | RTLD_LOCAL);
+  CHECK(runtime != nullptr);
+  const Runtime r = functions(runtime);
+  free_one_then_check(r, allocate(r));
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc > 1) {
-    const std::string name = argv[1];
+  const std::string name = argc > 1 ? argv[1] : "";
+  if (name == "reload" || name == "probe" || name == "renamed" || name == "shim") {
     if (name == "reload") reload_case();
     if (name == "probe") probe_case();
     if (name == "renamed") renamed_case();
+    if (name == "shim") shim_case();
     std::printf("case done\n");
     return 0;
   }
+  CHECK(argc == 2);  // the shim's path
   preload_test::require_preloaded();
   preload_test::run_cases_in_children({"reload", "probe", "renamed"});
+  const char* preload = std::getenv("LD_PRELOAD");
+  CHECK(preload != nullptr);
+  const preload_test::ChildResult child =
+      preload_test::run_self("shim", {std::string("LD_PRELOAD=") + preload + ":" + argv[1]}, 60);
+  CHECK_MSG(child.status == 0 && child.output.find("case done") != std::string::npos,
+            "shim: " + child.output);
+  std::printf("shim: ok\n");
   std::printf("ok\n");
   return 0;
 }
