@@ -791,6 +791,13 @@ bool give_back_idle(int device, GrowthHold& hold, GiveBackWait wait) {
   constexpr std::uint32_t kHeldGiveBackMicros = 20000;
   Registry& registry = Registry::instance();
   release_passed_managed_frees(registry);
+  // What dead graphs gave back becomes idle first (Note [Graph lifetimes]): only pooled calls
+  // took it, so after a graph's destroy an unpooled request (cudaMallocAsync, managed past the
+  // slabs, a memory pool's, a kernel's code) was refused while the graph's memory stayed held.
+  if (CapturePolicy* capture = device >= 0 ? registry.capture(device) : nullptr) {
+    await_graph_release_briefly(*capture);
+    if (capture->releases_pending()) capture->drain_releases();
+  }
   MemoryManager* manager = device >= 0 ? registry.manager(device) : nullptr;
   bool pages =
       manager != nullptr && manager->give_back_all(kGiveBackMicros, wait) != GiveBack::nothing;
