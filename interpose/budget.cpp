@@ -39,7 +39,12 @@ struct Account {
 struct State {
   Account accounts[kMaxDevices];
   RankedMutex mutex{LockRank::device};
-  std::unordered_map<void*, std::pair<int, std::uint64_t>> passed;  // ptr -> (device, bytes)
+  struct Passed {
+    int device;
+    std::uint64_t bytes;
+    const void* context;  // a context of the program's, or null: the device's primary one
+  };
+  std::unordered_map<void*, Passed> passed;
   std::uint64_t resets[kMaxDevices] = {};  // forget_device() calls, under `mutex`
 };
 
@@ -107,10 +112,10 @@ void uncharge(int device, std::uint64_t bytes) {
   }
 }
 
-void passed_through(int device, void* ptr, std::uint64_t bytes) {
+void passed_through(int device, void* ptr, std::uint64_t bytes, const void* context) {
   State& s = state();
   std::lock_guard hold(s.mutex);
-  s.passed[ptr] = {device, bytes};
+  s.passed[ptr] = {device, bytes, context};
 }
 
 PassedCharge take_through(void* ptr) {
@@ -118,10 +123,20 @@ PassedCharge take_through(void* ptr) {
   std::lock_guard hold(s.mutex);
   auto it = s.passed.find(ptr);
   if (it == s.passed.end()) return PassedCharge{ptr};
-  const int device = it->second.first;
-  const PassedCharge taken{ptr, device, it->second.second, s.resets[device]};
+  const int device = it->second.device;
+  const PassedCharge taken{ptr, device, it->second.bytes, s.resets[device], it->second.context};
   s.passed.erase(it);
   return taken;
+}
+
+void forget_context(const void* context) {
+  State& s = state();
+  std::lock_guard hold(s.mutex);
+  std::erase_if(s.passed, [&](const auto& item) {
+    if (item.second.context != context) return false;
+    uncharge(item.second.device, item.second.bytes);
+    return true;
+  });
 }
 
 void settle_through(const PassedCharge& charge, bool freed) {
@@ -135,7 +150,7 @@ void settle_through(const PassedCharge& charge, bool freed) {
   } else {
     // Not over a record made meanwhile: the address can only be another allocation's if this
     // one was freed after all.
-    s.passed.try_emplace(charge.ptr, charge.device, charge.bytes);
+    s.passed.try_emplace(charge.ptr, State::Passed{charge.device, charge.bytes, charge.context});
   }
 }
 
@@ -143,7 +158,7 @@ void forget_device(int device) {
   if (!in_range(device)) return;
   State& s = state();
   std::lock_guard hold(s.mutex);
-  std::erase_if(s.passed, [&](const auto& item) { return item.second.first == device; });
+  std::erase_if(s.passed, [&](const auto& item) { return item.second.device == device; });
   s.accounts[device].charged.store(0, std::memory_order_relaxed);
   ++s.resets[device];
 }

@@ -47,8 +47,9 @@ std::optional<std::uint64_t> room(int device);
 // The device's budget; nullopt when it has none.
 std::optional<std::uint64_t> limit(int device);
 
-// An allocation passed to the driver, charged: remembered so that its free uncharges it.
-void passed_through(int device, void* ptr, std::uint64_t bytes);
+// An allocation passed to the driver, charged: remembered so that its free, or the destroy of
+// the program's `context` it was made in (null: the primary context), uncharges it.
+void passed_through(int device, void* ptr, std::uint64_t bytes, const void* context);
 
 // The charge of a passed-through allocation, taken off the books just before the driver's free
 // of it: once that free is done the driver may give the address to another thread's
@@ -58,11 +59,15 @@ struct PassedCharge {
   int device = -1;  // -1: `ptr` was not passed through (or not charged)
   std::uint64_t bytes = 0;
   std::uint64_t resets = 0;  // the device's resets when it was taken
+  const void* context = nullptr;
 };
 PassedCharge take_through(void* ptr);
 // After the driver's free: uncharged when it freed the memory, else remembered again; neither
 // when the device was reset meanwhile (the reset forgot the charge).
 void settle_through(const PassedCharge& charge, bool freed);
+
+// cuCtxDestroy of a context of the program's freed what was allocated in it: uncharged.
+void forget_context(const void* context);
 
 // cudaDeviceReset freed everything on the device: nothing is charged any more.
 void forget_device(int device);

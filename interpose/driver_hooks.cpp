@@ -11,6 +11,7 @@
 
 #include <optional>
 
+#include "interpose/budget.h"
 #include "interpose/driver_context.h"
 #include "interpose/driver_variants.h"
 #include "interpose/foreign_frees.h"
@@ -104,15 +105,22 @@ namespace {
 
 // The driver's free of `dptr`, which the pools do not own; `guard` (when there is one) ends as
 // soon as it returns and its bookkeeping is done. Only the primary context's pass-through
-// allocations are counted.
+// allocations are counted; in a context of the program's, what the runtime passed through
+// there was charged to the budget, and its free uncharges it.
 template <typename Real>
 CUresult forward_free(const driver::CurrentContext& ctx, CUdeviceptr dptr, Real&& real,
                       ForeignFree* guard = nullptr) {
   std::optional<pooling::ForwardedFree> forwarded;
-  if (ctx.primary) forwarded.emplace(ctx.device, as_pointer(dptr));
+  budget::PassedCharge charge;
+  if (ctx.primary) {
+    forwarded.emplace(ctx.device, as_pointer(dptr));
+  } else {
+    charge = budget::take_through(as_pointer(dptr));
+  }
   const CUresult result = real();
   // The bookkeeping first: once the guard ends, a free of the same address may go on.
   if (forwarded) forwarded->finish(result == CUDA_SUCCESS);
+  budget::settle_through(charge, result == CUDA_SUCCESS);
   if (guard != nullptr) guard->end();
   return result;
 }
@@ -466,6 +474,8 @@ CUresult ctx_destroy(CUresult (*real)(CUcontext), CUcontext ctx) {
   const bool primary = driver::is_primary(ctx, &device);
   const CUresult result = real(ctx);
   if (primary && result == CUDA_SUCCESS) pooling::reset_device(device, [] { return 0; });
+  // What the runtime passed through to CUDA in the program's context went with it.
+  if (!primary && result == CUDA_SUCCESS) budget::forget_context(ctx);
   // The destroyed context, if it was current, gave way to the one below it.
   if (result == CUDA_SUCCESS) stream_order::context_switched();
   return result;

@@ -37,8 +37,8 @@
 // Pointers in no pooled page (managed memory, memory the pools passed through) go to the driver
 // unchanged.
 //
-// Depends on the registry, the capture policy, the budget, stream order, the log and the
-// configuration.
+// Depends on the registry, the capture policy, the budget, stream order, the current driver
+// context, the log and the configuration.
 #include "interpose/pooling.h"
 
 #include <algorithm>
@@ -51,6 +51,7 @@
 
 #include "interpose/budget.h"
 #include "interpose/cuda_device.h"
+#include "interpose/driver_context.h"
 #include "interpose/foreign_frees.h"
 #include "interpose/hooks.h"
 #include "interpose/lifecycle.h"
@@ -494,7 +495,11 @@ int forward(int device, std::size_t size, void** ptr, const std::function<int()>
   const int result = real();
   if (result == 0) {
     charged.keep();
-    budget::passed_through(device, *ptr, size);
+    // In a context of the program's, its destroy frees the memory too.
+    const driver::CurrentContext ctx =
+        driver::program_contexts_made() ? driver::current_context() : driver::CurrentContext{};
+    budget::passed_through(device, *ptr, size,
+                           ctx.handle != nullptr && !ctx.primary ? ctx.handle : nullptr);
     drop_kept();  // the pools' refusal, if any, cost the program nothing
   } else if (has_kept()) {
     // Note [A refusal's account]
