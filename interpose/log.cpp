@@ -114,6 +114,7 @@ __attribute__((tls_model("initial-exec"))) thread_local bool t_has_kept = false;
 
 void append_kept(std::string_view text) {
   const std::size_t n = std::min(text.size(), kKeptBytes - t_kept_length);
+  if (n == 0) return;  // an empty view's data() may be null, which memcpy must never see
   std::memcpy(t_kept + t_kept_length, text.data(), n);
   t_kept_length += n;
 }
