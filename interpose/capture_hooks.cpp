@@ -55,9 +55,11 @@
 // Depends on the registry, the capture policy, the graph owner and the own-call table.
 #include "interpose/hooks.h"
 
+#include <pthread.h>
+
+#include <atomic>
 #include <chrono>
 #include <mutex>
-#include <atomic>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -89,15 +91,28 @@ class Origins {
     count_.store(open_.size(), std::memory_order_release);
   }
   // The open capture that `stream` began (its id and device), or {0, -1}. cudaStreamPerThread
-  // names another stream on each thread: only the calling thread's capture on it counts.
-  std::pair<unsigned long long, int> begun_by(cudaStream_t stream) {
+  // names another stream on each thread and device: only the calling thread's capture on it,
+  // on `device`, counts.
+  std::pair<unsigned long long, int> begun_by(cudaStream_t stream, int device) {
     std::lock_guard<RankedMutex> hold(mutex_);
     const std::thread::id self = std::this_thread::get_id();
     for (const Entry& entry : open_) {
-      if (entry.stream == stream && (stream != cudaStreamPerThread || entry.thread == self))
+      if (entry.stream == stream &&
+          (stream != cudaStreamPerThread || (entry.thread == self && entry.device == device)))
         return {entry.id, entry.device};
     }
     return {0, -1};
+  }
+  // The captures the calling thread began on its per-thread streams, still open: (id, device).
+  std::vector<std::pair<unsigned long long, int>> own_per_thread() {
+    std::lock_guard<RankedMutex> hold(mutex_);
+    const std::thread::id self = std::this_thread::get_id();
+    std::vector<std::pair<unsigned long long, int>> found;
+    for (const Entry& entry : open_) {
+      if (entry.stream == cudaStreamPerThread && entry.thread == self)
+        found.emplace_back(entry.id, entry.device);
+    }
+    return found;
   }
   // A reset of `device` ended its captures (cudaStreamEndCapture then answers an error).
   void forget_device(int device) {
@@ -198,7 +213,7 @@ OpenCapture open_capture(cudaStream_t stream, int device) {
       own::cudaStreamGetCaptureInfo()(stream, &status, &id, nullptr, nullptr, nullptr, nullptr);
   if (result != cudaSuccess || status == cudaStreamCaptureStatusNone) return {};
   if (id == 0) {
-    const auto [begun, begun_device] = origins().begun_by(stream);
+    const auto [begun, begun_device] = origins().begun_by(stream, device);
     return OpenCapture{begun_device >= 0 ? begun_device : device, begun};
   }
   return OpenCapture{device, id};
@@ -219,7 +234,7 @@ int stream_device(cudaStream_t stream) {
       own::cudaStreamGetCaptureInfo()(stream, &status, &id, nullptr, nullptr, nullptr, nullptr);
   if (asked == cudaSuccess && status != cudaStreamCaptureStatusNone) {
     // Note [Invalidated captures' ids]: without an id, the capture the stream began.
-    const int device = id != 0 ? origins().device(id) : origins().begun_by(stream).second;
+    const int device = id != 0 ? origins().device(id) : origins().begun_by(stream, -1).second;
     return device >= 0 ? device : current_device_or_none();
   }
   int device = -1;
@@ -230,6 +245,31 @@ int stream_device(cudaStream_t stream) {
   clear_own_error(before);
   return current_device_or_none();
 }
+
+namespace {
+
+void close_if_ended(const OpenCapture& capture, cudaStream_t stream, cudaGraph_t graph,
+                    bool stream_gone = false);
+
+// Note [Per-thread captures at thread exit]
+// A thread's per-thread stream goes with the thread, and a capture it left open there with it
+// (the stand-in ends it so; nothing can end it afterwards, nor instantiate its graph). The
+// library's record of it stayed: the device's capture window never closed, so every later free
+// on the device was held for a graph that could never exist, and allocation loops ran out of
+// memory. So a thread that begins a capture on its per-thread stream gets a key whose
+// destructor, at its exit, closes the captures it still has open there, as failed ones.
+void per_thread_captures_abandoned(void*) {
+  for (const auto& [id, device] : origins().own_per_thread())
+    close_if_ended(OpenCapture{device, id}, cudaStreamPerThread, nullptr, true);
+}
+
+void watch_thread_exit() {
+  static pthread_key_t key;
+  static const bool keyed = ::pthread_key_create(&key, &per_thread_captures_abandoned) == 0;
+  if (keyed) (void)::pthread_setspecific(key, reinterpret_cast<void*>(1));
+}
+
+}  // namespace
 
 int begin_capture(cudaStream_t handle, bool per_thread, cudaStreamCaptureMode mode,
                   const std::function<int()>& real) {
@@ -267,6 +307,7 @@ int begin_capture(cudaStream_t handle, bool per_thread, cudaStreamCaptureMode mo
   if (capture) {
     origins().add(capture.id, stream, device, mode);
     policy.begin(capture.id);
+    if (stream == cudaStreamPerThread) watch_thread_exit();
   }
   return result;
 }
@@ -278,7 +319,7 @@ namespace {
 // stream was destroyed, so it ended, and asking about the dead handle would leave an error in
 // the program's last-error slot.
 void close_if_ended(const OpenCapture& capture, cudaStream_t stream, cudaGraph_t graph,
-                    bool stream_gone = false) {
+                    bool stream_gone) {
   if (!capture) return;
   Registry& registry = Registry::instance();
   CapturePolicy* policy = registry.capture(capture.device);

@@ -184,8 +184,9 @@ bool capture_open(int device) {
   return d != nullptr && d->hooked_capture_open();
 }
 
-bool capture_invalidated(int device, cudaStream_t stream) {
-  if (!capture_open(device)) return false;  // no capture, nothing to ask
+bool capture_invalidated(cudaStream_t stream) {
+  // No capture, nothing to ask; on any device: the stream may be another's than the current one.
+  if (!any_capture_open()) return false;
   // The query may fail (the legacy stream beside a capture): its error is not the program's,
   // and is cleared when the slot was clean; one that held the program's error has lost it then.
   const bool slot_clean = real::cudaPeekAtLastError()() == cudaSuccess;
@@ -322,7 +323,7 @@ cudaError_t free_async(void* ptr, cudaStream_t stream, bool per_thread) {
   const cudaStream_t named = per_thread && stream == nullptr ? cudaStreamPerThread : stream;
   if (const cudaError_t refused = stream_handle_error(named); refused != cudaSuccess)
     return refused;  // Note [Stream handles]
-  if (capture_invalidated(device, named)) return refuse_on_invalidated_capture(named);
+  if (capture_invalidated(named)) return refuse_on_invalidated_capture(named);
   const cudaStream_t ordered_on = named == nullptr ? cudaStreamLegacy : named;
   const pooling::Freed freed =
       release_here(device, ptr, reinterpret_cast<StreamToken>(ordered_on));

@@ -87,9 +87,9 @@ void stream_destroyed_while_capturing(cudaStream_t stream, int device,
 cudaError_t stream_handle_error(cudaStream_t stream);
 // Whether `stream` is in a stream capture, valid or invalidated.
 bool capturing(cudaStream_t stream);
-// Whether `stream` of `device` is in a capture that an earlier call invalidated: a stream-ordered
+// Whether `stream` is in a capture that an earlier call invalidated: a stream-ordered
 // free there fails in plain CUDA and frees nothing, so a pooled one must too.
-bool capture_invalidated(int device, cudaStream_t stream);
+bool capture_invalidated(cudaStream_t stream);
 // The plain call's error on a stream whose capture is invalidated, returned and left in the
 // last-error slot as the plain call leaves it.
 cudaError_t refuse_on_invalidated_capture(cudaStream_t stream);
