@@ -474,14 +474,19 @@ GiveBack MemoryManager::Impl::give_back(WaitBound& bound, std::uint32_t asked_mi
   // The page inside the driver's free when an earlier flush ran out is inside still: the pages
   // queued behind it cannot arrive within this bound either (Note [Give-backs behind a stuck
   // release] in memory_manager.cpp).
-  const bool behind_stuck =
-      give_back_stuck_release != 0 && device.release_in_flight() == give_back_stuck_release;
+  // Before a park only: a give-back for a refused request waits its whole bound.
+  const bool before_park = wait == GiveBackWait::before_park;
+  const bool behind_stuck = before_park && give_back_stuck_release != 0 &&
+                            device.release_in_flight() == give_back_stuck_release;
   scope.unlock();  // the pages go to the device
   const bool flushed = !behind_stuck && flush_within(device, bound);
   scope.relock();
   // A flush that ran out during a capture may be pages the driver refused for it, not stuck.
   if (capture && !timed_out) return flushed ? GiveBack::done : GiveBack::timed_out;
-  give_back_stuck_release = flushed ? 0 : device.release_in_flight();
+  if (flushed)
+    give_back_stuck_release = 0;
+  else if (before_park)
+    give_back_stuck_release = device.release_in_flight();
   if (!timed_out && flushed) {
     give_back_stuck.reset();
     return GiveBack::done;

@@ -31,7 +31,9 @@
 //            the driver's during it, for a cudaMallocPitch of the same size.
 //   host_functions_behind_stuck_release  Beside a stream parked until the end, a loop frees
 //            10 to 70 MB with cudaFreeAsync on another stream and queues a host function there:
-//            once a give-back ran out behind the park, the later host functions do not wait.
+//            once a give-back ran out behind the park, the later host functions do not wait;
+//            a cudaMallocAsync that needs those pages still waits for them, and gets them
+//            once the park ends.
 // A watchdog fails the test instead of hanging; every gate opens by itself after ten seconds.
 #include <atomic>
 #include <chrono>
@@ -228,7 +230,8 @@ void noop(void*) {}
 // those frees left idle go to the driver before each host function, and their driver free
 // waits behind the park. Each host function waited its whole second for them (16 took 15 s,
 // against 0.01 s plainly); once the first give-back ran out behind the park, later ones must
-// not wait for the pages queued after it (Note [Give-backs behind a stuck release]).
+// not wait for the pages queued after it (Note [Give-backs behind a stuck release]). Then a
+// request that needs those pages still waits for them: the old rule made it fail at once.
 void host_functions_behind_stuck_release_case() {
   cudaStream_t parked = nullptr;
   cudaStream_t working = nullptr;
@@ -247,7 +250,19 @@ void host_functions_behind_stuck_release_case() {
   }
   done.store(true);
   dog.join();
-  gate.open.store(true);
+  // A request CUDA refuses still waits for those pages: the park ends 3 s later, and the pages
+  // the driver then takes back serve it, as they serve the plain call's (900 MiB of the 1 GiB
+  // device, 490 MiB of them behind the park).
+  CHECK_CUDA(cudaStreamSynchronize(working));
+  std::thread opener([&] {
+    std::this_thread::sleep_for(std::chrono::seconds(3));
+    gate.open.store(true);
+  });
+  void* large = nullptr;
+  const cudaError_t got = cudaMallocAsync(&large, std::size_t{900} << 20, working);
+  opener.join();
+  CHECK_MSG(got == cudaSuccess, "900 MiB after the park: " + preload_test::error_text(got));
+  CHECK_CUDA(cudaFreeAsync(large, working));
   CHECK_CUDA(cudaDeviceSynchronize());
   CHECK_CUDA(cudaStreamDestroy(parked));
   CHECK_CUDA(cudaStreamDestroy(working));
