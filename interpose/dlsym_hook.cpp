@@ -33,11 +33,13 @@
 namespace {
 
 // A handle-based lookup found `found` for `name`: the hook when it wraps exactly that function,
-// or when `found` is a runtime's own (another interposer preloaded after this library may be
-// what the hook calls: the runtime's function, handed out unhooked, then freed pooled memory).
+// or when `found` is the hooked runtime's own (another interposer preloaded after this library
+// may be what the hook calls: the runtime's function, handed out unhooked, then freed pooled
+// memory). Another copy of the runtime keeps its own functions.
 void* substitute(const char* name, void* found) {
   if (void* hook = poolcuda::runtime_hook(name)) {
-    return found == poolcuda::real::resolve_by_name(name) || poolcuda::real::in_runtime(found)
+    return found == poolcuda::real::resolve_by_name(name) ||
+                   poolcuda::real::in_hooked_runtime(found)
                ? hook
                : found;
   }

@@ -32,6 +32,8 @@
 
 #include <atomic>
 #include <cstring>
+#include <string>
+#include <vector>
 
 #include "interpose/dl_real.h"
 #include "interpose/log.h"
@@ -65,24 +67,26 @@ bool runtime_file(const char* path) {
   return std::strncmp(base, "libcudart.so", 12) == 0 || std::strncmp(base, "libcudart-", 10) == 0;
 }
 
-// `name` in a loaded runtime found by its file name, or null.
+// `name` in a loaded runtime found by its file name, or null. The names are gathered first and
+// opened after the walk: dl_iterate_phdr holds a loader lock that dlopen takes second (another
+// thread's dlopen, holding the first, would wait for it while this walk waited for that one).
 void* lookup_in_loaded_runtimes(const char* name) {
-  struct Search {
-    const char* name;
-    void* found = nullptr;
-  } search{name};
+  std::vector<std::string> paths;
   ::dl_iterate_phdr(
       [](dl_phdr_info* object, std::size_t, void* data) {
-        auto* s = static_cast<Search*>(data);
-        if (object->dlpi_name == nullptr || !runtime_file(object->dlpi_name)) return 0;
-        void* handle = ::dlopen(object->dlpi_name, RTLD_LAZY | RTLD_NOLOAD);
-        if (handle == nullptr) return 0;
-        s->found = dl::real_dlsym(handle, s->name);
-        ::dlclose(handle);  // NOLOAD took a reference; keep_loaded() takes the lasting one
-        return s->found != nullptr ? 1 : 0;
+        if (object->dlpi_name != nullptr && runtime_file(object->dlpi_name))
+          static_cast<std::vector<std::string>*>(data)->emplace_back(object->dlpi_name);
+        return 0;
       },
-      &search);
-  return search.found;
+      &paths);
+  for (const std::string& path : paths) {
+    void* handle = ::dlopen(path.c_str(), RTLD_LAZY | RTLD_NOLOAD);
+    if (handle == nullptr) continue;
+    void* address = dl::real_dlsym(handle, name);
+    ::dlclose(handle);  // NOLOAD took a reference; keep_loaded() takes the lasting one
+    if (address != nullptr) return address;
+  }
+  return nullptr;
 }
 
 void* lookup(const char* name) {
@@ -112,10 +116,12 @@ void* resolve_first(Slot slot) {
   void* address = entry.load(std::memory_order_acquire);
   if (address == nullptr) {
     const char* name = kNames[static_cast<int>(slot)];
+    // Asked first: a runtime loaded between the two looks must not make the miss final.
+    const bool loaded = runtime_loaded();
     void* found = lookup(name);
     if (found != nullptr) {
-      keep_loaded(found);
-    } else if (!runtime_loaded()) {
+      if (in_runtime(found)) keep_loaded(found);  // not an interposer's or a plugin's
+    } else if (!loaded) {
       return nullptr;  // Note [Missing functions]: asked again next time
     }
     void* expected = nullptr;
@@ -145,6 +151,29 @@ bool in_runtime(const void* address) {
   Dl_info info{};
   return ::dladdr(address, &info) != 0 && info.dli_fname != nullptr &&
          runtime_file(info.dli_fname);
+}
+
+bool in_hooked_runtime(const void* address) {
+  // The runtime the hooks call: the object of a function the library resolved that lies in a
+  // runtime file (an interposer preloaded after the library may hold the others). It stays
+  // loaded (Note [The runtime stays loaded]), so its base never changes once found.
+  static std::atomic<void*> base{nullptr};
+  void* known = base.load(std::memory_order_acquire);
+  if (known == nullptr) {
+    for (Slot slot : {Slot::cudaGetDevice, Slot::cudaMalloc, Slot::cudaFree}) {
+      const void* resolved = resolve(slot);
+      Dl_info info{};
+      if (resolved == nullptr || ::dladdr(resolved, &info) == 0 || info.dli_fname == nullptr ||
+          !runtime_file(info.dli_fname))
+        continue;
+      known = info.dli_fbase;
+      base.store(known, std::memory_order_release);
+      break;
+    }
+    if (known == nullptr) return false;
+  }
+  Dl_info info{};
+  return ::dladdr(address, &info) != 0 && info.dli_fbase == known;
 }
 
 }  // namespace poolcuda::real

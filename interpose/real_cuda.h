@@ -327,8 +327,9 @@ void* resolve_by_name(const char* name);
 bool runtime_loaded();
 
 // Whether `address` lies in a CUDA runtime library, found by its file name (libcudart.so*, or a
-// bundled copy renamed libcudart-<hash>.so*).
+// bundled copy renamed libcudart-<hash>.so*), or in the one whose functions the hooks call.
 bool in_runtime(const void* address);
+bool in_hooked_runtime(const void* address);
 
 template <typename Fn>
 struct Missing;
