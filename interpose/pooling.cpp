@@ -172,12 +172,13 @@ bool graph_release_arrived(CapturePolicy& capture, CudaDevice& device, MemoryMan
 // capture] in capture_hooks.cpp), and frees nothing; a stream-ordered free on a stream that
 // captures becomes a node of the graph, and frees nothing before the graph runs. Taken back at
 // once, such memory went to the next allocation on its device, and the graph's launch wrote over
-// it. So a free of either kind, while a capture is open on another device than the memory's,
-// keeps the allocation for the life of the process, as the plain refusal does (managed memory
-// the same way: Note [Managed frees during a capture]); the free succeeds, a log line says so
-// once per device, and a second free of the pointer frees it. Only while captures are open on
-// the memory's own device alone does it go through their window, which pins it until their
-// graphs are gone.
+// it. So such a free keeps the allocation for the life of the process, as the plain refusal does
+// (managed memory the same way: Note [Managed frees during a capture]), when the free's stream
+// captures on another device than the memory's, or when it is refused here while a capture is
+// open on another device; the free succeeds, a log line says so once per device, and a second
+// free of the pointer frees it. A free on a stream that captures on the memory's own device, or
+// refused while captures are open on that device alone, goes through their window, which pins
+// it until their graphs are gone.
 bool keep_beside_capture(Registry& registry, int device, MemoryManager& manager,
                          DevicePtr address) {
   if (manager.live_size(address) == 0) return false;  // not a live allocation's start
@@ -190,17 +191,28 @@ bool keep_beside_capture(Registry& registry, int device, MemoryManager& manager,
   return true;
 }
 
+// What a free has to do with open captures (Note [Frees beside another device's capture]): an
+// open capture forbids this thread unsafe calls, or the free's stream captures on a device.
+struct CaptureBeside {
+  bool refused_here = false;
+  int captured_on = -1;  // the capturing stream's device
+  // Whether memory of `device` freed so stays allocated.
+  bool keeps(int device) const {
+    return captured_on >= 0 ? captured_on != device
+                            : refused_here && hooks::capture_open_elsewhere(device);
+  }
+};
+
 // A pooled pointer goes back to its device's pools (through the capture policy while it routes
-// frees), or stays allocated when `keep` (Note [Frees beside another device's capture]);
-// anything else answers `not_mine`.
+// frees), or stays allocated (Note [Frees beside another device's capture]); anything else
+// answers `not_mine`.
 FreeOutcome free_on(Registry& registry, int device, DevicePtr address,
-                    StreamToken stream = kNoStream, bool keep = false) {
+                    StreamToken stream = kNoStream, const CaptureBeside& beside = {}) {
   MemoryManager* manager = registry.manager(device);
   if (manager == nullptr) return FreeOutcome::not_mine;
   CapturePolicy& capture = *registry.capture(device);
   if (capture.releases_pending()) capture.drain_releases();  // Note [Graph lifetimes]
-  if (keep && hooks::capture_open_elsewhere(device) &&
-      keep_beside_capture(registry, device, *manager, address))
+  if (beside.keeps(device) && keep_beside_capture(registry, device, *manager, address))
     return FreeOutcome::freed;
   return capture.routes_frees() ? capture.free(address, stream) : manager->free(address, stream);
 }
@@ -615,13 +627,17 @@ Freed release(int device, const void* ptr, StreamToken stream) {
   freed.outcome = free_managed(registry, device, address, named, captured, &freed.owner);
   if (freed.outcome != FreeOutcome::not_mine) return freed;
   // Note [Frees beside another device's capture]: asked only while a capture is open.
-  const bool keep = any_capture && (captured || (stream == kNoStream &&
-                                                 hooks::unsafe_calls_refused_here()));
-  freed.outcome = free_on(registry, device, address, stream, keep);
+  CaptureBeside beside;
+  if (captured) {
+    beside.captured_on = hooks::stream_device(reinterpret_cast<cudaStream_t>(stream));
+  } else if (any_capture && stream == kNoStream) {
+    beside.refused_here = hooks::unsafe_calls_refused_here();
+  }
+  freed.outcome = free_on(registry, device, address, stream, beside);
   for (int other = 0; freed.outcome == FreeOutcome::not_mine && other < Registry::kMaxDevices;
        ++other) {
     if (other == device) continue;
-    freed.outcome = free_on(registry, other, address, named, keep);
+    freed.outcome = free_on(registry, other, address, named, beside);
     freed.owner = other;
   }
   return freed;

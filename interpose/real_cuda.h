@@ -2,8 +2,8 @@
 // library's own dlsym (dl_real.h), RTLD_NEXT from this library (falling back to a libcudart that
 // was loaded privately, see real_cuda.cpp), once per process, lock-free and thread-safe: racing
 // threads store the same pointer. A function that cannot be found while a runtime is loaded is
-// remembered as missing (one log line, no further lookups) and answers cudaErrorSharedObjectSymbolNotFound instead of
-// crashing.
+// remembered as missing (one log line, no further lookups) and answers
+// cudaErrorSharedObjectSymbolNotFound instead of crashing.
 //
 // Usage: real::cudaMalloc()(&ptr, size). Depends on the CUDA runtime header and dl_real.h.
 #pragma once
