@@ -67,6 +67,36 @@ int create_detached(void* (*main)(void*), void* argument, const cpu_set_t* cpus,
 
 }  // namespace
 
+bool program_threads_left() {
+  DIR* tasks = ::opendir("/proc/self/task");
+  if (tasks == nullptr) return true;
+  bool left = false;
+  while (!left) {
+    const dirent* task = ::readdir(tasks);
+    if (task == nullptr) break;
+    if (task->d_name[0] == '.') continue;
+    char path[300];  // a d_name has at most 255 bytes
+    std::snprintf(path, sizeof path, "/proc/self/task/%s/stat", task->d_name);
+    const int fd = ::open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) continue;  // gone meanwhile
+    char stat[512] = {};
+    const ssize_t got = ::read(fd, stat, sizeof stat - 1);
+    ::close(fd);
+    // "tid (name) state ...": the name may hold spaces and parentheses; the state follows the
+    // last ')'.
+    const char* open_paren = std::strchr(stat, '(');
+    const char* close_paren = std::strrchr(stat, ')');
+    if (got <= 0 || open_paren == nullptr || close_paren == nullptr || close_paren[1] == '\0')
+      continue;
+    const char state = close_paren[2];
+    const bool exited = state == 'Z' || state == 'X' || state == 'x';
+    const bool ours = std::strncmp(open_paren + 1, "poolcuda-", 9) == 0;
+    left = !exited && !ours;
+  }
+  ::closedir(tasks);
+  return left;
+}
+
 bool program_cpus(cpu_set_t* all) {
   CPU_ZERO(all);
   bool read = add_mask(0, all);
