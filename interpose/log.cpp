@@ -6,6 +6,7 @@
 
 #include <limits.h>
 #include <poll.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -47,11 +48,47 @@ bool log_enabled(LogLevel level) {
 // ending at a line's end where the text goes on, waiting at most `wait`: nothing for a log line,
 // which is dropped when the pipe is full, kAskedForWait for what the user asked for. SIGPIPE is
 // blocked meanwhile; the write fails with EPIPE instead.
+//
+// Note [A standard error that is no longer one]
+// A program that runs with standard error closed (`prog 2>&-`, a daemon that closes every
+// descriptor) gets descriptor 2 for the next file it opens, and the library's lines went into
+// that file, among the program's own bytes. So the library notes what descriptors 1 and 2 are
+// when it loads, and writes to one only while it is still that, or, when the program replaced
+// it, while it is no regular file (a terminal, pipe or socket it redirected the stream to);
+// never when it was closed at load.
+namespace {
+
+struct StreamAtLoad {
+  bool open = false;
+  dev_t device = 0;
+  ino_t inode = 0;
+};
+StreamAtLoad g_at_load[3];  // by descriptor: 1 and 2
+
+__attribute__((constructor)) void note_streams_at_load() {
+  for (int fd : {STDOUT_FILENO, STDERR_FILENO}) {
+    struct stat st {};
+    if (::fstat(fd, &st) == 0) g_at_load[fd] = StreamAtLoad{true, st.st_dev, st.st_ino};
+  }
+}
+
+}  // namespace
+
+bool standard_stream_usable(int fd) {
+  if (fd != STDOUT_FILENO && fd != STDERR_FILENO) return true;
+  const StreamAtLoad& at_load = g_at_load[fd];
+  if (!at_load.open) return false;
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) return false;
+  return (st.st_dev == at_load.device && st.st_ino == at_load.inode) || !S_ISREG(st.st_mode);
+}
+
 void write_stderr(std::string_view text, std::chrono::milliseconds wait) {
   write_descriptor(STDERR_FILENO, text, wait);
 }
 
 void write_descriptor(int fd, std::string_view text, std::chrono::milliseconds wait) {
+  if (!standard_stream_usable(fd)) return;  // Note [A standard error that is no longer one]
   NoCancel no_cancel;  // a log line inside the program's call (Note [Cancellation])
   NoSigpipe no_sigpipe;
   const auto deadline = std::chrono::steady_clock::now() + wait;

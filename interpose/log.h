@@ -41,8 +41,12 @@ void drop_kept();
 // dies of SIGPIPE (Note [Writes to standard error] in log.cpp).
 void write_stderr(std::string_view text,
                   std::chrono::milliseconds wait = std::chrono::milliseconds{0});
-// The same for descriptor `fd` (report_path:stdout writes reports to descriptor 1).
+// The same for descriptor `fd` (report_path:stdout writes reports to descriptor 1). Nothing is
+// written to descriptor 1 or 2 once it is no longer the program's standard stream.
 void write_descriptor(int fd, std::string_view text, std::chrono::milliseconds wait);
+// Whether descriptor 1 or 2 is still the stream it was when the library loaded, or another that
+// is no regular file (true for any other descriptor).
+bool standard_stream_usable(int fd);
 // How long a message the user asked for (a configuration error, confirm:1, the exit summary, a
 // report) waits for a full pipe; a log line waits for none.
 inline constexpr std::chrono::milliseconds kAskedForWait{2000};
