@@ -20,6 +20,7 @@
 #include <atomic>
 #include <mutex>
 #include <unordered_map>
+#include <vector>
 
 #include "interpose/lifecycle.h"
 #include "interpose/log.h"
@@ -129,14 +130,17 @@ PassedCharge take_through(void* ptr) {
   return taken;
 }
 
-void forget_context(const void* context) {
+std::vector<PassedCharge> take_context(const void* context) {
   State& s = state();
   std::lock_guard hold(s.mutex);
+  std::vector<PassedCharge> taken;
   std::erase_if(s.passed, [&](const auto& item) {
     if (item.second.context != context) return false;
-    uncharge(item.second.device, item.second.bytes);
+    taken.push_back(PassedCharge{item.first, item.second.device, item.second.bytes,
+                                 s.resets[item.second.device], context});
     return true;
   });
+  return taken;
 }
 
 void settle_through(const PassedCharge& charge, bool freed) {

@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <vector>
 
 #include "config/config.h"
 #include "pools/report_tree.h"
@@ -66,8 +67,10 @@ PassedCharge take_through(void* ptr);
 // when the device was reset meanwhile (the reset forgot the charge).
 void settle_through(const PassedCharge& charge, bool freed);
 
-// cuCtxDestroy of a context of the program's freed what was allocated in it: uncharged.
-void forget_context(const void* context);
+// The charges of what was passed through in a context of the program's, taken off the books
+// before its cuCtxDestroy (a context made meanwhile may get the same handle), to be settled by
+// settle_through() with the destroy's outcome.
+std::vector<PassedCharge> take_context(const void* context);
 
 // cudaDeviceReset freed everything on the device: nothing is charged any more.
 void forget_device(int device);

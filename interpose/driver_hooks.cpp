@@ -472,10 +472,13 @@ CUresult primary_ctx_release(CUresult (*real)(CUdevice), CUdevice device) {
 CUresult ctx_destroy(CUresult (*real)(CUcontext), CUcontext ctx) {
   int device = -1;
   const bool primary = driver::is_primary(ctx, &device);
+  // What the runtime passed through to CUDA in the program's context goes with it.
+  const std::vector<budget::PassedCharge> charges =
+      primary ? std::vector<budget::PassedCharge>{} : budget::take_context(ctx);
   const CUresult result = real(ctx);
+  for (const budget::PassedCharge& charge : charges)
+    budget::settle_through(charge, result == CUDA_SUCCESS);
   if (primary && result == CUDA_SUCCESS) pooling::reset_device(device, [] { return 0; });
-  // What the runtime passed through to CUDA in the program's context went with it.
-  if (!primary && result == CUDA_SUCCESS) budget::forget_context(ctx);
   // The destroyed context, if it was current, gave way to the one below it.
   if (result == CUDA_SUCCESS) stream_order::context_switched();
   return result;
