@@ -240,6 +240,7 @@ void exit_work() {
 // Runs when the library is loaded, before the program's main (DESIGN.md decision 9).
 __attribute__((constructor)) void load_library() {
   g_loaded_ns.store(monotonic_ns(), std::memory_order_relaxed);
+  note_standard_streams();  // Note [A standard error that is no longer one] in log.cpp
   if (decide_state() != detail::active) return;  // announced at the first call (passthrough)
   const Config& conf = load_config();  // a malformed one stops the process now (decision 9)
   ::pthread_atfork(&before_fork, &after_fork_in_parent, &after_fork_in_child);

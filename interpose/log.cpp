@@ -50,37 +50,42 @@ bool log_enabled(LogLevel level) {
 // blocked meanwhile; the write fails with EPIPE instead.
 //
 // Note [A standard error that is no longer one]
-// A program that runs with standard error closed (`prog 2>&-`, a daemon that closes every
-// descriptor) gets descriptor 2 for the next file it opens, and the library's lines went into
-// that file, among the program's own bytes. So the library notes what descriptors 1 and 2 are
-// when it loads, and writes to one only while it is still that, or, when the program replaced
-// it, while it is no regular file (a terminal, pipe or socket it redirected the stream to);
-// never when it was closed at load.
+// A program that runs with standard error closed (`prog 2>&-`, a daemon started with its
+// descriptors closed) gets descriptor 2 for the next file it opens, and the library's lines went
+// into that file, among the program's own bytes. So the library notes whether descriptors 1 and
+// 2 are open when it first runs (its constructor, or an earlier hook that a constructor of the
+// program's own libraries called), and never writes to one that was closed then. One the program
+// replaces later is written to: a program that sends its standard error to a log file
+// (freopen, dup2) wants the library's lines there too, and the library cannot tell that from a
+// program that closed descriptor 2 and opened a file of its own in its place.
 namespace {
 
 struct StreamAtLoad {
   bool open = false;
-  dev_t device = 0;
-  ino_t inode = 0;
 };
-StreamAtLoad g_at_load[3];  // by descriptor: 1 and 2
-
-__attribute__((constructor)) void note_streams_at_load() {
-  for (int fd : {STDOUT_FILENO, STDERR_FILENO}) {
-    struct stat st {};
-    if (::fstat(fd, &st) == 0) g_at_load[fd] = StreamAtLoad{true, st.st_dev, st.st_ino};
-  }
-}
+StreamAtLoad g_at_load[3];  // by descriptor: 1 and 2; written once, before g_noted is 2
+std::atomic<int> g_noted{0};  // 0: not yet, 1: being noted, 2: noted
 
 }  // namespace
 
+void note_standard_streams() {
+  int expected = 0;
+  if (!g_noted.compare_exchange_strong(expected, 1, std::memory_order_acq_rel)) {
+    while (g_noted.load(std::memory_order_acquire) != 2) {
+    }
+    return;
+  }
+  for (int fd : {STDOUT_FILENO, STDERR_FILENO}) {
+    struct stat st {};
+    g_at_load[fd].open = ::fstat(fd, &st) == 0;
+  }
+  g_noted.store(2, std::memory_order_release);
+}
+
 bool standard_stream_usable(int fd) {
   if (fd != STDOUT_FILENO && fd != STDERR_FILENO) return true;
-  const StreamAtLoad& at_load = g_at_load[fd];
-  if (!at_load.open) return false;
-  struct stat st {};
-  if (::fstat(fd, &st) != 0) return false;
-  return (st.st_dev == at_load.device && st.st_ino == at_load.inode) || !S_ISREG(st.st_mode);
+  note_standard_streams();
+  return g_at_load[fd].open;
 }
 
 void write_stderr(std::string_view text, std::chrono::milliseconds wait) {

@@ -42,10 +42,12 @@ void drop_kept();
 void write_stderr(std::string_view text,
                   std::chrono::milliseconds wait = std::chrono::milliseconds{0});
 // The same for descriptor `fd` (report_path:stdout writes reports to descriptor 1). Nothing is
-// written to descriptor 1 or 2 once it is no longer the program's standard stream.
+// written to descriptor 1 or 2 when it was closed as the library first ran.
 void write_descriptor(int fd, std::string_view text, std::chrono::milliseconds wait);
-// Whether descriptor 1 or 2 is still the stream it was when the library loaded, or another that
-// is no regular file (true for any other descriptor).
+// Notes whether descriptors 1 and 2 are open, the first time only: called as the library first
+// runs.
+void note_standard_streams();
+// Whether descriptor `fd` may be written to: 1 and 2 only when they were open when noted.
 bool standard_stream_usable(int fd);
 // How long a message the user asked for (a configuration error, confirm:1, the exit summary, a
 // report) waits for a full pipe; a log line waits for none.

@@ -1,8 +1,8 @@
 #!/bin/sh
-# Preload suite: libpoolcuda.so exports CUDA entry points, dlsym and its marker symbol only
-# (every other defined dynamic symbol starts with "cu"), including each hooked runtime and
-# driver call, dlsym is unversioned (it must stand in for every version callers were linked
-# against), and the library links neither libcudart nor libcuda. It
+# Preload suite: libpoolcuda.so exports CUDA entry points, dlsym, pthread_exit and its marker
+# symbol only (every other defined dynamic symbol starts with "cu"), including each hooked
+# runtime and driver call, dlsym and pthread_exit are unversioned (they must stand in for every
+# version callers were linked against), and the library links neither libcudart nor libcuda. It
 # also has no dynamic initialisers of namespace-scope objects: its hooks can run before the
 # library is initialised (Note [Load order] in interpose/lifecycle.cpp), and must never see
 # such an object unconstructed.
@@ -14,12 +14,12 @@ symbols=$("$nm_tool" -D --defined-only "$library" | awk '{print $3}' | sed 's/@.
 status=0
 for symbol in $symbols; do
   case $symbol in
-    cu*|__cudaLaunchKernel*|dlsym|poolcuda_library_marker) ;;
+    cu*|__cudaLaunchKernel*|dlsym|pthread_exit|poolcuda_library_marker) ;;
     *) echo "exported but not a CUDA entry point: $symbol"; status=1 ;;
   esac
 done
-if "$nm_tool" -D --defined-only "$library" | awk '{print $3}' | grep -q '^dlsym@'; then
-  echo "dlsym is exported with a version"
+if "$nm_tool" -D --defined-only "$library" | awk '{print $3}' | grep -Eq '^(dlsym|pthread_exit)@'; then
+  echo "dlsym or pthread_exit is exported with a version"
   status=1
 fi
 for hooked in poolcuda_library_marker cudaMalloc cudaFree cudaFreeAsync cudaFreeAsync_ptsz cudaMemGetInfo cudaDeviceReset \
@@ -27,7 +27,7 @@ for hooked in poolcuda_library_marker cudaMalloc cudaFree cudaFreeAsync cudaFree
               cudaStreamCreate cudaMallocManaged cudaStreamAttachMemAsync cudaMemAdvise \
               cudaMemPrefetchAsync cudaPointerGetAttributes \
               cudaStreamCreateWithFlags cudaStreamCreateWithPriority cudaStreamDestroy \
-              cudaGetDriverEntryPoint cudaGetDriverEntryPointByVersion dlsym \
+              cudaGetDriverEntryPoint cudaGetDriverEntryPointByVersion dlsym pthread_exit \
               cuGetProcAddress cuGetProcAddress_v2 cuMemAlloc_v2 cuMemFree_v2 cuMemGetInfo_v2 \
               cuMemFreeAsync cuMemFreeAsync_ptsz cuMemAllocAsync cuMemAllocAsync_ptsz cudaMallocPitch \
               cuMemAllocPitch_v2 cuMemAllocManaged cuStreamCreate cuStreamCreateWithPriority \
@@ -64,5 +64,5 @@ if readelf -d "$library" 2>/dev/null | grep -Eq 'libcudart|libcuda\.so'; then
   status=1
 fi
 [ $status -eq 0 ] &&
-  echo "ok: $(echo "$symbols" | wc -w) exported symbols, all CUDA entry points or dlsym"
+  echo "ok: $(echo "$symbols" | wc -w) exported symbols, all CUDA entry points, dlsym or pthread_exit"
 exit $status
