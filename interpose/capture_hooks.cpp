@@ -234,6 +234,7 @@ int stream_device(cudaStream_t stream) {
       own::cudaStreamGetCaptureInfo()(stream, &status, &id, nullptr, nullptr, nullptr, nullptr);
   if (asked == cudaSuccess && status != cudaStreamCaptureStatusNone) {
     // Note [Invalidated captures' ids]: without an id, the capture the stream began.
+    // (cudaStreamPerThread returned above: no device is needed to tell captures apart here.)
     const int device = id != 0 ? origins().device(id) : origins().begun_by(stream, -1).second;
     return device >= 0 ? device : current_device_or_none();
   }

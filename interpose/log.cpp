@@ -89,11 +89,11 @@ bool standard_stream_usable(int fd) {
 }
 
 void write_stderr(std::string_view text, std::chrono::milliseconds wait) {
-  write_descriptor(STDERR_FILENO, text, wait);
+  (void)write_descriptor(STDERR_FILENO, text, wait);
 }
 
-void write_descriptor(int fd, std::string_view text, std::chrono::milliseconds wait) {
-  if (!standard_stream_usable(fd)) return;  // Note [A standard error that is no longer one]
+bool write_descriptor(int fd, std::string_view text, std::chrono::milliseconds wait) {
+  if (!standard_stream_usable(fd)) return false;  // Note [A standard error that is no longer one]
   NoCancel no_cancel;  // a log line inside the program's call (Note [Cancellation])
   NoSigpipe no_sigpipe;
   const auto deadline = std::chrono::steady_clock::now() + wait;
@@ -104,7 +104,7 @@ void write_descriptor(int fd, std::string_view text, std::chrono::milliseconds w
     const int polled =
         ::poll(&ready, 1, static_cast<int>(std::max<std::int64_t>(left.count(), 0)));
     if (polled < 0 && errno == EINTR) continue;
-    if (polled <= 0 || (ready.revents & (POLLERR | POLLNVAL)) != 0) return;
+    if (polled <= 0 || (ready.revents & (POLLERR | POLLNVAL)) != 0) return true;
     // Whole lines when the text is longer: what a full pipe drops is never half a line.
     std::size_t piece = std::min<std::size_t>(text.size(), PIPE_BUF);
     if (piece < text.size()) {
@@ -114,10 +114,11 @@ void write_descriptor(int fd, std::string_view text, std::chrono::milliseconds w
     const ssize_t n = ::write(fd, text.data(), piece);
     if (n < 0) {
       if (errno == EINTR) continue;
-      return;
+      return true;
     }
     text.remove_prefix(static_cast<std::size_t>(n));
   }
+  return true;
 }
 
 void log_line(LogLevel level, std::string_view message) {

@@ -42,8 +42,8 @@ void drop_kept();
 void write_stderr(std::string_view text,
                   std::chrono::milliseconds wait = std::chrono::milliseconds{0});
 // The same for descriptor `fd` (report_path:stdout writes reports to descriptor 1). Nothing is
-// written to descriptor 1 or 2 when it was closed as the library first ran.
-void write_descriptor(int fd, std::string_view text, std::chrono::milliseconds wait);
+// written to descriptor 1 or 2 when it was closed as the library first ran: then false.
+bool write_descriptor(int fd, std::string_view text, std::chrono::milliseconds wait);
 // Notes whether descriptors 1 and 2 are open, the first time only: called as the library first
 // runs.
 void note_standard_streams();

@@ -7,19 +7,31 @@
 // library's own threads (the reporter, the release worker) run for the life of the process, so
 // that last thread was never the program's: the process lived on with only the library's
 // threads, which block every signal, and neither its end nor Ctrl-C, SIGTERM or SIGHUP ever came
-// (only SIGKILL ended it). So the library exports pthread_exit: when the main thread calls it, a
-// thread of the library's watches, every kPollMillis, for the program's threads to be gone
-// (threads named "poolcuda-..." and exited ones not counted), and then calls exit(0) as glibc
-// would have: the program's atexit handlers and static destructors run. Other threads'
-// pthread_exit, and everything the main thread's does, is the C library's unchanged.
+// (only SIGKILL ended it). So the library exports pthread_exit, and once the main thread has
+// called it while a thread of the library's lives (at once, or when the first one starts later),
+// a thread of the library's watches for the process to hold nothing but the library's threads,
+// and then calls exit(0) as glibc would have: the program's atexit handlers and static
+// destructors run. "Nothing but": the main thread is a zombie (its thread-exit work done), and
+// the kernel's count of the process's threads (which keeps the exited main thread until the
+// process ends), read with its state in one read of the main thread's stat, is one more than
+// the library's own count of its live threads. A program thread that starts another just before
+// it ends is counted in one of them at every moment, so the watch never ends a process that
+// still runs (a listing of /proc/self/task could miss the new thread). The watch polls every kFirstPollMillis, backing off to kLastPollMillis.
+// A process whose library never started a thread (no CUDA call) starts none here either; other
+// threads' pthread_exit, and all the main thread's does, is the C library's unchanged.
 //
 // Depends on the real dlsym, the library's threads and the log.
 #include <dlfcn.h>
+#include <fcntl.h>
 #include <pthread.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <atomic>
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <thread>
 
 #include "interpose/dl_real.h"
@@ -29,27 +41,71 @@
 namespace poolcuda {
 namespace {
 
-constexpr int kPollMillis = 10;
+constexpr int kFirstPollMillis = 5;
+constexpr int kLastPollMillis = 200;
+
+std::atomic<bool> g_main_exited{false};
+std::atomic<bool> g_watching{false};
+
+// The main thread's state and the process's threads as the kernel counts them (fields 3 and 20
+// of the main thread's stat), read at once; false when they cannot be read.
+bool read_main_stat(char* state, int* threads) {
+  char path[64];
+  std::snprintf(path, sizeof path, "/proc/self/task/%d/stat", static_cast<int>(::getpid()));
+  const int fd = ::open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return false;
+  char stat[1024] = {};
+  const ssize_t got = ::read(fd, stat, sizeof stat - 1);
+  ::close(fd);
+  if (got <= 0) return false;
+  // After the name's closing parenthesis (the name may hold any): " state ppid ...".
+  const char* at = std::strrchr(stat, ')');
+  if (at == nullptr || at[1] != ' ' || at[2] == '\0') return false;
+  *state = at[2];
+  for (int field = 2; field < 20 && at != nullptr; ++field) at = std::strchr(at + 1, ' ');
+  if (at == nullptr) return false;
+  *threads = std::atoi(at + 1);
+  return true;
+}
 
 void* watch_for_last_thread(void*) {
   ::pthread_setname_np(::pthread_self(), "poolcuda-exit");
-  while (program_threads_left())
-    std::this_thread::sleep_for(std::chrono::milliseconds(kPollMillis));
-  std::exit(0);
+  int wait = kFirstPollMillis;
+  for (;;) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(wait));
+    wait = std::min(wait * 2, kLastPollMillis);
+    // The exited main thread stays counted until the process ends: it and the library's.
+    char state = 0;
+    int threads = 0;
+    if (read_main_stat(&state, &threads) && state == 'Z' && threads <= 1 + library_threads())
+      std::exit(0);
+  }
+}
+
+void start_watch() {
+  if (g_watching.exchange(true, std::memory_order_acq_rel)) return;
+  if (!start_library_thread(&watch_for_last_thread, nullptr, nullptr)) {
+    log_line(LogLevel::basic,
+             "cannot start a thread to end the process once the program's threads have ended; "
+             "it will live on with the library's");
+  }
 }
 
 }  // namespace
+
+void library_thread_started() {
+  if (g_main_exited.load(std::memory_order_acquire)) start_watch();
+}
+
 }  // namespace poolcuda
 
 extern "C" __attribute__((visibility("default"), noreturn)) void pthread_exit(void* value) {
   using ExitFn = void (*)(void*);
   static const auto real =
       reinterpret_cast<ExitFn>(poolcuda::dl::real_dlsym(RTLD_NEXT, "pthread_exit"));
-  if (::getpid() == ::gettid() &&
-      !poolcuda::start_library_thread(&poolcuda::watch_for_last_thread, nullptr, nullptr)) {
-    poolcuda::log_line(poolcuda::LogLevel::basic,
-                       "cannot start a thread to end the process once the program's threads "
-                       "have ended; it will live on with the library's");
+  if (::getpid() == ::gettid()) {
+    poolcuda::g_main_exited.store(true, std::memory_order_release);
+    if (poolcuda::library_threads() > 0) poolcuda::start_watch();
   }
   real(value);
   __builtin_unreachable();

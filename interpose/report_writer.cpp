@@ -211,8 +211,10 @@ Delivery deliver(const RenderedReport& report) {
   if (const int stream = report_keyword_descriptor(conf.report_path); stream >= 0) {
     // A reader that does not take it within the bound loses the rest (Note [Writes to
     // standard error] in log.cpp).
-    write_descriptor(stream, report.text, kAskedForWait);
-    return Delivery{true, stream == STDOUT_FILENO ? "standard output" : "standard error"};
+    const char* name = stream == STDOUT_FILENO ? "standard output" : "standard error";
+    if (!write_descriptor(stream, report.text, kAskedForWait))
+      return Delivery{false, std::string(name) + " was closed as the process started"};
+    return Delivery{true, name};
   }
   const std::string path =
       expand_report_path(conf.report_path, static_cast<long>(::getpid()), report.sequence);

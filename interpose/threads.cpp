@@ -26,9 +26,12 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <atomic>
+#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <new>
 
 namespace poolcuda {
 namespace {
@@ -54,48 +57,46 @@ bool library_thread(const char* tid) {
   return got > 0 && std::strncmp(name, "poolcuda-", 9) == 0;
 }
 
+// The library's threads alive now: counted as each starts and ends (Note [pthread_exit from
+// main] in main_exit.cpp).
+std::atomic<int> g_library_threads{0};
+
+struct Started {
+  void* (*main)(void*);
+  void* argument;
+};
+
+void* run_counted(void* started) {
+  const Started what = *static_cast<Started*>(started);
+  delete static_cast<Started*>(started);
+  void* result = what.main(what.argument);
+  g_library_threads.fetch_sub(1, std::memory_order_acq_rel);
+  return result;
+}
+
 int create_detached(void* (*main)(void*), void* argument, const cpu_set_t* cpus,
                     pthread_t* thread) {
   pthread_attr_t attributes;
   ::pthread_attr_init(&attributes);
   ::pthread_attr_setdetachstate(&attributes, PTHREAD_CREATE_DETACHED);
   if (cpus != nullptr) ::pthread_attr_setaffinity_np(&attributes, sizeof(*cpus), cpus);
-  const int created = ::pthread_create(thread, &attributes, main, argument);
+  auto* started = new (std::nothrow) Started{main, argument};
+  if (started == nullptr) {
+    ::pthread_attr_destroy(&attributes);
+    return ENOMEM;
+  }
+  // Counted before it runs: a count that is high for a moment only delays an exit.
+  g_library_threads.fetch_add(1, std::memory_order_acq_rel);
+  const int created = ::pthread_create(thread, &attributes, &run_counted, started);
   ::pthread_attr_destroy(&attributes);
+  if (created != 0) {
+    g_library_threads.fetch_sub(1, std::memory_order_acq_rel);
+    delete started;
+  }
   return created;
 }
 
 }  // namespace
-
-bool program_threads_left() {
-  DIR* tasks = ::opendir("/proc/self/task");
-  if (tasks == nullptr) return true;
-  bool left = false;
-  while (!left) {
-    const dirent* task = ::readdir(tasks);
-    if (task == nullptr) break;
-    if (task->d_name[0] == '.') continue;
-    char path[300];  // a d_name has at most 255 bytes
-    std::snprintf(path, sizeof path, "/proc/self/task/%s/stat", task->d_name);
-    const int fd = ::open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) continue;  // gone meanwhile
-    char stat[512] = {};
-    const ssize_t got = ::read(fd, stat, sizeof stat - 1);
-    ::close(fd);
-    // "tid (name) state ...": the name may hold spaces and parentheses; the state follows the
-    // last ')'.
-    const char* open_paren = std::strchr(stat, '(');
-    const char* close_paren = std::strrchr(stat, ')');
-    if (got <= 0 || open_paren == nullptr || close_paren == nullptr || close_paren[1] == '\0')
-      continue;
-    const char state = close_paren[2];
-    const bool exited = state == 'Z' || state == 'X' || state == 'x';
-    const bool ours = std::strncmp(open_paren + 1, "poolcuda-", 9) == 0;
-    left = !exited && !ours;
-  }
-  ::closedir(tasks);
-  return left;
-}
 
 bool program_cpus(cpu_set_t* all) {
   CPU_ZERO(all);
@@ -138,7 +139,10 @@ bool start_library_thread(void* (*main)(void*), void* argument, pthread_t* threa
     created = create_detached(main, argument, nullptr, &created_thread);
   ::pthread_sigmask(SIG_SETMASK, &saved, nullptr);
   if (created == 0 && thread != nullptr) *thread = created_thread;
+  if (created == 0) library_thread_started();
   return created == 0;
 }
+
+int library_threads() { return g_library_threads.load(std::memory_order_acquire); }
 
 }  // namespace poolcuda

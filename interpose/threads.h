@@ -23,8 +23,10 @@ bool start_library_thread(void* (*main)(void*), void* argument, pthread_t* threa
 // could be read. Reads /proc: not for a signal handler or the library's constructor.
 bool program_cpus(cpu_set_t* cpus);
 
-// Whether a thread of the program's (not one of the library's, nor one that has exited and
-// awaits its reaping) is left in the process. True when /proc cannot be read.
-bool program_threads_left();
+// How many of the library's threads are alive (started and not yet returned).
+int library_threads();
+
+// Called after each library thread starts (main_exit.cpp: Note [pthread_exit from main]).
+void library_thread_started();
 
 }  // namespace poolcuda
