@@ -824,11 +824,15 @@ restart:
       unparked_own = true;
       if (flush_caches(false, CacheFlush::every, &pool) != 0) goto restart;
     }
-    // A spill already in hand says more (the plan was short) than the failure behind it.
-    r.error = capacity ? capacity
-                       : Error{r.status == AllocStatus::out_of_memory ? ErrorKind::out_of_memory
-                                                                       : ErrorKind::device_error,
-                               size};
+    // A spill already in hand says more (the plan was short) than a device error behind it; but
+    // a device without room for this pool's page is out of memory, whatever the caps: recovery
+    // and CUDA itself may still serve the request, as they serve the plain call (a capped first
+    // pool's error refused 512 B that the driver had room for, once the next pool's 4 MiB page
+    // did not fit).
+    const bool no_room = r.status == AllocStatus::out_of_memory;
+    r.error = capacity && !no_room
+                  ? capacity
+                  : Error{no_room ? ErrorKind::out_of_memory : ErrorKind::device_error, size};
     return r;
   }
   r.error = capacity ? capacity : Error{ErrorKind::buffer_too_big, size};

@@ -148,6 +148,17 @@ TEST_CASE("capped_lazy_pool_cleanup_still_frees") {
   CHECK(rig.manager.allocate(1024).error.kind == ErrorKind::pool_capacity_exceeded);
 }
 
+// The first pool is at its cap, and the device has no room for the next pool's page: that is
+// out of memory (recovery, then CUDA itself, may still serve the request), not the first pool's
+// cap, which refused it outright.
+TEST_CASE("spill_past_a_cap_onto_a_full_device_is_out_of_memory") {
+  Rig rig(custom({sliced(1024, 0, 1024), sliced(4096, 0)}), 32, 4096);
+  REQUIRE(rig.reserve(1024) != 0);  // the first pool's one page, full; 3 KiB left on the device
+  const Reservation r = rig.manager.allocate(512);
+  CHECK(r.ptr == 0);
+  CHECK(r.error.kind == ErrorKind::out_of_memory);
+}
+
 TEST_CASE("max_pool_size_smaller_than_page_shrinks_page") {
   Rig rig(custom({sliced(2048, 0, 512)}));
   CHECK(rig.reserve(256) != 0);
