@@ -26,6 +26,7 @@
 
 #include "interpose/hooks.h"
 #include "interpose/log.h"
+#include "interpose/real_cuda.h"
 
 namespace poolcuda::deferred {
 
@@ -82,10 +83,19 @@ void drain() {
       slot.owner.store(nullptr, std::memory_order_release);
       try {
         InsideHook inside;
-        if (kind == plain)
+        if (kind == plain) {
           hooks::free(ptr);
-        else
-          hooks::free_async(ptr, stream, kind == async_per_thread);
+        } else {
+          // The stream may be gone by now (destroyed after the handler returned): then the free
+          // is made unordered, never lost (the handler was told it succeeded), and the refusal
+          // of the stream leaves nothing in a last-error slot that was clean.
+          const cudaError_t before = real::cudaPeekAtLastError()();
+          if (hooks::free_async(ptr, stream, kind == async_per_thread) ==
+              cudaErrorInvalidResourceHandle) {
+            if (before == cudaSuccess) real::cudaGetLastError()();
+            hooks::free(ptr);
+          }
+        }
       } catch (const abi::__forced_unwind&) {
         throw;  // a cancellation (Note [Cancellation] in pools/no_cancel.h)
       } catch (...) {  // a host allocation failed: that free is lost, as a dropped one is

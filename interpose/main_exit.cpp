@@ -10,8 +10,8 @@
 // (only SIGKILL ended it). So the library exports pthread_exit, and once the main thread has
 // called it while a thread of the library's lives (at once, or when the first one starts later),
 // a thread of the library's watches for the process to hold nothing but the library's threads,
-// and then calls exit(0) as glibc would have: the program's atexit handlers and static
-// destructors run. "Nothing but": the main thread is a zombie (its thread-exit work done), and
+// and then calls exit(0) as glibc would have, with the main thread's signal mask: the program's
+// atexit handlers and static destructors run, and the signals they expect reach them. "Nothing but": the main thread is a zombie (its thread-exit work done), and
 // the kernel's count of the process's threads (which keeps the exited main thread until the
 // process ends), read with its state in one read of the main thread's stat, is one more than
 // the library's own count of its live threads. A program thread that starts another just before
@@ -24,6 +24,7 @@
 #include <dlfcn.h>
 #include <fcntl.h>
 #include <pthread.h>
+#include <signal.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -46,6 +47,8 @@ constexpr int kLastPollMillis = 200;
 
 std::atomic<bool> g_main_exited{false};
 std::atomic<bool> g_watching{false};
+// The main thread's signal mask as it called pthread_exit: the exit work runs under it.
+sigset_t g_main_mask;
 
 // The main thread's state and the process's threads as the kernel counts them (fields 3 and 20
 // of the main thread's stat), read at once; false when they cannot be read.
@@ -77,8 +80,12 @@ void* watch_for_last_thread(void*) {
     // The exited main thread stays counted until the process ends: it and the library's.
     char state = 0;
     int threads = 0;
-    if (read_main_stat(&state, &threads) && state == 'Z' && threads <= 1 + library_threads())
+    if (read_main_stat(&state, &threads) && state == 'Z' && threads <= 1 + library_threads()) {
+      // As on the program's last thread: its signals reach the exit work (a SIGTERM during a
+      // slow destructor, an alarm an atexit handler waits for, SIGPIPE as a flush fails).
+      ::pthread_sigmask(SIG_SETMASK, &g_main_mask, nullptr);
       std::exit(0);
+    }
   }
 }
 
@@ -104,6 +111,7 @@ extern "C" __attribute__((visibility("default"), noreturn)) void pthread_exit(vo
   static const auto real =
       reinterpret_cast<ExitFn>(poolcuda::dl::real_dlsym(RTLD_NEXT, "pthread_exit"));
   if (::getpid() == ::gettid()) {
+    ::pthread_sigmask(SIG_BLOCK, nullptr, &poolcuda::g_main_mask);
     poolcuda::g_main_exited.store(true, std::memory_order_release);
     if (poolcuda::library_threads() > 0) poolcuda::start_watch();
   }

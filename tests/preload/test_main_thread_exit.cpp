@@ -8,9 +8,14 @@
 //   chain   after one allocation, 20,000 threads in a chain, each starting the next and
 //           returning: the process must not end before the last (the first watch listed the
 //           threads, and ended a process whose new thread it had not seen);
-//   no-cuda the same chain without any CUDA call: the library starts no thread of its own.
+//   no-cuda the same chain without any CUDA call: the library starts no thread of its own;
+//   alarm   as worker, with an atexit handler that waits in pause() for an alarm(1): the exit
+//           work ran on a thread of the library's with every signal blocked, and waited forever.
 #include <dirent.h>
+#include <dlfcn.h>
 #include <pthread.h>
+#include <signal.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <cstdlib>
@@ -73,11 +78,18 @@ void* chain_link(void* no_cuda) {
 
 int main(int argc, char** argv) {
   if (argc > 1) {
+    const std::string name = argv[1];
     std::atexit([] {
       std::printf("atexit ran\n");
       std::fflush(stdout);
     });
-    const std::string name = argv[1];
+    if (name == "alarm") {
+      std::atexit([] {
+        ::signal(SIGALRM, [](int) {});
+        ::alarm(1);
+        ::pause();
+      });
+    }
     void* no_cuda = name == "no-cuda" ? argv[1] : nullptr;
     if (no_cuda == nullptr) {
       void* idle = nullptr;
@@ -86,14 +98,20 @@ int main(int argc, char** argv) {
       CHECK_CUDA(cudaDeviceSynchronize());
     }
     pthread_t thread;
-    CHECK(pthread_create(&thread, nullptr, name == "worker" ? &worker : &chain_link, no_cuda) == 0);
+    const bool chain = name == "chain" || name == "no-cuda";
+    CHECK(pthread_create(&thread, nullptr, chain ? &chain_link : &worker, no_cuda) == 0);
     CHECK(pthread_detach(thread) == 0);
     pthread_exit(nullptr);
   }
   preload_test::require_preloaded();
-  for (const char* name : {"worker", "chain", "no-cuda"}) {
+  if (::dlsym(RTLD_DEFAULT, "__tsan_init") != nullptr) {
+    preload_test::skip("ThreadSanitizer's own thread keeps such a process alive, with or "
+                       "without the library");
+  }
+  for (const char* name : {"worker", "chain", "no-cuda", "alarm"}) {
     const preload_test::ChildResult child = preload_test::run_self(name, {}, 60);
-    const std::string done = std::strcmp(name, "worker") == 0 ? "worker done" : "chain done";
+    const bool chain = std::strcmp(name, "chain") == 0 || std::strcmp(name, "no-cuda") == 0;
+    const std::string done = chain ? "chain done" : "worker done";
     CHECK_MSG(!child.timed_out, std::string(name) + ": the process outlived its threads:\n" +
                                     child.output);
     CHECK_MSG(child.status == 0 && child.output.find(done) != std::string::npos &&
