@@ -31,7 +31,6 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <new>
 
 namespace poolcuda {
 namespace {
@@ -68,7 +67,7 @@ struct Started {
 
 void* run_counted(void* started) {
   const Started what = *static_cast<Started*>(started);
-  delete static_cast<Started*>(started);
+  std::free(started);
   void* result = what.main(what.argument);
   g_library_threads.fetch_sub(1, std::memory_order_acq_rel);
   return result;
@@ -80,18 +79,21 @@ int create_detached(void* (*main)(void*), void* argument, const cpu_set_t* cpus,
   ::pthread_attr_init(&attributes);
   ::pthread_attr_setdetachstate(&attributes, PTHREAD_CREATE_DETACHED);
   if (cpus != nullptr) ::pthread_attr_setaffinity_np(&attributes, sizeof(*cpus), cpus);
-  auto* started = new (std::nothrow) Started{main, argument};
+  // malloc, not new: a program that replaces operator new (to count, or to fail on purpose)
+  // must not see the library's own bookkeeping.
+  auto* started = static_cast<Started*>(std::malloc(sizeof(Started)));
   if (started == nullptr) {
     ::pthread_attr_destroy(&attributes);
     return ENOMEM;
   }
+  *started = Started{main, argument};
   // Counted before it runs: a count that is high for a moment only delays an exit.
   g_library_threads.fetch_add(1, std::memory_order_acq_rel);
   const int created = ::pthread_create(thread, &attributes, &run_counted, started);
   ::pthread_attr_destroy(&attributes);
   if (created != 0) {
     g_library_threads.fetch_sub(1, std::memory_order_acq_rel);
-    delete started;
+    std::free(started);
   }
   return created;
 }
