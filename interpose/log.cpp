@@ -60,10 +60,7 @@ bool log_enabled(LogLevel level) {
 // program that closed descriptor 2 and opened a file of its own in its place.
 namespace {
 
-struct StreamAtLoad {
-  bool open = false;
-};
-StreamAtLoad g_at_load[3];  // by descriptor: 1 and 2; written once, before g_noted is 2
+bool g_open_at_load[3];  // by descriptor: 1 and 2; written once, before g_noted is 2
 std::atomic<int> g_noted{0};  // 0: not yet, 1: being noted, 2: noted
 
 }  // namespace
@@ -77,7 +74,7 @@ void note_standard_streams() {
   }
   for (int fd : {STDOUT_FILENO, STDERR_FILENO}) {
     struct stat st {};
-    g_at_load[fd].open = ::fstat(fd, &st) == 0;
+    g_open_at_load[fd] = ::fstat(fd, &st) == 0;
   }
   g_noted.store(2, std::memory_order_release);
 }
@@ -85,7 +82,7 @@ void note_standard_streams() {
 bool standard_stream_usable(int fd) {
   if (fd != STDOUT_FILENO && fd != STDERR_FILENO) return true;
   note_standard_streams();
-  return g_at_load[fd].open;
+  return g_open_at_load[fd];
 }
 
 void write_stderr(std::string_view text, std::chrono::milliseconds wait) {

@@ -2,23 +2,24 @@
 //
 // Note [pthread_exit from main]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
-// A program's main thread may end with pthread_exit() and leave its other threads to finish:
-// the process ends when its last thread does, with glibc calling exit(0) on that thread. The
-// library's own threads (the reporter, the release worker) run for the life of the process, so
-// that last thread was never the program's: the process lived on with only the library's
-// threads, which block every signal, and neither its end nor Ctrl-C, SIGTERM or SIGHUP ever came
-// (only SIGKILL ended it). So the library exports pthread_exit, and once the main thread has
-// called it while a thread of the library's lives (at once, or when the first one starts later),
-// a thread of the library's watches for the process to hold nothing but the library's threads,
-// and then calls exit(0) as glibc would have, with the main thread's signal mask: the program's
-// atexit handlers and static destructors run, and the signals they expect reach them. "Nothing but": the main thread is a zombie (its thread-exit work done), and
-// the kernel's count of the process's threads (which keeps the exited main thread until the
-// process ends), read with its state in one read of the main thread's stat, is one more than
-// the library's own count of its live threads. A program thread that starts another just before
-// it ends is counted in one of them at every moment, so the watch never ends a process that
-// still runs (a listing of /proc/self/task could miss the new thread). The watch polls every kFirstPollMillis, backing off to kLastPollMillis.
-// A process whose library never started a thread (no CUDA call) starts none here either; other
-// threads' pthread_exit, and all the main thread's does, is the C library's unchanged.
+// A program's main thread may end with pthread_exit() and leave its other threads to finish: the
+// process ends when its last thread does, with glibc calling exit(0) on that thread. The library's
+// own threads (the reporter, the release worker) run for the life of the process, so that last
+// thread was never the program's: the process lived on with only the library's threads, which block
+// every signal, and neither its end nor Ctrl-C, SIGTERM or SIGHUP ever came (only SIGKILL ended
+// it). So the library exports pthread_exit, and once the main thread has called it while a thread
+// of the library's lives (at once, or when the first one starts later), a thread of the library's
+// watches for the process to hold nothing but the library's threads, and then calls exit(0) as
+// glibc would have, with the main thread's signal mask: the program's atexit handlers and static
+// destructors run, and the signals they expect reach them. "Nothing but": the main thread is a
+// zombie (its thread-exit work done), and the kernel's count of the process's threads (which keeps
+// the exited main thread until the process ends), read with its state in one read of the main
+// thread's stat, is one more than the library's own count of its live threads. A program thread
+// that starts another just before it ends is counted in one of them at every moment, so the watch
+// never ends a process that still runs (a listing of /proc/self/task could miss the new thread).
+// The watch polls every kFirstPollMillis, backing off to kLastPollMillis. A process whose library
+// never started a thread (no CUDA call) starts none here either; other threads' pthread_exit, and
+// all the main thread's does, is the C library's unchanged.
 //
 // Depends on the real dlsym, the library's threads and the log.
 #include <dlfcn.h>
