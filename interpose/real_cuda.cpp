@@ -67,6 +67,13 @@ bool runtime_file(const char* path) {
   return std::strncmp(base, "libcudart.so", 12) == 0 || std::strncmp(base, "libcudart-", 10) == 0;
 }
 
+// Whether `address` lies in a file runtime_file() names.
+bool in_runtime(const void* address) {
+  Dl_info info{};
+  return ::dladdr(address, &info) != 0 && info.dli_fname != nullptr &&
+         runtime_file(info.dli_fname);
+}
+
 // `name` in a loaded runtime found by its file name, or null. The names are gathered first and
 // opened after the walk: dl_iterate_phdr holds a loader lock that dlopen takes second (another
 // thread's dlopen, holding the first, would wait for it while this walk waited for that one).
@@ -147,12 +154,6 @@ void* resolve_by_name(const char* name) {
 
 bool runtime_loaded() { return lookup("cudaGetDevice") != nullptr; }
 
-bool in_runtime(const void* address) {
-  Dl_info info{};
-  return ::dladdr(address, &info) != 0 && info.dli_fname != nullptr &&
-         runtime_file(info.dli_fname);
-}
-
 bool in_hooked_runtime(const void* address) {
   // The runtime the hooks call: the object of a function the library resolved that lies in a
   // runtime file (an interposer preloaded after the library may hold the others). It stays
@@ -163,8 +164,7 @@ bool in_hooked_runtime(const void* address) {
     for (Slot slot : {Slot::cudaGetDevice, Slot::cudaMalloc, Slot::cudaFree}) {
       const void* resolved = resolve(slot);
       Dl_info info{};
-      if (resolved == nullptr || ::dladdr(resolved, &info) == 0 || info.dli_fname == nullptr ||
-          !runtime_file(info.dli_fname))
+      if (resolved == nullptr || !in_runtime(resolved) || ::dladdr(resolved, &info) == 0)
         continue;
       known = info.dli_fbase;
       base.store(known, std::memory_order_release);

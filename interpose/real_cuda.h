@@ -326,9 +326,8 @@ void* resolve_by_name(const char* name);
 // change when a library brings a runtime in later.
 bool runtime_loaded();
 
-// Whether `address` lies in a CUDA runtime library, found by its file name (libcudart.so*, or a
-// bundled copy renamed libcudart-<hash>.so*), or in the one whose functions the hooks call.
-bool in_runtime(const void* address);
+// Whether `address` lies in the CUDA runtime whose functions the hooks call (a file named
+// libcudart.so*, or a bundled copy renamed libcudart-<hash>.so*).
 bool in_hooked_runtime(const void* address);
 
 template <typename Fn>
