@@ -379,6 +379,8 @@ struct MemoryManager::Impl {
   FreeOutcome classify(DevicePtr ptr) const;
   bool recently_freed(DevicePtr ptr) const;
   void log(LogLevel level, std::string message);
+  // The one line of Note [Pages larger than the device] for pools[pool_index], once per layout.
+  void warn_page_past_device(std::size_t pool_index);
   // A log:full event; `pool` (the allocation's, or nullptr) is named only then.
   void trace(LogEvent::Kind kind, std::uint64_t size, DevicePtr ptr, const Pool* pool);
   // --- manager_caches.cpp: the thread caches (Note [Thread caches]) ---------------------------
@@ -467,7 +469,7 @@ struct MemoryManager::Impl {
   PoolContext ctx;
   std::unique_ptr<PersistentPool> persistent;
   std::vector<std::unique_ptr<Pool>> pools;
-  std::vector<bool> capacity_warned;
+  std::vector<bool> capacity_warned;  // per pool: its capacity or page-size line was logged
   SliceIndex index;
   FenceQueue fences;
   std::uint64_t last_fence_nanos = 0;  // when the last epoch was closed (prompt fences)

@@ -238,6 +238,7 @@
 #include <cstdio>
 
 #include "pools/options.h"
+#include "pools/report_tree.h"
 #include "pools/layout.h"
 #include "pools/manager_shards.h"
 #include "pools/sliced_pool.h"
@@ -647,6 +648,28 @@ struct BorrowMode {
 
 }  // namespace
 
+// Note [Pages larger than the device]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// A pool list may give a sliced pool pages larger than the device it runs on (a list written for
+// an 80 GiB device, run on a 16 GiB one): its growth can never succeed. Routed as any other, every
+// request it accepts failed its growth, ran out-of-memory recovery (which gave back the idle pages
+// of every other pool, for nothing) and then went to the driver unpooled, with no word of why:
+// `sliced(page=1T)` on the 16 GiB stand-in passed every cudaMalloc through and counted each one as
+// a recovery that failed. Such a pool is passed over instead, as a full capped pool is, with one
+// line per pool and layout saying so: its sizes go to the next pool that accepts them, or, when
+// none does, to the driver, as a size no pool accepts does (never refused: the plain call may
+// well succeed).
+void MemoryManager::Impl::warn_page_past_device(std::size_t pool_index) {
+  if (capacity_warned[pool_index]) return;
+  capacity_warned[pool_index] = true;
+  const Pool& pool = *pools[pool_index];
+  log(LogLevel::basic, "memory pool " + std::to_string(pool_index) + " (" +
+                           pool.describe().shape + ") has pages larger than the device (" +
+                           human_bytes(total_memory) +
+                           "): it never grows, and its sizes go to the next pool that accepts "
+                           "them or to CUDA unpooled (give it a smaller page).");
+}
+
 Route MemoryManager::Impl::route(std::uint64_t size, Placement placement,
                                  std::uint32_t wait_budget_us, bool may_flush,
                                  bool may_wait_recovery, HeldReservation* held_res) {
@@ -713,6 +736,10 @@ restart:
     Pool& pool = *pools[i];
     if (!pool.accepts(size)) continue;
     if (Slice* s = pool.try_reserve(size)) return Route::served(s);
+    if (total_memory != 0 && pool.pages_larger_than(total_memory)) {
+      warn_page_past_device(i);  // Note [Pages larger than the device]
+      continue;
+    }
     if (Error limit = pool.growth_limit(size)) {
       // Or parked in thread caches: the program freed it (Note [Thread caches]).
       if (flush_caches(false, CacheFlush::every, &pool) != 0) goto restart;

@@ -253,6 +253,9 @@ class Pool {
   virtual AllocStatus borrow_at_bound(std::uint64_t, Slice**) {
     return AllocStatus::out_of_memory;
   }
+  // Whether every page the pool grows is larger than `device_bytes` (a sliced pool's page), so
+  // that no growth can succeed on such a device (Note [Pages larger than the device]).
+  virtual bool pages_larger_than(std::uint64_t) const { return false; }
   // Why growing for `size` is not allowed (a cap), or none. No device call.
   virtual Error growth_limit(std::uint64_t size) const;
   // Whether a growth keeps the pool's reserved bytes under a bound (a direct pool's reclaim):

@@ -60,6 +60,9 @@ class SlicedPool final : public CarvedPool {
   bool accepts(std::uint64_t size) const override { return size <= max_slice_size_; }
   const char* kind_name() const override { return "sliced"; }
   Slice* try_reserve(std::uint64_t size) override;
+  bool pages_larger_than(std::uint64_t device_bytes) const override {
+    return page_size_ > device_bytes;
+  }
   Error growth_limit(std::uint64_t size) const override;
   AllocStatus grow(std::uint64_t size, Slice** out) override;
   PoolReport describe() const override;

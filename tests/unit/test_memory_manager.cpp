@@ -278,6 +278,38 @@ TEST_CASE("alloc_two_chunks_on_one_page") {
   CHECK(usage.bytes_reserved == 2048);
 }
 
+// Note [Pages larger than the device]: such a pool is passed over at once, with one line, not
+// after an out-of-memory recovery per request.
+TEST_CASE("a_pool_whose_page_is_larger_than_the_device_is_passed_over_with_one_line") {
+  Rig rig(custom({sliced(256 * MiB, MiB), sliced(2 * MiB, MiB)}));  // a 128 MiB device
+  std::vector<DevicePtr> live;
+  for (int i = 0; i < 4; ++i) {
+    live.push_back(rig.reserve(MiB));
+    REQUIRE(live.back() != 0);
+  }
+  const ManagerReport report = rig.manager.report();
+  CHECK(report.dynamic[0].pages_peak == 0);
+  CHECK(report.dynamic[1].pages_peak == 2);
+  CHECK(report.oom_failures == 0);
+  CHECK(rig.count_logs("has pages larger than the device (128 MiB)") == 1);
+  CHECK(rig.count_logs("memory pool 0 (page=256MiB") == 1);
+  for (const DevicePtr p : live) CHECK(rig.manager.free(p) == FreeOutcome::freed);
+}
+
+TEST_CASE("a_request_only_a_page_larger_than_the_device_accepts_goes_to_the_driver") {
+  Rig rig(custom({sliced(256 * MiB, MiB)}));
+  for (int i = 0; i < 3; ++i) {
+    const Reservation r = rig.manager.allocate(4096);
+    CHECK(r.ptr == 0);
+    // Not refused, not out of memory: the interposer passes it to CUDA, as a size no pool
+    // accepts (the plain call may succeed).
+    CHECK(r.error.kind == ErrorKind::buffer_too_big);
+  }
+  CHECK(rig.manager.report().oom_failures == 0);
+  CHECK(rig.device.calls().allocate == 0);
+  CHECK(rig.count_logs("larger than the device") == 1);
+}
+
 TEST_CASE("alloc_reuses_storage") {
   Rig rig(custom({sliced(512)}));
   const DevicePtr a = rig.reserve(512);
