@@ -537,7 +537,7 @@ real-refusals)
   start_target -- "$target" nocuda 60
   run_cli 1 report "$background_pid"
   has err "process $background_pid has loaded libpoolcuda.so but is not ready to answer (it has"
-  has err "(it has made no CUDA call yet"
+  has err "(it has made no CUDA call the library intercepts yet"
   kill -USR1 "$background_pid"
   wait "$background_pid"
   status=$?
