@@ -387,7 +387,10 @@ Error MemoryManager::install_layout(const PoolLayout& layout) {
   if (busy == 0) {
     Impl::Scope scope(s.at(0));
     busy = empty_out(s.at(0), scope);
-    if (busy == 0) rebuild(s.at(0));
+    if (busy == 0) {
+      s.page_warnings.store(0, std::memory_order_relaxed);  // a new layout may warn again
+      rebuild(s.at(0));
+    }
   }
   if (busy > 0) {
     s.hold_gate(-1);

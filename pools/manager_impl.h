@@ -379,6 +379,10 @@ struct MemoryManager::Impl {
   FreeOutcome classify(DevicePtr ptr) const;
   bool recently_freed(DevicePtr ptr) const;
   void log(LogLevel level, std::string message);
+  // Whether `pool` can never grow on this device (Note [Pages larger than the device]).
+  bool never_grows(const Pool& pool) const {
+    return total_memory != 0 && pool.pages_larger_than(total_memory);
+  }
   // The one line of Note [Pages larger than the device] for pools[pool_index], once per layout.
   void warn_page_past_device(std::size_t pool_index);
   // A log:full event; `pool` (the allocation's, or nullptr) is named only then.

@@ -190,7 +190,8 @@ Route MemoryManager::Impl::recover_from_oom(Scope& scope, std::uint64_t size,
         std::min(info.free_bytes + releases_on_the_way(), device.growth_room());
     std::uint64_t page = align_up(size, ctx.alignment);
     for (const auto& pool : pools) {
-      if (!pool->accepts(size)) continue;
+      // A pool that can never grow here is passed over (Note [Pages larger than the device]).
+      if (!pool->accepts(size) || never_grows(*pool)) continue;
       page = pool->growth_bytes(size);
       break;
     }

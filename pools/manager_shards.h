@@ -115,6 +115,14 @@ struct MemoryManager::Shards {
     return true;
   }
 
+  // Whether the line of Note [Pages larger than the device] for pool `index` of the layout is
+  // still to be written for the device: true once per layout.
+  bool first_page_warning(std::size_t index) {
+    const std::uint64_t bit = index < 64 ? std::uint64_t{1} << index : 0;
+    return bit == 0 || (page_warnings.fetch_or(bit, std::memory_order_relaxed) & bit) == 0;
+  }
+  std::atomic<std::uint64_t> page_warnings{0};  // per pool of the layout, its line was written
+
   // MemoryManager::allocate with more than one shard possible (manager_api.cpp).
   Reservation allocate(std::uint64_t size, Placement placement);
   // The shard a reservation of thread `t` tries first.

@@ -656,12 +656,15 @@ struct BorrowMode {
 // of every other pool, for nothing) and then went to the driver unpooled, with no word of why:
 // `sliced(page=1T)` on the 16 GiB stand-in passed every cudaMalloc through and counted each one as
 // a recovery that failed. Such a pool is passed over instead, as a full capped pool is, with one
-// line per pool and layout saying so: its sizes go to the next pool that accepts them, or, when
-// none does, to the driver, as a size no pool accepts does (never refused: the plain call may
-// well succeed).
+// line per pool and layout for the device (Shards::first_page_warning) saying so: its sizes go to
+// the next pool that accepts them, or, when none does, to the driver, as a size no pool accepts
+// does, even after a full capped pool (never refused: the plain call may well succeed).
+// Recovery sizes the page it makes room for by the first pool that can grow.
 void MemoryManager::Impl::warn_page_past_device(std::size_t pool_index) {
   if (capacity_warned[pool_index]) return;
   capacity_warned[pool_index] = true;
+  // Each shard has its pools: the device says it once.
+  if (shards != nullptr && !shards->first_page_warning(pool_index)) return;
   const Pool& pool = *pools[pool_index];
   log(LogLevel::basic, "memory pool " + std::to_string(pool_index) + " (" +
                            pool.describe().shape + ") has pages larger than the device (" +
@@ -682,6 +685,7 @@ Route MemoryManager::Impl::route(std::uint64_t size, Placement placement,
   bool refused = false;
   bool unparked = false;
   bool unparked_own = false;
+  bool passed_over = false;  // a pool that accepts the size but can never grow here
   Route r;
   // Before any growth (Note [Free fences]): the first miss closes the open epoch and reaps
   // passed fences; when memory came back, routing starts over. Returns true to start over.
@@ -736,8 +740,9 @@ restart:
     Pool& pool = *pools[i];
     if (!pool.accepts(size)) continue;
     if (Slice* s = pool.try_reserve(size)) return Route::served(s);
-    if (total_memory != 0 && pool.pages_larger_than(total_memory)) {
-      warn_page_past_device(i);  // Note [Pages larger than the device]
+    if (never_grows(pool)) {  // Note [Pages larger than the device]
+      warn_page_past_device(i);
+      passed_over = true;
       continue;
     }
     if (Error limit = pool.growth_limit(size)) {
@@ -752,15 +757,21 @@ restart:
       if (!capacity_warned[i]) {
         capacity_warned[i] = true;
         bool later = false;
-        for (std::size_t j = i + 1; j < pools.size(); ++j) later |= pools[j]->accepts(size);
+        bool to_cuda = passed_over;  // Note [Pages larger than the device]
+        for (std::size_t j = i + 1; j < pools.size(); ++j) {
+          if (!pools[j]->accepts(size)) continue;
+          (never_grows(*pools[j]) ? to_cuda : later) = true;
+        }
         log(LogLevel::basic,
             "memory pool " + std::to_string(i) + " (" + pool.describe().shape +
                 ") is at capacity (first hit at an allocation of " + std::to_string(size) +
                 " B); " +
-                (later ? "spilling to the next accepting pool. The plan is short for this "
-                         "workload."
-                       : "refusing: no later pool accepts this size (raise the cap or add a "
-                         "pool)."));
+                (later     ? "spilling to the next accepting pool. The plan is short for this "
+                             "workload."
+                 : to_cuda ? "passing such requests to CUDA unpooled: no pool that can grow "
+                             "on this device accepts them (raise the cap or add a pool)."
+                           : "refusing: no later pool accepts this size (raise the cap or add a "
+                             "pool)."));
       }
       capacity = limit;
       continue;
@@ -862,7 +873,9 @@ restart:
                   : Error{no_room ? ErrorKind::out_of_memory : ErrorKind::device_error, size};
     return r;
   }
-  r.error = capacity ? capacity : Error{ErrorKind::buffer_too_big, size};
+  // A pool passed over for its pages' size leaves the request to CUDA, whatever a full cap
+  // before it says: the plain call may well succeed (Note [Pages larger than the device]).
+  r.error = capacity && !passed_over ? capacity : Error{ErrorKind::buffer_too_big, size};
   return r;
 }
 

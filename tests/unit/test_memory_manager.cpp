@@ -310,6 +310,55 @@ TEST_CASE("a_request_only_a_page_larger_than_the_device_accepts_goes_to_the_driv
   CHECK(rig.count_logs("larger than the device") == 1);
 }
 
+TEST_CASE("a_full_cap_beside_a_pool_passed_over_for_its_page_leaves_the_request_to_cuda") {
+  // A 4 KiB device: a capped pool that fills, and one whose 8 KiB pages never fit, in either
+  // order. The request is CUDA's to answer (the plain call may succeed), not refused by the cap.
+  for (const bool capped_first : {true, false}) {
+    CAPTURE(capped_first);
+    const PoolSpec capped = sliced(1024, 0, 1024);
+    const PoolSpec oversized = sliced(8192, 0);
+    Rig rig(custom(capped_first ? std::vector<PoolSpec>{capped, oversized}
+                                : std::vector<PoolSpec>{oversized, capped}),
+            32, 4096);
+    REQUIRE(rig.reserve(1024) != 0);
+    CHECK(rig.manager.allocate(512).error.kind == ErrorKind::buffer_too_big);
+    // The cap's line says where the request goes: not a spill into the pool that never grows.
+    CHECK(rig.count_logs("is at capacity") == 1);
+    CHECK(rig.count_logs("passing such requests to CUDA unpooled") == 1);
+  }
+}
+
+TEST_CASE("recovery_makes_room_for_the_first_pool_that_can_grow") {
+  // Note [Recovery in two steps]: one idle 4 MiB page covers the 2 MiB page a 1 MiB request
+  // needs; the 256 MiB pages of the pool passed over must not size that room.
+  Rig rig(custom({sliced(256 * MiB, MiB), sliced(2 * MiB, MiB), sliced(4 * MiB, 4 * MiB)}), 32,
+          128 * MiB, FreeFence::none);
+  std::vector<DevicePtr> big;
+  for (int i = 0; i < 32; ++i) {
+    big.push_back(rig.reserve(3 * MiB));
+    REQUIRE(big.back() != 0);
+  }
+  for (int i = 0; i < 10; ++i) REQUIRE(rig.manager.free(big[i]) == FreeOutcome::freed);
+  const auto released_before = rig.device.calls().release;
+  CHECK(rig.reserve(MiB) != 0);
+  CHECK(rig.device.calls().release - released_before == 1);
+}
+
+TEST_CASE("the_line_of_a_pool_passed_over_comes_once_per_layout_not_per_reset") {
+  const PoolLayout layout = custom({sliced(256 * MiB, MiB), sliced(2 * MiB, MiB)});
+  Rig rig(layout);
+  rig.manager.free(rig.reserve(4096));
+  CHECK(rig.count_logs("larger than the device") == 1);
+  // A device reset rebuilds the pools, the layout stays: nothing new to say.
+  rig.manager.forget();
+  rig.manager.free(rig.reserve(4096));
+  CHECK(rig.count_logs("larger than the device") == 1);
+  // A layout installed again is a new plan.
+  CHECK_FALSE(rig.manager.install_layout(layout));
+  rig.manager.free(rig.reserve(4096));
+  CHECK(rig.count_logs("larger than the device") == 2);
+}
+
 TEST_CASE("alloc_reuses_storage") {
   Rig rig(custom({sliced(512)}));
   const DevicePtr a = rig.reserve(512);
