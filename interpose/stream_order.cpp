@@ -84,6 +84,18 @@
 // make the streams that feed it; with F, each of those streams first waited for that kernel,
 // and the program hung where plain CUDA ran.
 //
+// Note [Leaving among threads]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// A leave runs under the state's lock, but two calls decide without it whether anything is
+// left to do: a thread's first use of its per-thread stream, and a capture's begin. Each read a
+// flag the leave cleared first, before its barrier and before F was recorded, so a call in
+// between went ahead as if the device had left already: a thread's first per-thread write
+// raced the old owner's work on memory reused while the device was ordered (wrong bytes, in
+// about half the runs of twelve threads that began at once with another thread creating a
+// stream), and a capture begun on a blocking stream was invalidated by F's record on the
+// legacy stream. Both now read the count of ordered devices, which a leave lowers only once F
+// is recorded: a call that still sees it takes the lock and waits for the leave to end.
+//
 // Depends on the registry, the configuration and the real-function table.
 #include "interpose/stream_order.h"
 
@@ -175,7 +187,12 @@ void wait_for_fences(State& s, int device, cudaStream_t stream) {
 void leave(State& s, int device, const std::vector<cudaStream_t>& waiters) {
   DeviceState& d = s.devices[device];
   if (!d.ordered.exchange(false)) return;
-  s.ordered_devices.fetch_sub(1);
+  // Still counted until F is recorded (or found needless): the calls that read the count
+  // without the lock wait for this leave to end (Note [Leaving among threads]).
+  struct Uncount {
+    State& s;
+    ~Uncount() { s.ordered_devices.fetch_sub(1, std::memory_order_release); }
+  } uncount{s};
   d.manager->set_stream_ordered(false);  // a barrier: no free still judges it ordered
   OwnCallScope scope(device);
   if (!scope.ok()) return;
@@ -299,7 +316,8 @@ bool per_thread_stream_seen() { return t_per_thread_seen; }
 void per_thread_stream_used() {
   t_per_thread_seen = true;
   State& s = state();
-  if (s.ordered_devices.load(std::memory_order_relaxed) == 0) return;
+  // Zero once every leave has recorded its F (Note [Leaving among threads]).
+  if (s.ordered_devices.load(std::memory_order_acquire) == 0) return;
   static thread_local bool counted[kMaxDevices] = {};
   int device = -1;
   if (own::cudaGetDevice()(&device) != cudaSuccess || !in_range(device) || counted[device])
@@ -349,7 +367,9 @@ void devices_connected() {
 void capture_beginning(int device) {
   if (!in_range(device)) return;
   State& s = state();
-  if (!s.devices[device].ordered.load()) return;
+  // Not the device's flag: another thread's leave clears it before it records F on the legacy
+  // stream, which would invalidate a capture begun meanwhile (Note [Leaving among threads]).
+  if (s.ordered_devices.load(std::memory_order_acquire) == 0) return;
   std::lock_guard hold(s.mutex);
   leave(s, device, {});
 }
