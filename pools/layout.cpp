@@ -23,18 +23,21 @@ constexpr std::uint64_t kBucketStep = 16;
 
 // The ladder of sliced pools, then a tail for every larger request: an exclusive pool, or with
 // `split_tail` a split pool (Note [Split pools] in split_pool.cpp).
+// The first rung is there whenever one of its pages fits in the device (or the device's size is
+// unknown): on a smaller one it could never grow (Note [Pages larger than the device] in
+// memory_manager.cpp), and the tail serves every size.
 std::vector<PoolSpec> subslices(std::uint64_t total, std::uint64_t alignment, bool split_tail) {
   std::vector<PoolSpec> pools;
-  std::uint64_t page = kLadderBase;
-  do {
+  for (std::uint64_t page = kLadderBase;
+       page <= kLargestPage && pools.size() + 1 < kMaxPools &&
+       (pools.empty() ? total == 0 || page <= total : page * kPagesPerDevice <= total);
+       page *= kLadderStep) {
     PoolSpec spec;
     spec.kind = PoolKind::sliced;
     spec.page_size = align_up(page, alignment);
     spec.max_slice_size = std::min(spec.page_size, align_up(page / kSliceFraction, alignment));
     pools.push_back(spec);
-    page *= kLadderStep;
-  } while (page <= kLargestPage && page * kPagesPerDevice <= total &&
-           pools.size() + 1 < kMaxPools);
+  }
   PoolSpec tail;
   tail.kind = split_tail ? PoolKind::split : PoolKind::exclusive;
   tail.max_alloc_size = align_up(std::max<std::uint64_t>(total, 1), alignment);

@@ -118,9 +118,11 @@ int main(int argc, char** argv) {
     CHECK_MSG(count(tiny.output, "tiny device: ") == 1 &&
                   count(tiny.output, "out of device memory") == 1,
               tiny.output.substr(0, 2000));
-    // The pools' figures add up to what they reserve (padding included), and the line ends with
-    // what the device had free when CUDA refused the request too.
-    CHECK_MSG(count(tiny.output, ", padding 0 B, reserved 0 B,") == 1 &&
+    // The pools' figures add up to what they reserve (padding included: on a 1 MiB device the
+    // exclusive pool serves every request, a 1 KiB page each), and the line ends with what the
+    // device had free when CUDA refused the request too.
+    CHECK_MSG(count(tiny.output, ", in use 1024000 B, padding 24576 B, reserved 1048576 B, idle "
+                                 "pages 0 B,") == 1 &&
                   count(tiny.output, ", given back but not yet freed by the driver 0 B; CUDA's "
                                      "own allocation failed too, with 0 B free on the device\n") ==
                       1,

@@ -310,6 +310,21 @@ TEST_CASE("a_request_only_a_page_larger_than_the_device_accepts_goes_to_the_driv
   CHECK(rig.count_logs("larger than the device") == 1);
 }
 
+TEST_CASE("the_default_ladder_leaves_out_a_first_rung_larger_than_the_device") {
+  // A 1 MiB device: no 2 MiB page ever fits, so the exclusive tail serves every size, pooled,
+  // with nothing to warn about.
+  Rig tiny(preset(PoolPreset::subslices), 512, MiB);
+  CHECK(tiny.manager.report().dynamic.size() == 1);
+  std::vector<DevicePtr> held;
+  for (DevicePtr p = tiny.reserve(1000); p != 0; p = tiny.reserve(1000)) held.push_back(p);
+  CHECK(held.size() == 1024);  // one 1 KiB page each: the whole device, as 1,024 driver calls
+  CHECK(tiny.count_logs("larger than the device") == 0);
+  for (const DevicePtr p : held) CHECK(tiny.manager.free(p) == FreeOutcome::freed);
+  // A device that holds one 2 MiB page keeps the rung.
+  Rig small(preset(PoolPreset::subslices), 512, 2 * MiB);
+  CHECK(small.manager.report().dynamic.size() == 2);
+}
+
 TEST_CASE("a_full_cap_beside_a_pool_passed_over_for_its_page_leaves_the_request_to_cuda") {
   // A 4 KiB device: a capped pool that fills, and one whose 8 KiB pages never fit, in either
   // order. The request is CUDA's to answer (the plain call may succeed), not refused by the cap.
