@@ -95,6 +95,14 @@
 // stream), and a capture begun on a blocking stream was invalidated by F's record on the
 // legacy stream. Both now read the count of ordered devices, which a leave lowers only once F
 // is recorded: a call that still sees it takes the lock and waits for the leave to end.
+// Another device's first use had the same two faults. Its bit in `used` was set before the
+// leave it caused and before that device's legacy stream waited for F, so a second thread
+// making the device current at that moment found the bit and went ahead (wrong bytes in about
+// half the runs of twelve threads); the bit is now set last. And a thread's first work without
+// a cudaSetDevice (or after a switch of context) skipped the first use once no device was
+// ordered, though fences were still pending for it to wait for: a helper thread's cudaMemcpy
+// on device 0 into reused device-1 memory ran beside the old owner's kernel every time. It now
+// looks while a fence may be pending too.
 //
 // Depends on the registry, the configuration and the real-function table.
 #include "interpose/stream_order.h"
@@ -140,7 +148,11 @@ struct State {
   RankedMutex mutex{LockRank::stream_order};
   std::atomic<bool> visible{true};  // false once the driver is used directly
   std::atomic<int> ordered_devices{0};
-  std::atomic<std::uint64_t> used{0};  // devices made current, given pools or streams
+  // Whether `pending` may hold a fence: another device's first use must still wait for it.
+  std::atomic<bool> fences_pending{false};
+  // Devices made current, given pools or streams; a device's bit is set once its first use has
+  // queued its waits (Note [Leaving among threads]).
+  std::atomic<std::uint64_t> used{0};
   int first_device = -1;
   bool connected = false;  // peer access, a peer copy, a second device
   std::vector<Fence> pending;
@@ -170,6 +182,14 @@ void prune(State& s) {
     own::cudaEventDestroy()(fence.event);
     return true;
   });
+  s.fences_pending.store(!s.pending.empty(), std::memory_order_release);
+}
+
+// Whether a first use of a device may have something to do: a device is still ordered, or a
+// fence may still be pending. Read without the lock.
+bool first_use_matters(const State& s) {
+  return s.ordered_devices.load(std::memory_order_acquire) != 0 ||
+         s.fences_pending.load(std::memory_order_acquire);
 }
 
 // `stream`, a non-blocking stream of `device` just created, waits for every pending fence.
@@ -187,8 +207,8 @@ void wait_for_fences(State& s, int device, cudaStream_t stream) {
 void leave(State& s, int device, const std::vector<cudaStream_t>& waiters) {
   DeviceState& d = s.devices[device];
   if (!d.ordered.exchange(false)) return;
-  // Still counted until F is recorded (or found needless): the calls that read the count
-  // without the lock wait for this leave to end (Note [Leaving among threads]).
+  // Still counted until F is recorded (or found needless, or out of reach): the calls that read
+  // the count without the lock wait for this leave to end (Note [Leaving among threads]).
   struct Uncount {
     State& s;
     ~Uncount() { s.ordered_devices.fetch_sub(1, std::memory_order_release); }
@@ -219,6 +239,7 @@ void leave(State& s, int device, const std::vector<cudaStream_t>& waiters) {
   }
   for (cudaStream_t waiter : waiters) own::cudaStreamWaitEvent()(waiter, fence, 0);
   s.pending.push_back(Fence{fence, device});
+  s.fences_pending.store(true, std::memory_order_release);
 }
 
 // Another device's work may now touch every device's memory: all leave, and every non-blocking
@@ -241,7 +262,13 @@ void connect_all(State& s) {
 // device comes in, and its legacy stream waits for every pending fence. Caller holds the lock.
 void use(State& s, int device) {
   if ((s.used.load() & bit(device)) != 0) return;
-  s.used.fetch_or(bit(device));
+  // Set last: a thread that finds the bit without the lock goes ahead, so its work must come
+  // after the waits queued here (Note [Leaving among threads]).
+  struct MarkUsed {
+    State& s;
+    int device;
+    ~MarkUsed() { s.used.fetch_or(bit(device), std::memory_order_release); }
+  } mark{s, device};
   if (s.first_device < 0 || s.first_device == device) return;
   connect_all(s);
   if (s.pending.empty()) return;
@@ -290,6 +317,7 @@ void device_reset(int device) {
     own::cudaEventDestroy()(fence.event);
     return true;
   });
+  s.fences_pending.store(!s.pending.empty(), std::memory_order_release);
 }
 
 void stream_created(int device, cudaStream_t stream, bool non_blocking) {
@@ -332,7 +360,7 @@ void device_made_current(int device) {
   if (!in_range(device)) return;
   note_cuda_call();  // before the lock: Note [Fork] in lifecycle.cpp
   State& s = state();
-  if ((s.used.load(std::memory_order_relaxed) & bit(device)) != 0) return;
+  if ((s.used.load(std::memory_order_acquire) & bit(device)) != 0) return;
   std::lock_guard hold(s.mutex);
   use(s, device);
 }
@@ -343,7 +371,7 @@ __attribute__((tls_model("initial-exec"))) thread_local bool t_device_counted = 
 }  // namespace
 
 void work_issued() {
-  if (state().ordered_devices.load(std::memory_order_relaxed) == 0) return;
+  if (!first_use_matters(state())) return;
   if (t_device_counted) return;
   t_device_counted = true;  // later switches go through cudaSetDevice or context_switched()
   int device = -1;
@@ -352,7 +380,7 @@ void work_issued() {
 
 void context_switched() {
   t_device_counted = false;
-  if (state().ordered_devices.load(std::memory_order_relaxed) == 0) return;
+  if (!first_use_matters(state())) return;
   CUdevice device = -1;
   if (real_driver::cuCtxGetDevice()(&device) == CUDA_SUCCESS) device_made_current(device);
 }

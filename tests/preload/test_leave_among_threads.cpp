@@ -10,6 +10,14 @@
 //               stand-in's race detector must stay silent.
 //   capture     one thread begins a capture on B while the main thread creates a non-blocking
 //               stream: the capture must end valid.
+// With two devices, the first use of the second device must make its legacy stream wait for the
+// fence of memory reused on the first (Note [Leaving among threads]):
+//   set_device  device 0 reuses a buffer a slow kernel still writes; twelve threads at once make
+//               device 1 current and each writes its chunk of the buffer on device 1's legacy
+//               stream: every chunk must read back as written, without a race;
+//   helper      device 1 reuses such a buffer and leaves (a non-blocking stream); a thread that
+//               never called cudaSetDevice (so on device 0) uploads into it with cudaMemcpy:
+//               the upload must come after the old owner's write (one round: no race needed).
 // Needs the stand-in's kernel that runs a function (simcuda_access_kernel); elsewhere it skips.
 #include <dlfcn.h>
 #include <unistd.h>
@@ -33,23 +41,27 @@ constexpr int kThreads = 12;
 const void* access_kernel() { return ::dlsym(RTLD_DEFAULT, "simcuda_access_kernel"); }
 
 struct Fill {
-  void* ptr;
-  unsigned char byte;
-  int delay_ms;
+  void* ptr = nullptr;
+  unsigned char byte = 0;
+  int delay_ms = 0;
+  std::size_t bytes = kBytes;
 };
 
 void fill(void* data) {
   const auto* f = static_cast<const Fill*>(data);
   if (f->delay_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(f->delay_ms));
-  std::memset(f->ptr, f->byte, kBytes);
+  std::memset(f->ptr, f->byte, f->bytes);
 }
 
-// A kernel on `stream` that writes `byte` over the buffer, after `delay_ms`.
-void write_kernel(cudaStream_t stream, Fill& f) {
-  simcuda_access access{f.ptr, kBytes, 1, &fill, &f};
+// A kernel on `stream` that writes `byte` over `bytes` of the buffer, after `delay_ms`.
+void late_write(cudaStream_t stream, Fill& f, std::size_t bytes) {
+  f.bytes = bytes;
+  simcuda_access access{f.ptr, bytes, 1, &fill, &f};
   void* args[] = {&access};
   CHECK_CUDA(cudaLaunchKernel(access_kernel(), dim3(1), dim3(1), args, 0, stream));
 }
+
+void write_kernel(cudaStream_t stream, Fill& f) { late_write(stream, f, kBytes); }
 
 void spin_until(const std::atomic<bool>& go) {
   while (!go.load()) {
@@ -147,16 +159,81 @@ int capture_round() {
   return 0;
 }
 
+int set_device_round() {
+  constexpr std::size_t kChunk = 64 * 1024;
+  CHECK_CUDA(cudaSetDevice(0));
+  void* old = nullptr;
+  CHECK_CUDA(cudaMalloc(&old, kChunk * kThreads));
+  Fill late{old, 0xEE, 200};
+  late_write(cudaStreamLegacy, late, kChunk * kThreads);
+  CHECK_CUDA(cudaFree(old));
+  void* reused = nullptr;
+  CHECK_CUDA(cudaMalloc(&reused, kChunk * kThreads));
+  std::atomic<int> ready{0};
+  std::atomic<bool> go{false};
+  std::vector<Fill> fills(kThreads);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      ready.fetch_add(1);
+      spin_until(go);
+      CHECK_CUDA(cudaSetDevice(1));
+      fills[t] = Fill{static_cast<char*>(reused) + t * kChunk, static_cast<unsigned char>(t + 1),
+                      0};
+      late_write(cudaStreamLegacy, fills[t], kChunk);
+      CHECK_CUDA(cudaDeviceSynchronize());
+    });
+  }
+  while (ready.load() < kThreads) std::this_thread::yield();
+  go.store(true);
+  for (std::thread& thread : threads) thread.join();
+  CHECK_CUDA(cudaSetDevice(0));
+  CHECK_CUDA(cudaDeviceSynchronize());
+  for (int t = 0; t < kThreads; ++t) {
+    CHECK_MSG(preload_test::device_bytes_equal(static_cast<char*>(reused) + t * kChunk, kChunk,
+                                               static_cast<unsigned char>(t + 1)),
+              "chunk " + std::to_string(t) + " holds the old owner's bytes");
+  }
+  CHECK_MSG(preload_test::counter("races") == 0, "the stand-in saw unordered writes");
+  return 0;
+}
+
+int helper_round() {
+  CHECK_CUDA(cudaSetDevice(1));
+  void* old = nullptr;
+  CHECK_CUDA(cudaMalloc(&old, kBytes));
+  Fill late{old, 0xEE, 300};
+  write_kernel(cudaStreamLegacy, late);
+  CHECK_CUDA(cudaFree(old));
+  void* reused = nullptr;
+  CHECK_CUDA(cudaMalloc(&reused, kBytes));
+  cudaStream_t late_stream = nullptr;
+  CHECK_CUDA(cudaStreamCreateWithFlags(&late_stream, cudaStreamNonBlocking));  // device 1 leaves
+  std::thread helper([&] {
+    const std::vector<unsigned char> bytes(kBytes, 0x22);
+    CHECK_CUDA(cudaMemcpy(reused, bytes.data(), kBytes, cudaMemcpyHostToDevice));
+  });
+  helper.join();
+  CHECK_CUDA(cudaDeviceSynchronize());
+  CHECK_MSG(preload_test::device_bytes_equal(reused, kBytes, 0x22),
+            "the upload ran before the old owner's write");
+  CHECK_MSG(preload_test::counter("races") == 0, "the stand-in saw unordered writes");
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   preload_test::require_preloaded();
   if (access_kernel() == nullptr)
     preload_test::skip("needs the stand-in's kernel that runs a function");
-  if (argc < 2) preload_test::fail(__FILE__, __LINE__, "usage: per_thread|capture [ROUNDS]");
+  if (argc < 2) preload_test::fail(__FILE__, __LINE__, "usage: CASE [ROUNDS]");
   const std::string which = argv[1];
   if (which == "per_thread_round") return per_thread_round();
   if (which == "capture_round") return capture_round();
+  if (which == "set_device_round" || which == "helper_round") preload_test::require_devices(2);
+  if (which == "set_device_round") return set_device_round();
+  if (which == "helper_round") return helper_round();
   const int rounds = argc > 2 ? std::atoi(argv[2]) : 10;
   const std::string round = which + "_round";
   for (int r = 0; r < rounds; ++r) {
