@@ -133,6 +133,26 @@ void await_graph_release_briefly(CapturePolicy& capture) {
     std::this_thread::sleep_for(std::chrono::microseconds(100));
 }
 
+// Before the pools give their idle memory back for a call the driver refused for lack of memory
+// (give_back_idle): the release of a graph destroyed and not yet settled, within recovery's
+// bound, as an allocation of the pools waits for it (Note [Graphs dying]). The brief wait of
+// cudaMemGetInfo's was all they had: with the stand-in's destructor thread late on a loaded
+// machine, a cudaMallocAsync after a graph's destroy was refused in a third of the runs.
+void await_graph_release(CapturePolicy& capture) {
+  const std::int64_t destroyed = g_last_graph_destroy_ns.load(std::memory_order_relaxed);
+  if (destroyed <= g_graph_destroy_settled_ns.load(std::memory_order_relaxed)) return;
+  if (capture.open() || capture.stats().pinned_bytes == 0) return;
+  NoCancel no_cancel;  // a wait plain CUDA's call would not make (Note [Cancellation])
+  const auto until = std::chrono::steady_clock::now() + kGraphReleaseWait;
+  while (!capture.releases_pending()) {
+    if (std::chrono::steady_clock::now() >= until) {
+      settle_graph_destroys(destroyed);
+      return;
+    }
+    std::this_thread::sleep_for(std::chrono::microseconds(500));
+  }
+}
+
 // Waits within `bound`, the request's (Note [Graphs dying]).
 bool graph_release_arrived(CapturePolicy& capture, int device_index, CudaDevice& device,
                            MemoryManager& manager, std::uint64_t size, WaitBound& bound) {
@@ -824,7 +844,7 @@ bool give_back_idle(int device, GrowthHold& hold, GiveBackWait wait) {
   // took it, so after a graph's destroy an unpooled request (cudaMallocAsync, managed past the
   // slabs, a memory pool's, a kernel's code) was refused while the graph's memory stayed held.
   if (CapturePolicy* capture = device >= 0 ? registry.capture(device) : nullptr) {
-    await_graph_release_briefly(*capture);
+    await_graph_release(*capture);
     if (capture->releases_pending()) capture->drain_releases();
   }
   MemoryManager* manager = device >= 0 ? registry.manager(device) : nullptr;
