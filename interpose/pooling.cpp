@@ -133,24 +133,29 @@ void await_graph_release_briefly(CapturePolicy& capture) {
     std::this_thread::sleep_for(std::chrono::microseconds(100));
 }
 
-// Before the pools give their idle memory back for a call the driver refused for lack of memory
-// (give_back_idle): the release of a graph destroyed and not yet settled, within recovery's
-// bound, as an allocation of the pools waits for it (Note [Graphs dying]). The brief wait of
-// cudaMemGetInfo's was all they had: with the stand-in's destructor thread late on a loaded
-// machine, a cudaMallocAsync after a graph's destroy was refused in a third of the runs.
-void await_graph_release(CapturePolicy& capture) {
+// A call the driver refused for lack of memory, when the pools had nothing idle to give back
+// (give_back_idle): waits for the release of a graph destroyed and not yet settled, a little
+// longer than cudaMemGetInfo's brief wait, and settles the destroy when none came. Its 2 ms were
+// all it had: with the stand-in's destructor thread late on a loaded machine, a cudaMallocAsync
+// after a graph's destroy was refused in a third of the runs. Not recovery's 10 s: no release
+// comes for a graph whose exec lives on, or one that pinned nothing, and such a call then stalled
+// 10 s once per destroy where plain CUDA answers at once.
+constexpr std::chrono::milliseconds kUnpooledGraphWait{100};
+
+bool await_graph_release(CapturePolicy& capture) {
   const std::int64_t destroyed = g_last_graph_destroy_ns.load(std::memory_order_relaxed);
-  if (destroyed <= g_graph_destroy_settled_ns.load(std::memory_order_relaxed)) return;
-  if (capture.open() || capture.stats().pinned_bytes == 0) return;
+  if (destroyed <= g_graph_destroy_settled_ns.load(std::memory_order_relaxed)) return false;
+  if (capture.open() || capture.stats().pinned_bytes == 0) return false;
   NoCancel no_cancel;  // a wait plain CUDA's call would not make (Note [Cancellation])
-  const auto until = std::chrono::steady_clock::now() + kGraphReleaseWait;
+  const auto until = std::chrono::steady_clock::now() + kUnpooledGraphWait;
   while (!capture.releases_pending()) {
     if (std::chrono::steady_clock::now() >= until) {
       settle_graph_destroys(destroyed);
-      return;
+      return false;
     }
     std::this_thread::sleep_for(std::chrono::microseconds(500));
   }
+  return true;
 }
 
 // Waits within `bound`, the request's (Note [Graphs dying]).
@@ -843,17 +848,22 @@ bool give_back_idle(int device, GrowthHold& hold, GiveBackWait wait) {
   // What dead graphs gave back becomes idle first (Note [Graph lifetimes]): only pooled calls
   // took it, so after a graph's destroy an unpooled request (cudaMallocAsync, managed past the
   // slabs, a memory pool's, a kernel's code) was refused while the graph's memory stayed held.
-  if (CapturePolicy* capture = device >= 0 ? registry.capture(device) : nullptr) {
-    await_graph_release(*capture);
+  CapturePolicy* capture = device >= 0 ? registry.capture(device) : nullptr;
+  if (capture != nullptr) {
+    await_graph_release_briefly(*capture);
     if (capture->releases_pending()) capture->drain_releases();
   }
   MemoryManager* manager = device >= 0 ? registry.manager(device) : nullptr;
   bool pages =
       manager != nullptr && manager->give_back_all(kGiveBackMicros, wait) != GiveBack::nothing;
+  // Nothing idle: a destroyed graph's memory may be the room the call needs.
+  if (!pages && capture != nullptr && manager != nullptr && await_graph_release(*capture)) {
+    capture->drain_releases();
+    pages = manager->give_back_all(kGiveBackMicros, wait) != GiveBack::nothing;
+  }
   hold.hold(device);  // Note [Room held for the retry]
   if (manager != nullptr && manager->give_back_all(kHeldGiveBackMicros, wait) != GiveBack::nothing)
     pages = true;
-  const CapturePolicy* capture = registry.capture(device);
   WaitBound trim_bound{std::chrono::microseconds(kGiveBackMicros)};
   const bool slabs =
       (capture == nullptr || !capture->open()) && registry.trim_managed(device, trim_bound);

@@ -8,6 +8,12 @@
 //   pitch    cudaMallocPitch;
 //   managed  cudaMallocManaged (larger than the slabs);
 //   freed-first  cudaMallocAsync, the buffer freed before the graph's destroy.
+// And no wait where no release comes:
+//   exec-lives  the graph (8 MiB pinned) is destroyed while its exec lives on, so no release
+//               comes; the pools hold an idle 40 MiB page; a 40 MiB cudaMallocAsync, which the
+//               driver refuses until that page goes back, is served at once, as the plain call
+//               is (a wait for the release there once took 10 seconds a call).
+#include <chrono>
 #include <string>
 
 #include "check.h"
@@ -16,7 +22,41 @@ namespace {
 
 constexpr std::size_t kMiB = std::size_t{1} << 20;
 
+void exec_lives() {
+  cudaStream_t stream = nullptr;
+  CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  void* pinned = nullptr;
+  CHECK_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeRelaxed));
+  CHECK_CUDA(cudaMalloc(&pinned, 8 * kMiB));
+  CHECK_CUDA(cudaMemsetAsync(pinned, 7, 8 * kMiB, stream));
+  cudaGraph_t graph = nullptr;
+  CHECK_CUDA(cudaStreamEndCapture(stream, &graph));
+  cudaGraphExec_t exec = nullptr;
+  CHECK_CUDA(cudaGraphInstantiate(&exec, graph, 0));
+  CHECK_CUDA(cudaGraphLaunch(exec, stream));
+  CHECK_CUDA(cudaStreamSynchronize(stream));
+  CHECK_CUDA(cudaGraphDestroy(graph));  // the exec lives on: no release comes
+  void* idle = nullptr;
+  CHECK_CUDA(cudaMalloc(&idle, 40 * kMiB));
+  CHECK_CUDA(cudaFree(idle));
+  CHECK_CUDA(cudaStreamSynchronize(stream));
+  const auto start = std::chrono::steady_clock::now();
+  void* large = nullptr;
+  CHECK_CUDA(cudaMallocAsync(&large, 40 * kMiB, stream));
+  const auto took = std::chrono::steady_clock::now() - start;
+  CHECK_MSG(took < std::chrono::seconds(5),
+            "cudaMallocAsync waited " +
+                std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(took).count()) +
+                " ms for a release that never comes");
+  CHECK_CUDA(cudaFreeAsync(large, stream));
+  CHECK_CUDA(cudaStreamSynchronize(stream));
+  CHECK_CUDA(cudaGraphExecDestroy(exec));
+  CHECK_CUDA(cudaFree(pinned));
+  CHECK_CUDA(cudaStreamDestroy(stream));
+}
+
 void run(const std::string& name) {
+  if (name == "exec-lives") return exec_lives();
   cudaStream_t stream = nullptr;
   CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   void* buffer = nullptr;
@@ -64,7 +104,7 @@ int main(int argc, char** argv) {
     return 0;
   }
   preload_test::require_preloaded();
-  preload_test::run_cases_in_children({"async", "pitch", "managed", "freed-first"});
+  preload_test::run_cases_in_children({"async", "pitch", "managed", "freed-first", "exec-lives"});
   std::printf("ok\n");
   return 0;
 }
