@@ -148,10 +148,13 @@ MemoryManager* Registry::create_manager(int device) {
   if (built.manager == nullptr && !build(device, /*quiet=*/false, &built)) return nullptr;
   devices_[device].store(built.device, std::memory_order_release);
   captures_[device].store(built.capture, std::memory_order_release);
+  // Before the pools are published: a thread that allocates from them must find the device's
+  // stream order settled, or its per-thread work goes uncounted (Note [Leaving among threads]
+  // in stream_order.cpp).
+  stream_order::device_added(device, *built.manager);
   // Published last: whoever finds the manager finds the device and the capture policy too.
   managers_[device].store(built.manager, std::memory_order_release);
   sole_device_.store(devices().size() == 1 ? device : -1, std::memory_order_release);
-  stream_order::device_added(device, *built.manager);
   log_format(LogLevel::full, "device %d: pools created (%llu bytes of device memory)", device,
              static_cast<unsigned long long>(built.device->total_bytes()));
   return built.manager;

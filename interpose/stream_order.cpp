@@ -102,7 +102,14 @@
 // a cudaSetDevice (or after a switch of context) skipped the first use once no device was
 // ordered, though fences were still pending for it to wait for: a helper thread's cudaMemcpy
 // on device 0 into reused device-1 memory ran beside the old owner's kernel every time. It now
-// looks while a fence may be pending too.
+// looks while a fence may be pending too. A first driver call had the first fault again (a
+// second thread's cuMemAlloc went ahead while the first one's leave had not yet made the device
+// fence its frees): it now also waits while the count is raised. And a device's pools were
+// published before device_added made it ordered: a thread that allocated from them in between
+// and launched on its per-thread stream, or began a capture, was never counted, and the device
+// became ordered with that work in flight (wrong bytes, an invalidated capture, in about 2% of
+// the runs of a thread whose first calls overlapped the main thread's); the registry now calls
+// device_added before it publishes the pools.
 //
 // Depends on the registry, the configuration and the real-function table.
 #include "interpose/stream_order.h"
@@ -283,7 +290,11 @@ void use(State& s, int device) {
 
 void driver_used_directly() {
   State& s = state();
-  if (!s.visible.load(std::memory_order_relaxed)) return;
+  // Another thread's first driver call clears the flag before its leaves (Note [Leaving among
+  // threads]): while one still runs, wait for it.
+  if (!s.visible.load(std::memory_order_acquire) &&
+      s.ordered_devices.load(std::memory_order_acquire) == 0)
+    return;
   std::lock_guard hold(s.mutex);
   if (!s.visible.exchange(false)) return;
   for (int device = 0; device < kMaxDevices; ++device) leave(s, device, {});
