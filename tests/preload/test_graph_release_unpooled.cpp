@@ -22,20 +22,31 @@ namespace {
 
 constexpr std::size_t kMiB = std::size_t{1} << 20;
 
+// A graph whose relaxed capture allocated `bytes` (*buffer, pinned) and wrote them, launched
+// once on `stream` and finished.
+struct Captured {
+  void* buffer = nullptr;
+  cudaGraph_t graph = nullptr;
+  cudaGraphExec_t exec = nullptr;
+};
+
+Captured capture_and_launch(cudaStream_t stream, std::size_t bytes) {
+  Captured c;
+  CHECK_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeRelaxed));
+  CHECK_CUDA(cudaMalloc(&c.buffer, bytes));
+  CHECK_CUDA(cudaMemsetAsync(c.buffer, 7, bytes, stream));
+  CHECK_CUDA(cudaStreamEndCapture(stream, &c.graph));
+  CHECK_CUDA(cudaGraphInstantiate(&c.exec, c.graph, 0));
+  CHECK_CUDA(cudaGraphLaunch(c.exec, stream));
+  CHECK_CUDA(cudaStreamSynchronize(stream));
+  return c;
+}
+
 void exec_lives() {
   cudaStream_t stream = nullptr;
   CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  void* pinned = nullptr;
-  CHECK_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeRelaxed));
-  CHECK_CUDA(cudaMalloc(&pinned, 8 * kMiB));
-  CHECK_CUDA(cudaMemsetAsync(pinned, 7, 8 * kMiB, stream));
-  cudaGraph_t graph = nullptr;
-  CHECK_CUDA(cudaStreamEndCapture(stream, &graph));
-  cudaGraphExec_t exec = nullptr;
-  CHECK_CUDA(cudaGraphInstantiate(&exec, graph, 0));
-  CHECK_CUDA(cudaGraphLaunch(exec, stream));
-  CHECK_CUDA(cudaStreamSynchronize(stream));
-  CHECK_CUDA(cudaGraphDestroy(graph));  // the exec lives on: no release comes
+  const Captured c = capture_and_launch(stream, 8 * kMiB);
+  CHECK_CUDA(cudaGraphDestroy(c.graph));  // the exec lives on: no release comes
   void* idle = nullptr;
   CHECK_CUDA(cudaMalloc(&idle, 40 * kMiB));
   CHECK_CUDA(cudaFree(idle));
@@ -50,8 +61,8 @@ void exec_lives() {
                 " ms for a release that never comes");
   CHECK_CUDA(cudaFreeAsync(large, stream));
   CHECK_CUDA(cudaStreamSynchronize(stream));
-  CHECK_CUDA(cudaGraphExecDestroy(exec));
-  CHECK_CUDA(cudaFree(pinned));
+  CHECK_CUDA(cudaGraphExecDestroy(c.exec));
+  CHECK_CUDA(cudaFree(c.buffer));
   CHECK_CUDA(cudaStreamDestroy(stream));
 }
 
@@ -59,20 +70,11 @@ void run(const std::string& name) {
   if (name == "exec-lives") return exec_lives();
   cudaStream_t stream = nullptr;
   CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  void* buffer = nullptr;
-  CHECK_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeRelaxed));
-  CHECK_CUDA(cudaMalloc(&buffer, 40 * kMiB));
-  CHECK_CUDA(cudaMemsetAsync(buffer, 7, 40 * kMiB, stream));
-  cudaGraph_t graph = nullptr;
-  CHECK_CUDA(cudaStreamEndCapture(stream, &graph));
-  cudaGraphExec_t exec = nullptr;
-  CHECK_CUDA(cudaGraphInstantiate(&exec, graph, 0));
-  CHECK_CUDA(cudaGraphLaunch(exec, stream));
-  CHECK_CUDA(cudaStreamSynchronize(stream));
-  if (name == "freed-first") CHECK_CUDA(cudaFree(buffer));
-  CHECK_CUDA(cudaGraphExecDestroy(exec));
-  CHECK_CUDA(cudaGraphDestroy(graph));
-  if (name != "freed-first") CHECK_CUDA(cudaFree(buffer));
+  const Captured c = capture_and_launch(stream, 40 * kMiB);
+  if (name == "freed-first") CHECK_CUDA(cudaFree(c.buffer));
+  CHECK_CUDA(cudaGraphExecDestroy(c.exec));
+  CHECK_CUDA(cudaGraphDestroy(c.graph));
+  if (name != "freed-first") CHECK_CUDA(cudaFree(c.buffer));
   void* large = nullptr;
   cudaError_t answer = cudaErrorInvalidValue;
   if (name == "async" || name == "freed-first") {
