@@ -269,7 +269,8 @@ std::string refusal(const Target& target, int* signal_number) {
   if (target.ready_signal == 0) {
     return process + " has loaded libpoolcuda.so but is not ready to answer (it has made no "
                      "CUDA call the library intercepts yet, the library is still loading, or "
-                     "this is a forked child or a second copy of the library)" + nothing + "; try again";
+                     "this is a forked child or a second copy of the library)" +
+           nothing + "; try again";
   }
   // The library answers through this command's pipe, which it opens as /proc/SENDER/fd/N (Note
   // [Report channel]): from a nested PID namespace the sender is not there to be named, and a
