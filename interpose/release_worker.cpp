@@ -61,24 +61,27 @@
 // and per flush, about what a real driver's free of a large page takes anyway; a program whose
 // pools give no page back pays nothing. Held-back pages (a capture open) are retried on their
 // timer, not watched.
-// A watch pays only while the other side runs on another CPU: spinning on the CPU where the
-// other side waits to run holds it off for the whole watch. That happens even with two CPUs.
-// A futex wake puts the woken thread on the waker's CPU when the scheduler sees no idle CPU
-// that shares its cache, and the 2-core build machine reports no cache its CPUs share, so
-// the two threads could stay together on one CPU while the other idled: each growth
-// then cost two 50 us watches, and `rmm-10k-1GiB` made 35-51k pairs per second against plain
-// cudaMalloc's 140k (the same library made 195k when the threads were apart). So each side
-// publishes a hint of where it runs: the lane's thread its CPU at each pass of its loop, a
-// program thread its CPU when it queues a page or flushes (the last one wins), and kAsleep
-// while it sleeps in the lane's waits (sched_getcpu: with glibc 2.35 or later usually a read of
-// the rseq area, no system call). A watcher stops once the other side was last seen asleep or
-// on the watcher's own CPU; a stale hint costs one bounded watch at most. A flush whose lane
-// thread sleeps watches kWakeGrace for it to wake elsewhere (in vain when the thread was woken
-// onto the flush's own CPU). A lane thread that has just woken a sleeping flush does not watch:
-// that flush shows its CPU only once it has the lock back, so the next page pays a wake.
-// Interleaved runs, pairs per second, before → after: `rmm-10k-1GiB` 35-51k → 82-93k,
-// `rmm-1k-1GiB-2t` 25-49k → 48-64k, `rmm-100k-1GiB` 154-157k → 169-180k; pinned to one CPU
-// unchanged (95k); peak reserved ÷ peak live unchanged (1.50).
+// A futex wake often puts the woken thread on the waker's CPU, so the two sides may share one
+// CPU while the other idles. Spinning there holds off the very thread it waits for; sleeping
+// there costs a futex sleep and wake per handoff, and waking a vCPU that went idle costs a
+// hypervisor exit on top. So each side publishes a hint of where it runs: the lane's thread its
+// CPU at each pass of its loop, a program thread its CPU when it queues a page or flushes (the
+// last one wins), and kAsleep while it sleeps in the lane's waits (sched_getcpu: with glibc 2.35
+// or later usually a read of the rseq area, no system call). A watcher spins while the other
+// side was last seen on another CPU, and yields its CPU (sched_yield) between looks while that
+// side was last seen on its own CPU, or asleep but perhaps waking: a flush whose lane thread
+// sleeps, for kWakeGrace after it woke it; the lane's thread, for kWakeGrace after each page it
+// freed (it woke the flush waiting for that page, which shows its CPU only once it has the lock
+// back). A yield hands the CPU straight to a runnable other side, a context switch with no futex
+// and no wake-up of an idle CPU; with nothing else runnable it returns at once. Only while the
+// other side sleeps past the grace does a watcher stop and sleep too. A signal() wakes the
+// condition variable only when someone sleeps on it (its notify takes a lock of its own that the
+// woken thread then fights for), and a flush signals at its start only when it has held-back
+// pages to retry (that signal used to end the lane thread's watch, which then slept).
+// Interleaved runs on the 2-core stand-in machine, pairs per second, before → after (median of
+// 5 to 7): `rmm-10k-1GiB` 227k → 899k, `rmm-1k-1GiB` 194k → 486k, `rmm-100k-1GiB` 232k → 614k
+// (plain cudaMalloc 600-740k), their two-thread traces 138-257k → 214k-1.10M, `training` 1.92M
+// → 3.35M; pinned to one CPU unchanged (about 450k); peak reserved ÷ peak live unchanged.
 //
 // Depends on the real-function table, OwnCallScope, the library's threads and the log.
 #include "interpose/release_worker.h"
@@ -121,8 +124,9 @@ bool in_range(int device) { return device >= 0 && device < ReleaseWorker::kMaxDe
 // A side of a lane that sleeps in one of its waits (or whose CPU is unknown).
 constexpr int kAsleep = -1;
 
-// How long a flush watches for a lane thread that was asleep to wake up on another CPU: longer
-// than such a wake takes on the build machine (about 12 us), far shorter than the watch.
+// How long a watcher keeps watching a side that was asleep and may be waking up (a flush's lane
+// thread, a lane thread's flush): longer than such a wake takes on the build machine (about
+// 12 us), far shorter than the watch.
 constexpr std::chrono::microseconds kWakeGrace{20};
 
 }  // namespace
@@ -155,6 +159,8 @@ struct ReleaseLane {
   // page or flushed while that thread is awake; kAsleep while it sleeps in a wait of this lane.
   std::atomic<int> thread_cpu{kAsleep};
   std::atomic<int> client_cpu{kAsleep};
+  // Threads inside a wait on `changed` now, under State::mutex like every signal().
+  int sleepers = 0;
 
   // A page of this lane's left the library for good: the driver took it back (or refused it, or
   // its device is beyond reach: a needless retry at worst). Under State::mutex, in the step that
@@ -163,10 +169,22 @@ struct ReleaseLane {
     ReleaseWorker::returned_.fetch_add(1, std::memory_order_release);
   }
 
-  // Wakes whoever waits for this lane: its thread, a flush, a capture's begin or a reset.
+  // Wakes whoever waits for this lane: its thread, a flush, a capture's begin or a reset. Only
+  // a sleeper needs the condition variable's wake (Note [Spinning before sleeping]).
   void signal() {
     changes.fetch_add(1, std::memory_order_release);
-    changed.notify_all();
+    if (sleepers > 0) changed.notify_all();
+  }
+
+  // Runs `wait`, a wait on `changed` with State::mutex held, counted among the sleepers.
+  template <typename Wait>
+  auto sleep(Wait&& wait) {
+    ++sleepers;
+    struct Awake {
+      int& sleepers;
+      ~Awake() { --sleepers; }
+    } awake{sleepers};
+    return wait();
   }
 
   // The smallest ticket of this lane not yet released, or `next` when none is waiting.
@@ -298,21 +316,37 @@ int current_cpu() {
   return cpu >= 0 ? cpu : kAsleep;
 }
 
-// Whether the side whose CPU is published in `other` is awake on another CPU than `mine`.
-bool awake_elsewhere(const std::atomic<int>& other, int mine) {
+// How a watcher waits for the other side of its lane (Note [Spinning before sleeping]): not at
+// all (it sleeps instead), spinning while that side runs on another CPU, or yielding its CPU
+// while that side may run on the same one, or is waking up and may be put there.
+enum class Watch { stop, spin, yield };
+
+// How to watch the side whose CPU is published in `other`, from `mine`; `waking`: whether that
+// side, if asleep, may be waking up now.
+Watch how_to_watch(const std::atomic<int>& other, int mine, bool waking) {
   const int cpu = other.load(std::memory_order_relaxed);
-  return cpu != kAsleep && mine != kAsleep && cpu != mine;
+  if (cpu == kAsleep) return waking ? Watch::yield : Watch::stop;
+  if (mine == kAsleep) return Watch::stop;  // where this side runs is unknown
+  return cpu != mine ? Watch::spin : Watch::yield;
 }
 
 // Watches, with `lock` released, until `lane.changes` is no longer `seen`, `until` passes or
-// `worth_it()` turns false (Note [Spinning before sleeping]).
-template <typename WorthIt>
+// `how()` says stop (Note [Spinning before sleeping]).
+template <typename How>
 void watch_changes(ReleaseLane& lane, std::uint64_t seen, std::unique_lock<RankedMutex>& lock,
-                   std::chrono::steady_clock::time_point until, WorthIt&& worth_it) {
+                   std::chrono::steady_clock::time_point until, How&& how) {
   lock.unlock();
-  for (unsigned i = 1; lane.changes.load(std::memory_order_acquire) == seen; ++i) {
-    cpu_relax();
-    if (i % 64 == 0 && (std::chrono::steady_clock::now() >= until || !worth_it())) break;
+  Watch mode = how();
+  for (unsigned i = 1;
+       mode != Watch::stop && lane.changes.load(std::memory_order_acquire) == seen; ++i) {
+    if (mode == Watch::yield)
+      ::sched_yield();
+    else
+      cpu_relax();
+    if (mode == Watch::yield || i % 64 == 0) {
+      if (std::chrono::steady_clock::now() >= until) break;
+      mode = how();
+    }
   }
   lock.lock();
 }
@@ -345,33 +379,40 @@ void* lane_main(void* arg) {
   const bool watch = runs_on_several_cpus();
   std::unique_lock<RankedMutex> lock(s->mutex);
   lane->watch = watch;
-  bool watched = false;  // since the last page
+  // Set as each page is freed: how long the thread then watches for the next one, and for the
+  // flush it woke to come back (Note [Spinning before sleeping]).
+  std::chrono::steady_clock::time_point watch_until{};
+  std::chrono::steady_clock::time_point grace_until{};
   for (;;) {
     const int cpu = current_cpu();
     lane->thread_cpu.store(cpu, std::memory_order_relaxed);
     if (lane->queue.empty()) {
-      // The next page comes from a program thread: worth watching for only while one runs on
-      // another CPU.
-      const auto client_elsewhere = [&] { return awake_elsewhere(lane->client_cpu, cpu); };
+      // The next page comes from a program thread: worth watching for while one is awake.
+      const auto how = [&] {
+        return how_to_watch(lane->client_cpu, cpu, std::chrono::steady_clock::now() < grace_until);
+      };
       if (lane->held_back.empty()) {
-        if (!watched && lane->watch && client_elsewhere()) {
-          watched = true;
-          watch_changes(*lane, lane->changes.load(std::memory_order_relaxed), lock,
-                        std::chrono::steady_clock::now() + kSpinBeforeSleep, client_elsewhere);
+        if (lane->watch && std::chrono::steady_clock::now() < watch_until &&
+            how() != Watch::stop) {
+          watch_changes(*lane, lane->changes.load(std::memory_order_relaxed), lock, watch_until,
+                        how);
         } else {
           lane->thread_cpu.store(kAsleep, std::memory_order_relaxed);
-          lane->changed.wait(lock);
+          lane->sleep([&] { lane->changed.wait(lock); });
         }
       } else {
         lane->thread_cpu.store(kAsleep, std::memory_order_relaxed);
-        lane->changed.wait_for(lock, std::chrono::milliseconds(kRetryMillis));
+        lane->sleep(
+            [&] { lane->changed.wait_for(lock, std::chrono::milliseconds(kRetryMillis)); });
         // Retry the held-back pages: a capture may have ended behind the hooks' back.
         if (!lane->resetting) lane->retry_held_back();
       }
       continue;
     }
-    watched = false;
     free_front(*lane, lock);
+    const auto freed_at = std::chrono::steady_clock::now();
+    watch_until = freed_at + kSpinBeforeSleep;
+    grace_until = freed_at + kWakeGrace;
   }
 }
 
@@ -406,7 +447,7 @@ bool ReleaseWorker::flush(int device, std::uint32_t max_microseconds) {
   // Held-back pages are tried once more now (not during a reset: they stay held back until it
   // ends); once everything left comes back (a capture is still open, a reset under way), waiting
   // longer would not release it.
-  if (!lane.resetting) {
+  if (!lane.resetting && !lane.held_back.empty()) {
     lane.retry_held_back();
     lane.signal();
   }
@@ -429,18 +470,15 @@ bool ReleaseWorker::flush(int device, std::uint32_t max_microseconds) {
   lane.client_cpu.store(cpu, std::memory_order_relaxed);
   const auto now = std::chrono::steady_clock::now();
   const auto watch_until = std::min(now + kSpinBeforeSleep, deadline);
-  // Worth watching while the lane's thread runs on another CPU, and for a moment while it wakes.
+  // Worth watching while the lane's thread is awake, and for a moment while it wakes.
   const auto grace_until = now + kWakeGrace;
-  const auto thread_elsewhere = [&] {
-    return awake_elsewhere(lane.thread_cpu, cpu) ||
-           (lane.thread_cpu.load(std::memory_order_relaxed) == kAsleep &&
-            std::chrono::steady_clock::now() < grace_until);
+  const auto how = [&] {
+    return how_to_watch(lane.thread_cpu, cpu, std::chrono::steady_clock::now() < grace_until);
   };
   if (lane.watch)
     while (!done() && !queue_left() && std::chrono::steady_clock::now() < watch_until &&
-           thread_elsewhere())
-      watch_changes(lane, lane.changes.load(std::memory_order_relaxed), lock, watch_until,
-                    thread_elsewhere);
+           how() != Watch::stop)
+      watch_changes(lane, lane.changes.load(std::memory_order_relaxed), lock, watch_until, how);
   for (;;) {
     if (queue_left() && !start_lane(lane)) {
       lane.freeing_inline = true;
@@ -451,8 +489,8 @@ bool ReleaseWorker::flush(int device, std::uint32_t max_microseconds) {
       lane.signal();
     }
     lane.client_cpu.store(kAsleep, std::memory_order_relaxed);
-    const bool woke = lane.changed.wait_until(lock, deadline, [&] {
-      return done() || queue_left();
+    const bool woke = lane.sleep([&] {
+      return lane.changed.wait_until(lock, deadline, [&] { return done() || queue_left(); });
     });
     lane.client_cpu.store(current_cpu(), std::memory_order_relaxed);
     if (!woke || done() || std::chrono::steady_clock::now() >= deadline) break;
@@ -477,8 +515,10 @@ void ReleaseWorker::capture_beginning(int device, std::uint32_t max_microseconds
   ReleaseLane& lane = s.lane(device);
   ++lane.captures_beginning;
   NoCancel no_cancel;  // inside the program's call (Note [Cancellation])
-  lane.changed.wait_for(lock, std::chrono::microseconds(max_microseconds),
-                        [&] { return lane.in_flight == 0; });
+  lane.sleep([&] {
+    return lane.changed.wait_for(lock, std::chrono::microseconds(max_microseconds),
+                                 [&] { return lane.in_flight == 0; });
+  });
 }
 
 void ReleaseWorker::capture_begun(int device) {
@@ -501,7 +541,7 @@ void ReleaseWorker::begin_reset(int device) {
   lane.queue.clear();
   lane.held_back.clear();
   NoCancel no_cancel;  // inside the program's cudaDeviceReset (Note [Cancellation])
-  lane.changed.wait(lock, [&] { return lane.in_flight == 0; });
+  lane.sleep([&] { lane.changed.wait(lock, [&] { return lane.in_flight == 0; }); });
   lane.signal();
 }
 
@@ -574,9 +614,10 @@ bool ReleaseWorker::wait_while_freeing(const void* ptr, std::uint64_t ticket,
     };
     if (!freeing()) continue;
     NoCancel no_cancel;  // the caller's entry stays registered until its end()
-    return bound.retry([&] { return lane->changed.wait_for(hold, bound.left(), [&] {
-      return !freeing();
-    }); });
+    return bound.retry([&] {
+      return lane->sleep(
+          [&] { return lane->changed.wait_for(hold, bound.left(), [&] { return !freeing(); }); });
+    });
   }
   return true;
 }
