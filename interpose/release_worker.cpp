@@ -52,15 +52,11 @@
 // bound, the waits were most of the time, and two threads made fewer pairs per second than
 // one. So a lane's thread that runs out of pages, and a flush whose pages are not back yet,
 // first watch the lane's change count, with the lock released, for kSpinBeforeSleep; only then
-// do they sleep. Not where the lane's thread may run on one CPU only (read once, when it
-// starts): the watcher would hold the very CPU the other needs, and on one CPU the replays ran
-// 3.4 times as long; nor with a syscall per watch (reading the mask at each took the whole
-// gain away on this machine). Measured on the stand-in, interleaved runs: `rmm-100k-1GiB` went
-// from 0.12M to 0.25M pairs per second with one thread, and from 0.06-0.09M to 0.29-0.35M with
-// two; pinned to one CPU, unchanged. The price is CPU: at most kSpinBeforeSleep per page freed
-// and per flush, about what a real driver's free of a large page takes anyway; a program whose
-// pools give no page back pays nothing. Held-back pages (a capture open) are retried on their
-// timer, not watched.
+// do they sleep. Measured on the stand-in, interleaved runs: `rmm-100k-1GiB` went from 0.12M
+// to 0.25M pairs per second with one thread, and from 0.06-0.09M to 0.29-0.35M with two. The
+// price is CPU: at most kSpinBeforeSleep per page freed and per flush, about what a real
+// driver's free of a large page takes anyway; a program whose pools give no page back pays
+// nothing. Held-back pages (a capture open) are retried on their timer, not watched.
 // A futex wake often puts the woken thread on the waker's CPU, so the two sides may share one
 // CPU while the other idles. Spinning there holds off the very thread it waits for; sleeping
 // there costs a futex sleep and wake per handoff, and waking a vCPU that went idle costs a
@@ -81,7 +77,10 @@
 // Interleaved runs on the 2-core stand-in machine, pairs per second, before → after (median of
 // 5 to 7): `rmm-10k-1GiB` 227k → 899k, `rmm-1k-1GiB` 194k → 486k, `rmm-100k-1GiB` 232k → 614k
 // (plain cudaMalloc 600-740k), their two-thread traces 138-257k → 214k-1.10M, `training` 1.92M
-// → 3.35M; pinned to one CPU unchanged (about 450k); peak reserved ÷ peak live unchanged.
+// → 3.35M; peak reserved ÷ peak live unchanged. Pinned to one CPU, where a watch used to be
+// left out (a spinning watcher held the very CPU the other side needed, and the replays ran
+// 3.4 times as long), a watch that yields pays too: `rmm-10k-1GiB` 390k → 760k, `training`
+// 2.4M → 3.3M.
 //
 // Depends on the real-function table, OwnCallScope, the library's threads and the log.
 #include "interpose/release_worker.h"
@@ -151,9 +150,6 @@ struct ReleaseLane {
   ReleaseWorker::State* state = nullptr;
   // Bumped (under State::mutex) by every signal(): what a watcher reads without the lock.
   std::atomic<std::uint64_t> changes{0};
-  // The lane's thread may run on another CPU than a flusher's: watching pays (Note [Spinning
-  // before sleeping]). Read once, when the thread starts.
-  bool watch = false;
   // Where each side runs now, for a watcher on the other (Note [Spinning before sleeping]): the
   // CPU of the lane's thread while it is awake, and of the program thread that last queued a
   // page or flushed while that thread is awake; kAsleep while it sleeps in a wait of this lane.
@@ -303,12 +299,6 @@ void free_front(ReleaseLane& lane, std::unique_lock<RankedMutex>& lock) {
   lane.signal();
 }
 
-// Whether the calling thread may run on more than one CPU.
-bool runs_on_several_cpus() {
-  cpu_set_t cpus;
-  return sched_getaffinity(0, sizeof(cpus), &cpus) == 0 && CPU_COUNT(&cpus) > 1;
-}
-
 // The calling thread's CPU now (usually a read of the thread's rseq area, no system call), or
 // kAsleep when unknown.
 int current_cpu() {
@@ -376,9 +366,7 @@ void* lane_main(void* arg) {
   auto* lane = static_cast<ReleaseLane*>(arg);
   ReleaseWorker::State* s = lane->state;
   adopt_device(lane->device);
-  const bool watch = runs_on_several_cpus();
   std::unique_lock<RankedMutex> lock(s->mutex);
-  lane->watch = watch;
   // Set as each page is freed: how long the thread then watches for the next one, and for the
   // flush it woke to come back (Note [Spinning before sleeping]).
   std::chrono::steady_clock::time_point watch_until{};
@@ -392,8 +380,7 @@ void* lane_main(void* arg) {
         return how_to_watch(lane->client_cpu, cpu, std::chrono::steady_clock::now() < grace_until);
       };
       if (lane->held_back.empty()) {
-        if (lane->watch && std::chrono::steady_clock::now() < watch_until &&
-            how() != Watch::stop) {
+        if (std::chrono::steady_clock::now() < watch_until && how() != Watch::stop) {
           watch_changes(*lane, lane->changes.load(std::memory_order_relaxed), lock, watch_until,
                         how);
         } else {
@@ -475,10 +462,9 @@ bool ReleaseWorker::flush(int device, std::uint32_t max_microseconds) {
   const auto how = [&] {
     return how_to_watch(lane.thread_cpu, cpu, std::chrono::steady_clock::now() < grace_until);
   };
-  if (lane.watch)
-    while (!done() && !queue_left() && std::chrono::steady_clock::now() < watch_until &&
-           how() != Watch::stop)
-      watch_changes(lane, lane.changes.load(std::memory_order_relaxed), lock, watch_until, how);
+  while (!done() && !queue_left() && std::chrono::steady_clock::now() < watch_until &&
+         how() != Watch::stop)
+    watch_changes(lane, lane.changes.load(std::memory_order_relaxed), lock, watch_until, how);
   for (;;) {
     if (queue_left() && !start_lane(lane)) {
       lane.freeing_inline = true;

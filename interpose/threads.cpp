@@ -7,8 +7,8 @@
 // A new thread also inherits the creating thread's CPU mask, and the release worker is created
 // by whichever program thread first gives a page back. A program that pins its threads, one
 // per CPU, would then have the release worker share that thread's one CPU: its frees would run
-// only when that thread blocks, a growth that waits for them would wait on its own CPU, and
-// the worker would not watch for work (Note [Spinning before sleeping] in release_worker.cpp).
+// only when that thread blocks or yields, and a growth that waits for them would wait on its own
+// CPU (Note [Spinning before sleeping] in release_worker.cpp).
 // So the release worker and the reporter run on the CPUs any of the program's threads may use when
 // they start (the reporter at the process's first CUDA call, or in the library's constructor when a
 // constructor of the program's own libraries made that call): the union of their masks
