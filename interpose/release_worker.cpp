@@ -64,16 +64,22 @@
 // CPU at each pass of its loop, a program thread its CPU when it queues a page or flushes (the
 // last one wins), and kAsleep while it sleeps in the lane's waits (sched_getcpu: with glibc 2.35
 // or later usually a read of the rseq area, no system call). A watcher spins while the other
-// side was last seen on another CPU, and yields its CPU (sched_yield) between looks while that
-// side was last seen on its own CPU, or asleep but perhaps waking: a flush whose lane thread
-// sleeps, for kWakeGrace after it woke it; the lane's thread, for kWakeGrace after each page it
-// freed (it woke the flush waiting for that page, which shows its CPU only once it has the lock
-// back). A yield hands the CPU straight to a runnable other side, a context switch with no futex
-// and no wake-up of an idle CPU; with nothing else runnable it returns at once. Only while the
-// other side sleeps past the grace does a watcher stop and sleep too. A signal() wakes the
-// condition variable only when someone sleeps on it (its notify takes a lock of its own that the
-// woken thread then fights for), and a flush signals at its start only when it has held-back
-// pages to retry (that signal used to end the lane thread's watch, which then slept).
+// side was last seen on another CPU, and otherwise yields its CPU (sched_yield) between looks,
+// for as long as that side may want the CPU: a flush, while the lane's thread is awake (it has
+// the flush's pages in hand), or for kWakeGrace from the flush's start while it sleeps (the page
+// just queued woke it); the lane's thread, for kWakeGrace after each page it freed (the flush
+// waiting for that page shows its CPU only once it has the lock back). A yield hands the CPU
+// straight to a runnable other side: a context switch with no futex, and no wake-up of an idle
+// CPU; with nothing else runnable it returns at once. The lane's thread yields no longer than
+// that: one that kept yielding beside a program thread that is not flushing would stay on that
+// thread's CPU, where a wake lets the scheduler put it on an idle one. A watcher stops, and
+// sleeps, when none of that holds, when it does not know where it runs, at kSpinBeforeSleep in
+// any case, and instead of yielding when it is a real-time thread (a yield hands the CPU to
+// threads of its own priority only; the lane's thread inherits the policy of the program thread
+// that starts it). A signal() wakes the condition variable only when someone sleeps on it (its
+// notify takes a lock of its own that the woken thread then fights for), and a flush signals at
+// its start only when it has held-back pages to retry (that signal used to end the lane
+// thread's watch, which then slept).
 // Interleaved runs on the 2-core stand-in machine, pairs per second, before → after (median of
 // 5 to 7): `rmm-10k-1GiB` 227k → 899k, `rmm-1k-1GiB` 194k → 486k, `rmm-100k-1GiB` 232k → 614k
 // (plain cudaMalloc 600-740k), their two-thread traces 138-257k → 214k-1.10M, `training` 1.92M
@@ -152,7 +158,8 @@ struct ReleaseLane {
   std::atomic<std::uint64_t> changes{0};
   // Where each side runs now, for a watcher on the other (Note [Spinning before sleeping]): the
   // CPU of the lane's thread while it is awake, and of the program thread that last queued a
-  // page or flushed while that thread is awake; kAsleep while it sleeps in a wait of this lane.
+  // page or flushed while that thread is awake; kAsleep while it sleeps in a flush of this lane
+  // (or the lane's thread in its own waits).
   std::atomic<int> thread_cpu{kAsleep};
   std::atomic<int> client_cpu{kAsleep};
   // Threads inside a wait on `changed` now, under State::mutex like every signal().
@@ -306,33 +313,53 @@ int current_cpu() {
   return cpu >= 0 ? cpu : kAsleep;
 }
 
-// How a watcher waits for the other side of its lane (Note [Spinning before sleeping]): not at
-// all (it sleeps instead), spinning while that side runs on another CPU, or yielding its CPU
-// while that side may run on the same one, or is waking up and may be put there.
-enum class Watch { stop, spin, yield };
-
-// How to watch the side whose CPU is published in `other`, from `mine`; `waking`: whether that
-// side, if asleep, may be waking up now.
-Watch how_to_watch(const std::atomic<int>& other, int mine, bool waking) {
-  const int cpu = other.load(std::memory_order_relaxed);
-  if (cpu == kAsleep) return waking ? Watch::yield : Watch::stop;
-  if (mine == kAsleep) return Watch::stop;  // where this side runs is unknown
-  return cpu != mine ? Watch::spin : Watch::yield;
+// Whether a yield of the calling thread hands its CPU to an ordinary thread: not for a
+// real-time one, which keeps the CPU (Note [Spinning before sleeping]).
+bool yields_to_ordinary_threads() {
+  const int policy = ::sched_getscheduler(0);
+  return policy == SCHED_OTHER || policy == SCHED_BATCH || policy == SCHED_IDLE;
 }
 
+// How a watcher waits for the other side of its lane (Note [Spinning before sleeping]): not at
+// all (it sleeps instead), spinning while that side runs on another CPU, or yielding its CPU
+// to that side.
+enum class Watch { stop, spin, yield };
+
+// One side of a lane watching the other: where it runs (kAsleep when unknown) and where it
+// publishes that, and where the other side publishes its own.
+struct Watcher {
+  int cpu;
+  std::atomic<int>& published;
+  const std::atomic<int>& other;
+  bool may_yield;  // yields_to_ordinary_threads()
+
+  // How to watch now. `waking`: the other side, if asleep or on this CPU, may be waking up now
+  // (or, for a flush, holds its pages: it runs as soon as it gets the CPU).
+  Watch how(bool waking) const {
+    const int theirs = other.load(std::memory_order_relaxed);
+    if (theirs != kAsleep && cpu != kAsleep && theirs != cpu) return Watch::spin;
+    if (theirs != kAsleep && cpu == kAsleep) return Watch::stop;  // where this side runs is unknown
+    return waking && may_yield ? Watch::yield : Watch::stop;
+  }
+};
+
 // Watches, with `lock` released, until `lane.changes` is no longer `seen`, `until` passes or
-// `how()` says stop (Note [Spinning before sleeping]).
+// `how()` says stop (Note [Spinning before sleeping]). A yield may move the watcher to another
+// CPU: it looks again where it runs after each.
 template <typename How>
 void watch_changes(ReleaseLane& lane, std::uint64_t seen, std::unique_lock<RankedMutex>& lock,
-                   std::chrono::steady_clock::time_point until, How&& how) {
+                   std::chrono::steady_clock::time_point until, Watcher& self, How&& how) {
   lock.unlock();
   Watch mode = how();
   for (unsigned i = 1;
        mode != Watch::stop && lane.changes.load(std::memory_order_acquire) == seen; ++i) {
-    if (mode == Watch::yield)
+    if (mode == Watch::yield) {
       ::sched_yield();
-    else
+      self.cpu = current_cpu();
+      self.published.store(self.cpu, std::memory_order_relaxed);
+    } else {
       cpu_relax();
+    }
     if (mode == Watch::yield || i % 64 == 0) {
       if (std::chrono::steady_clock::now() >= until) break;
       mode = how();
@@ -371,18 +398,20 @@ void* lane_main(void* arg) {
   // flush it woke to come back (Note [Spinning before sleeping]).
   std::chrono::steady_clock::time_point watch_until{};
   std::chrono::steady_clock::time_point grace_until{};
+  Watcher self{kAsleep, lane->thread_cpu, lane->client_cpu, yields_to_ordinary_threads()};
   for (;;) {
-    const int cpu = current_cpu();
-    lane->thread_cpu.store(cpu, std::memory_order_relaxed);
+    self.cpu = current_cpu();
+    lane->thread_cpu.store(self.cpu, std::memory_order_relaxed);
     if (lane->queue.empty()) {
-      // The next page comes from a program thread: worth watching for while one is awake.
-      const auto how = [&] {
-        return how_to_watch(lane->client_cpu, cpu, std::chrono::steady_clock::now() < grace_until);
-      };
+      // The next page comes from a program thread: worth watching for while one runs on
+      // another CPU, and yielding to only while the flush this thread just woke comes back.
+      // Past that, a thread that yields and never sleeps would stay on the program thread's
+      // CPU: a wake lets the scheduler put it on an idle one.
+      const auto how = [&] { return self.how(std::chrono::steady_clock::now() < grace_until); };
       if (lane->held_back.empty()) {
         if (std::chrono::steady_clock::now() < watch_until && how() != Watch::stop) {
           watch_changes(*lane, lane->changes.load(std::memory_order_relaxed), lock, watch_until,
-                        how);
+                        self, how);
         } else {
           lane->thread_cpu.store(kAsleep, std::memory_order_relaxed);
           lane->sleep([&] { lane->changed.wait(lock); });
@@ -453,18 +482,22 @@ bool ReleaseWorker::flush(int device, std::uint32_t max_microseconds) {
   const auto queue_left = [&] {
     return !lane.started && !lane.freeing_inline && !lane.queue.empty();
   };
-  const int cpu = current_cpu();
-  lane.client_cpu.store(cpu, std::memory_order_relaxed);
+  Watcher self{current_cpu(), lane.client_cpu, lane.thread_cpu, false};
+  lane.client_cpu.store(self.cpu, std::memory_order_relaxed);
   const auto now = std::chrono::steady_clock::now();
   const auto watch_until = std::min(now + kSpinBeforeSleep, deadline);
-  // Worth watching while the lane's thread is awake, and for a moment while it wakes.
+  // Worth watching while the lane's thread is awake (on this CPU it has the pages in hand), and
+  // for a moment while it wakes from the page queued just before.
   const auto grace_until = now + kWakeGrace;
   const auto how = [&] {
-    return how_to_watch(lane.thread_cpu, cpu, std::chrono::steady_clock::now() < grace_until);
+    return self.how(lane.thread_cpu.load(std::memory_order_relaxed) != kAsleep ||
+                    std::chrono::steady_clock::now() < grace_until);
   };
+  if (!done() && !queue_left()) self.may_yield = yields_to_ordinary_threads();
   while (!done() && !queue_left() && std::chrono::steady_clock::now() < watch_until &&
          how() != Watch::stop)
-    watch_changes(lane, lane.changes.load(std::memory_order_relaxed), lock, watch_until, how);
+    watch_changes(lane, lane.changes.load(std::memory_order_relaxed), lock, watch_until, self,
+                  how);
   for (;;) {
     if (queue_left() && !start_lane(lane)) {
       lane.freeing_inline = true;
