@@ -85,10 +85,12 @@ class Origins {
     open_.push_back(Entry{id, stream, device, std::this_thread::get_id(), mode});
     count_.store(open_.size(), std::memory_order_release);
   }
-  void remove(unsigned long long id) {
+  // Whether `id` was there: of two threads closing one capture, one only removes it.
+  bool remove(unsigned long long id) {
     std::lock_guard<RankedMutex> hold(mutex_);
-    std::erase_if(open_, [&](const Entry& entry) { return entry.id == id; });
+    const bool removed = std::erase_if(open_, [&](const Entry& entry) { return entry.id == id; });
     count_.store(open_.size(), std::memory_order_release);
+    return removed;
   }
   // The open capture that `stream` began (its id and device), or {0, -1}. cudaStreamPerThread
   // names another stream on each thread and device: only the calling thread's capture on it,
@@ -258,8 +260,13 @@ void close_if_ended(const OpenCapture& capture, cudaStream_t stream, cudaGraph_t
 // library's record of it stayed: the device's capture window never closed, so every later free
 // on the device was held for a graph that could never exist, and allocation loops ran out of
 // memory. So a thread that begins a capture on its per-thread stream gets a key whose
-// destructor, at its exit, closes the captures it still has open there, as failed ones.
+// destructor, at its exit, closes the captures it still has open there, as failed ones. The
+// runtime's own thread-exit handlers may have run first and destroyed the per-thread stream
+// (the stand-in's do), so from there on the library asks nothing about it: closing a capture
+// may record a free fence, which asked whether the per-thread stream was capturing, and that
+// query crashed inside the stand-in.
 void per_thread_captures_abandoned(void*) {
+  stream_order::per_thread_stream_gone();
   for (const auto& [id, device] : origins().own_per_thread())
     close_if_ended(OpenCapture{device, id}, cudaStreamPerThread, nullptr, true);
 }
@@ -309,11 +316,26 @@ int begin_capture(cudaStream_t handle, bool per_thread, cudaStreamCaptureMode mo
     origins().add(capture.id, stream, device, mode);
     policy.begin(capture.id);
     if (stream == cudaStreamPerThread) watch_thread_exit();
+    // Note [Captures ended while they begin].
+    const cudaError_t before = own::cudaPeekAtLastError()();
+    close_if_ended(capture, stream, nullptr);
+    clear_own_error(before);  // a stream destroyed meanwhile answers the query with an error
   }
   return result;
 }
 
 namespace {
+
+// Note [Captures ended while they begin]
+// Another thread may end a capture, or destroy its stream, as soon as the real begin returns,
+// and so before the hooks have recorded it (the policy's window, the capture's origin): that
+// close found nothing open, and the capture stayed open in the library for good. The device
+// counted it open, so every later free on it was held for a graph that would never come, and
+// allocation loops ran out of memory where plain CUDA did not (in about one begin in a
+// thousand, with a thread ending the capture as soon as it saw it). So the beginning thread
+// looks once more, once everything is recorded, and closes a capture already over, as a
+// failed one (nothing was allocated in it yet). Of two threads closing one capture, the one
+// that removes its origin closes it.
 
 // After a call that may have ended `capture` (an end, a stream destroy): when it did, the
 // policy closes it, pinning its memory to `graph` when there is one. `stream_gone`: its origin
@@ -326,8 +348,8 @@ void close_if_ended(const OpenCapture& capture, cudaStream_t stream, cudaGraph_t
   CapturePolicy* policy = registry.capture(capture.device);
   if (policy == nullptr || !policy->is_open(capture.id)) return;  // begun behind our back
   if (!stream_gone && open_capture(stream, capture.device).id == capture.id) return;  // open
+  if (!origins().remove(capture.id)) return;  // another thread closed it
   registry.device(capture.device)->capture_ended();
-  origins().remove(capture.id);
   PinSet* set = policy->end(capture.id, graph != nullptr);
   if (set != nullptr && !attach_to_graph(graph, capture.device, set)) policy->release(set);
   ReleaseWorker::instance().wake();  // pages held back by the capture may go now

@@ -352,6 +352,8 @@ __attribute__((tls_model("initial-exec"))) thread_local bool t_per_thread_seen =
 
 bool per_thread_stream_seen() { return t_per_thread_seen; }
 
+void per_thread_stream_gone() { t_per_thread_seen = false; }
+
 void per_thread_stream_used() {
   t_per_thread_seen = true;
   State& s = state();

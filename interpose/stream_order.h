@@ -38,6 +38,9 @@ void per_thread_stream_used();
 // perhaps taking the dynamic loader's lock (Note [Table without the loader] in
 // pools/thread_cache.cpp), while a shard's lock is held.
 bool per_thread_stream_seen();
+// The calling thread is exiting, and its per-thread default stream is gone or going with it (the
+// runtime's thread-exit handlers may have run first): the library asks no more about it.
+void per_thread_stream_gone();
 
 // The calling thread made `device` current (cudaSetDevice).
 void device_made_current(int device);

@@ -7,6 +7,10 @@
 //  - reset: cudaDeviceReset while a capture on the per-thread default stream is open, then a
 //    capture there that is invalidated and ended. The reset left the first capture's entry, which
 //    the end found, and the second window stayed open.
+//  - while-beginning: 10000 rounds of a relaxed capture on a new stream that another thread ends
+//    (end-while-beginning) or destroys the stream of (destroy-while-beginning) as soon as it sees
+//    it active. An end that came before the hooks had recorded the begin found nothing to close,
+//    and the window stayed open: in 6 of 7 runs the churn ran out of memory.
 #include <atomic>
 #include <thread>
 
@@ -88,6 +92,71 @@ int reset_child() {
   return 0;
 }
 
+// Spins while `busy()` (both threads must run at once for the race), yielding now and then so
+// that a loaded machine still gets through the rounds.
+template <typename Busy>
+void wait_while(Busy busy) {
+  for (unsigned spins = 1; busy(); ++spins)
+    if (spins % 65536 == 0) std::this_thread::yield();
+}
+
+// Rounds of a relaxed capture on a new stream, which another thread ends (or destroys the
+// stream of, with `destroy`) as soon as it sees the capture active.
+int while_beginning_child(bool destroy) {
+  CHECK_CUDA(cudaFree(nullptr));
+  std::atomic<int> phase{0};  // 1: a capture is beginning; 2: the other thread is done; -1: stop
+  std::atomic<cudaStream_t> stream{nullptr};
+  std::atomic<bool> destroyed{false};  // by the other thread, this round
+  int acted = 0;                       // rounds the other thread ended
+  std::thread ender([&] {
+    for (;;) {
+      int now = 0;
+      wait_while([&] { return (now = phase.load()) == 0; });
+      if (now < 0) return;
+      const cudaStream_t s = stream.load();
+      cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+      for (int spin = 0; spin < 1000000 && status == cudaStreamCaptureStatusNone; ++spin)
+        if (cudaStreamIsCapturing(s, &status) != cudaSuccess) break;
+      if (status == cudaStreamCaptureStatusActive) {
+        ++acted;
+        if (destroy) {
+          CHECK_CUDA(cudaStreamDestroy(s));
+          destroyed = true;
+        } else {
+          cudaGraph_t graph = nullptr;
+          CHECK_CUDA(cudaStreamEndCapture(s, &graph));
+          CHECK_CUDA(cudaGraphDestroy(graph));
+        }
+      }
+      (void)cudaGetLastError();
+      phase = 2;
+      wait_while([&] { return phase.load() == 2; });
+    }
+  });
+  for (int round = 0; round < 10000; ++round) {
+    cudaStream_t s = nullptr;
+    CHECK_CUDA(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    stream = s;
+    destroyed = false;
+    phase = 1;
+    CHECK_CUDA(cudaStreamBeginCapture(s, cudaStreamCaptureModeRelaxed));
+    wait_while([&] { return phase.load() != 2; });
+    if (!destroyed) {  // the other thread ended it, or it is still open and ends here
+      cudaGraph_t graph = nullptr;
+      if (cudaStreamEndCapture(s, &graph) == cudaSuccess) CHECK_CUDA(cudaGraphDestroy(graph));
+      (void)cudaGetLastError();
+      CHECK_CUDA(cudaStreamDestroy(s));
+    }
+    phase = 0;
+  }
+  phase = -1;
+  ender.join();
+  std::printf("the other thread ended %d of the captures\n", acted);
+  churn();
+  std::printf("case done\n");
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -95,7 +164,12 @@ int main(int argc, char** argv) {
   if (!preload_test::on_stand_in()) preload_test::skip("needs the stand-in's timed operations");
   if (argc > 1 && std::string(argv[1]) == "threads") return threads_child();
   if (argc > 1 && std::string(argv[1]) == "reset") return reset_child();
-  for (const char* which : {"threads", "reset"}) {
+  if (argc > 1 && std::string(argv[1]) == "end-while-beginning")
+    return while_beginning_child(false);
+  if (argc > 1 && std::string(argv[1]) == "destroy-while-beginning")
+    return while_beginning_child(true);
+  for (const char* which :
+       {"threads", "reset", "end-while-beginning", "destroy-while-beginning"}) {
     const preload_test::ChildResult result = preload_test::run_self(which, {}, 120);
     CHECK_MSG(result.status == 0 && result.output.find("case done") != std::string::npos,
               std::string(which) + ": " + result.output);

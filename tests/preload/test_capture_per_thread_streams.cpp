@@ -5,6 +5,10 @@
 //    interpose/capture_hooks.cpp). The library kept the capture as open: the device's window
 //    never closed, every later free was held, and the fourth of 40 allocations of 64 MiB, each
 //    freed before the next, ran out of memory.
+//  - thread-exit-after-free: the same, twenty times, with a buffer allocated, written and freed
+//    inside the capture. Closing the abandoned capture released the buffer and recorded a free
+//    fence, which asked whether the exiting thread's per-thread stream was capturing: the
+//    stand-in had destroyed that stream already, and the process died of a segmentation fault.
 //  - two-devices: one thread captures on its per-thread streams of device 0 and of device 1 at
 //    once; device 1's capture is invalidated and ended. CUDA names no id for an invalidated
 //    capture, and the library took device 0's for it: device 1's window stayed open (20
@@ -15,6 +19,7 @@
 //    invalidated, with device 0 current: plain CUDA fails it with
 //    cudaErrorStreamCaptureInvalidated and frees nothing; the library, looking for captures on
 //    the current device only, answered success.
+#include <chrono>
 #include <string>
 #include <thread>
 #include <vector>
@@ -44,6 +49,21 @@ void thread_exit() {
     CHECK_CUDA(cudaMemsetAsync(x, 1, 4096, cudaStreamPerThread));
   }).join();
   churn(40, "after the thread's exit");
+}
+
+void thread_exit_after_free() {
+  for (int round = 0; round < 20; ++round) {
+    std::thread([] {
+      CHECK_CUDA(cudaStreamBeginCapture(cudaStreamPerThread, cudaStreamCaptureModeRelaxed));
+      void* p = nullptr;
+      CHECK_CUDA(cudaMalloc(&p, kMiB));
+      CHECK_CUDA(cudaMemsetAsync(p, 1, kMiB, cudaStreamPerThread));
+      CHECK_CUDA(cudaFree(p));  // legal in a relaxed capture
+      // The memset done meanwhile: only then did closing the capture record a fence.
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }).join();
+  }
+  churn(40, "after the threads' exits");
 }
 
 void two_devices() {
@@ -119,6 +139,7 @@ int main(int argc, char** argv) {
     const std::string name = argv[1];
     CHECK_CUDA(cudaFree(nullptr));
     if (name == "thread-exit") thread_exit();
+    if (name == "thread-exit-after-free") thread_exit_after_free();
     if (name == "two-devices") two_devices();
     if (name == "invalidated-elsewhere") invalidated_elsewhere();
     std::printf("case done\n");
@@ -126,7 +147,8 @@ int main(int argc, char** argv) {
   }
   preload_test::require_preloaded();
   preload_test::require_devices(2);
-  preload_test::run_cases_in_children({"thread-exit", "two-devices", "invalidated-elsewhere"});
+  preload_test::run_cases_in_children(
+      {"thread-exit", "thread-exit-after-free", "two-devices", "invalidated-elsewhere"});
   std::printf("ok\n");
   return 0;
 }
