@@ -807,11 +807,14 @@ POOLCUDA_EXPORT CUresult cuStreamEndCapture_ptsz(CUstream hStream, CUgraph* phGr
 
 namespace {
 
+// `per_thread`: the _ptsz entry point, whose null handle is the per-thread stream.
 template <typename Call>
-CUresult host_function(Call&& real) {
+CUresult host_function(CUstream stream, bool per_thread, Call&& real) {
   if (pc::bypass()) return real();
-  (void)pc::guarded([] {
-    pc::pooling::before_host_function();
+  (void)pc::guarded([&] {
+    pc::pooling::before_host_function(per_thread && stream == nullptr
+                                          ? cudaStreamPerThread
+                                          : reinterpret_cast<cudaStream_t>(stream));
     return CUDA_SUCCESS;
   });
   return pc::guarded([&] { return real(); });
@@ -820,21 +823,25 @@ CUresult host_function(Call&& real) {
 }  // namespace
 
 POOLCUDA_EXPORT CUresult cuLaunchHostFunc(CUstream hStream, CUhostFn fn, void* userData) {
-  return host_function([&] { return dr::cuLaunchHostFunc()(hStream, fn, userData); });
+  return host_function(hStream, false,
+                       [&] { return dr::cuLaunchHostFunc()(hStream, fn, userData); });
 }
 
 POOLCUDA_EXPORT CUresult cuLaunchHostFunc_ptsz(CUstream hStream, CUhostFn fn, void* userData) {
-  return host_function([&] { return dr::cuLaunchHostFunc_ptsz()(hStream, fn, userData); });
+  return host_function(hStream, true,
+                       [&] { return dr::cuLaunchHostFunc_ptsz()(hStream, fn, userData); });
 }
 
 POOLCUDA_EXPORT CUresult cuStreamAddCallback(CUstream hStream, CUstreamCallback callback,
                                              void* userData, unsigned int flags) {
   return host_function(
+      hStream, false,
       [&] { return dr::cuStreamAddCallback()(hStream, callback, userData, flags); });
 }
 
 POOLCUDA_EXPORT CUresult cuStreamAddCallback_ptsz(CUstream hStream, CUstreamCallback callback,
                                                   void* userData, unsigned int flags) {
   return host_function(
+      hStream, true,
       [&] { return dr::cuStreamAddCallback_ptsz()(hStream, callback, userData, flags); });
 }

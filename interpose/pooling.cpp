@@ -56,6 +56,7 @@
 #include "interpose/hooks.h"
 #include "interpose/lifecycle.h"
 #include "interpose/log.h"
+#include "interpose/real_driver.h"
 #include "interpose/registry.h"
 #include "interpose/release_worker.h"
 #include "interpose/stream_order.h"
@@ -579,6 +580,19 @@ void ForwardedFree::finish(bool freed) {
     counters->frees.fetch_add(1, std::memory_order_relaxed);
 }
 
+// Note [Host functions beside a capture]
+// The give-back before a host function used to be left out while any capture was open on the
+// device, since its page frees and trims were thought to invalidate the capture. They do not:
+// the release thread frees in relaxed capture mode, which CUDA allows beside any capture (Note
+// [Releases during capture] in release_worker.cpp), and no fence is recorded during a capture
+// (the give-back waits for the fences recorded before it). Leaving it out kept idle pages from
+// the driver while the stream parked: a program that freed 400 MiB, parked a stream on a host
+// function that only its next cudaMalloc would release, and asked for 700 MiB of a 1 GiB device
+// while another thread captured, waited out recovery's 10 seconds and was refused, where plain
+// CUDA, whose cudaFree had returned the memory before the park, served it at once. So only a
+// host function that goes into a capture's graph (its stream is capturing), which parks nothing
+// now, is passed on without a give-back.
+
 void fence_before_host_work() {
   stream_order::host_work_issuing();  // Note [Leaving behind a park] in stream_order.cpp
   const Registry& registry = Registry::instance();
@@ -599,8 +613,25 @@ void before_device_synchronize(int device) {
   if (MemoryManager* manager = Registry::instance().manager(device)) manager->fence_open_frees();
 }
 
-void before_host_function() {
+namespace {
+
+// Whether a host function on `stream` goes into a capture's graph, where it parks nothing now:
+// only while a capture the hooks saw is open. A stream whose capture status cannot be read
+// counts as capturing, and gets no give-back.
+bool host_function_captured(cudaStream_t stream) {
+  if (!hooks::any_capture_open()) return false;
+  CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_NONE;
+  return real_driver::cuStreamIsCapturing()(reinterpret_cast<CUstream>(stream), &status) !=
+             CUDA_SUCCESS ||
+         status != CU_STREAM_CAPTURE_STATUS_NONE;
+}
+
+}  // namespace
+
+void before_host_function(cudaStream_t stream) {
   fence_before_host_work();
+  // Note [Host functions beside a capture].
+  if (host_function_captured(stream)) return;
   Registry& registry = Registry::instance();
   using Clock = std::chrono::steady_clock;
   const Clock::time_point deadline =
@@ -608,11 +639,6 @@ void before_host_function() {
   for (int device = 0; device < Registry::kMaxDevices; ++device) {
     MemoryManager* manager = registry.manager(device);
     if (manager == nullptr) continue;
-    // Not during a capture: the give-back could return only what is idle, a captured host
-    // function parks nothing now, and the pages' frees would wait for the device (a trim of the
-    // managed slabs would record fences).
-    const CapturePolicy* capture = registry.capture(device);
-    if (capture != nullptr && capture->open()) continue;
     // A device stuck behind an earlier park must not leave the next ones no time at all.
     const auto left =
         std::chrono::duration_cast<std::chrono::microseconds>(deadline - Clock::now()).count();

@@ -166,10 +166,11 @@ void before_device_synchronize(int device);
 inline constexpr std::uint32_t kParkGiveBackMicros = 1000000;
 
 // The program is about to issue a host function (cudaLaunchHostFunc, cudaStreamAddCallback, or
-// the driver's), which may park its stream until the program releases it:
-// fence_before_host_work(), then every device's pools give their idle memory back to the
-// driver, within kParkGiveBackMicros in all (MemoryManager::give_back_all()).
-void before_host_function();
+// the driver's) on `stream` (cudaStreamPerThread for the per-thread stream), which may park it
+// until the program releases it: fence_before_host_work(), then, unless `stream` is capturing,
+// every device's pools give their idle memory back to the driver, within kParkGiveBackMicros in
+// all (MemoryManager::give_back_all()).
+void before_host_function(cudaStream_t stream);
 
 // Streams enter the table when created (in a device's primary context) and leave it just before
 // the real destroy (Note [Destroyed streams] in cuda_device.cpp).

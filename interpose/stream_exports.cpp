@@ -46,9 +46,10 @@ inline void fence_before_host_work() {
 
 // Idle memory goes back to the driver before a host function, which may park its stream
 // (Note [Idle memory before a park] in pools/memory_manager.cpp).
-inline void before_host_function() {
-  (void)pc::guarded([] {
-    pc::pooling::before_host_function();
+inline void before_host_function(cudaStream_t stream, bool per_thread) {
+  (void)pc::guarded([&] {
+    pc::pooling::before_host_function(per_thread && stream == nullptr ? cudaStreamPerThread
+                                                                      : stream);
     return cudaSuccess;
   });
 }
@@ -314,7 +315,7 @@ POOLCUDA_WATCHED(cudaMemset3DAsync_ptsz, true, stream,
   POOLCUDA_EXPORT cudaError_t name params {                            \
     WATCH(stream_expr, flavour);                                       \
     if (pc::bypass()) return pc::real::name() args;                    \
-    before_host_function();                                            \
+    before_host_function(stream_expr, flavour);                        \
     return pc::guarded([&] { return pc::real::name() args; });         \
   }
 

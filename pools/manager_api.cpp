@@ -430,6 +430,18 @@ void MemoryManager::fence_open_frees() {
   });
 }
 
+// Note [One wait per refused request]
+// A request the pools refused after their recovery goes to CUDA, and one CUDA refuses too is
+// tried once more after the pools gave everything back (pooling.cpp's give_back_idle), whose
+// flush waits up to ten seconds for the pages on their way to the driver. When the recovery's own
+// flush had just run out of its ten seconds behind a release stuck in the driver's free (a stream
+// parked on a host function holds it), that second flush waited for the same release again: the
+// program was refused after 20 seconds under free_fence:none, where plain CUDA refused at once and
+// the documents promise one bound. So a recovery that runs out remembers, for its thread, the
+// release it waited for, and the next give-back of a refused request on that thread does not wait
+// while that release is still inside the driver's free (it still gives its pages). Only once: a
+// later request waits its bound again, since the park may end meanwhile.
+
 GiveBack MemoryManager::give_back_all(std::uint32_t max_microseconds, GiveBackWait wait) {
   WaitBound bound{std::chrono::microseconds(max_microseconds)};
   GiveBack result = GiveBack::nothing;
@@ -479,8 +491,14 @@ GiveBack MemoryManager::Impl::give_back(WaitBound& bound, std::uint32_t asked_mi
   // release] in memory_manager.cpp).
   // Before a park only: a give-back for a refused request waits its whole bound.
   const bool before_park = wait == GiveBackWait::before_park;
-  const bool behind_stuck = before_park && give_back_stuck_release != 0 &&
-                            device.release_in_flight() == give_back_stuck_release;
+  // Note [One wait per refused request].
+  const std::uint64_t in_flight = device.release_in_flight();
+  const bool recovery_waited =
+      !before_park && t_recovery_ran_out_behind != 0 && in_flight == t_recovery_ran_out_behind;
+  t_recovery_ran_out_behind = 0;
+  const bool behind_stuck =
+      (before_park && give_back_stuck_release != 0 && in_flight == give_back_stuck_release) ||
+      recovery_waited;
   scope.unlock();  // the pages go to the device
   const bool flushed = !behind_stuck && flush_within(device, bound);
   scope.relock();

@@ -566,4 +566,10 @@ struct MemoryManager::Impl {
   std::optional<StuckRelease> growth_wait_stuck;
 };
 
+// The release inside the driver's free when this thread's last recovery ran out of its bound
+// waiting for it, or 0: the give-back of the request's retry through CUDA does not wait for it
+// a second time (Note [One wait per refused request] in manager_api.cpp).
+inline thread_local std::uint64_t t_recovery_ran_out_behind
+    __attribute__((tls_model("initial-exec"))) = 0;
+
 }  // namespace poolcuda

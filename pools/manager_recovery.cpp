@@ -93,6 +93,7 @@ Route MemoryManager::Impl::recover_from_oom(Scope& scope, std::uint64_t size,
       n = nullptr;
     }
   } counted(shards->recovering);
+  t_recovery_ran_out_behind = 0;
   flush_caches(false);  // parked slices are memory no one uses
   WaitBound bound{std::chrono::microseconds(options.recovery_wait_micros)};
   // And so is what the other shards keep for no live slice (Note [Shards]): their idle pages
@@ -170,6 +171,7 @@ Route MemoryManager::Impl::recover_from_oom(Scope& scope, std::uint64_t size,
       return;
     }
     stuck = flush_ran_out = true;
+    t_recovery_ran_out_behind = device.release_in_flight();
     counted.done();
     extra_rounds = kOomExtraRounds;
     // During a capture what is still on its way may be pages whose free the driver refused for

@@ -9,6 +9,9 @@
 //            reached through cudaGetDriverEntryPointByVersion), three quarters of it allocated
 //            during it: the plain run's free reached the driver before the park, so the
 //            allocation succeeds there, and must under the library too.
+//   give_back_beside_capture  The same, while another thread's capture is open on a stream
+//            of its own: the give-back was left out while any capture was open on the device,
+//            and the allocation was refused after recovery's 10 seconds.
 //   oom      Memory freed before the park, needed by an allocation after it: the free fence
 //            must not queue behind the park (it is recorded at the free), so the allocation
 //            succeeds as the plain one does.
@@ -25,6 +28,11 @@
 //            needed by an allocation: the allocation is refused once, after that bound, not
 //            after it twice (the retry through the driver waited for the same fence again).
 //            (Plain CUDA's free would have blocked until the park ended.)
+//   refusal_behind_stuck_release  Under free_fence:none, on a 256 MiB device: two 100 MiB
+//            buffers another thread frees during the park are idle pages, which recovery gives
+//            back; their driver free waits behind the park. A 150 MiB request is refused once,
+//            after recovery's bound: the retry through CUDA waited for the same stuck free a
+//            second time (20 seconds).
 //   free_async_loop  A loop that frees with cudaFreeAsync and then queues a host function on
 //            the legacy stream keeps its page, as the plain loop makes no driver call.
 //   free_async_room  But 5/8 of the device freed that way and synchronized before the park is
@@ -355,6 +363,89 @@ void refusal_bound_case() {
                   std::chrono::duration_cast<std::chrono::milliseconds>(waited).count()));
 }
 
+void refusal_behind_stuck_release_case() {
+  constexpr std::size_t kMiB = std::size_t{1} << 20;
+  void* a = nullptr;
+  void* b = nullptr;
+  CHECK_CUDA(cudaMalloc(&a, 100 * kMiB));
+  CHECK_CUDA(cudaMalloc(&b, 100 * kMiB));
+  CHECK_CUDA(cudaMemset(a, 1, 4096));
+  cudaStream_t stream = nullptr;
+  CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  Gate gate;
+  gate.limit_seconds = 30;
+  preload_test::park(stream, gate);
+  // Plain CUDA's frees would wait for the park; the pools' return at once.
+  std::thread freer([&] {
+    CHECK_CUDA(cudaFree(a));
+    CHECK_CUDA(cudaFree(b));
+  });
+  freer.join();
+  const auto start = std::chrono::steady_clock::now();
+  void* big = nullptr;
+  const cudaError_t refused = cudaMalloc(&big, 150 * kMiB);
+  const auto waited = std::chrono::steady_clock::now() - start;
+  gate.open.store(true);
+  CHECK_RESULT(refused, cudaErrorMemoryAllocation);
+  cudaGetLastError();
+  CHECK_MSG(waited < std::chrono::seconds(15),
+            "the refusal took " +
+                std::to_string(std::chrono::duration_cast<std::chrono::seconds>(waited).count()) +
+                " s, past recovery's bound of 10 s");
+  CHECK_CUDA(cudaStreamSynchronize(stream));
+  CHECK_CUDA(cudaMalloc(&big, 150 * kMiB));  // the frees reached the driver
+  CHECK_CUDA(cudaFree(big));
+  CHECK_CUDA(cudaStreamDestroy(stream));
+  std::printf("refusal_behind_stuck_release: refused after %lld ms\n",
+              static_cast<long long>(
+                  std::chrono::duration_cast<std::chrono::milliseconds>(waited).count()));
+}
+
+void give_back_beside_capture_case() {
+  std::size_t free_bytes = 0, total = 0;
+  CHECK_CUDA(cudaMemGetInfo(&free_bytes, &total));
+  void* half = nullptr;
+  CHECK_CUDA(cudaMalloc(&half, free_bytes / 2));  // a page of its own
+  CHECK_CUDA(cudaMemset(half, 1, 4096));
+  CHECK_CUDA(cudaFree(half));
+
+  std::atomic<int> step{0};  // 1: the capture is open; 2: it may end
+  std::thread capturer([&step] {
+    cudaStream_t stream = nullptr;
+    CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    void* captured = nullptr;
+    CHECK_CUDA(cudaMalloc(&captured, 4096));
+    CHECK_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+    CHECK_CUDA(cudaMemsetAsync(captured, 3, 4096, stream));
+    step = 1;
+    while (step.load() != 2) std::this_thread::yield();
+    cudaGraph_t graph = nullptr;
+    CHECK_CUDA(cudaStreamEndCapture(stream, &graph));
+    CHECK_CUDA(cudaGraphDestroy(graph));
+    CHECK_CUDA(cudaFree(captured));
+    CHECK_CUDA(cudaStreamDestroy(stream));
+  });
+  while (step.load() != 1) std::this_thread::yield();
+
+  Gate gate;
+  park_legacy_stream(gate);
+  std::atomic<bool> done{false};
+  std::thread dog = watchdog(done, gate, 5, "cudaMalloc");
+  void* most = nullptr;
+  const cudaError_t result = cudaMalloc(&most, free_bytes / 4 * 3);
+  done.store(true);
+  dog.join();
+  gate.open.store(true);
+  step = 2;
+  capturer.join();
+  CHECK_RESULT(result, cudaSuccess);
+  CHECK_CUDA(cudaDeviceSynchronize());
+  CHECK_CUDA(cudaMemset(most, 7, 4096));
+  CHECK(preload_test::device_bytes_equal(most, 4096, 7));
+  CHECK_CUDA(cudaFree(most));
+  std::printf("give_back_beside_capture: 3/4 of the device allocated during the park\n");
+}
+
 int main(int argc, char** argv) {
   preload_test::require_preloaded();
   CHECK(argc == 2);
@@ -366,8 +457,10 @@ int main(int argc, char** argv) {
   else if (which == "give_back") give_back_case(Park::host_function, "give_back");
   else if (which == "give_back_callback") give_back_case(Park::callback, "give_back_callback");
   else if (which == "give_back_driver") give_back_case(Park::driver, "give_back_driver");
+  else if (which == "give_back_beside_capture") give_back_beside_capture_case();
   else if (which == "host_functions_beside_park") host_functions_beside_park_case();
   else if (which == "refusal_bound") refusal_bound_case();
+  else if (which == "refusal_behind_stuck_release") refusal_behind_stuck_release_case();
   else if (which == "free_async_loop") free_async_loop_case();
   else if (which == "free_async_room") free_async_room_case();
   else if (which == "host_functions_behind_stuck_release")
