@@ -36,10 +36,9 @@
 // capture then takes everything from memory already held. The largest single profile, not a
 // sum or an element-wise maximum of all profiles: graphs of decreasing sizes (one per batch
 // size, largest first) leave at most one working set of spare slices, never one per graph.
-// Spare slices take at most half of what the device has free when the capture begins: inside
-// the window no idle memory can go back to the driver (a free would invalidate the capture), so
-// near a full device they would take the room an allocation the pools do not serve (graph
-// memory, cudaMallocAsync) needs there, and fail it where the plain run succeeds. When that
+// Spare slices take at most half of what the device has free when the capture begins: near a
+// full device they would take the room an allocation the pools do not serve (graph memory,
+// cudaMallocAsync) needs inside the window, and fail it where the plain run succeeds. When that
 // half is too small, the pools first give their idle memory back (bounded, as before a host
 // function): the capture then finds the room its last run needed, which idle pages of other
 // sizes would have kept from it.

@@ -57,6 +57,7 @@
 
 #include <pthread.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <mutex>
@@ -84,6 +85,29 @@ class Origins {
     std::lock_guard<RankedMutex> hold(mutex_);
     open_.push_back(Entry{id, stream, device, std::this_thread::get_id(), mode});
     count_.store(open_.size(), std::memory_order_release);
+  }
+  // Note [Captures ended while they begin]: a begin of a capture on `stream` is under way, from
+  // before the real call until the hooks have recorded what it began (or that it began none).
+  void beginning(cudaStream_t stream) {
+    std::lock_guard<RankedMutex> hold(mutex_);
+    beginning_.push_back(stream);
+  }
+  void begun(cudaStream_t stream) {
+    std::lock_guard<RankedMutex> hold(mutex_);
+    const auto it = std::find(beginning_.begin(), beginning_.end(), stream);
+    if (it != beginning_.end()) beginning_.erase(it);
+  }
+  // Waits, at most a second, until no begin on `stream` is under way; true when one was.
+  bool await_begun(cudaStream_t stream) {
+    const auto under_way = [&] {
+      std::lock_guard<RankedMutex> hold(mutex_);
+      return std::find(beginning_.begin(), beginning_.end(), stream) != beginning_.end();
+    };
+    if (!under_way()) return false;
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(1);
+    while (under_way() && std::chrono::steady_clock::now() < deadline)
+      std::this_thread::yield();
+    return true;
   }
   // Whether `id` was there: of two threads closing one capture, one only removes it.
   bool remove(unsigned long long id) {
@@ -173,6 +197,7 @@ class Origins {
   };
   RankedMutex mutex_{LockRank::device};
   std::vector<Entry> open_;
+  std::vector<cudaStream_t> beginning_;  // one per begin under way
   std::atomic<std::size_t> count_{0};  // open_.size()
 };
 
@@ -291,6 +316,11 @@ int begin_capture(cudaStream_t handle, bool per_thread, cudaStreamCaptureMode mo
   policy.prime();
   int result = 0;
   OpenCapture capture;
+  origins().beginning(stream);  // Note [Captures ended while they begin]
+  struct Begun {
+    cudaStream_t stream;
+    ~Begun() { origins().begun(stream); }
+  } begun{stream};
   // Note [Releases during capture] in release_worker.cpp: a free of the device's pages that
   // began before the capture is seen to begin would invalidate it.
   constexpr std::uint32_t kFreeWaitMicros = 1000000;
@@ -316,10 +346,6 @@ int begin_capture(cudaStream_t handle, bool per_thread, cudaStreamCaptureMode mo
     origins().add(capture.id, stream, device, mode);
     policy.begin(capture.id);
     if (stream == cudaStreamPerThread) watch_thread_exit();
-    // Note [Captures ended while they begin].
-    const cudaError_t before = own::cudaPeekAtLastError()();
-    close_if_ended(capture, stream, nullptr);
-    clear_own_error(before);  // a stream destroyed meanwhile answers the query with an error
   }
   return result;
 }
@@ -332,10 +358,13 @@ namespace {
 // close found nothing open, and the capture stayed open in the library for good. The device
 // counted it open, so every later free on it was held for a graph that would never come, and
 // allocation loops ran out of memory where plain CUDA did not (in about one begin in a
-// thousand, with a thread ending the capture as soon as it saw it). So the beginning thread
-// looks once more, once everything is recorded, and closes a capture already over, as a
-// failed one (nothing was allocated in it yet). Of two threads closing one capture, the one
-// that removes its origin closes it.
+// thousand, with a thread ending the capture as soon as it saw it). So a begin is marked under
+// way on its stream from before the real call until it has recorded what it began, and a close
+// that finds nothing recorded while a begin on that stream is under way waits for it (at most a
+// second; the begin waits for nothing the closer holds), then closes what it recorded, with the
+// closer's graph. (Closing from the beginning thread instead, once it had recorded the capture,
+// could win against an end that had made a graph, and handed the graph's memory out again.) Of
+// two threads closing one capture, the one that removes its origin closes it.
 
 // After a call that may have ended `capture` (an end, a stream destroy): when it did, the
 // policy closes it, pinning its memory to `graph` when there is one. `stream_gone`: its origin
@@ -346,7 +375,12 @@ void close_if_ended(const OpenCapture& capture, cudaStream_t stream, cudaGraph_t
   if (!capture) return;
   Registry& registry = Registry::instance();
   CapturePolicy* policy = registry.capture(capture.device);
-  if (policy == nullptr || !policy->is_open(capture.id)) return;  // begun behind our back
+  if (policy == nullptr) return;
+  // Note [Captures ended while they begin]: recorded by a begin under way, or begun behind
+  // our back.
+  if (!policy->is_open(capture.id) &&
+      !(origins().await_begun(stream) && policy->is_open(capture.id)))
+    return;
   if (!stream_gone && open_capture(stream, capture.device).id == capture.id) return;  // open
   if (!origins().remove(capture.id)) return;  // another thread closed it
   registry.device(capture.device)->capture_ended();
@@ -369,8 +403,11 @@ int end_capture(cudaStream_t handle, bool per_thread, cudaGraph_t* graph,
 
 void stream_destroyed_while_capturing(cudaStream_t stream, int device,
                                       unsigned long long capture_id, bool destroyed) {
-  // A stream that joined the capture leaves it open (Note [Streams that leave a capture]).
-  if (!origins().began(capture_id, stream)) return;
+  // A stream that joined the capture leaves it open (Note [Streams that leave a capture]). Its
+  // begin may still be recording it (Note [Captures ended while they begin]).
+  if (!origins().began(capture_id, stream) &&
+      !(origins().await_begun(stream) && origins().began(capture_id, stream)))
+    return;
   close_if_ended(OpenCapture{device, capture_id}, stream, nullptr, destroyed);
 }
 

@@ -64,7 +64,13 @@ class CudaDevice final : public Device {
   // began() is called with the stream table's lock held, right after the real begin: a fence is
   // recorded under the same lock, so the two exclude each other (Note [Fence streams]).
   void capture_began() { hooked_captures_.fetch_add(1, std::memory_order_acq_rel); }
-  void capture_ended() { hooked_captures_.fetch_sub(1, std::memory_order_acq_rel); }
+  // Never below zero: a close that raced a reset's forget must not hide the next capture.
+  void capture_ended() {
+    int open = hooked_captures_.load(std::memory_order_acquire);
+    while (open > 0 &&
+           !hooked_captures_.compare_exchange_weak(open, open - 1, std::memory_order_acq_rel)) {
+    }
+  }
   // Whether a capture begun through the hooks is open on this device.
   bool hooked_capture_open() const { return hooked_captures_.load(std::memory_order_acquire) > 0; }
   // cudaDeviceReset ended every capture of the device.

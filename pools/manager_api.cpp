@@ -438,22 +438,26 @@ void MemoryManager::fence_open_frees() {
 // parked on a host function holds it), that second flush waited for the same release again: the
 // program was refused after 20 seconds under free_fence:none, where plain CUDA refused at once and
 // the documents promise one bound. So a recovery that runs out remembers, for its thread, the
-// release it waited for, and the next give-back of a refused request on that thread does not wait
-// while that release is still inside the driver's free (it still gives its pages). Only once: a
-// later request waits its bound again, since the park may end meanwhile.
+// release it waited for, and the next give-back of a refused request on that thread (normally
+// that request's own retry; every shard of the device, as the release is the device's) does not
+// wait while that release is still inside the driver's free (it still gives its pages). Only
+// once: a later request waits its bound again, since the park may end meanwhile.
 
 GiveBack MemoryManager::give_back_all(std::uint32_t max_microseconds, GiveBackWait wait) {
   WaitBound bound{std::chrono::microseconds(max_microseconds)};
   GiveBack result = GiveBack::nothing;
+  // Read once for every shard: the stuck release is the device's.
+  const std::uint64_t waited_behind =
+      wait == GiveBackWait::before_park ? 0 : std::exchange(t_recovery_ran_out_behind, 0);
   shards_->each([&](Impl& m) {
-    const GiveBack one = m.give_back(bound, max_microseconds, wait);
+    const GiveBack one = m.give_back(bound, max_microseconds, wait, waited_behind);
     result = std::max(result, one);  // timed_out over done over nothing
   });
   return result;
 }
 
 GiveBack MemoryManager::Impl::give_back(WaitBound& bound, std::uint32_t asked_microseconds,
-                                        GiveBackWait wait) {
+                                        GiveBackWait wait, std::uint64_t waited_behind) {
   Scope scope(*this);
   if (frozen != 0) return GiveBack::nothing;
   flush_caches(false);
@@ -493,9 +497,7 @@ GiveBack MemoryManager::Impl::give_back(WaitBound& bound, std::uint32_t asked_mi
   const bool before_park = wait == GiveBackWait::before_park;
   // Note [One wait per refused request].
   const std::uint64_t in_flight = device.release_in_flight();
-  const bool recovery_waited =
-      !before_park && t_recovery_ran_out_behind != 0 && in_flight == t_recovery_ran_out_behind;
-  t_recovery_ran_out_behind = 0;
+  const bool recovery_waited = waited_behind != 0 && in_flight == waited_behind;
   const bool behind_stuck =
       (before_park && give_back_stuck_release != 0 && in_flight == give_back_stuck_release) ||
       recovery_waited;

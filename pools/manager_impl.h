@@ -250,7 +250,10 @@ struct MemoryManager::Impl {
   FreeOutcome free_pointer(DevicePtr ptr, StreamToken stream);
   // give_back_all() for this shard: `bound` is the caller's, shared by every shard,
   // `asked_microseconds` its length (what an earlier timeout is compared with).
-  GiveBack give_back(WaitBound& bound, std::uint32_t asked_microseconds, GiveBackWait wait);
+  // `waited_behind`: the release this thread's recovery just ran out waiting for, or 0 (Note
+  // [One wait per refused request] in manager_api.cpp).
+  GiveBack give_back(WaitBound& bound, std::uint32_t asked_microseconds, GiveBackWait wait,
+                     std::uint64_t waited_behind = 0);
 
   // --- memory_manager.cpp --------------------------------------------------------------------
   void build_pools(const PoolLayout& layout);

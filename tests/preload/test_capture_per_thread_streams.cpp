@@ -59,7 +59,7 @@ void thread_exit_after_free() {
       CHECK_CUDA(cudaMalloc(&p, kMiB));
       CHECK_CUDA(cudaMemsetAsync(p, 1, kMiB, cudaStreamPerThread));
       CHECK_CUDA(cudaFree(p));  // legal in a relaxed capture
-      // The memset done meanwhile: only then did closing the capture record a fence.
+      // A pause before the exit: without it the crash showed in no run (timing).
       std::this_thread::sleep_for(std::chrono::milliseconds(5));
     }).join();
   }

@@ -28,11 +28,12 @@
 //            needed by an allocation: the allocation is refused once, after that bound, not
 //            after it twice (the retry through the driver waited for the same fence again).
 //            (Plain CUDA's free would have blocked until the park ended.)
-//   refusal_behind_stuck_release  Under free_fence:none, on a 256 MiB device: two 100 MiB
-//            buffers another thread frees during the park are idle pages, which recovery gives
-//            back; their driver free waits behind the park. A 150 MiB request is refused once,
-//            after recovery's bound: the retry through CUDA waited for the same stuck free a
-//            second time (20 seconds).
+//   refusal_behind_stuck_release  Under free_fence:none, on a 2 GiB device of which 1 GiB is
+//            taken, with two shards (two threads churned first): two 400 MiB buffers another
+//            thread frees during the park are idle pages, which recovery gives back; their
+//            driver free waits behind the park. A 600 MiB request is refused once, after
+//            recovery's bound: the retry through CUDA waited for the same stuck free a second
+//            time, in each shard (20 seconds).
 //   free_async_loop  A loop that frees with cudaFreeAsync and then queues a host function on
 //            the legacy stream keeps its page, as the plain loop makes no driver call.
 //   free_async_room  But 5/8 of the device freed that way and synchronized before the park is
@@ -47,6 +48,7 @@
 #include <chrono>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include <cuda.h>
 
@@ -365,10 +367,29 @@ void refusal_bound_case() {
 
 void refusal_behind_stuck_release_case() {
   constexpr std::size_t kMiB = std::size_t{1} << 20;
+  const auto churn = [](unsigned seed) {
+    std::vector<void*> live;
+    for (int i = 0; i < 20000; ++i) {
+      seed = seed * 1103515245u + 12345u;
+      void* p = nullptr;
+      CHECK_CUDA(cudaMalloc(&p, 512 + (seed >> 8) % (64 << 10)));
+      live.push_back(p);
+      if (live.size() > 8) {
+        CHECK_CUDA(cudaFree(live.front()));
+        live.erase(live.begin());
+      }
+    }
+    for (void* p : live) CHECK_CUDA(cudaFree(p));
+  };
+  std::thread first(churn, 1u), second(churn, 2u);  // two threads at once: a second shard
+  first.join();
+  second.join();
+  void* filler = nullptr;
+  CHECK_CUDA(cudaMalloc(&filler, std::size_t{1} << 30));
   void* a = nullptr;
   void* b = nullptr;
-  CHECK_CUDA(cudaMalloc(&a, 100 * kMiB));
-  CHECK_CUDA(cudaMalloc(&b, 100 * kMiB));
+  CHECK_CUDA(cudaMalloc(&a, 400 * kMiB));
+  CHECK_CUDA(cudaMalloc(&b, 400 * kMiB));
   CHECK_CUDA(cudaMemset(a, 1, 4096));
   cudaStream_t stream = nullptr;
   CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
@@ -383,7 +404,7 @@ void refusal_behind_stuck_release_case() {
   freer.join();
   const auto start = std::chrono::steady_clock::now();
   void* big = nullptr;
-  const cudaError_t refused = cudaMalloc(&big, 150 * kMiB);
+  const cudaError_t refused = cudaMalloc(&big, 600 * kMiB);
   const auto waited = std::chrono::steady_clock::now() - start;
   gate.open.store(true);
   CHECK_RESULT(refused, cudaErrorMemoryAllocation);
@@ -393,8 +414,9 @@ void refusal_behind_stuck_release_case() {
                 std::to_string(std::chrono::duration_cast<std::chrono::seconds>(waited).count()) +
                 " s, past recovery's bound of 10 s");
   CHECK_CUDA(cudaStreamSynchronize(stream));
-  CHECK_CUDA(cudaMalloc(&big, 150 * kMiB));  // the frees reached the driver
+  CHECK_CUDA(cudaMalloc(&big, 600 * kMiB));  // the frees reached the driver
   CHECK_CUDA(cudaFree(big));
+  CHECK_CUDA(cudaFree(filler));
   CHECK_CUDA(cudaStreamDestroy(stream));
   std::printf("refusal_behind_stuck_release: refused after %lld ms\n",
               static_cast<long long>(
