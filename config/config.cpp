@@ -117,13 +117,19 @@ std::optional<ConfigError> parse_limit(std::string_view key, std::string_view va
     c.limit = limit;
     return std::nullopt;
   }
-  if (value.back() != ']' || value.size() < 3)
+  if (value.back() != ']')
+    return ConfigError{std::string(key), std::string(value),
+                       "balanced brackets: '[' is never closed"};
+  if (value.size() < 3)
     return ConfigError{std::string(key), std::string(value), std::string(kLimitExpected)};
   std::string_view rest = value.substr(1, value.size() - 2);
   while (!rest.empty()) {
     const auto comma = rest.find(',');
     const std::string_view entry = trim(rest.substr(0, comma));
     rest = comma == std::string_view::npos ? std::string_view{} : rest.substr(comma + 1);
+    if (entry.find(';') != std::string_view::npos)
+      return ConfigError{std::string(key), std::string(entry),
+                         "',' between the devices of a limit, not ';'"};
     const auto equals = entry.find('=');
     int device = -1;
     const std::string_view index = trim(entry.substr(0, equals));

@@ -30,17 +30,6 @@ std::string printf_string(const char* format, double value) {
   return buffer;
 }
 
-std::string text_duration(double seconds) {
-  if (seconds < 1e-3) return printf_string("%.0f us", seconds * 1e6);
-  if (seconds < 1) return printf_string("%.1f ms", seconds * 1e3);
-  if (seconds < 60) return printf_string("%.2f s", seconds);
-  const auto whole = static_cast<std::uint64_t>(seconds);
-  std::string out;
-  if (whole >= 3600) out += std::to_string(whole / 3600) + "h ";
-  out += std::to_string(whole / 60 % 60) + "m " + std::to_string(whole % 60) + "s";
-  return out;
-}
-
 std::string hex(std::uint64_t value) {
   char buffer[24];
   std::snprintf(buffer, sizeof buffer, "0x%" PRIx64, value);
@@ -296,10 +285,35 @@ std::string human_bytes(std::uint64_t bytes) {
     value /= 1024.0;
     ++unit;
   }
+  // The decimals for three significant figures, picked from the value as rounded: 10,239 B is
+  // 10.0 KiB, not 10.00, and 1,048,575 B is 1.00 MiB, not 1024 KiB.
+  const auto decimals = [](double v) { return v < 10 ? 2 : v < 100 ? 1 : 0; };
+  const auto rounded = [](double v, int places) {
+    const double scale = places == 2 ? 100.0 : places == 1 ? 10.0 : 1.0;
+    return std::round(v * scale) / scale;
+  };
+  int places = decimals(rounded(value, decimals(value)));
+  if (rounded(value, places) >= 1024.0 && unit + 1 < std::size(kUnits)) {
+    value /= 1024.0;
+    ++unit;
+    places = 2;
+  }
   char buffer[32];
-  std::snprintf(buffer, sizeof buffer, value < 10 ? "%.2f %s" : value < 100 ? "%.1f %s" : "%.0f %s",
-                value, std::string(kUnits[unit]).c_str());
+  std::snprintf(buffer, sizeof buffer, "%.*f %s", places, value,
+                std::string(kUnits[unit]).c_str());
   return buffer;
+}
+
+std::string text_duration(double seconds) {
+  // Rounded before the unit is picked: 999.7 us reads 1.0 ms, not 1000 us.
+  if (std::round(seconds * 1e6) < 1000) return printf_string("%.0f us", seconds * 1e6);
+  if (std::round(seconds * 1e4) < 10000) return printf_string("%.1f ms", seconds * 1e3);
+  if (std::round(seconds * 1e2) < 6000) return printf_string("%.2f s", seconds);
+  const auto whole = static_cast<std::uint64_t>(std::round(seconds));
+  std::string out;
+  if (whole >= 3600) out += std::to_string(whole / 3600) + "h ";
+  out += std::to_string(whole / 60 % 60) + "m " + std::to_string(whole % 60) + "s";
+  return out;
 }
 
 std::string render(const ReportDocument& document, ReportFormat format) {

@@ -101,4 +101,7 @@ std::string render(const ReportDocument& document, ReportFormat format);
 // "0 B", "512 B", "1.50 KiB", "64.0 MiB": three significant figures in binary units.
 std::string human_bytes(std::uint64_t bytes);
 
+// "250 us", "12.5 ms", "3.25 s", "2m 5s", "1h 0m 0s".
+std::string text_duration(double seconds);
+
 }  // namespace poolcuda

@@ -423,6 +423,9 @@ TEST_CASE("error: a bad limit") {
   check_error("limit:[0=40G,x=1G]", "limit", "x=1G", "DEVICE=SIZE with a device index");
   check_error("limit:[64=1G]", "limit", "64=1G", "from 0 to 63");
   check_error("limit:[0=1G,0=2G]", "limit", "0=2G", "each device at most once");
+  check_error("limit:[0=1G;1=2G]", "limit", "0=1G;1=2G",
+              "',' between the devices of a limit, not ';'");
+  check_error("limit:[0=1G", "limit", "[0=1G", "balanced brackets: '[' is never closed");
   check_error("limit:[0=0]", "limit", "0=0", "a non-zero size for limit");
   check_error("limit:[]", "limit", "[]", "per device in brackets");
 }

@@ -178,6 +178,21 @@ bool parses(std::string_view text) {
 
 TEST_SUITE("unit") {
 
+TEST_CASE("sizes_and_durations_read_in_three_significant_figures") {
+  CHECK(human_bytes(1000) == "1000 B");
+  CHECK(human_bytes(2000) == "1.95 KiB");
+  CHECK(human_bytes(10239) == "10.0 KiB");       // 9.999 KiB: not "10.00"
+  CHECK(human_bytes(1048575) == "1.00 MiB");     // 1023.999 KiB: not "1024 KiB"
+  CHECK(human_bytes(104855000) == "100 MiB");    // 99.998 MiB: not "100.0"
+  CHECK(human_bytes(std::uint64_t{64} << 20) == "64.0 MiB");
+  CHECK(human_bytes(std::uint64_t{282} << 20) == "282 MiB");
+  CHECK(text_duration(250e-6) == "250 us");
+  CHECK(text_duration(999.7e-6) == "1.0 ms");   // not "1000 us"
+  CHECK(text_duration(0.99996) == "1.00 s");     // not "1000.0 ms"
+  CHECK(text_duration(59.999) == "1m 0s");       // not "60.00 s"
+  CHECK(text_duration(125) == "2m 5s");
+}
+
 TEST_CASE("json_reader_rejects_invalid_json") {
   // The validator must be able to fail, or the report test proves nothing.
   CHECK(parses(R"({"a":[1,2,{"b":"c\n"}],"d":null})"));
