@@ -46,6 +46,7 @@
 // A watchdog fails the test instead of hanging; every gate opens by itself after ten seconds.
 #include <atomic>
 #include <chrono>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -126,7 +127,39 @@ void release_case() {
   std::printf("release: 10100 allocations with the legacy stream parked\n");
 }
 
-void give_back_case(Park how, const char* name) {
+// Another thread's capture, open on a stream of its own from construction until end().
+class CaptureBeside {
+ public:
+  CaptureBeside()
+      : thread_([this] {
+          cudaStream_t stream = nullptr;
+          CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+          void* captured = nullptr;
+          CHECK_CUDA(cudaMalloc(&captured, 4096));
+          CHECK_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+          CHECK_CUDA(cudaMemsetAsync(captured, 3, 4096, stream));
+          step_ = 1;
+          while (step_.load() != 2) std::this_thread::yield();
+          cudaGraph_t graph = nullptr;
+          CHECK_CUDA(cudaStreamEndCapture(stream, &graph));
+          CHECK_CUDA(cudaGraphDestroy(graph));
+          CHECK_CUDA(cudaFree(captured));
+          CHECK_CUDA(cudaStreamDestroy(stream));
+        }) {
+    while (step_.load() != 1) std::this_thread::yield();
+  }
+  void end() {
+    step_ = 2;
+    thread_.join();
+  }
+
+ private:
+  std::atomic<int> step_{0};  // 1: the capture is open; 2: it may end
+  std::thread thread_;
+};
+
+// `beside_capture`: another thread's capture is open meanwhile.
+void give_back_case(Park how, const char* name, bool beside_capture = false) {
   std::size_t free_bytes = 0, total = 0;
   CHECK_CUDA(cudaMemGetInfo(&free_bytes, &total));
   void* half = nullptr;
@@ -134,6 +167,8 @@ void give_back_case(Park how, const char* name) {
   CHECK_CUDA(cudaMemset(half, 1, 4096));
   CHECK_CUDA(cudaFree(half));
 
+  std::optional<CaptureBeside> capture;
+  if (beside_capture) capture.emplace();
   Gate gate;
   park_legacy_stream(gate, how);
   std::atomic<bool> done{false};
@@ -143,6 +178,7 @@ void give_back_case(Park how, const char* name) {
   done.store(true);
   dog.join();
   gate.open.store(true);
+  if (capture) capture->end();
   CHECK_RESULT(result, cudaSuccess);
   CHECK_CUDA(cudaDeviceSynchronize());
   CHECK_CUDA(cudaMemset(most, 7, 4096));
@@ -332,6 +368,28 @@ void free_async_room_case() {
   CHECK_CUDA(cudaFree(pitched));
 }
 
+// Asks for `size` bytes during the park of `stream`, which `gate` ends once the answer came: the
+// request must be refused, within recovery's bound of 10 seconds and not twice that, and served
+// once the stream has passed the park. Destroys `stream`.
+void refused_within_bound(std::size_t size, Gate& gate, cudaStream_t stream, const char* name) {
+  const auto start = std::chrono::steady_clock::now();
+  void* ptr = nullptr;
+  const cudaError_t refused = cudaMalloc(&ptr, size);
+  const auto waited = std::chrono::duration_cast<std::chrono::milliseconds>(
+      std::chrono::steady_clock::now() - start);
+  gate.open.store(true);
+  CHECK_RESULT(refused, cudaErrorMemoryAllocation);
+  cudaGetLastError();
+  CHECK_MSG(waited < std::chrono::seconds(15),
+            "the refusal took " + std::to_string(waited.count() / 1000) +
+                " s, past recovery's bound of 10 s");
+  CHECK_CUDA(cudaStreamSynchronize(stream));
+  CHECK_CUDA(cudaMalloc(&ptr, size));  // what was freed before reached the pools or the driver
+  CHECK_CUDA(cudaFree(ptr));
+  CHECK_CUDA(cudaStreamDestroy(stream));
+  std::printf("%s: refused after %lld ms\n", name, static_cast<long long>(waited.count()));
+}
+
 void refusal_bound_case() {
   const std::size_t size = kRoomSize;
   void* filler = fill_but_room();
@@ -344,25 +402,8 @@ void refusal_bound_case() {
   CHECK_CUDA(cudaMalloc(&first, size));
   CHECK_CUDA(cudaMemsetAsync(first, 1, 4096, stream));  // behind the park
   CHECK_CUDA(cudaFree(first));
-  const auto start = std::chrono::steady_clock::now();
-  void* second = nullptr;
-  const cudaError_t refused = cudaMalloc(&second, size);
-  const auto waited = std::chrono::steady_clock::now() - start;
-  gate.open.store(true);
-  CHECK_RESULT(refused, cudaErrorMemoryAllocation);
-  cudaGetLastError();
-  CHECK_MSG(waited < std::chrono::seconds(15),
-            "the refusal took " +
-                std::to_string(std::chrono::duration_cast<std::chrono::seconds>(waited).count()) +
-                " s, past recovery's bound of 10 s");
-  CHECK_CUDA(cudaStreamSynchronize(stream));
-  CHECK_CUDA(cudaMalloc(&second, size));  // the fence has passed
-  CHECK_CUDA(cudaFree(second));
+  refused_within_bound(size, gate, stream, "refusal_bound");
   CHECK_CUDA(cudaFree(filler));
-  CHECK_CUDA(cudaStreamDestroy(stream));
-  std::printf("refusal_bound: refused after %lld ms\n",
-              static_cast<long long>(
-                  std::chrono::duration_cast<std::chrono::milliseconds>(waited).count()));
 }
 
 void refusal_behind_stuck_release_case() {
@@ -402,70 +443,8 @@ void refusal_behind_stuck_release_case() {
     CHECK_CUDA(cudaFree(b));
   });
   freer.join();
-  const auto start = std::chrono::steady_clock::now();
-  void* big = nullptr;
-  const cudaError_t refused = cudaMalloc(&big, 600 * kMiB);
-  const auto waited = std::chrono::steady_clock::now() - start;
-  gate.open.store(true);
-  CHECK_RESULT(refused, cudaErrorMemoryAllocation);
-  cudaGetLastError();
-  CHECK_MSG(waited < std::chrono::seconds(15),
-            "the refusal took " +
-                std::to_string(std::chrono::duration_cast<std::chrono::seconds>(waited).count()) +
-                " s, past recovery's bound of 10 s");
-  CHECK_CUDA(cudaStreamSynchronize(stream));
-  CHECK_CUDA(cudaMalloc(&big, 600 * kMiB));  // the frees reached the driver
-  CHECK_CUDA(cudaFree(big));
+  refused_within_bound(600 * kMiB, gate, stream, "refusal_behind_stuck_release");
   CHECK_CUDA(cudaFree(filler));
-  CHECK_CUDA(cudaStreamDestroy(stream));
-  std::printf("refusal_behind_stuck_release: refused after %lld ms\n",
-              static_cast<long long>(
-                  std::chrono::duration_cast<std::chrono::milliseconds>(waited).count()));
-}
-
-void give_back_beside_capture_case() {
-  std::size_t free_bytes = 0, total = 0;
-  CHECK_CUDA(cudaMemGetInfo(&free_bytes, &total));
-  void* half = nullptr;
-  CHECK_CUDA(cudaMalloc(&half, free_bytes / 2));  // a page of its own
-  CHECK_CUDA(cudaMemset(half, 1, 4096));
-  CHECK_CUDA(cudaFree(half));
-
-  std::atomic<int> step{0};  // 1: the capture is open; 2: it may end
-  std::thread capturer([&step] {
-    cudaStream_t stream = nullptr;
-    CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-    void* captured = nullptr;
-    CHECK_CUDA(cudaMalloc(&captured, 4096));
-    CHECK_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
-    CHECK_CUDA(cudaMemsetAsync(captured, 3, 4096, stream));
-    step = 1;
-    while (step.load() != 2) std::this_thread::yield();
-    cudaGraph_t graph = nullptr;
-    CHECK_CUDA(cudaStreamEndCapture(stream, &graph));
-    CHECK_CUDA(cudaGraphDestroy(graph));
-    CHECK_CUDA(cudaFree(captured));
-    CHECK_CUDA(cudaStreamDestroy(stream));
-  });
-  while (step.load() != 1) std::this_thread::yield();
-
-  Gate gate;
-  park_legacy_stream(gate);
-  std::atomic<bool> done{false};
-  std::thread dog = watchdog(done, gate, 5, "cudaMalloc");
-  void* most = nullptr;
-  const cudaError_t result = cudaMalloc(&most, free_bytes / 4 * 3);
-  done.store(true);
-  dog.join();
-  gate.open.store(true);
-  step = 2;
-  capturer.join();
-  CHECK_RESULT(result, cudaSuccess);
-  CHECK_CUDA(cudaDeviceSynchronize());
-  CHECK_CUDA(cudaMemset(most, 7, 4096));
-  CHECK(preload_test::device_bytes_equal(most, 4096, 7));
-  CHECK_CUDA(cudaFree(most));
-  std::printf("give_back_beside_capture: 3/4 of the device allocated during the park\n");
 }
 
 int main(int argc, char** argv) {
@@ -479,7 +458,8 @@ int main(int argc, char** argv) {
   else if (which == "give_back") give_back_case(Park::host_function, "give_back");
   else if (which == "give_back_callback") give_back_case(Park::callback, "give_back_callback");
   else if (which == "give_back_driver") give_back_case(Park::driver, "give_back_driver");
-  else if (which == "give_back_beside_capture") give_back_beside_capture_case();
+  else if (which == "give_back_beside_capture")
+    give_back_case(Park::host_function, "give_back_beside_capture", true);
   else if (which == "host_functions_beside_park") host_functions_beside_park_case();
   else if (which == "refusal_bound") refusal_bound_case();
   else if (which == "refusal_behind_stuck_release") refusal_behind_stuck_release_case();
