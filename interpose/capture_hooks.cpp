@@ -97,17 +97,15 @@ class Origins {
     const auto it = std::find(beginning_.begin(), beginning_.end(), stream);
     if (it != beginning_.end()) beginning_.erase(it);
   }
-  // Waits, at most a second, until no begin on `stream` is under way; true when one was.
-  bool await_begun(cudaStream_t stream) {
+  // Waits, at most a second, until no begin on `stream` is under way.
+  void await_begun(cudaStream_t stream) {
     const auto under_way = [&] {
       std::lock_guard<RankedMutex> hold(mutex_);
       return std::find(beginning_.begin(), beginning_.end(), stream) != beginning_.end();
     };
-    if (!under_way()) return false;
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(1);
     while (under_way() && std::chrono::steady_clock::now() < deadline)
       std::this_thread::yield();
-    return true;
   }
   // Whether `id` was there: of two threads closing one capture, one only removes it.
   bool remove(unsigned long long id) {
@@ -360,9 +358,10 @@ namespace {
 // allocation loops ran out of memory where plain CUDA did not (in about one begin in a
 // thousand, with a thread ending the capture as soon as it saw it). So a begin is marked under
 // way on its stream from before the real call until it has recorded what it began, and a close
-// that finds nothing recorded while a begin on that stream is under way waits for it (at most a
-// second; the begin waits for nothing the closer holds), then closes what it recorded, with the
-// closer's graph. (Closing from the beginning thread instead, once it had recorded the capture,
+// that finds nothing recorded waits for any begin on that stream under way (at most a second;
+// the begin waits for nothing the closer holds), then looks again, whether it waited or not (the
+// begin may have finished between the two looks), and closes what it recorded, with the closer's
+// graph. (Closing from the beginning thread instead, once it had recorded the capture,
 // could win against an end that had made a graph, and handed the graph's memory out again.) Of
 // two threads closing one capture, the one that removes its origin closes it.
 
@@ -376,11 +375,12 @@ void close_if_ended(const OpenCapture& capture, cudaStream_t stream, cudaGraph_t
   Registry& registry = Registry::instance();
   CapturePolicy* policy = registry.capture(capture.device);
   if (policy == nullptr) return;
-  // Note [Captures ended while they begin]: recorded by a begin under way, or begun behind
-  // our back.
-  if (!policy->is_open(capture.id) &&
-      !(origins().await_begun(stream) && policy->is_open(capture.id)))
-    return;
+  // Note [Captures ended while they begin]: recorded by a begin under way (or by one that
+  // finished since the first look), or begun behind our back.
+  if (!policy->is_open(capture.id)) {
+    origins().await_begun(stream);
+    if (!policy->is_open(capture.id)) return;
+  }
   if (!stream_gone && open_capture(stream, capture.device).id == capture.id) return;  // open
   if (!origins().remove(capture.id)) return;  // another thread closed it
   registry.device(capture.device)->capture_ended();
@@ -405,9 +405,10 @@ void stream_destroyed_while_capturing(cudaStream_t stream, int device,
                                       unsigned long long capture_id, bool destroyed) {
   // A stream that joined the capture leaves it open (Note [Streams that leave a capture]). Its
   // begin may still be recording it (Note [Captures ended while they begin]).
-  if (!origins().began(capture_id, stream) &&
-      !(origins().await_begun(stream) && origins().began(capture_id, stream)))
-    return;
+  if (!origins().began(capture_id, stream)) {
+    origins().await_begun(stream);
+    if (!origins().began(capture_id, stream)) return;
+  }
   close_if_ended(OpenCapture{device, capture_id}, stream, nullptr, destroyed);
 }
 
