@@ -314,10 +314,17 @@ int begin_capture(cudaStream_t handle, bool per_thread, cudaStreamCaptureMode mo
   policy.prime();
   int result = 0;
   OpenCapture capture;
-  origins().beginning(stream);  // Note [Captures ended while they begin]
+  // Note [Captures ended while they begin]: marked from just before the real call until the end.
   struct Begun {
     cudaStream_t stream;
-    ~Begun() { origins().begun(stream); }
+    bool marked = false;
+    void mark() {
+      origins().beginning(stream);
+      marked = true;
+    }
+    ~Begun() {
+      if (marked) origins().begun(stream);
+    }
   } begun{stream};
   // Note [Releases during capture] in release_worker.cpp: a free of the device's pages that
   // began before the capture is seen to begin would invalidate it.
@@ -333,6 +340,7 @@ int begin_capture(cudaStream_t handle, bool per_thread, cudaStreamCaptureMode mo
       std::this_thread::sleep_for(std::chrono::microseconds(50));
       table.lock();
     }
+    begun.mark();
     result = real();
     if (result == 0) {
       capture = open_capture(stream, device);

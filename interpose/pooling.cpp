@@ -143,20 +143,26 @@ void await_graph_release_briefly(CapturePolicy& capture) {
 // 10 s once per destroy where plain CUDA answers at once.
 constexpr std::chrono::milliseconds kUnpooledGraphWait{100};
 
+// Waits within `bound` until a dead graph's release is pending; false when the bound ran out.
+bool release_arrives(CapturePolicy& capture, WaitBound& bound) {
+  NoCancel no_cancel;  // a wait plain CUDA's call would not make (Note [Cancellation])
+  return bound.retry([&] {
+    while (!capture.releases_pending()) {
+      if (bound.over()) return false;
+      std::this_thread::sleep_for(std::chrono::microseconds(500));
+    }
+    return true;
+  });
+}
+
 bool await_graph_release(CapturePolicy& capture) {
   const std::int64_t destroyed = g_last_graph_destroy_ns.load(std::memory_order_relaxed);
   if (destroyed <= g_graph_destroy_settled_ns.load(std::memory_order_relaxed)) return false;
   if (capture.open() || capture.stats().pinned_bytes == 0) return false;
-  NoCancel no_cancel;  // a wait plain CUDA's call would not make (Note [Cancellation])
-  const auto until = std::chrono::steady_clock::now() + kUnpooledGraphWait;
-  while (!capture.releases_pending()) {
-    if (std::chrono::steady_clock::now() >= until) {
-      settle_graph_destroys(destroyed);
-      return false;
-    }
-    std::this_thread::sleep_for(std::chrono::microseconds(500));
-  }
-  return true;
+  WaitBound bound{kUnpooledGraphWait};
+  if (release_arrives(capture, bound)) return true;
+  settle_graph_destroys(destroyed);
+  return false;
 }
 
 // Waits within `bound`, the request's (Note [Graphs dying]).
@@ -179,15 +185,7 @@ bool graph_release_arrived(CapturePolicy& capture, int device_index, CudaDevice&
   // 10 s a round in a loop that captured and destroyed a graph each round).
   const std::optional<std::uint64_t> budget_room = budget::room(device_index);
   if (size <= driver_free && (!budget_room || size <= *budget_room)) return false;
-  NoCancel no_cancel;  // a wait plain CUDA's call would not make (Note [Cancellation])
-  const bool came = bound.retry([&] {
-    while (!capture.releases_pending()) {
-      if (bound.over()) return false;
-      std::this_thread::sleep_for(std::chrono::microseconds(500));
-    }
-    return true;
-  });
-  if (!came) {
+  if (!release_arrives(capture, bound)) {
     settle_graph_destroys(destroyed);
     return false;
   }

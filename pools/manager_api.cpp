@@ -493,7 +493,8 @@ GiveBack MemoryManager::Impl::give_back(WaitBound& bound, std::uint32_t asked_mi
   // The page inside the driver's free when an earlier flush ran out is inside still: the pages
   // queued behind it cannot arrive within this bound either (Note [Give-backs behind a stuck
   // release] in memory_manager.cpp).
-  // Before a park only: a give-back for a refused request waits its whole bound.
+  // Before a park only: a give-back for a refused request waits its whole bound, unless the
+  // request's own recovery just did.
   const bool before_park = wait == GiveBackWait::before_park;
   // Note [One wait per refused request].
   const std::uint64_t in_flight = device.release_in_flight();

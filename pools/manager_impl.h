@@ -253,7 +253,7 @@ struct MemoryManager::Impl {
   // `waited_behind`: the release this thread's recovery just ran out waiting for, or 0 (Note
   // [One wait per refused request] in manager_api.cpp).
   GiveBack give_back(WaitBound& bound, std::uint32_t asked_microseconds, GiveBackWait wait,
-                     std::uint64_t waited_behind = 0);
+                     std::uint64_t waited_behind);
 
   // --- memory_manager.cpp --------------------------------------------------------------------
   void build_pools(const PoolLayout& layout);
