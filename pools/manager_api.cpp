@@ -222,6 +222,14 @@ Reservation MemoryManager::Impl::reserve(std::uint64_t size, Placement placement
         log(LogLevel::basic, std::move(message));
     }
   }
+  if (route_capped != nullptr) {
+    if (r.slice != nullptr) {
+      route_capped->note_spill();
+    } else if (r.error.kind == ErrorKind::pool_capacity_exceeded) {
+      route_capped->note_refusal();
+      ++cap_refusals;
+    }
+  }
   if (r.slice == nullptr) return Reservation{0, r.error};
   // Note [Device peaks]: a rise of this shard's bytes in use by a 64th since its last sample.
   if (ctx.totals.in_use > peaks_sampled_in_use + peaks_sampled_in_use / 64) sample_device_peaks();

@@ -152,7 +152,6 @@ struct Route {
   // bound] in memory_manager.cpp).
   std::uint64_t trim_elsewhere_bytes = 0;
   std::uint64_t claim_bytes = 0;
-
   static Route served(Slice* slice) {
     Route r;
     r.slice = slice;
@@ -521,6 +520,11 @@ struct MemoryManager::Impl {
   std::uint64_t oom_recoveries = 0;
   std::uint64_t oom_growth_waits = 0;  // growths that waited for a recovery (wait_for_recoveries)
   std::uint64_t oom_failures = 0;
+  std::uint64_t cap_refusals = 0;  // requests a full capped pool refused
+  // The first full capped pool that the last route() passed, or nullptr: the request spilled
+  // past it when another pool served it, and it refused the request when its cap is the answer
+  // (counted by reserve()).
+  Pool* route_capped = nullptr;
   std::uint64_t fence_waits = 0;  // waits for the bound on fence-pending bytes
   std::uint64_t fence_wait_timeouts = 0;  // of those, the ones whose bound expired first
   double fence_wait_seconds = 0;          // time spent in those waits

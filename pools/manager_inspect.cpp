@@ -102,6 +102,7 @@ ManagerReport MemoryManager::Impl::snapshot() const {
   r.oom_recoveries = m.oom_recoveries;
   r.oom_failures = m.oom_failures;
   r.oom_growth_waits = m.oom_growth_waits;
+  r.cap_refusals = m.cap_refusals;
   r.bytes_in_use_peak = m.ctx.totals.in_use_peak;
   r.bytes_reserved_peak = m.ctx.totals.reserved_peak;
   r.live_sizes = m.ctx.totals.live_sizes;

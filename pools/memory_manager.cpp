@@ -718,6 +718,7 @@ Route MemoryManager::Impl::route(std::uint64_t size, Placement placement,
   };
 
 restart:
+  route_capped = nullptr;
   if (persistent_mode || size_match) {
     if (Slice* s = persistent->try_reserve(size)) return Route::served(s);
   }
@@ -774,6 +775,7 @@ restart:
                              "pool)."));
       }
       capacity = limit;
+      if (route_capped == nullptr) route_capped = &pool;
       continue;
     }
     // The program freed what thread caches park here: the pool takes it back before it grows,

@@ -307,6 +307,8 @@ PoolReport Pool::report() const {
   r.stale_releases = stale_releases_;
   r.pages_borrowed = pages_borrowed_;
   r.pages_lent = pages_lent_;
+  r.capacity_spills = capacity_spills_;
+  r.capacity_refusals = capacity_refusals_;
   return r;
 }
 

@@ -304,6 +304,11 @@ class Pool {
   // Clock value at which this pool's oldest idle page expires, or kNever.
   std::uint64_t deadline() const;
 
+  // A request passed this full capped pool and a later pool served it (spill), or its cap was
+  // the answer (refusal).
+  void note_spill() { ++capacity_spills_; }
+  void note_refusal() { ++capacity_refusals_; }
+
   MemoryUsage usage() const { return usage_; }
   std::uint64_t pending_bytes() const { return pending_bytes_; }
   // Free bytes in every page, whole idle pages included.
@@ -358,6 +363,8 @@ class Pool {
   std::uint64_t stale_releases_ = 0;  // pages release_idle_pages() gave back
   std::uint64_t pages_borrowed_ = 0;  // pages taken from other shards instead of the device
   std::uint64_t pages_lent_ = 0;      // idle pages handed to other shards
+  std::uint64_t capacity_spills_ = 0;    // requests served by a later pool while this one was full
+  std::uint64_t capacity_refusals_ = 0;  // requests refused because this one was full
 };
 
 }  // namespace poolcuda

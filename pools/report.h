@@ -48,7 +48,9 @@ struct UnitStorage<Unit::ratio> {
   X(device_releases, "releases", count, wide)             \
   X(stale_releases, "stale released", count, wide)        \
   X(pages_borrowed, "borrowed", count, wide)              \
-  X(pages_lent, "lent", count, wide)
+  X(pages_lent, "lent", count, wide)                      \
+  X(capacity_spills, "spilled", count, wide)              \
+  X(capacity_refusals, "refused", count, wide)
 
 struct PoolReport {
   std::string kind;   // "sliced", "exclusive", "split", "direct", "persistent"
@@ -77,6 +79,7 @@ struct PoolReport {
   X(out_of_memory, oom_recoveries, "recovered", count, normal)               \
   X(out_of_memory, oom_failures, "failed", count, normal)                    \
   X(out_of_memory, oom_growth_waits, "growths waited", count, normal)        \
+  X(out_of_memory, cap_refusals, "refused at a cap", count, normal)          \
   X(held, held_released_bytes, "given back", bytes, normal)                 \
   X(held, held_overruns, "growths past it", count, normal)                  \
   X(held, held_early_growths, "growths before those arrived", count, normal) \

@@ -3,7 +3,8 @@
 //   the real cudaMalloc (so the memory works like any other), come back through the real
 //   cudaFree, are counted as passed through in the report, and the log warns once per device.
 // - "capped" (pools:[sliced(page=1M,slice=1M,cap=2M)]): a capped pool that is full with nothing
-//   behind it is a budget: cudaErrorMemoryAllocation, also in cudaGetLastError.
+//   behind it is a budget: cudaErrorMemoryAllocation, also in cudaGetLastError, and the exit
+//   report counts the refusal.
 // - "over-budget" (the uncovered layout under limit:16M): such a request that the budget refuses
 //   never reaches CUDA and is not counted as passed through.
 #include <string>
@@ -111,8 +112,12 @@ int main(int argc, char** argv) {
   preload_test::ChildResult quiet = run("uncovered", "pools:[sliced(page=1M)],log:off");
   CHECK(count_lines(quiet.output, "no pool accepts") == 0);
 
-  preload_test::ChildResult capped = run("capped", "pools:[sliced(page=1M,slice=1M,cap=2M)]");
+  preload_test::ChildResult capped =
+      run("capped", "pools:[sliced(page=1M,slice=1M,cap=2M)],report_at_exit:1");
   CHECK(capped.output.find("capacity") != std::string::npos);
+  // The exit report counts the refusal, which never reached CUDA.
+  CHECK(capped.output.find("failed 0, growths waited 0, refused at a cap 1") != std::string::npos);
+  CHECK(capped.output.find("passed through to CUDA: cudaMalloc 0") != std::string::npos);
   std::printf("ok\n");
   return 0;
 }

@@ -114,6 +114,32 @@ TEST_CASE("capped_sliced_pool_errors_instead_of_growing") {
   CHECK(rig.manager.memory_usage().bytes_reserved == 2048);
 }
 
+// An operator reads a full cap off the report: which pool spilled or refused, and how often.
+TEST_CASE("reports_count_spills_and_refusals_of_a_full_capped_pool") {
+  Rig rig(custom({sliced(1024, 0, 1024), sliced(4096, 0, 4096)}));
+  REQUIRE(rig.reserve(1024) != 0);  // the first pool's one page, full
+  REQUIRE(rig.reserve(512) != 0);   // spills to the second pool
+  REQUIRE(rig.reserve(1024) != 0);  // spills too
+  ManagerReport report = rig.manager.report();
+  CHECK(report.dynamic[0].capacity_spills == 2);
+  CHECK(report.dynamic[0].capacity_refusals == 0);
+  CHECK(report.dynamic[1].capacity_spills == 0);
+  CHECK(report.cap_refusals == 0);
+  REQUIRE(rig.reserve(2048) != 0);  // only the second pool accepts it: no spill
+  // Both full: the first pool's cap answers a size both accept, the second's one only it does.
+  CHECK(rig.manager.allocate(1024).error.kind == ErrorKind::pool_capacity_exceeded);
+  CHECK(rig.manager.allocate(2048).error.kind == ErrorKind::pool_capacity_exceeded);
+  report = rig.manager.report();
+  CHECK(report.dynamic[0].capacity_spills == 2);
+  CHECK(report.dynamic[0].capacity_refusals == 1);
+  CHECK(report.dynamic[1].capacity_refusals == 1);
+  CHECK(report.cap_refusals == 2);
+  CHECK(report.oom_failures == 0);
+  const std::string text =
+      render_report(ReportHeader{1, 1, "request"}, {report}, ReportFormat::text);
+  CHECK(text.find("refused at a cap 2") != std::string::npos);
+}
+
 TEST_CASE("persistent_window_serves_what_a_capped_layout_refuses") {
   Rig rig(custom({sliced(1024, 0, 1024)}));
   CHECK(rig.manager.allocate(4096).error.kind == ErrorKind::buffer_too_big);
