@@ -68,6 +68,7 @@
 #include "interpose/log.h"
 #include "interpose/own_call.h"
 #include "interpose/real_cuda.h"
+#include "interpose/real_driver.h"
 #include "interpose/registry.h"
 #include "interpose/release_worker.h"
 #include "interpose/stream_order.h"
@@ -374,7 +375,7 @@ CudaDevice::PeerEvent CudaDevice::record_if_other_device(StreamToken token) {
     const TrackedStream* tracked = nullptr;
     for (const TrackedStream& candidate : streams_.streams())
       if (candidate.stream == stream) tracked = &candidate;
-    if (tracked == nullptr) return {};
+    if (tracked == nullptr) return record_on_unknown_stream(stream);
     stream_device = tracked->device;
   }
   if (stream_device == device_) return {};
@@ -411,8 +412,48 @@ CudaDevice::PeerEvent CudaDevice::record_for_peer(cudaStream_t stream) {
   return peer;
 }
 
+// Note [Frees on streams the library never saw]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// A managed slab's fence records on the streams the stream table holds, and a stream made in a
+// context of cuCtxCreate (or behind the library's back) is not among them. Device pages belong
+// to the primary context, but managed memory is valid in every context, so such a stream may
+// use a slab allocation: a stream-ordered free of one on that stream went back to its slab at
+// once, and the slab handed the bytes to a new allocation while the stream still wrote them (a
+// memset queued behind a host function landed in the new owner's buffer, where the plain run's
+// free waited for it). So the free waits for an event on that stream itself, as for another
+// device's stream. An event and the stream it is recorded on must share a context: this one is
+// made in the stream's (cuStreamGetCtx), with the driver's own calls, for this free alone, and
+// destroyed once passed. Where none can be recorded there, the stream is synchronized before
+// the slab takes the memory back, unless it captures (a capture's frees stay allocated:
+// Note [Managed frees during a capture] in pooling.cpp).
+CudaDevice::PeerEvent CudaDevice::record_on_unknown_stream(cudaStream_t stream) {
+  const CUstream handle = stream;  // the runtime's handle is the driver's
+  CUstreamCaptureStatus capture = CU_STREAM_CAPTURE_STATUS_NONE;
+  if (real_driver::cuStreamIsCapturing()(handle, &capture) != CUDA_SUCCESS ||
+      capture != CU_STREAM_CAPTURE_STATUS_NONE)
+    return {};
+  CUcontext context = nullptr;
+  CUevent event = nullptr;
+  bool recorded = false;
+  if (real_driver::cuStreamGetCtx()(handle, &context) == CUDA_SUCCESS && context != nullptr &&
+      real_driver::cuCtxPushCurrent_v2()(context) == CUDA_SUCCESS) {
+    if (real_driver::cuEventCreate()(&event, CU_EVENT_DISABLE_TIMING) == CUDA_SUCCESS) {
+      recorded = real_driver::cuEventRecord()(event, handle) == CUDA_SUCCESS;
+      if (!recorded) real_driver::cuEventDestroy_v2()(event);
+    }
+    CUcontext popped = nullptr;
+    real_driver::cuCtxPopCurrent_v2()(&popped);
+  }
+  if (!recorded) {
+    real_driver::cuStreamSynchronize()(handle);
+    return {};
+  }
+  return PeerEvent{this, event, 0, true};
+}
+
 // An event is asked, and waited for, with its own device current.
 bool CudaDevice::peer_event_passed(const PeerEvent& peer) {
+  if (peer.foreign) return real_driver::cuEventQuery()(peer.event) != CUDA_ERROR_NOT_READY;
   {
     // An event from before a reset: the reset waited for the work it followed.
     std::lock_guard<RankedMutex> hold(mutex_);
@@ -423,11 +464,19 @@ bool CudaDevice::peer_event_passed(const PeerEvent& peer) {
 }
 
 void CudaDevice::peer_event_wait(const PeerEvent& peer) {
+  if (peer.foreign) {
+    real_driver::cuEventSynchronize()(peer.event);
+    return;
+  }
   OwnCallScope scope(device_);
   if (scope.ok()) own::cudaEventSynchronize()(peer.event);
 }
 
 void CudaDevice::return_peer_event(const PeerEvent& peer) {
+  if (peer.foreign) {
+    real_driver::cuEventDestroy_v2()(peer.event);
+    return;
+  }
   std::lock_guard<RankedMutex> hold(mutex_);
   // An event from before a reset is dead (forget_events).
   if (peer.generation == generation_) events_.push_back(peer.event);

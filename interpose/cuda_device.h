@@ -96,16 +96,26 @@ class CudaDevice final : public Device {
     CudaDevice* owner = nullptr;
     cudaEvent_t event = nullptr;
     std::uint64_t generation = 0;  // the owner's, when the event was taken
+    // Made in the context of a stream the table does not hold, for this one free: destroyed
+    // when it goes back, not kept (Note [Frees on streams the library never saw]).
+    bool foreign = false;
   };
   PeerEvent record_for_peer(cudaStream_t stream);
   // For a stream-ordered free of memory this device's own fences cover only for its own
   // streams (a managed slab's, Note [Managed frees on another device's stream] in pooling.cpp):
-  // an event on `stream` (a token as for fence_record_on) when that is another device's stream;
-  // empty for this device's streams, one the table does not know, or when none can be recorded.
+  // an event on `stream` (a token as for fence_record_on) when that is another device's stream
+  // or one the table does not know (Note [Frees on streams the library never saw]); empty for
+  // this device's streams, or when none can be recorded (an unknown stream has then been
+  // synchronized, unless it captures).
   PeerEvent record_if_other_device(StreamToken stream);
   bool peer_event_passed(const PeerEvent& peer);
   void peer_event_wait(const PeerEvent& peer);
   void return_peer_event(const PeerEvent& peer);
+
+ private:
+  PeerEvent record_on_unknown_stream(cudaStream_t stream);
+
+ public:
 
   int index() const { return device_; }
   std::uint64_t total_bytes() const { return total_bytes_; }  // under a budget, at most its limit

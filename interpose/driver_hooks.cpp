@@ -54,8 +54,10 @@ bool tracked_stream(cudaStream_t stream) {
 // cuCtxCreate the pools take the pointer back in the primary context of the device whose pools
 // hold it, which may not be the current context's device, nor one whose primary context the
 // program ever used; the free stays ordered on its stream when that is one the library saw
-// created (in a primary context, of any device: its fence covers it). The default streams there
-// are that context's own, which no fence of the pools reaches: the free is fenced as a plain one.
+// created (in a primary context, of any device: its fence covers it), or when it frees managed
+// memory, which that context's own streams may use (an event on the stream orders it: Note
+// [Frees on streams the library never saw] in cuda_device.cpp). The default streams there are
+// that context's own, which no fence of the pools reaches: the free is fenced as a plain one.
 pooling::Freed release(const driver::CurrentContext& ctx, CUdeviceptr dptr,
                        cudaStream_t stream) {
   if (ctx.primary) {
@@ -63,8 +65,9 @@ pooling::Freed release(const driver::CurrentContext& ctx, CUdeviceptr dptr,
   }
   const int holder = pooling::holder_device(as_pointer(dptr));
   const int device = holder >= 0 ? holder : ctx.device;
-  const bool ordered = stream != nullptr && stream != cudaStreamLegacy &&
-                       stream != cudaStreamPerThread && tracked_stream(stream);
+  const bool ordered =
+      stream != nullptr && stream != cudaStreamLegacy && stream != cudaStreamPerThread &&
+      (tracked_stream(stream) || pooling::managed_allocation(as_pointer(dptr)));
   driver::PrimaryScope scope(device);
   if (!scope.ok()) return {};  // no pools alive there: the real free answers
   return pooling::release(device, as_pointer(dptr),

@@ -704,6 +704,10 @@ void graph_destroyed() {
   g_last_graph_destroy_ns.store(steady_ns(), std::memory_order_relaxed);
 }
 
+bool managed_allocation(const void* ptr) {
+  return managed_holder(Registry::instance(), -1, reinterpret_cast<DevicePtr>(ptr)) >= 0;
+}
+
 int holder_device(const void* ptr) {
   Registry& registry = Registry::instance();
   const auto address = reinterpret_cast<DevicePtr>(ptr);

@@ -80,6 +80,9 @@ bool managed_free_held(DevicePtr start);
 // snapshot: memory allocated or given back meanwhile may or may not be seen.
 int holder_device(const void* ptr);
 
+// Whether `ptr` starts a live allocation of some device's managed slabs. A snapshot, as above.
+bool managed_allocation(const void* ptr);
+
 // The program destroyed a graph or an executable graph (Note [Graphs dying] in pooling.cpp).
 void graph_destroyed();
 

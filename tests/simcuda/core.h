@@ -189,6 +189,7 @@ void race_report_at_exit();
 struct Stream;
 struct Event;
 struct Capture;
+struct Context;
 using StreamRef = std::shared_ptr<Stream>;
 
 // One unit of stream work, also the payload of a captured graph node.
@@ -212,6 +213,9 @@ struct Stream {
   StreamKind kind = StreamKind::user;
   unsigned flags = 0;
   int priority = 0;
+  // The context the driver's cuStreamCreate made it in (cuStreamGetCtx); null: the device's
+  // primary context (a stream of the runtime, or a fixed handle).
+  Context* context = nullptr;
   // Guarded by state_mutex():
   std::shared_ptr<Capture> capture;
 

@@ -363,6 +363,8 @@ const Entry kEntries[] = {
     {"cuLaunchHostFunc", 10000, true, SIM_FN(cuLaunchHostFunc_ptsz)},
     {"cuStreamAddCallback", 5000, false, SIM_FN(cuStreamAddCallback)},
     {"cuStreamAddCallback", 7000, true, SIM_FN(cuStreamAddCallback_ptsz)},
+    {"cuStreamGetCtx", 9020, false, SIM_FN(cuStreamGetCtx)},
+    {"cuStreamGetCtx", 9020, true, SIM_FN(cuStreamGetCtx_ptsz)},
     {"cuStreamGetDevice", 12080, false, SIM_FN(cuStreamGetDevice)},
     {"cuStreamGetDevice", 12080, true, SIM_FN(cuStreamGetDevice_ptsz)},
     {"cuStreamBeginCapture", 10000, false, SIM_FN(cuStreamBeginCapture)},

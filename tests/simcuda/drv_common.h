@@ -90,6 +90,8 @@ CUresult cuMemcpyDtoH_v2(void* dst, CUdeviceptr src, size_t count);
 CUresult cuStreamQuery_ptsz(CUstream stream);
 CUresult cuStreamWaitEvent_ptsz(CUstream stream, CUevent event, unsigned int flags);
 CUresult cuStreamGetDevice_ptsz(CUstream stream, CUdevice* device);
+CUresult cuStreamGetCtx(CUstream stream, CUcontext* pctx);
+CUresult cuStreamGetCtx_ptsz(CUstream stream, CUcontext* pctx);
 CUresult cuStreamGetCaptureInfo(CUstream stream, CUstreamCaptureStatus* status, cuuint64_t* id);
 CUresult cuStreamGetCaptureInfo_ptsz(CUstream stream, CUstreamCaptureStatus* status,
                                      cuuint64_t* id);

@@ -194,6 +194,7 @@ CUresult create(CUstream* out, unsigned int flags, int priority) {
   if (CUresult r = guard(true)) return r;
   if (!out || (flags & ~unsigned{CU_STREAM_NON_BLOCKING})) return CUDA_ERROR_INVALID_VALUE;
   StreamRef s = create_stream(context_device(), flags, std::clamp(priority, -5, 0));
+  s->context = thread_context();  // before the handle is out: nobody else reads it yet
   *out = static_cast<CUstream>(s->handle);
   return CUDA_SUCCESS;
 }
@@ -255,6 +256,19 @@ CUresult get_device(CUstream stream, CUdevice* device, bool per_thread) {
   return CUDA_SUCCESS;
 }
 
+// A user stream's own context; a fixed handle names the calling thread's current context's
+// default stream, so it answers that context.
+CUresult get_context(CUstream stream, CUcontext* pctx, bool per_thread) {
+  if (CUresult r = guard(true)) return r;
+  if (!pctx) return CUDA_ERROR_INVALID_VALUE;
+  StreamRef s = resolve_stream(rt(stream), per_thread);
+  if (!s) return CUDA_ERROR_INVALID_HANDLE;
+  Context* ctx = s->kind == StreamKind::user ? s->context : thread_context();
+  if (ctx == nullptr) ctx = primary_context(s->device);
+  *pctx = reinterpret_cast<CUcontext>(ctx);
+  return CUDA_SUCCESS;
+}
+
 }  // namespace
 
 CUresult cuStreamCreate(CUstream* phStream, unsigned int Flags) {
@@ -295,6 +309,13 @@ CUresult cuStreamAddCallback(CUstream hStream, CUstreamCallback callback, void* 
 CUresult cuStreamAddCallback_ptsz(CUstream hStream, CUstreamCallback callback, void* userData,
                                   unsigned int flags) {
   return add_callback(hStream, callback, userData, flags, true);
+}
+
+CUresult cuStreamGetCtx(CUstream hStream, CUcontext* pctx) {
+  return get_context(hStream, pctx, false);
+}
+CUresult cuStreamGetCtx_ptsz(CUstream hStream, CUcontext* pctx) {
+  return get_context(hStream, pctx, true);
 }
 
 CUresult cuStreamGetDevice(CUstream hStream, CUdevice* device) {
