@@ -82,6 +82,7 @@
 #include "interpose/driver_variants.h"
 #include "interpose/log.h"
 #include "interpose/reporter.h"
+#include "interpose/threads.h"
 
 // Note [Active copy]: exported (exports.map); the first definition in the global scope
 // identifies the active copy.
@@ -218,6 +219,10 @@ void release_fork_holds() {
 void after_fork_in_parent() { release_fork_holds(); }
 
 void after_fork_in_child() {
+  // None of the parent's threads came along: a pthread_exit from the child's main thread must not
+  // take them for the library's, alive, and end the child under its own threads.
+  forget_library_threads_in_child();
+  forget_exit_watch_in_child();
   if (t_fork_from_untouched) {
     // The parent's notes are the parent's to say.
     pending_notes().notes.clear();

@@ -17,6 +17,11 @@
 // thread's stat, is one more than the library's own count of its live threads. A program thread
 // that starts another just before it ends is counted in one of them at every moment, so the watch
 // never ends a process that still runs (a listing of /proc/self/task could miss the new thread).
+// Each library thread counts itself once it runs, and uncounts itself before it ends: the
+// library's count is never above the kernel's count of its threads. (Counted before
+// pthread_create, a thread not yet made stood in for a program thread that still ran, and a slow
+// creation let the watch end the process under it.) A forked child starts with neither a count
+// nor a watch: none of the parent's threads came along.
 // The watch polls every kFirstPollMillis, backing off to kLastPollMillis. A process whose library
 // never started a thread (no CUDA call) starts none here either; other threads' pthread_exit, and
 // all the main thread's does, is the C library's unchanged.
@@ -102,7 +107,12 @@ void start_watch() {
 }  // namespace
 
 void library_thread_started() {
-  if (g_main_exited.load(std::memory_order_acquire)) start_watch();
+  if (g_main_exited.load()) start_watch();
+}
+
+void forget_exit_watch_in_child() {
+  g_main_exited.store(false, std::memory_order_relaxed);
+  g_watching.store(false, std::memory_order_relaxed);
 }
 
 }  // namespace poolcuda
@@ -113,8 +123,8 @@ extern "C" __attribute__((visibility("default"), noreturn)) void pthread_exit(vo
       reinterpret_cast<ExitFn>(poolcuda::dl::real_dlsym(RTLD_NEXT, "pthread_exit"));
   if (::getpid() == ::gettid()) {
     ::pthread_sigmask(SIG_BLOCK, nullptr, &poolcuda::g_main_mask);
-    poolcuda::g_main_exited.store(true, std::memory_order_release);
-    if (poolcuda::library_threads() > 0) poolcuda::start_watch();
+    poolcuda::g_main_exited.store(true);  // seq_cst: against library_thread_asked()
+    if (poolcuda::library_thread_asked()) poolcuda::start_watch();
   }
   real(value);
   __builtin_unreachable();

@@ -56,9 +56,11 @@ bool library_thread(const char* tid) {
   return got > 0 && std::strncmp(name, "poolcuda-", 9) == 0;
 }
 
-// The library's threads alive now: counted as each starts and ends (Note [pthread_exit from
-// main] in main_exit.cpp).
+// The library's threads alive now, each counted by itself as it starts and ends: never more
+// than the kernel counts of them (Note [pthread_exit from main] in main_exit.cpp). And whether
+// one was ever asked for, set before its creation.
 std::atomic<int> g_library_threads{0};
+std::atomic<bool> g_library_thread_asked{false};
 
 struct Started {
   void* (*main)(void*);
@@ -68,6 +70,7 @@ struct Started {
 void* run_counted(void* started) {
   const Started what = *static_cast<Started*>(started);
   std::free(started);
+  g_library_threads.fetch_add(1, std::memory_order_acq_rel);
   void* result = what.main(what.argument);
   g_library_threads.fetch_sub(1, std::memory_order_acq_rel);
   return result;
@@ -87,14 +90,13 @@ int create_detached(void* (*main)(void*), void* argument, const cpu_set_t* cpus,
     return ENOMEM;
   }
   *started = Started{main, argument};
-  // Counted before it runs: a count that is high for a moment only delays an exit.
-  g_library_threads.fetch_add(1, std::memory_order_acq_rel);
+  // Counted by the thread itself once it runs: a count above the kernel's, even for a moment,
+  // would let the exit watch take a program thread for one of the library's and end the process
+  // under it (a slow pthread_create did).
+  g_library_thread_asked.store(true);  // seq_cst: against pthread_exit's mark, as a pair
   const int created = ::pthread_create(thread, &attributes, &run_counted, started);
   ::pthread_attr_destroy(&attributes);
-  if (created != 0) {
-    g_library_threads.fetch_sub(1, std::memory_order_acq_rel);
-    std::free(started);
-  }
+  if (created != 0) std::free(started);
   return created;
 }
 
@@ -146,5 +148,12 @@ bool start_library_thread(void* (*main)(void*), void* argument, pthread_t* threa
 }
 
 int library_threads() { return g_library_threads.load(std::memory_order_acquire); }
+
+bool library_thread_asked() { return g_library_thread_asked.load(); }
+
+void forget_library_threads_in_child() {
+  g_library_threads.store(0, std::memory_order_relaxed);
+  g_library_thread_asked.store(false, std::memory_order_relaxed);
+}
 
 }  // namespace poolcuda

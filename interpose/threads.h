@@ -23,10 +23,20 @@ bool start_library_thread(void* (*main)(void*), void* argument, pthread_t* threa
 // could be read. Reads /proc: not for a signal handler or the library's constructor.
 bool program_cpus(cpu_set_t* cpus);
 
-// How many of the library's threads are alive (started and not yet returned).
+// How many of the library's threads are alive (running and not yet returned); never more than
+// exist.
 int library_threads();
+
+// Whether a library thread was ever asked for (it may not run yet).
+bool library_thread_asked();
+
+// In a forked child, which has none of the parent's threads: none of the library's either.
+void forget_library_threads_in_child();
 
 // Called after each library thread starts (main_exit.cpp: Note [pthread_exit from main]).
 void library_thread_started();
+
+// In a forked child, whose one thread is its main thread, alive: no exit to watch for.
+void forget_exit_watch_in_child();
 
 }  // namespace poolcuda

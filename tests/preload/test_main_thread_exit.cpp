@@ -10,7 +10,16 @@
 //           threads, and ended a process whose new thread it had not seen);
 //   no-cuda the same chain without any CUDA call: the library starts no thread of its own;
 //   alarm   as worker, with an atexit handler that waits in pause() for an alarm(1): the exit
-//           work ran on a thread of the library's with every signal blocked, and waited forever.
+//           work ran on a thread of the library's with every signal blocked, and waited forever;
+//   forked  after CUDA calls, the process forks, and the child's main thread starts a worker
+//           that sleeps (no CUDA: a forked child cannot use its parent's) and ends with
+//           pthread_exit: the child counted its parent's library threads as its own and ended
+//           at once, killing the worker;
+//   slow-create  the worker, once the main thread has ended, makes the library start its
+//           release thread (a page goes back to the driver) under a pthread_create that takes
+//           400 ms (slow_thread_create.cpp, as on a loaded machine): the library counted that
+//           thread before it ran, and the watch took the worker for it and ended the process.
+// Run with the path of slow_thread_create's library as its argument.
 #include <dirent.h>
 #include <dlfcn.h>
 #include <pthread.h>
@@ -74,10 +83,53 @@ void* chain_link(void* no_cuda) {
   return nullptr;
 }
 
+void* sleeping_worker(void*) {
+  ::usleep(300 * 1000);
+  std::printf("worker done\n");
+  std::fflush(stdout);
+  return nullptr;
+}
+
+// The slow-create case's worker: a 256 MiB page goes idle and a growth past the held bound
+// gives it back to the driver, on the release thread, which starts now (1 GiB device).
+void* releasing_worker(void*) {
+  ::usleep(100 * 1000);
+  void* keep = nullptr;
+  void* idle = nullptr;
+  void* grown = nullptr;
+  CHECK_CUDA(cudaMalloc(&keep, std::size_t{64} << 20));
+  CHECK_CUDA(cudaMalloc(&idle, std::size_t{256} << 20));
+  CHECK_CUDA(cudaFree(idle));
+  CHECK_CUDA(cudaMalloc(&grown, std::size_t{320} << 20));
+  ::usleep(600 * 1000);
+  std::printf("worker done\n");
+  std::fflush(stdout);
+  return nullptr;
+}
+
+// The forked case: the child ends its main thread; the parent returns the child's status.
+int fork_and_exit_main_in_child() {
+  std::fflush(stdout);
+  const pid_t child = ::fork();
+  CHECK(child >= 0);
+  if (child == 0) {
+    pthread_t thread;
+    CHECK(pthread_create(&thread, nullptr, &sleeping_worker, nullptr) == 0);
+    CHECK(pthread_detach(thread) == 0);
+    pthread_exit(nullptr);
+  }
+  int status = 0;
+  CHECK(::waitpid(child, &status, 0) == child);
+  CHECK_MSG(WIFEXITED(status) && WEXITSTATUS(status) == 0, "the child ended with " +
+                                                               std::to_string(status));
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc > 1) {
+  const bool a_case = argc > 1 && std::strstr(argv[1], ".so") == nullptr;
+  if (a_case) {
     const std::string name = argv[1];
     std::atexit([] {
       std::printf("atexit ran\n");
@@ -91,15 +143,21 @@ int main(int argc, char** argv) {
       });
     }
     void* no_cuda = name == "no-cuda" ? argv[1] : nullptr;
-    if (no_cuda == nullptr) {
+    if (name == "slow-create") {
+      CHECK_CUDA(cudaFree(nullptr));  // the reporter starts: the watch will
+    } else if (no_cuda == nullptr) {
       void* idle = nullptr;
       CHECK_CUDA(cudaMalloc(&idle, std::size_t{64} << 20));
       CHECK_CUDA(cudaFree(idle));
       CHECK_CUDA(cudaDeviceSynchronize());
     }
+    if (name == "forked") return fork_and_exit_main_in_child();
     pthread_t thread;
     const bool chain = name == "chain" || name == "no-cuda";
-    CHECK(pthread_create(&thread, nullptr, chain ? &chain_link : &worker, no_cuda) == 0);
+    void* (*body)(void*) = chain                   ? &chain_link
+                           : name == "slow-create" ? &releasing_worker
+                                                   : &worker;
+    CHECK(pthread_create(&thread, nullptr, body, no_cuda) == 0);
     CHECK(pthread_detach(thread) == 0);
     pthread_exit(nullptr);
   }
@@ -108,8 +166,15 @@ int main(int argc, char** argv) {
     preload_test::skip("ThreadSanitizer's own thread keeps such a process alive, with or "
                        "without the library");
   }
-  for (const char* name : {"worker", "chain", "no-cuda", "alarm"}) {
-    const preload_test::ChildResult child = preload_test::run_self(name, {}, 60);
+  CHECK_MSG(argc > 1, "usage: test_main_thread_exit SLOW_THREAD_CREATE_LIBRARY");
+  const char* preloaded = std::getenv("LD_PRELOAD");
+  const std::vector<std::string> slow_create = {
+      std::string("LD_PRELOAD=") + (preloaded != nullptr ? preloaded : "") + ":" + argv[1],
+      "SLOW_THREAD_CREATE_MS=400", "SIMCUDA_DEVICE_MEMORY=1G"};
+  for (const char* name : {"worker", "chain", "no-cuda", "alarm", "forked", "slow-create"}) {
+    const bool slow = std::strcmp(name, "slow-create") == 0;
+    const preload_test::ChildResult child =
+        preload_test::run_self(name, slow ? slow_create : std::vector<std::string>{}, 60);
     const bool chain = std::strcmp(name, "chain") == 0 || std::strcmp(name, "no-cuda") == 0;
     const std::string done = chain ? "chain done" : "worker done";
     CHECK_MSG(!child.timed_out, std::string(name) + ": the process outlived its threads:\n" +
