@@ -520,8 +520,11 @@ int forward(int device, std::size_t size, void** ptr, const std::function<int()>
   }
   // Idle pages and empty managed slabs count against the budget as they do against the device
   // (Note [Room for what the pools do not serve]): given back, the charge is tried once more.
+  // A request larger than the budget itself is refused at once: no give-back makes room for it,
+  // and its waits for fences (10 s at most) made a request that plain CUDA refuses at once wait.
   bool within_budget = budget::charge(device, size);
-  if (!within_budget) {
+  const std::optional<std::uint64_t> limit = budget::limit(device);
+  if (!within_budget && (!limit || size <= *limit)) {
     GrowthHold hold;  // Note [Room held for the retry]
     within_budget = give_back_idle(device, hold) && budget::charge(device, size);
   }

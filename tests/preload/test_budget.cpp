@@ -7,6 +7,9 @@
 // With eight threads churning buffers up to 1 MiB, cudaMemGetInfo never reports more free than
 // the total, and a request of what it reports free, less 32 MiB, succeeds (bar a rare race): the
 // free figure once counted a page given back between its two reads twice, and passed the total.
+// A request larger than the budget is refused at once while a stream is parked behind freed
+// memory: it used to wait up to 10 s for that memory's fence, which could never make room for
+// it, where plain CUDA refuses such a size at once.
 #include <atomic>
 #include <chrono>
 #include <cstdint>
@@ -147,6 +150,33 @@ int threads_child() {
   return 0;
 }
 
+int busy_child() {
+  cudaStream_t stream = nullptr;
+  CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  void* freed = nullptr;
+  CHECK_CUDA(cudaMalloc(&freed, 1000));
+  preload_test::Gate gate;
+  preload_test::park(stream, gate);
+  CHECK_CUDA(cudaFreeAsync(freed, stream));  // waits for the parked stream
+  for (const std::size_t size : {std::size_t{100} << 20, std::size_t{1} << 40, SIZE_MAX}) {
+    void* ptr = nullptr;
+    const auto began = std::chrono::steady_clock::now();
+    CHECK_RESULT(cudaMalloc(&ptr, size), cudaErrorMemoryAllocation);
+    CHECK_RESULT(cudaGetLastError(), cudaErrorMemoryAllocation);
+    const auto took = std::chrono::steady_clock::now() - began;
+    CHECK_MSG(took < std::chrono::seconds(2),
+              std::to_string(size) + " B refused after " +
+                  std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(took)
+                                     .count()) +
+                  " ms");
+  }
+  gate.open.store(true);
+  CHECK_CUDA(cudaStreamSynchronize(stream));
+  CHECK_CUDA(cudaStreamDestroy(stream));
+  std::printf("busy ok\n");
+  return 0;
+}
+
 void run_child(const char* which, const std::string& limit, std::size_t lines) {
   const preload_test::ChildResult result =
       preload_test::run_self(which, {"POOLCUDA_CONF=limit:" + limit});
@@ -168,8 +198,10 @@ int main(int argc, char** argv) {
   if (argc > 1 && std::string(argv[1]) == "child") return child();
   if (argc > 1 && std::string(argv[1]) == "rounded") return rounded_child();
   if (argc > 1 && std::string(argv[1]) == "threads") return threads_child();
+  if (argc > 1 && std::string(argv[1]) == "busy") return busy_child();
   run_child("child", "1G", 1);
   run_child("rounded", "256M", 0);  // the request fit: nothing was refused
+  run_child("busy", "64M", 1);  // one line: the first refusal
   const preload_test::ChildResult threads =
       preload_test::run_self("threads", {"POOLCUDA_CONF=limit:2G,log:off"}, 120);
   std::printf("%s", threads.output.c_str());
