@@ -443,10 +443,38 @@ SizeResult parse_size_field(std::string_view key, std::string_view text, std::st
   return result;
 }
 
+namespace {
+
+// `text` with each control byte written as \n, \t, \r or \xHH: the error stays one line, and a
+// terminal shows the bytes instead of obeying them (an escape sequence in the value).
+std::string visible(const std::string& text) {
+  std::string out;
+  for (const char c : text) {
+    const auto byte = static_cast<unsigned char>(c);
+    if (byte >= 0x20 && byte != 0x7f) {
+      out += c;
+    } else if (c == '\n') {
+      out += "\\n";
+    } else if (c == '\t') {
+      out += "\\t";
+    } else if (c == '\r') {
+      out += "\\r";
+    } else {
+      static const char kHex[] = "0123456789abcdef";
+      out += "\\x";
+      out += kHex[byte >> 4];
+      out += kHex[byte & 15];
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
 std::string ConfigError::message() const {
   std::string out = "POOLCUDA_CONF: ";
-  if (!key.empty()) out += "key '" + key + "': ";
-  out += "got '" + text + "', expected " + expected;
+  if (!key.empty()) out += "key '" + visible(key) + "': ";
+  out += "got '" + visible(text) + "', expected " + expected;
   return out;
 }
 

@@ -353,6 +353,11 @@ TEST_CASE("error message format") {
         "POOLCUDA_CONF: key 'free_fence': got 'fast', expected one of events, sync, none");
   const ConfigError keyless{"", "junk", "key:value"};
   CHECK(keyless.message() == "POOLCUDA_CONF: got 'junk', expected key:value");
+  // One line, whatever the value holds, and no byte a terminal would act on.
+  const ParseResult broken = parse_config("log:of\nf\x1b[31m");
+  REQUIRE(!broken);
+  CHECK(broken.error.message() ==
+        "POOLCUDA_CONF: key 'log': got 'of\\nf\\x1b[31m', expected one of off, basic, full");
 }
 
 TEST_CASE("error: unknown key lists the valid keys") {
