@@ -932,6 +932,12 @@ void adjust_memory_info(int device, std::size_t* free_bytes, std::size_t* total_
 }
 
 int reset_device(int device, const std::function<int()>& real) {
+  // The pools forget the device's memory before the real reset and take it up again after: a
+  // cancellation inside the reset (the stand-in's waits for streams are cancellation points)
+  // left them without memory the driver still held, and a free of one pointer then freed its
+  // whole page under live neighbours. So the reset runs whole, and a cancellation asked for
+  // meanwhile takes effect at the program's next cancellation point (Note [Cancellation]).
+  NoCancel whole;
   Registry& registry = Registry::instance();
   // Created now if it does not exist yet, so that no racing first allocation can create an
   // unfrozen one during the reset.

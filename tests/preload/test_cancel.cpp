@@ -12,6 +12,11 @@
 // the thread's next cancellation point, as without the library), and the reporter must be ready.
 // The start used to be cancelled half-way, in the cudaMalloc, leaving a handler without its
 // thread.
+// In a third child, a thread is cancelled inside a cudaDeviceReset that waits for a parked
+// stream: the reset runs whole (the cancellation takes effect when it returns), and the pools
+// serve the reset device again. The reset used to be cancelled between the pools forgetting the
+// device's memory and taking it up again: the device stayed frozen, and a free of a buffer the
+// driver still held freed its whole page under the others.
 #include <pthread.h>
 
 #include <atomic>
@@ -20,6 +25,7 @@
 #include <chrono>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "check.h"
 
@@ -119,18 +125,73 @@ int first_call() {
   return 0;
 }
 
+constexpr std::size_t kSlice = std::size_t{256} << 10;
+std::atomic<int> reset_answer{-1};
+
+void* reset_then_stop(void*) {
+  calling = true;
+  reset_answer = cudaDeviceReset();
+  pthread_testcancel();
+  return nullptr;
+}
+
+int reset_run() {
+  CHECK_CUDA(cudaFree(nullptr));
+  cudaStream_t parked = nullptr;
+  CHECK_CUDA(cudaStreamCreateWithFlags(&parked, cudaStreamNonBlocking));
+  preload_test::Gate gate;
+  preload_test::park(parked, gate);
+  std::vector<void*> buffers(8);
+  for (void*& buffer : buffers) CHECK_CUDA(cudaMalloc(&buffer, kSlice));
+
+  pthread_t thread;
+  CHECK(pthread_create(&thread, nullptr, &reset_then_stop, nullptr) == 0);
+  while (!calling.load()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));  // waiting for the stream
+  CHECK(reset_answer.load() == -1);
+  CHECK(pthread_cancel(thread) == 0);
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  gate.open = true;
+  void* result = nullptr;
+  CHECK(pthread_join(thread, &result) == 0);
+  CHECK_MSG(result == PTHREAD_CANCELED, "the thread was not cancelled");
+  CHECK_RESULT(static_cast<cudaError_t>(reset_answer.load()), cudaSuccess);
+
+  // A new device: the pools serve it, from one page (of the sliced pool a 64 MiB device has).
+  const bool counted = preload_test::on_stand_in();
+  const std::uint64_t mallocs = counted ? preload_test::counter("cudaMalloc") : 0;
+  for (std::size_t i = 0; i < buffers.size(); ++i) {
+    CHECK_CUDA(cudaMalloc(&buffers[i], kSlice));
+    CHECK_CUDA(cudaMemset(buffers[i], static_cast<int>(i), kSlice));
+  }
+  for (std::size_t i = 0; i < buffers.size(); ++i) {
+    CHECK(preload_test::device_bytes_equal(buffers[i], kSlice, static_cast<unsigned char>(i)));
+    CHECK_CUDA(cudaFree(buffers[i]));
+  }
+  if (counted) {
+    const std::uint64_t made = preload_test::counter("cudaMalloc") - mallocs;
+    CHECK_MSG(made <= 1, "the pools did not serve: " + std::to_string(made) + " driver calls");
+  }
+  std::printf("reset ok\n");
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   preload_test::require_preloaded();
   if (argc == 2 && std::string(argv[1]) == "child") return run();
   if (argc == 2 && std::string(argv[1]) == "first") return first_call();
+  if (argc == 2 && std::string(argv[1]) == "reset") return reset_run();
   const preload_test::ChildResult first = preload_test::run_self("first", {}, 60);
   std::printf("%s", first.output.c_str());
   CHECK_MSG(first.status == 0, "first-call child exited with " + std::to_string(first.status));
   const preload_test::ChildResult child = preload_test::run_self("child", {}, 60);
   std::printf("%s", child.output.c_str());
   CHECK_MSG(child.status == 0, "child exited with " + std::to_string(child.status));
+  const preload_test::ChildResult reset = preload_test::run_self("reset", {}, 60);
+  std::printf("%s", reset.output.c_str());
+  CHECK_MSG(reset.status == 0, "reset child exited with " + std::to_string(reset.status));
   std::printf("ok\n");
   return 0;
 }
