@@ -375,7 +375,12 @@ CudaDevice::PeerEvent CudaDevice::record_if_other_device(StreamToken token) {
     const TrackedStream* tracked = nullptr;
     for (const TrackedStream& candidate : streams_.streams())
       if (candidate.stream == stream) tracked = &candidate;
-    if (tracked == nullptr) return record_on_unknown_stream(stream);
+    if (tracked == nullptr) {
+      // Not under the table's lock: the event may end in a synchronize, and the stream's work
+      // may create streams.
+      table.unlock();
+      return record_on_unknown_stream(stream);
+    }
     stream_device = tracked->device;
   }
   if (stream_device == device_) return {};
