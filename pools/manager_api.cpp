@@ -497,19 +497,20 @@ GiveBack MemoryManager::Impl::give_back(WaitBound& bound, std::uint32_t asked_mi
       break;
     }
   }
-  cleanup_all(true, wait == GiveBackWait::before_park);
   // The page inside the driver's free when an earlier flush ran out is inside still: the pages
-  // queued behind it cannot arrive within this bound either (Note [Give-backs behind a stuck
-  // release] in memory_manager.cpp).
-  // Before a park only: a give-back for a refused request waits its whole bound, unless the
-  // request's own recovery just did.
+  // queued behind it cannot arrive within this bound either, nor before the park that holds it
+  // ends, and the pools keep them (Note [Give-backs behind a stuck release] in
+  // memory_manager.cpp). Before a park only: a give-back for a refused request gives its pages
+  // and waits its whole bound, unless the request's own recovery just did.
   const bool before_park = wait == GiveBackWait::before_park;
-  // Note [One wait per refused request].
   const std::uint64_t in_flight = device.release_in_flight();
+  const bool park_behind_stuck =
+      before_park && ((give_back_stuck_release != 0 && in_flight == give_back_stuck_release) ||
+                      releases_stuck());
+  if (!park_behind_stuck) cleanup_all(true, before_park);
+  // Note [One wait per refused request].
   const bool recovery_waited = waited_behind != 0 && in_flight == waited_behind;
-  const bool behind_stuck =
-      (before_park && give_back_stuck_release != 0 && in_flight == give_back_stuck_release) ||
-      recovery_waited;
+  const bool behind_stuck = park_behind_stuck || recovery_waited;
   scope.unlock();  // the pages go to the device
   const bool flushed = !behind_stuck && flush_within(device, bound);
   scope.relock();

@@ -43,6 +43,13 @@
 //            once a give-back ran out behind the park, the later host functions do not wait;
 //            a cudaMallocAsync that needs those pages still waits for them, and gets them
 //            once the park ends.
+//   pages_kept_behind_stuck_release  Beside a stream parked until the end, on a 96 MiB device,
+//            rounds of 200 buffers of 64 KiB, each written on another stream that lags (a host
+//            function sleeps first) and freed there with cudaFreeAsync, that stream
+//            synchronized after each round. Every request fits what the rounds before gave back,
+//            as under plain CUDA: once a give-back ran out behind the park, the pools keep their
+//            idle pages (each host function used to queue them behind the stuck driver free,
+//            out of everyone's reach: requests were refused by the ninth round).
 // A watchdog fails the test instead of hanging; every gate opens by itself after ten seconds.
 #include <atomic>
 #include <chrono>
@@ -315,6 +322,43 @@ void host_functions_behind_stuck_release_case() {
   std::printf("host_functions_behind_stuck_release: one give-back waited at most\n");
 }
 
+void sleep_100_ms(void*) { std::this_thread::sleep_for(std::chrono::milliseconds(100)); }
+
+void pages_kept_behind_stuck_release_case() {
+  cudaStream_t parked = nullptr;
+  cudaStream_t working = nullptr;
+  CHECK_CUDA(cudaStreamCreateWithFlags(&parked, cudaStreamNonBlocking));
+  CHECK_CUDA(cudaStreamCreateWithFlags(&working, cudaStreamNonBlocking));
+  Gate gate;
+  gate.limit_seconds = 30;
+  preload_test::park(parked, gate);
+  std::atomic<bool> done{false};
+  std::thread dog = watchdog(done, gate, 20, "rounds of frees beside a parked stream");
+  constexpr std::size_t kSize = 64 << 10;
+  int refused = 0;
+  for (int round = 0; round < 12; ++round) {
+    CHECK_CUDA(cudaLaunchHostFunc(working, &sleep_100_ms, nullptr));
+    for (int i = 0; i < 200; ++i) {
+      void* buffer = nullptr;
+      if (cudaMalloc(&buffer, kSize) != cudaSuccess) {
+        ++refused;
+        (void)cudaGetLastError();
+        continue;
+      }
+      CHECK_CUDA(cudaMemsetAsync(buffer, round, kSize, working));
+      CHECK_CUDA(cudaFreeAsync(buffer, working));
+    }
+    CHECK_CUDA(cudaStreamSynchronize(working));
+  }
+  done.store(true);
+  dog.join();
+  CHECK_MSG(refused == 0, std::to_string(refused) + " requests refused");
+  gate.open.store(true);
+  CHECK_CUDA(cudaDeviceSynchronize());
+  CHECK_CUDA(cudaStreamDestroy(parked));
+  CHECK_CUDA(cudaStreamDestroy(working));
+  std::printf("pages_kept_behind_stuck_release: every request served\n");
+}
 
 // Each iteration allocates, writes, frees with cudaFreeAsync and queues a host function, all on
 // the legacy stream: the plain cudaFreeAsync never goes to the driver, so the pools must not
@@ -467,6 +511,7 @@ int main(int argc, char** argv) {
   else if (which == "free_async_room") free_async_room_case();
   else if (which == "host_functions_behind_stuck_release")
     host_functions_behind_stuck_release_case();
+  else if (which == "pages_kept_behind_stuck_release") pages_kept_behind_stuck_release_case();
   else preload_test::fail(__FILE__, __LINE__, "unknown case " + which);
   return 0;
 }
