@@ -820,7 +820,31 @@ CUresult host_function(CUstream stream, bool per_thread, Call&& real) {
   return pc::guarded([&] { return real(); });
 }
 
+// A graph launch may park its stream on a host node: earlier frees' fences are recorded first,
+// as for the runtime's cudaGraphLaunch (Note [Idle memory before a park] in
+// pools/memory_manager.cpp), and nothing more (waiting for the device before every launch would
+// undo what graphs are for).
+template <typename Call>
+CUresult graph_launch(Call&& real) {
+  const pc::work_since_free::NoteWorkAround noted_around_call(!pc::bypass());
+  if (!pc::bypass()) {
+    (void)pc::guarded([] {
+      pc::pooling::fence_before_host_work();
+      return CUDA_SUCCESS;
+    });
+  }
+  return real();
+}
+
 }  // namespace
+
+POOLCUDA_EXPORT CUresult cuGraphLaunch(CUgraphExec hGraphExec, CUstream hStream) {
+  return graph_launch([&] { return dr::cuGraphLaunch()(hGraphExec, hStream); });
+}
+
+POOLCUDA_EXPORT CUresult cuGraphLaunch_ptsz(CUgraphExec hGraphExec, CUstream hStream) {
+  return graph_launch([&] { return dr::cuGraphLaunch_ptsz()(hGraphExec, hStream); });
+}
 
 POOLCUDA_EXPORT CUresult cuLaunchHostFunc(CUstream hStream, CUhostFn fn, void* userData) {
   return host_function(hStream, false,

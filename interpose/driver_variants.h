@@ -53,6 +53,7 @@ CUresult cuMemAllocAsync_ptsz(CUdeviceptr* dptr, size_t bytesize, CUstream hStre
 CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr* dptr, size_t bytesize, CUmemoryPool pool,
                                       CUstream hStream);
 CUresult cuLaunchHostFunc_ptsz(CUstream hStream, CUhostFn fn, void* userData);
+CUresult cuGraphLaunch_ptsz(CUgraphExec hGraphExec, CUstream hStream);
 CUresult cuStreamAddCallback_ptsz(CUstream hStream, CUstreamCallback callback, void* userData,
                                   unsigned int flags);
 CUresult cuLaunchKernel_ptsz(CUfunction f, unsigned int gridDimX, unsigned int gridDimY,
@@ -126,6 +127,8 @@ CUresult cuLaunchCooperativeKernel_ptsz(CUfunction f, unsigned int gridDimX,
   X(cuLaunchHostFunc_ptsz, "cuLaunchHostFunc", 10000, true)                            \
   X(cuStreamAddCallback, "cuStreamAddCallback", 5000, false)                           \
   X(cuStreamAddCallback_ptsz, "cuStreamAddCallback", 7000, true)                      \
+  X(cuGraphLaunch, "cuGraphLaunch", 10000, false)                                      \
+  X(cuGraphLaunch_ptsz, "cuGraphLaunch", 10000, true)                                  \
   X(cuLaunchKernel, "cuLaunchKernel", 4000, false)                                     \
   X(cuLaunchKernel_ptsz, "cuLaunchKernel", 7000, true)                                 \
   X(cuLaunchKernelEx, "cuLaunchKernelEx", 11060, false)                                \
