@@ -148,11 +148,14 @@ void double_free_succeeds_once() {
 // The second free gives up on the first after the library's bound, before the first returns.
 void double_free_past_the_wait() {
   if (!preload_test::on_stand_in()) preload_test::skip("needs the stand-in's free delays");
+  const std::uint64_t before = preload_test::counter("live_bytes");
   void* p = allocate(Through::malloc_async);
   cudaError_t first = cudaErrorUnknown;
   std::atomic<bool> returned{false};
   std::thread freer = release_elsewhere(Through::malloc_async, p, &first, &returned);
-  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  // Once the driver freed it, the first free is inside it for 6 s (a fixed 20 ms, on a loaded
+  // machine, let the second free reach the driver first).
+  wait_for_live_bytes(before, returned);
   const auto began = std::chrono::steady_clock::now();
   CHECK_RESULT(cudaFree(p), cudaErrorInvalidValue);
   const auto waited = std::chrono::steady_clock::now() - began;
