@@ -482,6 +482,20 @@ GiveBack MemoryManager::Impl::give_back(WaitBound& bound, std::uint32_t asked_mi
   const GiveBackState now{pending(), device.releasing_bytes(),
                           frees.load(std::memory_order_relaxed), asked_microseconds};
   if (idle() == 0 && give_back_stuck && give_back_stuck->same_as(now)) return GiveBack::timed_out;
+  // The page inside the driver's free when an earlier flush before a park ran out is inside
+  // still: the pages this give-back would queue behind it could not arrive before the park that
+  // holds it ends, nor within this bound, and the pools keep them; waiting for fences would only
+  // make this host function wait (Note [Give-backs behind a stuck release] in
+  // memory_manager.cpp). A give-back for a refused request gives its pages and waits its whole
+  // bound, unless the request's own recovery just did.
+  const bool before_park = wait == GiveBackWait::before_park;
+  const std::uint64_t in_flight = device.release_in_flight();
+  if (before_park && ((give_back_stuck_release != 0 && in_flight == give_back_stuck_release) ||
+                      releases_stuck())) {
+    ++give_backs;
+    ++give_back_timeouts;
+    return GiveBack::timed_out;
+  }
   ++give_backs;
   bool timed_out = false;
   const bool with_lanes = wait == GiveBackWait::every_fence;
@@ -497,22 +511,12 @@ GiveBack MemoryManager::Impl::give_back(WaitBound& bound, std::uint32_t asked_mi
       break;
     }
   }
-  // The page inside the driver's free when an earlier flush ran out is inside still: the pages
-  // queued behind it cannot arrive within this bound either, nor before the park that holds it
-  // ends, and the pools keep them (Note [Give-backs behind a stuck release] in
-  // memory_manager.cpp). Before a park only: a give-back for a refused request gives its pages
-  // and waits its whole bound, unless the request's own recovery just did.
-  const bool before_park = wait == GiveBackWait::before_park;
-  const std::uint64_t in_flight = device.release_in_flight();
-  const bool park_behind_stuck =
-      before_park && ((give_back_stuck_release != 0 && in_flight == give_back_stuck_release) ||
-                      releases_stuck());
-  if (!park_behind_stuck) cleanup_all(true, before_park);
+  cleanup_all(true, before_park);
   // Note [One wait per refused request].
-  const bool recovery_waited = waited_behind != 0 && in_flight == waited_behind;
-  const bool behind_stuck = park_behind_stuck || recovery_waited;
+  const bool recovery_waited =
+      waited_behind != 0 && device.release_in_flight() == waited_behind;
   scope.unlock();  // the pages go to the device
-  const bool flushed = !behind_stuck && flush_within(device, bound);
+  const bool flushed = !recovery_waited && flush_within(device, bound);
   scope.relock();
   // A flush that ran out during a capture may be pages the driver refused for it, not stuck.
   if (capture && !timed_out) return flushed ? GiveBack::done : GiveBack::timed_out;
