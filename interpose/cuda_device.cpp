@@ -425,40 +425,70 @@ CudaDevice::PeerEvent CudaDevice::record_for_peer(cudaStream_t stream) {
 // use a slab allocation: a stream-ordered free of one on that stream went back to its slab at
 // once, and the slab handed the bytes to a new allocation while the stream still wrote them (a
 // memset queued behind a host function landed in the new owner's buffer, where the plain run's
-// free waited for it). So the free waits for an event on that stream itself, as for another
-// device's stream. An event and the stream it is recorded on must share a context: this one is
-// made in the stream's (cuStreamGetCtx), with the driver's own calls, for this free alone, and
-// destroyed once passed. Where none can be recorded there, the stream is synchronized before
-// the slab takes the memory back, unless it captures (a capture's frees stay allocated:
-// Note [Managed frees during a capture] in pooling.cpp).
+// free waited for it). So the free waits, as for another device's stream, for an event of this
+// device that follows the stream:
+// - an event and the stream it is recorded on must share a context, so a first event is made in
+//   the stream's own (cuStreamGetCtx), with the driver's calls, and recorded there;
+// - a stream of the library's own in this device's primary context (the relay, never seen by
+//   the program) waits for it, which CUDA allows across contexts, and that first event is
+//   destroyed at once (CUDA releases it once it completes);
+// - the free holds a pooled event of this device recorded on the relay.
+// So no event of another context outlives the free's call: none is queried while another
+// thread destroys it, nor after the program destroyed its context. The calls run in relaxed
+// capture mode, as every own call does (Note [Own calls]). Where the stream captures, or no
+// event can be recorded, the memory stays allocated (`keep`): it is never reused while the
+// stream may still use it, and a synchronize, which could wait for a host function waiting for
+// this very thread, is never made.
 CudaDevice::PeerEvent CudaDevice::record_on_unknown_stream(cudaStream_t stream) {
+  PeerEvent keep;
+  keep.keep = true;
   const CUstream handle = stream;  // the runtime's handle is the driver's
-  CUstreamCaptureStatus capture = CU_STREAM_CAPTURE_STATUS_NONE;
-  if (real_driver::cuStreamIsCapturing()(handle, &capture) != CUDA_SUCCESS ||
-      capture != CU_STREAM_CAPTURE_STATUS_NONE)
-    return {};
-  CUcontext context = nullptr;
-  CUevent event = nullptr;
-  bool recorded = false;
-  if (real_driver::cuStreamGetCtx()(handle, &context) == CUDA_SUCCESS && context != nullptr &&
-      real_driver::cuCtxPushCurrent_v2()(context) == CUDA_SUCCESS) {
-    if (real_driver::cuEventCreate()(&event, CU_EVENT_DISABLE_TIMING) == CUDA_SUCCESS) {
-      recorded = real_driver::cuEventRecord()(event, handle) == CUDA_SUCCESS;
-      if (!recorded) real_driver::cuEventDestroy_v2()(event);
+  CUevent first = nullptr;
+  {
+    RelaxedCaptureScope relaxed;
+    CUstreamCaptureStatus capture = CU_STREAM_CAPTURE_STATUS_NONE;
+    CUcontext context = nullptr;
+    if (real_driver::cuStreamIsCapturing()(handle, &capture) != CUDA_SUCCESS ||
+        capture != CU_STREAM_CAPTURE_STATUS_NONE ||
+        real_driver::cuStreamGetCtx()(handle, &context) != CUDA_SUCCESS || context == nullptr ||
+        real_driver::cuCtxPushCurrent_v2()(context) != CUDA_SUCCESS)
+      return keep;
+    if (real_driver::cuEventCreate()(&first, CU_EVENT_DISABLE_TIMING) == CUDA_SUCCESS &&
+        real_driver::cuEventRecord()(first, handle) != CUDA_SUCCESS) {
+      real_driver::cuEventDestroy_v2()(first);
+      first = nullptr;
     }
     CUcontext popped = nullptr;
     real_driver::cuCtxPopCurrent_v2()(&popped);
   }
-  if (!recorded) {
-    real_driver::cuStreamSynchronize()(handle);
-    return {};
+  if (first == nullptr) return keep;
+  PeerEvent relayed;
+  {
+    OwnCallScope scope(device_);
+    std::lock_guard<std::mutex> hold(relay_mutex_);
+    std::uint64_t generation = 0;
+    {
+      std::lock_guard<RankedMutex> caches(mutex_);
+      generation = generation_;
+    }
+    if (scope.ok() && (relay_ == nullptr || relay_generation_ != generation)) {
+      // A relay from before a reset went with it.
+      CUstream made = nullptr;
+      relay_ = real_driver::cuStreamCreate()(&made, CU_STREAM_NON_BLOCKING) == CUDA_SUCCESS
+                   ? made
+                   : nullptr;
+      relay_generation_ = generation;
+    }
+    if (scope.ok() && relay_ != nullptr &&
+        real_driver::cuStreamWaitEvent()(relay_, first, 0) == CUDA_SUCCESS)
+      relayed = record_for_peer(relay_);
   }
-  return PeerEvent{this, event, 0, true};
+  real_driver::cuEventDestroy_v2()(first);
+  return relayed.event != nullptr ? relayed : keep;
 }
 
 // An event is asked, and waited for, with its own device current.
 bool CudaDevice::peer_event_passed(const PeerEvent& peer) {
-  if (peer.foreign) return real_driver::cuEventQuery()(peer.event) != CUDA_ERROR_NOT_READY;
   {
     // An event from before a reset: the reset waited for the work it followed.
     std::lock_guard<RankedMutex> hold(mutex_);
@@ -469,19 +499,11 @@ bool CudaDevice::peer_event_passed(const PeerEvent& peer) {
 }
 
 void CudaDevice::peer_event_wait(const PeerEvent& peer) {
-  if (peer.foreign) {
-    real_driver::cuEventSynchronize()(peer.event);
-    return;
-  }
   OwnCallScope scope(device_);
   if (scope.ok()) own::cudaEventSynchronize()(peer.event);
 }
 
 void CudaDevice::return_peer_event(const PeerEvent& peer) {
-  if (peer.foreign) {
-    real_driver::cuEventDestroy_v2()(peer.event);
-    return;
-  }
   std::lock_guard<RankedMutex> hold(mutex_);
   // An event from before a reset is dead (forget_events).
   if (peer.generation == generation_) events_.push_back(peer.event);

@@ -96,17 +96,17 @@ class CudaDevice final : public Device {
     CudaDevice* owner = nullptr;
     cudaEvent_t event = nullptr;
     std::uint64_t generation = 0;  // the owner's, when the event was taken
-    // Made in the context of a stream the table does not hold, for this one free: destroyed
-    // when it goes back, not kept (Note [Frees on streams the library never saw]).
-    bool foreign = false;
+    // No event: the free's memory must stay allocated, since nothing can tell when the stream
+    // is past it (Note [Frees on streams the library never saw]).
+    bool keep = false;
   };
   PeerEvent record_for_peer(cudaStream_t stream);
   // For a stream-ordered free of memory this device's own fences cover only for its own
   // streams (a managed slab's, Note [Managed frees on another device's stream] in pooling.cpp):
-  // an event on `stream` (a token as for fence_record_on) when that is another device's stream
-  // or one the table does not know (Note [Frees on streams the library never saw]); empty for
-  // this device's streams, or when none can be recorded (an unknown stream has then been
-  // synchronized, unless it captures).
+  // an event on `stream` (a token as for fence_record_on) when that is another device's stream,
+  // or one that follows a stream the table does not know (Note [Frees on streams the library
+  // never saw]); empty for this device's streams, or when none can be recorded (with `keep` set
+  // for an unknown stream).
   PeerEvent record_if_other_device(StreamToken stream);
   bool peer_event_passed(const PeerEvent& peer);
   void peer_event_wait(const PeerEvent& peer);
@@ -147,6 +147,13 @@ class CudaDevice final : public Device {
   std::uint64_t generation_ = 0;     // bumped by forget_events()
   std::atomic<int> hooked_captures_{0};  // captures begun through the hooks, still open
   std::atomic<int> syncs_in_flight_{0};  // synchronize() calls past their capture check
+  // The library's own stream of this device, which waits for events of streams the table does
+  // not know (Note [Frees on streams the library never saw]), and the generation it was made in
+  // (a reset destroys it). Made at its first use, under relay_mutex_ (only mutex_ is taken
+  // under it).
+  std::mutex relay_mutex_;
+  cudaStream_t relay_ = nullptr;
+  std::uint64_t relay_generation_ = 0;
 };
 
 }  // namespace poolcuda

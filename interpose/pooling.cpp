@@ -380,6 +380,15 @@ FreeOutcome free_from_chain(Registry& registry, ManagedSlabs& chain, int device,
     CudaDevice* cuda = registry.device(device);
     const CudaDevice::PeerEvent event =
         cuda != nullptr ? cuda->record_if_other_device(stream) : CudaDevice::PeerEvent{};
+    if (event.keep) {
+      if (registry.first_time(Registry::Once::managed_kept_unordered, device)) {
+        log_format(LogLevel::basic,
+                   "device %d: managed memory freed on a stream the library cannot follow (it "
+                   "captures, or no event could be recorded on it) stays allocated",
+                   device);
+      }
+      return FreeOutcome::freed;
+    }
     if (event.event != nullptr) {
       HeldManagedFrees& frees = held_frees();
       std::lock_guard<std::mutex> hold(frees.mutex);

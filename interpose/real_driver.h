@@ -51,7 +51,7 @@ void* symbol(const char* name);
   X(cuEventRecord, "cuEventRecord", 2000)                                   \
   X(cuEventQuery, "cuEventQuery", 2000)                                     \
   X(cuStreamQuery, "cuStreamQuery", 2000)                                   \
-  X(cuStreamSynchronize, "cuStreamSynchronize", 2000)                       \
+  X(cuStreamCreate, "cuStreamCreate", 2000)                                 \
   X(cuStreamGetCtx, "cuStreamGetCtx", 9020)                                 \
   X(cuCtxPushCurrent_v2, "cuCtxPushCurrent", 4000)                          \
   X(cuCtxPopCurrent_v2, "cuCtxPopCurrent", 4000)                            \

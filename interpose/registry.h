@@ -109,6 +109,7 @@ class Registry {
     managed_full,
     managed_pinned,
     managed_held_for_capture,
+    managed_kept_unordered,
     held_for_other_capture,
     count
   };
