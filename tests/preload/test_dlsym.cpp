@@ -124,8 +124,10 @@ constexpr Ask kAsks[] = {
     {"cuDevicePrimaryCtxReset", 7000, 0, "cuDevicePrimaryCtxReset"},
     {"cuDevicePrimaryCtxReset", 13000, 0, "cuDevicePrimaryCtxReset_v2"},
     {"cuGetProcAddress", 13000, 0, "cuGetProcAddress_v2"},
-    {"cuGraphLaunch", 13000, 0, nullptr},
-    {"cuGraphLaunch", 13000, kPtds, nullptr},
+    {"cuGraphLaunch", 13000, 0, "cuGraphLaunch"},
+    {"cuGraphLaunch", 13000, kPtds, "cuGraphLaunch_ptsz"},
+    {"cuStreamQuery", 13000, 0, nullptr},
+    {"cuStreamQuery", 13000, kPtds, nullptr},
     {"cuLaunchKernel", 13000, 0, "cuLaunchKernel"},
     {"cuLaunchKernel", 13000, kPtds, "cuLaunchKernel_ptsz"},
     {"cuLaunchKernel", 3020, 0, nullptr},  // before the entry point existed
