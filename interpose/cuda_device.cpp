@@ -376,8 +376,8 @@ CudaDevice::PeerEvent CudaDevice::record_if_other_device(StreamToken token) {
     for (const TrackedStream& candidate : streams_.streams())
       if (candidate.stream == stream) tracked = &candidate;
     if (tracked == nullptr) {
-      // Not under the table's lock: the event may end in a synchronize, and the stream's work
-      // may create streams.
+      // Not under the table's lock: what follows makes driver calls and takes the device's
+      // locks.
       table.unlock();
       return record_on_unknown_stream(stream);
     }

@@ -112,11 +112,6 @@ class CudaDevice final : public Device {
   void peer_event_wait(const PeerEvent& peer);
   void return_peer_event(const PeerEvent& peer);
 
- private:
-  PeerEvent record_on_unknown_stream(cudaStream_t stream);
-
- public:
-
   int index() const { return device_; }
   std::uint64_t total_bytes() const { return total_bytes_; }  // under a budget, at most its limit
   // The device's own memory size, whatever the budget (0 until it was read).
@@ -130,6 +125,8 @@ class CudaDevice final : public Device {
                                bool (*charge)(int, std::uint64_t));
 
   cudaEvent_t take_event();
+  // record_if_other_device() for a stream the table does not hold.
+  PeerEvent record_on_unknown_stream(cudaStream_t stream);
   Fence* new_fence();  // a recycled or new record, of this generation, with no events
   void recycle(Fence* fence);
   void prune_tails(std::vector<cudaEvent_t>* pending);
