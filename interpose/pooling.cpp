@@ -348,6 +348,15 @@ void release_passed_managed_frees(Registry& registry) {
   g_held_count.store(frees.list.size(), std::memory_order_release);
 }
 
+// A managed free whose memory stays allocated for good, since nothing tells when its last user
+// is done: freed to the program, and said once per device and reason.
+FreeOutcome stays_allocated(Registry& registry, int device, Registry::Once reason,
+                            const char* how) {
+  if (registry.first_time(reason, device))
+    log_format(LogLevel::basic, "device %d: managed memory freed %s", device, how);
+  return FreeOutcome::freed;
+}
+
 // `stream`: a stream-ordered free's stream, as other_device_stream names it (or kNoStream);
 // `captured`: that stream captures (Note [Managed frees during a capture]).
 FreeOutcome free_from_chain(Registry& registry, ManagedSlabs& chain, int device,
@@ -369,25 +378,17 @@ FreeOutcome free_from_chain(Registry& registry, ManagedSlabs& chain, int device,
     if (found.kind != ManagedLookup::Kind::live || found.start != address)
       return chain.free(address);  // the chain says what it is
     if (capturing) {
-      if (registry.first_time(Registry::Once::managed_held_for_capture, device)) {
-        log_format(LogLevel::basic,
-                   "device %d: managed memory freed while a stream capture is open stays "
-                   "allocated (a graph may still use it)",
-                   device);
-      }
-      return FreeOutcome::freed;
+      return stays_allocated(registry, device, Registry::Once::managed_held_for_capture,
+                             "while a stream capture is open stays allocated (a graph may "
+                             "still use it)");
     }
     CudaDevice* cuda = registry.device(device);
     const CudaDevice::PeerEvent event =
         cuda != nullptr ? cuda->record_if_other_device(stream) : CudaDevice::PeerEvent{};
     if (event.keep) {
-      if (registry.first_time(Registry::Once::managed_kept_unordered, device)) {
-        log_format(LogLevel::basic,
-                   "device %d: managed memory freed on a stream the library cannot follow (it "
-                   "captures, or no event could be recorded on it) stays allocated",
-                   device);
-      }
-      return FreeOutcome::freed;
+      return stays_allocated(registry, device, Registry::Once::managed_kept_unordered,
+                             "on a stream the library cannot follow (it captures, or no event "
+                             "could be recorded on it) stays allocated");
     }
     if (event.event != nullptr) {
       HeldManagedFrees& frees = held_frees();
