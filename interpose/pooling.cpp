@@ -932,19 +932,11 @@ void adjust_memory_info(int device, std::size_t* free_bytes, std::size_t* total_
   const std::uint64_t charged = budget::charged_now(device);  // first: budget.h
   const std::uint64_t idle = (manager != nullptr ? manager->idle_bytes_now() : 0) +
                              (slabs != nullptr ? slabs->empty_bytes() : 0);
-  // Pages on their way to the driver count too: the plain cudaFree had them back before it
-  // returned, and a request that needs them waits for them (out-of-memory recovery flushes the
-  // release thread). The driver's free of a page waits for every stream, so behind queued work
-  // they stay on their way for as long as it runs (under ThreadSanitizer, 40 MiB of pages given
-  // back before a host function were still inside the stand-in's free behind the memsets queued
-  // before it, and a query missed them). A budget counts them as returned already.
-  CudaDevice* cuda = registry.device(device);
-  const std::uint64_t freeable = idle + (cuda != nullptr ? cuda->releasing_bytes() : 0);
-  if (config().memgetinfo == MemGetInfoMode::pooled && freeable != 0) {
+  if (config().memgetinfo == MemGetInfoMode::pooled && idle != 0) {
     const std::uint64_t room = total_bytes != nullptr && *total_bytes > *free_bytes
                                    ? *total_bytes - *free_bytes
-                                   : freeable;
-    *free_bytes += static_cast<std::size_t>(freeable < room ? freeable : room);
+                                   : idle;
+    *free_bytes += static_cast<std::size_t>(idle < room ? idle : room);
   }
   budget::adjust_memory_info(device, charged, idle, free_bytes, total_bytes);
 }
