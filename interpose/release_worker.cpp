@@ -197,6 +197,13 @@ struct ReleaseLane {
     for (const Page& p : held_back) low = std::min(low, p.ticket);
     return low;
   }
+  // Bytes queued or held back: pages whose driver free has not begun.
+  std::uint64_t unstarted_bytes() const {
+    std::uint64_t bytes = 0;
+    for (const Page& p : queue) bytes += p.size;
+    for (const Page& p : held_back) bytes += p.size;
+    return bytes;
+  }
   void retry_held_back() {
     while (!held_back.empty()) {
       queue.push_back(held_back.front());
@@ -645,13 +652,16 @@ std::uint64_t ReleaseWorker::waiting_bytes(int device) const {
   if (!in_range(device)) return 0;
   State& s = state();
   std::lock_guard<RankedMutex> hold(s.mutex);
-  const ReleaseLane* lane_made = s.find_lane(device);
-  if (lane_made == nullptr) return 0;
-  const ReleaseLane& lane = *lane_made;
-  std::uint64_t bytes = lane.in_flight_size;
-  for (const Page& p : lane.queue) bytes += p.size;
-  for (const Page& p : lane.held_back) bytes += p.size;
-  return bytes;
+  const ReleaseLane* lane = s.find_lane(device);
+  return lane != nullptr ? lane->in_flight_size + lane->unstarted_bytes() : 0;
+}
+
+std::uint64_t ReleaseWorker::unstarted_bytes(int device) const {
+  if (!in_range(device)) return 0;
+  State& s = state();
+  std::lock_guard<RankedMutex> hold(s.mutex);
+  const ReleaseLane* lane = s.find_lane(device);
+  return lane != nullptr ? lane->unstarted_bytes() : 0;
 }
 
 std::uint64_t ReleaseWorker::in_flight(int device) const {
