@@ -916,13 +916,14 @@ bool give_back_idle(int device, GrowthHold& hold, GiveBackWait wait) {
 // release_worker.cpp), whose driver free waits for the device; behind queued work the page is
 // then neither idle in a pool nor free in the driver's figure, though the plain program's
 // cudaFree had returned it (under ThreadSanitizer a query missed 40 MiB of pages queued behind
-// a memset). Such pages count as free, but only those whose driver free has not begun, read
-// after the driver's figure: a page in the queue then was in it when the driver answered, and
-// so is not in that answer. The page inside the driver's free is left out: whether the driver
-// had taken it back when it answered cannot be known, and counting it once counted it twice
-// (a request of every byte reported free was then refused). The queue is read before the
-// idle pages: a page moving from a pool to the queue in between counts in neither, never in
-// both.
+// a memset). Such pages count as free, but only those still queued, read after the driver's
+// figure: a page in the queue then was in it when the driver answered, and so is not in that
+// answer. The page inside the driver's free is left out: whether the driver had taken it back
+// when it answered cannot be known, and counting it once counted it twice (a request of every
+// byte reported free was then refused). So are pages held back for a capture: the driver may
+// refuse them again while it lasts, and a request of the reported size could not get them. The
+// queue is read before the idle pages: a page moving from a pool to the queue in between counts
+// in neither, never in both.
 void adjust_memory_info(int device, std::size_t* free_bytes, std::size_t* total_bytes) {
   if (free_bytes == nullptr) return;
   // Under memgetinfo:raw without a budget the driver's numbers stand: nothing to look at.
@@ -945,7 +946,7 @@ void adjust_memory_info(int device, std::size_t* free_bytes, std::size_t* total_
   const bool pooled = config().memgetinfo == MemGetInfoMode::pooled;
   // Before the idle pages (Note [Memory on its way to the driver]).
   const std::uint64_t on_their_way =
-      pooled ? ReleaseWorker::instance().unstarted_bytes(device) : 0;
+      pooled ? ReleaseWorker::instance().queued_bytes(device) : 0;
   const std::uint64_t idle = (manager != nullptr ? manager->idle_bytes_now() : 0) +
                              (slabs != nullptr ? slabs->empty_bytes() : 0);
   if (pooled && idle + on_their_way != 0) {

@@ -197,11 +197,10 @@ struct ReleaseLane {
     for (const Page& p : held_back) low = std::min(low, p.ticket);
     return low;
   }
-  // Bytes queued or held back: pages whose driver free has not begun.
-  std::uint64_t unstarted_bytes() const {
+  // Bytes of the pages in `pages`.
+  static std::uint64_t bytes_of(const std::deque<Page>& pages) {
     std::uint64_t bytes = 0;
-    for (const Page& p : queue) bytes += p.size;
-    for (const Page& p : held_back) bytes += p.size;
+    for (const Page& p : pages) bytes += p.size;
     return bytes;
   }
   void retry_held_back() {
@@ -653,15 +652,17 @@ std::uint64_t ReleaseWorker::waiting_bytes(int device) const {
   State& s = state();
   std::lock_guard<RankedMutex> hold(s.mutex);
   const ReleaseLane* lane = s.find_lane(device);
-  return lane != nullptr ? lane->in_flight_size + lane->unstarted_bytes() : 0;
+  if (lane == nullptr) return 0;
+  return lane->in_flight_size + ReleaseLane::bytes_of(lane->queue) +
+         ReleaseLane::bytes_of(lane->held_back);
 }
 
-std::uint64_t ReleaseWorker::unstarted_bytes(int device) const {
+std::uint64_t ReleaseWorker::queued_bytes(int device) const {
   if (!in_range(device)) return 0;
   State& s = state();
   std::lock_guard<RankedMutex> hold(s.mutex);
   const ReleaseLane* lane = s.find_lane(device);
-  return lane != nullptr ? lane->unstarted_bytes() : 0;
+  return lane != nullptr ? ReleaseLane::bytes_of(lane->queue) : 0;
 }
 
 std::uint64_t ReleaseWorker::in_flight(int device) const {

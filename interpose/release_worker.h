@@ -74,10 +74,10 @@ class ReleaseWorker {
   // Bytes of `device` queued, held back or being freed now: memory the driver will get back.
   std::uint64_t waiting_bytes(int device) const;
 
-  // Bytes of `device` queued or held back now, whose driver free has not begun: the driver
-  // still counts them as allocated, and will not free them before this returns (Note [Memory
-  // on its way to the driver] in pooling.cpp).
-  std::uint64_t unstarted_bytes(int device) const;
+  // Bytes of `device` queued now, whose driver free has not begun: the driver still counts
+  // them as allocated (Note [Memory on its way to the driver] in pooling.cpp). Pages held back
+  // are left out: while a capture is open the driver may refuse them again.
+  std::uint64_t queued_bytes(int device) const;
 
   // The ticket of `device`'s page inside the driver's free now (every page queued gets a new
   // one), or 0 when none is.
