@@ -123,10 +123,14 @@ std::optional<ConfigError> parse_limit(std::string_view key, std::string_view va
   if (value.size() < 3)
     return ConfigError{std::string(key), std::string(value), std::string(kLimitExpected)};
   std::string_view rest = value.substr(1, value.size() - 2);
-  while (!rest.empty()) {
+  for (bool more = true; more;) {
     const auto comma = rest.find(',');
     const std::string_view entry = trim(rest.substr(0, comma));
-    rest = comma == std::string_view::npos ? std::string_view{} : rest.substr(comma + 1);
+    more = comma != std::string_view::npos;
+    rest = more ? rest.substr(comma + 1) : std::string_view{};
+    if (entry.empty())
+      return ConfigError{std::string(key), std::string(value),
+                         "DEVICE=SIZE entries with one ',' between them: an entry is empty"};
     if (entry.find(';') != std::string_view::npos)
       return ConfigError{std::string(key), std::string(entry),
                          "',' between the devices of a limit, not ';'"};

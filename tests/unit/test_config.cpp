@@ -433,6 +433,10 @@ TEST_CASE("error: a bad limit") {
   check_error("limit:[0=1G", "limit", "[0=1G", "balanced brackets: '[' is never closed");
   check_error("limit:[0=0]", "limit", "0=0", "a non-zero size for limit");
   check_error("limit:[]", "limit", "[]", "per device in brackets");
+  // An empty entry names the whole list, not '' (a stray comma anywhere in it).
+  check_error("limit:[0=1G,,1=2G]", "limit", "[0=1G,,1=2G]", "an entry is empty");
+  check_error("limit:[0=1G,]", "limit", "[0=1G,]", "an entry is empty");
+  check_error("limit:[ ,0=1G]", "limit", "[ ,0=1G]", "an entry is empty");
 }
 
 TEST_CASE("keyword values are case-insensitive, as size units are") {
