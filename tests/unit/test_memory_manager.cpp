@@ -78,6 +78,54 @@ TEST_CASE("locate_names_the_page_and_the_live_allocation_holding_a_pointer") {
   CHECK_FALSE(rig.manager.locate(0).pooled);
 }
 
+// Note [Locating a pointer]: the index is asked for the slice starts just below a pointer before
+// the page's slices are walked. Every pointer of a page full of live, freed and padded slices,
+// small and large (a pointer deep in a large one is past the looked-up starts), gets the
+// allocation that holds it, or none.
+TEST_CASE("locate_agrees_with_the_live_allocations_for_every_pointer_of_a_page") {
+  Rig rig(custom({sliced(256 * KiB)}), 32, 128 * MiB, FreeFence::none);
+  std::vector<std::pair<DevicePtr, std::uint64_t>> live;
+  std::uint64_t state = 12345;
+  const auto next = [&state] {
+    return state = state * 6364136223846793005ull + 1442695040888963407ull;
+  };
+  for (int i = 0; i < 64; ++i) {
+    const std::uint64_t size = next() % 4 == 0 ? 2000 + next() % 6000 : 1 + next() % 200;
+    const DevicePtr ptr = rig.reserve(size);
+    REQUIRE(ptr != 0);
+    live.emplace_back(ptr, size);
+  }
+  for (std::size_t i = 0; i < live.size();) {  // free about a third
+    if (next() % 3 == 0) {
+      REQUIRE(rig.manager.free(live[i].first) == FreeOutcome::freed);
+      live.erase(live.begin() + static_cast<std::ptrdiff_t>(i));
+    } else {
+      ++i;
+    }
+  }
+  const std::vector<PageView> pages = rig.manager.pages();
+  REQUIRE(pages.size() == 1);
+  for (DevicePtr p = pages[0].base; p < pages[0].base + pages[0].size; p += 7) {
+    const PointerPlace place = rig.manager.locate(p);
+    REQUIRE(place.pooled);
+    CHECK(place.page_in_use);
+    DevicePtr holder = 0, below = 0;  // the live allocation holding p; the nearest start below
+    std::uint64_t holder_size = 0;
+    for (const auto& [start, size] : live) {
+      if (p >= start && p - start < size) holder = start, holder_size = size;
+      if (start <= p && start > below) below = start;
+    }
+    if (holder != 0) {
+      CHECK(place.allocation == holder);
+      CHECK(place.allocation_size == holder_size);
+    } else if (place.allocation != 0) {  // the padding of the nearest allocation below
+      CHECK(place.allocation == below);
+      CHECK(p - place.allocation >= place.allocation_size);
+      CHECK(p - place.allocation < align_up(place.allocation_size, 32) + 32);
+    }
+  }
+}
+
 TEST_CASE("test_memory_usage") {
   Rig rig(custom({exclusive(512)}));
   DevicePtr a = rig.reserve(100);
