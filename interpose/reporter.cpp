@@ -28,18 +28,23 @@
 // A program that takes the report signal itself without a handler blocks it in every thread and
 // waits for it (sigwait, sigtimedwait, a signalfd): a daemon reopening its logs. The reporter
 // thread is then the only thread that accepts the signal, so the kernel hands it every `kill`,
-// and without care the program would never see one. The kernel picks the thread for a signal
-// sent to the process (si_code SI_USER) by trying the main thread first, so such a signal that
-// reaches the handler on the reporter thread tells that the main thread most likely blocks it
-// (not surely: the kernel also passes over a main thread that is not running and already has a
-// signal pending, which a storm of signals makes common). The handler then passes it on: it adds the signal to the mask the reporter thread gets back when the
-// handler returns, and sends it to the process again, where it stays pending until the program
-// takes it, as without the library. From then on the reporter thread blocks the signal, so
+// sigqueue and timer expiry, and without care the program would never see one (at first only a
+// `kill` was passed on: a sigqueue's or a timer's signals all became reports). The kernel picks
+// the thread for a signal sent to the process (anything but a tgkill's, SI_TKILL, and a channel
+// request, which a queued signal's value tells apart) by trying the main thread first, so such a
+// signal that reaches the handler on the reporter thread tells that the main thread most likely
+// blocks it (not surely: the kernel also passes over a main thread that is not running and
+// already has a signal pending, which a storm of signals makes common). The handler then passes
+// it on: it adds the signal to the mask the reporter thread gets back when the handler returns,
+// and sends it to the process again, where it stays pending until the program takes it, as
+// without the library. From then on the reporter thread blocks the signal, so
 // reports come only from a signal that reaches a thread of the program's that accepts it (a
 // main thread that unblocks it again), or at exit; the readiness mark is withdrawn, since a
 // request to the reporter thread alone would wait in vain, and the library says so once. No
 // descriptor is opened (reading the main thread's mask from /proc would need one that the
-// program may close under us). The one signal passed on carries the library's process ID as its
+// program may close under us). The signal is sent again as it came (rt_sigqueueinfo: its code,
+// value and sender), except a `kill`'s: the kernel lets only the thread whose ID is the
+// process's send itself that code, so it goes again by kill, with the process's own ID as its
 // sender. When the signal then reaches the handler on a thread of the program's after all (the
 // guess was wrong, or the program unblocked it), the reporter thread accepts it again and the
 // mark comes back: a storm of signals never turns reports off for good.
@@ -67,6 +72,7 @@
 #include <semaphore.h>
 #include <signal.h>
 #include <sys/mman.h>
+#include <sys/syscall.h>
 #include <time.h>
 #include <ucontext.h>
 #include <unistd.h>
@@ -104,14 +110,25 @@ std::atomic<bool> g_passed_on{false};  // Note [A signal the program waits for]
 // A program thread took the signal while it was passed on: the reporter accepts it again.
 std::atomic<bool> g_accepted_again{false};
 
+// Whether a signal that reached the reporter thread was sent to the process (and so may be the
+// program's own), not to that thread (a report request): anything but a channel request (a
+// queued signal whose value is a channel word) or a signal aimed at one thread (tgkill).
+bool sent_to_process(const siginfo_t& info) {
+  if (info.si_code == SI_TKILL) return false;
+  if (info.si_code != SI_QUEUE) return true;
+  return !channel::decode(
+      static_cast<std::uint64_t>(reinterpret_cast<std::uintptr_t>(info.si_value.sival_ptr)));
+}
+
 extern "C" void on_report_signal(int signal, siginfo_t* info, void* context) {
   const int saved = errno;
   const bool on_reporter = g_reporter_known.load(std::memory_order_acquire) &&
                            ::pthread_equal(::pthread_self(), g_reporter_thread);
-  if (on_reporter && info != nullptr && info->si_code == SI_USER && context != nullptr) {
-    // Note [A signal the program waits for].
+  if (on_reporter && info != nullptr && context != nullptr && sent_to_process(*info)) {
+    // Note [A signal the program waits for]: sent again as it came (its sender, code and value).
     ::sigaddset(&static_cast<ucontext_t*>(context)->uc_sigmask, signal);
-    ::kill(::getpid(), signal);
+    siginfo_t again = *info;
+    if (::syscall(SYS_rt_sigqueueinfo, ::getpid(), signal, &again) != 0) ::kill(::getpid(), signal);
     if (!g_passed_on.exchange(true)) ::sem_post(&g_wake);
     errno = saved;
     return;
