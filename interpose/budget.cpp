@@ -35,6 +35,7 @@ constexpr int kMaxDevices = 64;
 struct Account {
   std::atomic<std::uint64_t> charged{0};
   std::atomic<std::uint64_t> refused{0};
+  std::atomic<std::uint64_t> grown{0};  // count_growth(): never goes down
 };
 
 struct State {
@@ -165,6 +166,14 @@ void forget_device(int device) {
   std::erase_if(s.passed, [&](const auto& item) { return item.second.device == device; });
   s.accounts[device].charged.store(0, std::memory_order_relaxed);
   ++s.resets[device];
+}
+
+void count_growth(int device, std::uint64_t bytes) {
+  if (in_range(device)) state().accounts[device].grown.fetch_add(bytes, std::memory_order_acq_rel);
+}
+
+std::uint64_t growth_so_far(int device) {
+  return in_range(device) ? state().accounts[device].grown.load(std::memory_order_acquire) : 0;
 }
 
 std::uint64_t charged_now(int device) {

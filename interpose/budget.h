@@ -75,6 +75,14 @@ std::vector<PassedCharge> take_context(const void* context);
 // cudaDeviceReset freed everything on the device: nothing is charged any more.
 void forget_device(int device);
 
+// Counts `bytes` the library just took from the driver on `device` for a pool's page or a
+// managed slab (with or without a budget), after the driver's allocation returned and before
+// the memory reaches a pool; growth_so_far() is the sum so far, which never goes down. A
+// cudaMemGetInfo reads it before the driver's figure and again after the pools' idle bytes
+// (Note [Memory on its way to the driver] in pooling.cpp).
+void count_growth(int device, std::uint64_t bytes);
+std::uint64_t growth_so_far(int device);
+
 // Bytes charged to `device`'s budget now (0 without one), read before the pools' idle bytes
 // for adjust_memory_info.
 std::uint64_t charged_now(int device);

@@ -147,6 +147,7 @@ AllocStatus CudaDevice::allocate_charged(std::uint64_t size, DevicePtr* out,
   cudaError_t result = own::quiet_malloc(&ptr, static_cast<std::size_t>(size));
   if (result == cudaSuccess) {
     charged.keep();
+    budget::count_growth(device_, size);
     *out = reinterpret_cast<DevicePtr>(ptr);
     return AllocStatus::ok;
   }

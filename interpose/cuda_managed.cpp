@@ -38,6 +38,7 @@ AllocStatus CudaManagedBacking::allocate_slab(std::uint64_t size, DevicePtr* out
       real::cudaMallocManaged()(&ptr, static_cast<std::size_t>(size), cudaMemAttachGlobal);
   if (result == cudaSuccess) {
     charged.keep();
+    budget::count_growth(device, size);
     *out = reinterpret_cast<DevicePtr>(ptr);
     return AllocStatus::ok;
   }

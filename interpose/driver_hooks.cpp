@@ -346,17 +346,18 @@ CUresult ctx_synchronize_named(CUcontext ctx) {
 }
 
 CUresult mem_get_info(std::size_t* free_bytes, std::size_t* total_bytes) {
-  const CUresult result = driver_real::cuMemGetInfo_v2()(free_bytes, total_bytes);
-  if (result != CUDA_SUCCESS || free_bytes == nullptr) return result;
   // The device's figures, whichever of its contexts asks: the pools' idle pages are the
   // device's free memory in a context of cuCtxCreate too. The pools' own calls (fences) run in
   // the primary context, as for a give-back.
   const driver::CurrentContext ctx = driver::current_context();
+  const std::uint64_t grown_before = budget::growth_so_far(ctx.device);  // before the figure
+  const CUresult result = driver_real::cuMemGetInfo_v2()(free_bytes, total_bytes);
+  if (result != CUDA_SUCCESS || free_bytes == nullptr) return result;
   if (!ctx.live() || ctx.device < 0) return result;
   if (ctx.primary) {
-    pooling::adjust_memory_info(ctx.device, free_bytes, total_bytes);
+    pooling::adjust_memory_info(ctx.device, grown_before, free_bytes, total_bytes);
   } else if (driver::PrimaryScope scope(ctx.device); scope.ok()) {
-    pooling::adjust_memory_info(ctx.device, free_bytes, total_bytes);
+    pooling::adjust_memory_info(ctx.device, grown_before, free_bytes, total_bytes);
   }
   return result;
 }

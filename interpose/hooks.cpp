@@ -22,6 +22,7 @@
 
 #include <atomic>
 
+#include "interpose/budget.h"
 #include "interpose/driver_context.h"
 #include "interpose/driver_hooks.h"
 #include "interpose/foreign_frees.h"
@@ -446,8 +447,11 @@ cudaError_t malloc_pitch(void** ptr, std::size_t* pitch, std::size_t width, std:
 }
 
 cudaError_t mem_get_info(std::size_t* free_bytes, std::size_t* total_bytes) {
+  const int device = current_device();
+  const std::uint64_t grown_before = budget::growth_so_far(device);  // before the driver's figure
   const cudaError_t result = real::cudaMemGetInfo()(free_bytes, total_bytes);
-  if (result == cudaSuccess) pooling::adjust_memory_info(current_device(), free_bytes, total_bytes);
+  if (result == cudaSuccess)
+    pooling::adjust_memory_info(device, grown_before, free_bytes, total_bytes);
   return result;
 }
 

@@ -928,7 +928,16 @@ bool give_back_idle(int device, GrowthHold& hold, GiveBackWait wait) {
 // refuse them again while it lasts, and a request of the reported size could not get them. The
 // queue is read before the idle pages: a page moving from a pool to the queue in between counts
 // in neither, never in both.
-void adjust_memory_info(int device, std::size_t* free_bytes, std::size_t* total_bytes) {
+// The other way round, a page another thread takes from the driver after its figure, uses and
+// frees before the idle pages are read counts in both (a query during churn reported up to
+// 252 MiB more than was free, and a request of what it reported, less what the churning thread
+// could hold, failed where the plain run never did; under a budget, a charge made after
+// charged_now() did the same). So the bytes the library took from the driver since just before
+// the driver's figure (budget::growth_so_far, counted as each of its driver allocations returns)
+// are taken off what the pools add: a page counted twice was among them. Churn then shows less
+// free than there is for the moment, never more.
+void adjust_memory_info(int device, std::uint64_t grown_before, std::size_t* free_bytes,
+                        std::size_t* total_bytes) {
   if (free_bytes == nullptr) return;
   // Under memgetinfo:raw without a budget the driver's numbers stand: nothing to look at.
   if (config().memgetinfo == MemGetInfoMode::raw && !budget::limit(device)) return;
@@ -949,10 +958,14 @@ void adjust_memory_info(int device, std::size_t* free_bytes, std::size_t* total_
   const std::uint64_t charged = budget::charged_now(device);  // first: budget.h
   const bool pooled = config().memgetinfo == MemGetInfoMode::pooled;
   // Before the idle pages (Note [Memory on its way to the driver]).
-  const std::uint64_t on_their_way =
-      pooled ? ReleaseWorker::instance().queued_bytes(device) : 0;
-  const std::uint64_t idle = (manager != nullptr ? manager->idle_bytes_now() : 0) +
-                             (slabs != nullptr ? slabs->empty_bytes() : 0);
+  std::uint64_t on_their_way = pooled ? ReleaseWorker::instance().queued_bytes(device) : 0;
+  const std::uint64_t idle_read = (manager != nullptr ? manager->idle_bytes_now() : 0) +
+                                  (slabs != nullptr ? slabs->empty_bytes() : 0);
+  // After the idle pages: what the pools took from the driver since its figure may be in both.
+  const std::uint64_t grown = budget::growth_so_far(device) - grown_before;
+  const std::uint64_t idle = idle_read > grown ? idle_read - grown : 0;
+  const std::uint64_t left_of_growth = grown > idle_read ? grown - idle_read : 0;
+  on_their_way = on_their_way > left_of_growth ? on_their_way - left_of_growth : 0;
   if (pooled && idle + on_their_way != 0) {
     const std::uint64_t counted = idle + on_their_way;
     const std::uint64_t room = total_bytes != nullptr && *total_bytes > *free_bytes

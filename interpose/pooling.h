@@ -145,8 +145,10 @@ bool in_pooled_free_memory(const void* ptr);
 
 
 // cudaMemGetInfo/cuMemGetInfo: memgetinfo:pooled adds the idle pooled pages to *free_bytes; a
-// budget (limit) caps both numbers.
-void adjust_memory_info(int device, std::size_t* free_bytes, std::size_t* total_bytes);
+// budget (limit) caps both numbers. `grown_before` is budget::growth_so_far(device), read just
+// before the driver gave its figures (Note [Memory on its way to the driver] in pooling.cpp).
+void adjust_memory_info(int device, std::uint64_t grown_before, std::size_t* free_bytes,
+                        std::size_t* total_bytes);
 
 // A device reset (cudaDeviceReset, cuDevicePrimaryCtxReset, the last release of the primary
 // context): `real` makes it; the pools forget the device's memory, streams and events around it
