@@ -42,6 +42,7 @@ struct ReportTarget {
   ReportDestination destination = ReportDestination::replace;
   struct stat info {};          // what the name leads to, links followed; set when in_place
   int descriptor = -1;          // a link to /proc/self/fd/N: the process's own descriptor N
+  int names_descriptor = -1;    // the same, kept whatever N is (`descriptor` only for a file)
   const char* refusal = "";     // why, when refused
 };
 
@@ -60,37 +61,41 @@ inline ReportTarget report_target(const std::string& path) {
   if (::lstat(path.c_str(), &name) != 0) return target;
   const bool link = S_ISLNK(name.st_mode);
   if (link && name.st_uid != ::geteuid() && name.st_uid != 0) return target;
+  // Each name on the way, from `path` through its links (relative ones too): one whose
+  // directory is in /proc leads there, and one in this process's descriptor directory (or a
+  // thread's) is that descriptor. A chain of links (a link to /dev/stderr) is followed, up to
+  // the kernel's own limit of 40.
   bool into_proc = false;
-  const std::size_t slash = path.rfind('/');
-  char directory[PATH_MAX];
-  if (slash != std::string::npos && slash != 0 &&
-      ::realpath(path.substr(0, slash).c_str(), directory) != nullptr) {
-    const std::string_view in(directory);
-    into_proc = in.starts_with("/proc/");
-    const std::string own = "/proc/" + std::to_string(::getpid()) + "/fd";
-    if (in == own) {
-      const std::string_view number = std::string_view(path).substr(slash + 1);
-      int descriptor = -1;
-      const auto [end, error] =
-          std::from_chars(number.data(), number.data() + number.size(), descriptor);
-      if (error == std::errc() && end == number.data() + number.size() && descriptor >= 0)
-        target.descriptor = descriptor;
+  std::string hop = path;
+  const std::string own = "/proc/" + std::to_string(::getpid());
+  for (int hops = 0; hops <= 40; ++hops) {
+    const std::size_t slash = hop.rfind('/');
+    char directory[PATH_MAX];
+    if (slash != std::string::npos && slash != 0 &&
+        ::realpath(hop.substr(0, slash).c_str(), directory) != nullptr) {
+      const std::string_view in(directory);
+      const bool descriptors =
+          in == own + "/fd" ||
+          (in.starts_with(own + "/task/") && in.ends_with("/fd") && in.size() > own.size() + 9);
+      if (in.starts_with("/proc/")) into_proc = true;
+      if (descriptors) {
+        const std::string_view number = std::string_view(hop).substr(slash + 1);
+        int descriptor = -1;
+        const auto [end, error] =
+            std::from_chars(number.data(), number.data() + number.size(), descriptor);
+        if (error == std::errc() && end == number.data() + number.size() && descriptor >= 0)
+          target.descriptor = target.names_descriptor = descriptor;
+      }
     }
-  }
-  if (link && !into_proc) {
-    char to[64];
-    const ssize_t length = ::readlink(path.c_str(), to, sizeof to);
-    const std::string_view points_to(to, length > 0 ? static_cast<std::size_t>(length) : 0);
-    into_proc = points_to.starts_with("/proc/");
-    for (std::string_view own : {"/proc/self/fd/", "/proc/thread-self/fd/"}) {
-      if (!points_to.starts_with(own)) continue;
-      const std::string_view number = points_to.substr(own.size());
-      int descriptor = -1;
-      const auto [end, error] =
-          std::from_chars(number.data(), number.data() + number.size(), descriptor);
-      if (error == std::errc() && end == number.data() + number.size() && descriptor >= 0)
-        target.descriptor = descriptor;
-    }
+    if (into_proc) break;
+    struct stat at {};
+    if (::lstat(hop.c_str(), &at) != 0 || !S_ISLNK(at.st_mode)) break;
+    char to[PATH_MAX];
+    const ssize_t length = ::readlink(hop.c_str(), to, sizeof to - 1);
+    if (length <= 0) break;
+    const std::string next(to, static_cast<std::size_t>(length));
+    const bool absolute = next.front() == '/' || slash == std::string::npos;
+    hop = absolute ? next : hop.substr(0, slash + 1) + next;
   }
   const auto refuse = [&target](const char* why) {
     target.destination = ReportDestination::refused;

@@ -220,16 +220,24 @@ Delivery deliver(const RenderedReport& report) {
       expand_report_path(conf.report_path, static_cast<long>(::getpid()), report.sequence);
   std::string why;
   const ReportTarget target = report_target(path);
-  switch (target.destination) {
-    case ReportDestination::in_place:
-      why = write_in_place(path, target, report.text);
-      break;
-    case ReportDestination::refused:
-      why = target.refusal;
-      break;
-    case ReportDestination::replace:
-      if (!replace_file(path, report.text)) why = std::strerror(errno);
-      break;
+  // A link to this process's descriptor 1 or 2 (/dev/stderr) when that was closed as the process
+  // started: the descriptor is now a file of the program's, as for report_path:stderr.
+  if (target.names_descriptor >= 0 && !standard_stream_usable(target.names_descriptor)) {
+    why = std::string(target.names_descriptor == STDOUT_FILENO ? "standard output"
+                                                               : "standard error") +
+          ", which it leads to, was closed as the process started";
+  } else {
+    switch (target.destination) {
+      case ReportDestination::in_place:
+        why = write_in_place(path, target, report.text);
+        break;
+      case ReportDestination::refused:
+        why = target.refusal;
+        break;
+      case ReportDestination::replace:
+        if (!replace_file(path, report.text)) why = std::strerror(errno);
+        break;
+    }
   }
   if (why.empty()) {
     log_format(LogLevel::basic, "report %llu written to %s",

@@ -94,6 +94,19 @@ int child() {
 // directory CHILD_DIR, and exits.
 int exit_child() {
   CHECK(::chdir(std::getenv("CHILD_DIR")) == 0);
+  // CHILD_DATA_ON_2=FILE: the child starts again with descriptor 2 closed (as under 2>&-), and
+  // its own data file, opened first, takes that number.
+  if (const char* data = std::getenv("CHILD_DATA_ON_2")) {
+    if (::fcntl(2, F_GETFD) != -1) {
+      ::close(2);
+      char* const again[] = {const_cast<char*>("test_report_files"),
+                             const_cast<char*>("exit-child"), nullptr};
+      ::execv("/proc/self/exe", again);
+      return 3;
+    }
+    const int fd = ::open(data, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    CHECK(fd == 2 && ::write(fd, "DATA\n", 5) == 5);
+  }
   if (const char* file = std::getenv("CHILD_STDERR")) {  // as 2>FILE does (no O_APPEND)
     const int fd = ::open(file, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     CHECK(fd >= 0 && ::dup2(fd, 2) == 2);
@@ -217,6 +230,33 @@ void check_nodes(const std::string& dir) {
                 appended.find("report 1 written to " + stderr_link) != std::string::npos,
             "standard error got: " + appended);
   CHECK(kind_of(stderr_link) == S_IFLNK);
+  // A relative link there, and a link to the link, lead there too: each link on the way is
+  // followed (they were taken for links elsewhere and replaced by a file).
+  std::string up;
+  for (char c : dir) up += c == '/' ? "../" : "";
+  const std::string relative_link = dir + "/relative-link";
+  CHECK(::symlink((up + "proc/self/fd/2").c_str(), relative_link.c_str()) == 0);
+  const std::string chained_link = dir + "/chained-link";
+  CHECK(::symlink(stderr_link.c_str(), chained_link.c_str()) == 0);
+  for (const std::string& link : {relative_link, chained_link}) {
+    run_exit_child(dir, link, stderr_file);
+    const std::string written = read_file(stderr_file);
+    CHECK_MSG(written.find("poolcuda report #1 (pid ") != std::string::npos,
+              link + ": standard error got: " + written);
+    CHECK(kind_of(link) == S_IFLNK);
+  }
+  // Standard error closed as the process started: /dev/stderr leads to the program's own file
+  // that took descriptor 2, which gets nothing, as under report_path:stderr.
+  {
+    const std::string data = dir + "/data.txt";
+    const preload_test::ChildResult closed = preload_test::run_self(
+        "exit-child",
+        {"POOLCUDA_CONF=report_at_exit:1,report_path:/dev/stderr", "CHILD_DIR=" + dir,
+         "CHILD_DATA_ON_2=" + data, "CHILD_STDERR"},
+        20);
+    CHECK_MSG(closed.status == 0 && !closed.timed_out, closed.output);
+    CHECK_MSG(read_file(data) == "DATA\n", "the program's file got: " + read_file(data));
+  }
   // So is a name in a descriptor directory itself (/dev/fd is a link to /proc/self/fd): no
   // temporary file can be made beside it.
   for (const char* name : {"/dev/fd/2", "/proc/self/fd/2"}) {
@@ -301,7 +341,8 @@ void check_nodes(const std::string& dir) {
   CHECK(read_file(dir + "/stdout").find("poolcuda report #1 (pid ") != std::string::npos);
 
   for (const char* name : {"fifo", "socket", "null-link", "stderr-link", "stderr.txt", "stdout",
-                           "closed-link", "others-link", "others-fifo"}) {
+                           "closed-link", "others-link", "others-fifo", "relative-link",
+                           "chained-link", "data.txt"}) {
     ::unlink((dir + "/" + name).c_str());
   }
 }
