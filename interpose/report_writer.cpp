@@ -70,6 +70,9 @@ std::mutex& output_mutex() {
   return *mutex;
 }
 
+// Set by close_deliveries(), under output_mutex().
+bool g_closed = false;
+
 // 12 characters from [a-z0-9], from getrandom, or (where it is unavailable) from the clock,
 // the pid, a counter and an address, which no other user can predict either.
 std::string random_suffix() {
@@ -208,6 +211,7 @@ RenderedReport render_snapshots(std::string_view reason, ReportFormat format,
 Delivery deliver(const RenderedReport& report) {
   const Config& conf = config();
   std::lock_guard<std::mutex> hold(output_mutex());
+  if (g_closed) return Delivery{false, "the process is exiting"};
   if (const int stream = report_keyword_descriptor(conf.report_path); stream >= 0) {
     // A reader that does not take it within the bound loses the rest (Note [Writes to
     // standard error] in log.cpp).
@@ -247,6 +251,11 @@ Delivery deliver(const RenderedReport& report) {
   log_format(LogLevel::basic, "cannot write report %llu to %s: %s",
              static_cast<unsigned long long>(report.sequence), path.c_str(), why.c_str());
   return Delivery{false, "cannot write " + path + ": " + why};
+}
+
+void close_deliveries() {
+  std::lock_guard<std::mutex> hold(output_mutex());
+  g_closed = true;
 }
 
 Delivery write_report(std::string_view reason) {

@@ -38,4 +38,8 @@ Delivery deliver(const RenderedReport& report);
 // Snapshots now (on this thread), renders in the configured format and delivers.
 Delivery write_report(std::string_view reason);
 
+// Waits for a delivery under way to end, and refuses every later one: the process is exiting,
+// and one the reporter thread was making as it ended left its temporary file behind.
+void close_deliveries();
+
 }  // namespace poolcuda
