@@ -133,19 +133,33 @@ void log_format(LogLevel level, const char* format, ...) {
   char buffer[1024];
   va_list args;
   va_start(args, format);
-  int n = std::vsnprintf(buffer, sizeof buffer, format, args);
+  va_list again;
+  va_copy(again, args);
+  const int n = std::vsnprintf(buffer, sizeof buffer, format, args);
   va_end(args);
-  if (n < 0) return;
-  std::size_t length = static_cast<std::size_t>(n) < sizeof buffer ? static_cast<std::size_t>(n)
-                                                                     : sizeof buffer - 1;
-  log_line(level, std::string_view(buffer, length));
+  if (n < 0) {
+    va_end(again);
+    return;
+  }
+  if (static_cast<std::size_t>(n) < sizeof buffer) {
+    va_end(again);
+    log_line(level, std::string_view(buffer, static_cast<std::size_t>(n)));
+    return;
+  }
+  // A longer line (a report path of thousands of bytes) is written whole: cut, it lost the
+  // reason that came after the path.
+  std::string whole(static_cast<std::size_t>(n) + 1, '\0');
+  std::vsnprintf(whole.data(), whole.size(), format, again);
+  va_end(again);
+  whole.pop_back();
+  log_line(level, whole);
 }
 
 namespace {
 // The kept line is plain bytes, never destroyed: a std::string here was destroyed at thread exit
 // before destructors the program registered earlier (a pthread key's, a thread_local object's),
 // and a refused cudaMalloc in one of them wrote into the freed string and freed it again (glibc
-// aborted the thread). Longer lines are cut, as log_format() cuts them.
+// aborted the thread). Longer lines are cut.
 constexpr std::size_t kKeptBytes = 1024;
 thread_local char t_kept[kKeptBytes];
 thread_local std::size_t t_kept_length = 0;

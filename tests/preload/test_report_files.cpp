@@ -281,6 +281,18 @@ void check_nodes(const std::string& dir) {
               "a full pipe: " + full.output);
   }
 
+  // A path of thousands of bytes: the log line says it whole, and why after it (a line cut at
+  // 1 KiB lost the reason).
+  {
+    std::string long_path = dir;
+    while (long_path.size() < 3000) long_path += "/" + std::string(200, 'd');
+    long_path += "/report.txt";
+    result = run_exit_child(dir, long_path);
+    CHECK_MSG(result.output.find("cannot write report 1 to " + long_path + ": ") !=
+                  std::string::npos,
+              "no whole line with the reason: " + result.output.substr(0, 200));
+  }
+
   // A link into /proc to nothing (a closed descriptor) is refused, not replaced.
   const std::string closed_link = dir + "/closed-link";
   CHECK(::symlink("/proc/self/fd/987", closed_link.c_str()) == 0);
