@@ -771,13 +771,9 @@ bool ipc_exportable(const char* api, const void* ptr) {
     if (manager == nullptr) continue;
     const PointerPlace place = manager->locate(address);
     if (!place.pooled) continue;
-    // Padding past an allocation's end is no more the program's than freed memory is: the
-    // driver's allocation would have ended there, and it refuses such a pointer.
-    const bool allocated =
-        place.allocation != 0 && address - place.allocation < place.allocation_size;
-    if (allocated && place.allocation == place.page_base) return true;
+    if (place.allocation == place.page_base) return true;
     if (address == place.page_base && place.page_in_use) return true;
-    if (!allocated) {
+    if (place.allocation == 0) {
       log_format(LogLevel::basic,
                  "%s(%p) on device %d refused: the pointer lies in pooled memory that is not "
                  "allocated; nothing changed",

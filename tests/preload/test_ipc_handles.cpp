@@ -3,8 +3,7 @@
 // cudaErrorInvalidValue (CUDA_ERROR_INVALID_VALUE through the driver), a log line that names the
 // layout to use, and no change to the allocation; a handle of an allocation that starts its page,
 // or of a page's start while anything in the page lives, is the driver's; freed memory has
-// none, nor has the padding past an allocation's end, and a refusal through the driver answers
-// as the driver would (no current context). Under pools:exclusive (the child) every allocation
+// none, and a refusal through the driver answers as the driver would (no current context). Under pools:exclusive (the child) every allocation
 // starts its page, so every handle passes. On the stand-in a handle names its allocation's base,
 // so the test also checks which memory a passed handle opens.
 #include <cuda.h>
@@ -129,18 +128,6 @@ int main(int argc, char** argv) {
   CHECK(cudaGetLastError() == cudaErrorInvalidValue);
   CHECK(driver_get(&driver_handle, reinterpret_cast<CUdeviceptr>(big)) ==
         CUDA_ERROR_INVALID_VALUE);
-
-  // Padding past the end of an allocation that starts its page is not allocated: no handle, as
-  // the driver refuses a pointer past the end of its allocation. The allocation itself passes.
-  void* odd = nullptr;
-  constexpr std::size_t kOdd = 3000000;  // a page of its own, with padding after it
-  CHECK_CUDA(cudaMalloc(&odd, kOdd));
-  check_passes(odd, driver_get);
-  CHECK(cudaIpcGetMemHandle(&handle, static_cast<char*>(odd) + kOdd) == cudaErrorInvalidValue);
-  CHECK(cudaGetLastError() == cudaErrorInvalidValue);
-  CHECK(driver_get(&driver_handle, reinterpret_cast<CUdeviceptr>(odd) + kOdd) ==
-        CUDA_ERROR_INVALID_VALUE);
-  CHECK_CUDA(cudaFree(odd));
 
   // The refusal says why and what to do; under pools:exclusive every handle passes.
   const preload_test::ChildResult refused = preload_test::run_self("refused", {});
