@@ -188,6 +188,16 @@ CUresult mem_free_async(CUdeviceptr dptr, CUstream stream, bool per_thread) {
     const CUresult asked =
         real_driver::cuStreamIsCapturing()(reinterpret_cast<CUstream>(named), &status);
     if (asked != CUDA_SUCCESS && !default_stream) return asked;
+    // The legacy stream beside a blocking stream's capture: refused, and that capture
+    // invalidated, as by the plain free (Note [The legacy stream beside a capture] in hooks.cpp).
+    if (asked == CUDA_ERROR_STREAM_CAPTURE_IMPLICIT) {
+      CUevent event = nullptr;
+      if (real_driver::cuEventCreate()(&event, CU_EVENT_DISABLE_TIMING) == CUDA_SUCCESS) {
+        real_driver::cuEventRecord()(event, reinterpret_cast<CUstream>(named));
+        real_driver::cuEventDestroy_v2()(event);
+      }
+      return asked;
+    }
     if (asked != CUDA_SUCCESS) status = CU_STREAM_CAPTURE_STATUS_NONE;
   }
   // An invalidated capture fails every call on its stream: the plain free frees nothing.

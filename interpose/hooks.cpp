@@ -185,26 +185,48 @@ bool capture_open(int device) {
   return d != nullptr && d->hooked_capture_open();
 }
 
-bool capture_invalidated(cudaStream_t stream) {
-  // No capture, nothing to ask; on any device: the stream may be another's than the current one.
-  if (!any_capture_open()) return false;
-  // The query may fail (the legacy stream beside a capture): its error is not the program's,
-  // and is cleared when the slot was clean; one that held the program's error has lost it then.
-  const bool slot_clean = real::cudaPeekAtLastError()() == cudaSuccess;
-  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
-  const cudaError_t asked = real::cudaStreamIsCapturing()(stream, &status);
-  if (asked != cudaSuccess && slot_clean) real::cudaGetLastError()();
-  return asked == cudaSuccess && status == cudaStreamCaptureStatusInvalidated;
-}
+namespace {
 
-cudaError_t refuse_on_invalidated_capture(cudaStream_t stream) {
-  // Any work on that stream fails so, an event record too.
+// Work queued on `stream`, which fails there as the plain call would (an event record), with
+// what that failure does: the error left in the last-error slot, and for the legacy stream the
+// blocking stream's capture invalidated. Returns `error`.
+cudaError_t refuse_for_capture(cudaStream_t stream, cudaError_t error) {
   cudaEvent_t event = nullptr;
   if (real::cudaEventCreateWithFlags()(&event, cudaEventDisableTiming) == cudaSuccess) {
     real::cudaEventRecord()(event, stream);
     real::cudaEventDestroy()(event);
   }
-  return cudaErrorStreamCaptureInvalidated;
+  return error;
+}
+
+}  // namespace
+
+// Note [The legacy stream beside a capture]
+// Work on the legacy stream waits for every blocking stream of its device, so while one of them
+// captures, CUDA refuses it with cudaErrorStreamCaptureImplicit and invalidates that capture,
+// whatever the capture's mode and whichever thread began it: a plain stream-ordered free there
+// frees nothing, and the capture's end then fails. The pools took the free as any other (the
+// capturing query's error was thrown away as not the program's): it succeeded, the capture made
+// a graph, and the program's later free of the same pointer was refused as a double free. So the
+// free is refused as the plain call is, and an event record on the legacy stream invalidates the
+// capture the same way. The per-thread stream waits for no other stream and is not refused.
+cudaError_t capture_refusal(cudaStream_t stream) {
+  // No capture, nothing to ask; on any device: the stream may be another's than the current one.
+  if (!any_capture_open()) return cudaSuccess;
+  // Another failure of the query is not the program's, and is cleared when the slot was clean;
+  // one that held the program's error has lost it then.
+  const bool slot_clean = real::cudaPeekAtLastError()() == cudaSuccess;
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  const cudaError_t asked = real::cudaStreamIsCapturing()(stream, &status);
+  if (asked == cudaErrorStreamCaptureImplicit) return refuse_for_capture(stream, asked);
+  if (asked != cudaSuccess && slot_clean) real::cudaGetLastError()();
+  if (asked == cudaSuccess && status == cudaStreamCaptureStatusInvalidated)
+    return refuse_on_invalidated_capture(stream);
+  return cudaSuccess;
+}
+
+cudaError_t refuse_on_invalidated_capture(cudaStream_t stream) {
+  return refuse_for_capture(stream, cudaErrorStreamCaptureInvalidated);
 }
 
 namespace {
@@ -324,7 +346,7 @@ cudaError_t free_async(void* ptr, cudaStream_t stream, bool per_thread) {
   const cudaStream_t named = per_thread && stream == nullptr ? cudaStreamPerThread : stream;
   if (const cudaError_t refused = stream_handle_error(named); refused != cudaSuccess)
     return refused;  // Note [Stream handles]
-  if (capture_invalidated(named)) return refuse_on_invalidated_capture(named);
+  if (const cudaError_t refused = capture_refusal(named); refused != cudaSuccess) return refused;
   const cudaStream_t ordered_on = named == nullptr ? cudaStreamLegacy : named;
   const pooling::Freed freed =
       release_here(device, ptr, reinterpret_cast<StreamToken>(ordered_on));

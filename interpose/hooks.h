@@ -87,9 +87,13 @@ void stream_destroyed_while_capturing(cudaStream_t stream, int device,
 cudaError_t stream_handle_error(cudaStream_t stream);
 // Whether `stream` is in a stream capture, valid or invalidated.
 bool capturing(cudaStream_t stream);
-// Whether `stream` is in a capture that an earlier call invalidated: a stream-ordered
-// free there fails in plain CUDA and frees nothing, so a pooled one must too.
-bool capture_invalidated(cudaStream_t stream);
+// The error a stream-ordered free on `stream` meets from a capture in plain CUDA, where it frees
+// nothing, so a pooled one must not either: cudaErrorStreamCaptureInvalidated on a stream whose
+// capture an earlier call invalidated, cudaErrorStreamCaptureImplicit on the legacy stream while
+// a blocking stream captures (that capture is invalidated then, as the plain call does: Note
+// [The legacy stream beside a capture] in hooks.cpp). Left in the last-error slot; cudaSuccess
+// when neither.
+cudaError_t capture_refusal(cudaStream_t stream);
 // The plain call's error on a stream whose capture is invalidated, returned and left in the
 // last-error slot as the plain call leaves it.
 cudaError_t refuse_on_invalidated_capture(cudaStream_t stream);

@@ -19,6 +19,14 @@
 //    invalidated, with device 0 current: plain CUDA fails it with
 //    cudaErrorStreamCaptureInvalidated and frees nothing; the library, looking for captures on
 //    the current device only, answered success.
+//  - legacy-beside-capture: a stream-ordered free of pooled memory (device or managed) on the
+//    legacy stream while a blocking stream captures, by cudaFreeAsync (stream 0 and
+//    cudaStreamLegacy) and cuMemFreeAsync: plain CUDA refuses it with
+//    cudaErrorStreamCaptureImplicit, invalidates the capture and frees nothing; the library
+//    freed it, the capture made a graph, and the program's later cudaFree was refused as a
+//    double free (Note [The legacy stream beside a capture] in interpose/hooks.cpp).
+#include <cuda.h>
+
 #include <chrono>
 #include <string>
 #include <thread>
@@ -132,6 +140,40 @@ void invalidated_elsewhere() {
   CHECK_CUDA(cudaFree(p));  // the refused free freed nothing
 }
 
+void legacy_beside_capture() {
+  using FreeAsyncFn = CUresult (*)(CUdeviceptr, CUstream);
+  const auto driver_free_async = preload_test::driver_entry<FreeAsyncFn>("cuMemFreeAsync", 11020);
+  cudaStream_t blocking = nullptr;
+  CHECK_CUDA(cudaStreamCreate(&blocking));
+  for (const char* how : {"stream 0", "cudaStreamLegacy", "cuMemFreeAsync", "managed"}) {
+    const std::string name = how;
+    void* p = nullptr;
+    if (name == "managed") {
+      CHECK_CUDA(cudaMallocManaged(&p, 4096));
+    } else {
+      CHECK_CUDA(cudaMalloc(&p, 4096));
+    }
+    CHECK_CUDA(cudaStreamBeginCapture(blocking, cudaStreamCaptureModeGlobal));
+    int freed = 0;
+    if (name == "cuMemFreeAsync") {
+      freed = driver_free_async(reinterpret_cast<CUdeviceptr>(p), CU_STREAM_LEGACY);
+      CHECK_MSG(freed == CUDA_ERROR_STREAM_CAPTURE_IMPLICIT, name + ": " + std::to_string(freed));
+    } else {
+      freed = cudaFreeAsync(p, name == "cudaStreamLegacy" ? cudaStreamLegacy : nullptr);
+      const cudaError_t last = cudaGetLastError();
+      CHECK_MSG(freed == cudaErrorStreamCaptureImplicit && last == freed,
+                name + ": " + preload_test::error_text(static_cast<cudaError_t>(freed)) +
+                    ", last error " + preload_test::error_text(last));
+    }
+    cudaGraph_t graph = nullptr;
+    CHECK_MSG(cudaStreamEndCapture(blocking, &graph) == cudaErrorStreamCaptureInvalidated,
+              name + ": the capture was not invalidated");
+    (void)cudaGetLastError();
+    CHECK_MSG(cudaFree(p) == cudaSuccess, name + ": the refused free freed the memory");
+  }
+  CHECK_CUDA(cudaStreamDestroy(blocking));
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -142,13 +184,15 @@ int main(int argc, char** argv) {
     if (name == "thread-exit-after-free") thread_exit_after_free();
     if (name == "two-devices") two_devices();
     if (name == "invalidated-elsewhere") invalidated_elsewhere();
+    if (name == "legacy-beside-capture") legacy_beside_capture();
     std::printf("case done\n");
     return 0;
   }
   preload_test::require_preloaded();
   preload_test::require_devices(2);
   preload_test::run_cases_in_children(
-      {"thread-exit", "thread-exit-after-free", "two-devices", "invalidated-elsewhere"});
+      {"thread-exit", "thread-exit-after-free", "two-devices", "invalidated-elsewhere",
+       "legacy-beside-capture"});
   std::printf("ok\n");
   return 0;
 }
