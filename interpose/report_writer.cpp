@@ -65,13 +65,13 @@ constexpr std::chrono::milliseconds kNodeWriteBound{2000};
 
 std::atomic<std::uint64_t> g_sequence{0};
 
-std::mutex& output_mutex() {
-  static auto* mutex = new std::mutex;  // never destroyed: reports may run during exit
+std::timed_mutex& output_mutex() {
+  static auto* mutex = new std::timed_mutex;  // never destroyed: reports may run during exit
   return *mutex;
 }
 
-// Set by close_deliveries(), under output_mutex().
-bool g_closed = false;
+// Set by close_deliveries(): no delivery starts after it.
+std::atomic<bool> g_closed{false};
 
 // 12 characters from [a-z0-9], from getrandom, or (where it is unavailable) from the clock,
 // the pid, a counter and an address, which no other user can predict either.
@@ -153,9 +153,12 @@ std::string write_in_place(const std::string& path, const ReportTarget& target,
                            std::string_view text) {
   const bool fifo = S_ISFIFO(target.info.st_mode);
   const bool own = target.descriptor >= 0;
+  // Non-blocking, a FIFO and a character device too: a terminal nobody reads (a stalled ssh
+  // session, a pty whose reader stopped) held the writer for good, and an exit waiting for it.
+  const bool node = fifo || S_ISCHR(target.info.st_mode);
   const int fd = own ? target.descriptor
                      : ::open(path.c_str(), O_WRONLY | O_APPEND | O_NOCTTY | O_CLOEXEC |
-                                                (fifo ? O_NONBLOCK : 0));
+                                                (node ? O_NONBLOCK : 0));
   if (fd < 0) {
     if (fifo && errno == ENXIO) return "no process has the FIFO open for reading";
     if (S_ISSOCK(target.info.st_mode))
@@ -208,10 +211,18 @@ RenderedReport render_snapshots(std::string_view reason, ReportFormat format,
   return out;
 }
 
-Delivery deliver(const RenderedReport& report) {
+Delivery deliver(const RenderedReport& report, std::optional<std::chrono::milliseconds> wait) {
   const Config& conf = config();
-  std::lock_guard<std::mutex> hold(output_mutex());
-  if (g_closed) return Delivery{false, "the process is exiting"};
+  std::unique_lock<std::timed_mutex> hold(output_mutex(), std::defer_lock);
+  if (!wait) {
+    hold.lock();
+  } else if (!hold.try_lock_for(*wait)) {
+    log_format(LogLevel::basic, "report %llu not written: another report was still being "
+               "written after %lld ms", static_cast<unsigned long long>(report.sequence),
+               static_cast<long long>(wait->count()));
+    return Delivery{false, "another report was still being written"};
+  }
+  if (g_closed.load()) return Delivery{false, "the process is exiting"};
   if (const int stream = report_keyword_descriptor(conf.report_path); stream >= 0) {
     // A reader that does not take it within the bound loses the rest (Note [Writes to
     // standard error] in log.cpp).
@@ -253,9 +264,10 @@ Delivery deliver(const RenderedReport& report) {
   return Delivery{false, "cannot write " + path + ": " + why};
 }
 
-void close_deliveries() {
-  std::lock_guard<std::mutex> hold(output_mutex());
-  g_closed = true;
+void close_deliveries(std::chrono::milliseconds wait) {
+  g_closed.store(true);
+  std::unique_lock<std::timed_mutex> hold(output_mutex(), std::defer_lock);
+  (void)hold.try_lock_for(wait);
 }
 
 Delivery write_report(std::string_view reason) {

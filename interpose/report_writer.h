@@ -7,7 +7,9 @@
 // called from a signal handler.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 
@@ -33,13 +35,15 @@ struct Delivery {
 };
 
 // Writes the report where report_path sends reports (one log line names a file it went to).
-Delivery deliver(const RenderedReport& report);
+// With `wait`, gives up (one log line) when another report is still being written after it.
+Delivery deliver(const RenderedReport& report,
+                 std::optional<std::chrono::milliseconds> wait = std::nullopt);
 
 // Snapshots now (on this thread), renders in the configured format and delivers.
 Delivery write_report(std::string_view reason);
 
-// Waits for a delivery under way to end, and refuses every later one: the process is exiting,
-// and one the reporter thread was making as it ended left its temporary file behind.
-void close_deliveries();
+// Refuses every later delivery, and waits up to `wait` for one under way to end: the process is
+// exiting, and one the reporter thread was making as it ended left its temporary file behind.
+void close_deliveries(std::chrono::milliseconds wait);
 
 }  // namespace poolcuda

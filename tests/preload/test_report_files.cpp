@@ -20,6 +20,7 @@
 #include <sys/un.h>
 
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <sstream>
@@ -123,6 +124,13 @@ int exit_child() {
     CHECK(::fcntl(9, F_SETFL, 0) == 0);  // blocking again, as the program's own would be
   }
   CHECK_CUDA(cudaFree(nullptr));
+  // CHILD_SIGNALS=N: N report signals first, a millisecond apart.
+  if (const char* signals = std::getenv("CHILD_SIGNALS")) {
+    for (int i = std::atoi(signals); i > 0; --i) {
+      CHECK(::raise(SIGUSR1) == 0);
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+  }
   return 0;
 }
 
@@ -291,6 +299,25 @@ void check_nodes(const std::string& dir) {
     CHECK_MSG(result.output.find("cannot write report 1 to " + long_path + ": ") !=
                   std::string::npos,
               "no whole line with the reason: " + result.output.substr(0, 200));
+  }
+
+  // A terminal nobody reads (a pty whose reader stopped): report signals fill it, and the exit,
+  // with its own report, still comes within its bounds. The writes blocked for good, and the
+  // exit waited for them.
+  {
+    const int terminal = ::posix_openpt(O_RDWR | O_NOCTTY);
+    CHECK(terminal >= 0 && ::grantpt(terminal) == 0 && ::unlockpt(terminal) == 0);
+    const std::string name = ::ptsname(terminal);
+    const auto started = std::chrono::steady_clock::now();
+    const preload_test::ChildResult stalled = preload_test::run_self(
+        "exit-child",
+        {"POOLCUDA_CONF=report_at_exit:1,report_path:" + name, "CHILD_DIR=" + dir,
+         "CHILD_SIGNALS=300", "CHILD_STDERR"},
+        30);
+    const auto took = std::chrono::steady_clock::now() - started;
+    ::close(terminal);
+    CHECK_MSG(stalled.status == 0 && !stalled.timed_out && took < std::chrono::seconds(20),
+              "an unread terminal held the exit: " + stalled.output.substr(0, 400));
   }
 
   // A link into /proc to nothing (a closed descriptor) is refused, not replaced.
