@@ -122,6 +122,7 @@ struct Page {
   void* ptr;
   std::uint64_t ticket;
   std::uint64_t size;
+  bool held_before = false;  // back in the queue after a capture held it back
 };
 
 bool in_range(int device) { return device >= 0 && device < ReleaseWorker::kMaxDevices; }
@@ -206,6 +207,7 @@ struct ReleaseLane {
   void retry_held_back() {
     while (!held_back.empty()) {
       queue.push_back(held_back.front());
+      queue.back().held_before = true;
       held_back.pop_front();
     }
   }
@@ -662,7 +664,10 @@ std::uint64_t ReleaseWorker::queued_bytes(int device) const {
   State& s = state();
   std::lock_guard<RankedMutex> hold(s.mutex);
   const ReleaseLane* lane = s.find_lane(device);
-  return lane != nullptr ? ReleaseLane::bytes_of(lane->queue) : 0;
+  if (lane == nullptr) return 0;
+  std::uint64_t bytes = 0;
+  for (const Page& p : lane->queue) bytes += p.held_before ? 0 : p.size;
+  return bytes;
 }
 
 std::uint64_t ReleaseWorker::in_flight(int device) const {

@@ -76,7 +76,8 @@ class ReleaseWorker {
 
   // Bytes of `device` queued now, whose driver free has not begun: the driver still counts
   // them as allocated (Note [Memory on its way to the driver] in pooling.cpp). Pages held back
-  // are left out: while a capture is open the driver may refuse them again.
+  // are left out, also once queued again: while a capture is open the driver may refuse them
+  // again.
   std::uint64_t queued_bytes(int device) const;
 
   // The ticket of `device`'s page inside the driver's free now (every page queued gets a new

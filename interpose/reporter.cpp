@@ -305,6 +305,7 @@ void start_reporter(const Config& conf) {
   // programs installing theirs during the first CUDA call lost it). It goes back at once.
   struct sigaction displaced {};
   if (::sigaction(g_signal, &action, &displaced) != 0) return;
+  g_previous = displaced;  // what a forked child, or a failed start, puts back
   if (has_handler(displaced)) {
     ::sigaction(g_signal, &displaced, nullptr);
     log_when_touched(LogLevel::basic, std::string(g_signal_name) +
