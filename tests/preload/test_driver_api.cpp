@@ -15,6 +15,8 @@
 //    figures do not move. That runs in a child of its own, first without the library: what
 //    the device does after a refused destroy is the driver's business (without the library an
 //    H200 goes on allocating), and with the library the child must get as far as the plain one.
+//  - cuDevicePrimaryCtxReset of a device that does not exist gets the driver's answer, and no
+//    pools are made for it.
 // Runs on a GPU too (no stand-in check).
 #include <cuda.h>
 #include <dlfcn.h>
@@ -139,6 +141,13 @@ int child() {
   CHECK_CU(cuMemFree_v2(twice));
   CHECK(cuMemFree_v2(twice) == CUDA_ERROR_INVALID_VALUE);
   CHECK_CU(cuCtxSynchronize());
+
+  // A reset of a device that does not exist (the first number past the last device): the
+  // driver's answer, and no pools made for it (their making logged that its memory size could not
+  // be read).
+  int count = 0;
+  CHECK_CU(cuDeviceGetCount(&count));
+  CHECK(cuDevicePrimaryCtxReset_v2(count) == CUDA_ERROR_INVALID_DEVICE);
   std::printf("child ok\n");
   return 0;
 }
@@ -154,6 +163,8 @@ int main(int argc, char** argv) {
                 std::strstr(info.dli_fname, "poolcuda") != nullptr,
             "cuMemAlloc_v2 does not come from libpoolcuda.so; set LD_PRELOAD");
   preload_test::ExitReport report = preload_test::run_with_exit_report("child");
+  CHECK_MSG(report.child.output.find("cannot read its memory size") == std::string::npos,
+            report.child.output);
   CHECK(report.reservations == kPooled);
   CHECK(report.device_allocs <= 10);
   CHECK(report.forwarded_mallocs == 0);
