@@ -7,9 +7,9 @@
 //  - reset: cudaDeviceReset while a capture on the per-thread default stream is open, then a
 //    capture there that is invalidated and ended. The reset left the first capture's entry, which
 //    the end found, and the second window stayed open.
-//  - while-beginning: 10000 rounds (2000 under ThreadSanitizer) of a relaxed capture on a new stream that another thread ends
-//    (end-while-beginning) or destroys the stream of (destroy-while-beginning) as soon as it sees
-//    it active. An end that came before the hooks had recorded the begin found nothing to close,
+//  - while-beginning: 10000 rounds (2000 under ThreadSanitizer) of a relaxed capture on a new
+//    stream that another thread ends (end-while-beginning) or destroys the stream of
+//    (destroy-while-beginning) as soon as it sees it active. An end that came before the hooks had recorded the begin found nothing to close,
 //    and the window stayed open: in 6 of 7 runs the churn ran out of memory.
 #include <atomic>
 #include <thread>

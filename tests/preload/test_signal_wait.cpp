@@ -111,7 +111,8 @@ int run_queued(const std::string& how) {
   CHECK(info.si_value.sival_int == kValue);
   if (how != "queue") CHECK(timer_delete(timer) == 0);
   const char* dir = std::getenv("SIGNAL_WAIT_REPORTS");
-  CHECK_MSG(std::filesystem::is_empty(dir), how + ": a report was written for the program's signal");
+  CHECK_MSG(std::filesystem::is_empty(dir),
+            how + ": a report was written for the program's signal");
   CHECK_CUDA(cudaFree(ptr));
   std::printf("%s child ok\n", how.c_str());
   return 0;
