@@ -47,6 +47,7 @@
 #include <cstring>
 #include <ctime>
 #include <mutex>
+#include <thread>
 
 #include "interpose/lifecycle.h"
 #include "interpose/log.h"
@@ -65,9 +66,21 @@ constexpr std::chrono::milliseconds kNodeWriteBound{2000};
 
 std::atomic<std::uint64_t> g_sequence{0};
 
-std::timed_mutex& output_mutex() {
-  static auto* mutex = new std::timed_mutex;  // never destroyed: reports may run during exit
+std::mutex& output_mutex() {
+  static auto* mutex = new std::mutex;  // never destroyed: reports may run during exit
   return *mutex;
+}
+
+// Takes `hold`'s mutex within `wait`: false when another holder keeps it that long. Tries and
+// short sleeps, not a timed lock: ThreadSanitizer does not see a timed lock taken, and then
+// reports its unlock as one of an unlocked mutex.
+bool lock_within(std::unique_lock<std::mutex>& hold, std::chrono::milliseconds wait) {
+  const auto deadline = Clock::now() + wait;
+  while (!hold.try_lock()) {
+    if (Clock::now() >= deadline) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  return true;
 }
 
 // Set by close_deliveries(): no delivery starts after it.
@@ -213,10 +226,10 @@ RenderedReport render_snapshots(std::string_view reason, ReportFormat format,
 
 Delivery deliver(const RenderedReport& report, std::optional<std::chrono::milliseconds> wait) {
   const Config& conf = config();
-  std::unique_lock<std::timed_mutex> hold(output_mutex(), std::defer_lock);
+  std::unique_lock<std::mutex> hold(output_mutex(), std::defer_lock);
   if (!wait) {
     hold.lock();
-  } else if (!hold.try_lock_for(*wait)) {
+  } else if (!lock_within(hold, *wait)) {
     log_format(LogLevel::basic, "report %llu not written: another report was still being "
                "written after %lld ms", static_cast<unsigned long long>(report.sequence),
                static_cast<long long>(wait->count()));
@@ -266,8 +279,8 @@ Delivery deliver(const RenderedReport& report, std::optional<std::chrono::millis
 
 void close_deliveries(std::chrono::milliseconds wait) {
   g_closed.store(true);
-  std::unique_lock<std::timed_mutex> hold(output_mutex(), std::defer_lock);
-  (void)hold.try_lock_for(wait);
+  std::unique_lock<std::mutex> hold(output_mutex(), std::defer_lock);
+  (void)lock_within(hold, wait);
 }
 
 Delivery write_report(std::string_view reason) {
