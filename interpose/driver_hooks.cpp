@@ -468,8 +468,9 @@ CUresult stream_destroy(CUresult (*real)(CUstream), CUstream stream) {
 CUresult primary_ctx_reset(CUresult (*real)(CUdevice), CUdevice device) {
   // A device that does not exist has no pools to forget, and must not get any: the driver
   // answers it alone (making its pools first logged that its memory size could not be read).
+  // (Only when the count is known: pools kept past a reset would hand out freed memory.)
   int count = 0;
-  if (real_driver::cuDeviceGetCount()(&count) != CUDA_SUCCESS || device < 0 || device >= count)
+  if (real_driver::cuDeviceGetCount()(&count) == CUDA_SUCCESS && (device < 0 || device >= count))
     return real(device);
   return static_cast<CUresult>(pooling::reset_device(device, [&] { return real(device); }));
 }

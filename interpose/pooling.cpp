@@ -954,16 +954,18 @@ void adjust_memory_info(int device, std::uint64_t grown_before, std::size_t* fre
   const std::uint64_t charged = budget::charged_now(device);  // first: budget.h
   const bool pooled = config().memgetinfo == MemGetInfoMode::pooled;
   // Before the idle pages (Note [Memory on its way to the driver]).
-  std::uint64_t on_their_way = pooled ? ReleaseWorker::instance().queued_bytes(device) : 0;
+  const std::uint64_t on_their_way =
+      pooled ? ReleaseWorker::instance().queued_bytes(device) : 0;
   const std::uint64_t idle_read = (manager != nullptr ? manager->idle_bytes_now() : 0) +
                                   (slabs != nullptr ? slabs->empty_bytes() : 0);
   // After the idle pages: what the pools took from the driver since its figure may be in both.
   const std::uint64_t grown = budget::growth_so_far(device) - grown_before;
-  const std::uint64_t idle = idle_read > grown ? idle_read - grown : 0;
-  const std::uint64_t left_of_growth = grown > idle_read ? grown - idle_read : 0;
-  on_their_way = on_their_way > left_of_growth ? on_their_way - left_of_growth : 0;
-  if (pooled && idle + on_their_way != 0) {
-    const std::uint64_t counted = idle + on_their_way;
+  const auto less_grown = [grown](std::uint64_t bytes) {
+    return bytes > grown ? bytes - grown : std::uint64_t{0};
+  };
+  const std::uint64_t idle = less_grown(idle_read);
+  const std::uint64_t counted = less_grown(idle_read + on_their_way);
+  if (pooled && counted != 0) {
     const std::uint64_t room = total_bytes != nullptr && *total_bytes > *free_bytes
                                    ? *total_bytes - *free_bytes
                                    : counted;

@@ -198,10 +198,10 @@ struct ReleaseLane {
     for (const Page& p : held_back) low = std::min(low, p.ticket);
     return low;
   }
-  // Bytes of the pages in `pages`.
-  static std::uint64_t bytes_of(const std::deque<Page>& pages) {
+  // Bytes of the pages in `pages`; with `fresh_only`, of those never held back.
+  static std::uint64_t bytes_of(const std::deque<Page>& pages, bool fresh_only = false) {
     std::uint64_t bytes = 0;
-    for (const Page& p : pages) bytes += p.size;
+    for (const Page& p : pages) bytes += fresh_only && p.held_before ? 0 : p.size;
     return bytes;
   }
   void retry_held_back() {
@@ -649,33 +649,34 @@ bool ReleaseWorker::wait_while_freeing(const void* ptr, std::uint64_t ticket,
   return true;
 }
 
-std::uint64_t ReleaseWorker::waiting_bytes(int device) const {
+namespace {
+
+// `read(lane)` of `device`'s lane, under the state's lock; 0 when it has none.
+template <typename Read>
+std::uint64_t from_lane(ReleaseWorker::State& s, int device, Read read) {
   if (!in_range(device)) return 0;
-  State& s = state();
   std::lock_guard<RankedMutex> hold(s.mutex);
   const ReleaseLane* lane = s.find_lane(device);
-  if (lane == nullptr) return 0;
-  return lane->in_flight_size + ReleaseLane::bytes_of(lane->queue) +
-         ReleaseLane::bytes_of(lane->held_back);
+  return lane != nullptr ? read(*lane) : 0;
+}
+
+}  // namespace
+
+std::uint64_t ReleaseWorker::waiting_bytes(int device) const {
+  return from_lane(state(), device, [](const ReleaseLane& lane) {
+    return lane.in_flight_size + ReleaseLane::bytes_of(lane.queue) +
+           ReleaseLane::bytes_of(lane.held_back);
+  });
 }
 
 std::uint64_t ReleaseWorker::queued_bytes(int device) const {
-  if (!in_range(device)) return 0;
-  State& s = state();
-  std::lock_guard<RankedMutex> hold(s.mutex);
-  const ReleaseLane* lane = s.find_lane(device);
-  if (lane == nullptr) return 0;
-  std::uint64_t bytes = 0;
-  for (const Page& p : lane->queue) bytes += p.held_before ? 0 : p.size;
-  return bytes;
+  return from_lane(state(), device, [](const ReleaseLane& lane) {
+    return ReleaseLane::bytes_of(lane.queue, true);
+  });
 }
 
 std::uint64_t ReleaseWorker::in_flight(int device) const {
-  if (!in_range(device)) return 0;
-  State& s = state();
-  std::lock_guard<RankedMutex> hold(s.mutex);
-  const ReleaseLane* lane = s.find_lane(device);
-  return lane != nullptr ? lane->in_flight : 0;
+  return from_lane(state(), device, [](const ReleaseLane& lane) { return lane.in_flight; });
 }
 
 }  // namespace poolcuda
