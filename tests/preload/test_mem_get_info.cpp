@@ -1,6 +1,6 @@
 // Preload test 7: cudaMemGetInfo counts idle pooled pages as free (memgetinfo:pooled, the
-// default), while the driver's own cuMemGetInfo counts them as used. Run with the argument "raw" under
-// memgetinfo:raw, the program sees the real numbers. Free space inside pages that live slices
+// default), while the driver's own cuMemGetInfo counts them as used. Run with the argument
+// "raw" under memgetinfo:raw, the program sees the real numbers. Free space inside pages that live slices
 // keep is never counted: a request of the reported free size must succeed, as it does without
 // the library. Memory freed before a synchronize counts as free even when frees wait for fences:
 // one large buffer, and many small ones whose frees still wait in an open batch when the
