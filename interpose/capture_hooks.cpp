@@ -340,12 +340,16 @@ int begin_capture(cudaStream_t handle, bool per_thread, cudaStreamCaptureMode mo
       std::this_thread::sleep_for(std::chrono::microseconds(50));
       table.lock();
     }
+    // Note [Streams destroyed while capturing] in cuda_device.cpp.
+    CudaDevice& cuda_device = *registry.device(device);
+    const CudaDevice::CaptureMark mark = cuda_device.mark_capture(stream);
     begun.mark();
     result = real();
     if (result == 0) {
       capture = open_capture(stream, device);
-      if (capture) registry.device(device)->capture_began();
+      if (capture) cuda_device.capture_began();
     }
+    cuda_device.keep_capture_mark(stream, mark, result == 0);
   }
   ReleaseWorker::instance().capture_begun(device);
   if (capture) {
@@ -431,6 +435,26 @@ void stream_destroyed_while_capturing(cudaStream_t stream, int device,
 // need not ask; the others (managed memory) answer as the plain call does. The thread's mode is
 // read by exchanging it twice. Captures begun behind the hooks' back are not counted.
 void device_captures_forgotten(int device) { origins().forget_device(device); }
+
+cudaError_t wait_event(cudaStream_t handle, bool per_thread,
+                       const std::function<cudaError_t()>& real) {
+  if (!origins().any()) return real();  // no capture to join that the hooks know of
+  Registry& registry = Registry::instance();
+  const cudaStream_t stream = normal_handle(handle, per_thread);
+  CudaDevice* device = nullptr;
+  CudaDevice::CaptureMark mark;
+  {
+    auto table = registry.streams().lock();
+    for (const TrackedStream& tracked : registry.streams().streams()) {
+      if (tracked.stream == stream) device = registry.device(tracked.device);
+    }
+    if (device != nullptr) mark = device->mark_capture(stream);
+  }
+  const cudaError_t result = real();
+  if (device != nullptr)
+    device->keep_capture_mark(stream, mark, result == cudaSuccess && capturing(stream));
+  return result;
+}
 
 bool any_capture_open() { return origins().any(); }
 

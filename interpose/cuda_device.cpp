@@ -17,11 +17,12 @@
 // capture (and recording on a capturing stream would become part of the graph), so while any
 // capture is open on the device no fence of its own pools is recorded at all: the manager keeps
 // the epoch open and tries again later (another device's free on one of its streams records an
-// event still, unless that stream captures: Note [Frees on another device's stream]). The capture hooks count the captures they see begin and end, and a
-// begin happens under the stream table's lock, which a fence holds from its check to its last
-// record: a capture that begins on another thread can never fall between the two. Captures
-// begun behind the hooks' back are found by asking the legacy stream, this thread's default
-// stream and every tracked stream.
+// event still, unless that stream captures: Note [Frees on another device's stream]). The
+// capture hooks count the captures they see begin and end, and a begin happens under the
+// stream table's lock, which a fence holds from its check to its last record: a capture that
+// begins on another thread can never fall between the two. Captures begun behind the hooks'
+// back are found by asking the legacy stream, this thread's default stream and every tracked
+// stream.
 //
 // Note [Destroyed streams]
 // cudaStreamDestroy returns at once and the stream's queued work runs to completion afterwards.
@@ -33,6 +34,22 @@
 // cache; an older fence that still lists it may then see it recorded again at a later point,
 // which only makes that fence pass later, never earlier. Tails are owned by the device, never
 // by a fence: fence_destroy does not recycle them.
+//
+// Note [Streams destroyed while capturing]
+// A stream that is capturing takes no record of ours (it would go into the graph), so a stream
+// destroyed while it captures (the destroy ends its capture as failed, or leaves the capture it
+// joined to its origin) left no tail, and its work queued before the capture still runs after
+// the destroy. The memory that work used, freed after the destroy or inside the capture (legal
+// in relaxed mode; such a free waits in the open epoch until the capture ends), went to a new
+// owner behind no fence of that work: the old owner's late write landed in the new owner's
+// buffer. So the hooks mark a tracked stream with an event of ours just before it begins a
+// capture (under the stream table's lock, as the begin runs) and just before it waits on an
+// event while a capture is open (the wait may join it to that capture: the mark is kept only if
+// it did). The mark covers everything queued before the capture; what is queued during it is
+// captured, never run. A destroy while the stream captures adopts the mark as the stream's
+// tail. A stream keeps its latest mark until its next one or its destroy; a mark that completed
+// covers nothing any more and goes back to the event cache at the next look. Not covered: a
+// capture begun, or joined, behind the hooks' back (the driver's cuStreamWaitEvent included).
 //
 // Note [Stale streams]
 // A stream can vanish without passing through the cudaStreamDestroy hook: cuStreamDestroy on
@@ -252,17 +269,81 @@ void CudaDevice::prune_tails(std::vector<cudaEvent_t>* pending) {
   });
 }
 
+// Caller holds mutex_: the stream's mark, taken out of the list, or null.
+cudaEvent_t CudaDevice::take_capture_mark(cudaStream_t stream) {
+  for (auto it = capture_marks_.begin(); it != capture_marks_.end(); ++it) {
+    if (it->first != stream) continue;
+    const cudaEvent_t mark = it->second;
+    capture_marks_.erase(it);
+    return mark;
+  }
+  return nullptr;
+}
+
+CudaDevice::CaptureMark CudaDevice::mark_capture(cudaStream_t stream) {
+  const auto& tracked = streams_.streams();
+  if (std::none_of(tracked.begin(), tracked.end(), [&](const TrackedStream& t) {
+        return t.stream == stream && t.device == device_;
+      })) {
+    return {};
+  }
+  OwnCallScope scope(device_);
+  if (!scope.ok() || capture_state(stream) != CaptureState::none) return {};
+  CaptureMark mark;
+  {
+    std::lock_guard<RankedMutex> hold(mutex_);
+    mark.generation = generation_;
+  }
+  mark.event = take_event();
+  if (mark.event == nullptr) return {};
+  if (own::cudaEventRecord()(mark.event, stream) != cudaSuccess) {
+    keep_capture_mark(stream, mark, false);
+    return {};
+  }
+  return mark;
+}
+
+void CudaDevice::keep_capture_mark(cudaStream_t stream, const CaptureMark& mark, bool captured) {
+  if (mark.event == nullptr) return;
+  OwnCallScope scope(device_);
+  std::lock_guard<RankedMutex> hold(mutex_);
+  if (mark.generation != generation_) return;  // reset meanwhile: the event is dead
+  if (!captured) {
+    events_.push_back(mark.event);
+    return;
+  }
+  if (const cudaEvent_t older = take_capture_mark(stream)) events_.push_back(older);
+  // The marks whose work is done cover nothing any more.
+  if (scope.ok()) {
+    std::erase_if(capture_marks_, [&](const std::pair<cudaStream_t, cudaEvent_t>& held) {
+      if (own::cudaEventQuery()(held.second) == cudaErrorNotReady) return false;
+      events_.push_back(held.second);
+      return true;
+    });
+  }
+  capture_marks_.emplace_back(stream, mark.event);
+}
+
 void CudaDevice::adopt_stream_tail(cudaStream_t stream) {
   OwnCallScope scope(device_);
   // An event of another device would poison the cache (Note [Own calls]).
   if (!scope.ok()) return;
   // A capturing stream would take the record into its graph; its capture ends with the destroy.
-  // A stale handle (Note [Stale streams]) has nothing left to mark.
-  if (capture_state(stream) != CaptureState::none) return;
+  // Its mark from before the capture is its tail (Note [Streams destroyed while capturing]). A
+  // stale handle (Note [Stale streams]) has nothing left to mark.
+  if (capture_state(stream) != CaptureState::none) {
+    std::lock_guard<RankedMutex> hold(mutex_);
+    if (const cudaEvent_t mark = take_capture_mark(stream)) {
+      prune_tails(nullptr);
+      tails_.push_back(mark);
+    }
+    return;
+  }
   std::uint64_t generation = 0;
   {
     std::lock_guard<RankedMutex> hold(mutex_);
     generation = generation_;
+    if (const cudaEvent_t mark = take_capture_mark(stream)) events_.push_back(mark);
   }
   cudaEvent_t tail = take_event();
   if (tail == nullptr) return;
@@ -628,6 +709,7 @@ void CudaDevice::forget_events() {
   std::lock_guard<RankedMutex> hold(mutex_);
   events_.clear();
   tails_.clear();
+  capture_marks_.clear();
   ++generation_;
 }
 

@@ -14,6 +14,7 @@
 #include <atomic>
 #include <cstdint>
 #include <mutex>
+#include <utility>
 #include <vector>
 
 #include "pools/device.h"
@@ -59,6 +60,19 @@ class CudaDevice final : public Device {
   // cudaStreamDestroy returns, so every fence recorded from now on also waits for it (Note
   // [Destroyed streams] in cuda_device.cpp). Caller holds the stream table's lock.
   void adopt_stream_tail(cudaStream_t stream);
+
+  // The work queued so far on a tracked stream of this device that is about to begin or join a
+  // capture, marked with an event of the library's (Note [Streams destroyed while capturing] in
+  // cuda_device.cpp); empty when the stream is not tracked, captures already, or no event could
+  // be recorded. Caller holds the stream table's lock. keep_capture_mark() keeps it for the
+  // stream when the capture began or the stream joined one (`captured`), and recycles it
+  // otherwise.
+  struct CaptureMark {
+    cudaEvent_t event = nullptr;
+    std::uint64_t generation = 0;
+  };
+  CaptureMark mark_capture(cudaStream_t stream);
+  void keep_capture_mark(cudaStream_t stream, const CaptureMark& mark, bool captured);
 
   // A stream capture began (ended) on this device through the hooks (interpose/capture_hooks.cpp).
   // began() is called with the stream table's lock held, right after the real begin: a fence is
@@ -130,6 +144,7 @@ class CudaDevice final : public Device {
   Fence* new_fence();  // a recycled or new record, of this generation, with no events
   void recycle(Fence* fence);
   void prune_tails(std::vector<cudaEvent_t>* pending);
+  cudaEvent_t take_capture_mark(cudaStream_t stream);
   bool capture_open();
   void drop_streams(const std::vector<cudaStream_t>& gone);
 
@@ -140,6 +155,8 @@ class CudaDevice final : public Device {
   RankedMutex mutex_{LockRank::device};  // guards the caches below
   std::vector<cudaEvent_t> events_;  // created, not in use
   std::vector<cudaEvent_t> tails_;   // recorded last on destroyed streams, maybe not complete
+  // Streams' marks from before their captures, not complete when last looked at.
+  std::vector<std::pair<cudaStream_t, cudaEvent_t>> capture_marks_;
   std::vector<Fence*> fences_;       // recycled fence records
   std::uint64_t generation_ = 0;     // bumped by forget_events()
   std::atomic<int> hooked_captures_{0};  // captures begun through the hooks, still open

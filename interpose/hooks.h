@@ -59,6 +59,11 @@ int begin_capture(cudaStream_t stream, bool per_thread, cudaStreamCaptureMode mo
                   const std::function<int()>& real);
 int end_capture(cudaStream_t stream, bool per_thread, cudaGraph_t* graph,
                 const std::function<int()>& real);
+// cudaStreamWaitEvent: while a capture the hooks saw begin is open, a tracked stream that the
+// wait may join to it is marked first (Note [Streams destroyed while capturing] in
+// cuda_device.cpp). `real` makes the real wait.
+cudaError_t wait_event(cudaStream_t stream, bool per_thread,
+                       const std::function<cudaError_t()>& real);
 // The device of `stream` (-1 when there is none), asked without touching a capture open on it
 // (Note [A capturing stream's device] in capture_hooks.cpp): the current device's for the
 // legacy and per-thread default streams and for handles CUDA refuses.

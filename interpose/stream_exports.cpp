@@ -339,17 +339,24 @@ POOLCUDA_WATCHED(cudaEventRecord, false, stream, (cudaEvent_t event, cudaStream_
                  (event, stream))
 POOLCUDA_WATCHED(cudaEventRecord_ptsz, true, stream, (cudaEvent_t event, cudaStream_t stream),
                  (event, stream))
-POOLCUDA_WATCHED(cudaStreamWaitEvent, false, stream,
-                 (cudaStream_t stream, cudaEvent_t event, unsigned int flags),
-                 (stream, event, flags))
-POOLCUDA_WATCHED(cudaStreamWaitEvent_ptsz, true, stream,
-                 (cudaStream_t stream, cudaEvent_t event, unsigned int flags),
-                 (stream, event, flags))
+// A wait that may join its stream to a capture (Note [Streams destroyed while capturing] in
+// cuda_device.cpp).
+#define POOLCUDA_WAIT_EVENT(name, flavour)                                                     \
+  POOLCUDA_EXPORT cudaError_t name(cudaStream_t stream, cudaEvent_t event, unsigned int flags) { \
+    WATCH(stream, flavour);                                                                    \
+    const auto real = [&] { return pc::real::name()(stream, event, flags); };                  \
+    if (pc::bypass()) return real();                                                           \
+    return pc::guarded([&] { return pc::hooks::wait_event(stream, flavour, real); });          \
+  }
+
+POOLCUDA_WAIT_EVENT(cudaStreamWaitEvent, false)
+POOLCUDA_WAIT_EVENT(cudaStreamWaitEvent_ptsz, true)
 
 #undef POOLCUDA_WATCHED
 #undef POOLCUDA_WATCHED_PEER
 #undef POOLCUDA_HOST_WORK
 #undef POOLCUDA_HOST_FUNCTION
+#undef POOLCUDA_WAIT_EVENT
 
 // Another device's work may read this one's memory: every device leaves ordered reuse.
 POOLCUDA_EXPORT cudaError_t cudaDeviceEnablePeerAccess(int peer, unsigned int flags) {

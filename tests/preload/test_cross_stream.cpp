@@ -9,7 +9,11 @@
 // Three cases: the blocked stream is non-blocking (it needs its own fence event), blocking (the
 // legacy default stream's event covers it), and non-blocking but destroyed before the free
 // (cudaStreamDestroy returns at once and the queued work still runs: the fence must still wait
-// for it although the stream no longer exists).
+// for it although the stream no longer exists). The destroyed stream again, destroyed while it
+// captures: a relaxed capture it began, the same with the buffer freed inside the capture, and a
+// capture of another stream it joined through cudaStreamWaitEvent (the library can record
+// nothing on a capturing stream: it marks the stream's work just before). Each destroyed case
+// runs in a process of its own, on an empty pool.
 // With the argument "driver-streams" the streams are created with cuStreamCreate and destroyed
 // with cuStreamDestroy_v2 (from cudaGetDriverEntryPointByVersion): the runtime's stream hooks
 // never see them, the driver hooks must. "driver-streams-v1" destroys them with the CUDA 2.0
@@ -60,9 +64,22 @@ void destroy_stream(cudaStream_t stream) {
 // Enough 1 MiB buffers to fill the page the freed one came from.
 constexpr int kMaxAllocations = 64;
 
+// How the blocked stream is left before the buffer is freed. Every way but `stays` destroys it
+// while its work still waits at the gate; the capturing ones destroy it while it captures, so
+// the library can record nothing on it then (Note [Streams destroyed while capturing] in
+// interpose/cuda_device.cpp).
+enum class Leave {
+  stays,
+  destroyed,
+  destroyed_capturing,   // it began a relaxed capture
+  freed_in_capture,      // the same, with the free inside the capture, before the destroy
+  joined_and_destroyed,  // it joined another stream's capture by waiting on its event
+};
+
 // Returns true when the new buffer was corrupted by the blocked stream's late write.
 bool run_case(const char* name, unsigned int blocked_flags, bool expect_race,
-              bool destroy_first = false) {
+              Leave leave = Leave::stays) {
+  const bool destroy_first = leave != Leave::stays;
   cudaStream_t blocked = nullptr;
   cudaStream_t other = nullptr;
   blocked = create_stream(blocked_flags);
@@ -90,12 +107,45 @@ bool run_case(const char* name, unsigned int blocked_flags, bool expect_race,
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
   CHECK(gate.entered.load());
+  cudaStream_t origin = nullptr;
+  cudaEvent_t forked = nullptr;
+  switch (leave) {
+    case Leave::stays:
+    case Leave::destroyed:
+      break;
+    case Leave::destroyed_capturing:
+    case Leave::freed_in_capture:
+      CHECK_CUDA(cudaStreamBeginCapture(blocked, cudaStreamCaptureModeRelaxed));
+      if (leave == Leave::freed_in_capture) CHECK_CUDA(cudaFree(first));  // legal when relaxed
+      break;
+    case Leave::joined_and_destroyed:
+      origin = create_stream(cudaStreamNonBlocking);
+      CHECK_CUDA(cudaEventCreateWithFlags(&forked, cudaEventDisableTiming));
+      CHECK_CUDA(cudaStreamBeginCapture(origin, cudaStreamCaptureModeRelaxed));
+      CHECK_CUDA(cudaEventRecord(forked, origin));
+      CHECK_CUDA(cudaStreamWaitEvent(blocked, forked, 0));
+      break;
+  }
   if (destroy_first) destroy_stream(blocked);  // its queued work still runs
-  CHECK_CUDA(cudaFree(first));  // the program is done with it; the stream is not
+  if (origin != nullptr) {
+    // The capture lost a stream it had forked to: CUDA ends it as invalidated.
+    cudaGraph_t graph = nullptr;
+    const cudaError_t ended = cudaStreamEndCapture(origin, &graph);
+    if (graph != nullptr) CHECK_CUDA(cudaGraphDestroy(graph));
+    CHECK_MSG(ended == cudaSuccess || ended == cudaErrorStreamCaptureInvalidated ||
+                  ended == cudaErrorStreamCaptureUnjoined,
+              std::string(name) + ": the capture ended with " + preload_test::error_text(ended));
+    (void)cudaGetLastError();
+    CHECK_CUDA(cudaEventDestroy(forked));
+    destroy_stream(origin);
+  }
+  // The program is done with it; the stream is not.
+  if (leave != Leave::freed_in_capture) CHECK_CUDA(cudaFree(first));
 
   // New buffers, written on another stream, until the freed one comes back (at once without
-  // fences). The destroyed-stream case takes enough that the pool has to miss and consult the
-  // fences (it runs first, on an empty pool).
+  // fences). The destroyed-stream cases take enough that the pool has to miss and consult the
+  // fences (each runs in a process of its own, on an empty pool: free slices an earlier case
+  // left would serve them all).
   std::vector<void*> taken;
   void* second = nullptr;
   const int allocations = destroy_first ? kMaxAllocations : 1;
@@ -108,6 +158,12 @@ bool run_case(const char* name, unsigned int blocked_flags, bool expect_race,
       // (or is waiting for the blocked stream only) by the next miss.
       CHECK_CUDA(cudaStreamSynchronize(other));
       CHECK_CUDA(cudaStreamSynchronize(cudaStreamLegacy));
+      // A free a little later closes the batch the freed buffer waits in, whose fence a later
+      // miss then finds passed, unless it waits for the blocked stream.
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+      void* scratch = nullptr;
+      CHECK_CUDA(cudaMalloc(&scratch, 4096));
+      CHECK_CUDA(cudaFree(scratch));
     }
   }
   CHECK_CUDA(cudaStreamSynchronize(other));
@@ -172,14 +228,46 @@ void idle_streams_case(bool expect_race) {
 
 int main(int argc, char** argv) {
   preload_test::require_preloaded();
+  // The arguments, also as one argument of words joined by commas (how a child gets them):
+  // "expect-race", "driver-streams", "driver-streams-v1", and a child's "leave=N".
   bool expect_race = false;
+  int leave = -1;
+  std::string flags;
   for (int i = 1; i < argc; ++i) {
-    expect_race |= std::string(argv[i]) == "expect-race";
-    driver_streams |= std::string(argv[i]) == "driver-streams";
-    destroy_v1 |= std::string(argv[i]) == "driver-streams-v1";
+    std::string words = argv[i];
+    for (std::size_t start = 0; start <= words.size();) {
+      const std::size_t end = std::min(words.find(',', start), words.size());
+      const std::string word = words.substr(start, end - start);
+      start = end + 1;
+      if (word.rfind("leave=", 0) == 0) {
+        leave = std::stoi(word.substr(6));
+        continue;
+      }
+      expect_race |= word == "expect-race";
+      driver_streams |= word == "driver-streams";
+      destroy_v1 |= word == "driver-streams-v1";
+      if (!word.empty()) flags += "," + word;
+    }
   }
   CHECK_CUDA(cudaFree(nullptr));
-  run_case("destroyed non-blocking stream", cudaStreamNonBlocking, expect_race, true);
+  const char* const kLeaveNames[] = {
+      "", "destroyed non-blocking stream", "non-blocking stream destroyed while capturing",
+      "non-blocking stream freed in its capture, then destroyed",
+      "non-blocking stream that joined a capture, destroyed"};
+  if (leave > 0) {
+    run_case(kLeaveNames[leave], cudaStreamNonBlocking, expect_race, static_cast<Leave>(leave));
+    CHECK_CUDA(cudaDeviceSynchronize());
+    std::printf("case done\n");
+    return 0;
+  }
+  for (const Leave way : {Leave::destroyed, Leave::destroyed_capturing, Leave::freed_in_capture,
+                          Leave::joined_and_destroyed}) {
+    const std::string argument = "leave=" + std::to_string(static_cast<int>(way)) + flags;
+    const preload_test::ChildResult child = preload_test::run_self(argument.c_str(), {}, 60);
+    std::printf("%s", child.output.c_str());
+    CHECK_MSG(child.status == 0 && child.output.find("case done") != std::string::npos,
+              std::string(kLeaveNames[static_cast<int>(way)]) + ": " + child.output);
+  }
   run_case("non-blocking stream", cudaStreamNonBlocking, expect_race);
   run_case("blocking stream", cudaStreamDefault, expect_race);
   idle_streams_case(expect_race);
