@@ -12,6 +12,28 @@
 // is cached per thread by id: a hook costs two driver calls (current context, its id). Without
 // cuCtxGetId (drivers older than 12.0) the check runs on every call.
 //
+// Note [Primary contexts replaced]
+// The last release of a primary context destroys it, and its memory with it; the next retain
+// makes a new one. The release hook forgets the pools when the context is gone after the
+// release, but another thread may retain the device's primary context between the release and
+// that look: the look then found it alive, the pools kept the dead context's pages and handed
+// them out in the new one (copies refused, kernels faulting). The library's own retain and
+// release pair (above) can be the last release too, when the program's own last release lands
+// between the two, and no hook sees that one. So the id of each device's primary context that
+// the hooks saw last is kept: a primary context seen with another id replaced that one, which is
+// dead (there is one primary context per device at a time, and ids are never reused), and the
+// pools forget the device's memory. The thread whose compare-exchange takes the old id out of
+// the slot marks the device, then records the new id (no other thread sees the new id before
+// the mark); the library's own release that leaves the context dead marks it too. The discovery
+// may come inside one of the library's own calls, under a lock of the pools, so it only marks;
+// the pools forget at the next safe point: a pooled allocation or free, or the release hook,
+// before they touch the pools. The release hook records the id before the real release; a
+// release that leaves no primary context makes the pools forget unless a thread found a later
+// one meanwhile (its forget came first, and another now would forget the new context's pages).
+// A reset through the hooks clears the id: the pools start over in the next context. Left: a
+// thread that allocates in the new context between another thread's discovery and the forget
+// may still get a slice of the dead context.
+//
 // Note [Destroyed contexts]
 // A context destroyed by one thread stays current on the others, and every driver call they make
 // in it fails with CUDA_ERROR_CONTEXT_IS_DESTROYED: a cuCtxCreate context another thread
@@ -38,6 +60,9 @@
 // Depends on real_driver.h.
 #include "interpose/driver_context.h"
 
+#include <atomic>
+#include <thread>
+
 #include "interpose/real_driver.h"
 
 namespace poolcuda::driver {
@@ -52,6 +77,18 @@ struct Cached {
 
 __attribute__((tls_model("initial-exec"))) thread_local Cached t_cached;
 
+// Note [Primary contexts replaced]: each device's primary context id last seen (0: none), and
+// the devices whose pools must forget their memory at the next safe point.
+constexpr int kMaxDevices = 64;
+std::atomic<unsigned long long> g_primary_ids[kMaxDevices] = {};
+std::atomic<bool> g_replaced[kMaxDevices] = {};
+std::atomic<bool> g_any_replaced{false};
+
+void replaced(int device) {
+  if (device < 0 || device >= kMaxDevices) return;
+  g_replaced[device].store(true, std::memory_order_release);
+  g_any_replaced.store(true, std::memory_order_release);
+}
 
 // `device`'s primary context, if it is alive; null otherwise. Takes no lasting reference.
 CUcontext primary_of(int device) {
@@ -59,10 +96,78 @@ CUcontext primary_of(int device) {
   CUcontext primary = nullptr;
   if (real_driver::cuDevicePrimaryCtxRetain()(&primary, device) != CUDA_SUCCESS) return nullptr;
   real_driver::cuDevicePrimaryCtxRelease_v2()(device);
+  if (!primary_alive(device)) {  // that release was the last (Note [Primary contexts replaced])
+    replaced(device);
+    return nullptr;
+  }
   return primary;
 }
 
+// In a device's slot while the thread that found its primary context replaced marks the device:
+// no other thread may see the new id before the mark is there.
+constexpr unsigned long long kMarking = ~0ULL;
+
+// Records `id` as `device`'s primary context; the one recorded before, if another, is dead.
+void note_primary(int device, unsigned long long id) {
+  if (device < 0 || device >= kMaxDevices || id == 0 || id == kMarking) return;
+  std::atomic<unsigned long long>& slot = g_primary_ids[device];
+  unsigned long long seen = slot.load(std::memory_order_acquire);
+  while (seen != id) {
+    if (seen == kMarking) {
+      std::this_thread::yield();
+      seen = slot.load(std::memory_order_acquire);
+      continue;
+    }
+    if (seen == 0) {
+      if (slot.compare_exchange_weak(seen, id, std::memory_order_acq_rel)) return;
+      continue;
+    }
+    if (slot.compare_exchange_weak(seen, kMarking, std::memory_order_acq_rel)) {
+      replaced(device);
+      slot.store(id, std::memory_order_release);
+      return;
+    }
+  }
+}
+
 }  // namespace
+
+void forget_replaced(void (*forget)(int device)) {
+  if (!g_any_replaced.load(std::memory_order_acquire)) return;
+  g_any_replaced.store(false, std::memory_order_release);
+  for (int device = 0; device < kMaxDevices; ++device) {
+    if (g_replaced[device].exchange(false, std::memory_order_acq_rel)) forget(device);
+  }
+}
+
+void forget_primary(int device) {
+  if (device >= 0 && device < kMaxDevices)
+    g_primary_ids[device].store(0, std::memory_order_release);
+}
+
+unsigned long long look_at_primary(int device) {
+  const CUcontext primary = primary_of(device);
+  unsigned long long id = 0;
+  if (primary == nullptr || real_driver::cuCtxGetId()(primary, &id) != CUDA_SUCCESS) return 0;
+  note_primary(device, id);
+  return id;
+}
+
+bool claim_dead_primary(int device, unsigned long long before) {
+  if (device < 0 || device >= kMaxDevices || before == 0) return true;
+  std::atomic<unsigned long long>& slot = g_primary_ids[device];
+  unsigned long long seen = slot.load(std::memory_order_acquire);
+  for (;;) {
+    if (seen == kMarking) {
+      std::this_thread::yield();
+      seen = slot.load(std::memory_order_acquire);
+      continue;
+    }
+    // A thread found a later primary context already: it made the pools forget this one's.
+    if (seen != 0 && seen != before) return false;
+    if (slot.compare_exchange_weak(seen, 0, std::memory_order_acq_rel)) return true;
+  }
+}
 
 bool primary_alive(int device) {
   unsigned int flags = 0;
@@ -93,7 +198,10 @@ CurrentContext current_context() {
   }
   current.device = device;
   current.primary = primary_of(device) == current.handle;
-  if (have_id) t_cached = {id, current.device, current.primary};
+  if (have_id) {
+    if (current.primary) note_primary(device, id);
+    t_cached = {id, current.device, current.primary};
+  }
   return current;
 }
 

@@ -46,6 +46,20 @@ inline bool in_program_context() {
   return ctx.live() && !ctx.primary;
 }
 
+// Note [Primary contexts replaced] in driver_context.cpp: runs `forget` for each device whose
+// primary context was found replaced (or destroyed by the library's own release) since the last
+// call: its memory is gone. One relaxed load when none was. Only where no lock of the pools is
+// held.
+void forget_replaced(void (*forget)(int device));
+// The pools of `device` forgot its memory: the next primary context seen is the first.
+void forget_primary(int device);
+// Looks at `device`'s primary context now, marking the device for forget_replaced() if the one
+// seen before is gone; its id, or 0 when it is not alive (or has no id).
+unsigned long long look_at_primary(int device);
+// After a release left `device` without a primary context: whether its pools must forget that
+// context's memory, `before` being its id (0: unknown, and then they must). False when a thread
+// found a later primary context meanwhile (and its pools forgot already).
+bool claim_dead_primary(int device, unsigned long long before);
 // Whether `ctx` is the primary context of a device, and which (for cuCtxDestroy).
 bool is_primary(CUcontext ctx, int* device);
 

@@ -469,19 +469,31 @@ CUresult primary_ctx_reset(CUresult (*real)(CUdevice), CUdevice device) {
   // A device that does not exist has no pools to forget, and must not get any: the driver
   // answers it alone (making its pools first logged that its memory size could not be read).
   // (Only when the count is known: pools kept past a reset would hand out freed memory.)
+  // Before cuInit no device exists yet, and no pools either: the driver refuses the call.
   int count = 0;
-  if (real_driver::cuDeviceGetCount()(&count) == CUDA_SUCCESS && (device < 0 || device >= count))
+  const CUresult counted = real_driver::cuDeviceGetCount()(&count);
+  if (counted == CUDA_ERROR_NOT_INITIALIZED ||
+      (counted == CUDA_SUCCESS && (device < 0 || device >= count)))
     return real(device);
   return static_cast<CUresult>(pooling::reset_device(device, [&] { return real(device); }));
 }
 
 // The last release resets the primary context (its memory is gone): the pools forget theirs.
-// Whether it is the last is known only afterwards, so the pools forget after the fact.
+// Whether it is the last is known only afterwards, so the pools forget after the fact; another
+// thread may have made a new one meanwhile (Note [Primary contexts replaced] in
+// driver_context.cpp).
 CUresult primary_ctx_release(CUresult (*real)(CUdevice), CUdevice device) {
+  const unsigned long long before = driver::look_at_primary(device);
   const CUresult result = real(device);
-  if (result == CUDA_SUCCESS && !driver::primary_alive(device)) {
-    pooling::reset_device(device, [] { return 0; });
+  if (result == CUDA_SUCCESS) {
+    if (!driver::primary_alive(device)) {
+      if (driver::claim_dead_primary(device, before))
+        pooling::reset_device(device, [] { return 0; });
+    } else {
+      driver::look_at_primary(device);
+    }
   }
+  pooling::forget_replaced_contexts();
   return result;
 }
 

@@ -469,7 +469,19 @@ bool managed_free_held(DevicePtr start) {
   return held_locked(frees, start);
 }
 
+namespace {
+
+int reset_pools(int device, const std::function<int()>& real, bool primary_replaced);
+
+}  // namespace
+
+void forget_replaced_contexts() {
+  // The new context's id stays recorded: it is the one the pools start over in.
+  driver::forget_replaced([](int device) { reset_pools(device, [] { return 0; }, true); });
+}
+
 Route allocate(const char* api, int device, std::size_t size, void** ptr) {
+  forget_replaced_contexts();
   drop_kept();  // a refusal's account belongs to its own request
   if (ptr == nullptr || size == 0 || device < 0) return Route::forward;
   Registry& registry = Registry::instance();
@@ -663,6 +675,7 @@ void before_host_function(cudaStream_t stream) {
 }
 
 Freed release(int device, const void* ptr, StreamToken stream) {
+  forget_replaced_contexts();
   Registry& registry = Registry::instance();
   const auto address = reinterpret_cast<DevicePtr>(ptr);
   Freed freed;
@@ -975,6 +988,12 @@ void adjust_memory_info(int device, std::uint64_t grown_before, std::size_t* fre
 }
 
 int reset_device(int device, const std::function<int()>& real) {
+  return reset_pools(device, real, false);
+}
+
+namespace {
+
+int reset_pools(int device, const std::function<int()>& real, bool primary_replaced) {
   // The pools forget the device's memory before the real reset and take it up again after: a
   // cancellation inside the reset (the stand-in's waits for streams are cancellation points)
   // left them without memory the driver still held, and a free of one pointer then freed its
@@ -1006,11 +1025,16 @@ int reset_device(int device, const std::function<int()>& real) {
   registry.thaw_managed(device);
   budget::forget_device(device);
   ReleaseWorker::instance().end_reset(device);
+  // The next primary context the hooks see is the pools' first (Note [Primary contexts
+  // replaced] in driver_context.cpp); after a replacement, the one recorded already is.
+  if (!primary_replaced) driver::forget_primary(device);
   // A free that asked the driver before the reset may still free the address after it: no page
   // is taken until such frees are over (Note [Foreign frees] in foreign_frees.cpp).
   thaw_after_foreign_frees(manager);
   return result;
 }
+
+}  // namespace
 
 void track_stream(cudaStream_t stream, int device, unsigned int flags) {
   if (stream == nullptr || device < 0) return;

@@ -154,6 +154,9 @@ void adjust_memory_info(int device, std::uint64_t grown_before, std::size_t* fre
 // context): `real` makes it; the pools forget the device's memory, streams and events around it
 // (Note [Device reset] in pooling.cpp). Returns `real`'s result.
 int reset_device(int device, const std::function<int()>& real);
+// The pools of the devices whose primary context was found replaced forget its memory (Note
+// [Primary contexts replaced] in driver_context.cpp). Holding no lock of the pools.
+void forget_replaced_contexts();
 
 // The program is about to issue work that may park a stream on the host: every device's open
 // free-fence epoch is closed first (MemoryManager::fence_open_frees()). One atomic load per

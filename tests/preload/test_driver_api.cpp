@@ -15,8 +15,8 @@
 //    figures do not move. That runs in a child of its own, first without the library: what
 //    the device does after a refused destroy is the driver's business (without the library an
 //    H200 goes on allocating), and with the library the child must get as far as the plain one.
-//  - cuDevicePrimaryCtxReset of a device that does not exist gets the driver's answer, and no
-//    pools are made for it.
+//  - cuDevicePrimaryCtxReset of a device that does not exist, and one before cuInit, get the
+//    driver's answer, and no pools are made for them.
 // Runs on a GPU too (no stand-in check).
 #include <cuda.h>
 #include <dlfcn.h>
@@ -107,6 +107,9 @@ int destroy_child() {
 }
 
 int child() {
+  // Before cuInit the driver refuses a reset, and the library makes no pools for it (it cannot
+  // tell which devices exist yet).
+  CHECK(cuDevicePrimaryCtxReset_v2(0) == CUDA_ERROR_NOT_INITIALIZED);
   CHECK_CU(cuInit(0));
   CUcontext primary = retain_and_bind();
   churn("first");

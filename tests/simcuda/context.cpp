@@ -9,6 +9,7 @@
 
 #include <atomic>
 #include <memory>
+#include <mutex>
 
 namespace poolcuda::sim {
 namespace {
@@ -99,12 +100,21 @@ void runtime_bind(int device) {
   thread_context() = ctx;
 }
 
+// A primary context's last release and the reset it makes are one step to a retain, as in CUDA:
+// a retain in between counted itself on the context being destroyed, and got its handle.
+std::mutex& primary_lifecycle_mutex() {
+  static auto* mutex = new std::mutex;
+  return *mutex;
+}
+
 void primary_retain(int device) {
+  std::lock_guard lifecycle(primary_lifecycle_mutex());
   std::lock_guard lock(state_mutex());
   ++primaries().contexts[static_cast<size_t>(device)].load()->retains;
 }
 
 cudaError_t primary_release(int device) {
+  std::lock_guard lifecycle(primary_lifecycle_mutex());
   {
     std::lock_guard lock(state_mutex());
     Context& ctx = *primaries().contexts[static_cast<size_t>(device)].load();
