@@ -82,12 +82,11 @@ __attribute__((tls_model("initial-exec"))) thread_local Cached t_cached;
 constexpr int kMaxDevices = 64;
 std::atomic<unsigned long long> g_primary_ids[kMaxDevices] = {};
 std::atomic<bool> g_replaced[kMaxDevices] = {};
-std::atomic<bool> g_any_replaced{false};
 
 void replaced(int device) {
   if (device < 0 || device >= kMaxDevices) return;
   g_replaced[device].store(true, std::memory_order_release);
-  g_any_replaced.store(true, std::memory_order_release);
+  detail::g_any_replaced.store(true, std::memory_order_release);
 }
 
 // `device`'s primary context, if it is alive; null otherwise. Takes no lasting reference.
@@ -132,9 +131,8 @@ void note_primary(int device, unsigned long long id) {
 
 }  // namespace
 
-void forget_replaced(void (*forget)(int device)) {
-  if (!g_any_replaced.load(std::memory_order_acquire)) return;
-  g_any_replaced.store(false, std::memory_order_release);
+void detail::forget_marked(void (*forget)(int device)) {
+  if (!detail::g_any_replaced.exchange(false, std::memory_order_acq_rel)) return;
   for (int device = 0; device < kMaxDevices; ++device) {
     if (g_replaced[device].exchange(false, std::memory_order_acq_rel)) forget(device);
   }

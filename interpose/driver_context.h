@@ -50,7 +50,13 @@ inline bool in_program_context() {
 // primary context was found replaced (or destroyed by the library's own release) since the last
 // call: its memory is gone. One relaxed load when none was. Only where no lock of the pools is
 // held.
-void forget_replaced(void (*forget)(int device));
+namespace detail {
+inline std::atomic<bool> g_any_replaced{false};
+void forget_marked(void (*forget)(int device));
+}  // namespace detail
+inline void forget_replaced(void (*forget)(int device)) {
+  if (detail::g_any_replaced.load(std::memory_order_relaxed)) detail::forget_marked(forget);
+}
 // The pools of `device` forgot its memory: the next primary context seen is the first.
 void forget_primary(int device);
 // Looks at `device`'s primary context now, marking the device for forget_replaced() if the one
