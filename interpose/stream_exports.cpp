@@ -345,7 +345,7 @@ POOLCUDA_WATCHED(cudaEventRecord_ptsz, true, stream, (cudaEvent_t event, cudaStr
   POOLCUDA_EXPORT cudaError_t name(cudaStream_t stream, cudaEvent_t event, unsigned int flags) { \
     WATCH(stream, flavour);                                                                    \
     const auto real = [&] { return pc::real::name()(stream, event, flags); };                  \
-    if (pc::bypass()) return real();                                                           \
+    if (pc::bypass() || !pc::hooks::any_capture_open()) return real();                         \
     return pc::guarded([&] { return pc::hooks::wait_event(stream, flavour, real); });          \
   }
 
