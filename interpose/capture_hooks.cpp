@@ -443,16 +443,20 @@ cudaError_t wait_event(cudaStream_t handle, bool per_thread,
   const cudaStream_t stream = normal_handle(handle, per_thread);
   CudaDevice* device = nullptr;
   CudaDevice::CaptureMark mark;
-  {
-    auto table = registry.streams().lock();
-    for (const TrackedStream& tracked : registry.streams().streams()) {
-      if (tracked.stream == stream) device = registry.device(tracked.device);
-    }
-    if (device != nullptr) mark = device->mark_capture(stream);
+  // The wait runs under the table's lock too (it never blocks): another thread's wait on the
+  // same stream could otherwise join it to the capture between this mark's check and its
+  // record, and the record would go into the program's graph.
+  auto table = registry.streams().lock();
+  for (const TrackedStream& tracked : registry.streams().streams()) {
+    if (tracked.stream == stream) device = registry.device(tracked.device);
+  }
+  if (device != nullptr) mark = device->mark_capture(stream);
+  if (mark.event == nullptr) {
+    table.unlock();
+    return real();
   }
   const cudaError_t result = real();
-  if (device != nullptr)
-    device->keep_capture_mark(stream, mark, result == cudaSuccess && capturing(stream));
+  device->keep_capture_mark(stream, mark, result == cudaSuccess && capturing(stream));
   return result;
 }
 
