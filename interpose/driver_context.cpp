@@ -24,15 +24,17 @@
 // dead (there is one primary context per device at a time, and ids are never reused), and the
 // pools forget the device's memory. The thread whose compare-exchange takes the old id out of
 // the slot marks the device, then records the new id (no other thread sees the new id before
-// the mark); the library's own release that leaves the context dead marks it too. The discovery
-// may come inside one of the library's own calls, under a lock of the pools, so it only marks;
-// the pools forget at the next safe point: a pooled allocation or free, or the release hook,
-// before they touch the pools. The release hook records the id before the real release; a
-// release that leaves no primary context makes the pools forget unless a thread found a later
-// one meanwhile (its forget came first, and another now would forget the new context's pages).
-// A reset through the hooks clears the id: the pools start over in the next context. Left: a
-// thread that allocates in the new context between another thread's discovery and the forget
-// may still get a slice of the dead context.
+// the mark). An id smaller than the recorded one is a stale look (a thread that read it before
+// and then did not run for a while), never a replacement: ids grow with each context made. The
+// discovery may come inside one of the library's own calls, under a lock of the pools, so it
+// only marks; the pools forget at the next safe point: a pooled allocation or free, or the
+// release hook, before they touch the pools. The release hook records the id before the real
+// release; a release that leaves no primary context makes the pools forget unless a thread
+// found a later one meanwhile (its forget came first, and another now would forget the new
+// context's pages). While the pools reset the slot says so, and no look is recorded (a second
+// reset beside the first could forget memory the first let in); the reset ends with no id, or
+// after a replacement with the new one. Left: a thread that allocates in the new context between
+// another thread's discovery and the forget may still get a slice of the dead context.
 //
 // Note [Destroyed contexts]
 // A context destroyed by one thread stays current on the others, and every driver call they make
@@ -61,7 +63,6 @@
 #include "interpose/driver_context.h"
 
 #include <atomic>
-#include <thread>
 
 #include "interpose/real_driver.h"
 
@@ -77,56 +78,55 @@ struct Cached {
 
 __attribute__((tls_model("initial-exec"))) thread_local Cached t_cached;
 
-// Note [Primary contexts replaced]: each device's primary context id last seen (0: none), and
-// the devices whose pools must forget their memory at the next safe point.
+// Note [Primary contexts replaced]: for each device, the id of the primary context whose memory
+// the pools may hold (0: none known), and the id of one found dead whose memory they must forget
+// at the next safe point (0: none).
 constexpr int kMaxDevices = 64;
 std::atomic<unsigned long long> g_primary_ids[kMaxDevices] = {};
-std::atomic<bool> g_replaced[kMaxDevices] = {};
+std::atomic<unsigned long long> g_dead_ids[kMaxDevices] = {};
+// In a slot while the device's pools reset: nothing seen then is recorded, and no other reset
+// starts (a second reset beside the first could forget memory the first let in).
+constexpr unsigned long long kResetting = ~0ULL;
 
-void replaced(int device) {
-  if (device < 0 || device >= kMaxDevices) return;
-  g_replaced[device].store(true, std::memory_order_release);
+bool in_range(int device) { return device >= 0 && device < kMaxDevices; }
+
+// `dead` is the id of a primary context of `device` that is gone.
+void found_dead(int device, unsigned long long dead) {
+  g_dead_ids[device].store(dead, std::memory_order_release);
   detail::g_any_replaced.store(true, std::memory_order_release);
 }
 
-// `device`'s primary context, if it is alive; null otherwise. Takes no lasting reference.
+// Takes the slot from `from` to "resetting": true when this thread is the one to reset.
+bool claim(int device, unsigned long long from) {
+  unsigned long long seen = from;
+  return g_primary_ids[device].compare_exchange_strong(seen, kResetting,
+                                                       std::memory_order_acq_rel);
+}
+
+// Records `id` as `device`'s primary context when none is; a later one means the recorded one
+// is dead. An earlier one is a stale look (a thread that read it before the recorded context was
+// made, and then did not run for a while): ids grow with each context made.
+void note_primary(int device, unsigned long long id) {
+  if (!in_range(device) || id == 0 || id == kResetting) return;
+  std::atomic<unsigned long long>& slot = g_primary_ids[device];
+  unsigned long long seen = 0;
+  if (slot.compare_exchange_strong(seen, id, std::memory_order_acq_rel)) return;
+  if (seen != kResetting && seen < id) found_dead(device, seen);
+}
+
+// `device`'s primary context, if it is alive; null otherwise. Takes no lasting reference; when
+// its release is the last one after all (the program's own last release came in between), the
+// context is dead and its memory must go.
 CUcontext primary_of(int device) {
   if (!primary_alive(device)) return nullptr;
   CUcontext primary = nullptr;
   if (real_driver::cuDevicePrimaryCtxRetain()(&primary, device) != CUDA_SUCCESS) return nullptr;
+  unsigned long long id = 0;
+  if (real_driver::cuCtxGetId()(primary, &id) == CUDA_SUCCESS) note_primary(device, id);
   real_driver::cuDevicePrimaryCtxRelease_v2()(device);
-  if (!primary_alive(device)) {  // that release was the last (Note [Primary contexts replaced])
-    replaced(device);
-    return nullptr;
-  }
-  return primary;
-}
-
-// In a device's slot while the thread that found its primary context replaced marks the device:
-// no other thread may see the new id before the mark is there.
-constexpr unsigned long long kMarking = ~0ULL;
-
-// Records `id` as `device`'s primary context; the one recorded before, if another, is dead.
-void note_primary(int device, unsigned long long id) {
-  if (device < 0 || device >= kMaxDevices || id == 0 || id == kMarking) return;
-  std::atomic<unsigned long long>& slot = g_primary_ids[device];
-  unsigned long long seen = slot.load(std::memory_order_acquire);
-  while (seen != id) {
-    if (seen == kMarking) {
-      std::this_thread::yield();
-      seen = slot.load(std::memory_order_acquire);
-      continue;
-    }
-    if (seen == 0) {
-      if (slot.compare_exchange_weak(seen, id, std::memory_order_acq_rel)) return;
-      continue;
-    }
-    if (slot.compare_exchange_weak(seen, kMarking, std::memory_order_acq_rel)) {
-      replaced(device);
-      slot.store(id, std::memory_order_release);
-      return;
-    }
-  }
+  if (primary_alive(device)) return primary;
+  if (id != 0 && in_range(device)) found_dead(device, id);
+  return nullptr;
 }
 
 }  // namespace
@@ -134,13 +134,24 @@ void note_primary(int device, unsigned long long id) {
 void detail::forget_marked(void (*forget)(int device)) {
   if (!detail::g_any_replaced.exchange(false, std::memory_order_acq_rel)) return;
   for (int device = 0; device < kMaxDevices; ++device) {
-    if (g_replaced[device].exchange(false, std::memory_order_acq_rel)) forget(device);
+    const unsigned long long dead = g_dead_ids[device].exchange(0, std::memory_order_acq_rel);
+    // Only while the pools still hold that context's memory: a reset since forgot it.
+    if (dead != 0 && claim(device, dead)) forget(device);
   }
 }
 
-void forget_primary(int device) {
-  if (device >= 0 && device < kMaxDevices)
-    g_primary_ids[device].store(0, std::memory_order_release);
+void begin_pools_reset(int device) {
+  if (!in_range(device)) return;
+  // Claimed already by the caller that found the context dead, or a reset of the program's.
+  std::atomic<unsigned long long>& slot = g_primary_ids[device];
+  unsigned long long seen = slot.load(std::memory_order_acquire);
+  while (seen != kResetting &&
+         !slot.compare_exchange_weak(seen, kResetting, std::memory_order_acq_rel)) {
+  }
+}
+
+void end_pools_reset(int device) {
+  if (in_range(device)) g_primary_ids[device].store(0, std::memory_order_release);
 }
 
 unsigned long long look_at_primary(int device) {
@@ -151,27 +162,18 @@ unsigned long long look_at_primary(int device) {
   return id;
 }
 
-bool claim_dead_primary(int device, unsigned long long before) {
-  if (device < 0 || device >= kMaxDevices || before == 0) return true;
-  std::atomic<unsigned long long>& slot = g_primary_ids[device];
-  unsigned long long seen = slot.load(std::memory_order_acquire);
-  for (;;) {
-    if (seen == kMarking) {
-      std::this_thread::yield();
-      seen = slot.load(std::memory_order_acquire);
-      continue;
-    }
-    // A thread found a later primary context already: it made the pools forget this one's.
-    if (seen != 0 && seen != before) return false;
-    if (slot.compare_exchange_weak(seen, 0, std::memory_order_acq_rel)) return true;
-  }
-}
-
 bool primary_alive(int device) {
   unsigned int flags = 0;
   int active = 0;
   return real_driver::cuDevicePrimaryCtxGetState()(device, &flags, &active) == CUDA_SUCCESS &&
          active != 0;
+}
+
+bool claim_dead_primary(int device, unsigned long long before) {
+  if (!in_range(device)) return true;
+  // Not when the pools hold a later context's memory (a thread found this one dead, and they
+  // forgot its memory already) or are resetting now.
+  return claim(device, before) || claim(device, 0);
 }
 
 CurrentContext current_context() {
@@ -186,6 +188,10 @@ CurrentContext current_context() {
   if (have_id && t_cached.id == id) {
     current.device = t_cached.device;
     current.primary = t_cached.primary;
+    // Recorded again after a reset of the pools forgot it (one load when it is there).
+    if (current.primary && in_range(current.device) &&
+        g_primary_ids[current.device].load(std::memory_order_relaxed) != id)
+      note_primary(current.device, id);
     return current;
   }
   CUdevice device = -1;

@@ -57,8 +57,10 @@ void forget_marked(void (*forget)(int device));
 inline void forget_replaced(void (*forget)(int device)) {
   if (detail::g_any_replaced.load(std::memory_order_relaxed)) detail::forget_marked(forget);
 }
-// The pools of `device` forgot its memory: the next primary context seen is the first.
-void forget_primary(int device);
+// A reset of `device`'s pools begins (and ends): what the hooks see meanwhile is not recorded,
+// and afterwards no context is known to the pools.
+void begin_pools_reset(int device);
+void end_pools_reset(int device);
 // Looks at `device`'s primary context now, marking the device for forget_replaced() if the one
 // seen before is gone; its id, or 0 when it is not alive (or has no id).
 unsigned long long look_at_primary(int device);

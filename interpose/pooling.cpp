@@ -1000,6 +1000,7 @@ int reset_pools(int device, const std::function<int()>& real, bool primary_repla
   // whole page under live neighbours. So the reset runs whole, and a cancellation asked for
   // meanwhile takes effect at the program's next cancellation point (Note [Cancellation]).
   NoCancel whole;
+  driver::begin_pools_reset(device);  // Note [Primary contexts replaced] in driver_context.cpp
   Registry& registry = Registry::instance();
   // Created now if it does not exist yet, so that no racing first allocation can create an
   // unfrozen one during the reset.
@@ -1014,7 +1015,9 @@ int reset_pools(int device, const std::function<int()>& real, bool primary_repla
       registry.device(device)->captures_forgotten();
       hooks::device_captures_forgotten(device);
     }
-    registry.streams().forget_device(device);
+    // A replaced context's streams are dead and leave the table as fences find them so (Note
+    // [Stale streams] in cuda_device.cpp); the new context's, made before this forget, live.
+    if (!primary_replaced) registry.streams().forget_device(device);
   };
   if (manager != nullptr) manager->set_frozen(true);
   stream_order::device_reset(device);
@@ -1025,9 +1028,7 @@ int reset_pools(int device, const std::function<int()>& real, bool primary_repla
   registry.thaw_managed(device);
   budget::forget_device(device);
   ReleaseWorker::instance().end_reset(device);
-  // The next primary context the hooks see is the pools' first (Note [Primary contexts
-  // replaced] in driver_context.cpp); after a replacement, the one recorded already is.
-  if (!primary_replaced) driver::forget_primary(device);
+  driver::end_pools_reset(device);
   // A free that asked the driver before the reset may still free the address after it: no page
   // is taken until such frees are over (Note [Foreign frees] in foreign_frees.cpp).
   thaw_after_foreign_frees(manager);
