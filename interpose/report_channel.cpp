@@ -59,8 +59,9 @@ using Clock = std::chrono::steady_clock;
 // How long one reply may take to be read.
 constexpr std::chrono::seconds kReplyBound{10};
 
-// How long a trim waits, per device, for freed memory's fences and for its pages to reach the
-// driver.
+// How long a trim waits for freed memory's fences, and then for the pages it released to reach
+// the driver: each bound for every device together, so that the answer comes within the reply's
+// bound however many devices there are.
 constexpr std::chrono::milliseconds kTrimBound{2000};
 
 // Writes everything before `deadline`, waiting for room in the pipe.
@@ -115,22 +116,24 @@ int open_reply_pipe(const ChannelRequest& request, const channel::Decoded& decod
 }
 
 // Explicit cleanup of every device's idle pages; says what went back to the driver. Memory
-// freed just before still waits for its free fence: the fences are drained first, by a helper
-// thread within a bound (a stream parked for good would hold the reporter forever), and what
-// still waits is said.
+// freed just before still waits for its free fence: the fences are drained first, within a
+// bound (a stream parked for good would hold the reporter forever), and what still waits is
+// said. (A helper thread that drained without a bound used to stay behind such a stream, one
+// more for every trim.)
 std::string trim_pools() {
   Registry& registry = Registry::instance();
   const std::vector<int> devices = registry.devices();
   if (devices.empty()) return "no device has pools yet; nothing to release\n";
   std::string out;
+  WaitBound fences{kTrimBound};
+  WaitBound arrivals{kTrimBound * 2};  // starts now: what the fences leave of it, and more
   for (int device : devices) {
     MemoryManager* manager = registry.manager(device);
     const std::uint64_t before = manager->memory_usage().bytes_reserved;
-    run_within(kTrimBound, [manager] { manager->drain_fences(); });
+    manager->drain_fences_within(fences);
     manager->cleanup(true);
     // The pages reach the driver through the release worker; the answer waits for them.
-    const bool flushed = manager->flush_releases(static_cast<std::uint32_t>(
-        std::chrono::duration_cast<std::chrono::microseconds>(kTrimBound).count()));
+    const bool flushed = manager->flush_releases(arrivals.left_micros());
     const ManagerReport after = manager->report();
     const std::uint64_t released =
         before > after.bytes_reserved ? before - after.bytes_reserved : 0;

@@ -914,6 +914,19 @@ bool MemoryManager::drain_fences() {
   return closed;
 }
 
+bool MemoryManager::drain_fences_within(WaitBound& bound) {
+  bool drained = true;
+  shards_->each([&](Impl& m) {
+    Impl::Scope scope(m);
+    drained = (m.fences.open_count() == 0 || m.fences.close(m.device)) && drained;
+    while (m.fences.any_closed_epoch() || m.fences.any_lanes()) {
+      if (m.wait_for_oldest_fence(scope, bound) == Impl::FenceWait::none) break;
+    }
+    drained = !(m.fences.any_closed_epoch() || m.fences.any_lanes()) && drained;
+  });
+  return drained;
+}
+
 std::uint64_t MemoryManager::fence_waits() const {
   std::uint64_t n = 0;
   shards_->each([&](Impl& m) {

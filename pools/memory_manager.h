@@ -17,6 +17,7 @@
 #include <string_view>
 #include <vector>
 
+#include "pools/wait_bound.h"
 #include "pools/options.h"
 #include "pools/device.h"
 #include "pools/report.h"
@@ -258,6 +259,10 @@ class MemoryManager {
   // every pending slice is free again. Blocks: never for the hot path. Returns false when the
   // open epoch could not be closed (the device refused a fence: a capture is open).
   bool drain_fences();
+  // drain_fences() within `bound` for every shard together (a stream parked for good holds
+  // a fence forever): false when a fence still waits at its end, or the open epoch could not be
+  // closed.
+  bool drain_fences_within(WaitBound& bound);
 
   // Whether set_frozen(true) is in force (a device reset is under way).
   bool frozen() const;

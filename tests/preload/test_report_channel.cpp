@@ -3,7 +3,9 @@
 // report signal gets its acknowledgement and reply on the asker's pipe (a text and a JSON
 // report, a trim that returns freed memory); requests naming a descriptor that is not the pipe
 // they claim (a regular file, another pipe), or coming from a process that is gone, are dropped
-// without a byte written anywhere; and the reporter keeps answering afterwards.
+// without a byte written anywhere; and the reporter keeps answering afterwards. Trims while a
+// freed buffer's fence waits behind a stream parked on a host function answer within their
+// bound and leave no thread behind.
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
@@ -12,6 +14,7 @@
 #include <sys/wait.h>
 
 #include <chrono>
+#include <filesystem>
 #include <string>
 
 #include "check.h"
@@ -104,6 +107,35 @@ int main() {
   CHECK_MSG(preload_test::valid_json(json), json);
   const std::string trimmed = ask(channel::Request::trim);
   CHECK_MSG(trimmed.find("device 0: released 64.0 MiB") != std::string::npos, trimmed);
+
+  // A fence behind a parked stream: each trim waits for it within its bound, and then says so.
+  {
+    cudaStream_t parked = nullptr;
+    CHECK_CUDA(cudaStreamCreateWithFlags(&parked, cudaStreamNonBlocking));
+    preload_test::Gate gate;
+    CHECK_CUDA(cudaLaunchHostFunc(parked, &preload_test::wait_at_gate, &gate));
+    void* behind = nullptr;
+    CHECK_CUDA(cudaMalloc(&behind, 4 << 20));
+    CHECK_CUDA(cudaFreeAsync(behind, parked));
+    const auto threads = [] {
+      std::size_t n = 0;
+      for (const auto& entry : std::filesystem::directory_iterator("/proc/self/task")) {
+        (void)entry;
+        ++n;
+      }
+      return n;
+    };
+    const std::size_t before = threads();
+    for (int i = 0; i < 2; ++i) {
+      const std::string waiting = ask(channel::Request::trim);
+      CHECK_MSG(waiting.find("waiting for fences") != std::string::npos, waiting);
+    }
+    CHECK_MSG(threads() == before, "trims left threads behind: " + std::to_string(before) +
+                                       " before, " + std::to_string(threads()) + " after");
+    gate.open.store(true);
+    CHECK_CUDA(cudaStreamSynchronize(parked));
+    CHECK_CUDA(cudaStreamDestroy(parked));
+  }
 
   // A regular file at the descriptor the request names (its inode given): not a pipe, dropped.
   char file_template[] = "/tmp/poolcuda-channel-test-XXXXXX";
