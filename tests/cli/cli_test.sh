@@ -113,6 +113,11 @@ check-conf-good)
   run_cli 0 check-conf ""
   for key in $keys; do has out "$key:"; done
   has out "managed_slab:64MiB"
+  # An answer that cannot reach standard output is a failure, said on standard error.
+  status=0
+  (cli check-conf "" >/dev/full) 2>"$work/err" || status=$?
+  [ "$status" -eq 1 ] || fail "check-conf into a full device exited $status, expected 1"
+  has err "cannot write standard output"
   ;;
 check-conf-bad)
   run_cli 2 check-conf "free_fence:fast"

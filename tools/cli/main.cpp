@@ -1,5 +1,7 @@
 // Entry point of the poolcuda command-line tool: dispatches to the commands and the help
 // texts (help.h). check-conf lives here too, being one call into the configuration parser.
+#include <cerrno>
+#include <cstring>
 #include <iostream>
 #include <string>
 #include <string_view>
@@ -72,14 +74,10 @@ int help_command(std::span<char* const> args) {
 
 }  // namespace poolcuda::cli
 
-int main(int argc, char** argv) {
+namespace {
+
+int dispatch(std::string_view command, std::span<char* const> rest) {
   using namespace poolcuda::cli;
-  if (argc < 2) {
-    print_error("missing command; try 'poolcuda --help'");
-    return kExitUsage;
-  }
-  const std::string_view command = argv[1];
-  const std::span<char* const> rest(argv + 2, static_cast<std::size_t>(argc - 2));
   if (command == "help") return help_command(rest);
   if (command == "-h" || command == "--help") return help_command({});
   if (command == "--version") {
@@ -93,4 +91,26 @@ int main(int argc, char** argv) {
   print_error("unknown command '" + std::string(command) +
               "'; expected run, report, trim, check-conf, help or --version");
   return kExitUsage;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  using namespace poolcuda::cli;
+  if (argc < 2) {
+    print_error("missing command; try 'poolcuda --help'");
+    return kExitUsage;
+  }
+  const std::span<char* const> rest(argv + 2, static_cast<std::size_t>(argc - 2));
+  const int status = dispatch(argv[1], rest);
+  // An answer that never reached standard output (a full disk, a closed descriptor) is a
+  // failure, not a success with nothing printed.
+  errno = 0;
+  std::cout.flush();
+  if (!std::cout) {
+    print_error(std::string("cannot write standard output") +
+                (errno != 0 ? std::string(": ") + std::strerror(errno) : std::string()));
+    return status == kExitOk ? kExitFailure : status;
+  }
+  return status;
 }
