@@ -233,6 +233,10 @@ inline ChildResult run_self(const char* argument, const std::vector<std::string>
   char* argv[] = {self, const_cast<char*>(argument), nullptr};
   int fds[2];
   if (::pipe(fds) != 0) fail(__FILE__, __LINE__, "pipe");
+  // Room for a burst (the dynamic linker's trace of LD_DEBUG): the library drops a log line
+  // rather than wait when its standard error is full, and on a loaded machine this process may
+  // not read for a while.
+  (void)::fcntl(fds[0], F_SETPIPE_SZ, 1 << 20);
   pid_t pid = ::fork();
   if (pid < 0) fail(__FILE__, __LINE__, "fork");
   if (pid == 0) {
