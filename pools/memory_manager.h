@@ -17,11 +17,11 @@
 #include <string_view>
 #include <vector>
 
-#include "pools/wait_bound.h"
 #include "pools/options.h"
 #include "pools/device.h"
 #include "pools/report.h"
 #include "pools/types.h"
+#include "pools/wait_bound.h"
 
 namespace poolcuda {
 
@@ -221,8 +221,9 @@ class MemoryManager {
   // fence while a capture is open on the device.
   void record_window_fence();
   // Waits, within `budget_us`, for the fence the last capture begin recorded before its window
-  // opened (record_window_fence()), which the slices graphs release inside a window wait for (Note [Releases
-  // inside a window] in manager_api.cpp); true once it has passed and they are back.
+  // opened (record_window_fence()), which the slices graphs release inside a window wait for
+  // (Note [Releases inside a window] in manager_api.cpp); true once it has passed and they are
+  // back.
   bool wait_for_window_fence(std::uint32_t budget_us);
 
   // A slice the program freed while `pin` held it ("held") is handed out again, as a live

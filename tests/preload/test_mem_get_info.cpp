@@ -1,14 +1,14 @@
-// Preload test 7: cudaMemGetInfo counts idle pooled pages as free (memgetinfo:pooled, the
-// default), while the driver's own cuMemGetInfo counts them as used. Run with the argument
-// "raw" under memgetinfo:raw, the program sees the real numbers. Free space inside pages that live slices
-// keep is never counted: a request of the reported free size must succeed, as it does without
-// the library. Memory freed before a synchronize counts as free even when frees wait for fences:
-// one large buffer, and many small ones whose frees still wait in an open batch when the
-// program synchronizes (cudaDeviceSynchronize, and cuCtxSynchronize and cuCtxSynchronize_v2
-// with cuMemGetInfo), and a buffer freed just now on an idle device. A context of cuCtxCreate
-// gets the same figures as the primary one. Memory freed while its stream is still busy counts as
-// free, as after the plain free, which waited for that work; memory whose fence would wait for
-// work queued after the free does not.
+// Preload test 7: cudaMemGetInfo counts idle pooled pages as free (memgetinfo:pooled, the default),
+// while the driver's own cuMemGetInfo counts them as used. Run with the argument "raw" under
+// memgetinfo:raw, the program sees the real numbers. Free space inside pages that live slices keep
+// is never counted: a request of the reported free size must succeed, as it does without the
+// library. Memory freed before a synchronize counts as free even when frees wait for fences: one
+// large buffer, and many small ones whose frees still wait in an open batch when the program
+// synchronizes (cudaDeviceSynchronize, and cuCtxSynchronize and cuCtxSynchronize_v2 with
+// cuMemGetInfo), and a buffer freed just now on an idle device. A context of cuCtxCreate gets the
+// same figures as the primary one. Memory freed while its stream is still busy counts as free, as
+// after the plain free, which waited for that work; memory whose fence would wait for work queued
+// after the free does not.
 #include <cuda.h>
 
 #include <algorithm>
