@@ -19,22 +19,24 @@
 // that look: the look then found it alive, the pools kept the dead context's pages and handed
 // them out in the new one (copies refused, kernels faulting). The library's own retain and
 // release pair (above) can be the last release too, when the program's own last release lands
-// between the two, and no hook sees that one. So the id of each device's primary context that
-// the hooks saw last is kept: a primary context seen with another id replaced that one, which is
-// dead (there is one primary context per device at a time, and ids are never reused), and the
-// pools forget the device's memory. The thread whose compare-exchange takes the old id out of
-// the slot marks the device, then records the new id (no other thread sees the new id before
-// the mark). An id smaller than the recorded one is a stale look (a thread that read it before
-// and then did not run for a while), never a replacement: ids grow with each context made. The
-// discovery may come inside one of the library's own calls, under a lock of the pools, so it
-// only marks; the pools forget at the next safe point: a pooled allocation or free, or the
-// release hook, before they touch the pools. The release hook records the id before the real
-// release; a release that leaves no primary context makes the pools forget unless a thread
-// found a later one meanwhile (its forget came first, and another now would forget the new
-// context's pages). While the pools reset the slot says so, and no look is recorded (a second
-// reset beside the first could forget memory the first let in); the reset ends with no id, or
-// after a replacement with the new one. Left: a thread that allocates in the new context between
-// another thread's discovery and the forget may still get a slice of the dead context.
+// between the two, and no hook sees that one. So each device keeps the id of the primary context
+// whose memory the pools may hold: the first one the hooks see after a reset (0 until then). A
+// primary context seen with a larger id replaced it, and it is dead (there is one primary
+// context per device at a time, and ids grow with each context made); a smaller id is a stale
+// look (a thread that read it before, and then did not run for a while). The library's own
+// release that leaves the context it looked at dead finds that id dead too. Such a discovery
+// may come inside one of the library's own calls, under a lock of the pools, so it only notes
+// the dead id; the pools forget at the next safe point (a pooled allocation or free, or the
+// release hook) before they touch the pools, and only while the slot still holds that id: the
+// compare-exchange that takes it out decides which thread resets, and a dead id noted again
+// after the reset finds another value there. The release hook reads the id before the real
+// release; a release that leaves no primary context resets the pools unless the slot moved on
+// to a later context (whose pools forgot this one's memory already). While the pools reset, the
+// slot says so: nothing seen is recorded then, and no second reset starts beside the first
+// (it could forget memory the first let in). A hit of a thread's cached context records its id
+// again after a reset (one load when it is there). Left: a thread that allocates in the new
+// context between another thread's discovery and the forget may still get a slice of the dead
+// context.
 //
 // Note [Destroyed contexts]
 // A context destroyed by one thread stays current on the others, and every driver call they make
