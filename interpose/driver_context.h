@@ -65,8 +65,8 @@ void end_pools_reset(int device);
 // seen before is gone; its id, or 0 when it is not alive (or has no id).
 unsigned long long look_at_primary(int device);
 // After a release left `device` without a primary context: whether its pools must forget that
-// context's memory, `before` being its id (0: unknown, and then they must). False when a thread
-// found a later primary context meanwhile (and its pools forgot already).
+// context's memory, `before` being its id (0: unknown). False when a thread found a later primary
+// context meanwhile (and its pools forgot already), or a reset of the pools is under way.
 bool claim_dead_primary(int device, unsigned long long before);
 // Whether `ctx` is the primary context of a device, and which (for cuCtxDestroy).
 bool is_primary(CUcontext ctx, int* device);

@@ -476,7 +476,6 @@ int reset_pools(int device, const std::function<int()>& real, bool primary_repla
 }  // namespace
 
 void forget_replaced_contexts() {
-  // The new context's id stays recorded: it is the one the pools start over in.
   driver::forget_replaced([](int device) { reset_pools(device, [] { return 0; }, true); });
 }
 

@@ -918,11 +918,7 @@ bool MemoryManager::drain_fences_within(WaitBound& bound) {
   bool drained = true;
   shards_->each([&](Impl& m) {
     Impl::Scope scope(m);
-    drained = (m.fences.open_count() == 0 || m.fences.close(m.device)) && drained;
-    while (m.fences.any_closed_epoch() || m.fences.any_lanes()) {
-      if (m.wait_for_oldest_fence(scope, bound) == Impl::FenceWait::none) break;
-    }
-    drained = !(m.fences.any_closed_epoch() || m.fences.any_lanes()) && drained;
+    drained = m.drain(scope, &bound) && drained;
   });
   return drained;
 }

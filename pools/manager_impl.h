@@ -333,7 +333,9 @@ struct MemoryManager::Impl {
   void record_window_fence();
   // close_epoch(), then takes back what fences passed earlier (cleanups, recovery).
   std::uint64_t close_and_reap();  // slices given back
-  bool drain(Scope& scope);
+  // Closes the open epoch and waits for every fence: without a time bound, or within `bound`
+  // (then false also when a fence still waits at its end). False when the epoch could not close.
+  bool drain(Scope& scope, WaitBound* bound = nullptr);
   void finish_sync_frees(Scope& scope);
   // `keep_ordered_frees`: an explicit cleanup that keeps the pages whose last slice came back
   // from a stream-ordered free (Note [Idle memory before a park] in memory_manager.cpp).

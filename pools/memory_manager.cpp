@@ -999,12 +999,18 @@ MemoryManager::Impl::HeldCheck MemoryManager::Impl::trim_to_held_bound(const Poo
   return check;
 }
 
-bool MemoryManager::Impl::drain(Scope& scope) {
+bool MemoryManager::Impl::drain(Scope& scope, WaitBound* bound) {
   const bool closed = fences.open_count() == 0 || fences.close(device);
   // A window's empty epoch left last holds nothing to wait for (record_window_fence()).
-  while ((fences.any_closed_epoch() || fences.any_lanes()) && wait_for_oldest_fence(scope, true)) {
+  const auto waiting = [&] { return fences.any_closed_epoch() || fences.any_lanes(); };
+  if (bound == nullptr) {
+    while (waiting() && wait_for_oldest_fence(scope, true)) {
+    }
+    return closed;
   }
-  return closed;
+  while (waiting() && wait_for_oldest_fence(scope, *bound) != FenceWait::none) {
+  }
+  return closed && !waiting();
 }
 
 // --- Free path -----------------------------------------------------------------------------------
