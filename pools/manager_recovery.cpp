@@ -52,6 +52,17 @@ namespace poolcuda {
 // counts only while it gives memory back and routes again, not while it waits for fences or
 // finds its pages stuck behind a parked stream. Reuse of free memory never waits, nor does
 // anything in a capture window, nor a recovery's own routing.
+// Note [Fences passing during a recovery]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// The route gives up on fence-pending memory after a short wait, and a fence may pass between
+// that and the recovery's own reap. The memory it returns serves the request as it is; recovery
+// used to count it as idle pages straight away and send them to the driver, whose free waits
+// behind any parked stream. A program that freed 12 MiB with cudaFree, launched a graph that
+// parks a stream on a host node, and asked for 1 MiB on a 32 MiB budget, was refused after the
+// 10 s bound when the memsets before its frees ended in that window (once in a sanitized CI
+// run; 8 runs of 12 with a pause of 1 to 50 ms put into the window), where plain CUDA, whose
+// frees had returned the memory before the park, served it at once. So each reap that precedes
+// a give-back routes first when it took anything back, as the fence rounds already did.
 // Note [Recovery in two steps]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
 // Returning every idle page at each out-of-memory empties the pools: the requests after it find no
@@ -182,7 +193,17 @@ Route MemoryManager::Impl::recover_from_oom(Scope& scope, std::uint64_t size,
     if (still != 0 && !device.capture_active())
       shards->flush_stuck_releasing.store(still, std::memory_order_relaxed);
   };
-  close_and_reap();
+  // Note [Fences passing during a recovery].
+  const auto reaped_serves = [&](Route* out) {
+    if (close_and_reap() == 0) return false;
+    const Route r = route(size, placement, 0);
+    if (r.slice == nullptr && (r.status == AllocStatus::out_of_memory || r.wait_for_fence))
+      return false;
+    *out = r;
+    return true;
+  };
+  Route reused;
+  if (reaped_serves(&reused)) return reused;
   // The first step: only what this shard's idle pages must give for the page the request needs
   // (Note [Recovery in two steps]).
   if (!stuck && frozen == 0) {
@@ -223,7 +244,7 @@ Route MemoryManager::Impl::recover_from_oom(Scope& scope, std::uint64_t size,
     counted.done();
     extra_rounds = kOomExtraRounds;
   }
-  close_and_reap();
+  if (reaped_serves(&reused)) return reused;
   cleanup_all(true);
   // Pages given up earlier (by trims or dealloc periods) may still be on their way to the
   // driver too, so the first round flushes whether or not this one released anything.
@@ -304,7 +325,7 @@ Route MemoryManager::Impl::recover_from_oom(Scope& scope, std::uint64_t size,
     }
     // What the fences returned serves as it is, before idle pages go back to the driver (whose
     // free of them waits behind any parked stream).
-    Route reused = route(size, placement, 0);
+    reused = route(size, placement, 0);
     if (reused.slice != nullptr) return reused;
     cleanup_all(true);
   }

@@ -129,6 +129,24 @@ class StuckReleases final : public HeldReleases {
   }
 };
 
+// Released pages stuck behind a parked stream, as StuckReleases, on a device that reaches every
+// fence recorded so far just as out-of-memory recovery begins (its first device call): after the
+// route gave up waiting for them.
+class FencesPassAsRecoveryBegins final : public HeldReleases {
+ public:
+  using HeldReleases::HeldReleases;
+  bool give_back_elsewhere(WaitBound&) override {
+    inner_.complete_fences();
+    return false;
+  }
+
+ protected:
+  bool arrive(std::uint32_t us) override {
+    std::this_thread::sleep_for(std::chrono::microseconds(std::min<std::uint32_t>(us, 20000)));
+    return false;
+  }
+};
+
 // Released pages held back while a capture is open, as the release worker does with a page
 // whose free the driver refuses for a capture, that reach the driver at the first flush after
 // it.
@@ -167,6 +185,38 @@ TEST_CASE("oom_recovery_after_a_capture_waits_for_the_pages_the_capture_held_bac
   manager.free(after);
   manager.cleanup(true);
   device.flush_releases(0);
+  CHECK(host.outstanding_allocations() == 0);
+  CHECK(manager.check_consistency().empty());
+}
+
+TEST_CASE("oom_recovery_reuses_memory_whose_fence_passed_as_it_began") {
+  // Note [Fences passing during a recovery]: the freed MiB comes back once recovery has begun;
+  // it serves the request as it is, where sending its page to the driver would leave it behind
+  // the park.
+  HostDevice host(2 * MiB, 512);
+  host.set_fence_mode(HostDevice::FenceMode::manual);
+  FencesPassAsRecoveryBegins device(host);
+  ManagerOptions options;
+  options.layout = custom({sliced(1 * MiB)});
+  options.free_fence = FreeFence::events;
+  options.log_sink = [](LogLevel, std::string_view) {};
+  MemoryManager manager(device, options);
+  const DevicePtr a = manager.allocate(1 * MiB).ptr;
+  const DevicePtr b = manager.allocate(1 * MiB).ptr;
+  REQUIRE(a != 0);
+  REQUIRE(b != 0);
+  manager.free(a);
+  const DevicePtr again = manager.allocate(512 * KiB).ptr;
+  CHECK(again != 0);
+  CHECK(device.releasing_bytes() == 0);
+  CHECK(device.flushes == 0);
+  CHECK(manager.report().oom_failures == 0);
+  manager.free(again);
+  manager.free(b);
+  host.complete_fences();
+  CHECK(manager.drain_fences());
+  manager.cleanup(true);
+  device.deliver();
   CHECK(host.outstanding_allocations() == 0);
   CHECK(manager.check_consistency().empty());
 }
