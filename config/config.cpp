@@ -135,14 +135,17 @@ std::optional<ConfigError> parse_limit(std::string_view key, std::string_view va
       return ConfigError{std::string(key), std::string(entry),
                          "',' between the devices of a limit, not ';'"};
     const auto equals = entry.find('=');
-    int device = -1;
+    // Unsigned, so that a sign is refused ("-0" is not a device index).
+    unsigned index_value = 0;
     const std::string_view index = trim(entry.substr(0, equals));
-    const auto [end, ec] = std::from_chars(index.data(), index.data() + index.size(), device);
+    const auto [end, ec] = std::from_chars(index.data(), index.data() + index.size(), index_value);
     if (equals == std::string_view::npos || ec != std::errc() ||
-        end != index.data() + index.size() || device < 0 || device > kLargestDeviceIndex)
+        end != index.data() + index.size() ||
+        index_value > static_cast<unsigned>(kLargestDeviceIndex))
       return ConfigError{std::string(key), std::string(entry),
                          "DEVICE=SIZE with a device index from 0 to " +
                              std::to_string(kLargestDeviceIndex) + ", e.g. 0=40G"};
+    const int device = static_cast<int>(index_value);
     auto size = parse_size_field(key, trim(entry.substr(equals + 1)), "limit");
     if (size.error) {
       size.error->text = std::string(entry);
@@ -251,13 +254,16 @@ std::string describe_hold(const Config& c) {
 std::string grammar_hold() { return "off|FACTOR"; }
 
 constexpr std::string_view kPathExpected =
-    "stderr, stdout or a file path without ',' (%p = pid, %n = report number; no other '%' "
-    "sequence)";
+    "stderr, stdout or a file path without ',' or control characters (%p = pid, %n = report "
+    "number; no other '%' sequence)";
 
 std::optional<ConfigError> parse_report_path(std::string_view key, std::string_view value,
                                              Config& c) {
   bool ok = !value.empty();
   for (std::size_t i = 0; ok && i < value.size(); ++i) {
+    // A newline or tab in a path is a quoting mistake far more often than a file's name.
+    const auto byte = static_cast<unsigned char>(value[i]);
+    if (byte < 0x20 || byte == 0x7f) ok = false;
     if (value[i] != '%') continue;
     ok = i + 1 < value.size() && (value[i + 1] == 'p' || value[i + 1] == 'n');
     ++i;

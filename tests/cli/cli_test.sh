@@ -380,6 +380,14 @@ report-refuses)
   has err "unexpected argument '--bogus'"
   run_cli 2 report --timeout 0 1
   has err "--timeout takes a whole number of seconds"
+  run_cli 2 report --timeout=0 1
+  has err "--timeout takes a whole number of seconds from 1 to 3600, not '0'"
+  run_cli 2 report --timeout= 1
+  has err "--timeout needs a value"
+  run_cli 2 report --json=1 1
+  has err "unexpected argument '--json=1'"
+  run_cli 2 trim --to=x 1
+  has err "unexpected argument '--to=x'"
   run_cli 2 report --keep-stderr --json 1
   has err "cannot be combined with --json, --wide or --to"
   run_cli 2 report --json --wide 1
@@ -482,6 +490,9 @@ print(json.load(open(sys.argv[1]))["devices"][0]["memory"][sys.argv[2]])' "$work
   has out "(in use 1.00 MiB, waiting for fences 0 B)"
   run_cli 0 report --json "$pid"
   [ "$(json_number bytes_reserved)" -lt $((64 << 20)) ] || fail "the trim released nothing"
+  # Values attached with '='.
+  run_cli 0 report --timeout=5 --to="$work/attached.txt" "$pid"
+  grep -qF "(pid $pid, request)" "$work/attached.txt" || fail "--to=FILE wrote no report"
   stop_target
   ;;
 real-refusals)

@@ -390,6 +390,12 @@ TEST_CASE("error: a bad report path") {
   check_error("report_path:", "report_path", "", "stderr, stdout or a file path");
   check_error("report_path:/tmp/r-%d", "report_path", "/tmp/r-%d", "%p = pid");
   check_error("report_path:/tmp/r-%", "report_path", "/tmp/r-%", "no other '%' sequence");
+  // A control character is refused, and shown escaped.
+  const ConfigError newline = parse_error("report_path:/tmp/r\n.txt");
+  CHECK(newline.text == "/tmp/r\n.txt");
+  CHECK(contains(newline.expected, "control characters"));
+  CHECK(contains(newline.message(), "got '/tmp/r\\n.txt'"));
+  CHECK(parse_error("report_path:/tmp/r\t%p").key == "report_path");
 }
 
 TEST_CASE("error: duplicate key") {
@@ -427,6 +433,8 @@ TEST_CASE("error: a bad limit") {
   check_error("limit:lots", "limit", "lots", "per device in brackets such as [0=40G,1=20G]");
   check_error("limit:[0=40G,x=1G]", "limit", "x=1G", "DEVICE=SIZE with a device index");
   check_error("limit:[64=1G]", "limit", "64=1G", "from 0 to 63");
+  check_error("limit:[-0=1G]", "limit", "-0=1G", "DEVICE=SIZE with a device index");
+  check_error("limit:[-1=1G]", "limit", "-1=1G", "DEVICE=SIZE with a device index");
   check_error("limit:[0=1G,0=2G]", "limit", "0=2G", "each device at most once");
   check_error("limit:[0=1G;1=2G]", "limit", "0=1G;1=2G",
               "',' between the devices of a limit, not ';'");

@@ -45,21 +45,32 @@ std::optional<int> parse_options(std::string_view command, std::span<char* const
   const std::string usage = command_usage(command);
   std::optional<std::string_view> pid_text;
   for (std::size_t i = 0; i < args.size(); ++i) {
-    const std::string_view arg = args[i];
+    std::string_view arg = args[i];
     if (wants_help(command, arg)) return kExitOk;
+    // "--timeout=5" as well as "--timeout 5".
+    std::optional<std::string_view> attached;
+    if (const auto equals = arg.find('='); arg.starts_with("--") && equals != arg.npos) {
+      attached = arg.substr(equals + 1);
+      arg = arg.substr(0, equals);
+    }
     const bool report = command == "report";
+    const bool takes_value = (report && arg == "--to") || arg == "--timeout";
+    if (attached && !takes_value) {
+      print_error("unexpected argument '" + std::string(args[i]) + "'; " + usage);
+      return kExitUsage;
+    }
     if (report && arg == "--json") {
       options->json = true;
     } else if (report && arg == "--wide") {
       options->wide = true;
     } else if (report && arg == "--keep-stderr") {
       options->keep_stderr = true;
-    } else if ((report && arg == "--to") || arg == "--timeout") {
-      if (i + 1 == args.size()) {
+    } else if (takes_value) {
+      if (attached ? attached->empty() : i + 1 == args.size()) {
         print_error(std::string(arg) + " needs a value");
         return kExitUsage;
       }
-      const std::string_view value = args[++i];
+      const std::string_view value = attached ? *attached : std::string_view(args[++i]);
       if (arg == "--to") {
         options->to = std::string(value);
       } else if (const auto seconds = parse_positive(value); seconds && *seconds <= 3600) {
