@@ -5,8 +5,14 @@
 // GPU-sharing tools give each process a budget of device memory and make cudaMemGetInfo show
 // it as the device's size. Under `limit` the library does the same for what it holds: a charge
 // happens before every driver allocation the library makes for the program (a page, a managed
-// slab, a request it passes through) and is given back when the memory is handed back (a
-// released page counts as returned once it is on its way to the driver). A page the budget
+// slab, a request it passes through) and is given back once the driver has the memory back. A
+// page the pools give up reaches the driver through the release thread, whose free waits for
+// the device; it used to be uncharged as it was queued, and while it waited behind a long kernel
+// another thread's request fitted the budget and the driver served it beside the page (52 MiB
+// held under a 32 MiB budget, in a hunter's program; plain CUDA on a 32 MiB device refused it).
+// So the release thread uncharges a page when its free returns, and a request that needs that
+// room waits for it as on a full device: recovery's flush waits for the pages on their way. A
+// page the budget
 // refuses looks to the pools like a full device, so out-of-memory recovery first returns idle
 // pages and waits for freed memory, exactly as on a full device, before the program sees
 // cudaErrorMemoryAllocation. A page wider than its request needs (a widened or rounded page,

@@ -88,8 +88,9 @@ std::uint64_t growth_so_far(int device);
 std::uint64_t charged_now(int device);
 
 // cudaMemGetInfo under a budget: the budget as the total, what is left of it (plus `idle`
-// pooled bytes, which the library would give back) as free, never more than the driver says
-// nor than the budget; `charged` is charged_now() from before `idle` was read.
+// bytes still charged that the library gives back: idle pooled pages, pages queued for the
+// driver) as free, never more than the driver says nor than the budget; `charged` is
+// charged_now() from before `idle` was read.
 void adjust_memory_info(int device, std::uint64_t charged, std::uint64_t idle,
                         std::size_t* free_bytes,
                         std::size_t* total_bytes);

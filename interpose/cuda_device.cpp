@@ -172,9 +172,9 @@ AllocStatus CudaDevice::allocate_charged(std::uint64_t size, DevicePtr* out,
 }
 
 // Pages go to the release worker: the driver's free synchronizes the device and must never run
-// on an allocating thread (Note [Release worker] in release_worker.cpp).
+// on an allocating thread (Note [Release worker] in release_worker.cpp). The page stays charged
+// to the budget until that free returns (Note [Budget] in budget.cpp).
 void CudaDevice::release(DevicePtr ptr, std::uint64_t size) {
-  budget::uncharge(device_, size);
   ReleaseWorker::instance().release(device_, reinterpret_cast<void*>(ptr), size);
 }
 

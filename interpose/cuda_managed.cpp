@@ -46,9 +46,8 @@ AllocStatus CudaManagedBacking::allocate_slab(std::uint64_t size, DevicePtr* out
 }
 
 // The real cudaFree synchronizes the device: the release worker makes it (Note [Release worker]
-// in release_worker.cpp).
+// in release_worker.cpp), and uncharges the slab once it has (Note [Budget] in budget.cpp).
 void CudaManagedBacking::release_slab(DevicePtr base, std::uint64_t size) {
-  budget::uncharge(device_.index(), size);
   ReleaseWorker::instance().release(device_.index(), reinterpret_cast<void*>(base), size);
 }
 

@@ -975,7 +975,6 @@ void adjust_memory_info(int device, std::uint64_t grown_before, std::size_t* fre
   const auto less_grown = [grown](std::uint64_t bytes) {
     return bytes > grown ? bytes - grown : std::uint64_t{0};
   };
-  const std::uint64_t idle = less_grown(idle_read);
   const std::uint64_t counted = less_grown(idle_read + on_their_way);
   if (pooled && counted != 0) {
     const std::uint64_t room = total_bytes != nullptr && *total_bytes > *free_bytes
@@ -983,7 +982,8 @@ void adjust_memory_info(int device, std::uint64_t grown_before, std::size_t* fre
                                    : counted;
     *free_bytes += static_cast<std::size_t>(counted < room ? counted : room);
   }
-  budget::adjust_memory_info(device, charged, idle, free_bytes, total_bytes);
+  // Queued pages are still charged (Note [Budget] in budget.cpp): they count as the idle do.
+  budget::adjust_memory_info(device, charged, counted, free_bytes, total_bytes);
 }
 
 int reset_device(int device, const std::function<int()>& real) {

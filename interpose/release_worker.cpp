@@ -100,6 +100,7 @@
 #include <deque>
 #include <mutex>
 
+#include "interpose/budget.h"
 #include "interpose/foreign_frees.h"
 #include "interpose/hook_guard.h"
 #include "interpose/log.h"
@@ -303,6 +304,10 @@ void free_front(ReleaseLane& lane, std::unique_lock<RankedMutex>& lock) {
   const std::uint64_t boundary = lane.in_flight_boundary;
   lock.unlock();
   const bool freed = free_now(lane.device, page, boundary);
+  // Only now is the page's room the budget's again (Note [Budget] in budget.cpp); before the
+  // lock, so that a flush that sees the page gone sees the room too, and a reset (which waits
+  // for the free in flight, then forgets every charge) comes after.
+  if (freed) budget::uncharge(lane.device, page.size);
   lock.lock();
   lane.in_flight = 0;
   lane.in_flight_ptr = nullptr;

@@ -92,8 +92,9 @@ class Device {
 
   // Bytes allocate() may still take under a limit of the implementation's own (a budget), which
   // refuses as out_of_memory whatever memory_info() says is free; bytes handed to release()
-  // count as back at once. Out-of-memory recovery sizes what it gives back by it (Note [Recovery
-  // in two steps] in memory_manager.cpp). The default: no such limit. Cheap, never blocks.
+  // count as back only once they reached the driver (releasing_bytes() until then).
+  // Out-of-memory recovery sizes what it gives back by it (Note [Recovery in two steps] in
+  // memory_manager.cpp). The default: no such limit. Cheap, never blocks.
   virtual std::uint64_t growth_room() { return kNoGrowthLimit; }
   static constexpr std::uint64_t kNoGrowthLimit = ~std::uint64_t{0};
 

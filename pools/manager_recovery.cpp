@@ -208,9 +208,10 @@ Route MemoryManager::Impl::recover_from_oom(Scope& scope, std::uint64_t size,
   // (Note [Recovery in two steps]).
   if (!stuck && frozen == 0) {
     const DeviceMemoryInfo info = device.memory_info();
-    // Under a budget the driver's free bytes are not what refused the page.
+    // Under a budget the driver's free bytes are not what refused the page. Pages on their way
+    // count against both until they arrive.
     const std::uint64_t coming =
-        std::min(info.free_bytes + releases_on_the_way(), device.growth_room());
+        std::min<std::uint64_t>(info.free_bytes, device.growth_room()) + releases_on_the_way();
     std::uint64_t page = align_up(size, ctx.alignment);
     for (const auto& pool : pools) {
       // A pool that can never grow here is passed over (Note [Pages larger than the device]).

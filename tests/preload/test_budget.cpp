@@ -10,6 +10,7 @@
 // A request larger than the budget is refused at once while a stream is parked behind freed
 // memory: it used to wait up to 10 s for that memory's fence, which could never make room for
 // it, where plain CUDA refuses such a size at once.
+// A page on its way to the driver behind a running kernel still counts against the budget.
 #include <atomic>
 #include <chrono>
 #include <cstdint>
@@ -177,6 +178,57 @@ int busy_child() {
   return 0;
 }
 
+// A page given back while a kernel runs reaches the driver only when its free returns: until
+// then it counts against the budget, and a request that needs its room waits for it. It used to
+// be uncharged as it was queued, and another thread's request fitted the budget beside it (the
+// device held the 40 MiB page and 30 MiB more under 64 MiB). Stand-in only (its "kernel" holds
+// the device until the test opens the gate).
+int slow_release_child() {
+  preload_test::LaunchAccessFn launch = preload_test::launch_access_function();
+  if (launch == nullptr) {
+    std::printf("slow release skipped: not on the stand-in\n");
+    return 0;
+  }
+  constexpr std::size_t kMiB = std::size_t{1} << 20;
+  void* idle = nullptr;
+  CHECK_CUDA(cudaMalloc(&idle, 40 * kMiB));
+  CHECK_CUDA(cudaFree(idle));
+  CHECK_CUDA(cudaDeviceSynchronize());  // its fence has passed: an idle page
+  cudaStream_t stream = nullptr;
+  CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  void* scratch = nullptr;
+  CHECK_CUDA(cudaMalloc(&scratch, 4096));
+  preload_test::Gate gate;
+  CHECK(launch(stream, scratch, 4096, 1, &preload_test::wait_at_gate, &gate) == 0);
+  while (!gate.entered.load()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  // The first request gives the idle page back, whose free waits for the kernel; the second
+  // comes while it waits.
+  void* first = nullptr;
+  void* second = nullptr;
+  cudaError_t first_result = cudaSuccess, second_result = cudaSuccess;
+  std::thread first_thread([&] { first_result = cudaMalloc(&first, 48 * kMiB); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  std::thread second_thread([&] { second_result = cudaMalloc(&second, 30 * kMiB); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  gate.open.store(true);
+  first_thread.join();
+  second_thread.join();
+  const std::uint64_t peak = preload_test::counter("live_bytes_peak");
+  CHECK_MSG(peak <= 64 * kMiB, "the device held " + std::to_string(peak >> 20) +
+                                   " MiB under a 64 MiB budget");
+  CHECK_MSG(first_result == cudaSuccess || second_result == cudaSuccess,
+            "both requests refused: " + preload_test::error_text(first_result) + ", " +
+                preload_test::error_text(second_result));
+  (void)cudaGetLastError();
+  if (first_result == cudaSuccess) CHECK_CUDA(cudaFree(first));
+  if (second_result == cudaSuccess) CHECK_CUDA(cudaFree(second));
+  CHECK_CUDA(cudaFree(scratch));
+  CHECK_CUDA(cudaStreamSynchronize(stream));
+  CHECK_CUDA(cudaStreamDestroy(stream));
+  std::printf("slow release ok\n");
+  return 0;
+}
+
 void run_child(const char* which, const std::string& limit, std::size_t lines) {
   const preload_test::ChildResult result =
       preload_test::run_self(which, {"POOLCUDA_CONF=limit:" + limit});
@@ -199,9 +251,11 @@ int main(int argc, char** argv) {
   if (argc > 1 && std::string(argv[1]) == "rounded") return rounded_child();
   if (argc > 1 && std::string(argv[1]) == "threads") return threads_child();
   if (argc > 1 && std::string(argv[1]) == "busy") return busy_child();
+  if (argc > 1 && std::string(argv[1]) == "slow_release") return slow_release_child();
   run_child("child", "1G", 1);
   run_child("rounded", "256M", 0);  // the request fit: nothing was refused
   run_child("busy", "64M", 1);  // one line: the first refusal
+  run_child("slow_release", "64M", 1);
   const preload_test::ChildResult threads =
       preload_test::run_self("threads", {"POOLCUDA_CONF=limit:2G,log:off"}, 120);
   std::printf("%s", threads.output.c_str());
