@@ -80,6 +80,7 @@
 #include "interpose/at_exit.h"
 #include "interpose/dl_real.h"
 #include "interpose/driver_variants.h"
+#include "interpose/hook_guard.h"
 #include "interpose/log.h"
 #include "interpose/reporter.h"
 #include "interpose/threads.h"
@@ -146,8 +147,14 @@ int decide_state() {
 // see the configuration the user gave, not the defaults. So the configuration is parsed once,
 // on first use, by whichever comes first: a hook or the library's constructor. Parsing is pure
 // string work (no CUDA call), and a malformed value still stops the process before main.
+// Its allocations may be CUDA calls all the same: a program whose operator new serves objects
+// from cudaMallocManaged (unified-memory codes do) gets the library's strings too, and the hook
+// of that call asked for the configuration still being made (libstdc++ threw
+// recursive_init_error, and the process ended before main). So the parse runs under the
+// re-entry guard: what it allocates goes straight to the real runtime, as in the plain run.
 const Config& load_config() {
   static const Config* const conf = [] {
+    InsideHook parsing;
     const char* text = std::getenv("POOLCUDA_CONF");
     ParseResult parsed = parse_config(text != nullptr ? text : "");
     if (!parsed) {
