@@ -139,6 +139,7 @@ CUresult finish_free(const char* api, const driver::CurrentContext& ctx, CUdevic
       return CUDA_SUCCESS;
     case FreeOutcome::not_mine: {
       ForeignFree guard(as_pointer(dptr));
+      Registry::instance().await_new_managed_slabs();  // step 3 of Note [Foreign frees]
       const pooling::Freed again = release(ctx, dptr);
       if (again.outcome == FreeOutcome::freed) return CUDA_SUCCESS;
       if (again.outcome != FreeOutcome::not_mine) {

@@ -28,7 +28,10 @@
 //      otherwise have freed instead, leaving the worker's free to fail;
 //   2. ask the driver whether any allocation covers the pointer (cudaPointerGetAttributes,
 //      a query that never waits on the device); none: no real free;
-//   3. ask the pools again; then the release worker, whose pages are the library's until the
+//   3. ask the pools again (the managed slabs once no chain is making a slab: their lookup takes
+//      no lock, so a slab whose memory the driver has just handed over, not yet in its chain,
+//      would be missed, and the real free would free the whole slab under its allocations);
+//      then the release worker, whose pages are the library's until the
 //      driver has them back: a page still with it, or returned to the driver since step 1
 //      (it marks the registered frees of that pointer), means the pointer is stale: no real
 //      free. Only then the real free. The worker reads the next ticket just before the driver's
@@ -40,10 +43,12 @@
 // saw it live and step 3 found it neither in the pools nor with the release worker, that is
 // this free (after which the pools may take it freely) or a device reset (a concurrent free of
 // the same pointer waits in step 1 until this one has ended). So a reset keeps the device's
-// manager frozen (no page taken from the driver; Note [Device reset] in pooling.cpp) until
-// every foreign free registered before its end has finished: thaw_after_foreign_frees. The
-// reset does not wait for them (such a free may wait on the device for long); the last of
-// them thaws the manager on its way out. A refused free is answered as the driver answers a
+// manager and managed slabs frozen (no page or slab taken from the driver; Note [Device reset]
+// in pooling.cpp) until every foreign free registered before its end has finished:
+// thaw_after_foreign_frees. (The slabs used to thaw with the reset: a stale free of a
+// passed-through managed pointer from before it freed the new slab the driver had put at its
+// address.) The reset does not wait for them (such a free may wait on the device for long); the
+// last of them thaws the device on its way out. A refused free is answered as the driver answers a
 // pointer it does not know (cudaErrorInvalidValue), as plain CUDA answers a stale pointer
 // when nothing new has been put at its address.
 // Without a runtime in the process (a static cudart reaching the driver directly) there is no
@@ -85,7 +90,8 @@ struct InFlight {
 
 struct Thaw {
   std::uint64_t ticket;  // every foreign free below it must have ended
-  MemoryManager* manager;
+  int device;
+  void (*thaw)(int device);
 };
 
 struct State {
@@ -175,16 +181,16 @@ void ForeignFree::end() {
   std::unique_lock<RankedMutex> hold(s.mutex);
   std::erase_if(s.in_flight, [&](const InFlight& f) { return f.ticket == ticket_; });
   s.ended.notify_all();
-  // One thaw at a time, each outside the leaf lock (set_frozen takes the manager's).
+  // One thaw at a time, each outside the leaf lock (a thaw takes the pools' locks).
   for (;;) {
     const std::uint64_t low = s.low_water();
     auto due = std::find_if(s.thaws.begin(), s.thaws.end(),
                             [&](const Thaw& t) { return t.ticket <= low; });
     if (due == s.thaws.end()) return;
-    MemoryManager* manager = due->manager;
+    const Thaw thaw = *due;
     s.thaws.erase(due);
     hold.unlock();
-    manager->set_frozen(false);
+    thaw.thaw(thaw.device);
     hold.lock();
   }
 }
@@ -202,17 +208,16 @@ void library_freed(const void* ptr, std::uint64_t boundary) {
     if (f.ptr == ptr && f.ticket < boundary) f.library_freed = true;
 }
 
-void thaw_after_foreign_frees(MemoryManager* manager) {
-  if (manager == nullptr) return;
+void thaw_after_foreign_frees(int device, void (*thaw)(int device)) {
   State& s = state();
   {
     std::lock_guard<RankedMutex> hold(s.mutex);
     if (s.low_water() < s.next_ticket) {
-      s.thaws.push_back(Thaw{s.next_ticket, manager});
+      s.thaws.push_back(Thaw{s.next_ticket, device, thaw});
       return;
     }
   }
-  manager->set_frozen(false);
+  thaw(device);
 }
 
 }  // namespace poolcuda

@@ -47,10 +47,10 @@ class ForeignFree {
   bool ended_ = false;
 };
 
-// Unfreezes `manager` (MemoryManager::set_frozen(false)) once every foreign free that began
-// before this call has ended: at once when none is in flight, else from the thread that ends
-// the last of them.
-void thaw_after_foreign_frees(MemoryManager* manager);
+// Calls `thaw(device)` (which lets the device's pools and managed slabs take memory from the
+// driver again) once every foreign free that began before this call has ended: at once when
+// none is in flight, else from the thread that ends the last of them.
+void thaw_after_foreign_frees(int device, void (*thaw)(int device));
 
 // The ticket the next foreign free will get. The release worker reads it just before the
 // driver's free of a page: a foreign free registered before that cannot name a new allocation

@@ -251,6 +251,7 @@ cudaError_t refuse_free(const char* api, void* ptr, const pooling::Freed& freed)
 template <typename Real>
 cudaError_t free_foreign(const char* api, int device, void* ptr, Real&& real) {
   ForeignFree guard(ptr);
+  Registry::instance().await_new_managed_slabs();  // step 3 of the note
   const pooling::Freed again = pooling::release(device, ptr);
   if (again.outcome == FreeOutcome::freed) return cudaSuccess;
   if (again.outcome != FreeOutcome::not_mine) return refuse_free(api, ptr, again);

@@ -992,6 +992,14 @@ int reset_device(int device, const std::function<int()>& real) {
 
 namespace {
 
+// The end of a reset's freeze: the device's pools and managed slabs take memory from the driver
+// again.
+void thaw_after_reset(int device) {
+  Registry& registry = Registry::instance();
+  if (MemoryManager* manager = registry.manager(device)) manager->set_frozen(false);
+  registry.thaw_managed(device);
+}
+
 int reset_pools(int device, const std::function<int()>& real, bool primary_replaced) {
   // The pools forget the device's memory before the real reset and take it up again after: a
   // cancellation inside the reset (the stand-in's waits for streams are cancellation points)
@@ -1019,18 +1027,18 @@ int reset_pools(int device, const std::function<int()>& real, bool primary_repla
     if (!primary_replaced) registry.streams().forget_device(device);
   };
   if (manager != nullptr) manager->set_frozen(true);
+  registry.freeze_managed(device);
   stream_order::device_reset(device);
   ReleaseWorker::instance().begin_reset(device);
   forget();
   const int result = real();
   forget();
-  registry.thaw_managed(device);
   budget::forget_device(device);
   ReleaseWorker::instance().end_reset(device);
   driver::end_pools_reset(device);
   // A free that asked the driver before the reset may still free the address after it: no page
-  // is taken until such frees are over (Note [Foreign frees] in foreign_frees.cpp).
-  thaw_after_foreign_frees(manager);
+  // or slab is taken until such frees are over (Note [Foreign frees] in foreign_frees.cpp).
+  thaw_after_foreign_frees(device, &thaw_after_reset);
   return result;
 }
 

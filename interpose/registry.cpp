@@ -205,8 +205,17 @@ void Registry::forget_managed(int device) {
   if (ManagedSlabs* chain = managed(device)) chain->forget();
 }
 
+void Registry::freeze_managed(int device) {
+  if (ManagedSlabs* chain = managed(device)) chain->freeze();
+}
+
 void Registry::thaw_managed(int device) {
   if (ManagedSlabs* chain = managed(device)) chain->thaw();
+}
+
+void Registry::await_new_managed_slabs() const {
+  for (int device = 0; device < managed_bound(); ++device)
+    if (const ManagedSlabs* chain = managed(device)) chain->await_new_slab();
 }
 
 bool Registry::trim_managed(int device, WaitBound& bound) {

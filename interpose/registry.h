@@ -88,9 +88,12 @@ class Registry {
   int managed_bound() const { return managed_bound_.load(std::memory_order_acquire); }
   // cudaDeviceReset: the device's slabs are gone with its memory. Call before the device's
   // forget_events() (the chain destroys its fences into the device's caches).
-  // The chain makes no new slab until thaw_managed() (Note [Managed reset]).
+  // The chain makes no new slab from freeze_managed() to thaw_managed() (Note [Managed reset]).
+  void freeze_managed(int device);
   void forget_managed(int device);
   void thaw_managed(int device);
+  // Returns once no device's chain is making a slab (ManagedSlabs::await_new_slab).
+  void await_new_managed_slabs() const;
   // Empty managed slabs of the device go back to the driver (a lagging fence waited for), and
   // the call waits for the release thread to free them, so that a retried allocation finds the
   // room, both within `bound`; true when any went back.

@@ -334,7 +334,7 @@ void ManagedSlabs::release_all(const std::vector<DevicePtr>& retired) {
 // A free record gets a new slab. -1 (and *error) when there is none. (Trimming would not help
 // an out-of-memory here: a slab it could give back, step 2 of the slow path rewinds instead.)
 int ManagedSlabs::populate(std::uint64_t size, ManagedError* error) {
-  if (frozen_) {  // a reset is under way (Note [Managed reset])
+  if (freezes_ != 0) {  // a reset is under way (Note [Managed reset])
     *error = {ManagedErrorKind::device_error, size, slab_bytes_};
     return -1;
   }
@@ -462,13 +462,14 @@ std::uint32_t ManagedSlabs::trim(WaitBound& bound) {
 // new epoch did so after the seal and the move (all sequentially consistent), so its swap sees
 // the seal and it writes nothing; one whose swap won before the seal counted itself first, and
 // the seal's exchange, reading its swap, makes that count visible to the wait. Only then are
-// the bases cleared and the memory left to the reset. While frozen, no slab is made (a slab
-// made just before the reset would be gone after it), until thaw().
+// the bases cleared and the memory left to the reset. While frozen (from before the first
+// forget() to the last thaw()), no slab is made: a slab made just before the reset would be gone
+// after it, and one made after it while a free from before it is still on its way to the driver
+// could be at that free's stale address (Note [Foreign frees] in interpose/foreign_frees.cpp).
 void ManagedSlabs::forget() {
   std::vector<std::pair<std::uint32_t, std::uint64_t>> sealed_now;
   {
     std::lock_guard<std::mutex> hold(mutex_);
-    frozen_ = true;
     spare_refused_ = false;
     const std::uint32_t used = used_slots_.load(std::memory_order_relaxed);
     for (std::uint32_t i = 0; i < used; ++i) {
@@ -498,10 +499,17 @@ void ManagedSlabs::forget() {
   }
 }
 
+void ManagedSlabs::freeze() {
+  std::lock_guard<std::mutex> hold(mutex_);
+  ++freezes_;
+}
+
 void ManagedSlabs::thaw() {
   std::lock_guard<std::mutex> hold(mutex_);
-  frozen_ = false;
+  if (freezes_ > 0) --freezes_;
 }
+
+void ManagedSlabs::await_new_slab() const { std::lock_guard<std::mutex> hold(mutex_); }
 
 ManagedReport ManagedSlabs::report() const {
   std::lock_guard<std::mutex> hold(mutex_);

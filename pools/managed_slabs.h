@@ -193,13 +193,20 @@ class ManagedSlabs {
   // trim could give back. A snapshot without the lock.
   std::uint64_t empty_bytes() const;
 
+  // A reset begins (freeze) or is over, with every free that may have seen the memory from
+  // before it (thaw): while any freeze is not thawed, the chain makes no new slab (its requests
+  // fail with a device error, which the interposer passes to the driver). Counted: the thaw of
+  // one reset may come after the next reset froze the chain again.
+  void freeze();
+  void thaw();
   // The memory is going (cudaDeviceReset): drop every slab without releasing it, destroy the
   // fences, and wait until no allocation that started before is still at work (Note [Managed
-  // reset] in managed_chain.cpp). The chain then makes no new slab (its requests fail with a
-  // device error, which the interposer passes to the driver) until thaw(); issued_total and
-  // resets are kept.
+  // reset] in managed_chain.cpp). Called while frozen; issued_total and resets are kept.
   void forget();
-  void thaw();
+  // Returns once no slab is being made (populate() runs under the chain's lock): memory the
+  // driver has just handed to a new slab is then in the chain, where free() finds it (Note
+  // [Foreign frees] in interpose/foreign_frees.cpp).
+  void await_new_slab() const;
 
   ManagedReport report() const;
 
@@ -284,7 +291,7 @@ class ManagedSlabs {
   std::uint64_t retired_resets_ = 0;
   std::uint64_t slabs_allocated_ = 0;
   std::uint64_t slabs_released_ = 0;
-  bool frozen_ = false;  // between forget() and thaw(): no new slab
+  std::uint32_t freezes_ = 0;  // freeze() calls not thawed yet: no new slab while any
 };
 
 }  // namespace poolcuda

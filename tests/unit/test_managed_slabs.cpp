@@ -681,6 +681,7 @@ TEST_CASE("managed: forget drops every slab without releasing it; no new one unt
   Chain c(1 * KiB, 4);
   const DevicePtr a = c.allocate(1 * KiB);
   c.allocate(1 * KiB);
+  c.slabs.freeze();
   c.slabs.forget();
   CHECK(c.report().slabs.empty());
   CHECK(c.device.calls().release == 0);
@@ -692,6 +693,23 @@ TEST_CASE("managed: forget drops every slab without releasing it; no new one unt
   c.slabs.thaw();
   c.allocate(100);  // usable again, on a new slab
   CHECK(c.device.calls().allocate == 3);
+}
+
+TEST_CASE("managed: a reset's late thaw leaves the chain frozen for the next reset") {
+  // Two resets, the first thawed only after the second froze the chain (a free from before the
+  // first was still on its way to the driver): no slab until the second thaws too.
+  Chain c(1 * KiB, 4);
+  c.allocate(1 * KiB);
+  c.slabs.freeze();
+  c.slabs.forget();
+  c.slabs.freeze();
+  c.slabs.forget();
+  c.slabs.thaw();  // the first reset's
+  CHECK(c.slabs.allocate(100, kGranule).error.kind == ManagedErrorKind::device_error);
+  CHECK(c.device.calls().allocate == 1);
+  c.slabs.thaw();  // the second's
+  c.allocate(100);
+  CHECK(c.device.calls().allocate == 2);
 }
 
 TEST_CASE("managed: forget waits for allocations that passed their slab's check") {
@@ -715,6 +733,7 @@ TEST_CASE("managed: forget waits for allocations that passed their slab's check"
   for (int round = 0; round < 200; ++round) {
     std::this_thread::sleep_for(std::chrono::microseconds(200));
     const ManagedReport before = c.report();
+    c.slabs.freeze();
     c.slabs.forget();
     for (const ManagedSlabReport& slab : before.slabs) {
       if (c.device.owns(slab.base)) c.device.release(slab.base, slab.capacity);  // not retired
