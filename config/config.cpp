@@ -117,9 +117,14 @@ std::optional<ConfigError> parse_limit(std::string_view key, std::string_view va
     c.limit = limit;
     return std::nullopt;
   }
-  if (value.back() != ']')
+  // The first ']' ends the list: text after it is not part of the value ("[0=1G]x").
+  const auto close = value.find(']');
+  if (close == std::string_view::npos)
     return ConfigError{std::string(key), std::string(value),
                        "balanced brackets: '[' is never closed"};
+  if (close + 1 != value.size())
+    return ConfigError{std::string(key), std::string(value),
+                       "nothing after the list's ']' (offset " + std::to_string(close) + ")"};
   if (value.size() < 3)
     return ConfigError{std::string(key), std::string(value), std::string(kLimitExpected)};
   std::string_view rest = value.substr(1, value.size() - 2);

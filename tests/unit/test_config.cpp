@@ -439,6 +439,8 @@ TEST_CASE("error: a bad limit") {
   check_error("limit:[0=1G;1=2G]", "limit", "0=1G;1=2G",
               "',' between the devices of a limit, not ';'");
   check_error("limit:[0=1G", "limit", "[0=1G", "balanced brackets: '[' is never closed");
+  check_error("limit:[0=1G]x", "limit", "[0=1G]x", "nothing after the list's ']' (offset 5)");
+  check_error("limit:[0=1G]]", "limit", "[0=1G]]", "nothing after the list's ']' (offset 5)");
   check_error("limit:[0=0]", "limit", "0=0", "a non-zero size for limit");
   check_error("limit:[]", "limit", "[]", "per device in brackets");
   // An empty entry names the whole list, not '' (a stray comma anywhere in it).
