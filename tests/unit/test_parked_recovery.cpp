@@ -158,6 +158,15 @@ class CaptureHoldsReleases final : public HeldReleases {
   bool arrive(std::uint32_t) override { return !inner_.capture_active(); }
 };
 
+// `layout`, frees behind event fences, log lines dropped.
+ManagerOptions fenced(decltype(ManagerOptions::layout) layout) {
+  ManagerOptions options;
+  options.layout = std::move(layout);
+  options.free_fence = FreeFence::events;
+  options.log_sink = [](LogLevel, std::string_view) {};
+  return options;
+}
+
 // One exclusive pool of 8 MiB, frees reused at once, log lines dropped.
 ManagerOptions exclusive_8mib() {
   ManagerOptions options;
@@ -196,11 +205,7 @@ TEST_CASE("oom_recovery_reuses_memory_whose_fence_passed_as_it_began") {
   HostDevice host(2 * MiB, 512);
   host.set_fence_mode(HostDevice::FenceMode::manual);
   FencesPassAsRecoveryBegins device(host);
-  ManagerOptions options;
-  options.layout = custom({sliced(1 * MiB)});
-  options.free_fence = FreeFence::events;
-  options.log_sink = [](LogLevel, std::string_view) {};
-  MemoryManager manager(device, options);
+  MemoryManager manager(device, fenced(custom({sliced(1 * MiB)})));
   const DevicePtr a = manager.allocate(1 * MiB).ptr;
   const DevicePtr b = manager.allocate(1 * MiB).ptr;
   REQUIRE(a != 0);
@@ -248,11 +253,7 @@ TEST_CASE("oom_recovery_flushes_a_page_its_own_retry_released") {
   HostDevice host(64 * MiB, 512);
   host.set_fence_mode(HostDevice::FenceMode::manual);
   ProgressDuringFlush device(host);
-  ManagerOptions options;
-  options.layout = custom({direct(16 * MiB)});
-  options.free_fence = FreeFence::events;
-  options.log_sink = [](LogLevel, std::string_view) {};
-  MemoryManager manager(device, options);
+  MemoryManager manager(device, fenced(custom({direct(16 * MiB)})));
   const DevicePtr first = manager.allocate(40 * MiB).ptr;
   REQUIRE(first != 0);
   manager.free(first);
