@@ -9,13 +9,12 @@
 // page the pools give up reaches the driver through the release thread, whose free waits for
 // the device; it used to be uncharged as it was queued, and while it waited behind a long kernel
 // another thread's request fitted the budget and the driver served it beside the page (52 MiB
-// held under a 32 MiB budget, in a hunter's program; plain CUDA on a 32 MiB device refused it).
-// So the release thread uncharges a page when its free returns, and a request that needs that
-// room waits for it as on a full device: recovery's flush waits for the pages on their way. A
-// page the budget
-// refuses looks to the pools like a full device, so out-of-memory recovery first returns idle
-// pages and waits for freed memory, exactly as on a full device, before the program sees
-// cudaErrorMemoryAllocation. A page wider than its request needs (a widened or rounded page,
+// held under a 32 MiB budget in a two-thread program; plain CUDA on a 32 MiB device refused
+// it). So the release thread uncharges a page when its free returns, and a request that needs
+// that room waits for it as on a full device: recovery's flush waits for the pages on their way.
+// A page the budget refuses looks to the pools like a full device, so out-of-memory recovery
+// first returns idle pages and waits for freed memory, exactly as on a full device, before the
+// program sees cudaErrorMemoryAllocation. A page wider than its request needs (a widened or rounded page,
 // Device::allocate_if_room) is charged with charge_if_room: its refusal is neither logged nor
 // counted, since the pool asks for the narrower page next and only that one's refusal is the
 // program's. Allocations made behind the library's back (cudaMallocAsync, driver calls of other
