@@ -547,7 +547,10 @@ int forward(int device, std::size_t size, void** ptr, const std::function<int()>
   const std::optional<std::uint64_t> limit = budget::limit(device);
   if (!within_budget && (!limit || size <= *limit)) {
     GrowthHold hold;  // Note [Room held for the retry]
-    within_budget = give_back_idle(device, hold) && budget::charge(device, size);
+    // Tried again even when nothing went back: a page on its way may have arrived meanwhile,
+    // and only then left the budget (Note [Budget] in budget.cpp).
+    give_back_idle(device, hold);
+    within_budget = budget::charge(device, size);
   }
   if (!within_budget) {
     say_kept();

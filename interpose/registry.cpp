@@ -193,6 +193,7 @@ ManagedSlabs* Registry::managed_or_create(int device) {
   options.granule = CudaDevice::kAlignment;
   options.fences = conf.free_fence != FreeFence::none;
   auto* chain = new ManagedSlabs(*backing, options);
+  for (std::uint32_t i = 0; i < managed_freezes_[device]; ++i) chain->freeze();  // a reset runs
   managed_backings_[device].store(backing, std::memory_order_release);
   managed_[device].store(chain, std::memory_order_release);
   if (device >= managed_bound_.load(std::memory_order_relaxed)) {
@@ -206,10 +207,17 @@ void Registry::forget_managed(int device) {
 }
 
 void Registry::freeze_managed(int device) {
+  if (!in_range(device)) return;
+  std::lock_guard hold(create_mutex_);
+  ++managed_freezes_[device];
   if (ManagedSlabs* chain = managed(device)) chain->freeze();
 }
 
 void Registry::thaw_managed(int device) {
+  if (!in_range(device)) return;
+  std::lock_guard hold(create_mutex_);
+  if (managed_freezes_[device] == 0) return;
+  --managed_freezes_[device];
   if (ManagedSlabs* chain = managed(device)) chain->thaw();
 }
 

@@ -88,7 +88,8 @@ class Registry {
   int managed_bound() const { return managed_bound_.load(std::memory_order_acquire); }
   // cudaDeviceReset: the device's slabs are gone with its memory. Call before the device's
   // forget_events() (the chain destroys its fences into the device's caches).
-  // The chain makes no new slab from freeze_managed() to thaw_managed() (Note [Managed reset]).
+  // The chain makes no new slab from freeze_managed() to thaw_managed() (Note [Managed reset]),
+  // also one made in between.
   void freeze_managed(int device);
   void forget_managed(int device);
   void thaw_managed(int device);
@@ -153,6 +154,9 @@ class Registry {
   std::atomic<CapturePolicy*> captures_[kMaxDevices] = {};
   PassthroughCounters passthrough_[kMaxDevices];
   std::atomic<ManagedSlabs*> managed_[kMaxDevices] = {};
+  // freeze_managed() calls not thawed yet, under create_mutex_: a chain made meanwhile starts
+  // with as many freezes.
+  std::uint32_t managed_freezes_[kMaxDevices] = {};
   std::atomic<CudaManagedBacking*> managed_backings_[kMaxDevices] = {};
   std::atomic<int> managed_bound_{0};
   Built prepared_[kMaxDevices];  // made by prepare(), not yet published; under create_mutex_

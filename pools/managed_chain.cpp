@@ -353,6 +353,13 @@ int ManagedSlabs::populate(std::uint64_t size, ManagedError* error) {
   if (!slab.marks) slab.marks.reset(new std::atomic<std::uint64_t>[words]);
   if (!slab.sizes) slab.sizes.reset(new std::atomic<std::uint32_t>[slab_granules_]);
   DevicePtr base = 0;
+  struct BeingMade {  // seen by await_new_slab() until the base is published, or not made
+    std::atomic<std::uint32_t>& count;
+    explicit BeingMade(std::atomic<std::uint32_t>& c) : count(c) {
+      count.fetch_add(1, std::memory_order_seq_cst);
+    }
+    ~BeingMade() { count.fetch_sub(1, std::memory_order_release); }
+  } being_made(slabs_being_made_);
   const AllocStatus status = backing_.allocate_slab(slab_bytes_, &base);
   if (status != AllocStatus::ok) {
     *error = {status == AllocStatus::out_of_memory ? ManagedErrorKind::out_of_memory
@@ -509,7 +516,9 @@ void ManagedSlabs::thaw() {
   if (freezes_ > 0) --freezes_;
 }
 
-void ManagedSlabs::await_new_slab() const { std::lock_guard<std::mutex> hold(mutex_); }
+void ManagedSlabs::await_new_slab() const {
+  while (slabs_being_made_.load(std::memory_order_acquire) != 0) std::this_thread::yield();
+}
 
 ManagedReport ManagedSlabs::report() const {
   std::lock_guard<std::mutex> hold(mutex_);

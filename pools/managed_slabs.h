@@ -203,9 +203,9 @@ class ManagedSlabs {
   // fences, and wait until no allocation that started before is still at work (Note [Managed
   // reset] in managed_chain.cpp). Called while frozen; issued_total and resets are kept.
   void forget();
-  // Returns once no slab is being made (populate() runs under the chain's lock): memory the
-  // driver has just handed to a new slab is then in the chain, where free() finds it (Note
-  // [Foreign frees] in interpose/foreign_frees.cpp).
+  // Returns once no slab is being made: memory the driver has just handed to a new slab is then
+  // in the chain, where free() finds it (Note [Foreign frees] in interpose/foreign_frees.cpp).
+  // Never takes the chain's lock, which trims hold while they wait for fences.
   void await_new_slab() const;
 
   ManagedReport report() const;
@@ -291,6 +291,8 @@ class ManagedSlabs {
   std::uint64_t retired_resets_ = 0;
   std::uint64_t slabs_allocated_ = 0;
   std::uint64_t slabs_released_ = 0;
+  // populate() calls between asking the driver for a slab and publishing its base.
+  std::atomic<std::uint32_t> slabs_being_made_{0};
   std::uint32_t freezes_ = 0;  // freeze() calls not thawed yet: no new slab while any
 };
 
