@@ -28,6 +28,7 @@
 namespace {
 
 std::atomic<bool> g_stop{false};
+std::atomic<int> g_threads_allocating{0};  // threads past their first allocation
 
 void allocate_until_stopped(int id) {
   std::vector<void*> live;
@@ -35,6 +36,7 @@ void allocate_until_stopped(int id) {
   while (!g_stop.load()) {
     void* ptr = nullptr;
     CHECK_CUDA(cudaMalloc(&ptr, 256 + (step * 7919u + static_cast<unsigned>(id)) % 200000));
+    if (step == 0) ++g_threads_allocating;
     live.push_back(ptr);
     if (live.size() > 16) {
       CHECK_CUDA(cudaFree(live.front()));
@@ -93,7 +95,12 @@ int signal_child() {
   CHECK_CUDA(cudaFree(nullptr));
   std::vector<std::thread> threads;
   for (int id = 0; id < 4; ++id) threads.emplace_back(allocate_until_stopped, id);
-  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  // The device's pools are in the report from its first allocation on (cudaFree(NULL) only
+  // prepares them): a fixed 50 ms was not always enough on a loaded machine.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (g_threads_allocating.load() < 4 && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  CHECK_MSG(g_threads_allocating.load() == 4, "the threads did not allocate within 10 s");
 
   CHECK(::kill(::getpid(), SIGUSR1) == 0);
   CHECK_MSG(wait_for_reports(dir, 1) >= 1, "no report after SIGUSR1");
