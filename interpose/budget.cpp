@@ -14,11 +14,11 @@
 // that room waits for it as on a full device: recovery's flush waits for the pages on their way.
 // A page the budget refuses looks to the pools like a full device, so out-of-memory recovery
 // first returns idle pages and waits for freed memory, exactly as on a full device, before the
-// program sees cudaErrorMemoryAllocation. A page wider than its request needs (a widened or rounded page,
-// Device::allocate_if_room) is charged with charge_if_room: its refusal is neither logged nor
-// counted, since the pool asks for the narrower page next and only that one's refusal is the
-// program's. Allocations made behind the library's back (cudaMallocAsync, driver calls of other
-// contexts) are not charged.
+// program sees cudaErrorMemoryAllocation. A page wider than its request needs (a widened or
+// rounded page, Device::allocate_if_room) is charged with charge_if_room: its refusal is
+// neither logged nor counted, since the pool asks for the narrower page next and only that
+// one's refusal is the program's. Allocations made behind the library's back (cudaMallocAsync,
+// driver calls of other contexts) are not charged.
 #include "interpose/budget.h"
 
 #include <algorithm>
