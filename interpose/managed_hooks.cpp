@@ -275,6 +275,13 @@ cudaError_t malloc_managed(void** ptr, std::size_t size, unsigned int flags) {
   if (allocation.error.kind == ManagedErrorKind::out_of_memory) {
     if (MemoryManager* manager = registry.manager(device)) {
       manager->cleanup(true);
+      // The idle pages went to the release thread, and count against the device, and a budget,
+      // until their driver free returns (Note [Budget] in budget.cpp): the retry waits for
+      // them, briefly, as a stream the program parked may hold that free. Without the wait the
+      // retry was refused as the first was, and a request that fitted a slab passed through.
+      constexpr std::uint32_t kPagesOnTheirWayMicros = 20000;
+      if (CudaDevice* cuda = registry.device(device))
+        cuda->flush_releases(kPagesOnTheirWayMicros);
       allocation = chain->allocate(size, chain->granule());
     }
   }

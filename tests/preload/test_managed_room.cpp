@@ -9,7 +9,8 @@
 // allocation leaves room for a 32 MiB cudaMalloc. Managed requests over half a slab (2.2 MiB of
 // 4 MiB slabs) until the device refuses one get as many as the device holds, as plain CUDA does
 // (Note [Large managed requests] in pools/managed_bound.cpp): a slab each, they filled the
-// device's 64 slabs with 141 MiB live.
+// device's 64 slabs with 141 MiB live. With the budget full of an idle page, a small managed
+// request gets a slab once the page has gone back (it passed through to CUDA before).
 #include <cstdio>
 #include <string>
 
@@ -75,6 +76,25 @@ int under_budget() {
   return 0;
 }
 
+// The budget full of an idle page when a managed request needs a slab: the page goes back and
+// the request gets its slab, as does the next one, rather than passing through to CUDA.
+int budget_full_for_a_slab() {
+  void* ptr = nullptr;
+  CHECK_CUDA(cudaMalloc(&ptr, 127 * kMiB));
+  CHECK_CUDA(cudaFree(ptr));
+  const std::uint64_t before = preload_test::counter("cudaMallocManaged");
+  void* first = nullptr;
+  void* second = nullptr;
+  CHECK_CUDA(cudaMallocManaged(&first, 1000));
+  CHECK_CUDA(cudaMallocManaged(&second, 1000));
+  const std::uint64_t made = preload_test::counter("cudaMallocManaged") - before;
+  CHECK_MSG(made == 1, std::to_string(made) + " managed allocations of CUDA's for two requests");
+  CHECK_CUDA(cudaFree(first));
+  CHECK_CUDA(cudaFree(second));
+  std::printf("child ok\n");
+  return 0;
+}
+
 int small_device() {
   void* managed = nullptr;
   CHECK_CUDA(cudaMallocManaged(&managed, 1000));  // stays live
@@ -119,6 +139,7 @@ int main(int argc, char** argv) {
   if (!preload_test::on_stand_in()) preload_test::skip("needs a 256 MiB device (the stand-in)");
   if (argc == 2 && std::string(argv[1]) == "budget") return under_budget();
   if (argc == 2 && std::string(argv[1]) == "small") return small_device();
+  if (argc == 2 && std::string(argv[1]) == "slab") return budget_full_for_a_slab();
   whole_device();
   large_managed_fill();
   const preload_test::ChildResult small =
@@ -129,6 +150,10 @@ int main(int argc, char** argv) {
       "budget", {"POOLCUDA_CONF=limit:128M", "SIMCUDA_DEVICE_MEMORY=1G"}, 60);
   std::printf("%s", child.output.c_str());
   CHECK_MSG(child.status == 0, "budget child exited with " + std::to_string(child.status));
+  const preload_test::ChildResult slab = preload_test::run_self(
+      "slab", {"POOLCUDA_CONF=limit:128M", "SIMCUDA_DEVICE_MEMORY=1G"}, 60);
+  std::printf("%s", slab.output.c_str());
+  CHECK_MSG(slab.status == 0, "budget-slab child exited with " + std::to_string(slab.status));
   std::printf("ok\n");
   return 0;
 }
