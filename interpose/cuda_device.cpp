@@ -194,13 +194,21 @@ bool CudaDevice::flush_releases(std::uint32_t max_microseconds) {
   return ReleaseWorker::instance().flush(device_, max_microseconds);
 }
 
-DeviceMemoryInfo CudaDevice::memory_info() {
+DeviceMemoryInfo CudaDevice::driver_memory_info() {
   OwnCallScope scope(device_);
   if (!scope.ok()) return {};  // another device's numbers (Note [Own calls])
   std::size_t free_bytes = 0;
   std::size_t total_bytes = 0;
   if (own::cudaMemGetInfo()(&free_bytes, &total_bytes) != cudaSuccess) return {};
   device_bytes_.store(total_bytes, std::memory_order_relaxed);
+  return {free_bytes, total_bytes};
+}
+
+DeviceMemoryInfo CudaDevice::memory_info() {
+  const DeviceMemoryInfo driver = driver_memory_info();
+  if (driver.total_bytes == 0) return {};
+  std::size_t free_bytes = driver.free_bytes;
+  std::size_t total_bytes = driver.total_bytes;
   // Under a budget the device is, to the pools, as large as the budget: everything they scale
   // with its size (the layout, the padding budgets, the thread caches' bound) scales with the
   // budget, and what is free is what the budget has left.

@@ -41,6 +41,8 @@ class CudaDevice final : public Device {
   std::uint64_t release_in_flight() override;
   std::uint64_t growth_room() override;  // what the device's budget has left
   DeviceMemoryInfo memory_info() override;
+  // The driver's own figures, a budget's limit not applied: zeros when they cannot be read.
+  DeviceMemoryInfo driver_memory_info();
   std::uint64_t alignment() const override { return kAlignment; }
   FenceHandle fence_record() override;
   // On cudaStreamLegacy, cudaStreamPerThread (both this device's), a stream the table holds

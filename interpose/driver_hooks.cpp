@@ -239,8 +239,9 @@ CUresult with_room_on(const std::function<int()>& device_of, std::size_t size,
   if (first != CUDA_ERROR_OUT_OF_MEMORY) return first;
   const int device = device_of();
   if (device < 0) return first;
-  // A request larger than the device fails whatever comes back: the pools keep their pages.
-  if (pooling::beyond_device(device, size)) return first;
+  // Nothing that comes back could make room: the pools keep their pages, and the refusal comes
+  // at once, as the plain call's does (Note [Requests beyond reach] in pooling.cpp).
+  if (pooling::beyond_reach(device, size)) return first;
   pooling::GrowthHold hold;  // Note [Room held for the retry] in pooling.cpp
   const bool room = give_back_on(driver::current_context(), device, hold) || returns.moved(device);
   return room ? real() : first;
@@ -301,7 +302,7 @@ CUresult with_room_anywhere(std::size_t size, const std::function<CUresult()>& r
   bool gave = false;
   pooling::GrowthHold hold;  // Note [Room held for the retry] in pooling.cpp
   for (const int device : Registry::instance().devices()) {
-    if (device == ctx.device || pooling::beyond_device(device, size)) continue;
+    if (device == ctx.device || pooling::beyond_reach(device, size)) continue;
     gave = give_back_on(ctx, device, hold) || gave;
   }
   return gave || last->moved(ctx.handle != nullptr ? ctx.device : -1) ? real() : result;

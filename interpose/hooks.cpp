@@ -385,13 +385,15 @@ cudaError_t with_room(const std::function<int()>& device_of, std::size_t size,
                       const std::function<cudaError_t()>& real) {
   const bool slot_clean = real::cudaPeekAtLastError()() == cudaSuccess;
   pooling::GrowthHold hold;  // Note [Room held for the retry] in pooling.cpp
-  if (!slot_clean && driver_short_of(size)) pooling::give_back_idle(device_of(), hold);
+  if (!slot_clean && driver_short_of(size) && !pooling::beyond_reach(device_of(), size))
+    pooling::give_back_idle(device_of(), hold);
   const pooling::ReturnsSince returns;
   const cudaError_t result = real();
   if (result != cudaErrorMemoryAllocation || !slot_clean) return result;
   const int device = device_of();
-  // A request larger than the device fails whatever comes back: the pools keep their pages.
-  if (pooling::beyond_device(device, size)) return result;
+  // Nothing that comes back could make room: the pools keep their pages, and the refusal comes
+  // at once, as the plain call's does (Note [Requests beyond reach] in pooling.cpp).
+  if (pooling::beyond_reach(device, size)) return result;
   if (!pooling::give_back_idle(device, hold) && !returns.moved(device)) return result;
   real::cudaGetLastError()();
   return real();

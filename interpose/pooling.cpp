@@ -834,10 +834,39 @@ bool ipc_exportable(const char* api, const void* ptr) {
 // launch, modules and libraries) gets the same (Note [Launches short of memory] in hooks.cpp).
 // Graph memory a GPU allocates at instantiation or launch is not covered: docs/pools.md says
 // what to do there.
-bool beyond_device(int device, std::size_t size) {
+// Note [Requests beyond reach]
+// A call the driver refused for lack of memory gets what the library keeps on the device for no
+// live allocation and is tried once more (Note [Room for what the pools do not serve]). That
+// give-back waits for the fences of freed memory and for the driver's frees of the pages, that
+// is for the device's streams: a request the plain call refuses at once was refused after a
+// running kernel's 3 s, or the 10 s bound behind a parked stream, even when the pools had found
+// it beyond their own reach (Note [Recovery and parked streams] in
+// pools/manager_recovery.cpp). So the give-back is skipped when the request is larger than the
+// driver's free memory and everything the library could add to it: whatever the pools hold
+// beyond their live bytes (idle pages, memory waiting for fences and the holes in used pages,
+// which cannot all go back), pages on their way to the driver, slices pinned for graphs
+// (counted again, though live ones are also in use) and empty managed slabs. The driver's figure,
+// not a budget's: the budget refused nothing here. Read in the order a page travels (pools,
+// release queue, driver), so a page that moves meanwhile counts twice, never not at all: every
+// error of the estimate errs towards trying.
+bool beyond_reach(int device, std::size_t size) {
+  Registry& registry = Registry::instance();
+  CudaDevice* cuda = registry.device(device);
+  if (cuda == nullptr) return false;
   // The device's own size, not a budget's: most of what comes here is not charged to one.
-  const CudaDevice* cuda = Registry::instance().device(device);
-  return cuda != nullptr && cuda->device_bytes() != 0 && size > cuda->device_bytes();
+  if (cuda->device_bytes() != 0 && size > cuda->device_bytes()) return true;
+  release_passed_managed_frees(registry);
+  std::uint64_t held = 0;
+  if (MemoryManager* manager = registry.manager(device)) {
+    const MemoryUsage usage = manager->memory_usage();
+    held += usage.bytes_reserved - usage.bytes_in_use - usage.bytes_padding;
+  }
+  if (CapturePolicy* capture = registry.capture(device)) held += capture->stats().pinned_bytes;
+  if (const ManagedSlabs* slabs = registry.managed(device)) held += slabs->empty_bytes();
+  held += cuda->releasing_bytes();
+  const DeviceMemoryInfo driver = cuda->driver_memory_info();
+  if (driver.total_bytes == 0) return false;  // unknown: try
+  return size > driver.free_bytes + held;
 }
 
 // Note [Room that arrived meanwhile]

@@ -134,9 +134,9 @@ class ReturnsSince {
   std::uint64_t seen_;
 };
 
-// Whether `size` bytes are more than `device` has at all: no memory given back could make room
-// for them.
-bool beyond_device(int device, std::size_t size);
+// Whether no memory the library could give back would make room for `size` bytes on `device`,
+// the driver having refused them (Note [Requests beyond reach] in pooling.cpp).
+bool beyond_reach(int device, std::size_t size);
 
 // Whether `ptr` lies in a pooled page outside the bytes every live allocation asked for: memory
 // the program freed (or never got, such as an allocation's padding), which the driver, knowing

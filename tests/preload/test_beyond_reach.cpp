@@ -1,0 +1,92 @@
+// Preload test: a request that nothing the library holds could make room for is refused at
+// once, as the plain call refuses it, while other work keeps the device busy (Note [Requests
+// beyond reach] in interpose/pooling.cpp). On a 256 MiB stand-in device with 100 MiB live and a
+// 50 MiB page idle in the pools, 200 MiB are asked for by cudaMalloc, cudaMallocAsync,
+// cudaMallocPitch and cudaMallocManaged: first while a kernel runs on another stream until the
+// test lets it end, then while a stream is parked on a host function with 10 MiB freed onto it.
+// Each is refused with cudaErrorMemoryAllocation before the test lets the device go: the library
+// used to give its idle memory back first, which waits for the device (the kernel's whole run,
+// the 10 s bound behind the park). The pools keep their idle page: a 50 MiB request afterwards
+// makes no driver allocation.
+#include <chrono>
+#include <string>
+
+#include "check.h"
+
+namespace {
+
+constexpr std::size_t kMiB = 1 << 20;
+constexpr std::size_t kOutOfReach = 200 * kMiB;
+
+// Every kind of request the library sees, each refused without waiting for the device.
+void refused_at_once(cudaStream_t other, const char* beside) {
+  const auto began = std::chrono::steady_clock::now();
+  void* ptr = nullptr;
+  CHECK_RESULT(cudaMalloc(&ptr, kOutOfReach), cudaErrorMemoryAllocation);
+  CHECK(cudaGetLastError() == cudaErrorMemoryAllocation);
+  CHECK_RESULT(cudaMallocAsync(&ptr, kOutOfReach, other), cudaErrorMemoryAllocation);
+  CHECK(cudaGetLastError() == cudaErrorMemoryAllocation);
+  std::size_t pitch = 0;
+  CHECK_RESULT(cudaMallocPitch(&ptr, &pitch, kMiB, kOutOfReach / kMiB),
+               cudaErrorMemoryAllocation);
+  CHECK(cudaGetLastError() == cudaErrorMemoryAllocation);
+  CHECK_RESULT(cudaMallocManaged(&ptr, kOutOfReach), cudaErrorMemoryAllocation);
+  CHECK(cudaGetLastError() == cudaErrorMemoryAllocation);
+  // Each wait for the device lasted until the gate's own 10 s deadline.
+  const auto took = std::chrono::duration_cast<std::chrono::milliseconds>(
+                        std::chrono::steady_clock::now() - began)
+                        .count();
+  CHECK_MSG(took < 5000, std::string("four refusals beside ") + beside + " took " +
+                             std::to_string(took) + " ms");
+}
+
+}  // namespace
+
+int main() {
+  preload_test::require_preloaded();
+  const preload_test::LaunchAccessFn launch_access = preload_test::launch_access_function();
+  if (launch_access == nullptr) preload_test::skip("needs the stand-in's kernels");
+  cudaStream_t busy = nullptr;
+  cudaStream_t other = nullptr;
+  CHECK_CUDA(cudaStreamCreateWithFlags(&busy, cudaStreamNonBlocking));
+  CHECK_CUDA(cudaStreamCreateWithFlags(&other, cudaStreamNonBlocking));
+  void* live = nullptr;
+  CHECK_CUDA(cudaMalloc(&live, 100 * kMiB));
+  void* page = nullptr;
+  CHECK_CUDA(cudaMalloc(&page, 50 * kMiB));
+  CHECK_CUDA(cudaFree(page));  // the device idle: the page stays in the pools
+  void* touched = nullptr;
+  CHECK_CUDA(cudaMalloc(&touched, kMiB));
+
+  {
+    preload_test::Gate gate;
+    CHECK(launch_access(busy, touched, kMiB, 1, &preload_test::wait_at_gate, &gate) ==
+          cudaSuccess);
+    while (!gate.entered.load()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    refused_at_once(other, "a running kernel");
+    gate.open.store(true);
+    CHECK_CUDA(cudaStreamSynchronize(busy));
+  }
+  const std::uint64_t driver_allocations = preload_test::counter("cudaMalloc");
+  CHECK_CUDA(cudaMalloc(&page, 50 * kMiB));
+  CHECK_MSG(preload_test::counter("cudaMalloc") == driver_allocations,
+            "the idle page went back to the driver for a request it could not serve");
+  CHECK_CUDA(cudaFree(page));
+
+  {
+    preload_test::Gate gate;
+    preload_test::park(busy, gate);
+    void* freed_onto_park = nullptr;
+    CHECK_CUDA(cudaMalloc(&freed_onto_park, 10 * kMiB));
+    CHECK_CUDA(cudaFreeAsync(freed_onto_park, busy));
+    refused_at_once(other, "a parked stream");
+    gate.open.store(true);
+    CHECK_CUDA(cudaStreamSynchronize(busy));
+  }
+  CHECK_CUDA(cudaFree(touched));
+  CHECK_CUDA(cudaFree(live));
+  CHECK_CUDA(cudaStreamDestroy(busy));
+  CHECK_CUDA(cudaStreamDestroy(other));
+  std::printf("ok\n");
+  return 0;
+}
