@@ -541,11 +541,11 @@ int forward(int device, std::size_t size, void** ptr, const std::function<int()>
   }
   // Idle pages and empty managed slabs count against the budget as they do against the device
   // (Note [Room for what the pools do not serve]): given back, the charge is tried once more.
-  // A request larger than the budget itself is refused at once: no give-back makes room for it,
-  // and its waits for fences (10 s at most) made a request that plain CUDA refuses at once wait.
+  // A request larger than the budget's room and all the library could give back is refused at
+  // once (Note [Requests beyond reach]): its waits for fences (10 s at most) made a request that
+  // plain CUDA refuses at once wait.
   bool within_budget = budget::charge(device, size);
-  const std::optional<std::uint64_t> limit = budget::limit(device);
-  if (!within_budget && (!limit || size <= *limit)) {
+  if (!within_budget && !beyond_budget_reach(device, size)) {
     GrowthHold hold;  // Note [Room held for the retry]
     // Tried again even when nothing went back: a page on its way may have arrived meanwhile,
     // and only then left the budget (Note [Budget] in budget.cpp).
@@ -848,13 +848,13 @@ bool ipc_exportable(const char* api, const void* ptr) {
 // (counted again, though live ones are also in use) and empty managed slabs. The driver's figure,
 // not a budget's: the budget refused nothing here. Read in the order a page travels (pools,
 // release queue, driver), so a page that moves meanwhile counts twice, never not at all: every
-// error of the estimate errs towards trying.
-bool beyond_reach(int device, std::size_t size) {
-  Registry& registry = Registry::instance();
-  CudaDevice* cuda = registry.device(device);
-  if (cuda == nullptr) return false;
-  // The device's own size, not a budget's: most of what comes here is not charged to one.
-  if (cuda->device_bytes() != 0 && size > cuda->device_bytes()) return true;
+// error of the estimate errs towards trying. A request the budget refused gets the same test
+// against what the budget has left (beyond_budget_reach): it waited for the same give-back.
+namespace {
+
+// Everything the library could give back on `device` (Note [Requests beyond reach]), the pages
+// on their way to the driver read last.
+std::uint64_t held_for_nothing(Registry& registry, CudaDevice& cuda, int device) {
   release_passed_managed_frees(registry);
   std::uint64_t held = 0;
   if (MemoryManager* manager = registry.manager(device)) {
@@ -863,10 +863,33 @@ bool beyond_reach(int device, std::size_t size) {
   }
   if (CapturePolicy* capture = registry.capture(device)) held += capture->stats().pinned_bytes;
   if (const ManagedSlabs* slabs = registry.managed(device)) held += slabs->empty_bytes();
-  held += cuda->releasing_bytes();
+  return held + cuda.releasing_bytes();
+}
+
+}  // namespace
+
+bool beyond_reach(int device, std::size_t size) {
+  Registry& registry = Registry::instance();
+  CudaDevice* cuda = registry.device(device);
+  if (cuda == nullptr) return false;
+  // The device's own size, not a budget's: most of what comes here is not charged to one.
+  if (cuda->device_bytes() != 0 && size > cuda->device_bytes()) return true;
+  const std::uint64_t held = held_for_nothing(registry, *cuda, device);
   const DeviceMemoryInfo driver = cuda->driver_memory_info();
   if (driver.total_bytes == 0) return false;  // unknown: try
   return size > driver.free_bytes + held;
+}
+
+bool beyond_budget_reach(int device, std::size_t size) {
+  const std::optional<std::uint64_t> limit = budget::limit(device);
+  if (!limit) return false;
+  if (size > *limit) return true;
+  Registry& registry = Registry::instance();
+  CudaDevice* cuda = registry.device(device);
+  if (cuda == nullptr) return false;
+  const std::uint64_t held = held_for_nothing(registry, *cuda, device);
+  // A page's charge goes after its driver free returns: read after the release queue.
+  return size > budget::room(device).value_or(*limit) + held;
 }
 
 // Note [Room that arrived meanwhile]

@@ -137,6 +137,9 @@ class ReturnsSince {
 // Whether no memory the library could give back would make room for `size` bytes on `device`,
 // the driver having refused them (Note [Requests beyond reach] in pooling.cpp).
 bool beyond_reach(int device, std::size_t size);
+// The same for a request `device`'s budget refused: more than the budget has left and everything
+// the library could give back. False without a budget.
+bool beyond_budget_reach(int device, std::size_t size);
 
 // Whether `ptr` lies in a pooled page outside the bytes every live allocation asked for: memory
 // the program freed (or never got, such as an allocation's padding), which the driver, knowing

@@ -7,7 +7,7 @@
 // Each is refused with cudaErrorMemoryAllocation before the test lets the device go: the library
 // used to give its idle memory back first, which waits for the device (the kernel's whole run,
 // the 10 s bound behind the park). The pools keep their idle page: a 50 MiB request afterwards
-// makes no driver allocation.
+// makes no driver allocation. A request a budget refuses gets the same (child "budget").
 #include <chrono>
 #include <string>
 
@@ -40,12 +40,42 @@ void refused_at_once(cudaStream_t other, const char* beside) {
                              std::to_string(took) + " ms");
 }
 
+// Under limit:128M on a 1 GiB device, 100 MiB live and a 10 MiB page idle: a 60 MiB managed
+// request (past the slabs, so charged as it passes through) is more than the budget has left
+// and the idle page together, and is refused at once beside a running kernel.
+int beyond_the_budget(preload_test::LaunchAccessFn launch_access) {
+  void* live = nullptr;
+  CHECK_CUDA(cudaMalloc(&live, 100 * kMiB));
+  void* page = nullptr;
+  CHECK_CUDA(cudaMalloc(&page, 10 * kMiB));
+  CHECK_CUDA(cudaFree(page));
+  cudaStream_t busy = nullptr;
+  CHECK_CUDA(cudaStreamCreateWithFlags(&busy, cudaStreamNonBlocking));
+  preload_test::Gate gate;
+  CHECK(launch_access(busy, live, kMiB, 1, &preload_test::wait_at_gate, &gate) == cudaSuccess);
+  while (!gate.entered.load()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  const auto began = std::chrono::steady_clock::now();
+  void* ptr = nullptr;
+  CHECK_RESULT(cudaMallocManaged(&ptr, 60 * kMiB), cudaErrorMemoryAllocation);
+  const auto took = std::chrono::duration_cast<std::chrono::milliseconds>(
+                        std::chrono::steady_clock::now() - began)
+                        .count();
+  gate.open.store(true);
+  CHECK_MSG(took < 5000, "the refusal took " + std::to_string(took) + " ms");
+  CHECK_CUDA(cudaStreamSynchronize(busy));
+  CHECK_CUDA(cudaStreamDestroy(busy));
+  CHECK_CUDA(cudaFree(live));
+  std::printf("child ok\n");
+  return 0;
+}
+
 }  // namespace
 
-int main() {
+int main(int argc, char** argv) {
   preload_test::require_preloaded();
   const preload_test::LaunchAccessFn launch_access = preload_test::launch_access_function();
   if (launch_access == nullptr) preload_test::skip("needs the stand-in's kernels");
+  if (argc == 2 && std::string(argv[1]) == "budget") return beyond_the_budget(launch_access);
   cudaStream_t busy = nullptr;
   cudaStream_t other = nullptr;
   CHECK_CUDA(cudaStreamCreateWithFlags(&busy, cudaStreamNonBlocking));
@@ -87,6 +117,10 @@ int main() {
   CHECK_CUDA(cudaFree(live));
   CHECK_CUDA(cudaStreamDestroy(busy));
   CHECK_CUDA(cudaStreamDestroy(other));
+  const preload_test::ChildResult budget = preload_test::run_self(
+      "budget", {"POOLCUDA_CONF=limit:128M", "SIMCUDA_DEVICE_MEMORY=1G"}, 60);
+  std::printf("%s", budget.output.c_str());
+  CHECK_MSG(budget.status == 0, "budget child exited with " + std::to_string(budget.status));
   std::printf("ok\n");
   return 0;
 }
