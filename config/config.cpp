@@ -274,7 +274,10 @@ std::optional<ConfigError> parse_report_path(std::string_view key, std::string_v
     ++i;
   }
   if (!ok) return ConfigError{std::string(key), std::string(value), std::string(kPathExpected)};
-  c.report_path = std::string(value);
+  // A keyword in any case is kept in the case it is described in, as other keyword values are.
+  c.report_path = same_word(value, "stderr")   ? "stderr"
+                  : same_word(value, "stdout") ? "stdout"
+                                               : std::string(value);
   return std::nullopt;
 }
 

@@ -230,9 +230,18 @@ void check_handler() {
     g_mark = nullptr;
     if (!told) {
       told = true;
+      struct sigaction current {};
+      const bool reset = ::sigaction(g_signal, nullptr, &current) == 0 &&
+                         (current.sa_flags & SA_SIGINFO) == 0 &&
+                         (current.sa_handler == SIG_DFL || current.sa_handler == SIG_IGN);
+      const std::string how = !reset ? "replaced the library's " + std::string(g_signal_name) +
+                                           " handler"
+                              : current.sa_handler == SIG_IGN
+                                  ? "set " + std::string(g_signal_name) + " to be ignored"
+                                  : "set " + std::string(g_signal_name) + " back to the default";
       log_when_touched(LogLevel::basic,
-                       std::string("the program replaced the library's ") + g_signal_name +
-                           " handler: report requests are refused from now on "
+                       "the program " + how +
+                           ": report requests are refused from now on "
                            "(report_at_exit:1 still writes a report at exit)");
     }
   }

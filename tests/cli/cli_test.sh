@@ -480,6 +480,10 @@ print(json.load(open(sys.argv[1]))["devices"][0]["memory"][sys.argv[2]])' "$work
   grep -qF "poolcuda report #4 (pid $pid, request)" "$work/report.txt" ||
     fail "--to wrote no report"
   lacks target.err "poolcuda report #"
+  # A file that cannot be written is refused before the process is asked: the next report is
+  # still #5.
+  run_cli 1 report --to "$work/missing/report.txt" "$pid"
+  has err "cannot write $work/missing/report.txt"
   # --keep-stderr: the process writes it where its configuration says, and the CLI says where.
   run_cli 0 report --keep-stderr "$pid"
   has out "process $pid: report #5 written to standard error"
@@ -517,6 +521,7 @@ real-refusals)
   start_target -- "$target" default 60
   run_cli 1 report "$background_pid"
   has err "process $background_pid was ready, but SIGUSR1 no longer has a handler"
+  wait_for "$work/target.err" "the program set SIGUSR1 back to the default: report requests"
   stop_target
   # The signal ignored (inherited through exec).
   start_target -- sh -c 'trap "" USR1; exec "$0" sleep 60' "$target"

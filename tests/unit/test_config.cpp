@@ -102,6 +102,8 @@ TEST_CASE("every keyword value of every key") {
   CHECK(parse_ok("report_format:wide").report_format == ReportFormat::wide);
   CHECK(parse_ok("report_path:stderr").report_path == "stderr");
   CHECK(parse_ok("report_path:stdout").report_path == "stdout");
+  CHECK(parse_ok("report_path:STDOUT").report_path == "stdout");  // as it is described
+  CHECK(parse_ok("report_path:StdErr").report_path == "stderr");
   CHECK(parse_ok("report_path:/tmp/r-%p-%n.json").report_path == "/tmp/r-%p-%n.json");
   CHECK(parse_ok("report_path:C:/x(1)[2].txt").report_path == "C:/x(1)[2].txt");
   CHECK(parse_ok("report_at_exit:1").report_at_exit);

@@ -58,9 +58,9 @@ line per device: peak bytes in use and reserved, their ratio, the cudaMalloc
 and cudaFree calls the pools saved, and the fence waits. Only the process that
 run replaces writes this summary, and only if it made CUDA calls.
 
-Without a GPU (no /dev/nvidiactl), run uses the CUDA stand-in when one lies
-beside the library (a build tree's tests/simcuda/): it goes first in
-LD_LIBRARY_PATH, and the start line says so.
+Without a GPU (neither /dev/nvidiactl nor /proc/driver/nvidia/version), run
+uses the CUDA stand-in when one lies beside the library (a build tree's
+tests/simcuda/): it goes first in LD_LIBRARY_PATH, and the start line says so.
 
 The library is POOLCUDA_LIBRARY if set, else
   PREFIX/)" POOLCUDA_CLI_LIBDIR R"(/libpoolcuda.so when this tool is PREFIX/)" POOLCUDA_CLI_BINDIR R"(/poolcuda,

@@ -4,6 +4,7 @@
 //
 // Depends on target.h and interpose/channel_protocol.h.
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -110,18 +111,38 @@ std::optional<int> parse_options(std::string_view command, std::span<char* const
   return std::nullopt;
 }
 
-bool write_file(const std::string& path, std::string_view text) {
-  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) return false;
-  bool ok = true;
+// The file --to names, opened before the process is asked, so that a file that cannot be
+// written costs the process no report (and no report number). One this call created is removed
+// again when no report comes.
+struct ReportFile {
+  int fd = -1;
+  bool created = false;
+};
+
+std::optional<ReportFile> open_report_file(const std::string& path) {
+  ReportFile file;
+  file.fd = ::open(path.c_str(), O_WRONLY | O_CLOEXEC);
+  if (file.fd < 0 && errno == ENOENT) {
+    file.fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+    file.created = file.fd >= 0;
+  }
+  if (file.fd < 0) return std::nullopt;
+  return file;
+}
+
+// Replaces the file's contents with `text` (a pipe or a device just gets it) and closes it.
+bool write_report_file(const ReportFile& file, std::string_view text) {
+  struct stat info {};
+  bool ok = ::fstat(file.fd, &info) == 0 &&
+            (!S_ISREG(info.st_mode) || ::ftruncate(file.fd, 0) == 0);
   while (ok && !text.empty()) {
-    const ssize_t n = ::write(fd, text.data(), text.size());
+    const ssize_t n = ::write(file.fd, text.data(), text.size());
     if (n < 0 && errno == EINTR) continue;
     ok = n > 0;
     if (ok) text.remove_prefix(static_cast<std::size_t>(n));
   }
   const int error = errno;
-  if (::close(fd) != 0 && ok) return false;
+  if (::close(file.fd) != 0 && ok) return false;
   errno = error;
   return ok;
 }
@@ -158,12 +179,26 @@ int report_command(std::span<char* const> args) {
                                    : options.json      ? channel::Request::report_json
                                    : options.wide      ? channel::Request::report_wide
                                                        : channel::Request::report_text;
+  std::optional<ReportFile> file;
+  if (options.to) {  // never with --keep-stderr
+    file = open_report_file(*options.to);
+    if (!file) {
+      print_error("cannot write " + *options.to + ": " + std::strerror(errno));
+      return kExitFailure;
+    }
+  }
   const std::optional<Answer> answer = ask_process(options, request);
-  if (!answer) return kExitFailure;
+  if (!answer) {
+    if (file) {
+      ::close(file->fd);
+      if (file->created) ::unlink(options.to->c_str());
+    }
+    return kExitFailure;
+  }
   if (options.keep_stderr) {
     std::cout << "process " << options.pid << ": " << answer->text;
-  } else if (options.to) {
-    if (!write_file(*options.to, answer->text)) {
+  } else if (file) {
+    if (!write_report_file(*file, answer->text)) {
       print_error("cannot write " + *options.to + ": " + std::strerror(errno));
       return kExitFailure;
     }
