@@ -553,7 +553,11 @@ int forward(int device, std::size_t size, void** ptr, const std::function<int()>
     within_budget = budget::charge(device, size);
   }
   if (!within_budget) {
-    say_kept();
+    if (has_kept()) {
+      const std::uint64_t left = budget::room(device).value_or(0);
+      say_kept("; the budget refused it too, with " + std::to_string(left) +
+               " B left within it");
+    }
     return kOverBudget;
   }
   budget::ChargeScope charged(device, size);

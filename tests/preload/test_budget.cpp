@@ -1,6 +1,7 @@
 // Preload test: the per-device budget (limit:1G). cudaMemGetInfo shows the budget as the total
 // and what is left of it as free; 1 MiB allocations succeed up to exactly 1 GiB and the 1,025th
-// fails with cudaErrorMemoryAllocation (one log line says why); a request larger than the budget
+// fails with cudaErrorMemoryAllocation (one log line says why, and the out-of-memory breakdown
+// ends with what the budget had left); a request larger than the budget
 // is refused without reaching the driver; freeing makes room again, and a request over the
 // budget takes back only the idle pages it lacks. The device itself has more. A request whose
 // rounded page does not fit the budget but whose exact size does succeeds, and logs nothing.
@@ -229,7 +230,8 @@ int slow_release_child() {
   return 0;
 }
 
-void run_child(const char* which, const std::string& limit, std::size_t lines) {
+// The child's output.
+std::string run_child(const char* which, const std::string& limit, std::size_t lines) {
   const preload_test::ChildResult result =
       preload_test::run_self(which, {"POOLCUDA_CONF=limit:" + limit});
   std::printf("%s", result.output.c_str());
@@ -241,6 +243,7 @@ void run_child(const char* which, const std::string& limit, std::size_t lines) {
     ++logged;
   CHECK_MSG(logged == lines, std::string(which) + ": " + std::to_string(logged) +
                                  " budget lines, " + std::to_string(lines) + " expected");
+  return result.output;
 }
 
 }  // namespace
@@ -252,7 +255,11 @@ int main(int argc, char** argv) {
   if (argc > 1 && std::string(argv[1]) == "threads") return threads_child();
   if (argc > 1 && std::string(argv[1]) == "busy") return busy_child();
   if (argc > 1 && std::string(argv[1]) == "slow_release") return slow_release_child();
-  run_child("child", "1G", 1);
+  const std::string refused = run_child("child", "1G", 1);
+  // The 1,025th MiB: the pools' breakdown ends with what the budget had left.
+  CHECK_MSG(refused.find("B; the budget refused it too, with 0 B left within it\n") !=
+                std::string::npos,
+            refused.substr(0, 2000));
   run_child("rounded", "256M", 0);  // the request fit: nothing was refused
   run_child("busy", "64M", 1);  // one line: the first refusal
   run_child("slow_release", "64M", 1);
