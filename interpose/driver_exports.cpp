@@ -119,7 +119,7 @@ POOLCUDA_EXPORT CUresult cuMemAllocAsync(CUdeviceptr* dptr, size_t bytesize, CUs
   if (pc::bypass()) return real();
   // The stream's device's memory, which need not be the current context's.
   return pc::guarded([&] {
-    return dh::with_room_on([&] { return dh::stream_device(hStream); }, bytesize, real);
+    return dh::with_room_on([&] { return dh::stream_device(hStream); }, bytesize, real, true);
   });
 }
 
@@ -129,7 +129,7 @@ POOLCUDA_EXPORT CUresult cuMemAllocAsync_ptsz(CUdeviceptr* dptr, size_t bytesize
   if (pc::bypass()) return real();
   // The stream's device's memory, which need not be the current context's.
   return pc::guarded([&] {
-    return dh::with_room_on([&] { return dh::stream_device(hStream); }, bytesize, real);
+    return dh::with_room_on([&] { return dh::stream_device(hStream); }, bytesize, real, true);
   });
 }
 

@@ -233,7 +233,7 @@ CUresult with_room_on(int device, std::size_t size, const std::function<CUresult
 }
 
 CUresult with_room_on(const std::function<int()>& device_of, std::size_t size,
-                      const std::function<CUresult()>& real) {
+                      const std::function<CUresult()>& real, bool stream_pool) {
   const pooling::ReturnsSince returns;
   const CUresult first = real();
   if (first != CUDA_ERROR_OUT_OF_MEMORY) return first;
@@ -241,7 +241,7 @@ CUresult with_room_on(const std::function<int()>& device_of, std::size_t size,
   if (device < 0) return first;
   // Nothing that comes back could make room: the pools keep their pages, and the refusal comes
   // at once, as the plain call's does (Note [Requests beyond reach] in pooling.cpp).
-  if (pooling::beyond_reach(device, size)) return first;
+  if (pooling::beyond_reach(device, size, stream_pool)) return first;
   pooling::GrowthHold hold;  // Note [Room held for the retry] in pooling.cpp
   const bool room = give_back_on(driver::current_context(), device, hold) || returns.moved(device);
   return room ? real() : first;
@@ -296,13 +296,16 @@ CUresult with_room_anywhere(std::size_t size, const std::function<CUresult()>& r
     last.emplace();
     return real();
   };
-  const CUresult result = with_room(size, tracked);
+  // A memory pool's allocation: the pool may keep memory the library cannot see.
+  const driver::CurrentContext current = driver::current_context();
+  const CUresult result = with_room_on(
+      [&current] { return current.handle != nullptr ? current.device : -1; }, size, tracked, true);
   if (result != CUDA_ERROR_OUT_OF_MEMORY) return result;
   const driver::CurrentContext ctx = driver::current_context();
   bool gave = false;
   pooling::GrowthHold hold;  // Note [Room held for the retry] in pooling.cpp
   for (const int device : Registry::instance().devices()) {
-    if (device == ctx.device || pooling::beyond_reach(device, size)) continue;
+    if (device == ctx.device || pooling::beyond_reach(device, size, true)) continue;
     gave = give_back_on(ctx, device, hold) || gave;
   }
   return gave || last->moved(ctx.handle != nullptr ? ctx.device : -1) ? real() : result;

@@ -37,8 +37,9 @@ CUresult with_room(std::size_t size, const std::function<CUresult()>& real);
 // The same for memory of `device` (cuMemCreate names it; it need not be current).
 CUresult with_room_on(int device, std::size_t size, const std::function<CUresult()>& real);
 // The same, for a device that is looked up (device_of) only once the driver refused.
+// `stream_pool`: a stream-ordered pool's allocation (pooling::beyond_reach).
 CUresult with_room_on(const std::function<int()>& device_of, std::size_t size,
-                      const std::function<CUresult()>& real);
+                      const std::function<CUresult()>& real, bool stream_pool = false);
 // The same for memory of a device the library cannot tell (a memory pool's): the current
 // device's idle memory goes back first, and every other device's when that was not enough.
 CUresult with_room_anywhere(std::size_t size, const std::function<CUresult()>& real);

@@ -382,10 +382,11 @@ cudaError_t free_async(void* ptr, cudaStream_t stream, bool per_thread) {
 // program's own error cannot be put back, so then the idle pages go back before the first try
 // (only when the driver has less free than the request), whose answer is final.
 cudaError_t with_room(const std::function<int()>& device_of, std::size_t size,
-                      const std::function<cudaError_t()>& real) {
+                      const std::function<cudaError_t()>& real, bool stream_pool) {
   const bool slot_clean = real::cudaPeekAtLastError()() == cudaSuccess;
   pooling::GrowthHold hold;  // Note [Room held for the retry] in pooling.cpp
-  if (!slot_clean && driver_short_of(size) && !pooling::beyond_reach(device_of(), size))
+  if (!slot_clean && driver_short_of(size) &&
+      !pooling::beyond_reach(device_of(), size, stream_pool))
     pooling::give_back_idle(device_of(), hold);
   const pooling::ReturnsSince returns;
   const cudaError_t result = real();
@@ -393,7 +394,7 @@ cudaError_t with_room(const std::function<int()>& device_of, std::size_t size,
   const int device = device_of();
   // Nothing that comes back could make room: the pools keep their pages, and the refusal comes
   // at once, as the plain call's does (Note [Requests beyond reach] in pooling.cpp).
-  if (pooling::beyond_reach(device, size)) return result;
+  if (pooling::beyond_reach(device, size, stream_pool)) return result;
   if (!pooling::give_back_idle(device, hold) && !returns.moved(device)) return result;
   real::cudaGetLastError()();
   return real();
@@ -451,10 +452,13 @@ cudaError_t malloc_async(void** ptr, std::size_t size, cudaStream_t stream, bool
     const int device = stream_device(stream);
     return device >= 0 ? device : current_device();
   };
-  return with_room(device_of, size, [&] {
-    return per_thread ? real::cudaMallocAsync_ptsz()(ptr, size, stream)
-                      : real::cudaMallocAsync()(ptr, size, stream);
-  });
+  return with_room(
+      device_of, size,
+      [&] {
+        return per_thread ? real::cudaMallocAsync_ptsz()(ptr, size, stream)
+                          : real::cudaMallocAsync()(ptr, size, stream);
+      },
+      true);
 }
 
 cudaError_t malloc_pitch(void** ptr, std::size_t* pitch, std::size_t width, std::size_t height) {

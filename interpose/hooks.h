@@ -29,9 +29,10 @@ cudaError_t malloc_pitch(void** ptr, std::size_t* pitch, std::size_t width, std:
 // memory, leaving the last-error slot as the plain call would (Note [Stream-ordered allocations]
 // in hooks.cpp).
 cudaError_t with_room(int device, std::size_t size, const std::function<cudaError_t()>& real);
-// The same, for a device that is looked up (device_of) only when room is needed.
+// The same, for a device that is looked up (device_of) only when room is needed; `stream_pool`
+// for a stream-ordered pool's allocation (pooling::beyond_reach).
 cudaError_t with_room(const std::function<int()>& device_of, std::size_t size,
-                      const std::function<cudaError_t()>& real);
+                      const std::function<cudaError_t()>& real, bool stream_pool = false);
 // A launch `real` was just refused with `first` (cudaErrorMemoryAllocation): `real` once more
 // after the pools gave their idle memory back, or `first` when nothing went back, nor reached the
 // driver since `returns` was made before the launch (Note [Launches short of memory] in

@@ -280,7 +280,8 @@ cudaError_t malloc_managed(void** ptr, std::size_t size, unsigned int flags) {
       // them, briefly, as a stream the program parked may hold that free. Without the wait the
       // retry was refused as the first was, and a request that fitted a slab passed through.
       constexpr std::uint32_t kPagesOnTheirWayMicros = 20000;
-      if (CudaDevice* cuda = registry.device(device))
+      CudaDevice* cuda = registry.device(device);
+      if (cuda != nullptr && cuda->releasing_bytes() != 0)
         cuda->flush_releases(kPagesOnTheirWayMicros);
       allocation = chain->allocate(size, chain->granule());
     }

@@ -122,12 +122,18 @@ void settle_graph_destroys(std::int64_t destroyed) {
 std::atomic<std::int64_t> g_graph_destroy_asked_ns{std::numeric_limits<std::int64_t>::min() / 2};
 constexpr std::chrono::microseconds kMemInfoGraphWait{2000};
 
+// The bytes live graphs keep: pinned to them, or (capture_share:on) shared among them.
+std::uint64_t graph_bytes(const CapturePolicy& capture) {
+  const auto stats = capture.stats();
+  return stats.pinned_bytes + stats.shared_bytes;
+}
+
 void await_graph_release_briefly(CapturePolicy& capture) {
   const std::int64_t destroyed = g_last_graph_destroy_ns.load(std::memory_order_relaxed);
   if (destroyed <= g_graph_destroy_settled_ns.load(std::memory_order_relaxed) ||
       g_graph_destroy_asked_ns.exchange(destroyed, std::memory_order_relaxed) >= destroyed)
     return;
-  if (capture.open() || capture.stats().pinned_bytes == 0) return;
+  if (capture.open() || graph_bytes(capture) == 0) return;
   NoCancel no_cancel;  // a wait plain CUDA's call would not make (Note [Cancellation])
   const auto until = std::chrono::steady_clock::now() + kMemInfoGraphWait;
   while (!capture.releases_pending() && std::chrono::steady_clock::now() < until)
@@ -158,7 +164,7 @@ bool release_arrives(CapturePolicy& capture, WaitBound& bound) {
 bool await_graph_release(CapturePolicy& capture) {
   const std::int64_t destroyed = g_last_graph_destroy_ns.load(std::memory_order_relaxed);
   if (destroyed <= g_graph_destroy_settled_ns.load(std::memory_order_relaxed)) return false;
-  if (capture.open() || capture.stats().pinned_bytes == 0) return false;
+  if (capture.open() || graph_bytes(capture) == 0) return false;
   WaitBound bound{kUnpooledGraphWait};
   if (release_arrives(capture, bound)) return true;
   settle_graph_destroys(destroyed);
@@ -170,7 +176,7 @@ bool graph_release_arrived(CapturePolicy& capture, int device_index, CudaDevice&
                            MemoryManager& manager, std::uint64_t size, WaitBound& bound) {
   const std::int64_t destroyed = g_last_graph_destroy_ns.load(std::memory_order_relaxed);
   if (destroyed <= g_graph_destroy_settled_ns.load(std::memory_order_relaxed)) return false;
-  const std::uint64_t pinned = capture.stats().pinned_bytes;
+  const std::uint64_t pinned = graph_bytes(capture);
   if (pinned == 0) return false;
   // A request that the release could not make room for fails without the wait: at most what the
   // pools hold beyond their live slices that are not pinned.
@@ -856,44 +862,67 @@ bool ipc_exportable(const char* api, const void* ptr) {
 // against what the budget has left (beyond_budget_reach): it waited for the same give-back.
 namespace {
 
+std::uint64_t saturating_add(std::uint64_t a, std::uint64_t b) {
+  return a > std::numeric_limits<std::uint64_t>::max() - b ? std::numeric_limits<std::uint64_t>::max()
+                                                          : a + b;
+}
+
 // Everything the library could give back on `device` (Note [Requests beyond reach]), the pages
 // on their way to the driver read last.
 std::uint64_t held_for_nothing(Registry& registry, CudaDevice& cuda, int device) {
   release_passed_managed_frees(registry);
   std::uint64_t held = 0;
+  if (CapturePolicy* capture = registry.capture(device)) {
+    // What dead graphs released goes back to the pools first, as give_back_idle() does.
+    if (capture->releases_pending()) capture->drain_releases();
+    held = graph_bytes(*capture);
+  }
   if (MemoryManager* manager = registry.manager(device)) {
     const MemoryUsage usage = manager->memory_usage();
-    held += usage.bytes_reserved - usage.bytes_in_use - usage.bytes_padding;
+    const std::uint64_t used = usage.bytes_in_use + usage.bytes_padding;
+    if (usage.bytes_reserved > used) held = saturating_add(held, usage.bytes_reserved - used);
   }
-  if (CapturePolicy* capture = registry.capture(device)) held += capture->stats().pinned_bytes;
-  if (const ManagedSlabs* slabs = registry.managed(device)) held += slabs->empty_bytes();
-  return held + cuda.releasing_bytes();
+  if (const ManagedSlabs* slabs = registry.managed(device))
+    held = saturating_add(held, slabs->empty_bytes());
+  return saturating_add(held, cuda.releasing_bytes());
+}
+
+// `room` (what the driver has free, or what the budget has left) and all the library holds
+// against `size`; false (try) whenever the library took memory from the driver meanwhile: a page
+// grown after the pools were read and freed again is in neither figure.
+bool out_of_reach(int device, std::size_t size, const std::function<std::optional<std::uint64_t>()>& room) {
+  Registry& registry = Registry::instance();
+  CudaDevice* cuda = registry.device(device);
+  if (cuda == nullptr) return false;
+  const std::uint64_t grown_before = budget::growth_so_far(device);
+  const std::uint64_t held = held_for_nothing(registry, *cuda, device);
+  const std::optional<std::uint64_t> left = room();
+  if (!left || budget::growth_so_far(device) != grown_before) return false;
+  return size > saturating_add(*left, held);
 }
 
 }  // namespace
 
-bool beyond_reach(int device, std::size_t size) {
-  Registry& registry = Registry::instance();
-  CudaDevice* cuda = registry.device(device);
+bool beyond_reach(int device, std::size_t size, bool stream_pool) {
+  const CudaDevice* cuda = Registry::instance().device(device);
   if (cuda == nullptr) return false;
   // The device's own size, not a budget's: most of what comes here is not charged to one.
   if (cuda->device_bytes() != 0 && size > cuda->device_bytes()) return true;
-  const std::uint64_t held = held_for_nothing(registry, *cuda, device);
-  const DeviceMemoryInfo driver = cuda->driver_memory_info();
-  if (driver.total_bytes == 0) return false;  // unknown: try
-  return size > driver.free_bytes + held;
+  return !stream_pool && out_of_reach(device, size, [device]() -> std::optional<std::uint64_t> {
+    const DeviceMemoryInfo driver = Registry::instance().device(device)->driver_memory_info();
+    if (driver.total_bytes == 0) return std::nullopt;  // unknown: try
+    return driver.free_bytes;
+  });
 }
 
 bool beyond_budget_reach(int device, std::size_t size) {
   const std::optional<std::uint64_t> limit = budget::limit(device);
   if (!limit) return false;
   if (size > *limit) return true;
-  Registry& registry = Registry::instance();
-  CudaDevice* cuda = registry.device(device);
-  if (cuda == nullptr) return false;
-  const std::uint64_t held = held_for_nothing(registry, *cuda, device);
   // A page's charge goes after its driver free returns: read after the release queue.
-  return size > budget::room(device).value_or(*limit) + held;
+  return out_of_reach(device, size, [device, limit]() -> std::optional<std::uint64_t> {
+    return budget::room(device).value_or(*limit);
+  });
 }
 
 // Note [Room that arrived meanwhile]

@@ -135,8 +135,10 @@ class ReturnsSince {
 };
 
 // Whether no memory the library could give back would make room for `size` bytes on `device`,
-// the driver having refused them (Note [Requests beyond reach] in pooling.cpp).
-bool beyond_reach(int device, std::size_t size);
+// the driver having refused them (Note [Requests beyond reach] in pooling.cpp). `stream_pool`: a
+// stream-ordered pool's allocation, which may also take what that pool keeps, unseen: only a
+// request larger than the device is beyond reach.
+bool beyond_reach(int device, std::size_t size, bool stream_pool = false);
 // The same for a request `device`'s budget refused: more than the budget has left and everything
 // the library could give back. False without a budget.
 bool beyond_budget_reach(int device, std::size_t size);

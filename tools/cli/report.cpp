@@ -125,9 +125,24 @@ std::optional<ReportFile> open_report_file(const std::string& path) {
   if (file.fd < 0 && errno == ENOENT) {
     file.fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
     file.created = file.fd >= 0;
+    // A link to a missing file, or a file made meanwhile: opened as it would have been before.
+    if (file.fd < 0 && errno == EEXIST)
+      file.fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
   }
   if (file.fd < 0) return std::nullopt;
   return file;
+}
+
+// Closes a file that got no report, removing it if this call made it and the name still leads
+// to it.
+void abandon_report_file(const ReportFile& file, const std::string& path) {
+  struct stat opened {};
+  struct stat named {};
+  const bool ours = file.created && ::fstat(file.fd, &opened) == 0 &&
+                    ::lstat(path.c_str(), &named) == 0 && opened.st_dev == named.st_dev &&
+                    opened.st_ino == named.st_ino;
+  ::close(file.fd);
+  if (ours) ::unlink(path.c_str());
 }
 
 // Replaces the file's contents with `text` (a pipe or a device just gets it) and closes it.
@@ -189,10 +204,7 @@ int report_command(std::span<char* const> args) {
   }
   const std::optional<Answer> answer = ask_process(options, request);
   if (!answer) {
-    if (file) {
-      ::close(file->fd);
-      if (file->created) ::unlink(options.to->c_str());
-    }
+    if (file) abandon_report_file(*file, *options.to);
     return kExitFailure;
   }
   if (options.keep_stderr) {
