@@ -128,7 +128,6 @@ Reservation MemoryManager::Impl::reserve(std::uint64_t size, Placement placement
   // For the whole reservation.
   std::uint32_t wait_budget_us = out.quick ? 0 : kFenceWaitBoundMicros;
   std::uint32_t progress_us = kFenceProgressTotalMicros;  // Note [A host far ahead]
-  std::uint32_t catch_up_us = kFenceCatchUpMicros;  // Note [Pending far over the bound]
   bool may_flush = !out.quick;  // once per reservation (Note [Releases before growth])
   bool may_wait_recovery = !out.quick;  // once too (Note [Growth during a recovery])
   HeldReservation held;  // Note [Held memory bound]
@@ -179,10 +178,7 @@ Reservation MemoryManager::Impl::reserve(std::uint64_t size, Placement placement
       } else if (r.patient) {
         wait_for_oldest_fence(scope, false);
       } else {
-        // Far over the bound the waits go on only for a request the pending bytes could serve:
-        // a larger one grows, or recovers, either way (Note [Pending far over the bound]).
-        wait_for_oldest_fence(scope, &wait_budget_us, &progress_us,
-                              size <= pending() ? &catch_up_us : nullptr);
+        wait_for_oldest_fence(scope, &wait_budget_us, &progress_us);
       }
     }
     r = route(size, placement, wait_budget_us, may_flush, may_wait_recovery, &held);

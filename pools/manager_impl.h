@@ -40,12 +40,6 @@ inline constexpr std::uint32_t kFenceWaitBoundMicros = 2000;
 inline constexpr std::uint64_t kFenceProgressNanos = 20'000'000;
 inline constexpr std::uint32_t kFenceProgressWaitMicros = 10000;
 inline constexpr std::uint32_t kFenceProgressTotalMicros = 20000;
-// Fence-pending bytes far over their bound, over kFenceCatchUpFactor times the bound and over
-// the device's memory divided by kFenceCatchUpShare: a reservation waits for the oldest fences,
-// up to kFenceCatchUpMicros in all (Note [Pending far over the bound] in memory_manager.cpp).
-inline constexpr std::uint64_t kFenceCatchUpFactor = 2;
-inline constexpr std::uint64_t kFenceCatchUpShare = 16;
-inline constexpr std::uint32_t kFenceCatchUpMicros = 1'000'000;
 
 // The longest one wait for a fence lasts while stream-ordered frees wait in lanes: fences then
 // need not pass in the order recorded, so the waits take back what passed meanwhile and route
@@ -298,12 +292,9 @@ struct MemoryManager::Impl {
   // Waits (unlocked) at most *budget_us for the oldest fence recorded (a slice at a time while
   // stream-ordered frees wait) and takes the time spent from it. `progress_us`, a reservation's
   // own: while the device is seen passing fences, the wait may last longer and the budget comes
-  // back after a fence passed, out of *progress_us (Note [A host far ahead]). `catch_up_us`, a
-  // reservation's own too: far over the bound, the waits last while fences pass, out of
-  // *catch_up_us (Note [Pending far over the bound]).
+  // back after a fence passed, out of *progress_us (Note [A host far ahead]).
   void wait_for_oldest_fence(Scope& scope, std::uint32_t* budget_us,
-                             std::uint32_t* progress_us = nullptr,
-                             std::uint32_t* catch_up_us = nullptr);
+                             std::uint32_t* progress_us = nullptr);
   // Waits (unlocked) for the oldest fence recorded; false when none is. `until_passed`: without
   // a time bound; otherwise, while stream-ordered frees wait, a slice at a time (Note
   // [Stream-ordered frees]), and the caller routes again before it waits again.

@@ -98,25 +98,6 @@
 // park, a kernel longer than the window) the first wait may last kFenceProgressWaitMicros, and
 // every later one the 2 ms as before.
 //
-// Note [Pending far over the bound]
-// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
-// Those waits stop when fences pass less often than the window: a math library's workspace loop
-// (allocate, a 30 ms kernel on its stream, free) queued kernels far faster than the device ran
-// them, and its pools grew a page per 2 ms wait until memory waiting for fences filled the
-// device (1 GiB of it on a 1 GiB stand-in after a second, 16 GiB after five on a 16 GiB one, for
-// 1.75 MiB live), where the plain program's cudaFree, which waits for each kernel, held one
-// workspace; another thread's request of most of the device was then refused after 10 s. So
-// when the bytes waiting exceed both kFenceCatchUpFactor times the bound and the device's
-// kFenceCatchUpShare-th, a reservation waits for the oldest fence whether or not one passed
-// lately, and after each that passes routes and waits again, kFenceCatchUpMicros in all: the host
-// then keeps the device's pace, as the plain one does, and the pools stay near that ceiling.
-// Only for a request the waiting bytes could serve: a larger one grows, or recovers, either way.
-// The same loop now keeps 104 to 168 MiB of the 1 GiB device with kernels of 5 ms to 1 s, and
-// the other thread's request (80% of the device) is served at once. The cost: where fences cannot pass
-// (a stream the program parked on a host function, a kernel of many seconds), a reservation
-// that finds that much waiting waits the whole second before it grows; the device's share keeps
-// that to programs that hold a sixteenth of the device waiting.
-//
 // Note [Stream-ordered frees]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~
 // A stream-ordered free (cudaFreeAsync(ptr, s)) promises more than a cudaFree: every use of the
@@ -392,8 +373,7 @@ std::uint64_t MemoryManager::Impl::fence_limit() const {
 bool MemoryManager::Impl::over_fence_bound() const { return pending() > fence_limit(); }
 
 void MemoryManager::Impl::wait_for_oldest_fence(Scope& scope, std::uint32_t* budget_us,
-                                                std::uint32_t* progress_us,
-                                                std::uint32_t* catch_up_us) {
+                                                std::uint32_t* progress_us) {
   const FenceTicket ticket = fences.borrow_oldest();
   if (!ticket) {
     *budget_us = 0;
@@ -402,18 +382,11 @@ void MemoryManager::Impl::wait_for_oldest_fence(Scope& scope, std::uint32_t* bud
   const std::uint64_t waiting = pending();
   const std::uint64_t limit = fence_limit();
   const bool sliced = fences.any_lanes();
-  const std::uint64_t since_passed = last_passed_nanos != 0
-                                         ? coarse_nanos() - last_passed_nanos
-                                         : std::numeric_limits<std::uint64_t>::max();
-  // Note [Pending far over the bound].
-  const bool catching_up =
-      catch_up_us != nullptr && *catch_up_us != 0 &&
-      waiting > std::max(kFenceCatchUpFactor * limit, total_memory / kFenceCatchUpShare);
   // Note [A host far ahead]: a device that passed a fence a moment ago is not parked.
-  const bool progressing = !catching_up && progress_us != nullptr && *progress_us != 0 &&
-                           since_passed < kFenceProgressNanos;
+  const bool progressing = progress_us != nullptr && *progress_us != 0 &&
+                           last_passed_nanos != 0 &&
+                           coarse_nanos() - last_passed_nanos < kFenceProgressNanos;
   std::uint32_t bound = *budget_us;
-  if (catching_up) bound = *catch_up_us;
   if (progressing) bound = std::max(bound, std::min(*progress_us, kFenceProgressWaitMicros));
   using Clock = std::chrono::steady_clock;
   const Clock::time_point start = Clock::now();
@@ -425,14 +398,7 @@ void MemoryManager::Impl::wait_for_oldest_fence(Scope& scope, std::uint32_t* bud
   const auto spent_us = static_cast<std::uint32_t>(
       std::min<std::int64_t>(spent.count(), std::numeric_limits<std::uint32_t>::max()));
   fences.give_back_ticket(device, ticket);
-  if (catching_up) {
-    // Each fence that passes (or each slice of a lane wait) lets the reservation route and wait
-    // again; a fence that does not pass within what is left ends the waits, and it grows.
-    *catch_up_us -= std::min(*catch_up_us, spent_us);
-    *budget_us = passed || (sliced && *catch_up_us != 0)
-                     ? std::max(*budget_us, kFenceWaitBoundMicros)
-                     : 0;
-  } else if (progressing) {
+  if (progressing) {
     *progress_us -= std::min(*progress_us, spent_us);
     if (passed) *budget_us = std::min(*progress_us, kFenceWaitBoundMicros);
     else *budget_us = 0;
