@@ -863,8 +863,8 @@ bool ipc_exportable(const char* api, const void* ptr) {
 namespace {
 
 std::uint64_t saturating_add(std::uint64_t a, std::uint64_t b) {
-  return a > std::numeric_limits<std::uint64_t>::max() - b ? std::numeric_limits<std::uint64_t>::max()
-                                                          : a + b;
+  constexpr std::uint64_t kMost = std::numeric_limits<std::uint64_t>::max();
+  return a > kMost - b ? kMost : a + b;
 }
 
 // Everything the library could give back on `device` (Note [Requests beyond reach]), the pages
@@ -890,7 +890,8 @@ std::uint64_t held_for_nothing(Registry& registry, CudaDevice& cuda, int device)
 // `room` (what the driver has free, or what the budget has left) and all the library holds
 // against `size`; false (try) whenever the library took memory from the driver meanwhile: a page
 // grown after the pools were read and freed again is in neither figure.
-bool out_of_reach(int device, std::size_t size, const std::function<std::optional<std::uint64_t>()>& room) {
+bool out_of_reach(int device, std::size_t size,
+                  const std::function<std::optional<std::uint64_t>()>& room) {
   Registry& registry = Registry::instance();
   CudaDevice* cuda = registry.device(device);
   if (cuda == nullptr) return false;
