@@ -452,36 +452,40 @@ TEST_CASE("threads that grow at once beside each other's idle pages, freezes and
     HostDevice driver{4 * GiB, 512};
     MemoryManager manager{driver, held_options(150, 3)};
   } rig;
-  std::vector<std::thread> threads;
-  for (int t = 0; t < 3; ++t) {
-    threads.emplace_back([&rig, t] {
-      std::mt19937_64 rng(100 + t);
-      std::vector<DevicePtr> live;
-      for (int step = 0; step < 3000; ++step) {
-        if (live.size() < 6 && (live.empty() || rng() % 100 < 60)) {
-          // Refused only while another thread has the manager frozen (a device reset).
-          const DevicePtr p = rig.manager.allocate(MiB + rng() % (60 * MiB)).ptr;
-          if (p != 0) live.push_back(p);
-        } else {
-          const std::size_t at = rng() % live.size();
-          CHECK(rig.manager.free(live[at]) == FreeOutcome::freed);
-          live[at] = live.back();
-          live.pop_back();
+  // Whether the held bound gave idle pages back depends on how the threads interleave: the
+  // rounds go on until it did (nearly always in the first), each one checked for losses.
+  for (int round = 0; round < 5 && rig.manager.report().held_released_bytes == 0; ++round) {
+    std::vector<std::thread> threads;
+    for (int t = 0; t < 3; ++t) {
+      threads.emplace_back([&rig, t, round] {
+        std::mt19937_64 rng(100 + t + 10 * round);
+        std::vector<DevicePtr> live;
+        for (int step = 0; step < 3000; ++step) {
+          if (live.size() < 6 && (live.empty() || rng() % 100 < 60)) {
+            // Refused only while another thread has the manager frozen (a device reset).
+            const DevicePtr p = rig.manager.allocate(MiB + rng() % (60 * MiB)).ptr;
+            if (p != 0) live.push_back(p);
+          } else {
+            const std::size_t at = rng() % live.size();
+            CHECK(rig.manager.free(live[at]) == FreeOutcome::freed);
+            live[at] = live.back();
+            live.pop_back();
+          }
+          // Freezes and cleanups meet the trims and the growth gate.
+          if (t == 0 && step % 397 == 0) {
+            rig.manager.set_frozen(true);
+            rig.manager.set_frozen(false);
+          }
+          if (t == 1 && step % 511 == 0) rig.manager.cleanup(true);
         }
-        // Freezes and cleanups meet the trims and the growth gate.
-        if (t == 0 && step % 397 == 0) {
-          rig.manager.set_frozen(true);
-          rig.manager.set_frozen(false);
-        }
-        if (t == 1 && step % 511 == 0) rig.manager.cleanup(true);
-      }
-      for (const DevicePtr p : live) CHECK(rig.manager.free(p) == FreeOutcome::freed);
-    });
+        for (const DevicePtr p : live) CHECK(rig.manager.free(p) == FreeOutcome::freed);
+      });
+    }
+    for (std::thread& t : threads) t.join();
+    CHECK(rig.manager.check_consistency().empty());
+    CHECK(rig.manager.memory_usage().bytes_in_use == 0);
   }
-  for (std::thread& t : threads) t.join();
-  CHECK(rig.manager.check_consistency().empty());
   CHECK(rig.manager.report().held_released_bytes > 0);
-  CHECK(rig.manager.memory_usage().bytes_in_use == 0);
   rig.manager.cleanup(true);
   CHECK(rig.driver.outstanding_allocations() == 0);
   CHECK(rig.driver.bad_releases() == 0);
