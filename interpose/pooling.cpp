@@ -844,6 +844,7 @@ bool ipc_exportable(const char* api, const void* ptr) {
 // launch, modules and libraries) gets the same (Note [Launches short of memory] in hooks.cpp).
 // Graph memory a GPU allocates at instantiation or launch is not covered: docs/pools.md says
 // what to do there.
+
 // Note [Requests beyond reach]
 // A call the driver refused for lack of memory gets what the library keeps on the device for no
 // live allocation and is tried once more (Note [Room for what the pools do not serve]). That
@@ -854,12 +855,15 @@ bool ipc_exportable(const char* api, const void* ptr) {
 // pools/manager_recovery.cpp). So the give-back is skipped when the request is larger than the
 // driver's free memory and everything the library could add to it: whatever the pools hold
 // beyond their live bytes (idle pages, memory waiting for fences and the holes in used pages,
-// which cannot all go back), pages on their way to the driver, slices pinned for graphs
-// (counted again, though live ones are also in use) and empty managed slabs. The driver's figure,
-// not a budget's: the budget refused nothing here. Read in the order a page travels (pools,
-// release queue, driver), so a page that moves meanwhile counts twice, never not at all: every
-// error of the estimate errs towards trying. A request the budget refused gets the same test
-// against what the budget has left (beyond_budget_reach): it waited for the same give-back.
+// which cannot all go back), pages on their way to the driver, graph memory, pinned or shared
+// (counted again, though live graphs' is also in use), and empty managed slabs. The driver's
+// figure, not a budget's: the budget refused nothing here. Read in the order a page travels
+// (pools, release queue, driver), so a page that moves meanwhile counts twice, never not at all;
+// a page the library grew meanwhile, and freed, would be in neither figure, so any growth
+// during the reads means trying: every error of the estimate errs towards trying. A request the
+// budget refused gets the same test against what the budget has left (beyond_budget_reach): it
+// waited for the same give-back. A stream-ordered pool's allocation gets only the device's size:
+// its pool may keep memory that cudaMemGetInfo counts as used and the library cannot see.
 namespace {
 
 std::uint64_t saturating_add(std::uint64_t a, std::uint64_t b) {
