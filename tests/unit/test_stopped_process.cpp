@@ -208,22 +208,29 @@ TEST_CASE("managed_trim_stopped_during_a_fence_wait_looks_at_the_fence_again_on_
 
 TEST_CASE("oom_recovery_shares_its_bound_with_the_give_back_elsewhere") {
   // A recovery whose give-back of managed slabs spent the bound, then behind a fence that never
-  // passes: the bound is over, not taken for a stop and given again.
-  HostDevice host(8 * MiB, 512);
-  host.set_fence_mode(HostDevice::FenceMode::parked);
-  SlowElsewhere device(host);
-  ManagerOptions options = one_exclusive_pool(FreeFence::events);
-  options.recovery_wait_micros = 2000000;
-  MemoryManager manager(device, options);
-  const DevicePtr first = manager.allocate(6 * MiB).ptr;
-  REQUIRE(first != 0);
-  manager.free(first);
-  const auto start = std::chrono::steady_clock::now();
-  CHECK(manager.allocate(6 * MiB).ptr == 0);
-  CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(3));  // a stop: 4 s
-  host.complete_fences();
-  CHECK(manager.drain_fences());
-  CHECK(manager.check_consistency().empty());
+  // passes: the bound is over, not taken for a stop and given again (4 s). A thread that did not
+  // run for 100 ms looks like a stop too (Note [Stopped processes]), as it may under
+  // ThreadSanitizer beside other tests on two cores: so up to three tries, one of which must
+  // keep to the bound; the mistake gives the bound twice every time.
+  bool within_bound = false;
+  for (int attempt = 0; attempt < 3 && !within_bound; ++attempt) {
+    HostDevice host(8 * MiB, 512);
+    host.set_fence_mode(HostDevice::FenceMode::parked);
+    SlowElsewhere device(host);
+    ManagerOptions options = one_exclusive_pool(FreeFence::events);
+    options.recovery_wait_micros = 2000000;
+    MemoryManager manager(device, options);
+    const DevicePtr first = manager.allocate(6 * MiB).ptr;
+    REQUIRE(first != 0);
+    manager.free(first);
+    const auto start = std::chrono::steady_clock::now();
+    CHECK(manager.allocate(6 * MiB).ptr == 0);
+    within_bound = std::chrono::steady_clock::now() - start < std::chrono::seconds(3);
+    host.complete_fences();
+    CHECK(manager.drain_fences());
+    CHECK(manager.check_consistency().empty());
+  }
+  CHECK(within_bound);
 }
 
 }  // TEST_SUITE
